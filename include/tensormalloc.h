@@ -1,0 +1,65 @@
+/* tensormalloc: a drop-in layer that caches large host blocks (and CUDA device memory).
+ *
+ * Load it with LD_PRELOAD=libtensormalloc.so, or link it (-ltensormalloc) ahead of libc.
+ * This header is optional: it reads statistics and controls the cache at run time. Every
+ * function is safe to call from any thread, at any time, including before main and at exit.
+ */
+#ifndef TENSORMALLOC_H
+#define TENSORMALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TM_STATS_VERSION 1
+
+/* A snapshot of the counters. It can grow: set `size` to sizeof(tm_stats_t) before calling
+ * tm_get_stats, which fills at most that many bytes and sets `size` to what it filled, and
+ * check `version` before reading fields added after version 1. */
+typedef struct tm_stats_t {
+    size_t size;
+    uint32_t version;
+    uint32_t enabled;               /* 1 when large blocks are being cached */
+    uint64_t threshold_bytes;       /* requests from this size up go to the cache */
+    uint64_t host_requests;         /* large allocations */
+    uint64_t host_hits;             /* served from a cached block */
+    uint64_t host_misses;           /* served by a fresh mapping */
+    uint64_t host_hit_bytes;
+    uint64_t host_frees;
+    uint64_t host_live_bytes;       /* large blocks handed out and not yet freed */
+    uint64_t host_peak_live_bytes;
+    uint64_t host_cached_bytes;     /* freed large blocks kept for reuse */
+    uint64_t host_peak_cached_bytes;
+    uint64_t host_cached_blocks;
+    uint64_t host_released_blocks;  /* idle blocks released with MADV_FREE */
+    uint64_t host_released_bytes;
+    uint64_t host_unmapped_blocks;  /* blocks given back with munmap (expired, evicted, trimmed) */
+    uint64_t host_unmapped_bytes;
+    uint64_t host_map_failures;     /* mmap refused even after emptying the cache */
+} tm_stats_t;
+
+/* The library version, e.g. "0.1.0". */
+const char *tm_version(void);
+
+/* Fills *out (see tm_stats_t). Returns 0, or -1 if out is NULL or out->size < 16. */
+int tm_get_stats(tm_stats_t *out);
+
+/* Gives every cached block back to the system now. Returns the bytes released. */
+size_t tm_trim(void);
+
+/* Turns caching of large blocks on (1) or off (0); returns the previous setting. Turning it
+ * off empties the cache; blocks already handed out are still freed correctly. */
+int tm_set_enabled(int on);
+int tm_is_enabled(void);
+
+/* Writes the report now: to stderr, or as JSON to the path in TENSORMALLOC_STATS=json:PATH. */
+void tm_print_stats(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TENSORMALLOC_H */

@@ -1,0 +1,50 @@
+/* Shared by the preload test programs: CHECK fails the process with the line that failed,
+ * and tm() finds the tensormalloc API when it is loaded (NULL when it is not). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "../../include/tensormalloc.h"
+
+#define CHECK(cond)                                                            \
+    do {                                                                       \
+        if (!(cond)) {                                                         \
+            fprintf(stderr, "CHECK failed %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+            exit(1);                                                           \
+        }                                                                      \
+    } while (0)
+
+#define MB (1024UL * 1024UL)
+
+static inline size_t env_size(const char *name, size_t dflt) {
+    const char *v = getenv(name);
+    if (!v) return dflt;
+    char *end;
+    size_t n = strtoull(v, &end, 10);
+    if (*end == 'K') n <<= 10;
+    if (*end == 'M') n <<= 20;
+    if (*end == 'G') n <<= 30;
+    return n;
+}
+
+/* Stats through dlsym, so the same program runs with and without the library. */
+static inline int tm_stats(tm_stats_t *s) {
+    int (*get)(tm_stats_t *) = (int (*)(tm_stats_t *))dlsym(RTLD_DEFAULT, "tm_get_stats");
+    memset(s, 0, sizeof *s);
+    s->size = sizeof *s;
+    return get ? get(s) : -1;
+}
+
+static inline void fill(unsigned char *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i += 4096) p[i] = (unsigned char)(seed + i / 4096);
+    if (n) p[n - 1] = (unsigned char)(seed * 7);
+}
+
+static inline int filled(const unsigned char *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i + 1 < n; i += 4096) /* p[n-1] holds the end mark */
+        if (p[i] != (unsigned char)(seed + i / 4096)) return 0;
+    return !n || p[n - 1] == (unsigned char)(seed * 7);
+}

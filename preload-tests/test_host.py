@@ -1,0 +1,127 @@
+"""The host layer under LD_PRELOAD: the C contract, threads, fork, idle release, linking,
+lifecycle, layering over jemalloc, out of memory and bad configuration."""
+import json
+import re
+import resource
+
+import pytest
+
+from conftest import LIB, ROOT, compile_c, find_peer, ok, run
+
+SETTINGS = {
+    "defaults": {},
+    "threshold-1M": {"TENSORMALLOC_THRESHOLD": "1M"},
+    "pushed": {  # every path: tiny threshold, one cached block, no idle delays
+        "TENSORMALLOC_THRESHOLD": "64K",
+        "TENSORMALLOC_CACHE_BLOCKS": "1",
+        "TENSORMALLOC_RELEASE_MS": "0",
+        "TENSORMALLOC_EXPIRE_MS": "0",
+    },
+    "no-hugepages": {"TENSORMALLOC_HUGEPAGES": "never", "TENSORMALLOC_MAX_WASTE": "0"},
+    "disabled": {"TENSORMALLOC_DISABLE": "1"},
+}
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_c_contract(setting):
+    out = ok(run([compile_c("contract")], env=SETTINGS[setting]))
+    assert "contract ok" in out.stdout
+
+
+def test_c_contract_holds_without_us_too():
+    """The contract program itself is right: it passes under plain glibc."""
+    ok(run([compile_c("contract")], preload=False))
+
+
+@pytest.mark.parametrize("setting", ["defaults", "pushed", "no-hugepages"])
+def test_threads(setting):
+    out = ok(run([compile_c("threads")], env=SETTINGS[setting]))
+    assert "threads ok" in out.stdout
+
+
+@pytest.mark.parametrize("setting", ["defaults", "pushed"])
+def test_fork_from_threads_with_full_cache(setting):
+    out = ok(run([compile_c("fork")], env=SETTINGS[setting]))
+    assert "fork ok" in out.stdout
+
+
+def test_idle_block_becomes_lazyfree_then_unmapped():
+    env = {"TENSORMALLOC_RELEASE_MS": "100", "TENSORMALLOC_EXPIRE_MS": "1500"}
+    ok(run([compile_c("idle")], env=env))
+
+
+def test_linked_without_preload():
+    exe = compile_c("linked", extra=[f"-I{ROOT / 'include'}", f"-L{LIB.parent}", "-ltensormalloc"])
+    out = ok(run([exe], preload=False, env={"LD_LIBRARY_PATH": str(LIB.parent)}))
+    assert "linked ok" in out.stdout
+
+
+def test_calls_before_main_and_during_exit():
+    out = ok(run([compile_c("lifecycle")]))
+    assert "main ok" in out.stdout and "destructor ok" in out.stdout
+
+
+def test_double_free_of_a_large_block_aborts_like_glibc():
+    out = run([compile_c("lifecycle"), "double-free"])
+    assert out.returncode == -6, out
+    assert "free(): invalid pointer" in out.stderr
+    assert "not reached" not in out.stdout
+
+
+def test_layered_over_jemalloc():
+    preload = f"{LIB} {find_peer('libjemalloc.so.2')}"
+    out = ok(run([compile_c("jemalloc_layer")], preload=preload))
+    assert "jemalloc layering ok" in out.stdout
+
+
+def test_out_of_memory_under_ulimit_v():
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    out = ok(run([compile_c("oom")], preexec_fn=limit))
+    assert "oom ok" in out.stdout
+
+
+GARBAGE = ["", "abc", "-1", "99999999999999999999999999", "1.5G", "4X", "x" * 5000, "\x01\x02", "json:"]
+
+
+@pytest.mark.parametrize("value", GARBAGE, ids=range(len(GARBAGE)))
+def test_bad_values_warn_once_and_use_defaults(value):
+    names = [
+        "THRESHOLD", "CACHE_BLOCKS", "CACHE_BYTES", "RELEASE_MS", "EXPIRE_MS", "MAX_WASTE",
+        "HUGEPAGES", "DISABLE", "STATS", "LEAKS", "CUDA_POOL", "CUDA_LIMIT", "CUDA_HOST_CACHE_BYTES",
+    ]
+    env = {f"TENSORMALLOC_{n}": value for n in names}
+    out = ok(run([compile_c("threads")], env=env))
+    lines = [l for l in out.stderr.splitlines() if l.startswith("tensormalloc:")]
+    warned = {n for n in names for l in lines if l.startswith(f"tensormalloc: TENSORMALLOC_{n}=")}
+    # Every name is reported exactly once, each on one line naming the default.
+    assert len(lines) == len(warned) == len(names), out.stderr
+    assert all("using the default" in l and len(l) < 300 for l in lines)
+
+
+def test_unknown_variable_is_reported():
+    out = ok(run([compile_c("contract")], env={"TENSORMALLOC_TRESHOLD": "1M"}))
+    assert "TENSORMALLOC_TRESHOLD is not a tensormalloc setting" in out.stderr
+
+
+def test_stats_report_text_and_json(tmp_path):
+    out = ok(run([compile_c("threads")], env={"TENSORMALLOC_STATS": "1"}))
+    report = out.stderr
+    assert re.search(r"requests \d+  hits \d+ \(\d+\.\d%\)", report), report
+    assert "Section" in report and "large alloc" in report and "%tot" in report
+    path = tmp_path / "stats.json"
+    ok(run([compile_c("threads")], env={"TENSORMALLOC_STATS": f"json:{path}"}))
+    data = json.loads(path.read_text())
+    host = data["host"]
+    assert host["requests"] == host["hits"] + host["misses"] > 0
+    assert host["live_bytes"] == 0 and host["peak_live_bytes"] > 0
+    names = [p["name"] for p in data["phases"]]
+    assert "large alloc" in names and all(p["calls"] >= 0 and p["total_ns"] >= 0 for p in data["phases"])
+
+
+def test_disabled_passes_everything_through():
+    # With DISABLE=1 the stats show no large request at all, whatever the program did.
+    code = run([compile_c("threads")], env={"TENSORMALLOC_DISABLE": "1", "TENSORMALLOC_STATS": "1"})
+    ok(code)
+    assert "requests 0  hits 0" in code.stderr and "disabled" in code.stderr

@@ -1,0 +1,450 @@
+//! The one options table: every `TENSORMALLOC_*` variable with its default, parser, range and
+//! one-line doc. Pure: `Config::apply` takes a name and a value and says what was wrong; the
+//! caller (lib.rs) reads the environment and prints warnings. A test checks the README's table.
+
+use core::fmt;
+
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+pub const TIB: u64 = 1 << 40;
+
+/// Most cached host blocks the fixed-size cache can hold (`TENSORMALLOC_CACHE_BLOCKS` ceiling).
+pub const MAX_CACHE_BLOCKS: usize = 64;
+pub const STATS_PATH_MAX: usize = 256;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HugePages {
+    /// Align and round blocks of 4 MiB and more to 2 MiB so the program's own MADV_HUGEPAGE
+    /// (numpy makes one) covers whole huge pages; never advise by ourselves.
+    Auto,
+    /// As `Auto`, and call madvise(MADV_HUGEPAGE) on every fresh block.
+    Always,
+    /// Page alignment only.
+    Never,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CudaPool {
+    Split,
+    Binned,
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatsOutput {
+    Off,
+    Stderr,
+    /// JSON to the path in `Config::stats_path`.
+    Json,
+}
+
+/// A device memory cap: absolute bytes or a percentage of the device's total memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceLimit {
+    Unlimited,
+    Bytes(u64),
+    Percent(u64),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub disabled: bool,
+    pub threshold_bytes: u64,
+    pub cache_blocks: usize,
+    pub cache_bytes: u64,
+    pub release_ms: u64,
+    pub expire_ms: u64,
+    pub max_waste_percent: u64,
+    pub hugepages: HugePages,
+    pub stats: StatsOutput,
+    pub stats_path: [u8; STATS_PATH_MAX],
+    pub leaks: bool,
+    pub cuda_pool: CudaPool,
+    pub cuda_limit: DeviceLimit,
+    pub cuda_host_cache_bytes: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            disabled: false,
+            threshold_bytes: 4 * MIB,
+            cache_blocks: 16,
+            cache_bytes: GIB,
+            release_ms: 1000,
+            expire_ms: 10_000,
+            max_waste_percent: 25,
+            hugepages: HugePages::Auto,
+            stats: StatsOutput::Off,
+            stats_path: [0; STATS_PATH_MAX],
+            leaks: false,
+            cuda_pool: CudaPool::Split,
+            cuda_limit: DeviceLimit::Unlimited,
+            cuda_host_cache_bytes: GIB,
+        }
+    }
+}
+
+/// One row of the options table.
+pub struct OptionSpec {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub doc: &'static str,
+    apply: fn(&mut Config, &[u8]) -> Result<(), &'static str>,
+}
+
+const SIZE_HINT: &str = "not a size (use bytes or a K/M/G/T suffix, e.g. 4M)";
+const MS_HINT: &str = "not a number of milliseconds";
+
+pub static OPTIONS: &[OptionSpec] = &[
+    OptionSpec {
+        name: "TENSORMALLOC_DISABLE",
+        default: "0",
+        doc: "1: pass every call straight to the next allocator and the CUDA runtime (for profilers and memory tools)",
+        apply: |c, v| parse_bool(v).map(|b| c.disabled = b),
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_THRESHOLD",
+        default: "4M",
+        doc: "requests of this size and more are served by the large-block cache (4K to 1T)",
+        apply: |c, v| parse_size_in(v, 4 * KIB, TIB).map(|n| c.threshold_bytes = n),
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CACHE_BLOCKS",
+        default: "16",
+        doc: "most freed large blocks kept for reuse (0 to 64; 0 turns the cache off)",
+        apply: |c, v| parse_u64_in(v, 0, MAX_CACHE_BLOCKS as u64).map(|n| c.cache_blocks = n as usize),
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CACHE_BYTES",
+        default: "1G",
+        doc: "most bytes kept in freed large blocks",
+        apply: |c, v| parse_size_in(v, 0, 64 * TIB).map(|n| c.cache_bytes = n),
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_RELEASE_MS",
+        default: "1000",
+        doc: "a cached block idle this long is released with MADV_FREE (the kernel may take it back)",
+        apply: |c, v| parse_u64_in(v, 0, 86_400_000).map(|n| c.release_ms = n).map_err(|_| MS_HINT),
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_EXPIRE_MS",
+        default: "10000",
+        doc: "a cached block idle this long is unmapped",
+        apply: |c, v| parse_u64_in(v, 0, 86_400_000).map(|n| c.expire_ms = n).map_err(|_| MS_HINT),
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_MAX_WASTE",
+        default: "25",
+        doc: "percent of a cached block a request may leave unused; past it the block is split (0 to 100)",
+        apply: |c, v| parse_u64_in(v, 0, 100).map(|n| c.max_waste_percent = n),
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_HUGEPAGES",
+        default: "auto",
+        doc: "auto: 2 MiB-align blocks of 4 MiB+ so MADV_HUGEPAGE works; always: also advise it; never",
+        apply: |c, v| {
+            c.hugepages = match v {
+                b"auto" => HugePages::Auto,
+                b"always" => HugePages::Always,
+                b"never" => HugePages::Never,
+                _ => return Err("not one of auto, always, never"),
+            };
+            Ok(())
+        },
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_STATS",
+        default: "0",
+        doc: "1: print a report to stderr at exit; json:PATH: write it as JSON to PATH",
+        apply: |c, v| {
+            if let Some(path) = v.strip_prefix(b"json:") {
+                if path.is_empty() || path.len() >= STATS_PATH_MAX {
+                    return Err("json: needs a path of 1 to 255 bytes");
+                }
+                c.stats_path = [0; STATS_PATH_MAX];
+                c.stats_path.get_mut(..path.len()).ok_or("path too long")?.copy_from_slice(path);
+                c.stats = StatsOutput::Json;
+                return Ok(());
+            }
+            c.stats = if parse_bool(v)? { StatsOutput::Stderr } else { StatsOutput::Off };
+            Ok(())
+        },
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_LEAKS",
+        default: "0",
+        doc: "1: at exit, list large host and device blocks still live",
+        apply: |c, v| parse_bool(v).map(|b| c.leaks = b),
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CUDA_POOL",
+        default: "split",
+        doc: "device pool strategy: split (blocks split and merged), binned (size classes), none (pass through)",
+        apply: |c, v| {
+            c.cuda_pool = match v {
+                b"split" => CudaPool::Split,
+                b"binned" => CudaPool::Binned,
+                b"none" => CudaPool::None,
+                _ => return Err("not one of split, binned, none"),
+            };
+            Ok(())
+        },
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CUDA_LIMIT",
+        default: "0",
+        doc: "cap on device memory the pool reserves per device: bytes (K/M/G) or a percent like 80%; 0: none",
+        apply: |c, v| {
+            if let Some(pct) = v.strip_suffix(b"%") {
+                let p = parse_u64_in(pct, 1, 100).map_err(|_| "percent must be 1% to 100%")?;
+                c.cuda_limit = DeviceLimit::Percent(p);
+            } else {
+                let n = parse_size_in(v, 0, 64 * TIB)?;
+                c.cuda_limit = if n == 0 { DeviceLimit::Unlimited } else { DeviceLimit::Bytes(n) };
+            }
+            Ok(())
+        },
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CUDA_HOST_CACHE_BYTES",
+        default: "1G",
+        doc: "most bytes of freed pinned host memory (cudaMallocHost/cudaHostAlloc) kept for reuse",
+        apply: |c, v| parse_size_in(v, 0, 64 * TIB).map(|n| c.cuda_host_cache_bytes = n),
+    },
+];
+
+/// What was wrong with one variable; `Display` gives the one warning line.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ConfigError<'a> {
+    Unknown { name: &'a [u8] },
+    Invalid { spec: &'static OptionSpec, value: &'a [u8], reason: &'static str },
+}
+
+impl fmt::Debug for OptionSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl PartialEq for OptionSpec {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+impl Eq for OptionSpec {}
+
+/// Shows at most this many bytes of a bad value, so one line stays one line.
+const VALUE_SHOWN_MAX: usize = 64;
+
+fn show_bytes(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Result {
+    for &b in bytes.iter().take(VALUE_SHOWN_MAX) {
+        if b.is_ascii_graphic() || b == b' ' {
+            fmt::Write::write_char(f, b as char)?;
+        } else {
+            write!(f, "\\x{b:02x}")?;
+        }
+    }
+    if bytes.len() > VALUE_SHOWN_MAX {
+        f.write_str("...")?;
+    }
+    Ok(())
+}
+
+impl fmt::Display for ConfigError<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Unknown { name } => {
+                show_bytes(f, name)?;
+                f.write_str(" is not a tensormalloc setting; ignored")
+            }
+            ConfigError::Invalid { spec, value, reason } => {
+                write!(f, "{}='", spec.name)?;
+                show_bytes(f, value)?;
+                write!(f, "' is {}; using the default {}", reason, spec.default)
+            }
+        }
+    }
+}
+
+impl Config {
+    /// Applies one variable. On error the field keeps the value it had (the default, when
+    /// applied to a fresh `Config`).
+    pub fn apply<'a>(&mut self, name: &'a [u8], value: &'a [u8]) -> Result<(), ConfigError<'a>> {
+        let spec = OPTIONS.iter().find(|s| s.name.as_bytes() == name).ok_or(ConfigError::Unknown { name })?;
+        let mut trial = *self;
+        match (spec.apply)(&mut trial, trim_ascii(value)) {
+            Ok(()) => {
+                *self = trial;
+                Ok(())
+            }
+            Err(reason) => Err(ConfigError::Invalid { spec, value, reason }),
+        }
+    }
+
+    pub fn stats_path(&self) -> &[u8] {
+        let len = self.stats_path.iter().position(|&b| b == 0).unwrap_or(STATS_PATH_MAX);
+        self.stats_path.get(..len).unwrap_or(&[])
+    }
+}
+
+fn trim_ascii(v: &[u8]) -> &[u8] {
+    let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
+    let end = v.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(start, |e| e + 1);
+    v.get(start..end).unwrap_or(&[])
+}
+
+pub fn parse_bool(v: &[u8]) -> Result<bool, &'static str> {
+    match v {
+        b"1" | b"yes" | b"true" | b"on" => Ok(true),
+        b"0" | b"no" | b"false" | b"off" => Ok(false),
+        _ => Err("not a boolean (use 1 or 0)"),
+    }
+}
+
+pub fn parse_u64(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 20 {
+        return None;
+    }
+    v.iter().try_fold(0u64, |acc, &b| {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+    })
+}
+
+fn parse_u64_in(v: &[u8], lo: u64, hi: u64) -> Result<u64, &'static str> {
+    let n = parse_u64(v).ok_or("not a whole number")?;
+    if n < lo || n > hi {
+        return Err("out of range");
+    }
+    Ok(n)
+}
+
+/// Bytes with an optional binary suffix: `4096`, `512K`, `4M`, `4MiB`, `1g`, `2T`.
+pub fn parse_size(v: &[u8]) -> Option<u64> {
+    let digits = v.iter().take_while(|b| b.is_ascii_digit()).count();
+    let (num, suffix) = v.split_at(digits);
+    let n = parse_u64(num)?;
+    const SUFFIXES: [(&[u8], u64); 13] = [
+        (b"", 1), (b"b", 1),
+        (b"k", KIB), (b"kb", KIB), (b"kib", KIB),
+        (b"m", MIB), (b"mb", MIB), (b"mib", MIB),
+        (b"g", GIB), (b"gb", GIB), (b"gib", GIB),
+        (b"t", TIB), (b"tib", TIB),
+    ];
+    // eq_ignore_ascii_case, not to_ascii_lowercase: this runs during init, before the next
+    // allocator is resolved, so it must not allocate.
+    let (_, mult) = SUFFIXES.iter().find(|(s, _)| s.eq_ignore_ascii_case(suffix))?;
+    n.checked_mul(*mult)
+}
+
+fn parse_size_in(v: &[u8], lo: u64, hi: u64) -> Result<u64, &'static str> {
+    let n = parse_size(v).ok_or(SIZE_HINT)?;
+    if n < lo || n > hi {
+        return Err("out of range");
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size(b"4096"), Some(4096));
+        assert_eq!(parse_size(b"4M"), Some(4 * MIB));
+        assert_eq!(parse_size(b"4mib"), Some(4 * MIB));
+        assert_eq!(parse_size(b"1G"), Some(GIB));
+        assert_eq!(parse_size(b"2T"), Some(2 * TIB));
+        for bad in [&b""[..], b"-1", b"M", b"4X", b"1.5G", b" ", b"99999999999999999999999", b"18446744073709551615K"] {
+            assert_eq!(parse_size(bad), None, "{:?}", bad);
+        }
+    }
+
+    #[test]
+    fn bad_value_keeps_default_and_says_so() {
+        let mut c = Config::default();
+        let err = c.apply(b"TENSORMALLOC_THRESHOLD", b"lots").unwrap_err();
+        assert_eq!(c.threshold_bytes, 4 * MIB);
+        let line = err.to_string();
+        assert!(line.starts_with("TENSORMALLOC_THRESHOLD='lots' is not a size"), "{line}");
+        assert!(line.ends_with("using the default 4M"), "{line}");
+    }
+
+    #[test]
+    fn out_of_range_is_rejected() {
+        let mut c = Config::default();
+        assert!(c.apply(b"TENSORMALLOC_THRESHOLD", b"1K").is_err());
+        assert!(c.apply(b"TENSORMALLOC_CACHE_BLOCKS", b"65").is_err());
+        assert!(c.apply(b"TENSORMALLOC_CUDA_LIMIT", b"0%").is_err());
+        assert!(c.apply(b"TENSORMALLOC_CUDA_LIMIT", b"101%").is_err());
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn good_values_apply() {
+        let mut c = Config::default();
+        c.apply(b"TENSORMALLOC_THRESHOLD", b" 1M ").unwrap();
+        c.apply(b"TENSORMALLOC_CUDA_LIMIT", b"80%").unwrap();
+        c.apply(b"TENSORMALLOC_STATS", b"json:/tmp/x.json").unwrap();
+        c.apply(b"TENSORMALLOC_HUGEPAGES", b"never").unwrap();
+        assert_eq!(c.threshold_bytes, MIB);
+        assert_eq!(c.cuda_limit, DeviceLimit::Percent(80));
+        assert_eq!(c.stats, StatsOutput::Json);
+        assert_eq!(c.stats_path(), b"/tmp/x.json");
+        assert_eq!(c.hugepages, HugePages::Never);
+    }
+
+    #[test]
+    fn overlong_and_binary_values_print_on_one_short_line() {
+        let mut c = Config::default();
+        let long = vec![b'x'; 10_000];
+        let line = c.apply(b"TENSORMALLOC_CACHE_BYTES", &long).unwrap_err().to_string();
+        assert!(line.len() < 200 && line.contains("..."), "{line}");
+        let line = c.apply(b"TENSORMALLOC_HUGEPAGES", b"\n\x01").unwrap_err().to_string();
+        assert!(!line.contains('\n') && line.contains("\\x01"), "{line}");
+    }
+
+    #[test]
+    fn unknown_names_are_reported() {
+        let mut c = Config::default();
+        assert!(matches!(c.apply(b"TENSORMALLOC_THRESHOLDD", b"1"), Err(ConfigError::Unknown { .. })));
+    }
+
+    /// Property: no byte string makes apply panic, and a failed apply changes nothing.
+    #[test]
+    fn garbage_never_panics_or_changes_config() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let alphabet = b"0123456789kKmMgGtTiIbB%-+. :json/\x00\xff";
+        for _ in 0..20_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let len = (seed % 24) as usize;
+            let value: Vec<u8> = (0..len).map(|i| alphabet[((seed >> (i % 8 * 8)) as usize + i) % alphabet.len()]).collect();
+            for spec in OPTIONS {
+                let mut c = Config::default();
+                if c.apply(spec.name.as_bytes(), &value).is_err() {
+                    assert_eq!(c, Config::default());
+                }
+            }
+        }
+    }
+
+    /// The README documents exactly the variables in this table, with the same defaults.
+    #[test]
+    fn readme_table_matches_options() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        let rows: Vec<&str> = readme.lines().filter(|l| l.starts_with("| `TENSORMALLOC_")).collect();
+        assert_eq!(rows.len(), OPTIONS.len(), "README rows: {rows:#?}");
+        for spec in OPTIONS {
+            let row = rows.iter().find(|r| r.starts_with(&format!("| `{}`", spec.name)));
+            let row = row.unwrap_or_else(|| panic!("{} missing from README", spec.name));
+            assert!(row.contains(&format!("| `{}` |", spec.default)), "{} default in README: {row}", spec.name);
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! The host layer: serves large requests from the block cache or fresh mappings, takes large
+//! blocks back, and releases idle ones. Generic over `PageMemory` and the clock so tests drive
+//! it over simulated memory. The cache lock is never held across a call into `PageMemory`:
+//! decisions are made under the lock, system calls happen after it is dropped.
+
+use super::cache::{BlockCache, CacheLimits, Range, RangeList};
+use super::registry::{Owner, Registry, TableSource};
+use crate::backing::PageMemory;
+use crate::config::{Config, HugePages, MIB};
+use crate::stats::{HostStats, PhaseTimer};
+use crate::sys::lock::SpinLock;
+use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering::Relaxed};
+
+pub const PAGE: usize = 4096;
+const HUGE_PAGE: usize = 2 << 20;
+/// Blocks from this size up are aligned and rounded to huge pages under `HugePages::Auto`
+/// (numpy asks for huge pages from 4 MiB up).
+const HUGE_MIN: usize = 4 << 20;
+
+pub struct HostLayer<M: PageMemory> {
+    memory: M,
+    registry: Registry,
+    cache: SpinLock<BlockCache>,
+    threshold_bytes: AtomicUsize,
+    hugepages: AtomicU8,
+    clock: fn() -> u64,
+    /// Called after a block entered the cache, outside the lock (starts or wakes the reaper).
+    on_cached: fn(),
+    pub stats: HostStats,
+}
+
+const fn limits_from(c: &Config) -> CacheLimits {
+    CacheLimits {
+        max_blocks: c.cache_blocks,
+        max_bytes: c.cache_bytes as usize,
+        release_after_ns: c.release_ms.saturating_mul(1_000_000),
+        expire_after_ns: c.expire_ms.saturating_mul(1_000_000),
+        max_waste_percent: c.max_waste_percent as usize,
+        min_block_len: c.threshold_bytes as usize,
+    }
+}
+
+fn hugepages_code(h: HugePages) -> u8 {
+    match h {
+        HugePages::Auto => 0,
+        HugePages::Always => 1,
+        HugePages::Never => 2,
+    }
+}
+
+impl<M: PageMemory> HostLayer<M> {
+    pub const fn new(memory: M, table_source: TableSource, clock: fn() -> u64, on_cached: fn()) -> Self {
+        const DEFAULTS: CacheLimits = limits_from(&Config {
+            disabled: false,
+            threshold_bytes: 4 * MIB,
+            cache_blocks: 16,
+            cache_bytes: 1 << 30,
+            release_ms: 1000,
+            expire_ms: 10_000,
+            max_waste_percent: 25,
+            hugepages: HugePages::Auto,
+            stats: crate::config::StatsOutput::Off,
+            stats_path: [0; crate::config::STATS_PATH_MAX],
+            leaks: false,
+            cuda_pool: crate::config::CudaPool::Split,
+            cuda_limit: crate::config::DeviceLimit::Unlimited,
+            cuda_host_cache_bytes: 1 << 30,
+        });
+        HostLayer {
+            memory,
+            registry: Registry::new(table_source),
+            cache: SpinLock::new(BlockCache::new(DEFAULTS)),
+            threshold_bytes: AtomicUsize::new(4 << 20),
+            hugepages: AtomicU8::new(0),
+            clock,
+            on_cached,
+            stats: HostStats::new(),
+        }
+    }
+
+    pub fn configure(&self, config: &Config) {
+        self.threshold_bytes.store(config.threshold_bytes as usize, Relaxed);
+        self.hugepages.store(hugepages_code(config.hugepages), Relaxed);
+        self.cache.lock().set_limits(limits_from(config));
+    }
+
+    pub fn threshold_bytes(&self) -> usize {
+        self.threshold_bytes.load(Relaxed)
+    }
+
+    /// Copies between blocks we own (realloc moving a block out of the host layer).
+    pub fn memory_copy(&self, dst: usize, src: usize, len: usize) {
+        self.memory.copy(dst, src, len);
+    }
+
+    pub fn owner(&self, addr: usize) -> Owner {
+        self.registry.owner(addr)
+    }
+
+    /// The mapped length for a request, and the alignment every mapping of that length gets.
+    fn block_shape(&self, size: usize) -> Option<(usize, usize)> {
+        let huge = self.hugepages.load(Relaxed) != hugepages_code(HugePages::Never) && size >= HUGE_MIN;
+        let granule = if huge { HUGE_PAGE } else { PAGE };
+        Some((size.checked_add(granule - 1)? & !(granule - 1), granule))
+    }
+
+    fn timed<T>(&self, phase: &PhaseTimer, f: impl FnOnce() -> T) -> T {
+        let start = (self.clock)();
+        let out = f();
+        phase.record((self.clock)().saturating_sub(start));
+        out
+    }
+
+    fn unmap_all(&self, ranges: &RangeList) {
+        for r in ranges.iter() {
+            self.timed(&self.stats.phases.free_unmap, || self.memory.unmap(r.addr, r.len));
+            self.stats.unmapped_blocks.add(1);
+            self.stats.unmapped_bytes.add(r.len as u64);
+        }
+    }
+
+    /// A large block of at least `size` bytes starting at a multiple of `align` (a power of
+    /// two); zero-filled when `zeroed`. `None` means out of memory.
+    pub fn alloc(&self, size: usize, align: usize, zeroed: bool) -> Option<usize> {
+        let start = (self.clock)();
+        let out = self.alloc_untimed(size, align, zeroed);
+        self.stats.phases.alloc.record((self.clock)().saturating_sub(start));
+        out
+    }
+
+    fn alloc_untimed(&self, size: usize, align: usize, zeroed: bool) -> Option<usize> {
+        self.stats.requests.add(1);
+        let (need, granule) = self.block_shape(size)?;
+        let align = align.max(PAGE);
+        let hit_start = (self.clock)();
+        let taken = {
+            let mut cache = self.cache.lock();
+            let taken = cache.take(need, align);
+            if let Some(t) = &taken {
+                // The leaf exists: the block was recorded as cached.
+                let _ = self.registry.set_live(t.addr, t.len);
+                if let Some(tail) = t.tail_kept {
+                    let _ = self.registry.set_cached(tail.addr, tail.len);
+                }
+                self.stats.cached.set(cache.cached_bytes() as u64);
+            }
+            taken
+        };
+        if let Some(t) = taken {
+            if let Some(tail) = t.tail_to_unmap {
+                self.unmap_all(&single(tail));
+            }
+            if t.tail_kept.is_some() || t.tail_to_unmap.is_some() {
+                self.stats.splits.add(1);
+            }
+            if zeroed {
+                self.timed(&self.stats.phases.alloc_zero, || self.memory.zero(t.addr, size));
+            }
+            self.stats.hits.add(1);
+            self.stats.hit_bytes.add(t.len as u64);
+            if t.was_released {
+                self.stats.hits_after_release.add(1);
+            }
+            self.stats.live.add(t.len as u64);
+            self.stats.phases.alloc_hit.record((self.clock)().saturating_sub(hit_start));
+            return Some(t.addr);
+        }
+
+        self.stats.misses.add(1);
+        let addr = self.timed(&self.stats.phases.alloc_map, || self.map_fresh(need, align.max(granule)))?;
+        if !self.registry.set_live(addr, need) {
+            self.memory.unmap(addr, need);
+            self.stats.map_failures.add(1);
+            return None;
+        }
+        self.stats.live.add(need as u64);
+        Some(addr)
+    }
+
+    /// A fresh mapping; under memory pressure, the cache is emptied and the mapping retried.
+    fn map_fresh(&self, len: usize, align: usize) -> Option<usize> {
+        let mapped = self.registry.reserve_spare().then(|| self.memory.map(len, align)).flatten();
+        let addr = match mapped {
+            Some(a) => a,
+            None => {
+                if self.trim() == 0 {
+                    self.stats.map_failures.add(1);
+                    return None;
+                }
+                match self.registry.reserve_spare().then(|| self.memory.map(len, align)).flatten() {
+                    Some(a) => a,
+                    None => {
+                        self.stats.map_failures.add(1);
+                        return None;
+                    }
+                }
+            }
+        };
+        if self.hugepages.load(Relaxed) == hugepages_code(HugePages::Always) {
+            self.memory.advise_huge(addr, len);
+        }
+        Some(addr)
+    }
+
+    /// Takes back a live block (`owner` said `Live { len }`).
+    pub fn free(&self, addr: usize, len: usize) {
+        let start = (self.clock)();
+        self.stats.frees.add(1);
+        self.stats.live.sub(len as u64);
+        let inserted = {
+            let mut cache = self.cache.lock();
+            let inserted = cache.insert(addr, len, start);
+            if inserted.accepted {
+                let _ = self.registry.set_cached(addr, len);
+            } else {
+                self.registry.clear(addr);
+            }
+            for r in inserted.evicted.iter() {
+                self.registry.clear(r.addr);
+            }
+            self.stats.cached.set(cache.cached_bytes() as u64);
+            inserted
+        };
+        self.unmap_all(&inserted.evicted);
+        if inserted.accepted {
+            (self.on_cached)();
+        } else {
+            self.unmap_all(&single(Range { addr, len }));
+        }
+        self.stats.phases.free.record((self.clock)().saturating_sub(start));
+    }
+
+    /// Resizes a live large block to `new_size` (at or above the threshold): in place when it
+    /// fits, by mremap otherwise (no copy), by copying as a last resort. `None` leaves the
+    /// block as it was.
+    pub fn resize(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
+        let start = (self.clock)();
+        let out = self.resize_untimed(addr, len, new_size);
+        self.stats.phases.realloc.record((self.clock)().saturating_sub(start));
+        out
+    }
+
+    fn resize_untimed(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
+        let (need, _) = self.block_shape(new_size)?;
+        if need <= len {
+            let spare = len - need;
+            let allowed = len / 100 * self.cache.lock().limits().max_waste_percent;
+            if spare > allowed {
+                let _ = self.registry.set_live(addr, need);
+                self.memory.unmap(addr + need, spare);
+                self.stats.live.sub(spare as u64);
+            }
+            return Some(addr);
+        }
+        if self.registry.reserve_spare() {
+            self.registry.clear(addr);
+            if let Some(moved) = self.memory.remap(addr, len, need) {
+                // Cannot fail: the spare leaf was reserved above.
+                let _ = self.registry.set_live(moved, need);
+                self.stats.remaps.add(1);
+                self.stats.live.add((need - len) as u64);
+                return Some(moved);
+            }
+            let _ = self.registry.set_live(addr, len);
+        }
+        // mremap refuses ranges that span several mappings (a program may have madvised part
+        // of the block): copy instead.
+        let fresh = self.alloc(new_size, PAGE, false)?;
+        self.memory.copy(fresh, addr, len);
+        self.free(addr, len);
+        Some(fresh)
+    }
+
+    /// Unmaps every cached block now; returns the bytes given back.
+    pub fn trim(&self) -> usize {
+        let drained = {
+            let mut cache = self.cache.lock();
+            let drained = cache.drain();
+            for r in drained.iter() {
+                self.registry.clear(r.addr);
+            }
+            self.stats.cached.set(cache.cached_bytes() as u64);
+            drained
+        };
+        self.unmap_all(&drained);
+        drained.total_bytes()
+    }
+
+    /// Releases and expires idle blocks; returns when it next has work (monotonic ns).
+    pub fn reap(&self) -> Option<u64> {
+        let now = (self.clock)();
+        let due = {
+            let mut cache = self.cache.lock();
+            let due = cache.due(now);
+            for r in due.expire.iter() {
+                self.registry.clear(r.addr);
+            }
+            self.stats.cached.set(cache.cached_bytes() as u64);
+            due
+        };
+        for r in due.expire.iter() {
+            self.timed(&self.stats.phases.expire, || self.memory.unmap(r.addr, r.len));
+            self.stats.unmapped_blocks.add(1);
+            self.stats.unmapped_bytes.add(r.len as u64);
+        }
+        for r in due.release.iter() {
+            self.timed(&self.stats.phases.release, || self.memory.release(r.addr, r.len));
+            self.stats.released_blocks.add(1);
+            self.stats.released_bytes.add(r.len as u64);
+        }
+        let (doomed, deadline) = {
+            let mut cache = self.cache.lock();
+            let mut doomed = RangeList::new();
+            for r in due.release.iter() {
+                if let Some(gone) = cache.release_done(r.addr) {
+                    self.registry.clear(gone.addr);
+                    doomed = push(doomed, gone);
+                }
+            }
+            self.stats.cached.set(cache.cached_bytes() as u64);
+            (doomed, cache.next_deadline_ns())
+        };
+        self.unmap_all(&doomed);
+        deadline
+    }
+
+    /// Cached blocks and bytes now, for the stats API.
+    pub fn cached(&self) -> (usize, usize) {
+        let cache = self.cache.lock();
+        (cache.block_count(), cache.cached_bytes())
+    }
+
+    /// Takes the cache lock and keeps it: the fork handlers hold it across fork().
+    pub fn lock_for_fork(&self) {
+        self.cache.lock_for_fork();
+    }
+
+    /// # Safety
+    /// Only in the fork handlers, after `lock_for_fork`.
+    pub unsafe fn unlock_after_fork(&self) {
+        self.cache.force_unlock();
+    }
+
+    #[cfg(test)]
+    pub fn check_invariants(&self) -> Result<(), &'static str> {
+        let cache = self.cache.lock();
+        cache.check_invariants()?;
+        for b in cache.blocks() {
+            if self.registry.owner(b.addr) != Owner::Cached {
+                return Err("a cached block is not recorded as cached");
+            }
+        }
+        Ok(())
+    }
+}
+
+fn single(r: Range) -> RangeList {
+    push(RangeList::new(), r)
+}
+
+fn push(mut list: RangeList, r: Range) -> RangeList {
+    list.push(r);
+    list
+}
+
+#[cfg(test)]
+#[path = "layer_tests.rs"]
+mod tests;

@@ -1,0 +1,220 @@
+//! The host layer over simulated pages with a fake clock: every step is followed by an
+//! invariant check, and a property test runs random programs against a shadow model.
+
+use super::*;
+use crate::sim::SimPages;
+use std::cell::Cell;
+use std::collections::BTreeMap;
+
+const MB: usize = 1 << 20;
+const MS: u64 = 1_000_000;
+
+thread_local! {
+    static NOW: Cell<u64> = const { Cell::new(1) };
+}
+fn fake_clock() -> u64 {
+    NOW.with(|n| n.get())
+}
+fn advance(ns: u64) {
+    NOW.with(|n| n.set(n.get() + ns));
+}
+fn nothing() {}
+
+fn leak_table(len: usize) -> Option<usize> {
+    Some(Box::leak(vec![0u8; len].into_boxed_slice()).as_mut_ptr() as usize)
+}
+
+fn layer(config: Config) -> Box<HostLayer<SimPages>> {
+    let l = Box::new(HostLayer::new(SimPages::new(), leak_table, fake_clock, nothing));
+    l.configure(&config);
+    l
+}
+
+/// Every byte the simulator has mapped is either live or cached: nothing leaks.
+fn check(l: &HostLayer<SimPages>) {
+    l.check_invariants().unwrap();
+    let (_, cached) = l.cached();
+    assert_eq!(l.memory.mapped_bytes(), l.stats.live.current() as usize + cached, "mapped = live + cached");
+}
+
+#[test]
+fn hot_reuse_makes_no_system_calls() {
+    let l = layer(Config::default());
+    let a = l.alloc(80 * 1000 * 1000, 4096, false).unwrap();
+    let len = match l.owner(a) {
+        Owner::Live { len } => len,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(len % (2 * MB), 0, "rounded to huge pages");
+    assert_eq!(a % (2 * MB), 0, "aligned to huge pages");
+    l.free(a, len);
+    assert_eq!(l.owner(a), Owner::Cached);
+    let before = l.memory.calls();
+    let b = l.alloc(80 * 1000 * 1000, 4096, false).unwrap();
+    assert_eq!(a, b);
+    let after = l.memory.calls();
+    assert_eq!((after.maps, after.unmaps, after.releases), (before.maps, before.unmaps, before.releases));
+    assert_eq!(l.stats.hits.get(), 1);
+    check(&l);
+}
+
+#[test]
+fn calloc_hit_is_zeroed_and_miss_is_not_rezeroed() {
+    let l = layer(Config::default());
+    let a = l.alloc(8 * MB, 4096, true).unwrap();
+    assert_eq!(l.memory.calls().zeroed_bytes, 0, "fresh mappings are already zero");
+    l.free(a, 8 * MB);
+    let b = l.alloc(8 * MB - 100, 4096, true).unwrap();
+    assert_eq!(b, a);
+    assert_eq!(l.memory.calls().zeroed_bytes, (8 * MB - 100) as u64);
+    check(&l);
+}
+
+#[test]
+fn idle_blocks_are_released_then_unmapped() {
+    let l = layer(Config { release_ms: 100, expire_ms: 1000, ..Config::default() });
+    let a = l.alloc(16 * MB, 4096, false).unwrap();
+    l.free(a, 16 * MB);
+    assert_eq!(l.reap(), Some(fake_clock() + 100 * MS));
+    advance(100 * MS);
+    l.reap();
+    assert_eq!(l.memory.calls().releases, 1);
+    assert_eq!(l.stats.released_bytes.get(), 16 * MB as u64);
+    check(&l);
+    // Reuse after release is a hit (no fault cost to map it again).
+    let b = l.alloc(16 * MB, 4096, false).unwrap();
+    assert_eq!(b, a);
+    assert_eq!(l.stats.hits_after_release.get(), 1);
+    l.free(b, 16 * MB);
+    advance(1000 * MS);
+    assert_eq!(l.reap(), None);
+    assert_eq!(l.memory.mapped_bytes(), 0);
+    assert_eq!(l.owner(a), Owner::Foreign);
+    check(&l);
+}
+
+#[test]
+fn out_of_memory_empties_the_cache_then_fails_cleanly() {
+    let l = layer(Config::default());
+    let a = l.alloc(64 * MB, 4096, false).unwrap();
+    l.free(a, 64 * MB);
+    l.memory.fail_next_maps(1);
+    let b = l.alloc(128 * MB, 4096, false).expect("retried after trimming");
+    assert_eq!(l.cached(), (0, 0));
+    l.memory.fail_next_maps(2);
+    assert_eq!(l.alloc(256 * MB, 4096, false), None);
+    assert_eq!(l.stats.map_failures.get(), 1);
+    l.free(b, 128 * MB);
+    check(&l);
+}
+
+#[test]
+fn large_alignments_are_honoured() {
+    let l = layer(Config::default());
+    for shift in 12..=27 {
+        let align = 1usize << shift;
+        let a = l.alloc(5 * MB, align, false).unwrap();
+        assert_eq!(a % align, 0, "align {align}");
+        let Owner::Live { len } = l.owner(a) else { panic!() };
+        l.free(a, len);
+        check(&l);
+    }
+}
+
+#[test]
+fn resize_in_place_by_remap_and_shrink() {
+    let l = layer(Config::default());
+    let a = l.alloc(8 * MB, 4096, false).unwrap();
+    assert_eq!(l.resize(a, 8 * MB, 7 * MB), Some(a), "fits: unchanged");
+    let b = l.resize(a, 8 * MB, 64 * MB).unwrap();
+    assert_eq!(l.memory.calls().copied_bytes, 0, "mremap, not a copy");
+    assert_eq!(l.owner(b), Owner::Live { len: 64 * MB });
+    assert_eq!(l.owner(a), if a == b { Owner::Live { len: 64 * MB } } else { Owner::Foreign });
+    let c = l.resize(b, 64 * MB, 8 * MB).unwrap();
+    assert_eq!(c, b);
+    assert_eq!(l.owner(c), Owner::Live { len: 8 * MB }, "the tail went back");
+    check(&l);
+    l.memory.fail_next_maps(5);
+    assert_eq!(l.resize(c, 8 * MB, 512 * MB), None, "failure leaves the block as it was");
+    assert_eq!(l.owner(c), Owner::Live { len: 8 * MB });
+    check(&l);
+}
+
+#[test]
+fn cache_off_unmaps_at_once() {
+    let l = layer(Config { cache_blocks: 0, ..Config::default() });
+    let a = l.alloc(8 * MB, 4096, false).unwrap();
+    l.free(a, 8 * MB);
+    assert_eq!(l.memory.mapped_bytes(), 0);
+    assert_eq!(l.owner(a), Owner::Foreign);
+}
+
+/// A random program of allocs, calloc, frees, resizes, trims and clock jumps, checked against
+/// a shadow of the live blocks after every step.
+#[test]
+fn random_programs_match_the_shadow_model() {
+    for seed in 1..=40u64 {
+        let config = Config {
+            cache_blocks: (seed % 5) as usize,
+            cache_bytes: (seed % 7 + 1) as u64 * 64 * MB as u64,
+            release_ms: seed % 3 * 50,
+            expire_ms: 200,
+            max_waste_percent: seed % 50,
+            hugepages: if seed % 2 == 0 { HugePages::Auto } else { HugePages::Never },
+            ..Config::default()
+        };
+        let l = layer(config);
+        let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut live: BTreeMap<usize, usize> = BTreeMap::new(); // addr -> requested size
+        for _ in 0..400 {
+            match next() % 10 {
+                0..=3 => {
+                    let size = 4 * MB + (next() % (96 * MB as u64)) as usize;
+                    let align = 1usize << (12 + next() % 10);
+                    let a = l.alloc(size, align, next() % 4 == 0).unwrap();
+                    assert_eq!(a % align, 0);
+                    let Owner::Live { len } = l.owner(a) else { panic!("not live") };
+                    assert!(len >= size);
+                    assert!(l.memory.is_mapped(a, len));
+                    for (&b, &bs) in &live {
+                        assert!(a + size <= b || b + bs <= a, "overlap");
+                    }
+                    live.insert(a, size);
+                }
+                4..=6 if !live.is_empty() => {
+                    let k = *live.keys().nth((next() % live.len() as u64) as usize).unwrap();
+                    live.remove(&k);
+                    let Owner::Live { len } = l.owner(k) else { panic!() };
+                    l.free(k, len);
+                    assert_ne!(l.owner(k), Owner::Live { len });
+                }
+                7 if !live.is_empty() => {
+                    let k = *live.keys().next().unwrap();
+                    let Owner::Live { len } = l.owner(k) else { panic!() };
+                    let size = 4 * MB + (next() % (128 * MB as u64)) as usize;
+                    let moved = l.resize(k, len, size).unwrap();
+                    live.remove(&k);
+                    live.insert(moved, size);
+                    let Owner::Live { len } = l.owner(moved) else { panic!() };
+                    assert!(len >= size && l.memory.is_mapped(moved, len));
+                }
+                8 => advance(next() % (150 * MS)),
+                9 => {
+                    if next() % 4 == 0 {
+                        l.trim();
+                    } else {
+                        l.reap();
+                    }
+                }
+                _ => {}
+            }
+            check(&l);
+        }
+    }
+}

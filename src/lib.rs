@@ -1,0 +1,149 @@
+//! tensormalloc: a drop-in layer under numpy, PyTorch and any C program. Small requests go on to
+//! the next allocator; large ones are served by a cache of recently freed blocks (`host`); CUDA
+//! device memory goes to a caching pool (`device`).
+//!
+//! Layers call downward only: `shim` (extern "C") -> `route` -> `host` / `device` (policy) ->
+//! `backing` traits <- `sys` (libc, dlsym, CUDA). The one global state lives here.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic))]
+
+pub mod backing;
+pub mod config;
+pub mod host;
+pub mod report;
+pub mod route;
+#[cfg(any(test, feature = "no-interpose"))]
+pub mod sim;
+pub mod stats;
+pub mod sys;
+
+mod shim;
+
+use core::cell::UnsafeCell;
+use core::mem::MaybeUninit;
+use core::sync::atomic::{AtomicU8, Ordering};
+
+use config::Config;
+use host::layer::HostLayer;
+use sys::next::NextAllocator;
+use sys::os_pages::{map_table, OsPages};
+
+/// What init resolved: read-only once `INIT_STATE` is `DONE`.
+pub struct Globals {
+    pub config: Config,
+    pub next: NextAllocator,
+}
+
+struct InitCell(UnsafeCell<MaybeUninit<Globals>>);
+// SAFETY: written once by the initializing thread before INIT_STATE becomes DONE (release),
+// read only after observing DONE (acquire).
+unsafe impl Sync for InitCell {}
+
+static GLOBALS: InitCell = InitCell(UnsafeCell::new(MaybeUninit::uninit()));
+static INIT_STATE: AtomicU8 = AtomicU8::new(UNINIT);
+const UNINIT: u8 = 0;
+const RUNNING: u8 = 1;
+const DONE: u8 = 2;
+const FAILED: u8 = 3;
+
+/// The host layer over the kernel's pages.
+pub static HOST: HostLayer<OsPages> = HostLayer::new(OsPages, map_table, sys::clock::now_ns, sys::reaper::on_block_cached);
+
+/// The resolved state, initializing on first use. `None` while initialization is under way
+/// (a reentrant call from dlsym, or another thread meanwhile): callers use the bootstrap arena.
+#[inline]
+pub fn globals() -> Option<&'static Globals> {
+    if INIT_STATE.load(Ordering::Acquire) == DONE {
+        // SAFETY: DONE is stored only after GLOBALS was written.
+        return Some(unsafe { (*GLOBALS.0.get()).assume_init_ref() });
+    }
+    init_slow()
+}
+
+#[cold]
+fn init_slow() -> Option<&'static Globals> {
+    if INIT_STATE.compare_exchange(UNINIT, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return None;
+    }
+    let config = read_config();
+    // SAFETY: reentrant calls made by dlsym see RUNNING and use the bootstrap arena.
+    let Some(next) = (unsafe { NextAllocator::resolve() }) else {
+        warn_line!("no next malloc found with dlsym(RTLD_NEXT); serving from a small static arena only");
+        INIT_STATE.store(FAILED, Ordering::Release);
+        return None;
+    };
+    HOST.configure(&config);
+    route::configure(&config);
+    // SAFETY: only this thread writes, and only before publishing DONE.
+    unsafe { (*GLOBALS.0.get()).write(Globals { config, next }) };
+    INIT_STATE.store(DONE, Ordering::Release);
+    globals()
+}
+
+fn read_config() -> Config {
+    let mut config = Config::default();
+    if sys::env::is_secure_execution() {
+        return config;
+    }
+    sys::env::for_each_with_prefix(b"TENSORMALLOC_", |name, value| {
+        if let Err(e) = config.apply(name, value) {
+            warn_line!("{}", e);
+        }
+    });
+    config
+}
+
+#[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]
+/// Runs at load (before main): resolves everything and installs the fork handlers.
+extern "C" fn on_load() {
+    if globals().is_some() {
+        sys::lock::install_fork_handlers();
+    }
+}
+
+#[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]
+/// Runs at unload or exit, after the program's atexit handlers: the report, if asked for.
+extern "C" fn on_unload() {
+    if let Some(g) = globals() {
+        report::at_exit(&g.config);
+    }
+}
+
+#[cfg(not(any(test, feature = "no-interpose")))]
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
+#[cfg(not(any(test, feature = "no-interpose")))]
+#[used]
+#[link_section = ".fini_array"]
+static ON_UNLOAD: extern "C" fn() = on_unload;
+
+/// Rust code in this library allocates through the next allocator directly, never through our
+/// own shims: a stray allocation under our lock can then never re-enter the cache.
+#[cfg(not(any(test, feature = "no-interpose")))]
+mod rust_allocator {
+    use core::alloc::{GlobalAlloc, Layout};
+
+    struct NextOnly;
+
+    // SAFETY: forwards to a C allocator that honours the alignment it is asked for.
+    unsafe impl GlobalAlloc for NextOnly {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            match crate::globals() {
+                Some(g) => g.next.alloc_aligned(layout.align().max(16), layout.size()).cast(),
+                None => crate::sys::next::bootstrap_alloc(layout.size(), layout.align()).cast(),
+            }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
+            if crate::sys::next::is_bootstrap(ptr.cast()) {
+                return;
+            }
+            if let Some(g) = crate::globals() {
+                (g.next.free)(ptr.cast());
+            }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: NextOnly = NextOnly;
+}

@@ -1,0 +1,309 @@
+//! What the user sees: the stats snapshot behind `tm_get_stats`, and the report printed at exit
+//! (text to stderr, or JSON to a file). Formatting happens in a fixed stack buffer and leaves
+//! with write(2): no allocation, no lock but the cache's own brief one.
+
+use crate::config::{Config, StatsOutput};
+use crate::stats::PhaseTimer;
+use crate::sys::stderr::StackWriter;
+use crate::HOST;
+use core::fmt::{self, Write};
+
+/// Bumped when fields are appended to `tm_stats_t`.
+pub const STATS_VERSION: u32 = 1;
+
+/// `tm_stats_t` in include/tensormalloc.h: the same fields in the same order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Snapshot {
+    pub size: usize,
+    pub version: u32,
+    pub enabled: u32,
+    pub threshold_bytes: u64,
+    pub host_requests: u64,
+    pub host_hits: u64,
+    pub host_misses: u64,
+    pub host_hit_bytes: u64,
+    pub host_frees: u64,
+    pub host_live_bytes: u64,
+    pub host_peak_live_bytes: u64,
+    pub host_cached_bytes: u64,
+    pub host_peak_cached_bytes: u64,
+    pub host_cached_blocks: u64,
+    pub host_released_blocks: u64,
+    pub host_released_bytes: u64,
+    pub host_unmapped_blocks: u64,
+    pub host_unmapped_bytes: u64,
+    pub host_map_failures: u64,
+}
+
+impl Snapshot {
+    pub fn take() -> Snapshot {
+        let s = &HOST.stats;
+        let (blocks, bytes) = HOST.cached();
+        Snapshot {
+            size: core::mem::size_of::<Snapshot>(),
+            version: STATS_VERSION,
+            enabled: u32::from(crate::route::is_enabled()),
+            threshold_bytes: HOST.threshold_bytes() as u64,
+            host_requests: s.requests.get(),
+            host_hits: s.hits.get(),
+            host_misses: s.misses.get(),
+            host_hit_bytes: s.hit_bytes.get(),
+            host_frees: s.frees.get(),
+            host_live_bytes: s.live.current(),
+            host_peak_live_bytes: s.live.peak(),
+            host_cached_bytes: bytes as u64,
+            host_peak_cached_bytes: s.cached.peak(),
+            host_cached_blocks: blocks as u64,
+            host_released_blocks: s.released_blocks.get(),
+            host_released_bytes: s.released_bytes.get(),
+            host_unmapped_blocks: s.unmapped_blocks.get(),
+            host_unmapped_bytes: s.unmapped_bytes.get(),
+            host_map_failures: s.map_failures.get(),
+        }
+    }
+}
+
+/// Bytes in binary units: "80.0 MiB".
+pub struct Bytes(pub u64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+        let mut v = self.0 as f64;
+        let mut unit = 0;
+        while v >= 1024.0 && unit + 1 < UNITS.len() {
+            v /= 1024.0;
+            unit += 1;
+        }
+        let name = UNITS.get(unit).copied().unwrap_or("B");
+        if unit == 0 {
+            write!(f, "{} B", self.0)
+        } else {
+            write!(f, "{v:.1} {name}")
+        }
+    }
+}
+
+/// A duration in the unit that keeps three significant digits: "850ns", "12.3us", "1.20s".
+pub struct Nanos(pub u64);
+
+impl fmt::Display for Nanos {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ns = self.0 as f64;
+        if ns < 1e3 {
+            write!(f, "{}ns", self.0)
+        } else if ns < 1e6 {
+            write!(f, "{:.1}us", ns / 1e3)
+        } else if ns < 1e9 {
+            write!(f, "{:.1}ms", ns / 1e6)
+        } else {
+            write!(f, "{:.2}s", ns / 1e9)
+        }
+    }
+}
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+/// One row of the phase table: (indent, name, timer).
+type PhaseRow<'a> = (usize, &'a str, &'a PhaseTimer);
+
+fn phase_rows() -> [PhaseRow<'static>; 9] {
+    let p = &HOST.stats.phases;
+    [
+        (0, "large alloc", &p.alloc),
+        (1, "cache hit", &p.alloc_hit),
+        (1, "zero (calloc hit)", &p.alloc_zero),
+        (1, "fresh mmap (miss)", &p.alloc_map),
+        (0, "large free", &p.free),
+        (1, "munmap (evict, refuse)", &p.free_unmap),
+        (0, "large realloc", &p.realloc),
+        (0, "idle release (MADV_FREE)", &p.release),
+        (0, "idle expiry (munmap)", &p.expire),
+    ]
+}
+
+pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
+    writeln!(w, "tensormalloc {} report (pid {})", env!("CARGO_PKG_VERSION"), std::process::id())?;
+    writeln!(
+        w,
+        " host cache: threshold {}, {}",
+        Bytes(s.threshold_bytes),
+        if s.enabled != 0 { "enabled" } else { "disabled" }
+    )?;
+    writeln!(
+        w,
+        "  requests {}  hits {} ({:.1}%)  misses {}  served from cache {}",
+        s.host_requests,
+        s.host_hits,
+        percent(s.host_hits, s.host_requests),
+        s.host_misses,
+        Bytes(s.host_hit_bytes)
+    )?;
+    writeln!(
+        w,
+        "  live {} (peak {})  cached {} in {} blocks (peak {})",
+        Bytes(s.host_live_bytes),
+        Bytes(s.host_peak_live_bytes),
+        Bytes(s.host_cached_bytes),
+        s.host_cached_blocks,
+        Bytes(s.host_peak_cached_bytes)
+    )?;
+    writeln!(
+        w,
+        "  released (MADV_FREE) {} blocks, {}  unmapped {} blocks, {}  mmap failures {}",
+        s.host_released_blocks,
+        Bytes(s.host_released_bytes),
+        s.host_unmapped_blocks,
+        Bytes(s.host_unmapped_bytes),
+        s.host_map_failures
+    )?;
+    let rows = phase_rows();
+    let total: u64 = rows.iter().filter(|r| r.0 == 0).map(|r| r.2.total_ns.get()).sum();
+    writeln!(w, " {:<30} {:>10} {:>10} {:>7} {:>10}", "Section", "ncalls", "time", "%tot", "avg")?;
+    for (indent, name, t) in rows {
+        let calls = t.calls.get();
+        let ns = t.total_ns.get();
+        let avg = if calls == 0 { 0 } else { ns / calls };
+        let pad = 30usize.saturating_sub(indent * 2);
+        writeln!(
+            w,
+            " {:indent$}{:<pad$} {:>10} {:>10} {:>6.1}% {:>10}",
+            "",
+            name,
+            calls,
+            Nanos(ns).to_stack(),
+            percent(ns, total),
+            Nanos(avg).to_stack(),
+            indent = indent * 2,
+            pad = pad
+        )?;
+    }
+    Ok(())
+}
+
+pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
+    write!(w, "{{\"version\":{},\"pid\":{},\"enabled\":{},", s.version, std::process::id(), s.enabled != 0)?;
+    write!(
+        w,
+        "\"host\":{{\"threshold_bytes\":{},\"requests\":{},\"hits\":{},\"misses\":{},\"hit_bytes\":{},\"frees\":{},",
+        s.threshold_bytes, s.host_requests, s.host_hits, s.host_misses, s.host_hit_bytes, s.host_frees
+    )?;
+    write!(
+        w,
+        "\"live_bytes\":{},\"peak_live_bytes\":{},\"cached_bytes\":{},\"peak_cached_bytes\":{},\"cached_blocks\":{},",
+        s.host_live_bytes, s.host_peak_live_bytes, s.host_cached_bytes, s.host_peak_cached_bytes, s.host_cached_blocks
+    )?;
+    write!(
+        w,
+        "\"released_blocks\":{},\"released_bytes\":{},\"unmapped_blocks\":{},\"unmapped_bytes\":{},\"map_failures\":{}}},",
+        s.host_released_blocks, s.host_released_bytes, s.host_unmapped_blocks, s.host_unmapped_bytes, s.host_map_failures
+    )?;
+    w.write_str("\"phases\":[")?;
+    for (i, (indent, name, t)) in phase_rows().iter().enumerate() {
+        if i > 0 {
+            w.write_str(",")?;
+        }
+        write!(
+            w,
+            "{{\"name\":\"{}\",\"depth\":{},\"calls\":{},\"total_ns\":{}}}",
+            name,
+            indent,
+            t.calls.get(),
+            t.total_ns.get()
+        )?;
+    }
+    w.write_str("]}\n")
+}
+
+/// A `Display` rendered into a small stack string, so width and alignment apply to it whole.
+pub struct StackStr {
+    buf: [u8; 32],
+    len: usize,
+}
+
+impl fmt::Display for StackStr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(core::str::from_utf8(self.buf.get(..self.len).unwrap_or(&[])).unwrap_or(""))
+    }
+}
+
+trait ToStack {
+    fn to_stack(&self) -> StackStr;
+}
+
+impl<T: fmt::Display> ToStack for T {
+    fn to_stack(&self) -> StackStr {
+        let mut w = StackWriter::<32>::new();
+        let _ = write!(w, "{self}");
+        let bytes = w.as_bytes();
+        let mut out = StackStr { buf: [0; 32], len: bytes.len() };
+        if let Some(dst) = out.buf.get_mut(..bytes.len()) {
+            dst.copy_from_slice(bytes);
+        }
+        out
+    }
+}
+
+/// Writes the report where the configuration says, whatever `stats` is set to (tm_print_stats).
+pub fn write_report(config: &Config) {
+    let snap = Snapshot::take();
+    let mut w = StackWriter::<8192>::new();
+    if config.stats == StatsOutput::Json {
+        let _ = write_json(&mut w, &snap);
+        write_to_path(config.stats_path(), w.as_bytes());
+    } else {
+        let _ = write_text(&mut w, &snap);
+        w.flush_to(2);
+    }
+}
+
+pub fn at_exit(config: &Config) {
+    if config.stats != StatsOutput::Off {
+        write_report(config);
+    }
+}
+
+fn write_to_path(path: &[u8], bytes: &[u8]) {
+    let mut cpath = [0u8; crate::config::STATS_PATH_MAX + 1];
+    let Some(dst) = cpath.get_mut(..path.len()) else { return };
+    dst.copy_from_slice(path);
+    // SAFETY: cpath is NUL-terminated (the buffer is one longer than any accepted path).
+    let fd = unsafe { libc::open(cpath.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC, 0o644) };
+    if fd < 0 {
+        crate::warn_line!("cannot write the stats to {}", core::str::from_utf8(path).unwrap_or("(path)"));
+        return;
+    }
+    crate::sys::stderr::write_all(fd, bytes);
+    // SAFETY: fd is ours.
+    unsafe { libc::close(fd) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units() {
+        assert_eq!(Bytes(512).to_string(), "512 B");
+        assert_eq!(Bytes(80 << 20).to_string(), "80.0 MiB");
+        assert_eq!(Nanos(850).to_string(), "850ns");
+        assert_eq!(Nanos(12_300).to_string(), "12.3us");
+        assert_eq!(Nanos(1_200_000_000).to_string(), "1.20s");
+    }
+
+    #[test]
+    fn text_report_has_the_phase_table() {
+        let mut w = StackWriter::<8192>::new();
+        write_text(&mut w, &Snapshot { host_requests: 10, host_hits: 9, ..Default::default() }).unwrap();
+        let text = std::str::from_utf8(w.as_bytes()).unwrap();
+        assert!(text.contains("hits 9 (90.0%)"), "{text}");
+        assert!(text.contains("Section") && text.contains("idle release (MADV_FREE)"), "{text}");
+    }
+}

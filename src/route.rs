@@ -1,0 +1,253 @@
+//! Routing for the malloc family: who serves a request (the next allocator, the host layer, or
+//! the bootstrap arena during init) and who owns a pointer. Implements the C contract around
+//! the layers: errno, overflow, alignment rules, realloc edge cases as glibc has them.
+
+use crate::config::Config;
+use crate::host::registry::Owner;
+use crate::sys::next::{bootstrap_alloc, bootstrap_size, is_bootstrap};
+use crate::{globals, HOST};
+use core::ffi::c_void;
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+
+const PAGE: usize = 4096;
+/// malloc's guaranteed alignment on x86-64 (and glibc's MALLOC_ALIGNMENT).
+const MIN_ALIGN: usize = 16;
+
+/// Requests of at least this many bytes go to the host layer; `usize::MAX` when caching is off.
+static LARGE_FROM: AtomicUsize = AtomicUsize::new(usize::MAX);
+static THRESHOLD: AtomicUsize = AtomicUsize::new(usize::MAX);
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+pub fn configure(config: &Config) {
+    THRESHOLD.store(config.threshold_bytes as usize, Relaxed);
+    set_enabled(!config.disabled);
+}
+
+/// Turns the host cache on or off at run time; returns the previous setting. Blocks already
+/// handed out stay ours and are still taken back correctly.
+pub fn set_enabled(on: bool) -> bool {
+    let was = ENABLED.swap(on, Relaxed);
+    LARGE_FROM.store(if on { THRESHOLD.load(Relaxed) } else { usize::MAX }, Relaxed);
+    if !on {
+        HOST.trim();
+    }
+    was
+}
+
+pub fn is_enabled() -> bool {
+    ENABLED.load(Relaxed)
+}
+
+fn set_errno(e: i32) {
+    // SAFETY: errno is thread-local.
+    unsafe { *libc::__errno_location() = e };
+}
+
+fn enomem() -> *mut c_void {
+    set_errno(libc::ENOMEM);
+    core::ptr::null_mut()
+}
+
+#[inline]
+fn owner(p: *mut c_void) -> Owner {
+    // Our blocks start on a page boundary: one test filters out nearly all small pointers.
+    if p as usize & (PAGE - 1) != 0 {
+        return Owner::Foreign;
+    }
+    HOST.owner(p as usize)
+}
+
+#[cold]
+fn invalid_pointer(what: &str, p: *mut c_void) -> ! {
+    crate::warn_line!("{}(): invalid pointer {:p} (double free or not from malloc); aborting", what, p);
+    // SAFETY: abort never returns; this is glibc's behaviour for a corrupted heap.
+    unsafe { libc::abort() }
+}
+
+fn large(size: usize, align: usize, zeroed: bool) -> *mut c_void {
+    match HOST.alloc(size, align, zeroed) {
+        Some(a) => a as *mut c_void,
+        None => enomem(),
+    }
+}
+
+#[inline]
+pub fn malloc(size: usize) -> *mut c_void {
+    let Some(g) = globals() else { return bootstrap_alloc(size, MIN_ALIGN) };
+    if size < LARGE_FROM.load(Relaxed) {
+        // SAFETY: the next allocator's malloc takes any size.
+        return unsafe { (g.next.malloc)(size) };
+    }
+    large(size, PAGE, false)
+}
+
+#[inline]
+pub fn free(p: *mut c_void) {
+    if p.is_null() || is_bootstrap(p) {
+        return;
+    }
+    match owner(p) {
+        Owner::Live { len } => return HOST.free(p as usize, len),
+        Owner::Cached => invalid_pointer("free", p),
+        Owner::Foreign => {}
+    }
+    if let Some(g) = globals() {
+        // SAFETY: not ours and not the arena's: it came from the next allocator.
+        unsafe { (g.next.free)(p) }
+    }
+}
+
+pub fn calloc(count: usize, size: usize) -> *mut c_void {
+    let Some(total) = count.checked_mul(size) else { return enomem() };
+    let Some(g) = globals() else { return bootstrap_alloc(total, MIN_ALIGN) };
+    if total < LARGE_FROM.load(Relaxed) {
+        // SAFETY: plain forwarding.
+        return unsafe { (g.next.calloc)(count, size) };
+    }
+    large(total, PAGE, true)
+}
+
+pub fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if p.is_null() {
+        return malloc(size);
+    }
+    if is_bootstrap(p) {
+        let q = malloc(size);
+        if !q.is_null() {
+            // SAFETY: p is a live arena block of bootstrap_size(p) bytes; q has room for size.
+            unsafe { core::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, bootstrap_size(p).min(size)) };
+        }
+        return q;
+    }
+    let Some(g) = globals() else { return enomem() };
+    match owner(p) {
+        Owner::Cached => invalid_pointer("realloc", p),
+        Owner::Live { len } => {
+            if size == 0 {
+                // glibc frees and returns NULL for realloc(p, 0).
+                HOST.free(p as usize, len);
+                return core::ptr::null_mut();
+            }
+            if size >= LARGE_FROM.load(Relaxed) {
+                return match HOST.resize(p as usize, len, size) {
+                    Some(a) => a as *mut c_void,
+                    None => enomem(),
+                };
+            }
+            // Shrinking below the threshold: move to the next allocator.
+            // SAFETY: plain forwarding; then a copy between two blocks we hold.
+            let q = unsafe { (g.next.malloc)(size) };
+            if q.is_null() {
+                return enomem();
+            }
+            HOST.memory_copy(q as usize, p as usize, size.min(len));
+            HOST.free(p as usize, len);
+            q
+        }
+        Owner::Foreign => {
+            if size < LARGE_FROM.load(Relaxed) {
+                // SAFETY: p came from the next allocator.
+                return unsafe { (g.next.realloc)(p, size) };
+            }
+            // Growing past the threshold: move into the host layer.
+            let Some(usable) = g.next.usable_size else {
+                // SAFETY: as above; without malloc_usable_size we cannot know what to copy.
+                return unsafe { (g.next.realloc)(p, size) };
+            };
+            let q = large(size, PAGE, false);
+            if q.is_null() {
+                return q;
+            }
+            // SAFETY: p is live in the next allocator with `old` usable bytes.
+            unsafe {
+                let old = usable(p);
+                core::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old.min(size));
+                (g.next.free)(p);
+            }
+            q
+        }
+    }
+}
+
+pub fn reallocarray(p: *mut c_void, count: usize, size: usize) -> *mut c_void {
+    match count.checked_mul(size) {
+        Some(total) => realloc(p, total),
+        None => enomem(),
+    }
+}
+
+/// The shared core of posix_memalign, aligned_alloc, memalign, valloc and pvalloc; `align` is
+/// a power of two. Returns null with errno set on failure.
+fn aligned(align: usize, size: usize) -> *mut c_void {
+    let align = align.max(MIN_ALIGN);
+    let Some(g) = globals() else { return bootstrap_alloc(size, align) };
+    if size < LARGE_FROM.load(Relaxed) {
+        // SAFETY: align is a power of two and at least a pointer's size.
+        return unsafe { g.next.alloc_aligned(align, size) };
+    }
+    large(size, align, false)
+}
+
+pub fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+    if out.is_null() {
+        return libc::EINVAL;
+    }
+    if !align.is_power_of_two() || align % core::mem::size_of::<*mut c_void>() != 0 {
+        return libc::EINVAL;
+    }
+    let saved = errno();
+    let p = aligned(align, size);
+    if p.is_null() {
+        let e = errno();
+        set_errno(saved);
+        return if e == 0 { libc::ENOMEM } else { e };
+    }
+    // SAFETY: out is non-null and, by contract, writable.
+    unsafe { *out = p };
+    0
+}
+
+/// memalign and aligned_alloc as glibc 2.36 has them: an alignment that is not a power of two
+/// is rounded up to one; one too large to round fails with EINVAL.
+pub fn memalign(align: usize, size: usize) -> *mut c_void {
+    let Some(align) = align.max(1).checked_next_power_of_two() else {
+        set_errno(libc::EINVAL);
+        return core::ptr::null_mut();
+    };
+    aligned(align, size)
+}
+
+pub fn valloc(size: usize) -> *mut c_void {
+    aligned(PAGE, size)
+}
+
+pub fn pvalloc(size: usize) -> *mut c_void {
+    match size.max(1).checked_add(PAGE - 1) {
+        Some(s) => aligned(PAGE, s & !(PAGE - 1)),
+        None => enomem(),
+    }
+}
+
+pub fn usable_size(p: *mut c_void) -> usize {
+    if p.is_null() {
+        return 0;
+    }
+    if is_bootstrap(p) {
+        // SAFETY: p is an arena block.
+        return unsafe { bootstrap_size(p) };
+    }
+    match owner(p) {
+        Owner::Live { len } => len,
+        Owner::Cached => 0,
+        Owner::Foreign => match globals().and_then(|g| g.next.usable_size) {
+            // SAFETY: p came from the next allocator.
+            Some(f) => unsafe { f(p) },
+            None => 0,
+        },
+    }
+}
+
+fn errno() -> i32 {
+    // SAFETY: errno is thread-local.
+    unsafe { *libc::__errno_location() }
+}

@@ -1,0 +1,64 @@
+//! The `tm_*` C API declared in include/tensormalloc.h.
+
+use crate::report::Snapshot;
+use core::ffi::{c_char, c_int};
+
+#[no_mangle]
+pub extern "C" fn tm_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// Fills `out` up to `out->size` bytes (the caller sets it to `sizeof(tm_stats_t)`) and sets
+/// `size` to what was filled, so a program built against an older, shorter struct keeps
+/// working. Returns 0, or -1 when `out` is null or too short to hold the header.
+///
+/// # Safety
+/// `out` points to at least `out->size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn tm_get_stats(out: *mut Snapshot) -> c_int {
+    if out.is_null() {
+        return -1;
+    }
+    let room = (*out).size;
+    if room < 16 {
+        return -1;
+    }
+    let mut snap = Snapshot::take();
+    snap.size = room.min(core::mem::size_of::<Snapshot>());
+    core::ptr::copy_nonoverlapping((&snap as *const Snapshot).cast::<u8>(), out.cast::<u8>(), snap.size);
+    0
+}
+
+/// Gives every cached block back to the system now; returns the bytes released.
+#[no_mangle]
+pub extern "C" fn tm_trim() -> usize {
+    if crate::globals().is_none() {
+        return 0;
+    }
+    crate::HOST.trim()
+}
+
+/// Turns caching on (1) or off (0) at run time; returns the previous setting.
+#[no_mangle]
+pub extern "C" fn tm_set_enabled(on: c_int) -> c_int {
+    if crate::globals().is_none() {
+        return 0;
+    }
+    c_int::from(crate::route::set_enabled(on != 0))
+}
+
+#[no_mangle]
+pub extern "C" fn tm_is_enabled() -> c_int {
+    if crate::globals().is_none() {
+        return 0;
+    }
+    c_int::from(crate::route::is_enabled())
+}
+
+/// Writes the exit report now, to stderr (or the JSON path of TENSORMALLOC_STATS).
+#[no_mangle]
+pub extern "C" fn tm_print_stats() {
+    if let Some(g) = crate::globals() {
+        crate::report::write_report(&g.config);
+    }
+}

@@ -1,0 +1,71 @@
+//! The malloc family, exported under its C names. Each shim is one call into `route`.
+
+use crate::route;
+use core::ffi::c_void;
+
+#[no_mangle]
+pub extern "C" fn malloc(size: usize) -> *mut c_void {
+    route::malloc(size)
+}
+
+#[no_mangle]
+pub extern "C" fn free(p: *mut c_void) {
+    route::free(p)
+}
+
+#[no_mangle]
+pub extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
+    route::calloc(count, size)
+}
+
+#[no_mangle]
+pub extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    route::realloc(p, size)
+}
+
+#[no_mangle]
+pub extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize) -> *mut c_void {
+    route::reallocarray(p, count, size)
+}
+
+#[no_mangle]
+pub extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+    route::posix_memalign(out, align, size)
+}
+
+#[no_mangle]
+pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    route::memalign(align, size)
+}
+
+#[no_mangle]
+pub extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
+    route::memalign(align, size)
+}
+
+#[no_mangle]
+pub extern "C" fn valloc(size: usize) -> *mut c_void {
+    route::valloc(size)
+}
+
+#[no_mangle]
+pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
+    route::pvalloc(size)
+}
+
+#[no_mangle]
+pub extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
+    route::usable_size(p)
+}
+
+/// C23; glibc 2.40+ programs may call it. The size is only a hint.
+#[no_mangle]
+pub extern "C" fn free_sized(p: *mut c_void, _size: usize) {
+    route::free(p)
+}
+
+/// C23, as `free_sized`.
+#[no_mangle]
+pub extern "C" fn free_aligned_sized(p: *mut c_void, _align: usize, _size: usize) {
+    route::free(p)
+}

@@ -1,0 +1,6 @@
+//! The exported C symbols, only in the real library: `cargo test` and the `no-interpose`
+//! feature build none of them, so test harnesses never interpose on themselves.
+
+#[cfg(not(any(test, feature = "no-interpose")))]
+mod malloc;
+mod api;

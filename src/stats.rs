@@ -1,0 +1,151 @@
+//! Counters and phase timers, as `{current, peak}` gauges and plain counts. All atomics with
+//! relaxed ordering: figures are for people, never for decisions. The report is formatted in
+//! `report.rs`.
+
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub const fn new() -> Self {
+        Counter(AtomicU64::new(0))
+    }
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+impl Default for Counter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A level that goes up and down, with its high-water mark.
+pub struct Gauge {
+    current: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl Gauge {
+    pub const fn new() -> Self {
+        Gauge { current: AtomicU64::new(0), peak: AtomicU64::new(0) }
+    }
+    pub fn add(&self, n: u64) {
+        let now = self.current.fetch_add(n, Relaxed).wrapping_add(n);
+        self.peak.fetch_max(now, Relaxed);
+    }
+    pub fn set(&self, n: u64) {
+        self.current.store(n, Relaxed);
+        self.peak.fetch_max(n, Relaxed);
+    }
+    pub fn sub(&self, n: u64) {
+        // Saturate: a racing reader must never see a wrapped figure.
+        let _ = self.current.fetch_update(Relaxed, Relaxed, |c| Some(c.saturating_sub(n)));
+    }
+    pub fn current(&self) -> u64 {
+        self.current.load(Relaxed)
+    }
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Relaxed)
+    }
+}
+
+impl Default for Gauge {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Calls and total nanoseconds spent in one phase.
+pub struct PhaseTimer {
+    pub calls: Counter,
+    pub total_ns: Counter,
+}
+
+impl PhaseTimer {
+    pub const fn new() -> Self {
+        PhaseTimer { calls: Counter::new(), total_ns: Counter::new() }
+    }
+    pub fn record(&self, ns: u64) {
+        self.calls.add(1);
+        self.total_ns.add(ns);
+    }
+}
+
+impl Default for PhaseTimer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The host layer's figures.
+#[derive(Default)]
+pub struct HostStats {
+    pub requests: Counter,
+    pub hits: Counter,
+    pub hits_after_release: Counter,
+    pub misses: Counter,
+    pub hit_bytes: Counter,
+    pub frees: Counter,
+    pub splits: Counter,
+    pub released_blocks: Counter,
+    pub released_bytes: Counter,
+    pub unmapped_blocks: Counter,
+    pub unmapped_bytes: Counter,
+    pub map_failures: Counter,
+    pub remaps: Counter,
+    pub live: Gauge,
+    pub cached: Gauge,
+    pub phases: HostPhases,
+}
+
+/// Per-phase timings of the host paths (see the report for their nesting).
+#[derive(Default)]
+pub struct HostPhases {
+    pub alloc: PhaseTimer,
+    pub alloc_hit: PhaseTimer,
+    pub alloc_map: PhaseTimer,
+    pub alloc_zero: PhaseTimer,
+    pub free: PhaseTimer,
+    pub free_unmap: PhaseTimer,
+    pub realloc: PhaseTimer,
+    pub release: PhaseTimer,
+    pub expire: PhaseTimer,
+}
+
+impl HostStats {
+    pub const fn new() -> Self {
+        HostStats {
+            requests: Counter::new(),
+            hits: Counter::new(),
+            hits_after_release: Counter::new(),
+            misses: Counter::new(),
+            hit_bytes: Counter::new(),
+            frees: Counter::new(),
+            splits: Counter::new(),
+            released_blocks: Counter::new(),
+            released_bytes: Counter::new(),
+            unmapped_blocks: Counter::new(),
+            unmapped_bytes: Counter::new(),
+            map_failures: Counter::new(),
+            remaps: Counter::new(),
+            live: Gauge::new(),
+            cached: Gauge::new(),
+            phases: HostPhases {
+                alloc: PhaseTimer::new(),
+                alloc_hit: PhaseTimer::new(),
+                alloc_map: PhaseTimer::new(),
+                alloc_zero: PhaseTimer::new(),
+                free: PhaseTimer::new(),
+                free_unmap: PhaseTimer::new(),
+                realloc: PhaseTimer::new(),
+                release: PhaseTimer::new(),
+                expire: PhaseTimer::new(),
+            },
+        }
+    }
+}

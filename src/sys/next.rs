@@ -1,0 +1,138 @@
+//! The next allocator in the process (glibc, or jemalloc/mimalloc/tcmalloc preloaded after us),
+//! resolved with dlsym(RTLD_NEXT), and the bootstrap arena that serves the calls made while
+//! dlsym itself runs (dlsym may call malloc/calloc, which are us).
+
+use core::ffi::c_void;
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
+type FreeFn = unsafe extern "C" fn(*mut c_void);
+type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
+type MemalignFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+type PosixMemalignFn = unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> i32;
+type UsableSizeFn = unsafe extern "C" fn(*mut c_void) -> usize;
+
+/// The next allocator's entry points. `memalign`, `aligned_alloc` and `usable_size` are
+/// optional; the required four are always present once resolution succeeded.
+#[derive(Clone, Copy)]
+pub struct NextAllocator {
+    pub malloc: MallocFn,
+    pub free: FreeFn,
+    pub calloc: CallocFn,
+    pub realloc: ReallocFn,
+    pub posix_memalign: PosixMemalignFn,
+    pub aligned_alloc: Option<MemalignFn>,
+    pub memalign: Option<MemalignFn>,
+    pub usable_size: Option<UsableSizeFn>,
+}
+
+unsafe fn lookup(name: &core::ffi::CStr) -> *mut c_void {
+    libc::dlsym(libc::RTLD_NEXT, name.as_ptr())
+}
+
+impl NextAllocator {
+    /// Resolves the next definitions of the malloc family. Calls made meanwhile by dlsym (on
+    /// this or another thread) are served by the bootstrap arena.
+    ///
+    /// # Safety
+    /// Must be called with the bootstrap arena able to serve reentrant calls.
+    pub unsafe fn resolve() -> Option<NextAllocator> {
+        let malloc = lookup(c"malloc");
+        let free = lookup(c"free");
+        let calloc = lookup(c"calloc");
+        let realloc = lookup(c"realloc");
+        let posix_memalign = lookup(c"posix_memalign");
+        if malloc.is_null() || free.is_null() || calloc.is_null() || realloc.is_null() || posix_memalign.is_null() {
+            return None;
+        }
+        let optional = |p: *mut c_void| if p.is_null() { None } else { Some(p) };
+        // SAFETY: dlsym returned the addresses of C functions with these standard signatures.
+        Some(NextAllocator {
+            malloc: core::mem::transmute::<*mut c_void, MallocFn>(malloc),
+            free: core::mem::transmute::<*mut c_void, FreeFn>(free),
+            calloc: core::mem::transmute::<*mut c_void, CallocFn>(calloc),
+            realloc: core::mem::transmute::<*mut c_void, ReallocFn>(realloc),
+            posix_memalign: core::mem::transmute::<*mut c_void, PosixMemalignFn>(posix_memalign),
+            aligned_alloc: optional(lookup(c"aligned_alloc")).map(|p| core::mem::transmute::<*mut c_void, MemalignFn>(p)),
+            memalign: optional(lookup(c"memalign")).map(|p| core::mem::transmute::<*mut c_void, MemalignFn>(p)),
+            usable_size: optional(lookup(c"malloc_usable_size")).map(|p| core::mem::transmute::<*mut c_void, UsableSizeFn>(p)),
+        })
+    }
+
+    /// Aligned allocation through whichever aligned entry point the next allocator has.
+    ///
+    /// # Safety
+    /// `align` is a power of two no smaller than a pointer.
+    pub unsafe fn alloc_aligned(&self, align: usize, size: usize) -> *mut c_void {
+        let mut out = core::ptr::null_mut();
+        let rc = (self.posix_memalign)(&mut out, align, size);
+        if rc != 0 {
+            *libc::__errno_location() = rc;
+            return core::ptr::null_mut();
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bootstrap arena: a static bump allocator. Each block carries its size in a 16-byte header so
+// realloc and malloc_usable_size work on it; free of a bootstrap block is a no-op.
+
+const BOOTSTRAP_BYTES: usize = 256 * 1024;
+const HEADER: usize = 16;
+
+#[repr(C, align(4096))]
+struct Arena([u8; BOOTSTRAP_BYTES]);
+
+static mut ARENA: Arena = Arena([0; BOOTSTRAP_BYTES]);
+static ARENA_USED: AtomicUsize = AtomicUsize::new(0);
+
+fn arena_base() -> usize {
+    // Only the address is taken; no reference to the mutable static is formed.
+    core::ptr::addr_of!(ARENA) as usize
+}
+
+pub fn is_bootstrap(p: *const c_void) -> bool {
+    let a = p as usize;
+    a >= arena_base() && a < arena_base() + BOOTSTRAP_BYTES
+}
+
+/// Serves one request from the arena; null with ENOMEM when it is used up. `align` is a power
+/// of two. Memory is zero (the arena is never reused), so calloc is satisfied too.
+pub fn bootstrap_alloc(size: usize, align: usize) -> *mut c_void {
+    let align = align.max(HEADER);
+    let mut used = ARENA_USED.load(Ordering::Relaxed);
+    loop {
+        let user = match (arena_base() + used + HEADER).checked_add(align - 1) {
+            Some(v) => v & !(align - 1),
+            None => return enomem(),
+        };
+        let end = match user.checked_add(size) {
+            Some(e) if e <= arena_base() + BOOTSTRAP_BYTES => e,
+            _ => return enomem(),
+        };
+        match ARENA_USED.compare_exchange_weak(used, end - arena_base(), Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => {
+                // SAFETY: [user - HEADER, end) lies inside the arena and was just reserved by us.
+                unsafe { ((user - HEADER) as *mut usize).write(size) };
+                return user as *mut c_void;
+            }
+            Err(now) => used = now,
+        }
+    }
+}
+
+/// The size a bootstrap block was created with.
+///
+/// # Safety
+/// `p` is a pointer returned by `bootstrap_alloc`.
+pub unsafe fn bootstrap_size(p: *const c_void) -> usize {
+    ((p as usize - HEADER) as *const usize).read()
+}
+
+fn enomem() -> *mut c_void {
+    // SAFETY: errno is thread-local.
+    unsafe { *libc::__errno_location() = libc::ENOMEM };
+    core::ptr::null_mut()
+}

@@ -1,0 +1,95 @@
+//! `PageMemory` over the kernel: mmap, munmap, madvise, mremap. Aligned mappings are made by
+//! over-mapping and trimming, so every block we own starts exactly at the address we return.
+
+use crate::backing::PageMemory;
+use core::sync::atomic::{AtomicBool, Ordering};
+
+pub const PAGE: usize = 4096;
+
+/// Set once MADV_FREE has been refused (kernels before 4.5): later releases use MADV_DONTNEED.
+static NO_MADV_FREE: AtomicBool = AtomicBool::new(false);
+
+pub struct OsPages;
+
+impl PageMemory for OsPages {
+    fn map(&self, len: usize, align: usize) -> Option<usize> {
+        let align = align.max(PAGE);
+        let span = len.checked_add(align - PAGE)?;
+        // SAFETY: an anonymous private mapping at an address of the kernel's choosing.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                span,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        let start = p as usize;
+        let aligned = (start + align - 1) & !(align - 1);
+        let head = aligned - start;
+        let tail = span - head - len;
+        if head > 0 {
+            self.unmap(start, head);
+        }
+        if tail > 0 {
+            self.unmap(aligned + len, tail);
+        }
+        Some(aligned)
+    }
+
+    fn unmap(&self, addr: usize, len: usize) {
+        // SAFETY: the caller owns the page-aligned range and no longer uses it.
+        unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+    }
+
+    fn release(&self, addr: usize, len: usize) {
+        if !NO_MADV_FREE.load(Ordering::Relaxed) {
+            // SAFETY: the caller owns the range; MADV_FREE only affects its contents.
+            if unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_FREE) } == 0 {
+                return;
+            }
+            // SAFETY: errno is thread-local.
+            if unsafe { *libc::__errno_location() } == libc::EINVAL {
+                NO_MADV_FREE.store(true, Ordering::Relaxed);
+            }
+        }
+        // SAFETY: as above; MADV_DONTNEED makes the pages read back as zero.
+        unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+    }
+
+    fn remap(&self, addr: usize, old_len: usize, new_len: usize) -> Option<usize> {
+        // SAFETY: the caller owns [addr, addr+old_len), a whole mapping of ours.
+        let p = unsafe { libc::mremap(addr as *mut libc::c_void, old_len, new_len, libc::MREMAP_MAYMOVE) };
+        if p == libc::MAP_FAILED {
+            None
+        } else {
+            Some(p as usize)
+        }
+    }
+
+    fn advise_huge(&self, addr: usize, len: usize) {
+        // SAFETY: advice only; failure (THP off) is harmless.
+        unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+    }
+
+    fn zero(&self, addr: usize, len: usize) {
+        // SAFETY: the caller owns the writable range.
+        unsafe { core::ptr::write_bytes(addr as *mut u8, 0, len) };
+    }
+
+    fn copy(&self, dst: usize, src: usize, len: usize) {
+        // SAFETY: the caller owns both ranges, which do not overlap.
+        unsafe { core::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+    }
+}
+
+/// Fresh zeroed memory for our own tables, never freed. Not on any allocation path after the
+/// first use, and never through the malloc family.
+pub fn map_table(len: usize) -> Option<usize> {
+    OsPages.map(len, PAGE)
+}

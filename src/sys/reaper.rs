@@ -1,0 +1,101 @@
+//! The reaper: one background thread, started the first time a block enters the host cache, that
+//! releases and expires idle blocks even when the program makes no further allocation call. It
+//! sleeps on a futex until the cache's next deadline, or indefinitely while nothing is due.
+//! If no thread can be created (seccomp, thread limits), the allocation paths reap instead.
+
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+const NOT_STARTED: u8 = 0;
+const RUNNING: u8 = 1;
+const UNAVAILABLE: u8 = 2;
+
+static STATE: AtomicU8 = AtomicU8::new(NOT_STARTED);
+/// Bumped to wake the reaper; the futex word.
+static WAKE_SEQ: AtomicU32 = AtomicU32::new(0);
+/// When the sleeping reaper will wake by itself; u64::MAX while it sleeps with no deadline.
+static SLEEPING_UNTIL: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Called (outside every lock) after a block entered the host cache.
+pub fn on_block_cached() {
+    match STATE.load(Ordering::Acquire) {
+        RUNNING => {
+            // A new block's deadlines lie after every pending one: only a reaper asleep with no
+            // deadline needs waking.
+            if SLEEPING_UNTIL.load(Ordering::Acquire) == u64::MAX {
+                wake();
+            }
+        }
+        NOT_STARTED => {
+            if STATE.compare_exchange(NOT_STARTED, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_ok() && !spawn() {
+                STATE.store(UNAVAILABLE, Ordering::Release);
+            }
+        }
+        _ => reap_inline(),
+    }
+}
+
+/// The fallback when no thread could be made: reap on the allocation paths.
+fn reap_inline() {
+    if super::clock::now_ns() >= SLEEPING_UNTIL.load(Ordering::Acquire) || SLEEPING_UNTIL.load(Ordering::Acquire) == u64::MAX {
+        let next = crate::HOST.reap().unwrap_or(u64::MAX);
+        SLEEPING_UNTIL.store(next, Ordering::Release);
+    }
+}
+
+fn wake() {
+    WAKE_SEQ.fetch_add(1, Ordering::AcqRel);
+    // SAFETY: a futex wake on a static word.
+    unsafe { libc::syscall(libc::SYS_futex, WAKE_SEQ.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, 1) };
+}
+
+fn spawn() -> bool {
+    // SAFETY: plain pthread calls on attributes we own; the thread runs `reaper_main`, which
+    // never returns or unwinds.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
+        if libc::pthread_attr_init(&mut attr) != 0 {
+            return false;
+        }
+        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        libc::pthread_attr_setstacksize(&mut attr, 256 * 1024);
+        let mut thread: libc::pthread_t = 0;
+        let rc = libc::pthread_create(&mut thread, &attr, reaper_main, core::ptr::null_mut());
+        libc::pthread_attr_destroy(&mut attr);
+        if rc == 0 {
+            libc::pthread_setname_np(thread, c"tensormalloc".as_ptr());
+        }
+        rc == 0
+    }
+}
+
+extern "C" fn reaper_main(_: *mut libc::c_void) -> *mut libc::c_void {
+    // Signals are the program's business, not ours.
+    // SAFETY: blocks every signal for this thread only.
+    unsafe {
+        let mut all: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, core::ptr::null_mut());
+    }
+    loop {
+        // Read the sequence before reaping: a block cached after this point wakes us.
+        let seq = WAKE_SEQ.load(Ordering::Acquire);
+        let deadline = crate::HOST.reap();
+        let now = super::clock::now_ns();
+        SLEEPING_UNTIL.store(deadline.unwrap_or(u64::MAX), Ordering::Release);
+        let timeout = deadline.map(|d| {
+            let ns = d.saturating_sub(now).max(1_000_000); // at least 1 ms between passes
+            libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as libc::c_long }
+        });
+        let timeout_ptr = timeout.as_ref().map_or(core::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: a futex wait on a static word with an optional relative timeout on our stack.
+        unsafe {
+            libc::syscall(libc::SYS_futex, WAKE_SEQ.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, seq, timeout_ptr)
+        };
+    }
+}
+
+/// In a forked child the reaper thread does not exist: start a new one on demand.
+pub fn after_fork_in_child() {
+    STATE.store(NOT_STARTED, Ordering::Release);
+    SLEEPING_UNTIL.store(u64::MAX, Ordering::Release);
+}
