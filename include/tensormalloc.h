@@ -39,6 +39,21 @@ typedef struct tm_stats_t {
     uint64_t host_unmapped_blocks;  /* blocks given back with munmap (expired, evicted, trimmed) */
     uint64_t host_unmapped_bytes;
     uint64_t host_map_failures;     /* mmap refused even after emptying the cache */
+    /* CUDA device pools, summed over devices (zero in a process that never called CUDA) */
+    uint64_t cuda_requests;         /* cudaMalloc and tm_cuda_alloc calls served by the pool */
+    uint64_t cuda_hits;             /* served without a new cudaMalloc */
+    uint64_t cuda_segments_mapped;  /* real cudaMalloc calls made by the pool */
+    uint64_t cuda_segments_released;/* real cudaFree calls made by the pool */
+    uint64_t cuda_oom_retries;      /* out of memory, cache given back, retried */
+    uint64_t cuda_oom_failures;     /* out of memory even after that (or over the cap) */
+    uint64_t cuda_reserved_bytes;   /* held from the runtime */
+    uint64_t cuda_peak_reserved_bytes;
+    uint64_t cuda_live_bytes;       /* handed out to the program */
+    uint64_t cuda_peak_live_bytes;
+    uint64_t pinned_requests;       /* cudaMallocHost / cudaHostAlloc */
+    uint64_t pinned_hits;
+    uint64_t pinned_cached_bytes;
+    uint64_t pinned_peak_cached_bytes;
 } tm_stats_t;
 
 /* The library version, e.g. "0.1.0". */

@@ -125,3 +125,10 @@ def test_disabled_passes_everything_through():
     code = run([compile_c("threads")], env={"TENSORMALLOC_DISABLE": "1", "TENSORMALLOC_STATS": "1"})
     ok(code)
     assert "requests 0  hits 0" in code.stderr and "disabled" in code.stderr
+
+
+def test_wrapper_script_preloads():
+    """scripts/tensormalloc puts the library under any command (and keeps a peer after it)."""
+    out = ok(run([str(ROOT / "scripts" / "tensormalloc"), compile_c("threads")], preload=False,
+                 env={"TENSORMALLOC_STATS": "1"}))
+    assert "tensormalloc 0.1.0 report" in out.stderr

@@ -24,20 +24,55 @@ pub trait PageMemory {
     fn copy(&self, dst: usize, src: usize, len: usize);
 }
 
-/// The result of a device allocation call, in the CUDA runtime's terms.
+/// A CUDA runtime error, in the runtime's terms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceError {
-    /// cudaErrorMemoryAllocation: the device has no room.
+    /// cudaErrorMemoryAllocation from the runtime: the device has no room.
     OutOfMemory,
+    /// cudaErrorMemoryAllocation from our cap (TENSORMALLOC_CUDA_LIMIT); the runtime was not asked.
+    CapReached,
     /// Any other runtime error code, passed through unchanged.
     Other(i32),
 }
 
-/// One device's memory as the runtime hands it out (cudaMalloc/cudaFree on the current device).
-pub trait DeviceMemory {
-    fn alloc(&mut self, len: usize) -> Result<usize, DeviceError>;
-    /// Frees a block `alloc` returned. Like cudaFree, this waits for the device to be idle.
-    fn free(&mut self, addr: usize) -> Result<(), DeviceError>;
-    /// Waits until all work issued so far on the device has finished.
-    fn synchronize(&mut self) -> Result<(), DeviceError>;
+pub const CUDA_SUCCESS: i32 = 0;
+pub const CUDA_ERROR_INVALID_VALUE: i32 = 1;
+pub const CUDA_ERROR_MEMORY_ALLOCATION: i32 = 2;
+pub const CUDA_ERROR_INITIALIZATION: i32 = 3;
+
+impl DeviceError {
+    pub fn code(self) -> i32 {
+        match self {
+            DeviceError::OutOfMemory | DeviceError::CapReached => CUDA_ERROR_MEMORY_ALLOCATION,
+            DeviceError::Other(c) => c,
+        }
+    }
+    pub fn from_code(code: i32) -> Result<(), DeviceError> {
+        match code {
+            CUDA_SUCCESS => Ok(()),
+            CUDA_ERROR_MEMORY_ALLOCATION => Err(DeviceError::OutOfMemory),
+            c => Err(DeviceError::Other(c)),
+        }
+    }
+}
+
+/// The CUDA runtime calls the device layer makes, all on the calling thread's current device
+/// unless a device is named. `sys::cuda` binds the program's own runtime; `sim::SimRuntime`
+/// simulates one or more devices for tests.
+pub trait DeviceRuntime {
+    fn current_device(&self) -> Result<i32, DeviceError>;
+    fn set_device(&self, device: i32) -> Result<(), DeviceError>;
+    /// cudaMalloc on the current device.
+    fn malloc(&self, len: usize) -> Result<usize, DeviceError>;
+    /// cudaFree: waits for the device to be idle, then frees.
+    fn free(&self, addr: usize) -> Result<(), DeviceError>;
+    /// cudaDeviceSynchronize on the current device.
+    fn synchronize(&self) -> Result<(), DeviceError>;
+    /// cudaMemGetInfo on the current device: (free, total) bytes.
+    fn mem_info(&self) -> Result<(usize, usize), DeviceError>;
+    /// cudaHostAlloc (pinned host memory) with the runtime's flags.
+    fn host_alloc(&self, len: usize, flags: u32) -> Result<usize, DeviceError>;
+    fn host_free(&self, addr: usize) -> Result<(), DeviceError>;
+    /// Clears the runtime's last error (after a failure we recovered from).
+    fn clear_last_error(&self);
 }

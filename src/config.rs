@@ -63,11 +63,26 @@ pub struct Config {
     pub cuda_pool: CudaPool,
     pub cuda_limit: DeviceLimit,
     pub cuda_host_cache_bytes: u64,
+    pub cuda_sync: CudaSync,
+}
+
+/// When a block freed with cudaFree/cudaFreeHost is synchronized (Note [Safe reuse]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CudaSync {
+    /// Inside cudaFree, as the runtime does: the program sees the same semantics.
+    Free,
+    /// Only before the block is reused: cudaFree is no longer a synchronization point.
+    Reuse,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config {
+        Config::DEFAULT
+    }
+}
+
+impl Config {
+    pub const DEFAULT: Config = Config {
             disabled: false,
             threshold_bytes: 4 * MIB,
             cache_blocks: 16,
@@ -82,8 +97,8 @@ impl Default for Config {
             cuda_pool: CudaPool::Split,
             cuda_limit: DeviceLimit::Unlimited,
             cuda_host_cache_bytes: GIB,
-        }
-    }
+            cuda_sync: CudaSync::Free,
+        };
 }
 
 /// One row of the options table.
@@ -212,6 +227,19 @@ pub static OPTIONS: &[OptionSpec] = &[
         default: "1G",
         doc: "most bytes of freed pinned host memory (cudaMallocHost/cudaHostAlloc) kept for reuse",
         apply: |c, v| parse_size_in(v, 0, 64 * TIB).map(|n| c.cuda_host_cache_bytes = n),
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CUDA_SYNC",
+        default: "free",
+        doc: "free: cudaFree synchronizes the device as the runtime does; reuse: only before a freed block is reused",
+        apply: |c, v| {
+            c.cuda_sync = match v {
+                b"free" => CudaSync::Free,
+                b"reuse" => CudaSync::Reuse,
+                _ => return Err("not one of free, reuse"),
+            };
+            Ok(())
+        },
     },
 ];
 

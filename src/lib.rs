@@ -8,6 +8,7 @@
 
 pub mod backing;
 pub mod config;
+pub mod device;
 pub mod host;
 pub mod report;
 pub mod route;
@@ -45,6 +46,10 @@ const RUNNING: u8 = 1;
 const DONE: u8 = 2;
 const FAILED: u8 = 3;
 
+/// The device layer over the program's own CUDA runtime (bound on first use).
+pub static DEVICE: device::layer::DeviceLayer<sys::cuda::CudaRuntime> =
+    device::layer::DeviceLayer::new(sys::cuda::CudaRuntime, map_table);
+
 /// The host layer over the kernel's pages.
 pub static HOST: HostLayer<OsPages> = HostLayer::new(OsPages, map_table, sys::clock::now_ns, sys::reaper::on_block_cached);
 
@@ -72,6 +77,7 @@ fn init_slow() -> Option<&'static Globals> {
         return None;
     };
     HOST.configure(&config);
+    DEVICE.configure(&config);
     route::configure(&config);
     // SAFETY: only this thread writes, and only before publishing DONE.
     unsafe { (*GLOBALS.0.get()).write(Globals { config, next }) };

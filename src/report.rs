@@ -5,7 +5,7 @@
 use crate::config::{Config, StatsOutput};
 use crate::stats::PhaseTimer;
 use crate::sys::stderr::StackWriter;
-use crate::HOST;
+use crate::{DEVICE, HOST};
 use core::fmt::{self, Write};
 
 /// Bumped when fields are appended to `tm_stats_t`.
@@ -34,13 +34,27 @@ pub struct Snapshot {
     pub host_unmapped_blocks: u64,
     pub host_unmapped_bytes: u64,
     pub host_map_failures: u64,
+    pub cuda_requests: u64,
+    pub cuda_hits: u64,
+    pub cuda_segments_mapped: u64,
+    pub cuda_segments_released: u64,
+    pub cuda_oom_retries: u64,
+    pub cuda_oom_failures: u64,
+    pub cuda_reserved_bytes: u64,
+    pub cuda_peak_reserved_bytes: u64,
+    pub cuda_live_bytes: u64,
+    pub cuda_peak_live_bytes: u64,
+    pub pinned_requests: u64,
+    pub pinned_hits: u64,
+    pub pinned_cached_bytes: u64,
+    pub pinned_peak_cached_bytes: u64,
 }
 
 impl Snapshot {
     pub fn take() -> Snapshot {
         let s = &HOST.stats;
         let (blocks, bytes) = HOST.cached();
-        Snapshot {
+        let mut snap = Snapshot {
             size: core::mem::size_of::<Snapshot>(),
             version: STATS_VERSION,
             enabled: u32::from(crate::route::is_enabled()),
@@ -60,7 +74,23 @@ impl Snapshot {
             host_unmapped_blocks: s.unmapped_blocks.get(),
             host_unmapped_bytes: s.unmapped_bytes.get(),
             host_map_failures: s.map_failures.get(),
-        }
+            ..Snapshot::default()
+        };
+        DEVICE.for_each_pool(|_, pool| {
+            let p = &pool.stats;
+            snap.cuda_requests += p.requests;
+            snap.cuda_hits += p.hits;
+            snap.cuda_segments_mapped += p.segments_mapped;
+            snap.cuda_segments_released += p.segments_released;
+            snap.cuda_oom_retries += p.oom_retries;
+            snap.cuda_oom_failures += p.oom_failures;
+            snap.cuda_reserved_bytes += p.reserved_bytes;
+            snap.cuda_peak_reserved_bytes += p.peak_reserved_bytes;
+            snap.cuda_live_bytes += p.live_bytes;
+            snap.cuda_peak_live_bytes += p.peak_live_bytes;
+        });
+        (snap.pinned_requests, snap.pinned_hits, snap.pinned_cached_bytes, snap.pinned_peak_cached_bytes) = DEVICE.pinned_figures();
+        snap
     }
 }
 
@@ -164,6 +194,40 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         Bytes(s.host_unmapped_bytes),
         s.host_map_failures
     )?;
+    DEVICE.for_each_pool(|device, pool| {
+        let p = &pool.stats;
+        let _ = writeln!(
+            w,
+            " cuda device {device}: requests {}  hits {} ({:.1}%)  segments mapped {} released {}  syncs {}",
+            p.requests,
+            p.hits,
+            percent(p.hits, p.requests),
+            p.segments_mapped,
+            p.segments_released,
+            p.syncs
+        );
+        let _ = writeln!(
+            w,
+            "  live {} (peak {})  reserved {} (peak {})  OOM retries {}  OOM failures {}",
+            Bytes(p.live_bytes),
+            Bytes(p.peak_live_bytes),
+            Bytes(p.reserved_bytes),
+            Bytes(p.peak_reserved_bytes),
+            p.oom_retries,
+            p.oom_failures
+        );
+    });
+    if s.pinned_requests > 0 {
+        writeln!(
+            w,
+            " pinned host memory: requests {}  hits {} ({:.1}%)  cached {} (peak {})",
+            s.pinned_requests,
+            s.pinned_hits,
+            percent(s.pinned_hits, s.pinned_requests),
+            Bytes(s.pinned_cached_bytes),
+            Bytes(s.pinned_peak_cached_bytes)
+        )?;
+    }
     let rows = phase_rows();
     let total: u64 = rows.iter().filter(|r| r.0 == 0).map(|r| r.2.total_ns.get()).sum();
     writeln!(w, " {:<30} {:>10} {:>10} {:>7} {:>10}", "Section", "ncalls", "time", "%tot", "avg")?;
@@ -204,6 +268,27 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         w,
         "\"released_blocks\":{},\"released_bytes\":{},\"unmapped_blocks\":{},\"unmapped_bytes\":{},\"map_failures\":{}}},",
         s.host_released_blocks, s.host_released_bytes, s.host_unmapped_blocks, s.host_unmapped_bytes, s.host_map_failures
+    )?;
+    w.write_str("\"cuda\":[")?;
+    let mut first = true;
+    let mut result = Ok(());
+    DEVICE.for_each_pool(|device, pool| {
+        let p = &pool.stats;
+        let sep = if core::mem::take(&mut first) { "" } else { "," };
+        result = result.and_then(|_| {
+            write!(
+                w,
+                "{sep}{{\"device\":{device},\"requests\":{},\"hits\":{},\"segments_mapped\":{},\"segments_released\":{},\"syncs\":{},\"oom_retries\":{},\"oom_failures\":{},\"live_bytes\":{},\"peak_live_bytes\":{},\"reserved_bytes\":{},\"peak_reserved_bytes\":{}}}",
+                p.requests, p.hits, p.segments_mapped, p.segments_released, p.syncs, p.oom_retries, p.oom_failures,
+                p.live_bytes, p.peak_live_bytes, p.reserved_bytes, p.peak_reserved_bytes
+            )
+        });
+    });
+    result?;
+    write!(
+        w,
+        "],\"pinned\":{{\"requests\":{},\"hits\":{},\"cached_bytes\":{},\"peak_cached_bytes\":{}}},",
+        s.pinned_requests, s.pinned_hits, s.pinned_cached_bytes, s.pinned_peak_cached_bytes
     )?;
     w.write_str("\"phases\":[")?;
     for (i, (indent, name, t)) in phase_rows().iter().enumerate() {

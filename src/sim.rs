@@ -3,7 +3,7 @@
 //! memory it owns, and injected failures. This is a simulator, not a model of a real kernel's
 //! or device's speed.
 
-use crate::backing::{DeviceError, DeviceMemory, PageMemory};
+use crate::backing::{DeviceError, DeviceRuntime, PageMemory};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -152,57 +152,118 @@ impl PageMemory for SimPages {
     }
 }
 
-/// A simulated GPU: a fixed capacity, fake device addresses, injected failures, and a count of
-/// the synchronizing calls the pool makes.
-pub struct SimDevice {
+/// Simulated CUDA devices behind the runtime calls: fixed capacities, fake device addresses,
+/// injected failures, and counts of the calls the layer makes (allocations, frees, syncs).
+pub struct SimRuntime {
+    state: Mutex<RuntimeState>,
+}
+
+#[derive(Default, Debug, Clone)]
+pub struct SimDeviceState {
     pub capacity: usize,
     pub used: usize,
-    live: BTreeMap<usize, usize>,
-    next_addr: usize,
-    pub fail_next_allocs: u64,
-    pub allocs: u64,
+    pub mallocs: u64,
     pub frees: u64,
     pub syncs: u64,
 }
 
-impl SimDevice {
-    pub fn new(capacity: usize, base: usize) -> Self {
-        SimDevice { capacity, used: 0, live: BTreeMap::new(), next_addr: base, fail_next_allocs: 0, allocs: 0, frees: 0, syncs: 0 }
+#[derive(Default)]
+struct RuntimeState {
+    devices: Vec<SimDeviceState>,
+    live: BTreeMap<usize, (usize, usize)>, // addr -> (device, len)
+    pinned: BTreeMap<usize, usize>,
+    current: i32,
+    next_addr: usize,
+    fail_next_mallocs: u64,
+    last_error: i32,
+    pub host_allocs: u64,
+}
+
+impl SimRuntime {
+    pub fn new(capacities: &[usize]) -> Self {
+        let devices = capacities.iter().map(|&capacity| SimDeviceState { capacity, ..Default::default() }).collect();
+        SimRuntime { state: Mutex::new(RuntimeState { devices, next_addr: 0x7f00_0000_0000, ..Default::default() }) }
     }
-    pub fn live_blocks(&self) -> usize {
-        self.live.len()
+    pub fn device(&self, d: usize) -> SimDeviceState {
+        self.state.lock().unwrap().devices[d].clone()
+    }
+    pub fn fail_next_mallocs(&self, n: u64) {
+        self.state.lock().unwrap().fail_next_mallocs = n;
+    }
+    pub fn last_error(&self) -> i32 {
+        self.state.lock().unwrap().last_error
+    }
+    pub fn host_allocs(&self) -> u64 {
+        self.state.lock().unwrap().host_allocs
+    }
+    pub fn pinned_bytes(&self) -> usize {
+        self.state.lock().unwrap().pinned.values().sum()
     }
 }
 
-impl DeviceMemory for SimDevice {
-    fn alloc(&mut self, len: usize) -> Result<usize, DeviceError> {
-        if self.fail_next_allocs > 0 {
-            self.fail_next_allocs -= 1;
+impl DeviceRuntime for SimRuntime {
+    fn current_device(&self) -> Result<i32, DeviceError> {
+        Ok(self.state.lock().unwrap().current)
+    }
+    fn set_device(&self, device: i32) -> Result<(), DeviceError> {
+        let mut st = self.state.lock().unwrap();
+        if device < 0 || device as usize >= st.devices.len() {
+            return Err(DeviceError::Other(101)); // cudaErrorInvalidDevice
+        }
+        st.current = device;
+        Ok(())
+    }
+    fn malloc(&self, len: usize) -> Result<usize, DeviceError> {
+        let mut st = self.state.lock().unwrap();
+        let d = st.current as usize;
+        let footprint = (len.max(1) + 0xfffff) & !0xfffff;
+        if st.fail_next_mallocs > 0 || st.devices[d].used + footprint > st.devices[d].capacity {
+            st.fail_next_mallocs = st.fail_next_mallocs.saturating_sub(1);
+            st.last_error = 2;
             return Err(DeviceError::OutOfMemory);
         }
-        // The runtime rounds to 2 MiB pages for large blocks; model its footprint coarsely.
-        let footprint = (len.max(1) + 511) & !511;
-        if self.used + footprint > self.capacity {
-            return Err(DeviceError::OutOfMemory);
-        }
-        let addr = self.next_addr;
-        self.next_addr += (footprint + 0xffff) & !0xffff;
-        self.used += footprint;
-        self.live.insert(addr, footprint);
-        self.allocs += 1;
+        let addr = st.next_addr;
+        st.next_addr += footprint + (2 << 20);
+        st.devices[d].used += footprint;
+        st.devices[d].mallocs += 1;
+        st.live.insert(addr, (d, footprint));
         Ok(addr)
     }
-
-    fn free(&mut self, addr: usize) -> Result<(), DeviceError> {
-        let len = self.live.remove(&addr).ok_or(DeviceError::Other(1))?; // cudaErrorInvalidValue
-        self.used -= len;
-        self.frees += 1;
-        self.syncs += 1;
+    fn free(&self, addr: usize) -> Result<(), DeviceError> {
+        let mut st = self.state.lock().unwrap();
+        let Some((d, len)) = st.live.remove(&addr) else {
+            st.last_error = 1;
+            return Err(DeviceError::Other(1));
+        };
+        st.devices[d].used -= len;
+        st.devices[d].frees += 1;
+        st.devices[d].syncs += 1;
         Ok(())
     }
-
-    fn synchronize(&mut self) -> Result<(), DeviceError> {
-        self.syncs += 1;
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        let mut st = self.state.lock().unwrap();
+        let d = st.current as usize;
+        st.devices[d].syncs += 1;
         Ok(())
+    }
+    fn mem_info(&self) -> Result<(usize, usize), DeviceError> {
+        let st = self.state.lock().unwrap();
+        let dev = &st.devices[st.current as usize];
+        Ok((dev.capacity - dev.used, dev.capacity))
+    }
+    fn host_alloc(&self, len: usize, _flags: u32) -> Result<usize, DeviceError> {
+        let mut st = self.state.lock().unwrap();
+        let addr = st.next_addr;
+        st.next_addr += len + (2 << 20);
+        st.pinned.insert(addr, len);
+        st.host_allocs += 1;
+        Ok(addr)
+    }
+    fn host_free(&self, addr: usize) -> Result<(), DeviceError> {
+        let mut st = self.state.lock().unwrap();
+        st.pinned.remove(&addr).map(|_| ()).ok_or(DeviceError::Other(1))
+    }
+    fn clear_last_error(&self) {
+        self.state.lock().unwrap().last_error = 0;
     }
 }

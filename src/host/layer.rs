@@ -6,7 +6,7 @@
 use super::cache::{BlockCache, CacheLimits, Range, RangeList};
 use super::registry::{Owner, Registry, TableSource};
 use crate::backing::PageMemory;
-use crate::config::{Config, HugePages, MIB};
+use crate::config::{Config, HugePages};
 use crate::stats::{HostStats, PhaseTimer};
 use crate::sys::lock::SpinLock;
 use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering::Relaxed};
@@ -50,27 +50,12 @@ fn hugepages_code(h: HugePages) -> u8 {
 
 impl<M: PageMemory> HostLayer<M> {
     pub const fn new(memory: M, table_source: TableSource, clock: fn() -> u64, on_cached: fn()) -> Self {
-        const DEFAULTS: CacheLimits = limits_from(&Config {
-            disabled: false,
-            threshold_bytes: 4 * MIB,
-            cache_blocks: 16,
-            cache_bytes: 1 << 30,
-            release_ms: 1000,
-            expire_ms: 10_000,
-            max_waste_percent: 25,
-            hugepages: HugePages::Auto,
-            stats: crate::config::StatsOutput::Off,
-            stats_path: [0; crate::config::STATS_PATH_MAX],
-            leaks: false,
-            cuda_pool: crate::config::CudaPool::Split,
-            cuda_limit: crate::config::DeviceLimit::Unlimited,
-            cuda_host_cache_bytes: 1 << 30,
-        });
+        const DEFAULTS: CacheLimits = limits_from(&Config::DEFAULT);
         HostLayer {
             memory,
             registry: Registry::new(table_source),
             cache: SpinLock::new(BlockCache::new(DEFAULTS)),
-            threshold_bytes: AtomicUsize::new(4 << 20),
+            threshold_bytes: AtomicUsize::new(Config::DEFAULT.threshold_bytes as usize),
             hugepages: AtomicU8::new(0),
             clock,
             on_cached,

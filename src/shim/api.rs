@@ -29,13 +29,14 @@ pub unsafe extern "C" fn tm_get_stats(out: *mut Snapshot) -> c_int {
     0
 }
 
-/// Gives every cached block back to the system now; returns the bytes released.
+/// Gives every cached block (host, device and pinned) back now; returns the bytes released.
 #[no_mangle]
 pub extern "C" fn tm_trim() -> usize {
     if crate::globals().is_none() {
         return 0;
     }
-    crate::HOST.trim()
+    let device = if crate::sys::cuda::is_bound() { crate::DEVICE.trim() } else { 0 };
+    crate::HOST.trim() + device as usize
 }
 
 /// Turns caching on (1) or off (0) at run time; returns the previous setting.

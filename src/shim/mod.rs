@@ -2,5 +2,7 @@
 //! feature build none of them, so test harnesses never interpose on themselves.
 
 #[cfg(not(any(test, feature = "no-interpose")))]
+mod cuda;
+#[cfg(not(any(test, feature = "no-interpose")))]
 mod malloc;
 mod api;

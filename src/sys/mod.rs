@@ -3,6 +3,7 @@
 //! Nothing here allocates through the malloc family.
 
 pub mod clock;
+pub mod cuda;
 pub mod env;
 pub mod lock;
 pub mod next;

@@ -1,0 +1,138 @@
+"""Side-by-side benchmark: every workload under every allocator, interleaved in one run,
+several repetitions, medians. Prints a table per workload, writes results/latest.json,
+results/latest.md (the tables for BENCHMARKS.md) and results/latest.png (a chart)."""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+OURS = str(ROOT / "target" / "release" / "libtensormalloc.so")
+
+ALLOCATORS = {
+    "glibc": {},
+    "glibc-tuned": {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "68719476736"},
+    "jemalloc": {"LD_PRELOAD": f"{LIBDIR}/libjemalloc.so.2"},
+    "tcmalloc": {"LD_PRELOAD": f"{LIBDIR}/libtcmalloc_minimal.so.4"},
+    "mimalloc": {"LD_PRELOAD": f"{LIBDIR}/libmimalloc.so.2"},
+    "tensormalloc": {"LD_PRELOAD": OURS},
+}
+
+C_WORKLOADS = {
+    "c-large-churn": ["large_churn"],
+    "c-small-churn-1t": ["small_churn", "1"],
+    "c-small-churn-2t": ["small_churn", "2"],
+}
+
+
+def build_c():
+    out = ROOT / "target" / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("large_churn", "small_churn"):
+        subprocess.run(["gcc", "-O2", "-pthread", "-fno-builtin", "-o", str(out / name), str(HERE / "c" / f"{name}.c")], check=True)
+    return out
+
+
+def run_one(workload, allocator, cbin):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSORMALLOC_", "MALLOC_"))}
+    env.pop("LD_PRELOAD", None)
+    env.update(ALLOCATORS[allocator])
+    if workload in C_WORKLOADS:
+        name, *args = C_WORKLOADS[workload]
+        argv = [str(cbin / name), *args]
+    else:
+        argv = [sys.executable, str(HERE / "workloads.py"), workload]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise SystemExit(f"{workload} under {allocator} failed ({p.returncode}):\n{p.stderr}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=int(os.environ.get("BENCH_REPS", "3")))
+    ap.add_argument("--only", nargs="*", help="workloads to run (default: all)")
+    ap.add_argument("--allocators", nargs="*", default=list(ALLOCATORS))
+    args = ap.parse_args()
+
+    sys.path.insert(0, str(HERE))
+    from workloads import WORKLOADS
+    names = args.only or [*WORKLOADS, *C_WORKLOADS]
+    cbin = build_c()
+    samples = {w: {a: [] for a in args.allocators} for w in names}
+    for rep in range(args.reps):
+        for i, w in enumerate(names):
+            # rotate the order each time so no allocator always runs first or last
+            order = args.allocators[(i + rep) % len(args.allocators):] + args.allocators[:(i + rep) % len(args.allocators)]
+            for a in order:
+                samples[w][a].append(run_one(w, a, cbin))
+        print(f"repetition {rep + 1}/{args.reps} done", file=sys.stderr)
+
+    results = {}
+    for w in names:
+        results[w] = {}
+        for a in args.allocators:
+            runs = samples[w][a]
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            results[w][a] = med
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}",
+        "numpy": __import__("numpy").__version__,
+        "reps": args.reps,
+    }
+    outdir = HERE / "results"
+    outdir.mkdir(exist_ok=True)
+    (outdir / "latest.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    md = render(results, meta)
+    (outdir / "latest.md").write_text(md)
+    print(md)
+    chart(results, outdir / "latest.png")
+
+
+def render(results, meta):
+    lines = [f"Date {meta['date']}; {meta['machine']}; numpy {meta['numpy']}; medians of {meta['reps']} runs.", ""]
+    lines.append("| workload | allocator | ms/iter | vs glibc | faults/iter | peak RSS MB | held after idle MB |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for w, per in results.items():
+        base = per.get("glibc", {}).get("ms")
+        for a, r in per.items():
+            ratio = f"{base / r['ms']:.2f}x" if base else "-"
+            held = f"{r['held_after_idle_mb']:.0f}" if "held_after_idle_mb" in r else ""
+            lines.append(f"| {w} | {a} | {r['ms']:.3f} | {ratio} | {r['faults']:.1f} | {r['peak_rss_mb']:.0f} | {held} |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(results, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no chart", file=sys.stderr)
+        return
+    workloads = [w for w in results if "glibc" in results[w]]
+    allocs = list(next(iter(results.values())))
+    fig, ax = plt.subplots(figsize=(max(8, len(workloads) * 0.9), 4.5))
+    width = 0.8 / len(allocs)
+    for i, a in enumerate(allocs):
+        speedups = [results[w]["glibc"]["ms"] / results[w][a]["ms"] for w in workloads]
+        ax.bar([x + i * width for x in range(len(workloads))], speedups, width, label=a)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(workloads))])
+    ax.set_xticklabels(workloads, rotation=40, ha="right", fontsize=8)
+    ax.set_ylabel("speed vs glibc (higher is better)")
+    ax.legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+/* The CUDA path end to end: the real interposer over the stand-in runtime (fakecudart.c).
+ * argv[1] names the scenario; "expect-pool" or "expect-passthrough" in argv[2] says which
+ * behaviour the environment should give. */
+#include "check.h"
+
+int cudaMalloc(void **, size_t);
+int cudaFree(void *);
+int cudaSetDevice(int);
+int cudaGetLastError(void);
+int cudaMemGetInfo(size_t *, size_t *);
+int cudaMallocHost(void **, size_t);
+int cudaHostAlloc(void **, size_t, unsigned);
+int cudaFreeHost(void *);
+int cudaDeviceSynchronize(void);
+struct fakecuda_counters { uint64_t mallocs, frees, syncs, host_allocs, host_frees; uint64_t used[4]; };
+void fakecuda_get_counters(struct fakecuda_counters *);
+void fakecuda_launch_memset(void *, int, size_t);
+
+static struct fakecuda_counters counters(void) {
+    struct fakecuda_counters c;
+    fakecuda_get_counters(&c);
+    return c;
+}
+
+static int pooled;
+
+static void reuse(void) {
+    for (int i = 0; i < 100; i++) {
+        void *p = NULL;
+        CHECK(cudaMalloc(&p, 64 * MB) == 0 && p);
+        CHECK(cudaFree(p) == 0);
+    }
+    struct fakecuda_counters c = counters();
+    CHECK(pooled ? c.mallocs == 1 && c.frees == 0 : c.mallocs == 100 && c.frees == 100);
+    tm_stats_t s;
+    if (pooled) CHECK(tm_stats(&s) == 0 && s.cuda_requests == 100 && s.cuda_hits == 99);
+}
+
+static void oom(void) { /* device memory: 1 GiB */
+    void *a = NULL, *b = NULL, *c = (void *)1;
+    CHECK(cudaMalloc(&a, 600 * MB) == 0);
+    CHECK(cudaFree(a) == 0);
+    CHECK(cudaMalloc(&b, 700 * MB) == 0);
+    CHECK(cudaGetLastError() == 0); /* a recovered OOM leaves no stale error */
+    CHECK(cudaMalloc(&c, 900 * MB) == 2);
+    CHECK(cudaGetLastError() == 2); /* a real one is the runtime's own */
+    CHECK(cudaFree(b) == 0);
+    tm_stats_t s;
+    if (pooled) CHECK(tm_stats(&s) == 0 && s.cuda_oom_retries >= 1 && s.cuda_oom_failures >= 1);
+}
+
+static void two_devices(void) {
+    void *a = NULL, *b = NULL;
+    CHECK(cudaSetDevice(0) == 0 && cudaMalloc(&a, 64 * MB) == 0);
+    CHECK(cudaSetDevice(1) == 0 && cudaMalloc(&b, 64 * MB) == 0);
+    CHECK(cudaFree(a) == 0); /* device 0's block, freed with device 1 current */
+    void *c = NULL;
+    CHECK(cudaMalloc(&c, 64 * MB) == 0 && c != a);
+    CHECK(cudaSetDevice(0) == 0);
+    void *d = NULL;
+    CHECK(cudaMalloc(&d, 64 * MB) == 0);
+    if (pooled) CHECK(d == a);
+    struct fakecuda_counters k = counters();
+    CHECK(k.used[0] >= 64 * MB && k.used[1] >= 128 * MB);
+}
+
+static void pinned(void) {
+    for (int i = 0; i < 20; i++) {
+        void *p = NULL;
+        CHECK((i % 2 ? cudaMallocHost(&p, 100 * MB) : cudaHostAlloc(&p, 100 * MB, 0)) == 0);
+        memset(p, i, 100 * MB);
+        CHECK(cudaFreeHost(p) == 0);
+    }
+    struct fakecuda_counters c = counters();
+    CHECK(pooled ? c.host_allocs == 1 : c.host_allocs == 20);
+}
+
+static void foreign(void) {
+    CHECK(cudaFree((void *)0x12345000) == 1); /* the runtime's error, no crash */
+    CHECK(cudaGetLastError() == 1);
+    CHECK(cudaFree(NULL) == 0);
+    CHECK(cudaFreeHost((void *)0x12345000) == 1);
+}
+
+/* A "kernel" still queued on a block when it is freed must finish before anyone reuses it. */
+static void safe_reuse(void) {
+    for (int i = 0; i < 20; i++) {
+        unsigned char *a = NULL;
+        CHECK(cudaMalloc((void **)&a, 8 * MB) == 0);
+        fakecuda_launch_memset(a, 0x77, 8 * MB);
+        CHECK(cudaFree(a) == 0);
+        unsigned char *b = NULL;
+        CHECK(cudaMalloc((void **)&b, 8 * MB) == 0);
+        memset(b, 0x11, 8 * MB); /* the new owner's data */
+        CHECK(cudaDeviceSynchronize() == 0);
+        CHECK(b[0] == 0x11 && b[8 * MB - 1] == 0x11);
+        CHECK(cudaFree(b) == 0);
+    }
+}
+
+static void meminfo(void) {
+    size_t f0, t0, f1, t1;
+    CHECK(cudaMemGetInfo(&f0, &t0) == 0);
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, 256 * MB) == 0);
+    CHECK(cudaFree(p) == 0);
+    CHECK(cudaMemGetInfo(&f1, &t1) == 0);
+    CHECK(t1 == t0 && f1 == f0); /* cached memory counts as free */
+}
+
+static void pluggable(void) {
+    void *(*alloc)(long, int, void *) = (void *(*)(long, int, void *))dlsym(RTLD_DEFAULT, "tm_cuda_alloc");
+    void (*release)(void *, long, int, void *) = (void (*)(void *, long, int, void *))dlsym(RTLD_DEFAULT, "tm_cuda_free");
+    CHECK(alloc && release);
+    void *stream = (void *)0x5000;
+    void *a = alloc(32 * MB, 0, stream);
+    CHECK(a);
+    release(a, 32 * MB, 0, stream);
+    uint64_t syncs = counters().syncs;
+    void *b = alloc(32 * MB, 0, stream);
+    CHECK(b == a && counters().syncs == syncs); /* same stream: reused, no synchronization */
+    release(b, 32 * MB, 0, stream);
+    void *c = alloc(32 * MB, 1, (void *)0x6000); /* another device */
+    CHECK(c && c != a);
+    release(c, 32 * MB, 1, (void *)0x6000);
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc == 3);
+    pooled = strcmp(argv[2], "expect-pool") == 0;
+    const char *s = argv[1];
+    if (!strcmp(s, "reuse")) reuse();
+    else if (!strcmp(s, "oom")) oom();
+    else if (!strcmp(s, "two-devices")) two_devices();
+    else if (!strcmp(s, "pinned")) pinned();
+    else if (!strcmp(s, "foreign")) foreign();
+    else if (!strcmp(s, "safe-reuse")) safe_reuse();
+    else if (!strcmp(s, "meminfo")) meminfo();
+    else if (!strcmp(s, "pluggable")) pluggable();
+    else CHECK(!"unknown scenario");
+    printf("%s ok\n", s);
+    return 0;
+}

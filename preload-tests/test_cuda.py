@@ -1,0 +1,73 @@
+"""The CUDA path end to end: the real interposer over the stand-in runtime (c/fakecudart.c, a
+simulator that says so in its first line), in every pool mode and with pass-through."""
+import subprocess
+
+import pytest
+
+from conftest import BUILD, C_DIR, ROOT, compile_c, ok, run
+
+
+def fake_runtime():
+    out = BUILD / "fakecuda"
+    out.mkdir(parents=True, exist_ok=True)
+    lib = out / "libcudart.so.12"
+    src = C_DIR / "fakecudart.c"
+    if not lib.exists() or lib.stat().st_mtime < src.stat().st_mtime:
+        subprocess.run(["gcc", "-O1", "-g", "-shared", "-fPIC", "-Wl,-soname,libcudart.so.12", "-o", str(lib), str(src), "-pthread"], check=True)
+        (out / "libcudart.so").unlink(missing_ok=True)
+        (out / "libcudart.so").symlink_to("libcudart.so.12")
+    return out
+
+
+def cuda_program():
+    rt = fake_runtime()
+    return compile_c("cuda_pool", extra=[f"-L{rt}", "-lcudart", f"-Wl,-rpath,{rt}"])
+
+
+POOLED = {
+    "split": {},
+    "binned": {"TENSORMALLOC_CUDA_POOL": "binned"},
+    "deferred-sync": {"TENSORMALLOC_CUDA_SYNC": "reuse"},
+}
+PASSTHROUGH = {
+    "pool-none": {"TENSORMALLOC_CUDA_POOL": "none"},
+    "disabled": {"TENSORMALLOC_DISABLE": "1"},
+}
+SCENARIOS = ["reuse", "oom", "two-devices", "pinned", "foreign", "safe-reuse", "meminfo"]
+
+
+@pytest.mark.parametrize("mode", POOLED)
+@pytest.mark.parametrize("scenario", SCENARIOS + ["pluggable"])
+def test_pooled(scenario, mode):
+    out = ok(run([cuda_program(), scenario, "expect-pool"], env=POOLED[mode]))
+    assert f"{scenario} ok" in out.stdout
+
+
+@pytest.mark.parametrize("mode", PASSTHROUGH)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_passthrough(scenario, mode):
+    out = ok(run([cuda_program(), scenario, "expect-passthrough"], env=PASSTHROUGH[mode]))
+    assert f"{scenario} ok" in out.stdout
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_scenarios_hold_against_the_simulator_alone(scenario):
+    """Without tensormalloc the scenarios pass too: they test the runtime's contract."""
+    ok(run([cuda_program(), scenario, "expect-passthrough"], preload=False))
+
+
+def test_cap_refuses_past_the_limit():
+    out = run([cuda_program(), "oom", "expect-pool"], env={"TENSORMALLOC_CUDA_LIMIT": "512M"})
+    # 600 MB cannot be had under a 512 MB cap: the first cudaMalloc fails with the OOM code.
+    assert out.returncode == 1 and "cudaMalloc(&a, 600 * MB) == 0" in out.stderr
+
+
+def test_stats_report_lists_device_pools():
+    out = ok(run([cuda_program(), "two-devices", "expect-pool"], env={"TENSORMALLOC_STATS": "1"}))
+    assert "cuda device 0:" in out.stderr and "cuda device 1:" in out.stderr
+
+
+def test_no_cuda_no_cost():
+    """A process without CUDA never loads or resolves a runtime."""
+    out = ok(run(["/bin/cat", "/proc/self/maps"]))
+    assert "cudart" not in out.stdout

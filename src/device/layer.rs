@@ -1,0 +1,360 @@
+//! The device layer's glue: one pool per device and the pinned cache, driven over a
+//! `DeviceRuntime`. Every runtime call happens with no lock held; pool decisions happen under a
+//! per-device spin lock. Outcomes that the program sees follow the runtime's: its error codes,
+//! and a pointer we never handed out goes to the runtime unchanged.
+
+use super::pinned::{PinnedCache, PinnedFree};
+use super::pool::{stream_tag, Alloc, DevicePool, Strategy, PENDING, SYNCED};
+use crate::backing::{DeviceError, DeviceRuntime};
+use crate::config::{Config, CudaPool, CudaSync, DeviceLimit};
+use crate::host::registry::TableSource;
+use crate::stats::Counter;
+use crate::sys::lock::SpinLock;
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+
+pub const MAX_DEVICES: usize = 16;
+/// Bounds the alloc loop: hit, sync, segment, release-and-retry, and a little slack.
+const MAX_STEPS: usize = 8;
+
+pub struct DeviceLayer<R: DeviceRuntime> {
+    runtime: R,
+    table_source: TableSource,
+    pools: [SpinLock<DevicePool>; MAX_DEVICES],
+    pinned: SpinLock<PinnedCache>,
+    mode: AtomicU8,
+    sync_on_free: AtomicBool,
+    limit_bytes: AtomicU64,
+    limit_percent: AtomicU64,
+    pinned_limit_bytes: AtomicU64,
+    pub oom_retries: Counter,
+    pub oom_failures: Counter,
+    pub passthrough: Counter,
+}
+
+const MODE_SPLIT: u8 = 0;
+const MODE_BINNED: u8 = 1;
+const MODE_NONE: u8 = 2;
+
+/// Where a free went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Freed {
+    Pooled,
+    /// Not ours: the caller passes it to the runtime unchanged.
+    NotOurs,
+}
+
+impl<R: DeviceRuntime> DeviceLayer<R> {
+    pub const fn new(runtime: R, table_source: TableSource) -> Self {
+        DeviceLayer {
+            runtime,
+            table_source,
+            pools: [const { SpinLock::new(DevicePool::new()) }; MAX_DEVICES],
+            pinned: SpinLock::new(PinnedCache::new()),
+            mode: AtomicU8::new(MODE_SPLIT),
+            sync_on_free: AtomicBool::new(true),
+            limit_bytes: AtomicU64::new(u64::MAX),
+            limit_percent: AtomicU64::new(0),
+            pinned_limit_bytes: AtomicU64::new(1 << 30),
+            oom_retries: Counter::new(),
+            oom_failures: Counter::new(),
+            passthrough: Counter::new(),
+        }
+    }
+
+    pub fn configure(&self, c: &Config) {
+        let mode = match (c.disabled, c.cuda_pool) {
+            (true, _) | (_, CudaPool::None) => MODE_NONE,
+            (_, CudaPool::Binned) => MODE_BINNED,
+            (_, CudaPool::Split) => MODE_SPLIT,
+        };
+        self.mode.store(mode, Relaxed);
+        self.sync_on_free.store(c.cuda_sync == CudaSync::Free, Relaxed);
+        match c.cuda_limit {
+            DeviceLimit::Unlimited => self.limit_bytes.store(u64::MAX, Relaxed),
+            DeviceLimit::Bytes(n) => self.limit_bytes.store(n, Relaxed),
+            DeviceLimit::Percent(p) => self.limit_percent.store(p, Relaxed),
+        }
+        self.pinned_limit_bytes.store(c.cuda_host_cache_bytes, Relaxed);
+    }
+
+    pub fn runtime(&self) -> &R {
+        &self.runtime
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.mode.load(Relaxed) != MODE_NONE
+    }
+
+    /// The pool of `device`, set up on first use (the cap in percent needs the device's size,
+    /// asked with `device` current). `None`: pass through.
+    fn pool(&self, device: i32) -> Option<&SpinLock<DevicePool>> {
+        let mode = self.mode.load(Relaxed);
+        if mode == MODE_NONE {
+            return None;
+        }
+        let pool = self.pools.get(usize::try_from(device).ok()?)?;
+        if pool.lock().is_ready() {
+            return Some(pool);
+        }
+        let percent = self.limit_percent.load(Relaxed);
+        let limit = if percent > 0 {
+            let (_, total) = self.runtime.mem_info().ok()?;
+            (total as u64 / 100).saturating_mul(percent)
+        } else {
+            self.limit_bytes.load(Relaxed)
+        };
+        let strategy = if mode == MODE_BINNED { Strategy::Binned } else { Strategy::Split };
+        pool.lock().init(strategy, limit, self.table_source).then_some(pool)
+    }
+
+    /// cudaMalloc: a block of `size` bytes on the current device.
+    pub fn malloc(&self, size: usize) -> Result<usize, DeviceError> {
+        let device = self.runtime.current_device()?;
+        self.alloc_on(device, size, SYNCED)
+    }
+
+    /// The pluggable allocator's alloc: `device` may differ from the current one.
+    pub fn malloc_on_stream(&self, size: usize, device: i32, stream: usize) -> Result<usize, DeviceError> {
+        let current = self.runtime.current_device()?;
+        if current == device {
+            return self.alloc_on(device, size, stream_tag(stream));
+        }
+        self.runtime.set_device(device)?;
+        let out = self.alloc_on(device, size, stream_tag(stream));
+        let _ = self.runtime.set_device(current);
+        out
+    }
+
+    /// Serves a request from `device`'s pool, which must be the current device.
+    fn alloc_on(&self, device: i32, size: usize, tag: u64) -> Result<usize, DeviceError> {
+        let Some(pool) = self.pool(device) else {
+            self.passthrough.add(1);
+            return self.runtime.malloc(size);
+        };
+        let mut released = false;
+        for _ in 0..MAX_STEPS {
+            let decision = pool.lock().alloc(size as u64, tag);
+            match decision {
+                Alloc::Hit { addr, .. } => return Ok(addr as usize),
+                Alloc::Untracked => {
+                    self.passthrough.add(1);
+                    return self.runtime.malloc(size);
+                }
+                Alloc::NeedSync => {
+                    self.runtime.synchronize()?;
+                    pool.lock().mark_all_synced();
+                }
+                Alloc::NeedSegment { len, small } => {
+                    if !pool.lock().fits_cap(len) {
+                        if released {
+                            pool.lock().stats.oom_failures += 1;
+                            self.oom_failures.add(1);
+                            return Err(DeviceError::CapReached);
+                        }
+                        self.release_cached(pool, u64::MAX)?;
+                        released = true;
+                        continue;
+                    }
+                    match self.runtime.malloc(len as usize) {
+                        Ok(addr) => {
+                            if !pool.lock().add_segment(addr as u64, len, small) {
+                                self.runtime.free(addr)?;
+                                self.passthrough.add(1);
+                                return self.runtime.malloc(size);
+                            }
+                        }
+                        Err(DeviceError::OutOfMemory) if !released => {
+                            // The failed call left an error for cudaGetLastError; we recover.
+                            self.runtime.clear_last_error();
+                            self.oom_retries.add(1);
+                            pool.lock().stats.oom_retries += 1;
+                            self.release_cached(pool, u64::MAX)?;
+                            released = true;
+                        }
+                        Err(e) => {
+                            if e == DeviceError::OutOfMemory {
+                                pool.lock().stats.oom_failures += 1;
+                                self.oom_failures.add(1);
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+        }
+        Err(DeviceError::OutOfMemory)
+    }
+
+    /// Synchronizes (so every free block is reusable and whole segments can be freed), then
+    /// gives fully free segments of the current device back to the runtime.
+    fn release_cached(&self, pool: &SpinLock<DevicePool>, max_bytes: u64) -> Result<u64, DeviceError> {
+        self.runtime.synchronize()?;
+        pool.lock().mark_all_synced();
+        let mut total = 0;
+        loop {
+            let mut batch = [(0u64, 0u64); 32];
+            let n = pool.lock().release_free_segments(max_bytes.saturating_sub(total), &mut batch);
+            for &(addr, len) in batch.iter().take(n) {
+                self.runtime.free(addr as usize)?;
+                total += len;
+            }
+            if n < batch.len() || total >= max_bytes {
+                return Ok(total);
+            }
+        }
+    }
+
+    fn owning_device(&self, addr: usize) -> Option<usize> {
+        self.pools.iter().position(|p| {
+            let pool = p.lock();
+            pool.is_ready() && pool.owns(addr as u64)
+        })
+    }
+
+    /// cudaFree of a pointer: back into its device's pool, whatever device is current.
+    pub fn free(&self, addr: usize) -> Result<Freed, DeviceError> {
+        let Some(device) = self.owning_device(addr) else { return Ok(Freed::NotOurs) };
+        let tag = if self.sync_on_free.load(Relaxed) {
+            // Note [Safe reuse]: the device that ran the block's kernels is the one to wait for.
+            self.with_device(device as i32, || self.runtime.synchronize())?;
+            SYNCED
+        } else {
+            PENDING
+        };
+        let pool = self.pools.get(device).ok_or(DeviceError::Other(crate::backing::CUDA_ERROR_INVALID_VALUE))?;
+        match pool.lock().free(addr as u64, tag) {
+            Some(_) => Ok(Freed::Pooled),
+            // Freed by another thread meanwhile: as the runtime would for a double free.
+            None => Err(DeviceError::Other(crate::backing::CUDA_ERROR_INVALID_VALUE)),
+        }
+    }
+
+    /// The pluggable allocator's free: reusable at once on the same stream.
+    pub fn free_on_stream(&self, addr: usize, device: i32, stream: usize) -> Freed {
+        let index = usize::try_from(device).ok().filter(|&d| self.pools.get(d).is_some_and(|p| p.lock().owns(addr as u64)));
+        let Some(d) = index.or_else(|| self.owning_device(addr)) else { return Freed::NotOurs };
+        match self.pools.get(d).and_then(|p| p.lock().free(addr as u64, stream_tag(stream))) {
+            Some(_) => Freed::Pooled,
+            None => Freed::NotOurs,
+        }
+    }
+
+    fn with_device<T>(&self, device: i32, f: impl FnOnce() -> Result<T, DeviceError>) -> Result<T, DeviceError> {
+        let current = self.runtime.current_device()?;
+        if current == device {
+            return f();
+        }
+        self.runtime.set_device(device)?;
+        let out = f();
+        let _ = self.runtime.set_device(current);
+        out
+    }
+
+    /// cudaMemGetInfo with our cached bytes counted as free (and the cap applied).
+    pub fn mem_info(&self) -> Result<(usize, usize), DeviceError> {
+        let (free, total) = self.runtime.mem_info()?;
+        let device = self.runtime.current_device()?;
+        let Some(pool) = usize::try_from(device).ok().and_then(|d| self.pools.get(d)) else { return Ok((free, total)) };
+        let pool = pool.lock();
+        if !pool.is_ready() {
+            return Ok((free, total));
+        }
+        let mut free = free as u64 + pool.cached_bytes();
+        if pool.limit_bytes() != u64::MAX {
+            free = free.min(pool.limit_bytes().saturating_sub(pool.stats.live_bytes));
+        }
+        Ok((free.min(total as u64) as usize, total))
+    }
+
+    /// Gives every cached device block and pinned block back; returns the bytes released.
+    pub fn trim(&self) -> u64 {
+        let mut total = 0;
+        for (device, pool) in self.pools.iter().enumerate() {
+            if pool.lock().is_ready() {
+                total += self.with_device(device as i32, || self.release_cached(pool, u64::MAX)).unwrap_or(0);
+            }
+        }
+        let mut out = [(0u64, 0u64); 64];
+        let n = self.pinned.lock().drain(&mut out);
+        for &(addr, len) in out.iter().take(n) {
+            if self.runtime.host_free(addr as usize).is_ok() {
+                total += len;
+            }
+        }
+        total
+    }
+
+    /// cudaHostAlloc / cudaMallocHost through the pinned cache.
+    pub fn host_alloc(&self, size: usize, flags: u32) -> Result<usize, DeviceError> {
+        if !self.enabled() || !self.pinned.lock().init(self.pinned_limit_bytes.load(Relaxed), self.table_source) {
+            return self.runtime.host_alloc(size, flags);
+        }
+        if let Some(addr) = self.pinned.lock().take(size as u64, flags) {
+            return Ok(addr as usize);
+        }
+        let len = self.pinned.lock().len_for(size as u64) as usize;
+        let addr = match self.runtime.host_alloc(len, flags) {
+            Ok(a) => a,
+            Err(DeviceError::OutOfMemory) => {
+                self.runtime.clear_last_error();
+                self.trim_pinned();
+                self.runtime.host_alloc(len, flags)?
+            }
+            Err(e) => return Err(e),
+        };
+        if !self.pinned.lock().add_live(addr as u64, len as u64, flags) {
+            self.passthrough.add(1);
+        }
+        Ok(addr)
+    }
+
+    fn trim_pinned(&self) {
+        let mut out = [(0u64, 0u64); 64];
+        let n = self.pinned.lock().drain(&mut out);
+        for &(addr, _) in out.iter().take(n) {
+            let _ = self.runtime.host_free(addr as usize);
+        }
+    }
+
+    /// cudaFreeHost: into the cache when it is ours.
+    pub fn host_free(&self, addr: usize) -> Result<Freed, DeviceError> {
+        if !self.pinned.lock().owns(addr as u64) {
+            return Ok(Freed::NotOurs);
+        }
+        if self.sync_on_free.load(Relaxed) {
+            // Copies from or to this memory may still be queued (Note [Safe reuse]).
+            self.runtime.synchronize()?;
+        }
+        let outcome = self.pinned.lock().free(addr as u64);
+        match outcome {
+            PinnedFree::NotOurs => return Ok(Freed::NotOurs),
+            PinnedFree::Refused => self.runtime.host_free(addr)?,
+            PinnedFree::Cached { evicted } => {
+                for r in evicted.iter() {
+                    self.runtime.host_free(r.addr)?;
+                }
+            }
+        }
+        Ok(Freed::Pooled)
+    }
+
+    /// Per-device figures for the report: (device, stats, cached bytes).
+    pub fn for_each_pool(&self, mut f: impl FnMut(usize, &DevicePool)) {
+        for (d, p) in self.pools.iter().enumerate() {
+            let pool = p.lock();
+            if pool.is_ready() {
+                f(d, &pool);
+            }
+        }
+    }
+
+    /// Pinned figures: (requests, hits, cached bytes, peak cached bytes).
+    pub fn pinned_figures(&self) -> (u64, u64, u64, u64) {
+        let c = self.pinned.lock();
+        (c.requests, c.hits, c.cached_bytes(), c.peak_cached_bytes)
+    }
+}
+
+#[cfg(test)]
+#[path = "layer_tests.rs"]
+mod tests;

@@ -1,0 +1,124 @@
+//! The device layer over simulated devices: reuse, sync semantics, OOM recovery with a clean
+//! last error, the cap, two devices, pinned memory, foreign pointers, pass-through.
+
+use super::*;
+use crate::config::Config;
+use crate::device::table::leak_table;
+use crate::sim::SimRuntime;
+
+const MB: usize = 1 << 20;
+const GB: usize = 1 << 30;
+
+fn layer(config: Config, capacities: &[usize]) -> Box<DeviceLayer<SimRuntime>> {
+    let l = Box::new(DeviceLayer::new(SimRuntime::new(capacities), leak_table));
+    l.configure(&config);
+    l
+}
+
+#[test]
+fn freed_blocks_are_reused_without_runtime_calls() {
+    let l = layer(Config::default(), &[8 * GB]);
+    let a = l.malloc(64 * MB).unwrap();
+    assert_eq!(l.free(a), Ok(Freed::Pooled));
+    let b = l.malloc(64 * MB).unwrap();
+    assert_eq!(a, b);
+    let d = l.runtime().device(0);
+    assert_eq!((d.mallocs, d.frees), (1, 0));
+    assert_eq!(d.syncs, 1, "the free synchronized, as cudaFree does");
+}
+
+#[test]
+fn deferred_mode_syncs_only_at_reuse() {
+    let l = layer(Config { cuda_sync: crate::config::CudaSync::Reuse, ..Config::default() }, &[8 * GB]);
+    let a = l.malloc(64 * MB).unwrap();
+    l.free(a).unwrap();
+    assert_eq!(l.runtime().device(0).syncs, 0);
+    assert_eq!(l.malloc(64 * MB).unwrap(), a);
+    assert_eq!(l.runtime().device(0).syncs, 1);
+}
+
+#[test]
+fn out_of_memory_gives_back_cache_and_leaves_no_error() {
+    let l = layer(Config::default(), &[1 * GB]);
+    let a = l.malloc(600 * MB).unwrap();
+    l.free(a).unwrap();
+    let b = l.malloc(700 * MB).expect("cache given back, then retried");
+    assert_eq!(l.runtime().last_error(), 0, "no stale error after a recovered OOM");
+    assert_eq!(l.oom_retries.get(), 1);
+    assert_eq!(l.malloc(900 * MB), Err(DeviceError::OutOfMemory));
+    l.free(b).unwrap();
+}
+
+#[test]
+fn cap_in_bytes_and_percent() {
+    let l = layer(Config { cuda_limit: DeviceLimit::Bytes(256 * MB as u64), ..Config::default() }, &[8 * GB]);
+    let a = l.malloc(200 * MB).unwrap();
+    assert_eq!(l.malloc(100 * MB), Err(DeviceError::CapReached));
+    l.free(a).unwrap();
+    assert!(l.malloc(100 * MB).is_ok(), "freed segment given back under the cap");
+    let l = layer(Config { cuda_limit: DeviceLimit::Percent(50), ..Config::default() }, &[1 * GB]);
+    assert!(l.malloc(400 * MB).is_ok());
+    assert_eq!(l.malloc(200 * MB), Err(DeviceError::CapReached));
+    let (free, total) = l.mem_info().unwrap();
+    assert_eq!(total, GB);
+    assert!(free <= 512 * MB - 400 * MB, "free reflects the cap: {free}");
+}
+
+#[test]
+fn mem_info_counts_cached_bytes_as_free() {
+    let l = layer(Config::default(), &[4 * GB]);
+    let (free0, _) = l.mem_info().unwrap();
+    let a = l.malloc(512 * MB).unwrap();
+    l.free(a).unwrap();
+    let (free1, _) = l.mem_info().unwrap();
+    assert_eq!(free1, free0, "the cached 512 MB still count as free");
+}
+
+#[test]
+fn blocks_return_to_their_own_device() {
+    let l = layer(Config::default(), &[4 * GB, 4 * GB]);
+    let a = l.malloc(64 * MB).unwrap();
+    l.runtime().set_device(1).unwrap();
+    let b = l.malloc(64 * MB).unwrap();
+    assert_eq!(l.free(a), Ok(Freed::Pooled), "device 0's block freed while device 1 is current");
+    assert_eq!(l.malloc(64 * MB).unwrap_or(0) != a, true, "device 1 does not get device 0's block");
+    l.runtime().set_device(0).unwrap();
+    assert_eq!(l.malloc(64 * MB).unwrap(), a);
+    assert_eq!(l.runtime().device(0).syncs, 1, "the owning device was synchronized");
+    l.free(b).unwrap();
+}
+
+#[test]
+fn foreign_pointers_and_pass_through() {
+    let l = layer(Config::default(), &[4 * GB]);
+    assert_eq!(l.free(0xdead_0000), Ok(Freed::NotOurs));
+    let l = layer(Config { cuda_pool: crate::config::CudaPool::None, ..Config::default() }, &[4 * GB]);
+    let a = l.malloc(64 * MB).unwrap();
+    assert_eq!(l.free(a), Ok(Freed::NotOurs), "pool off: the runtime frees it");
+    assert_eq!(l.runtime().device(0).mallocs, 1);
+    let l = layer(Config { disabled: true, ..Config::default() }, &[4 * GB]);
+    l.malloc(64 * MB).unwrap();
+    assert_eq!(l.passthrough.get(), 1);
+}
+
+#[test]
+fn stream_frees_are_reused_on_that_stream_without_sync() {
+    let l = layer(Config::default(), &[4 * GB]);
+    let a = l.malloc_on_stream(64 * MB, 0, 0x77).unwrap();
+    assert_eq!(l.free_on_stream(a, 0, 0x77), Freed::Pooled);
+    assert_eq!(l.malloc_on_stream(64 * MB, 0, 0x77).unwrap(), a);
+    assert_eq!(l.runtime().device(0).syncs, 0);
+}
+
+#[test]
+fn pinned_memory_is_cached_and_trimmed() {
+    let l = layer(Config::default(), &[4 * GB]);
+    let p = l.host_alloc(100 * MB, 0).unwrap();
+    assert_eq!(l.host_free(p), Ok(Freed::Pooled));
+    assert_eq!(l.host_alloc(100 * MB, 0).unwrap(), p);
+    assert_eq!(l.runtime().host_allocs(), 1);
+    assert_eq!(l.host_free(0x1234_0000), Ok(Freed::NotOurs));
+    l.host_free(p).unwrap();
+    assert!(l.trim() >= 100 * MB as u64);
+    assert_eq!(l.runtime().pinned_bytes(), 0);
+}

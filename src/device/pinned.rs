@@ -1,0 +1,197 @@
+//! The pinned host memory cache (cudaMallocHost / cudaHostAlloc / cudaFreeHost): pinning costs
+//! milliseconds for large sizes, so freed blocks are kept, bounded in count and bytes, and
+//! reused by a request of the same size class and flags. Bookkeeping only, like the pool.
+
+use super::table::{AddrMap, Slab};
+use crate::host::cache::{Range, RangeList};
+use crate::host::registry::TableSource;
+
+const SLOTS: usize = 64;
+const LIVE_CAPACITY: u32 = 1 << 16;
+const MAP_CAPACITY: usize = 1 << 17;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PinnedBlock {
+    pub addr: u64,
+    pub len: u64,
+    pub flags: u32,
+    freed_seq: u64,
+}
+
+/// Size classes: whole pages, then four classes per power of two.
+pub fn pinned_class(size: u64) -> u64 {
+    let size = size.max(1).div_ceil(4096) * 4096;
+    let step = ((1u64 << (63 - size.leading_zeros())) >> 2).max(4096);
+    size.div_ceil(step) * step
+}
+
+pub struct PinnedCache {
+    free: [Option<PinnedBlock>; SLOTS],
+    live_records: Slab<PinnedBlock>,
+    live: AddrMap,
+    limit_bytes: u64,
+    cached_bytes: u64,
+    seq: u64,
+    ready: bool,
+    pub requests: u64,
+    pub hits: u64,
+    pub peak_cached_bytes: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum PinnedFree {
+    NotOurs,
+    /// Kept; the caller gives `evicted` (older blocks pushed out) back with cudaFreeHost.
+    Cached { evicted: RangeList },
+    /// Not kept (larger than the whole cache): the caller gives it back.
+    Refused,
+}
+
+impl PinnedCache {
+    pub const fn new() -> Self {
+        PinnedCache {
+            free: [None; SLOTS],
+            live_records: Slab::empty(),
+            live: AddrMap::empty(),
+            limit_bytes: 0,
+            cached_bytes: 0,
+            seq: 0,
+            ready: false,
+            requests: 0,
+            hits: 0,
+            peak_cached_bytes: 0,
+        }
+    }
+
+    pub fn init(&mut self, limit_bytes: u64, source: TableSource) -> bool {
+        if !self.ready {
+            self.limit_bytes = limit_bytes;
+            self.ready = self.live_records.init(LIVE_CAPACITY, source) && self.live.init(MAP_CAPACITY, source);
+        }
+        self.ready
+    }
+
+    pub fn cached_bytes(&self) -> u64 {
+        self.cached_bytes
+    }
+
+    /// A cached block of `size`'s class with the same flags, if any.
+    pub fn take(&mut self, size: u64, flags: u32) -> Option<u64> {
+        self.requests += 1;
+        let len = pinned_class(size);
+        let index = self.free.iter().position(|s| s.is_some_and(|b| b.len == len && b.flags == flags))?;
+        let block = self.free.get(index).copied().flatten()?;
+        // Untrackable (tables full): leave it cached and let the caller allocate fresh.
+        if !self.track(block) {
+            return None;
+        }
+        if let Some(slot) = self.free.get_mut(index) {
+            *slot = None;
+        }
+        self.cached_bytes -= block.len;
+        self.hits += 1;
+        Some(block.addr)
+    }
+
+    /// The length to pin for a request that missed.
+    pub fn len_for(&self, size: u64) -> u64 {
+        pinned_class(size)
+    }
+
+    /// Records a freshly pinned block; false when the tables are full (leave it untracked).
+    pub fn add_live(&mut self, addr: u64, len: u64, flags: u32) -> bool {
+        self.track(PinnedBlock { addr, len, flags, freed_seq: 0 })
+    }
+
+    fn track(&mut self, block: PinnedBlock) -> bool {
+        let Some(i) = self.live_records.insert(block) else { return false };
+        if !self.live.insert(block.addr, i) {
+            self.live_records.remove(i);
+            return false;
+        }
+        true
+    }
+
+    pub fn owns(&self, addr: u64) -> bool {
+        self.live.get(addr).is_some()
+    }
+
+    pub fn free(&mut self, addr: u64) -> PinnedFree {
+        let Some(i) = self.live.remove(addr) else { return PinnedFree::NotOurs };
+        let mut block = *self.live_records.get(i);
+        self.live_records.remove(i);
+        if block.len > self.limit_bytes {
+            return PinnedFree::Refused;
+        }
+        self.seq += 1;
+        block.freed_seq = self.seq;
+        let mut evicted = RangeList::new();
+        while self.cached_bytes + block.len > self.limit_bytes || self.free.iter().all(|s| s.is_some()) {
+            let oldest = self.free.iter_mut().filter(|s| s.is_some()).min_by_key(|s| s.map_or(u64::MAX, |b| b.freed_seq));
+            let Some(old) = oldest.and_then(|s| s.take()) else { break };
+            self.cached_bytes -= old.len;
+            evicted.push(Range { addr: old.addr as usize, len: old.len as usize });
+        }
+        if let Some(slot) = self.free.iter_mut().find(|s| s.is_none()) {
+            *slot = Some(block);
+            self.cached_bytes += block.len;
+            self.peak_cached_bytes = self.peak_cached_bytes.max(self.cached_bytes);
+        }
+        PinnedFree::Cached { evicted }
+    }
+
+    /// Empties the cache into `out`; returns how many were written.
+    pub fn drain(&mut self, out: &mut [(u64, u64)]) -> usize {
+        let mut n = 0;
+        for slot in self.free.iter_mut() {
+            if let (Some(b), Some(o)) = (*slot, out.get_mut(n)) {
+                *o = (b.addr, b.len);
+                *slot = None;
+                self.cached_bytes -= b.len;
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+impl Default for PinnedCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::table::leak_table;
+
+    #[test]
+    fn reuses_same_class_and_flags_and_bounds_bytes() {
+        let mut c = Box::new(PinnedCache::new());
+        assert!(c.init(64 << 20, leak_table));
+        assert_eq!(c.take(10 << 20, 0), None);
+        let len = c.len_for(10 << 20);
+        assert_eq!(len, 10 << 20);
+        assert!(c.add_live(0x1000_0000, len, 0));
+        assert!(matches!(c.free(0x1000_0000), PinnedFree::Cached { evicted } if evicted.is_empty()));
+        assert!(matches!(c.free(0x1000_0000), PinnedFree::NotOurs), "double free is not ours");
+        assert_eq!(c.take(9 << 20, 1), None, "other flags");
+        assert_eq!(c.take((9 << 20) + 1, 0), Some(0x1000_0000), "same class");
+        assert_eq!(c.hits, 1);
+        // Over the byte limit the oldest blocks go.
+        c.free(0x1000_0000);
+        c.add_live(0x2000_0000, c.len_for(40 << 20), 0);
+        c.add_live(0x3000_0000, c.len_for(40 << 20), 0);
+        assert!(matches!(c.free(0x2000_0000), PinnedFree::Cached { .. }));
+        let PinnedFree::Cached { evicted } = c.free(0x3000_0000) else { panic!() };
+        let evicted: Vec<_> = evicted.iter().map(|r| (r.addr, r.len)).collect();
+        assert_eq!(evicted, vec![(0x1000_0000, 10 << 20), (0x2000_0000, 40 << 20)]);
+        c.add_live(0x4000_0000, c.len_for(100 << 20), 0);
+        assert!(matches!(c.free(0x4000_0000), PinnedFree::Refused));
+        assert_eq!(c.cached_bytes(), 40 << 20);
+        let mut out = [(0, 0); 64];
+        assert_eq!(c.drain(&mut out), 1);
+        assert_eq!(c.cached_bytes(), 0);
+    }
+}

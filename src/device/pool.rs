@@ -1,0 +1,486 @@
+//! One device's caching pool: bookkeeping only. It never calls CUDA: it says what it needs (a
+//! new segment, a device synchronization) and the caller does it outside the lock, then tells
+//! the pool (`add_segment`, `mark_all_synced`). Tested over a simulated device.
+//
+// Note [Safe reuse]
+// cudaFree synchronizes the device, so a program may free a block while kernels that use it
+// are still queued on any stream, and count on the memory not being reused too early. Each free
+// block carries a tag saying who may reuse it with no synchronization:
+// - SYNCED: every piece of work issued before its free has finished (the caller synchronized
+//   the device at free, the default, or later in `mark_all_synced`);
+// - PENDING: freed by cudaFree in the deferred mode; usable only after a device sync;
+// - a stream tag: freed through the pluggable allocator on that stream; stream order makes it
+//   safe for a later allocation on the same stream, and for others after a device sync.
+// An allocation takes only blocks it may use; when the only fitting blocks are PENDING the
+// pool asks for a sync first, so deferred mode never grows memory in a free/alloc loop.
+
+use super::table::{AddrMap, Slab, NONE};
+use crate::host::registry::TableSource;
+
+pub const SYNCED: u64 = 0;
+pub const PENDING: u64 = 1;
+
+/// The reuse tag for blocks freed on `stream` (a cudaStream_t, 0 for the legacy stream).
+pub fn stream_tag(stream: usize) -> u64 {
+    (stream as u64).wrapping_add(2).max(2)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    Split,
+    Binned,
+}
+
+const ROUND: u64 = 512;
+const SMALL_LIMIT: u64 = 1 << 20;
+const SMALL_SEGMENT: u64 = 2 << 20;
+const MEDIUM_LIMIT: u64 = 10 << 20;
+const MEDIUM_SEGMENT: u64 = 20 << 20;
+const LARGE_ROUND: u64 = 2 << 20;
+/// Free blocks above this are never split (Note in mod.rs) ...
+const MAX_SPLIT: u64 = 256 << 20;
+/// ... and serve a request only if they waste at most this.
+const HUGE_WASTE: u64 = 20 << 20;
+const BINS: usize = 64;
+const BLOCK_CAPACITY: u32 = 1 << 20;
+const MAP_CAPACITY: usize = 1 << 21;
+
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    addr: u64,
+    size: u64,
+    seg_prev: u32,
+    seg_next: u32,
+    bin_prev: u32,
+    bin_next: u32,
+    allocated: bool,
+    small: bool,
+    tag: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Alloc {
+    Hit { addr: u64, size: u64 },
+    /// Fitting blocks exist but need a device sync first (Note [Safe reuse]).
+    NeedSync,
+    /// Map a segment of this many bytes, `add_segment` it, and ask again.
+    NeedSegment { len: u64, small: bool },
+    /// Tables full: serve this request straight from the runtime, untracked.
+    Untracked,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    pub requests: u64,
+    pub hits: u64,
+    pub segments_mapped: u64,
+    pub segments_released: u64,
+    pub syncs: u64,
+    pub oom_retries: u64,
+    pub oom_failures: u64,
+    pub reserved_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub live_bytes: u64,
+    pub peak_live_bytes: u64,
+}
+
+pub struct DevicePool {
+    strategy: Strategy,
+    limit_bytes: u64,
+    blocks: Slab<Block>,
+    live: AddrMap,
+    bins: [[u32; BINS]; 2],
+    pending_free_bytes: u64,
+    other_tag_free_bytes: u64,
+    pub stats: PoolStats,
+    ready: bool,
+    /// A segment was just added for the request being served: its next allocation is a miss.
+    serving_miss: bool,
+}
+
+fn bin_of(size: u64) -> usize {
+    (63 - size.max(1).leading_zeros()) as usize
+}
+
+/// Binned strategy's classes: four per power of two, so at most 25% is wasted.
+fn class_of(size: u64) -> u64 {
+    let size = size.max(ROUND);
+    let step = (1u64 << bin_of(size)) >> 2;
+    size.div_ceil(step.max(ROUND)) * step.max(ROUND)
+}
+
+impl DevicePool {
+    pub const fn new() -> Self {
+        DevicePool {
+            strategy: Strategy::Split,
+            limit_bytes: u64::MAX,
+            blocks: Slab::empty(),
+            live: AddrMap::empty(),
+            bins: [[NONE; BINS]; 2],
+            pending_free_bytes: 0,
+            other_tag_free_bytes: 0,
+            stats: PoolStats {
+                requests: 0,
+                hits: 0,
+                segments_mapped: 0,
+                segments_released: 0,
+                syncs: 0,
+                oom_retries: 0,
+                oom_failures: 0,
+                reserved_bytes: 0,
+                peak_reserved_bytes: 0,
+                live_bytes: 0,
+                peak_live_bytes: 0,
+            },
+            ready: false,
+            serving_miss: false,
+        }
+    }
+
+    /// Maps the tables; false when the system refuses (the caller passes requests through).
+    pub fn init(&mut self, strategy: Strategy, limit_bytes: u64, source: TableSource) -> bool {
+        if !self.ready {
+            self.strategy = strategy;
+            self.limit_bytes = limit_bytes;
+            self.ready = self.blocks.init(BLOCK_CAPACITY, source) && self.live.init(MAP_CAPACITY, source);
+        }
+        self.ready
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    pub fn limit_bytes(&self) -> u64 {
+        self.limit_bytes
+    }
+
+    /// Bytes reserved from the device but not handed out: memory cudaMemGetInfo reports as free.
+    pub fn cached_bytes(&self) -> u64 {
+        self.stats.reserved_bytes - self.stats.live_bytes
+    }
+
+    pub fn owns(&self, addr: u64) -> bool {
+        self.live.get(addr).is_some()
+    }
+
+    /// The size actually reserved for a request.
+    fn rounded(&self, size: u64) -> u64 {
+        match self.strategy {
+            Strategy::Binned => class_of(size),
+            Strategy::Split => size.max(1).div_ceil(ROUND) * ROUND,
+        }
+    }
+
+    fn segment_for(&self, need: u64) -> (u64, bool) {
+        match self.strategy {
+            Strategy::Binned => (need, false),
+            Strategy::Split if need < SMALL_LIMIT => (SMALL_SEGMENT, true),
+            Strategy::Split if need < MEDIUM_LIMIT => (MEDIUM_SEGMENT, false),
+            Strategy::Split => (need.div_ceil(LARGE_ROUND) * LARGE_ROUND, false),
+        }
+    }
+
+    /// Would a new segment of `len` bytes stay under the cap?
+    pub fn fits_cap(&self, len: u64) -> bool {
+        self.stats.reserved_bytes.saturating_add(len) <= self.limit_bytes
+    }
+
+    pub fn alloc(&mut self, size: u64, tag: u64) -> Alloc {
+        self.stats.requests += 1;
+        let need = self.rounded(size);
+        let small = self.strategy == Strategy::Split && need < SMALL_LIMIT;
+        if let Some(index) = self.find_fit(need, small, tag) {
+            if let Some(addr) = self.take(index, need) {
+                if !core::mem::take(&mut self.serving_miss) {
+                    self.stats.hits += 1;
+                }
+                return Alloc::Hit { addr, size: need };
+            }
+            return Alloc::Untracked;
+        }
+        self.stats.requests -= 1; // counted again when the caller asks again
+        if self.pending_free_bytes >= need {
+            return Alloc::NeedSync;
+        }
+        let (len, small) = self.segment_for(need);
+        Alloc::NeedSegment { len, small }
+    }
+
+    fn usable(&self, b: &Block, need: u64, tag: u64) -> bool {
+        if b.size < need || !(b.tag == SYNCED || b.tag == tag) {
+            return false;
+        }
+        match self.strategy {
+            Strategy::Binned => b.size == need,
+            Strategy::Split => b.size <= MAX_SPLIT || b.size - need <= HUGE_WASTE,
+        }
+    }
+
+    fn find_fit(&self, need: u64, small: bool, tag: u64) -> Option<u32> {
+        let lists = &self.bins[usize::from(small)];
+        for head in lists.iter().skip(bin_of(need)) {
+            let mut best: Option<(u64, u64, u32)> = None;
+            let mut i = *head;
+            while i != NONE {
+                let b = self.blocks.get(i);
+                if self.usable(b, need, tag) && best.is_none_or(|(s, a, _)| (b.size, b.addr) < (s, a)) {
+                    best = Some((b.size, b.addr, i));
+                }
+                i = b.bin_next;
+            }
+            if let Some((_, _, index)) = best {
+                return Some(index);
+            }
+        }
+        None
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let b = *self.blocks.get(i);
+        if b.bin_prev != NONE {
+            self.blocks.get_mut(b.bin_prev).bin_next = b.bin_next;
+        } else if let Some(head) = self.bins.get_mut(usize::from(b.small)).and_then(|l| l.get_mut(bin_of(b.size))) {
+            *head = b.bin_next;
+        }
+        if b.bin_next != NONE {
+            self.blocks.get_mut(b.bin_next).bin_prev = b.bin_prev;
+        }
+        self.account_free(&b, false);
+    }
+
+    fn link(&mut self, i: u32) {
+        let b = *self.blocks.get(i);
+        let Some(head) = self.bins.get_mut(usize::from(b.small)).and_then(|l| l.get_mut(bin_of(b.size))) else { return };
+        let old = *head;
+        *head = i;
+        {
+            let r = self.blocks.get_mut(i);
+            r.bin_prev = NONE;
+            r.bin_next = old;
+        }
+        if old != NONE {
+            self.blocks.get_mut(old).bin_prev = i;
+        }
+        self.account_free(&b, true);
+    }
+
+    fn account_free(&mut self, b: &Block, adding: bool) {
+        let counter = match b.tag {
+            SYNCED => return,
+            PENDING => &mut self.pending_free_bytes,
+            _ => &mut self.other_tag_free_bytes,
+        };
+        if adding {
+            *counter += b.size;
+        } else {
+            *counter -= b.size;
+        }
+    }
+
+    /// Hands out free block `i` for `need` bytes, splitting off the rest when worthwhile.
+    fn take(&mut self, i: u32, need: u64) -> Option<u64> {
+        self.unlink(i);
+        let b = *self.blocks.get(i);
+        let rest = b.size - need;
+        let split = self.strategy == Strategy::Split
+            && b.size <= MAX_SPLIT
+            && if b.small { rest >= ROUND } else { rest > SMALL_LIMIT };
+        if split {
+            let tail = Block { addr: b.addr + need, size: rest, seg_prev: i, seg_next: b.seg_next, allocated: false, ..b };
+            if let Some(t) = self.blocks.insert(tail) {
+                if b.seg_next != NONE {
+                    self.blocks.get_mut(b.seg_next).seg_prev = t;
+                }
+                let r = self.blocks.get_mut(i);
+                r.size = need;
+                r.seg_next = t;
+                self.link(t);
+            }
+        }
+        if !self.live.insert(b.addr, i) {
+            self.link(i);
+            return None;
+        }
+        let r = self.blocks.get_mut(i);
+        r.allocated = true;
+        let size = r.size;
+        self.stats.live_bytes += size;
+        self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(self.stats.live_bytes);
+        Some(b.addr)
+    }
+
+    /// Records a segment the caller mapped after `NeedSegment`.
+    pub fn add_segment(&mut self, addr: u64, len: u64, small: bool) -> bool {
+        let block = Block { addr, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED };
+        let Some(i) = self.blocks.insert(block) else { return false };
+        self.link(i);
+        self.serving_miss = true;
+        self.stats.segments_mapped += 1;
+        self.stats.reserved_bytes += len;
+        self.stats.peak_reserved_bytes = self.stats.peak_reserved_bytes.max(self.stats.reserved_bytes);
+        true
+    }
+
+    /// Takes a block back; `None` when `addr` is not a live block of this pool. Returns the
+    /// block's size.
+    pub fn free(&mut self, addr: u64, tag: u64) -> Option<u64> {
+        let i = self.live.remove(addr)?;
+        let size = {
+            let r = self.blocks.get_mut(i);
+            r.allocated = false;
+            r.tag = tag;
+            r.size
+        };
+        self.stats.live_bytes -= size;
+        let merged = self.merge_neighbours(i);
+        self.link(merged);
+        Some(size)
+    }
+
+    /// Merges free block `i` (not linked) with free neighbours of the same tag; returns the
+    /// surviving block, unlinked.
+    fn merge_neighbours(&mut self, mut i: u32) -> u32 {
+        if self.strategy != Strategy::Split {
+            return i;
+        }
+        let tag = self.blocks.get(i).tag;
+        let next = self.blocks.get(i).seg_next;
+        if next != NONE {
+            let n = *self.blocks.get(next);
+            if !n.allocated && n.tag == tag {
+                self.unlink(next);
+                let r = self.blocks.get_mut(i);
+                r.size += n.size;
+                r.seg_next = n.seg_next;
+                if n.seg_next != NONE {
+                    self.blocks.get_mut(n.seg_next).seg_prev = i;
+                }
+                self.blocks.remove(next);
+            }
+        }
+        let prev = self.blocks.get(i).seg_prev;
+        if prev != NONE {
+            let p = *self.blocks.get(prev);
+            if !p.allocated && p.tag == tag {
+                self.unlink(prev);
+                let b = *self.blocks.get(i);
+                let r = self.blocks.get_mut(prev);
+                r.size += b.size;
+                r.seg_next = b.seg_next;
+                if b.seg_next != NONE {
+                    self.blocks.get_mut(b.seg_next).seg_prev = prev;
+                }
+                self.blocks.remove(i);
+                i = prev;
+            }
+        }
+        i
+    }
+
+    /// The caller synchronized the device: every free block becomes reusable by anyone.
+    pub fn mark_all_synced(&mut self) {
+        self.stats.syncs += 1;
+        if self.pending_free_bytes == 0 && self.other_tag_free_bytes == 0 {
+            return;
+        }
+        for small in [false, true] {
+            for bin in 0..BINS {
+                loop {
+                    // Take one tagged block from this bin, retag and merge it, relink it.
+                    let mut i = self.bins[usize::from(small)][bin];
+                    while i != NONE && self.blocks.get(i).tag == SYNCED {
+                        i = self.blocks.get(i).bin_next;
+                    }
+                    if i == NONE {
+                        break;
+                    }
+                    self.unlink(i);
+                    self.blocks.get_mut(i).tag = SYNCED;
+                    let merged = self.merge_neighbours(i);
+                    self.link(merged);
+                }
+            }
+        }
+    }
+
+    /// Removes up to `out.len()` fully free segments (at most `max_bytes` in all) and writes
+    /// their (address, length) to `out` for the caller to cudaFree; returns how many.
+    pub fn release_free_segments(&mut self, max_bytes: u64, out: &mut [(u64, u64)]) -> usize {
+        let mut count = 0;
+        let mut released = 0u64;
+        for small in [false, true] {
+            for bin in (0..BINS).rev() {
+                let mut i = self.bins[usize::from(small)][bin];
+                while i != NONE && count < out.len() && released < max_bytes {
+                    let b = *self.blocks.get(i);
+                    let next = b.bin_next;
+                    if b.seg_prev == NONE && b.seg_next == NONE {
+                        self.unlink(i);
+                        self.blocks.remove(i);
+                        if let Some(slot) = out.get_mut(count) {
+                            *slot = (b.addr, b.size);
+                        }
+                        count += 1;
+                        released += b.size;
+                        self.stats.reserved_bytes -= b.size;
+                        self.stats.segments_released += 1;
+                    }
+                    i = next;
+                }
+            }
+        }
+        count
+    }
+
+    /// Checks the structure; tests call it after every step.
+    #[cfg(test)]
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut free_bytes = 0;
+        let mut pending = 0;
+        for small in [false, true] {
+            for bin in 0..BINS {
+                let mut i = self.bins[usize::from(small)][bin];
+                let mut prev = NONE;
+                while i != NONE {
+                    let b = self.blocks.get(i);
+                    if b.allocated || bin_of(b.size) != bin || b.small != small || b.bin_prev != prev {
+                        return Err(format!("bad free list entry {b:?} in bin {bin}"));
+                    }
+                    if b.seg_next != NONE && self.blocks.get(b.seg_next).addr != b.addr + b.size {
+                        return Err(format!("segment neighbours not adjacent: {b:?}"));
+                    }
+                    if self.strategy == Strategy::Split && b.seg_next != NONE {
+                        let n = self.blocks.get(b.seg_next);
+                        if !n.allocated && n.tag == b.tag {
+                            return Err(format!("unmerged free neighbours {b:?} {n:?}"));
+                        }
+                    }
+                    free_bytes += b.size;
+                    if b.tag == PENDING {
+                        pending += b.size;
+                    }
+                    prev = i;
+                    i = b.bin_next;
+                }
+            }
+        }
+        if free_bytes + self.stats.live_bytes != self.stats.reserved_bytes {
+            return Err(format!("free {free_bytes} + live {} != reserved {}", self.stats.live_bytes, self.stats.reserved_bytes));
+        }
+        if pending != self.pending_free_bytes {
+            return Err("pending byte count is off".into());
+        }
+        Ok(())
+    }
+}
+
+impl Default for DevicePool {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+#[path = "pool_tests.rs"]
+mod tests;

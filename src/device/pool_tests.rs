@@ -1,0 +1,191 @@
+//! The device pool over a fake address space, with an invariant check after every step and a
+//! property test against a shadow of live blocks.
+
+use super::*;
+use crate::device::table::leak_table;
+use std::collections::BTreeMap;
+
+const MB: u64 = 1 << 20;
+
+struct Harness {
+    pool: Box<DevicePool>,
+    next_segment: u64,
+    capacity: u64,
+    mapped: u64,
+}
+
+impl Harness {
+    fn new(strategy: Strategy, capacity: u64) -> Self {
+        let mut pool = Box::new(DevicePool::new());
+        assert!(pool.init(strategy, u64::MAX, leak_table));
+        Harness { pool, next_segment: 0x7000_0000_0000, capacity, mapped: 0 }
+    }
+
+    /// What the glue does: follow the pool's requests until it hits or fails.
+    fn alloc(&mut self, size: u64, tag: u64) -> Option<u64> {
+        for _ in 0..4 {
+            match self.pool.alloc(size, tag) {
+                Alloc::Hit { addr, size: got } => {
+                    assert!(got >= size);
+                    return Some(addr);
+                }
+                Alloc::NeedSync => self.pool.mark_all_synced(),
+                Alloc::NeedSegment { len, small } => {
+                    if self.mapped + len > self.capacity {
+                        self.pool.mark_all_synced();
+                        let mut out = [(0, 0); 64];
+                        let n = self.pool.release_free_segments(u64::MAX, &mut out);
+                        for &(_, l) in &out[..n] {
+                            self.mapped -= l;
+                        }
+                        if self.mapped + len > self.capacity {
+                            if n == 0 {
+                                return None;
+                            }
+                            continue;
+                        }
+                    }
+                    let addr = self.next_segment;
+                    self.next_segment += len + (2 << 20);
+                    self.mapped += len;
+                    assert!(self.pool.add_segment(addr, len, small));
+                }
+                Alloc::Untracked => panic!("tables full in a small test"),
+            }
+            self.pool.check_invariants().unwrap();
+        }
+        None
+    }
+}
+
+#[test]
+fn split_pool_reuses_splits_and_merges() {
+    let mut h = Harness::new(Strategy::Split, 1 << 40);
+    let a = h.alloc(4 * MB, SYNCED).unwrap();
+    assert_eq!(h.pool.stats.segments_mapped, 1, "one 20 MB segment");
+    let b = h.alloc(4 * MB, SYNCED).unwrap();
+    assert_eq!(h.pool.stats.segments_mapped, 1, "split from the same segment");
+    assert_eq!(b, a + 4 * MB);
+    h.pool.free(a, SYNCED).unwrap();
+    h.pool.free(b, SYNCED).unwrap();
+    h.pool.check_invariants().unwrap();
+    let c = h.alloc(18 * MB, SYNCED).unwrap();
+    assert_eq!(c, a, "merged back into one 20 MB block");
+    assert_eq!(h.pool.stats.hits, 2);
+    let small = h.alloc(1000, SYNCED).unwrap();
+    let small2 = h.alloc(1000, SYNCED).unwrap();
+    assert_eq!(small2, small + 1024);
+    assert_eq!(h.pool.stats.segments_mapped, 2, "small blocks come from their own 2 MB segment");
+    h.pool.check_invariants().unwrap();
+}
+
+#[test]
+fn huge_blocks_are_not_split_for_small_requests() {
+    let mut h = Harness::new(Strategy::Split, 1 << 40);
+    let a = h.alloc(1024 * MB, SYNCED).unwrap();
+    h.pool.free(a, SYNCED);
+    let b = h.alloc(100 * MB, SYNCED).unwrap();
+    assert_ne!(b, a, "a 1 GiB free block is not cut for 100 MB");
+    let c = h.alloc(1010 * MB, SYNCED).unwrap();
+    assert_eq!(c, a, "within 20 MB of waste it is used whole");
+    h.pool.check_invariants().unwrap();
+}
+
+#[test]
+fn binned_pool_reuses_same_class_only() {
+    let mut h = Harness::new(Strategy::Binned, 1 << 40);
+    let a = h.alloc(5 * MB, SYNCED).unwrap();
+    h.pool.free(a, SYNCED);
+    assert_eq!(h.alloc(4 * MB + 1, SYNCED), Some(a), "same class (5 MB)");
+    let b = h.alloc(9 * MB, SYNCED).unwrap();
+    h.pool.free(b, SYNCED);
+    assert_ne!(h.alloc(3 * MB, SYNCED), Some(b));
+    assert_eq!(class_of(1000), 1024);
+    assert_eq!(class_of(5 * MB + 1), 6 * MB);
+    h.pool.check_invariants().unwrap();
+}
+
+#[test]
+fn pending_blocks_need_a_sync_before_reuse() {
+    let mut h = Harness::new(Strategy::Split, 1 << 40);
+    let a = h.alloc(32 * MB, SYNCED).unwrap();
+    h.pool.free(a, PENDING);
+    assert_eq!(h.pool.alloc(32 * MB, SYNCED), Alloc::NeedSync);
+    h.pool.mark_all_synced();
+    assert_eq!(h.pool.alloc(32 * MB, SYNCED), Alloc::Hit { addr: a, size: 32 * MB });
+    h.pool.check_invariants().unwrap();
+}
+
+#[test]
+fn stream_blocks_are_reused_on_their_stream_without_sync() {
+    let mut h = Harness::new(Strategy::Split, 1 << 40);
+    let s1 = stream_tag(0x1234);
+    let s2 = stream_tag(0x5678);
+    let a = h.alloc(32 * MB, s1).unwrap();
+    h.pool.free(a, s1);
+    assert_eq!(h.pool.alloc(32 * MB, s1), Alloc::Hit { addr: a, size: 32 * MB });
+    h.pool.free(a, s1);
+    assert!(matches!(h.pool.alloc(32 * MB, s2), Alloc::NeedSegment { .. }), "another stream maps fresh memory");
+    assert_eq!(stream_tag(0), 2);
+    h.pool.check_invariants().unwrap();
+}
+
+#[test]
+fn out_of_memory_releases_free_segments_and_retries() {
+    let mut h = Harness::new(Strategy::Split, 100 * MB);
+    let a = h.alloc(60 * MB, SYNCED).unwrap();
+    h.pool.free(a, SYNCED);
+    let b = h.alloc(80 * MB, SYNCED).expect("the free 60 MB segment is given back first");
+    assert_eq!(h.pool.stats.segments_released, 1);
+    assert_eq!(h.alloc(90 * MB, SYNCED), None);
+    h.pool.free(b, SYNCED);
+    h.pool.check_invariants().unwrap();
+    assert_eq!(h.pool.cached_bytes(), 80 * MB);
+}
+
+/// Random programs over both strategies and mixed tags: no two live blocks overlap, every
+/// live block lies inside a mapped segment, and the byte accounting always adds up.
+#[test]
+fn random_programs_keep_blocks_disjoint_and_accounted() {
+    for seed in 1..=30u64 {
+        let strategy = if seed % 2 == 0 { Strategy::Split } else { Strategy::Binned };
+        let mut h = Harness::new(strategy, 2048 * MB);
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut rand = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+        for _ in 0..1500 {
+            let r = rand();
+            if r % 3 != 0 || live.is_empty() {
+                let size = match r % 4 {
+                    0 => rand() % 4096 + 1,
+                    1 => rand() % MB + 1,
+                    2 => rand() % (32 * MB) + 1,
+                    _ => rand() % (300 * MB) + 1,
+                };
+                let tag = [SYNCED, SYNCED, stream_tag(1), stream_tag(2)][(rand() % 4) as usize];
+                if let Some(addr) = h.alloc(size, tag) {
+                    if let Some((&lo, &ls)) = live.range(..=addr).next_back() {
+                        assert!(lo + ls <= addr, "overlaps the block below");
+                    }
+                    if let Some((&hi, _)) = live.range(addr + 1..).next() {
+                        assert!(addr + size <= hi, "overlaps the block above");
+                    }
+                    live.insert(addr, size);
+                }
+            } else {
+                let k = *live.keys().nth((rand() % live.len() as u64) as usize).unwrap();
+                live.remove(&k);
+                let tag = [SYNCED, PENDING, stream_tag(1)][(rand() % 3) as usize];
+                assert!(h.pool.free(k, tag).is_some());
+                assert!(h.pool.free(k, tag).is_none(), "a second free is refused");
+            }
+            h.pool.check_invariants().unwrap();
+            assert_eq!(h.pool.stats.reserved_bytes, h.mapped);
+        }
+    }
+}

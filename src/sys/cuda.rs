@@ -1,0 +1,180 @@
+//! The program's own CUDA runtime, bound lazily on the first CUDA call: dlsym(RTLD_NEXT) finds
+//! the runtime that our interposed symbols shadow; when the program loaded it with RTLD_LOCAL
+//! (Python extensions, such as PyTorch's), dlopen(RTLD_NOLOAD) reaches that same loaded copy
+//! by soname. We never load a runtime ourselves: a process without CUDA pays nothing.
+
+use crate::backing::{DeviceError, DeviceRuntime, CUDA_ERROR_INITIALIZATION};
+use core::ffi::{c_int, c_uint, c_void, CStr};
+use core::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+
+type MallocFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
+type FreeFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+type GetDeviceFn = unsafe extern "C" fn(*mut c_int) -> c_int;
+type SetDeviceFn = unsafe extern "C" fn(c_int) -> c_int;
+type SyncFn = unsafe extern "C" fn() -> c_int;
+type MemInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> c_int;
+type HostAllocFn = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int;
+type MallocHostFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
+
+/// The runtime's real entry points.
+pub struct CudaFns {
+    pub malloc: MallocFn,
+    pub free: FreeFn,
+    pub get_device: GetDeviceFn,
+    pub set_device: SetDeviceFn,
+    pub synchronize: SyncFn,
+    pub mem_get_info: MemInfoFn,
+    pub host_alloc: HostAllocFn,
+    pub malloc_host: MallocHostFn,
+    pub free_host: FreeFn,
+    pub get_last_error: SyncFn,
+}
+
+static STATE: AtomicU8 = AtomicU8::new(0); // 0 unresolved, 1 resolving, 2 done, 3 absent
+static FNS: AtomicPtr<CudaFns> = AtomicPtr::new(core::ptr::null_mut());
+static mut STORAGE: core::mem::MaybeUninit<CudaFns> = core::mem::MaybeUninit::uninit();
+
+const SONAMES: [&CStr; 5] = [c"libcudart.so.12", c"libcudart.so.13", c"libcudart.so.11.0", c"libcudart.so.10.2", c"libcudart.so"];
+
+unsafe fn find(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    libc::dlsym(handle, name.as_ptr())
+}
+
+unsafe fn resolve_in(handle: *mut c_void) -> Option<CudaFns> {
+    macro_rules! get {
+        ($name:literal, $ty:ty) => {{
+            let p = find(handle, $name);
+            if p.is_null() {
+                return None;
+            }
+            core::mem::transmute::<*mut c_void, $ty>(p)
+        }};
+    }
+    Some(CudaFns {
+        malloc: get!(c"cudaMalloc", MallocFn),
+        free: get!(c"cudaFree", FreeFn),
+        get_device: get!(c"cudaGetDevice", GetDeviceFn),
+        set_device: get!(c"cudaSetDevice", SetDeviceFn),
+        synchronize: get!(c"cudaDeviceSynchronize", SyncFn),
+        mem_get_info: get!(c"cudaMemGetInfo", MemInfoFn),
+        host_alloc: get!(c"cudaHostAlloc", HostAllocFn),
+        malloc_host: get!(c"cudaMallocHost", MallocHostFn),
+        free_host: get!(c"cudaFreeHost", FreeFn),
+        get_last_error: get!(c"cudaGetLastError", SyncFn),
+    })
+}
+
+/// True once the program has made a CUDA call through us (so trimming may call the runtime).
+pub fn is_bound() -> bool {
+    !FNS.load(Ordering::Acquire).is_null()
+}
+
+/// The real runtime, or `None` when the process has none we can reach.
+pub fn real() -> Option<&'static CudaFns> {
+    let p = FNS.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: published once, never changed.
+        return Some(unsafe { &*p });
+    }
+    resolve_slow()
+}
+
+#[cold]
+fn resolve_slow() -> Option<&'static CudaFns> {
+    if STATE.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        // Another thread is resolving: wait for it (dlsym is quick and does not call CUDA).
+        while STATE.load(Ordering::Acquire) == 1 {
+            core::hint::spin_loop();
+        }
+        let p = FNS.load(Ordering::Acquire);
+        // SAFETY: as in real().
+        return (!p.is_null()).then(|| unsafe { &*p });
+    }
+    // SAFETY: dlsym/dlopen with valid C strings; the functions found have the runtime's
+    // documented signatures. STORAGE is written once, by this thread, before publication.
+    unsafe {
+        let mut fns = resolve_in(libc::RTLD_NEXT);
+        for soname in SONAMES {
+            if fns.is_some() {
+                break;
+            }
+            let handle = libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+            if !handle.is_null() {
+                fns = resolve_in(handle);
+            }
+        }
+        match fns {
+            Some(f) => {
+                let storage = &mut *core::ptr::addr_of_mut!(STORAGE);
+                let stored: *mut CudaFns = storage.write(f);
+                FNS.store(stored, Ordering::Release);
+                STATE.store(2, Ordering::Release);
+                Some(&*stored)
+            }
+            None => {
+                STATE.store(3, Ordering::Release);
+                None
+            }
+        }
+    }
+}
+
+fn check(code: c_int) -> Result<(), DeviceError> {
+    DeviceError::from_code(code)
+}
+
+fn fns() -> Result<&'static CudaFns, DeviceError> {
+    real().ok_or(DeviceError::Other(CUDA_ERROR_INITIALIZATION))
+}
+
+/// `DeviceRuntime` over the real runtime.
+pub struct CudaRuntime;
+
+impl DeviceRuntime for CudaRuntime {
+    fn current_device(&self) -> Result<i32, DeviceError> {
+        let mut d: c_int = 0;
+        // SAFETY: writes one int.
+        check(unsafe { (fns()?.get_device)(&mut d) })?;
+        Ok(d)
+    }
+    fn set_device(&self, device: i32) -> Result<(), DeviceError> {
+        // SAFETY: plain call.
+        check(unsafe { (fns()?.set_device)(device) })
+    }
+    fn malloc(&self, len: usize) -> Result<usize, DeviceError> {
+        let mut p: *mut c_void = core::ptr::null_mut();
+        // SAFETY: writes one pointer.
+        check(unsafe { (fns()?.malloc)(&mut p, len) })?;
+        Ok(p as usize)
+    }
+    fn free(&self, addr: usize) -> Result<(), DeviceError> {
+        // SAFETY: addr came from the runtime's cudaMalloc.
+        check(unsafe { (fns()?.free)(addr as *mut c_void) })
+    }
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        // SAFETY: plain call.
+        check(unsafe { (fns()?.synchronize)() })
+    }
+    fn mem_info(&self) -> Result<(usize, usize), DeviceError> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two size_t.
+        check(unsafe { (fns()?.mem_get_info)(&mut free, &mut total) })?;
+        Ok((free, total))
+    }
+    fn host_alloc(&self, len: usize, flags: u32) -> Result<usize, DeviceError> {
+        let mut p: *mut c_void = core::ptr::null_mut();
+        // SAFETY: writes one pointer.
+        check(unsafe { (fns()?.host_alloc)(&mut p, len, flags) })?;
+        Ok(p as usize)
+    }
+    fn host_free(&self, addr: usize) -> Result<(), DeviceError> {
+        // SAFETY: addr came from the runtime's cudaHostAlloc.
+        check(unsafe { (fns()?.free_host)(addr as *mut c_void) })
+    }
+    fn clear_last_error(&self) {
+        if let Ok(f) = fns() {
+            // SAFETY: plain call; reading the error clears it.
+            unsafe { (f.get_last_error)() };
+        }
+    }
+}
