@@ -144,9 +144,10 @@ def threads():
 
 
 def idle():
-    """Seed loop, then free everything and idle past the release delay: what is still held?"""
-    ms, faults = seed()
+    """Seed loop, then free everything and idle past the release delay: how much more memory
+    (RSS minus LazyFree) does the process hold than before it started working?"""
     base = held_mb()
+    ms, faults = seed()
     rng = np.random.default_rng(7)
     arrays = [rng.random(10_000_000) for _ in range(4)]
     del arrays

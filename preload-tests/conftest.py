@@ -24,7 +24,8 @@ def compile_c(name, extra=()):
     BUILD.mkdir(parents=True, exist_ok=True)
     out = BUILD / name
     src = C_DIR / f"{name}.c"
-    if not out.exists() or out.stat().st_mtime < max(src.stat().st_mtime, (C_DIR / "check.h").stat().st_mtime):
+    deps = [src, C_DIR / "check.h", ROOT / "include" / "tensormalloc.h"]
+    if not out.exists() or out.stat().st_mtime < max(d.stat().st_mtime for d in deps):
         cmd = ["gcc", "-O1", "-g", "-Wall", "-Wno-alloc-size-larger-than", "-fno-builtin", "-pthread", "-o", str(out), str(src), "-ldl", *extra]
         subprocess.run(cmd, check=True)
     return str(out)

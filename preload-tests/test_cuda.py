@@ -71,3 +71,8 @@ def test_no_cuda_no_cost():
     """A process without CUDA never loads or resolves a runtime."""
     out = ok(run(["/bin/cat", "/proc/self/maps"]))
     assert "cudart" not in out.stdout
+
+
+def test_leak_report_lists_live_device_blocks():
+    out = ok(run([cuda_program(), "leak", "expect-pool"], env={"TENSORMALLOC_LEAKS": "1"}))
+    assert f"cuda device 0: 2 blocks still live, {64 * 2**20 + 1024} bytes" in out.stderr, out.stderr

@@ -114,7 +114,7 @@ def test_stats_report_text_and_json(tmp_path):
     ok(run([compile_c("threads")], env={"TENSORMALLOC_STATS": f"json:{path}"}))
     data = json.loads(path.read_text())
     host = data["host"]
-    assert host["requests"] == host["hits"] + host["misses"] > 0
+    assert host["requests"] == host["hits"] + host["grows"] + host["misses"] > 0
     assert host["live_bytes"] == 0 and host["peak_live_bytes"] > 0
     names = [p["name"] for p in data["phases"]]
     assert "large alloc" in names and all(p["calls"] >= 0 and p["total_ns"] >= 0 for p in data["phases"])
@@ -132,3 +132,20 @@ def test_wrapper_script_preloads():
     out = ok(run([str(ROOT / "scripts" / "tensormalloc"), compile_c("threads")], preload=False,
                  env={"TENSORMALLOC_STATS": "1"}))
     assert "tensormalloc 0.1.0 report" in out.stderr
+
+
+def test_leak_report_names_the_leaked_blocks():
+    out = ok(run([compile_c("leaky")], env={"TENSORMALLOC_LEAKS": "1"}))
+    err = out.stderr
+    # 2 x 80 MB (rounded to 2 MiB: 80 MiB) + 16 MiB, in bytes and human units
+    total = 2 * 80 * 2**20 + 16 * 2**20
+    assert f"host (large blocks): 3 blocks still live, {total} bytes (176.0 MiB)" in err, err
+    rows = [l.split() for l in err.splitlines() if l.startswith("  ") and l.split()[0].isdigit()]
+    assert rows[0][0] == "2" and rows[0][1] == str(80 * 2**20), rows  # biggest total first
+    assert rows[1][0] == "1" and rows[1][1] == str(16 * 2**20), rows
+    assert "32.0 MiB" not in err  # freed blocks are not leaks
+
+
+def test_no_leak_report_unless_asked():
+    out = ok(run([compile_c("leaky")]))
+    assert "leaks at exit" not in out.stderr

@@ -16,6 +16,10 @@ pub trait PageMemory {
     fn release(&self, addr: usize, len: usize);
     /// Resizes a mapping, moving it if needed; `None` leaves the old mapping as it was.
     fn remap(&self, addr: usize, old_len: usize, new_len: usize) -> Option<usize>;
+    /// Moves the pages of `[addr, addr+old_len)` to the start of a fresh mapping of `new_len`
+    /// bytes aligned to `align`, so a grown block keeps the pages it had (no faults for them).
+    /// `None` leaves the old mapping as it was.
+    fn grow_into(&self, addr: usize, old_len: usize, new_len: usize, align: usize) -> Option<usize>;
     /// Asks for transparent huge pages on the range.
     fn advise_huge(&self, addr: usize, len: usize);
     /// Writes zeros over the range.

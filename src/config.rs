@@ -89,7 +89,7 @@ impl Config {
             cache_bytes: GIB,
             release_ms: 1000,
             expire_ms: 10_000,
-            max_waste_percent: 25,
+            max_waste_percent: 50,
             hugepages: HugePages::Auto,
             stats: StatsOutput::Off,
             stats_path: [0; STATS_PATH_MAX],
@@ -151,7 +151,7 @@ pub static OPTIONS: &[OptionSpec] = &[
     },
     OptionSpec {
         name: "TENSORMALLOC_MAX_WASTE",
-        default: "25",
+        default: "50",
         doc: "percent of a cached block a request may leave unused; past it the block is split (0 to 100)",
         apply: |c, v| parse_u64_in(v, 0, 100).map(|n| c.max_waste_percent = n),
     },

@@ -10,6 +10,7 @@ pub mod backing;
 pub mod config;
 pub mod device;
 pub mod host;
+pub mod leaks;
 pub mod report;
 pub mod route;
 #[cfg(any(test, feature = "no-interpose"))]

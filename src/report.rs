@@ -22,6 +22,7 @@ pub struct Snapshot {
     pub host_requests: u64,
     pub host_hits: u64,
     pub host_misses: u64,
+    pub host_grows: u64,
     pub host_hit_bytes: u64,
     pub host_frees: u64,
     pub host_live_bytes: u64,
@@ -62,6 +63,7 @@ impl Snapshot {
             host_requests: s.requests.get(),
             host_hits: s.hits.get(),
             host_misses: s.misses.get(),
+            host_grows: s.grows.get(),
             host_hit_bytes: s.hit_bytes.get(),
             host_frees: s.frees.get(),
             host_live_bytes: s.live.current(),
@@ -144,12 +146,13 @@ fn percent(part: u64, whole: u64) -> f64 {
 /// One row of the phase table: (indent, name, timer).
 type PhaseRow<'a> = (usize, &'a str, &'a PhaseTimer);
 
-fn phase_rows() -> [PhaseRow<'static>; 9] {
+fn phase_rows() -> [PhaseRow<'static>; 10] {
     let p = &HOST.stats.phases;
     [
         (0, "large alloc", &p.alloc),
         (1, "cache hit", &p.alloc_hit),
         (1, "zero (calloc hit)", &p.alloc_zero),
+        (1, "grow a smaller block (miss)", &p.alloc_grow),
         (1, "fresh mmap (miss)", &p.alloc_map),
         (0, "large free", &p.free),
         (1, "munmap (evict, refuse)", &p.free_unmap),
@@ -169,10 +172,11 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     )?;
     writeln!(
         w,
-        "  requests {}  hits {} ({:.1}%)  misses {}  served from cache {}",
+        "  requests {}  hits {} ({:.1}%)  grown {}  misses {}  served from cache {}",
         s.host_requests,
         s.host_hits,
         percent(s.host_hits, s.host_requests),
+        s.host_grows,
         s.host_misses,
         Bytes(s.host_hit_bytes)
     )?;
@@ -256,8 +260,8 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     write!(w, "{{\"version\":{},\"pid\":{},\"enabled\":{},", s.version, std::process::id(), s.enabled != 0)?;
     write!(
         w,
-        "\"host\":{{\"threshold_bytes\":{},\"requests\":{},\"hits\":{},\"misses\":{},\"hit_bytes\":{},\"frees\":{},",
-        s.threshold_bytes, s.host_requests, s.host_hits, s.host_misses, s.host_hit_bytes, s.host_frees
+        "\"host\":{{\"threshold_bytes\":{},\"requests\":{},\"hits\":{},\"grows\":{},\"misses\":{},\"hit_bytes\":{},\"frees\":{},",
+        s.threshold_bytes, s.host_requests, s.host_hits, s.host_grows, s.host_misses, s.host_hit_bytes, s.host_frees
     )?;
     write!(
         w,
@@ -336,6 +340,11 @@ impl<T: fmt::Display> ToStack for T {
     }
 }
 
+/// A `Display` rendered on the stack so width and alignment apply to it whole.
+pub fn pad<T: fmt::Display>(value: T) -> StackStr {
+    value.to_stack()
+}
+
 /// Writes the report where the configuration says, whatever `stats` is set to (tm_print_stats).
 pub fn write_report(config: &Config) {
     let snap = Snapshot::take();
@@ -352,6 +361,9 @@ pub fn write_report(config: &Config) {
 pub fn at_exit(config: &Config) {
     if config.stats != StatsOutput::Off {
         write_report(config);
+    }
+    if config.leaks {
+        crate::leaks::report_at_exit();
     }
 }
 

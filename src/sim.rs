@@ -135,6 +135,16 @@ impl PageMemory for SimPages {
         Some(fresh)
     }
 
+    fn grow_into(&self, addr: usize, old_len: usize, new_len: usize, align: usize) -> Option<usize> {
+        assert!(self.is_mapped(addr, old_len), "grow of unmapped memory");
+        let fresh = self.map(new_len, align)?;
+        let mut st = self.state.lock().unwrap();
+        Self::remove_range(&mut st.mapped, addr, old_len);
+        st.calls.maps -= 1;
+        st.calls.remaps += 1;
+        Some(fresh)
+    }
+
     fn advise_huge(&self, addr: usize, len: usize) {
         assert!(self.is_mapped(addr, len));
     }

@@ -125,6 +125,11 @@ static void pluggable(void) {
     release(c, 32 * MB, 1, (void *)0x6000);
 }
 
+static void leak(void) {
+    void *p = NULL, *q = NULL;
+    CHECK(cudaMalloc(&p, 64 * MB) == 0 && cudaMalloc(&q, 1000) == 0);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 3);
     pooled = strcmp(argv[2], "expect-pool") == 0;
@@ -137,6 +142,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "safe-reuse")) safe_reuse();
     else if (!strcmp(s, "meminfo")) meminfo();
     else if (!strcmp(s, "pluggable")) pluggable();
+    else if (!strcmp(s, "leak")) leak();
     else CHECK(!"unknown scenario");
     printf("%s ok\n", s);
     return 0;

@@ -133,7 +133,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         };
         let mut released = false;
         for _ in 0..MAX_STEPS {
-            let decision = pool.lock().alloc(size as u64, tag);
+            let now = crate::sys::clock::now_ns();
+            let decision = pool.lock().alloc(size as u64, tag, now);
             match decision {
                 Alloc::Hit { addr, .. } => return Ok(addr as usize),
                 Alloc::Untracked => {

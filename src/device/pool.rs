@@ -56,6 +56,7 @@ struct Block {
     allocated: bool,
     small: bool,
     tag: u64,
+    born_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,12 +187,12 @@ impl DevicePool {
         self.stats.reserved_bytes.saturating_add(len) <= self.limit_bytes
     }
 
-    pub fn alloc(&mut self, size: u64, tag: u64) -> Alloc {
+    pub fn alloc(&mut self, size: u64, tag: u64, now_ns: u64) -> Alloc {
         self.stats.requests += 1;
         let need = self.rounded(size);
         let small = self.strategy == Strategy::Split && need < SMALL_LIMIT;
         if let Some(index) = self.find_fit(need, small, tag) {
-            if let Some(addr) = self.take(index, need) {
+            if let Some(addr) = self.take(index, need, now_ns) {
                 if !core::mem::take(&mut self.serving_miss) {
                     self.stats.hits += 1;
                 }
@@ -279,7 +280,7 @@ impl DevicePool {
     }
 
     /// Hands out free block `i` for `need` bytes, splitting off the rest when worthwhile.
-    fn take(&mut self, i: u32, need: u64) -> Option<u64> {
+    fn take(&mut self, i: u32, need: u64, now_ns: u64) -> Option<u64> {
         self.unlink(i);
         let b = *self.blocks.get(i);
         let rest = b.size - need;
@@ -304,6 +305,7 @@ impl DevicePool {
         }
         let r = self.blocks.get_mut(i);
         r.allocated = true;
+        r.born_ns = now_ns;
         let size = r.size;
         self.stats.live_bytes += size;
         self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(self.stats.live_bytes);
@@ -312,7 +314,7 @@ impl DevicePool {
 
     /// Records a segment the caller mapped after `NeedSegment`.
     pub fn add_segment(&mut self, addr: u64, len: u64, small: bool) -> bool {
-        let block = Block { addr, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED };
+        let block = Block { addr, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0 };
         let Some(i) = self.blocks.insert(block) else { return false };
         self.link(i);
         self.serving_miss = true;
@@ -431,6 +433,14 @@ impl DevicePool {
             }
         }
         count
+    }
+
+    /// Calls `f(addr, size, born_ns)` for every live block (the leak report).
+    pub fn for_each_live(&self, mut f: impl FnMut(u64, u64, u64)) {
+        self.live.for_each(|addr, index| {
+            let b = self.blocks.get(index);
+            f(addr, b.size, b.born_ns);
+        });
     }
 
     /// Checks the structure; tests call it after every step.

@@ -205,6 +205,19 @@ impl AddrMap {
         self.len
     }
 
+    /// Every (key, value), in no particular order.
+    pub fn for_each(&self, mut f: impl FnMut(u64, u32)) {
+        if self.slots.is_null() {
+            return;
+        }
+        for i in 0..=self.mask {
+            let s = self.read(i);
+            if s.occupied != 0 {
+                f(s.key, s.value);
+            }
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -188,6 +188,27 @@ impl BlockCache {
         Some(taken)
     }
 
+    /// On a miss: the largest available block smaller than `need`, to be grown (its pages are
+    /// kept, so only the difference faults). Only plain page alignment can be grown into.
+    pub fn take_smaller(&mut self, need: usize) -> Option<Taken> {
+        let index = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.filter(|b| b.state != BlockState::Releasing && b.len < need).map(|b| (i, b.len)))
+            .max_by_key(|&(_, len)| len)?
+            .0;
+        let block = self.slots.get_mut(index)?.take()?;
+        self.cached_bytes -= block.len;
+        Some(Taken {
+            addr: block.addr,
+            len: block.len,
+            was_released: block.state == BlockState::Released,
+            tail_to_unmap: None,
+            tail_kept: None,
+        })
+    }
+
     /// Offers a freed block. Older blocks are evicted (least recently freed first) to respect
     /// the block and byte limits; a block larger than the byte limit is refused.
     pub fn insert(&mut self, addr: usize, len: usize, now_ns: u64) -> Inserted {
@@ -377,6 +398,19 @@ mod tests {
         c.insert(0xa000_0000, 11 * MB, 0);
         let t = c.take(8 * MB, 4096).unwrap();
         assert_eq!(t.tail_to_unmap, Some(Range { addr: 0xa000_0000 + 8 * MB, len: 3 * MB }));
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_miss_can_grow_the_largest_smaller_block() {
+        let mut c = BlockCache::new(limits());
+        c.insert(0x1000_0000, 8 * MB, 0);
+        c.insert(0x2000_0000, 40 * MB, 1);
+        c.insert(0x3000_0000, 90 * MB, 2);
+        assert!(c.take(100 * MB, 4096).is_none());
+        let t = c.take_smaller(100 * MB).unwrap();
+        assert_eq!((t.addr, t.len), (0x3000_0000, 90 * MB));
+        assert_eq!(c.cached_bytes(), 48 * MB);
         c.check_invariants().unwrap();
     }
 

@@ -123,7 +123,7 @@ impl<M: PageMemory> HostLayer<M> {
             let taken = cache.take(need, align);
             if let Some(t) = &taken {
                 // The leaf exists: the block was recorded as cached.
-                let _ = self.registry.set_live(t.addr, t.len);
+                let _ = self.registry.set_live(t.addr, t.len, hit_start);
                 if let Some(tail) = t.tail_kept {
                     let _ = self.registry.set_cached(tail.addr, tail.len);
                 }
@@ -151,15 +151,53 @@ impl<M: PageMemory> HostLayer<M> {
             return Some(t.addr);
         }
 
+        if let Some(addr) = self.grow_cached(need, align.max(granule), hit_start) {
+            if zeroed {
+                self.timed(&self.stats.phases.alloc_zero, || self.memory.zero(addr, size));
+            }
+            self.stats.live.add(need as u64);
+            return Some(addr);
+        }
         self.stats.misses.add(1);
         let addr = self.timed(&self.stats.phases.alloc_map, || self.map_fresh(need, align.max(granule)))?;
-        if !self.registry.set_live(addr, need) {
+        if !self.registry.set_live(addr, need, hit_start) {
             self.memory.unmap(addr, need);
             self.stats.map_failures.add(1);
             return None;
         }
         self.stats.live.add(need as u64);
         Some(addr)
+    }
+
+    /// A miss that a smaller cached block can still serve: its pages move to the start of a
+    /// fresh mapping of the needed size, so only the difference faults in.
+    fn grow_cached(&self, need: usize, align: usize, born_ns: u64) -> Option<usize> {
+        let taken = {
+            let mut cache = self.cache.lock();
+            let taken = cache.take_smaller(need);
+            if let Some(t) = &taken {
+                self.registry.clear(t.addr);
+                self.stats.cached.set(cache.cached_bytes() as u64);
+            }
+            taken
+        }?;
+        let grown = self.registry.reserve_spare().then(|| self.timed(&self.stats.phases.alloc_grow, || self.memory.grow_into(taken.addr, taken.len, need, align))).flatten();
+        match grown {
+            // Cannot fail: the spare leaf was reserved.
+            Some(addr) if self.registry.set_live(addr, need, born_ns) => {
+                self.stats.grows.add(1);
+                Some(addr)
+            }
+            Some(addr) => {
+                self.memory.unmap(addr, need);
+                None
+            }
+            None => {
+                // No room to grow: the block is worth nothing to this request; give it back.
+                self.unmap_all(&single(Range { addr: taken.addr, len: taken.len }));
+                None
+            }
+        }
     }
 
     /// A fresh mapping; under memory pressure, the cache is emptied and the mapping retried.
@@ -227,11 +265,12 @@ impl<M: PageMemory> HostLayer<M> {
 
     fn resize_untimed(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
         let (need, _) = self.block_shape(new_size)?;
+        let born = self.registry.born_ns(addr);
         if need <= len {
             let spare = len - need;
             let allowed = len / 100 * self.cache.lock().limits().max_waste_percent;
             if spare > allowed {
-                let _ = self.registry.set_live(addr, need);
+                let _ = self.registry.set_live(addr, need, born);
                 self.memory.unmap(addr + need, spare);
                 self.stats.live.sub(spare as u64);
             }
@@ -241,12 +280,12 @@ impl<M: PageMemory> HostLayer<M> {
             self.registry.clear(addr);
             if let Some(moved) = self.memory.remap(addr, len, need) {
                 // Cannot fail: the spare leaf was reserved above.
-                let _ = self.registry.set_live(moved, need);
+                let _ = self.registry.set_live(moved, need, born);
                 self.stats.remaps.add(1);
                 self.stats.live.add((need - len) as u64);
                 return Some(moved);
             }
-            let _ = self.registry.set_live(addr, len);
+            let _ = self.registry.set_live(addr, len, born);
         }
         // mremap refuses ranges that span several mappings (a program may have madvised part
         // of the block): copy instead.
@@ -307,6 +346,15 @@ impl<M: PageMemory> HostLayer<M> {
         };
         self.unmap_all(&doomed);
         deadline
+    }
+
+    /// Every live block: (address, mapped length, birth time); for the leak report.
+    pub fn for_each_live(&self, f: impl FnMut(usize, usize, u64)) {
+        self.registry.for_each_live(f);
+    }
+
+    pub fn now_ns(&self) -> u64 {
+        (self.clock)()
     }
 
     /// Cached blocks and bytes now, for the stats API.

@@ -20,6 +20,9 @@ const STATE_MASK: u64 = (1 << PAGE_SHIFT) - 1;
 const LIVE: u64 = 1;
 const CACHED: u64 = 2;
 
+/// A leaf: LEAF_ENTRIES entries, then LEAF_ENTRIES birth times (for the leak report).
+const LEAF_BYTES: usize = 2 * LEAF_ENTRIES * core::mem::size_of::<AtomicU64>();
+
 /// Supplies zeroed memory for leaves; never freed.
 pub type TableSource = fn(usize) -> Option<usize>;
 
@@ -56,7 +59,7 @@ impl Registry {
         if !spare.is_null() {
             return Some(spare);
         }
-        Some((self.table_source)(LEAF_ENTRIES * core::mem::size_of::<AtomicU64>())? as *mut AtomicU64)
+        Some((self.table_source)(LEAF_BYTES)? as *mut AtomicU64)
     }
 
     /// Makes sure the next record of a block in a new region cannot fail. Call it outside locks
@@ -68,7 +71,7 @@ impl Registry {
         if !self.spare.load(Ordering::Acquire).is_null() {
             return true;
         }
-        let Some(fresh) = (self.table_source)(LEAF_ENTRIES * core::mem::size_of::<AtomicU64>()) else { return false };
+        let Some(fresh) = (self.table_source)(LEAF_BYTES) else { return false };
         // Losing the race leaves one untouched (so non-resident) table mapped: harmless.
         let _ = self.spare.compare_exchange(core::ptr::null_mut(), fresh as *mut AtomicU64, Ordering::AcqRel, Ordering::Acquire);
         true
@@ -87,7 +90,12 @@ impl Registry {
         })
     }
 
+    /// The entry for `addr` and its birth-time slot.
     fn slot(&self, addr: usize, create: bool) -> Option<&AtomicU64> {
+        self.slots(addr, create).map(|(entry, _)| entry)
+    }
+
+    fn slots(&self, addr: usize, create: bool) -> Option<(&AtomicU64, &AtomicU64)> {
         if addr & ((1 << PAGE_SHIFT) - 1) != 0 || (addr as u64) >> ADDRESS_BITS != 0 {
             return None;
         }
@@ -111,9 +119,9 @@ impl Registry {
             };
         }
         let index = page & (LEAF_ENTRIES - 1);
-        // SAFETY: leaf points to LEAF_ENTRIES zero-initialised AtomicU64s that live forever,
-        // and index < LEAF_ENTRIES.
-        Some(unsafe { &*leaf.add(index) })
+        // SAFETY: leaf points to 2 * LEAF_ENTRIES zero-initialised AtomicU64s that live
+        // forever, and index < LEAF_ENTRIES.
+        Some(unsafe { (&*leaf.add(index), &*leaf.add(LEAF_ENTRIES + index)) })
     }
 
     /// O(1), lock-free. Any pointer value is accepted.
@@ -130,8 +138,43 @@ impl Registry {
     /// Records a live block; false when no table memory could be had (the caller then gives
     /// the block back and fails the request).
     #[must_use]
-    pub fn set_live(&self, addr: usize, len: usize) -> bool {
-        self.store(addr, len as u64 | LIVE)
+    pub fn set_live(&self, addr: usize, len: usize, born_ns: u64) -> bool {
+        match self.slots(addr, true) {
+            Some((entry, born)) => {
+                born.store(born_ns, Ordering::Relaxed);
+                entry.store(len as u64 | LIVE, Ordering::Release);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// When the live block at `addr` was handed out (0 if unknown).
+    pub fn born_ns(&self, addr: usize) -> u64 {
+        self.slots(addr, false).map_or(0, |(_, born)| born.load(Ordering::Relaxed))
+    }
+
+    /// Calls `f(addr, len, born_ns)` for every live block: a walk of every table, for the
+    /// leak report at exit (not for hot paths).
+    pub fn for_each_live(&self, mut f: impl FnMut(usize, usize, u64)) {
+        let Some(root) = self.root(false) else { return };
+        for r in 0..ROOT_ENTRIES {
+            // SAFETY: r < ROOT_ENTRIES; the root table lives forever.
+            let leaf = unsafe { (*root.add(r)).load(Ordering::Acquire) };
+            if leaf.is_null() {
+                continue;
+            }
+            for i in 0..LEAF_ENTRIES {
+                // SAFETY: as in slots().
+                let entry = unsafe { (*leaf.add(i)).load(Ordering::Acquire) };
+                if entry & STATE_MASK == LIVE {
+                    let addr = ((r << LEAF_BITS) | i) << PAGE_SHIFT;
+                    // SAFETY: as above.
+                    let born = unsafe { (*leaf.add(LEAF_ENTRIES + i)).load(Ordering::Relaxed) };
+                    f(addr, (entry & !STATE_MASK) as usize, born);
+                }
+            }
+        }
     }
 
     #[must_use]
@@ -169,8 +212,12 @@ mod tests {
         let reg = Box::new(Registry::new(leak_zeroed));
         let base = 0x7f00_0000_0000usize;
         assert_eq!(reg.owner(base), Owner::Foreign);
-        assert!(reg.set_live(base, 8 << 20));
+        assert!(reg.set_live(base, 8 << 20, 42));
         assert_eq!(reg.owner(base), Owner::Live { len: 8 << 20 });
+        assert_eq!(reg.born_ns(base), 42);
+        let mut seen = vec![];
+        reg.for_each_live(|a, l, b| seen.push((a, l, b)));
+        assert_eq!(seen, vec![(base, 8 << 20, 42)]);
         assert_eq!(reg.owner(base + 16), Owner::Foreign);
         assert_eq!(reg.owner(base + 4096), Owner::Foreign);
         assert_eq!(reg.owner(usize::MAX & !4095), Owner::Foreign);

@@ -72,6 +72,25 @@ impl PageMemory for OsPages {
         }
     }
 
+    fn grow_into(&self, addr: usize, old_len: usize, new_len: usize, align: usize) -> Option<usize> {
+        let fresh = self.map(new_len, align)?;
+        // SAFETY: both ranges are ours; MREMAP_FIXED replaces the fresh, untouched head.
+        let moved = unsafe {
+            libc::mremap(
+                addr as *mut libc::c_void,
+                old_len,
+                old_len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                fresh as *mut libc::c_void,
+            )
+        };
+        if moved == libc::MAP_FAILED {
+            self.unmap(fresh, new_len);
+            return None;
+        }
+        Some(fresh)
+    }
+
     fn advise_huge(&self, addr: usize, len: usize) {
         // SAFETY: advice only; failure (THP off) is harmless.
         unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
