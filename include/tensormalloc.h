@@ -74,6 +74,25 @@ int tm_is_enabled(void);
 /* Writes the report now: to stderr, or as JSON to the path in TENSORMALLOC_STATS=json:PATH. */
 void tm_print_stats(void);
 
+/* Scoped accounting, per thread: every large host block (at or above the threshold) and every
+ * device block this thread allocates or frees inside the scope counts in it and in every scope
+ * around it. Scopes nest up to 16 deep. */
+typedef struct tm_scope_t {
+    char name[48];
+    uint32_t depth;                 /* 1 for the outermost scope */
+    uint32_t reserved;
+    uint64_t allocations;
+    uint64_t frees;
+    uint64_t allocated_bytes;
+    uint64_t freed_bytes;
+    uint64_t peak_bytes;            /* highest allocated - freed while open */
+    int64_t live_bytes;             /* allocated - freed: still live (leaked) at the end */
+} tm_scope_t;
+
+int tm_scope_begin(const char *name);      /* returns the depth, or -1 when 16 are open */
+int tm_scope_end(tm_scope_t *out);         /* closes the innermost; 0, or -1 if none open */
+int tm_scope_current(tm_scope_t *out);     /* reads the innermost without closing it */
+
 #ifdef __cplusplus
 }
 #endif

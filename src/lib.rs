@@ -13,6 +13,7 @@ pub mod host;
 pub mod leaks;
 pub mod report;
 pub mod route;
+pub mod scopes;
 #[cfg(any(test, feature = "no-interpose"))]
 pub mod sim;
 pub mod stats;

@@ -4,6 +4,7 @@
 
 use crate::config::Config;
 use crate::host::registry::Owner;
+use crate::scopes;
 use crate::sys::next::{bootstrap_alloc, bootstrap_size, is_bootstrap};
 use crate::{globals, HOST};
 use core::ffi::c_void;
@@ -66,9 +67,24 @@ fn invalid_pointer(what: &str, p: *mut c_void) -> ! {
 
 fn large(size: usize, align: usize, zeroed: bool) -> *mut c_void {
     match HOST.alloc(size, align, zeroed) {
-        Some(a) => a as *mut c_void,
+        Some(a) => {
+            account_alloc(a);
+            a as *mut c_void
+        }
         None => enomem(),
     }
+}
+
+/// Scoped accounting (scopes.rs) counts mapped lengths, so allocs and frees match exactly.
+fn account_alloc(addr: usize) {
+    if let Owner::Live { len } = HOST.owner(addr) {
+        scopes::on_alloc(len as u64);
+    }
+}
+
+fn free_large(p: *mut c_void, len: usize) {
+    scopes::on_free(len as u64);
+    HOST.free(p as usize, len);
 }
 
 #[inline]
@@ -87,7 +103,7 @@ pub fn free(p: *mut c_void) {
         return;
     }
     match owner(p) {
-        Owner::Live { len } => return HOST.free(p as usize, len),
+        Owner::Live { len } => return free_large(p, len),
         Owner::Cached => invalid_pointer("free", p),
         Owner::Foreign => {}
     }
@@ -125,12 +141,16 @@ pub fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         Owner::Live { len } => {
             if size == 0 {
                 // glibc frees and returns NULL for realloc(p, 0).
-                HOST.free(p as usize, len);
+                free_large(p, len);
                 return core::ptr::null_mut();
             }
             if size >= LARGE_FROM.load(Relaxed) {
                 return match HOST.resize(p as usize, len, size) {
-                    Some(a) => a as *mut c_void,
+                    Some(a) => {
+                        scopes::on_free(len as u64);
+                        account_alloc(a);
+                        a as *mut c_void
+                    }
                     None => enomem(),
                 };
             }
@@ -141,7 +161,7 @@ pub fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
                 return enomem();
             }
             HOST.memory_copy(q as usize, p as usize, size.min(len));
-            HOST.free(p as usize, len);
+            free_large(p, len);
             q
         }
         Owner::Foreign => {

@@ -30,6 +30,19 @@ int main(void) {
     tm_stats_t small = {.size = 16};
     CHECK(tm_get_stats(&small) == 0 && small.size == 16 && small.host_requests == 0);
     CHECK(tm_get_stats(NULL) == -1);
+    /* scopes: nested, per thread, counting large blocks */
+    tm_scope_t sc;
+    CHECK(tm_scope_end(&sc) == -1);
+    CHECK(tm_scope_begin("outer") == 1);
+    char *keep = malloc(16 << 20);
+    CHECK(tm_scope_begin("inner") == 2);
+    free(malloc(16 << 20));
+    free(malloc(100)); /* small: not counted */
+    CHECK(tm_scope_current(&sc) == 0 && sc.allocations == 1 && sc.live_bytes == 0);
+    CHECK(tm_scope_end(&sc) == 0 && strcmp(sc.name, "inner") == 0 && sc.peak_bytes == (16 << 20));
+    CHECK(tm_scope_end(&sc) == 0 && sc.depth == 1 && sc.allocations == 2 && sc.frees == 1);
+    CHECK(sc.live_bytes == (16 << 20) && sc.peak_bytes == (32 << 20));
+    free(keep);
     puts("linked ok");
     return 0;
 }

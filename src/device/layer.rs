@@ -136,7 +136,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             let now = crate::sys::clock::now_ns();
             let decision = pool.lock().alloc(size as u64, tag, now);
             match decision {
-                Alloc::Hit { addr, .. } => return Ok(addr as usize),
+                Alloc::Hit { addr, size } => {
+                    crate::scopes::on_alloc(size);
+                    return Ok(addr as usize);
+                }
                 Alloc::Untracked => {
                     self.passthrough.add(1);
                     return self.runtime.malloc(size);
@@ -223,8 +226,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             PENDING
         };
         let pool = self.pools.get(device).ok_or(DeviceError::Other(crate::backing::CUDA_ERROR_INVALID_VALUE))?;
-        match pool.lock().free(addr as u64, tag) {
-            Some(_) => Ok(Freed::Pooled),
+        let freed = pool.lock().free(addr as u64, tag);
+        match freed {
+            Some(size) => {
+                crate::scopes::on_free(size);
+                Ok(Freed::Pooled)
+            }
             // Freed by another thread meanwhile: as the runtime would for a double free.
             None => Err(DeviceError::Other(crate::backing::CUDA_ERROR_INVALID_VALUE)),
         }
@@ -235,7 +242,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let index = usize::try_from(device).ok().filter(|&d| self.pools.get(d).is_some_and(|p| p.lock().owns(addr as u64)));
         let Some(d) = index.or_else(|| self.owning_device(addr)) else { return Freed::NotOurs };
         match self.pools.get(d).and_then(|p| p.lock().free(addr as u64, stream_tag(stream))) {
-            Some(_) => Freed::Pooled,
+            Some(size) => {
+                crate::scopes::on_free(size);
+                Freed::Pooled
+            }
             None => Freed::NotOurs,
         }
     }

@@ -63,3 +63,47 @@ pub extern "C" fn tm_print_stats() {
         crate::report::write_report(&g.config);
     }
 }
+
+/// Opens a named scope on this thread (`name` may be NULL); returns its depth, or -1 when
+/// 16 scopes are already open.
+///
+/// # Safety
+/// `name` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn tm_scope_begin(name: *const c_char) -> c_int {
+    let bytes = if name.is_null() { &b""[..] } else { core::ffi::CStr::from_ptr(name).to_bytes() };
+    crate::scopes::begin(bytes).map_or(-1, |d| d as c_int)
+}
+
+/// Closes this thread's innermost scope and writes its figures to `out` (may be NULL).
+/// Returns 0, or -1 when no scope is open.
+///
+/// # Safety
+/// `out` is NULL or points to a writable `tm_scope_t`.
+#[no_mangle]
+pub unsafe extern "C" fn tm_scope_end(out: *mut crate::scopes::ScopeStats) -> c_int {
+    match crate::scopes::end() {
+        Some(s) => {
+            if !out.is_null() {
+                out.write(s);
+            }
+            0
+        }
+        None => -1,
+    }
+}
+
+/// The innermost open scope's figures so far, without closing it. Returns 0, or -1.
+///
+/// # Safety
+/// `out` points to a writable `tm_scope_t`.
+#[no_mangle]
+pub unsafe extern "C" fn tm_scope_current(out: *mut crate::scopes::ScopeStats) -> c_int {
+    match (crate::scopes::current(), out.is_null()) {
+        (Some(s), false) => {
+            out.write(s);
+            0
+        }
+        _ => -1,
+    }
+}

@@ -1,0 +1,55 @@
+"""The Python module (python/tensormalloc.py) over the preloaded library: stats, trim, enable,
+scopes with figures that match a known allocation pattern; and its struct matches the header."""
+import re
+
+from conftest import ROOT, ok, run
+
+PY = str(ROOT / ".venv" / "bin" / "python")
+ENV = {"PYTHONPATH": str(ROOT / "python")}
+
+
+def test_struct_fields_match_the_header():
+    import sys
+    sys.path.insert(0, str(ROOT / "python"))
+    import tensormalloc
+    header = (ROOT / "include" / "tensormalloc.h").read_text()
+    body = header[header.index("typedef struct tm_stats_t"):header.index("} tm_stats_t;")]
+    fields = re.findall(r"^\s+(?:size_t|uint32_t|uint64_t)\s+(\w+);", body, re.M)
+    assert fields == [f for f, _ in tensormalloc._Stats._fields_]
+    body = header[header.index("typedef struct tm_scope_t"):header.index("} tm_scope_t;")]
+    fields = re.findall(r"^\s+(?:char|uint32_t|uint64_t|int64_t)\s+(\w+)", body, re.M)
+    assert fields == [f for f, _ in tensormalloc._Scope._fields_]
+
+
+def test_scope_figures_match_a_known_pattern():
+    code = r"""
+import numpy as np, tensormalloc
+assert tensormalloc.loaded()
+n = 2_000_000                      # 16 MB of float64 per array
+with tensormalloc.scope("epoch") as outer:
+    kept = np.ones(n)              # lives on after the scope: leaked from its point of view
+    for i in range(3):
+        with tensormalloc.scope("step") as inner:
+            a = np.ones(n)         # two arrays of 16 MB, both freed in the step
+            b = np.ones(n)
+            del a, b
+    peak_inner = inner.peak_bytes
+print(outer.allocations, outer.live_bytes, outer.peak_bytes, inner.allocations, inner.live_bytes, peak_inner)
+s = tensormalloc.stats()
+print(s["host_requests"] > 0, tensormalloc.trim() >= 0, tensormalloc.set_enabled(False), tensormalloc.set_enabled(True))
+"""
+    out = ok(run([PY, "-c", code], env=ENV))
+    line1, line2 = out.stdout.split("\n")[:2]
+    outer_allocs, outer_live, outer_peak, inner_allocs, inner_live, inner_peak = map(int, line1.split())
+    block = 16 * 2**20  # 16,000,000 bytes rounded to 2 MiB huge pages: 16 MiB
+    assert outer_allocs == 1 + 3 * 2
+    assert outer_live == block, "only `kept` is live when the epoch ends"
+    assert inner_allocs == 2 and inner_live == 0
+    assert inner_peak == 2 * block and outer_peak == 3 * block
+    assert line2 == "True True True False"
+
+
+def test_module_is_inert_without_the_library():
+    code = "import tensormalloc; print(tensormalloc.loaded(), tensormalloc.stats(), tensormalloc.trim())"
+    out = ok(run([PY, "-c", code], preload=False, env=ENV))
+    assert out.stdout.strip() == "False {} 0"
