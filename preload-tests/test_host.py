@@ -149,3 +149,26 @@ def test_leak_report_names_the_leaked_blocks():
 def test_no_leak_report_unless_asked():
     out = ok(run([compile_c("leaky")]))
     assert "leaks at exit" not in out.stderr
+
+
+def test_trace_round_trips_through_the_plot_script(tmp_path):
+    trace = tmp_path / "trace.bin"
+    out = ok(run([compile_c("leaky")], env={"TENSORMALLOC_TRACE": str(trace)}))
+    png = tmp_path / "trace.png"
+    plot = ok(run([str(ROOT / "scripts" / "plot-trace"), str(trace), str(png)], preload=False))
+    fields = dict(kv.split("=") for kv in plot.stdout.split()[:6])
+    # leaky.c: 3 kept blocks + 5 allocate/free pairs of 32 MB
+    assert fields["allocs"] == "8" and fields["frees"] == "5", plot.stdout
+    assert int(fields["samples"]) >= 1
+    assert int(fields["bytes_requested"]) == 2 * 80 * 2**20 + 16 * 2**20 + 5 * 32 * 2**20
+    assert png.stat().st_size > 10_000
+    import sys
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import plot_trace
+    d = plot_trace.series(plot_trace.load(trace))
+    assert d["host"][-1] == 2 * 80 * 2**20 + 16 * 2**20, "what is live at the end is what leaked"
+
+
+def test_trace_of_an_unwritable_path_warns_and_runs_on():
+    out = ok(run([compile_c("leaky")], env={"TENSORMALLOC_TRACE": "/nonexistent/dir/trace.bin"}))
+    assert "TENSORMALLOC_TRACE: cannot open" in out.stderr

@@ -59,6 +59,8 @@ pub struct Config {
     pub hugepages: HugePages,
     pub stats: StatsOutput,
     pub stats_path: [u8; STATS_PATH_MAX],
+    /// TENSORMALLOC_TRACE's path; empty: no trace.
+    pub trace_path: [u8; STATS_PATH_MAX],
     pub leaks: bool,
     pub cuda_pool: CudaPool,
     pub cuda_limit: DeviceLimit,
@@ -93,6 +95,7 @@ impl Config {
             hugepages: HugePages::Auto,
             stats: StatsOutput::Off,
             stats_path: [0; STATS_PATH_MAX],
+            trace_path: [0; STATS_PATH_MAX],
             leaks: false,
             cuda_pool: CudaPool::Split,
             cuda_limit: DeviceLimit::Unlimited,
@@ -184,6 +187,19 @@ pub static OPTIONS: &[OptionSpec] = &[
                 return Ok(());
             }
             c.stats = if parse_bool(v)? { StatsOutput::Stderr } else { StatsOutput::Off };
+            Ok(())
+        },
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_TRACE",
+        default: "",
+        doc: "PATH: record large allocations and frees (and memory samples) to PATH, for scripts/plot-trace",
+        apply: |c, v| {
+            if v.is_empty() || v.len() >= STATS_PATH_MAX {
+                return Err("not a path of 1 to 255 bytes");
+            }
+            c.trace_path = [0; STATS_PATH_MAX];
+            c.trace_path.get_mut(..v.len()).ok_or("path too long")?.copy_from_slice(v);
             Ok(())
         },
     },
@@ -312,9 +328,17 @@ impl Config {
     }
 
     pub fn stats_path(&self) -> &[u8] {
-        let len = self.stats_path.iter().position(|&b| b == 0).unwrap_or(STATS_PATH_MAX);
-        self.stats_path.get(..len).unwrap_or(&[])
+        until_nul(&self.stats_path)
     }
+
+    pub fn trace_path(&self) -> &[u8] {
+        until_nul(&self.trace_path)
+    }
+}
+
+fn until_nul(buf: &[u8; STATS_PATH_MAX]) -> &[u8] {
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(STATS_PATH_MAX);
+    buf.get(..len).unwrap_or(&[])
 }
 
 fn trim_ascii(v: &[u8]) -> &[u8] {

@@ -18,6 +18,7 @@ pub mod scopes;
 pub mod sim;
 pub mod stats;
 pub mod sys;
+pub mod trace;
 
 mod shim;
 
@@ -103,8 +104,11 @@ fn read_config() -> Config {
 #[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]
 /// Runs at load (before main): resolves everything and installs the fork handlers.
 extern "C" fn on_load() {
-    if globals().is_some() {
+    if let Some(g) = globals() {
         sys::lock::install_fork_handlers();
+        if !g.config.trace_path().is_empty() && trace::start(g.config.trace_path()) {
+            sys::reaper::start_now();
+        }
     }
 }
 
@@ -112,6 +116,7 @@ extern "C" fn on_load() {
 /// Runs at unload or exit, after the program's atexit handlers: the report, if asked for.
 extern "C" fn on_unload() {
     if let Some(g) = globals() {
+        trace::flush();
         report::at_exit(&g.config);
     }
 }

@@ -132,12 +132,15 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             return self.runtime.malloc(size);
         };
         let mut released = false;
+        let mut mapped = false;
         for _ in 0..MAX_STEPS {
             let now = crate::sys::clock::now_ns();
             let decision = pool.lock().alloc(size as u64, tag, now);
             match decision {
                 Alloc::Hit { addr, size } => {
                     crate::scopes::on_alloc(size);
+                    let outcome = if mapped { crate::trace::MISS } else { crate::trace::HIT };
+                    crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_ALLOC, outcome, device as u8, size, addr);
                     return Ok(addr as usize);
                 }
                 Alloc::Untracked => {
@@ -161,6 +164,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     }
                     match self.runtime.malloc(len as usize) {
                         Ok(addr) => {
+                            mapped = true;
                             if !pool.lock().add_segment(addr as u64, len, small) {
                                 self.runtime.free(addr)?;
                                 self.passthrough.add(1);
@@ -230,6 +234,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         match freed {
             Some(size) => {
                 crate::scopes::on_free(size);
+                crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_FREE, crate::trace::HIT, device as u8, size, addr as u64);
                 Ok(Freed::Pooled)
             }
             // Freed by another thread meanwhile: as the runtime would for a double free.
@@ -244,6 +249,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         match self.pools.get(d).and_then(|p| p.lock().free(addr as u64, stream_tag(stream))) {
             Some(size) => {
                 crate::scopes::on_free(size);
+                crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_FREE, crate::trace::HIT, d as u8, size, addr as u64);
                 Freed::Pooled
             }
             None => Freed::NotOurs,

@@ -110,10 +110,13 @@ impl<M: PageMemory> HostLayer<M> {
         let start = (self.clock)();
         let out = self.alloc_untimed(size, align, zeroed);
         self.stats.phases.alloc.record((self.clock)().saturating_sub(start));
-        out
+        let (addr, outcome) = out?;
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, outcome, 0, size as u64, addr as u64);
+        Some(addr)
     }
 
-    fn alloc_untimed(&self, size: usize, align: usize, zeroed: bool) -> Option<usize> {
+    /// The block and how it was found (trace::HIT, GROWN or MISS).
+    fn alloc_untimed(&self, size: usize, align: usize, zeroed: bool) -> Option<(usize, u8)> {
         self.stats.requests.add(1);
         let (need, granule) = self.block_shape(size)?;
         let align = align.max(PAGE);
@@ -148,7 +151,7 @@ impl<M: PageMemory> HostLayer<M> {
             }
             self.stats.live.add(t.len as u64);
             self.stats.phases.alloc_hit.record((self.clock)().saturating_sub(hit_start));
-            return Some(t.addr);
+            return Some((t.addr, crate::trace::HIT));
         }
 
         if let Some(addr) = self.grow_cached(need, align.max(granule), hit_start) {
@@ -156,7 +159,7 @@ impl<M: PageMemory> HostLayer<M> {
                 self.timed(&self.stats.phases.alloc_zero, || self.memory.zero(addr, size));
             }
             self.stats.live.add(need as u64);
-            return Some(addr);
+            return Some((addr, crate::trace::GROWN));
         }
         self.stats.misses.add(1);
         let addr = self.timed(&self.stats.phases.alloc_map, || self.map_fresh(need, align.max(granule)))?;
@@ -166,7 +169,7 @@ impl<M: PageMemory> HostLayer<M> {
             return None;
         }
         self.stats.live.add(need as u64);
-        Some(addr)
+        Some((addr, crate::trace::MISS))
     }
 
     /// A miss that a smaller cached block can still serve: its pages move to the start of a
@@ -228,6 +231,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// Takes back a live block (`owner` said `Live { len }`).
     pub fn free(&self, addr: usize, len: usize) {
         let start = (self.clock)();
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64);
         self.stats.frees.add(1);
         self.stats.live.sub(len as u64);
         let inserted = {
@@ -260,6 +264,11 @@ impl<M: PageMemory> HostLayer<M> {
         let start = (self.clock)();
         let out = self.resize_untimed(addr, len, new_size);
         self.stats.phases.realloc.record((self.clock)().saturating_sub(start));
+        if let Some(moved) = out {
+            // A resize is a free of the old block and an alloc of the new one, for the trace.
+            crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64);
+            crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, crate::trace::HIT, 0, new_size as u64, moved as u64);
+        }
         out
     }
 

@@ -121,6 +121,7 @@ pub fn install_fork_handlers() {
         // SAFETY: the child is a copy of the thread that ran prepare.
         unsafe { crate::HOST.unlock_after_fork() };
         super::reaper::after_fork_in_child();
+        crate::trace::stop_in_child();
     }
     // SAFETY: registers three functions with static lifetime.
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };

@@ -34,6 +34,16 @@ pub fn on_block_cached() {
     }
 }
 
+/// Starts the reaper at load when the trace needs flushing even before any block is cached.
+pub fn start_now() {
+    if STATE.compare_exchange(NOT_STARTED, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_ok() && !spawn() {
+        STATE.store(UNAVAILABLE, Ordering::Release);
+    }
+}
+
+/// The trace is flushed at least this often.
+const TRACE_FLUSH_NS: u64 = 100_000_000;
+
 /// The fallback when no thread could be made: reap on the allocation paths.
 fn reap_inline() {
     if super::clock::now_ns() >= SLEEPING_UNTIL.load(Ordering::Acquire) || SLEEPING_UNTIL.load(Ordering::Acquire) == u64::MAX {
@@ -79,8 +89,12 @@ extern "C" fn reaper_main(_: *mut libc::c_void) -> *mut libc::c_void {
     loop {
         // Read the sequence before reaping: a block cached after this point wakes us.
         let seq = WAKE_SEQ.load(Ordering::Acquire);
-        let deadline = crate::HOST.reap();
+        let mut deadline = crate::HOST.reap();
         let now = super::clock::now_ns();
+        if crate::trace::enabled() {
+            crate::trace::flush();
+            deadline = Some(deadline.unwrap_or(u64::MAX).min(now + TRACE_FLUSH_NS));
+        }
         SLEEPING_UNTIL.store(deadline.unwrap_or(u64::MAX), Ordering::Release);
         let timeout = deadline.map(|d| {
             let ns = d.saturating_sub(now).max(1_000_000); // at least 1 ms between passes
