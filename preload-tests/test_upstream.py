@@ -14,19 +14,15 @@ def baseline(name, suite):
     return _baseline[name]
 
 
-@pytest.mark.parametrize("setting", ["defaults", "pushed"])
-def test_numpy_suite_same_failures(setting):
-    base, base_count = baseline("numpy", numpy_suite)
-    ours, count = numpy_suite(True, SETTINGS[setting])
-    assert base_count > 10_000, "numpy's suite did not run"
-    assert count == base_count
-    assert ours == base, f"new: {sorted(ours - base)}; gone: {sorted(base - ours)}"
+SUITES = {"numpy": (numpy_suite, 10_000), "cpython": (cpython_suite, 500)}
 
 
 @pytest.mark.parametrize("setting", ["defaults", "pushed"])
-def test_cpython_suite_same_failures(setting):
-    base, base_count = baseline("cpython", cpython_suite)
-    ours, count = cpython_suite(True, SETTINGS[setting])
-    assert base_count > 500, "CPython's tests did not run"
+@pytest.mark.parametrize("suite", SUITES)
+def test_suite_has_the_same_failures(suite, setting):
+    run_suite, at_least = SUITES[suite]
+    base, base_count = baseline(suite, run_suite)
+    ours, count = run_suite(True, SETTINGS[setting])
+    assert base_count > at_least, f"{suite}'s tests did not run"
     assert count == base_count
     assert ours == base, f"new: {sorted(ours - base)}; gone: {sorted(base - ours)}"

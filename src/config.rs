@@ -163,13 +163,8 @@ pub static OPTIONS: &[OptionSpec] = &[
         default: "auto",
         doc: "auto: 2 MiB-align blocks of 4 MiB+ so MADV_HUGEPAGE works; always: also advise it; never",
         apply: |c, v| {
-            c.hugepages = match v {
-                b"auto" => HugePages::Auto,
-                b"always" => HugePages::Always,
-                b"never" => HugePages::Never,
-                _ => return Err("not one of auto, always, never"),
-            };
-            Ok(())
+            let choices: &[(&[u8], HugePages)] = &[(b"auto", HugePages::Auto), (b"always", HugePages::Always), (b"never", HugePages::Never)];
+            choose(v, choices, "not one of auto, always, never").map(|h| c.hugepages = h)
         },
     },
     OptionSpec {
@@ -192,7 +187,7 @@ pub static OPTIONS: &[OptionSpec] = &[
     },
     OptionSpec {
         name: "TENSORMALLOC_TRACE",
-        default: "",
+        default: "off",
         doc: "PATH: record large allocations and frees (and memory samples) to PATH, for scripts/plot-trace",
         apply: |c, v| {
             if v.is_empty() || v.len() >= STATS_PATH_MAX {
@@ -214,13 +209,8 @@ pub static OPTIONS: &[OptionSpec] = &[
         default: "split",
         doc: "device pool strategy: split (blocks split and merged), binned (size classes), none (pass through)",
         apply: |c, v| {
-            c.cuda_pool = match v {
-                b"split" => CudaPool::Split,
-                b"binned" => CudaPool::Binned,
-                b"none" => CudaPool::None,
-                _ => return Err("not one of split, binned, none"),
-            };
-            Ok(())
+            let choices: &[(&[u8], CudaPool)] = &[(b"split", CudaPool::Split), (b"binned", CudaPool::Binned), (b"none", CudaPool::None)];
+            choose(v, choices, "not one of split, binned, none").map(|p| c.cuda_pool = p)
         },
     },
     OptionSpec {
@@ -249,12 +239,8 @@ pub static OPTIONS: &[OptionSpec] = &[
         default: "free",
         doc: "free: cudaFree synchronizes the device as the runtime does; reuse: only before a freed block is reused",
         apply: |c, v| {
-            c.cuda_sync = match v {
-                b"free" => CudaSync::Free,
-                b"reuse" => CudaSync::Reuse,
-                _ => return Err("not one of free, reuse"),
-            };
-            Ok(())
+            let choices: &[(&[u8], CudaSync)] = &[(b"free", CudaSync::Free), (b"reuse", CudaSync::Reuse)];
+            choose(v, choices, "not one of free, reuse").map(|s| c.cuda_sync = s)
         },
     },
 ];
@@ -345,6 +331,11 @@ fn trim_ascii(v: &[u8]) -> &[u8] {
     let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
     let end = v.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(start, |e| e + 1);
     v.get(start..end).unwrap_or(&[])
+}
+
+/// One of a fixed set of words.
+fn choose<T: Copy>(v: &[u8], choices: &[(&[u8], T)], hint: &'static str) -> Result<T, &'static str> {
+    choices.iter().find(|(word, _)| *word == v).map(|&(_, t)| t).ok_or(hint)
 }
 
 pub fn parse_bool(v: &[u8]) -> Result<bool, &'static str> {

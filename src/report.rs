@@ -238,7 +238,7 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     for (indent, name, t) in rows {
         let calls = t.calls.get();
         let ns = t.total_ns.get();
-        let avg = if calls == 0 { 0 } else { ns / calls };
+        let avg = ns.checked_div(calls).unwrap_or(0);
         let pad = 30usize.saturating_sub(indent * 2);
         writeln!(
             w,

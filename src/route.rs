@@ -98,7 +98,9 @@ pub fn malloc(size: usize) -> *mut c_void {
 }
 
 #[inline]
-pub fn free(p: *mut c_void) {
+/// # Safety
+/// `p` is null or a pointer from this process's malloc family (the C contract).
+pub unsafe fn free(p: *mut c_void) {
     if p.is_null() || is_bootstrap(p) {
         return;
     }
@@ -123,7 +125,9 @@ pub fn calloc(count: usize, size: usize) -> *mut c_void {
     large(total, PAGE, true)
 }
 
-pub fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+/// # Safety
+/// `p` is null or a pointer from this process's malloc family (the C contract).
+pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     if p.is_null() {
         return malloc(size);
     }
@@ -189,9 +193,12 @@ pub fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     }
 }
 
-pub fn reallocarray(p: *mut c_void, count: usize, size: usize) -> *mut c_void {
+/// # Safety
+/// `p` is null or a pointer from this process's malloc family (the C contract).
+pub unsafe fn reallocarray(p: *mut c_void, count: usize, size: usize) -> *mut c_void {
     match count.checked_mul(size) {
-        Some(total) => realloc(p, total),
+        // SAFETY: forwarded under the caller's contract.
+        Some(total) => unsafe { realloc(p, total) },
         None => enomem(),
     }
 }
@@ -208,7 +215,9 @@ fn aligned(align: usize, size: usize) -> *mut c_void {
     large(size, align, false)
 }
 
-pub fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+/// # Safety
+/// `p` is null or a pointer from this process's malloc family (the C contract).
+pub unsafe fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
     if out.is_null() {
         return libc::EINVAL;
     }
@@ -248,7 +257,9 @@ pub fn pvalloc(size: usize) -> *mut c_void {
     }
 }
 
-pub fn usable_size(p: *mut c_void) -> usize {
+/// # Safety
+/// `p` is null or a pointer from this process's malloc family (the C contract).
+pub unsafe fn usable_size(p: *mut c_void) -> usize {
     if p.is_null() {
         return 0;
     }

@@ -38,6 +38,8 @@ pub struct PinnedCache {
     pub peak_cached_bytes: u64,
 }
 
+// The list is returned by value on purpose: boxing it would allocate on the free path.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug)]
 pub enum PinnedFree {
     NotOurs,

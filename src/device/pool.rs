@@ -219,7 +219,7 @@ impl DevicePool {
     }
 
     fn find_fit(&self, need: u64, small: bool, tag: u64) -> Option<u32> {
-        let lists = &self.bins[usize::from(small)];
+        let lists = self.bins.get(usize::from(small))?;
         for head in lists.iter().skip(bin_of(need)) {
             let mut best: Option<(u64, u64, u32)> = None;
             let mut i = *head;
@@ -235,6 +235,10 @@ impl DevicePool {
             }
         }
         None
+    }
+
+    fn bin_head(&self, small: bool, bin: usize) -> u32 {
+        self.bins.get(usize::from(small)).and_then(|l| l.get(bin)).copied().unwrap_or(NONE)
     }
 
     fn unlink(&mut self, i: u32) {
@@ -390,7 +394,7 @@ impl DevicePool {
             for bin in 0..BINS {
                 loop {
                     // Take one tagged block from this bin, retag and merge it, relink it.
-                    let mut i = self.bins[usize::from(small)][bin];
+                    let mut i = self.bin_head(small, bin);
                     while i != NONE && self.blocks.get(i).tag == SYNCED {
                         i = self.blocks.get(i).bin_next;
                     }
@@ -413,7 +417,7 @@ impl DevicePool {
         let mut released = 0u64;
         for small in [false, true] {
             for bin in (0..BINS).rev() {
-                let mut i = self.bins[usize::from(small)][bin];
+                let mut i = self.bin_head(small, bin);
                 while i != NONE && count < out.len() && released < max_bytes {
                     let b = *self.blocks.get(i);
                     let next = b.bin_next;
@@ -450,7 +454,7 @@ impl DevicePool {
         let mut pending = 0;
         for small in [false, true] {
             for bin in 0..BINS {
-                let mut i = self.bins[usize::from(small)][bin];
+                let mut i = self.bin_head(small, bin);
                 let mut prev = NONE;
                 while i != NONE {
                     let b = self.blocks.get(i);

@@ -10,7 +10,8 @@ pub extern "C" fn malloc(size: usize) -> *mut c_void {
 
 #[no_mangle]
 pub extern "C" fn free(p: *mut c_void) {
-    route::free(p)
+    // SAFETY: the caller holds the C contract for the pointer.
+    unsafe { route::free(p) }
 }
 
 #[no_mangle]
@@ -20,17 +21,20 @@ pub extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
 
 #[no_mangle]
 pub extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
-    route::realloc(p, size)
+    // SAFETY: the caller holds the C contract for the pointer.
+    unsafe { route::realloc(p, size) }
 }
 
 #[no_mangle]
 pub extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize) -> *mut c_void {
-    route::reallocarray(p, count, size)
+    // SAFETY: the caller holds the C contract for the pointer.
+    unsafe { route::reallocarray(p, count, size) }
 }
 
 #[no_mangle]
 pub extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
-    route::posix_memalign(out, align, size)
+    // SAFETY: the caller holds the C contract for the pointer.
+    unsafe { route::posix_memalign(out, align, size) }
 }
 
 #[no_mangle]
@@ -55,17 +59,20 @@ pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
 
 #[no_mangle]
 pub extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
-    route::usable_size(p)
+    // SAFETY: the caller holds the C contract for the pointer.
+    unsafe { route::usable_size(p) }
 }
 
 /// C23; glibc 2.40+ programs may call it. The size is only a hint.
 #[no_mangle]
 pub extern "C" fn free_sized(p: *mut c_void, _size: usize) {
-    route::free(p)
+    // SAFETY: the caller holds the C contract for the pointer.
+    unsafe { route::free(p) }
 }
 
 /// C23, as `free_sized`.
 #[no_mangle]
 pub extern "C" fn free_aligned_sized(p: *mut c_void, _align: usize, _size: usize) {
-    route::free(p)
+    // SAFETY: the caller holds the C contract for the pointer.
+    unsafe { route::free(p) }
 }
