@@ -173,3 +173,9 @@ def test_trace_round_trips_through_the_plot_script(tmp_path):
 def test_trace_of_an_unwritable_path_warns_and_runs_on():
     out = ok(run([compile_c("leaky")], env={"TENSORMALLOC_TRACE": "/nonexistent/dir/trace.bin"}))
     assert "TENSORMALLOC_TRACE: cannot open" in out.stderr
+
+
+@pytest.mark.parametrize("repeat", range(5))
+def test_exit_from_a_thread_while_allocating_prints_the_report(repeat):
+    out = ok(run([compile_c("exit_thread")], env={"TENSORMALLOC_STATS": "1", "TENSORMALLOC_LEAKS": "1"}, timeout=60))
+    assert "tensormalloc 0.1.0 report" in out.stderr and "leaks at exit" in out.stderr

@@ -81,7 +81,7 @@ fn init_slow() -> Option<&'static Globals> {
     };
     HOST.configure(&config);
     DEVICE.configure(&config);
-    route::configure(&config);
+    route::configure(&config, &next);
     // SAFETY: only this thread writes, and only before publishing DONE.
     unsafe { (*GLOBALS.0.get()).write(Globals { config, next }) };
     INIT_STATE.store(DONE, Ordering::Release);

@@ -8,18 +8,32 @@ use crate::scopes;
 use crate::sys::next::{bootstrap_alloc, bootstrap_size, is_bootstrap};
 use crate::{globals, HOST};
 use core::ffi::c_void;
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use crate::sys::next::{CallocFn, FreeFn, MallocFn, NextAllocator, ReallocFn};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
 
 const PAGE: usize = 4096;
 /// malloc's guaranteed alignment on x86-64 (and glibc's MALLOC_ALIGNMENT).
 const MIN_ALIGN: usize = 16;
 
-/// Requests of at least this many bytes go to the host layer; `usize::MAX` when caching is off.
-static LARGE_FROM: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// Requests of at least this many bytes go to the host layer; smaller ones straight to the next
+/// allocator. 0 until init has resolved the next allocator (so every call takes the slow path,
+/// which initializes); `usize::MAX` when caching is off.
+static LARGE_FROM: AtomicUsize = AtomicUsize::new(0);
 static THRESHOLD: AtomicUsize = AtomicUsize::new(usize::MAX);
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
-pub fn configure(config: &Config) {
+// The next allocator's entry points, copied out of `Globals` so the fast paths are one load and
+// a tail call. Set before LARGE_FROM becomes non-zero (release), read after it (acquire).
+static NEXT_MALLOC: AtomicUsize = AtomicUsize::new(0);
+static NEXT_FREE: AtomicUsize = AtomicUsize::new(0);
+static NEXT_CALLOC: AtomicUsize = AtomicUsize::new(0);
+static NEXT_REALLOC: AtomicUsize = AtomicUsize::new(0);
+
+pub fn configure(config: &Config, next: &NextAllocator) {
+    NEXT_MALLOC.store(next.malloc as usize, Relaxed);
+    NEXT_FREE.store(next.free as usize, Relaxed);
+    NEXT_CALLOC.store(next.calloc as usize, Relaxed);
+    NEXT_REALLOC.store(next.realloc as usize, Relaxed);
     THRESHOLD.store(config.threshold_bytes as usize, Relaxed);
     set_enabled(!config.disabled);
 }
@@ -28,7 +42,7 @@ pub fn configure(config: &Config) {
 /// handed out stay ours and are still taken back correctly.
 pub fn set_enabled(on: bool) -> bool {
     let was = ENABLED.swap(on, Relaxed);
-    LARGE_FROM.store(if on { THRESHOLD.load(Relaxed) } else { usize::MAX }, Relaxed);
+    LARGE_FROM.store(if on { THRESHOLD.load(Relaxed) } else { usize::MAX }, Release);
     if !on {
         HOST.trim();
     }
@@ -87,8 +101,24 @@ fn free_large(p: *mut c_void, len: usize) {
     HOST.free(p as usize, len);
 }
 
-#[inline]
+/// The current small/large boundary; 0 while init has not finished (see LARGE_FROM).
+#[inline(always)]
+fn small_below() -> usize {
+    LARGE_FROM.load(Acquire)
+}
+
+#[inline(always)]
 pub fn malloc(size: usize) -> *mut c_void {
+    if size < small_below() {
+        // SAFETY: LARGE_FROM > 0 means NEXT_MALLOC holds the next allocator's malloc.
+        return unsafe { core::mem::transmute::<usize, MallocFn>(NEXT_MALLOC.load(Relaxed))(size) };
+    }
+    malloc_slow(size)
+}
+
+#[cold]
+#[inline(never)]
+fn malloc_slow(size: usize) -> *mut c_void {
     let Some(g) = globals() else { return bootstrap_alloc(size, MIN_ALIGN) };
     if size < LARGE_FROM.load(Relaxed) {
         // SAFETY: the next allocator's malloc takes any size.
@@ -97,10 +127,21 @@ pub fn malloc(size: usize) -> *mut c_void {
     large(size, PAGE, false)
 }
 
-#[inline]
 /// # Safety
 /// `p` is null or a pointer from this process's malloc family (the C contract).
+#[inline(always)]
 pub unsafe fn free(p: *mut c_void) {
+    // Our blocks start on a page and the arena is ours: anything else is the next allocator's.
+    if p as usize & (PAGE - 1) != 0 && !is_bootstrap(p) && small_below() != 0 {
+        // SAFETY: init has finished, so NEXT_FREE is the next allocator's free, and p is its.
+        return unsafe { core::mem::transmute::<usize, FreeFn>(NEXT_FREE.load(Relaxed))(p) };
+    }
+    unsafe { free_slow(p) }
+}
+
+#[cold]
+#[inline(never)]
+unsafe fn free_slow(p: *mut c_void) {
     if p.is_null() || is_bootstrap(p) {
         return;
     }
@@ -115,7 +156,20 @@ pub unsafe fn free(p: *mut c_void) {
     }
 }
 
+#[inline(always)]
 pub fn calloc(count: usize, size: usize) -> *mut c_void {
+    match count.checked_mul(size) {
+        Some(total) if total < small_below() => {
+            // SAFETY: as in malloc.
+            unsafe { core::mem::transmute::<usize, CallocFn>(NEXT_CALLOC.load(Relaxed))(count, size) }
+        }
+        _ => calloc_slow(count, size),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn calloc_slow(count: usize, size: usize) -> *mut c_void {
     let Some(total) = count.checked_mul(size) else { return enomem() };
     let Some(g) = globals() else { return bootstrap_alloc(total, MIN_ALIGN) };
     if total < LARGE_FROM.load(Relaxed) {
@@ -127,7 +181,18 @@ pub fn calloc(count: usize, size: usize) -> *mut c_void {
 
 /// # Safety
 /// `p` is null or a pointer from this process's malloc family (the C contract).
+#[inline(always)]
 pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if p as usize & (PAGE - 1) != 0 && !is_bootstrap(p) && size < small_below() {
+        // SAFETY: a small pointer of the next allocator staying small: its own realloc.
+        return unsafe { core::mem::transmute::<usize, ReallocFn>(NEXT_REALLOC.load(Relaxed))(p, size) };
+    }
+    unsafe { realloc_slow(p, size) }
+}
+
+#[cold]
+#[inline(never)]
+unsafe fn realloc_slow(p: *mut c_void, size: usize) -> *mut c_void {
     if p.is_null() {
         return malloc(size);
     }

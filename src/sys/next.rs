@@ -5,13 +5,13 @@
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
-type FreeFn = unsafe extern "C" fn(*mut c_void);
-type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
-type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
-type MemalignFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
-type PosixMemalignFn = unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> i32;
-type UsableSizeFn = unsafe extern "C" fn(*mut c_void) -> usize;
+pub type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
+pub type FreeFn = unsafe extern "C" fn(*mut c_void);
+pub type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+pub type ReallocFn = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
+pub type MemalignFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+pub type PosixMemalignFn = unsafe extern "C" fn(*mut *mut c_void, usize, usize) -> i32;
+pub type UsableSizeFn = unsafe extern "C" fn(*mut c_void) -> usize;
 
 /// The next allocator's entry points. `memalign`, `aligned_alloc` and `usable_size` are
 /// optional; the required four are always present once resolution succeeded.
@@ -88,14 +88,15 @@ struct Arena([u8; BOOTSTRAP_BYTES]);
 static mut ARENA: Arena = Arena([0; BOOTSTRAP_BYTES]);
 static ARENA_USED: AtomicUsize = AtomicUsize::new(0);
 
+#[inline(always)]
 fn arena_base() -> usize {
     // Only the address is taken; no reference to the mutable static is formed.
     core::ptr::addr_of!(ARENA) as usize
 }
 
+#[inline(always)]
 pub fn is_bootstrap(p: *const c_void) -> bool {
-    let a = p as usize;
-    a >= arena_base() && a < arena_base() + BOOTSTRAP_BYTES
+    (p as usize).wrapping_sub(arena_base()) < BOOTSTRAP_BYTES
 }
 
 /// Serves one request from the arena; null with ENOMEM when it is used up. `align` is a power
