@@ -179,3 +179,10 @@ def test_trace_of_an_unwritable_path_warns_and_runs_on():
 def test_exit_from_a_thread_while_allocating_prints_the_report(repeat):
     out = ok(run([compile_c("exit_thread")], env={"TENSORMALLOC_STATS": "1", "TENSORMALLOC_LEAKS": "1"}, timeout=60))
     assert "tensormalloc 0.1.0 report" in out.stderr and "leaks at exit" in out.stderr
+
+
+@pytest.mark.parametrize("refused", ["free", "all"])
+def test_kernel_refusing_madvise(refused):
+    env = {"TENSORMALLOC_RELEASE_MS": "50", "TENSORMALLOC_EXPIRE_MS": "1000"}
+    out = ok(run([compile_c("madvise_refused"), refused], env=env))
+    assert "madvise refused ok" in out.stdout
