@@ -101,6 +101,13 @@ fn free_large(p: *mut c_void, len: usize) {
     HOST.free(p as usize, len);
 }
 
+/// Not page-aligned and not the arena's: certainly the next allocator's pointer (our blocks start
+/// on a page), with no table lookup.
+#[inline(always)]
+fn plainly_foreign(p: *mut c_void) -> bool {
+    p as usize & (PAGE - 1) != 0 && !is_bootstrap(p)
+}
+
 /// The current small/large boundary; 0 while init has not finished (see LARGE_FROM).
 #[inline(always)]
 fn small_below() -> usize {
@@ -131,8 +138,7 @@ fn malloc_slow(size: usize) -> *mut c_void {
 /// `p` is null or a pointer from this process's malloc family (the C contract).
 #[inline(always)]
 pub unsafe fn free(p: *mut c_void) {
-    // Our blocks start on a page and the arena is ours: anything else is the next allocator's.
-    if p as usize & (PAGE - 1) != 0 && !is_bootstrap(p) && small_below() != 0 {
+    if plainly_foreign(p) && small_below() != 0 {
         // SAFETY: init has finished, so NEXT_FREE is the next allocator's free, and p is its.
         return unsafe { core::mem::transmute::<usize, FreeFn>(NEXT_FREE.load(Relaxed))(p) };
     }
@@ -183,7 +189,7 @@ fn calloc_slow(count: usize, size: usize) -> *mut c_void {
 /// `p` is null or a pointer from this process's malloc family (the C contract).
 #[inline(always)]
 pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
-    if p as usize & (PAGE - 1) != 0 && !is_bootstrap(p) && size < small_below() {
+    if plainly_foreign(p) && size < small_below() {
         // SAFETY: a small pointer of the next allocator staying small: its own realloc.
         return unsafe { core::mem::transmute::<usize, ReallocFn>(NEXT_REALLOC.load(Relaxed))(p, size) };
     }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "../../include/tensormalloc.h"
 
 #define CHECK(cond)                                                            \
@@ -36,6 +37,40 @@ static inline int tm_stats(tm_stats_t *s) {
     memset(s, 0, sizeof *s);
     s->size = sizeof *s;
     return get ? get(s) : -1;
+}
+
+/* A field ("Rss", "LazyFree", ...) in kB of the /proc/self/smaps entry holding addr: 0 when the
+ * entry lacks it, -1 when addr is not mapped. */
+static inline long smaps_kb(uintptr_t addr, const char *field) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    CHECK(f);
+    char line[512], want[64];
+    snprintf(want, sizeof want, "%s: %%ld kB", field);
+    int in = 0;
+    long found = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = addr >= lo && addr < hi;
+            if (in) found = 0;
+            continue;
+        }
+        long kb;
+        if (in && sscanf(line, want, &kb) == 1) found = kb;
+    }
+    fclose(f);
+    return found;
+}
+
+/* Polls cond every 10 ms for up to 20 s (a bounded wait on a condition, not a fixed sleep). */
+static inline void wait_until(int (*cond)(uintptr_t), uintptr_t arg, const char *what) {
+    for (int i = 0; i < 2000; i++) {
+        if (cond(arg)) return;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    fprintf(stderr, "timed out waiting for %s\n", what);
+    exit(1);
 }
 
 static inline void fill(unsigned char *p, size_t n, unsigned seed) {

@@ -9,7 +9,6 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 static void refuse_madvise(int only_free) {
@@ -34,38 +33,17 @@ static void refuse_madvise(int only_free) {
     CHECK(madvise(NULL, 0, MADV_FREE) == -1 && errno == (only_free ? EINVAL : ENOSYS));
 }
 
-/* Rss kB of the mapping holding addr, -1 if unmapped. */
-static long rss_kb(uintptr_t addr) {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    CHECK(f);
-    char line[512];
-    int in = 0;
-    long found = -1;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
-            in = addr >= lo && addr < hi;
-            continue;
-        }
-        long kb;
-        if (in && sscanf(line, "Rss: %ld kB", &kb) == 1) found = kb;
-    }
-    fclose(f);
-    return found;
+static int released(uintptr_t unused) {
+    (void)unused;
+    tm_stats_t s;
+    return tm_stats(&s) == 0 && s.host_released_blocks >= 1;
 }
 
-static void wait_for(int (*cond)(void), const char *what) {
-    for (int i = 0; i < 2000; i++) {
-        if (cond()) return;
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    fprintf(stderr, "timed out waiting for %s\n", what);
-    exit(1);
+static int unmapped(uintptr_t unused) {
+    (void)unused;
+    tm_stats_t s;
+    return tm_stats(&s) == 0 && s.host_cached_bytes == 0 && s.host_unmapped_blocks >= 1;
 }
-
-static int released(void) { tm_stats_t s; return tm_stats(&s) == 0 && s.host_released_blocks >= 1; }
-static int unmapped(void) { tm_stats_t s; return tm_stats(&s) == 0 && s.host_cached_bytes == 0 && s.host_unmapped_blocks >= 1; }
 
 int main(int argc, char **argv) {
     int only_free = argc > 1 && strcmp(argv[1], "free") == 0;
@@ -75,14 +53,14 @@ int main(int argc, char **argv) {
     memset(p, 7, 64 * MB);
     uintptr_t a = (uintptr_t)p;
     free(p);
-    wait_for(released, "the idle block to be released");
-    if (only_free) CHECK(rss_kb(a) >= 0 && rss_kb(a) < 1024); /* MADV_DONTNEED took the pages */
+    wait_until(released, 0, "the idle block to be released");
+    if (only_free) CHECK(smaps_kb(a, "Rss") >= 0 && smaps_kb(a, "Rss") < 1024); /* MADV_DONTNEED took the pages */
     unsigned char *q = malloc(64 * MB); /* reused after the release, whatever it holds */
     CHECK(q);
     memset(q, 9, 64 * MB);
     CHECK(q[12345] == 9);
     free(q);
-    wait_for(unmapped, "the idle block to be unmapped");
+    wait_until(unmapped, 0, "the idle block to be unmapped");
     puts("madvise refused ok");
     return 0;
 }

@@ -26,8 +26,7 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     limit_bytes: AtomicU64,
     limit_percent: AtomicU64,
     pinned_limit_bytes: AtomicU64,
-    pub oom_retries: Counter,
-    pub oom_failures: Counter,
+    /// Requests served straight by the runtime because our tables were full or the pool is off.
     pub passthrough: Counter,
 }
 
@@ -55,8 +54,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             limit_bytes: AtomicU64::new(u64::MAX),
             limit_percent: AtomicU64::new(0),
             pinned_limit_bytes: AtomicU64::new(1 << 30),
-            oom_retries: Counter::new(),
-            oom_failures: Counter::new(),
             passthrough: Counter::new(),
         }
     }
@@ -155,7 +152,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     if !pool.lock().fits_cap(len) {
                         if released {
                             pool.lock().stats.oom_failures += 1;
-                            self.oom_failures.add(1);
                             return Err(DeviceError::CapReached);
                         }
                         self.release_cached(pool, u64::MAX)?;
@@ -174,7 +170,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                         Err(DeviceError::OutOfMemory) if !released => {
                             // The failed call left an error for cudaGetLastError; we recover.
                             self.runtime.clear_last_error();
-                            self.oom_retries.add(1);
                             pool.lock().stats.oom_retries += 1;
                             self.release_cached(pool, u64::MAX)?;
                             released = true;
@@ -182,7 +177,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                         Err(e) => {
                             if e == DeviceError::OutOfMemory {
                                 pool.lock().stats.oom_failures += 1;
-                                self.oom_failures.add(1);
                             }
                             return Err(e);
                         }
