@@ -264,12 +264,14 @@ impl<M: PageMemory> HostLayer<M> {
         let start = (self.clock)();
         let out = self.resize_untimed(addr, len, new_size);
         self.stats.phases.realloc.record((self.clock)().saturating_sub(start));
-        if let Some(moved) = out {
-            // A resize is a free of the old block and an alloc of the new one, for the trace.
-            crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64);
-            crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, crate::trace::HIT, 0, new_size as u64, moved as u64);
-        }
         out
+    }
+
+    /// For the trace, a resize that kept the block (in place or by mremap) is a free of the old
+    /// block and an alloc of the new one; the copying fallback records through alloc and free.
+    fn trace_resized(addr: usize, len: usize, moved: usize, new_size: usize) {
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64);
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, crate::trace::HIT, 0, new_size as u64, moved as u64);
     }
 
     fn resize_untimed(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
@@ -283,6 +285,7 @@ impl<M: PageMemory> HostLayer<M> {
                 self.memory.unmap(addr + need, spare);
                 self.stats.live.sub(spare as u64);
             }
+            Self::trace_resized(addr, len, addr, new_size);
             return Some(addr);
         }
         if self.registry.reserve_spare() {
@@ -292,6 +295,7 @@ impl<M: PageMemory> HostLayer<M> {
                 let _ = self.registry.set_live(moved, need, born);
                 self.stats.remaps.add(1);
                 self.stats.live.add((need - len) as u64);
+                Self::trace_resized(addr, len, moved, new_size);
                 return Some(moved);
             }
             let _ = self.registry.set_live(addr, len, born);
@@ -360,10 +364,6 @@ impl<M: PageMemory> HostLayer<M> {
     /// Every live block: (address, mapped length, birth time); for the leak report.
     pub fn for_each_live(&self, f: impl FnMut(usize, usize, u64)) {
         self.registry.for_each_live(f);
-    }
-
-    pub fn now_ns(&self) -> u64 {
-        (self.clock)()
     }
 
     /// Cached blocks and bytes now, for the stats API.
