@@ -12,7 +12,7 @@ pub mod device;
 pub mod host;
 pub mod leaks;
 pub mod report;
-pub mod route;
+mod route;
 pub mod scopes;
 #[cfg(any(test, feature = "no-interpose"))]
 pub mod sim;
@@ -50,16 +50,16 @@ const DONE: u8 = 2;
 const FAILED: u8 = 3;
 
 /// The device layer over the program's own CUDA runtime (bound on first use).
-pub static DEVICE: device::layer::DeviceLayer<sys::cuda::CudaRuntime> =
+pub(crate) static DEVICE: device::layer::DeviceLayer<sys::cuda::CudaRuntime> =
     device::layer::DeviceLayer::new(sys::cuda::CudaRuntime, map_table);
 
 /// The host layer over the kernel's pages.
-pub static HOST: HostLayer<OsPages> = HostLayer::new(OsPages, map_table, sys::clock::now_ns, sys::reaper::on_block_cached);
+pub(crate) static HOST: HostLayer<OsPages> = HostLayer::new(OsPages, map_table, sys::clock::now_ns, sys::reaper::on_block_cached);
 
 /// The resolved state, initializing on first use. `None` while initialization is under way
 /// (a reentrant call from dlsym, or another thread meanwhile): callers use the bootstrap arena.
 #[inline]
-pub fn globals() -> Option<&'static Globals> {
+pub(crate) fn globals() -> Option<&'static Globals> {
     if INIT_STATE.load(Ordering::Acquire) == DONE {
         // SAFETY: DONE is stored only after GLOBALS was written.
         return Some(unsafe { (*GLOBALS.0.get()).assume_init_ref() });

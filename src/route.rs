@@ -9,7 +9,7 @@ use crate::sys::next::{bootstrap_alloc, bootstrap_size, is_bootstrap};
 use crate::{globals, HOST};
 use core::ffi::c_void;
 use crate::sys::next::{CallocFn, FreeFn, MallocFn, NextAllocator, ReallocFn};
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
 
 const PAGE: usize = 4096;
 /// malloc's guaranteed alignment on x86-64 (and glibc's MALLOC_ALIGNMENT).
@@ -25,13 +25,16 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 // The next allocator's entry points, copied out of `Globals` so the fast paths are one load and
 // a tail call. Set before LARGE_FROM becomes non-zero (release), read after it (acquire).
 static NEXT_MALLOC: AtomicUsize = AtomicUsize::new(0);
-static NEXT_FREE: AtomicUsize = AtomicUsize::new(0);
 static NEXT_CALLOC: AtomicUsize = AtomicUsize::new(0);
 static NEXT_REALLOC: AtomicUsize = AtomicUsize::new(0);
+/// Where free sends a pointer that is not on a page boundary, so neither ours nor the arena's:
+/// the slow path until init has resolved the next allocator, then the next allocator's free.
+/// Valid at every moment, so free's fast path needs no test of the init state.
+static NEXT_FREE: AtomicPtr<()> = AtomicPtr::new(free_slow_entry as *mut ());
 
 pub fn configure(config: &Config, next: &NextAllocator) {
     NEXT_MALLOC.store(next.malloc as usize, Relaxed);
-    NEXT_FREE.store(next.free as usize, Relaxed);
+    NEXT_FREE.store(next.free as *mut (), Release);
     NEXT_CALLOC.store(next.calloc as usize, Relaxed);
     NEXT_REALLOC.store(next.realloc as usize, Relaxed);
     THRESHOLD.store(config.threshold_bytes as usize, Relaxed);
@@ -101,11 +104,11 @@ fn free_large(p: *mut c_void, len: usize) {
     HOST.free(p as usize, len);
 }
 
-/// Not page-aligned and not the arena's: certainly the next allocator's pointer (our blocks start
-/// on a page), with no table lookup.
+/// Not page-aligned: certainly the next allocator's pointer (our blocks and the bootstrap
+/// arena's start on a page), with no table lookup.
 #[inline(always)]
 fn plainly_foreign(p: *mut c_void) -> bool {
-    p as usize & (PAGE - 1) != 0 && !is_bootstrap(p)
+    p as usize & (PAGE - 1) != 0
 }
 
 /// The current small/large boundary; 0 while init has not finished (see LARGE_FROM).
@@ -138,10 +141,16 @@ fn malloc_slow(size: usize) -> *mut c_void {
 /// `p` is null or a pointer from this process's malloc family (the C contract).
 #[inline(always)]
 pub unsafe fn free(p: *mut c_void) {
-    if plainly_foreign(p) && small_below() != 0 {
-        // SAFETY: init has finished, so NEXT_FREE is the next allocator's free, and p is its.
-        return unsafe { core::mem::transmute::<usize, FreeFn>(NEXT_FREE.load(Relaxed))(p) };
+    if plainly_foreign(p) {
+        // SAFETY: NEXT_FREE always holds a free for pointers that are not ours (see its doc).
+        return unsafe { core::mem::transmute::<*mut (), FreeFn>(NEXT_FREE.load(Acquire))(p) };
     }
+    unsafe { free_slow(p) }
+}
+
+/// NEXT_FREE's value before init: everything goes the slow way.
+unsafe extern "C" fn free_slow_entry(p: *mut c_void) {
+    // SAFETY: as for free.
     unsafe { free_slow(p) }
 }
 
