@@ -72,6 +72,30 @@ def test_double_free_of_a_large_block_aborts_like_glibc():
     assert "not reached" not in out.stdout
 
 
+INTERIOR = ["interior", "interior-page", "interior-end", "interior-middle", "interior-cached", "realloc-interior"]
+
+
+@pytest.mark.parametrize("mode", INTERIOR)
+def test_free_inside_a_large_block_aborts_like_glibc(mode):
+    out = run([compile_c("bad_free"), mode])
+    assert out.returncode == -6, out
+    what = "realloc" if mode.startswith("realloc") else "free"
+    assert f"{what}(): invalid pointer" in out.stderr and "inside the large block" in out.stderr, out.stderr
+    assert "not reached" not in out.stdout
+
+
+def test_free_inside_a_large_block_on_a_page_boundary_is_caught_even_unchecked():
+    # TENSORMALLOC_CHECK_FREE=0 skips the check only for pointers off a page boundary.
+    out = run([compile_c("bad_free"), "interior-page"], env={"TENSORMALLOC_CHECK_FREE": "0"})
+    assert out.returncode == -6 and "inside the large block" in out.stderr, out
+
+
+@pytest.mark.parametrize("check", ["1", "0"])
+def test_next_allocators_blocks_beside_ours_are_freed_normally(check):
+    out = ok(run([compile_c("bad_free"), "neighbours"], env={"TENSORMALLOC_CHECK_FREE": check}))
+    assert "neighbours ok" in out.stdout and out.stderr == ""
+
+
 def test_layered_over_jemalloc():
     preload = f"{LIB} {find_peer('libjemalloc.so.2')}"
     out = ok(run([compile_c("jemalloc_layer")], preload=preload))

@@ -62,6 +62,7 @@ pub struct Config {
     /// TENSORMALLOC_TRACE's path; empty: no trace.
     pub trace_path: [u8; STATS_PATH_MAX],
     pub leaks: bool,
+    pub check_free: bool,
     pub cuda_pool: CudaPool,
     pub cuda_limit: DeviceLimit,
     pub cuda_host_cache_bytes: u64,
@@ -97,6 +98,7 @@ impl Config {
             stats_path: [0; STATS_PATH_MAX],
             trace_path: [0; STATS_PATH_MAX],
             leaks: false,
+            check_free: true,
             cuda_pool: CudaPool::Split,
             cuda_limit: DeviceLimit::Unlimited,
             cuda_host_cache_bytes: GIB,
@@ -157,6 +159,12 @@ pub static OPTIONS: &[OptionSpec] = &[
         default: "50",
         doc: "percent of a cached block a request may leave unused; past it the block is split (0 to 100)",
         apply: |c, v| parse_u64_in(v, 0, 100).map(|n| c.max_waste_percent = n),
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CHECK_FREE",
+        default: "1",
+        doc: "1: free/realloc of a pointer inside a large block aborts as glibc does; 0: skip the check on small frees",
+        apply: |c, v| parse_bool(v).map(|b| c.check_free = b),
     },
     OptionSpec {
         name: "TENSORMALLOC_HUGEPAGES",

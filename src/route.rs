@@ -26,17 +26,30 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 // a tail call. Set before LARGE_FROM becomes non-zero (release), read after it (acquire).
 static NEXT_MALLOC: AtomicUsize = AtomicUsize::new(0);
 static NEXT_CALLOC: AtomicUsize = AtomicUsize::new(0);
+/// Where realloc sends a pointer not on a page boundary that stays small: the next allocator's
+/// realloc, or `realloc_checked` in front of it (TENSORMALLOC_CHECK_FREE).
 static NEXT_REALLOC: AtomicUsize = AtomicUsize::new(0);
-/// Where free sends a pointer that is not on a page boundary, so neither ours nor the arena's:
-/// the slow path until init has resolved the next allocator, then the next allocator's free.
-/// Valid at every moment, so free's fast path needs no test of the init state.
+/// Where free sends a pointer that is not on a page boundary, so not the start of a block of
+/// ours or the arena's: the slow path until init has resolved the next allocator, then the next
+/// allocator's free, or `free_checked` in front of it. Valid at every moment, so free's fast path
+/// needs no test of the init state.
 static NEXT_FREE: AtomicPtr<()> = AtomicPtr::new(free_slow_entry as *mut ());
+// The next allocator's own free and realloc, for the checked entry points to go on to.
+static UNCHECKED_FREE: AtomicUsize = AtomicUsize::new(0);
+static UNCHECKED_REALLOC: AtomicUsize = AtomicUsize::new(0);
 
 pub fn configure(config: &Config, next: &NextAllocator) {
     NEXT_MALLOC.store(next.malloc as usize, Relaxed);
-    NEXT_FREE.store(next.free as *mut (), Release);
+    UNCHECKED_FREE.store(next.free as usize, Relaxed);
+    UNCHECKED_REALLOC.store(next.realloc as usize, Relaxed);
+    if config.check_free {
+        NEXT_FREE.store(free_checked as *mut (), Release);
+        NEXT_REALLOC.store(realloc_checked as *const () as usize, Relaxed);
+    } else {
+        NEXT_FREE.store(next.free as *mut (), Release);
+        NEXT_REALLOC.store(next.realloc as usize, Relaxed);
+    }
     NEXT_CALLOC.store(next.calloc as usize, Relaxed);
-    NEXT_REALLOC.store(next.realloc as usize, Relaxed);
     THRESHOLD.store(config.threshold_bytes as usize, Relaxed);
     set_enabled(!config.disabled);
 }
@@ -80,6 +93,40 @@ fn invalid_pointer(what: &str, p: *mut c_void) -> ! {
     crate::warn_line!("{}(): invalid pointer {:p} (double free or not from malloc); aborting", what, p);
     // SAFETY: abort never returns; this is glibc's behaviour for a corrupted heap.
     unsafe { libc::abort() }
+}
+
+/// Aborts, as glibc does for a pointer it did not hand out, if `p` points inside one of our
+/// blocks without being its start: passed on, the next allocator would read our block's data as
+/// its chunk header (and glibc may unmap part of the block on that word's say-so).
+#[inline(always)]
+fn refuse_interior(what: &str, p: *mut c_void) {
+    if HOST.may_contain(p as usize) {
+        refuse_interior_slow(what, p);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn refuse_interior_slow(what: &str, p: *mut c_void) {
+    if let Some(start) = HOST.block_containing(p as usize) {
+        crate::warn_line!("{}(): invalid pointer {:p} ({} bytes inside the large block at {:#x}); aborting", what, p, p as usize - start, start);
+        // SAFETY: as in invalid_pointer.
+        unsafe { libc::abort() }
+    }
+}
+
+/// NEXT_FREE under TENSORMALLOC_CHECK_FREE=1.
+unsafe extern "C" fn free_checked(p: *mut c_void) {
+    refuse_interior("free", p);
+    // SAFETY: set by configure before this function was published; p is not ours.
+    unsafe { core::mem::transmute::<usize, FreeFn>(UNCHECKED_FREE.load(Relaxed))(p) }
+}
+
+/// NEXT_REALLOC under TENSORMALLOC_CHECK_FREE=1.
+unsafe extern "C" fn realloc_checked(p: *mut c_void, size: usize) -> *mut c_void {
+    refuse_interior("realloc", p);
+    // SAFETY: as in free_checked.
+    unsafe { core::mem::transmute::<usize, ReallocFn>(UNCHECKED_REALLOC.load(Relaxed))(p, size) }
 }
 
 fn large(size: usize, align: usize, zeroed: bool) -> *mut c_void {
@@ -163,7 +210,7 @@ unsafe fn free_slow(p: *mut c_void) {
     match owner(p) {
         Owner::Live { len } => return free_large(p, len),
         Owner::Cached => invalid_pointer("free", p),
-        Owner::Foreign => {}
+        Owner::Foreign => refuse_interior("free", p),
     }
     if let Some(g) = globals() {
         // SAFETY: not ours and not the arena's: it came from the next allocator.
@@ -249,6 +296,7 @@ unsafe fn realloc_slow(p: *mut c_void, size: usize) -> *mut c_void {
             q
         }
         Owner::Foreign => {
+            refuse_interior("realloc", p);
             if size < LARGE_FROM.load(Relaxed) {
                 // SAFETY: p came from the next allocator.
                 return unsafe { (g.next.realloc)(p, size) };

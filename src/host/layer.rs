@@ -82,6 +82,17 @@ impl<M: PageMemory> HostLayer<M> {
         self.registry.owner(addr)
     }
 
+    /// See Registry::may_contain.
+    #[inline(always)]
+    pub fn may_contain(&self, addr: usize) -> bool {
+        self.registry.may_contain(addr)
+    }
+
+    /// The start of the live or cached block containing `addr` (see Registry::block_containing).
+    pub fn block_containing(&self, addr: usize) -> Option<usize> {
+        self.registry.block_containing(addr)
+    }
+
     /// The mapped length for a request, and the alignment every mapping of that length gets.
     fn block_shape(&self, size: usize) -> Option<(usize, usize)> {
         let huge = self.hugepages.load(Relaxed) != hugepages_code(HugePages::Never) && size >= HUGE_MIN;
@@ -390,6 +401,9 @@ impl<M: PageMemory> HostLayer<M> {
         for b in cache.blocks() {
             if self.registry.owner(b.addr) != Owner::Cached {
                 return Err("a cached block is not recorded as cached");
+            }
+            if self.registry.block_containing(b.addr + b.len - 1) != Some(b.addr) || self.registry.block_containing(b.addr + b.len) == Some(b.addr) {
+                return Err("a cached block's tail does not lead back to its start");
             }
         }
         Ok(())

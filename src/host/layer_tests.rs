@@ -214,6 +214,13 @@ fn random_programs_match_the_shadow_model() {
                 }
                 _ => {}
             }
+            if let Some((&a, &size)) = live.iter().nth((next() % (live.len() as u64 + 1)) as usize) {
+                // Near either end: the walk back from the middle is page by page, too slow here.
+                let Owner::Live { len } = l.owner(a) else { panic!() };
+                assert_eq!(l.block_containing(a + len - 1), Some(a), "interior of a live block");
+                assert_eq!(l.block_containing(a + PAGE + 8), Some(a), "interior of a live block");
+                assert_ne!(l.block_containing(a + len), Some(a), "past a live block");
+            }
             check(&l);
         }
     }

@@ -6,6 +6,13 @@
 //! Writers need no lock: leaves are installed with compare-and-swap and never freed.
 //! Invariant: an entry is cleared before its pages are unmapped, and set only after they are
 //! mapped, so an address the kernel reuses for someone else never matches.
+//!
+//! For the rarer question "is this address *inside* one of our blocks" (a free of an interior
+//! pointer must abort, not reach the next allocator), each block also marks its last page with
+//! a tail entry pointing back to its start, and each 2 MiB granule counts the blocks that
+//! overlap it. `block_containing` walks back from the address to the nearest start or tail,
+//! stopping at the first granule no block overlaps: an address far from our blocks is answered
+//! by one or two loads.
 
 use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
@@ -19,9 +26,16 @@ const ROOT_ENTRIES: usize = 1 << ROOT_BITS;
 const STATE_MASK: u64 = (1 << PAGE_SHIFT) - 1;
 const LIVE: u64 = 1;
 const CACHED: u64 = 2;
+/// The last page of a block longer than a page; the entry's upper bits are the block's start.
+const TAIL: u64 = 3;
 
-/// A leaf: LEAF_ENTRIES entries, then LEAF_ENTRIES birth times (for the leak report).
-const LEAF_BYTES: usize = 2 * LEAF_ENTRIES * core::mem::size_of::<AtomicU64>();
+const PAGE: usize = 1 << PAGE_SHIFT;
+const GRANULE_SHIFT: u32 = 21;
+const LEAF_GRANULES: usize = 1 << (LEAF_BITS + PAGE_SHIFT - GRANULE_SHIFT);
+
+/// A leaf: LEAF_ENTRIES entries, LEAF_ENTRIES birth times (for the leak report), then one
+/// overlap count per granule.
+const LEAF_BYTES: usize = (2 * LEAF_ENTRIES + LEAF_GRANULES) * core::mem::size_of::<AtomicU64>();
 
 /// Supplies zeroed memory for leaves; never freed.
 pub type TableSource = fn(usize) -> Option<usize>;
@@ -96,32 +110,45 @@ impl Registry {
     }
 
     fn slots(&self, addr: usize, create: bool) -> Option<(&AtomicU64, &AtomicU64)> {
-        if addr & ((1 << PAGE_SHIFT) - 1) != 0 || (addr as u64) >> ADDRESS_BITS != 0 {
+        if addr & (PAGE - 1) != 0 {
             return None;
         }
-        let page = addr >> PAGE_SHIFT;
-        let root_index = page >> LEAF_BITS; // < ROOT_ENTRIES: addr has at most ADDRESS_BITS bits
+        let leaf = self.leaf(addr, create)?;
+        let index = (addr >> PAGE_SHIFT) & (LEAF_ENTRIES - 1);
+        // SAFETY: leaf points to LEAF_BYTES of zero-initialised AtomicU64s that live forever,
+        // and index < LEAF_ENTRIES.
+        Some(unsafe { (&*leaf.add(index), &*leaf.add(LEAF_ENTRIES + index)) })
+    }
+
+    /// The overlap count of the granule holding `addr` (any address).
+    fn granule(&self, addr: usize, create: bool) -> Option<&AtomicU64> {
+        let leaf = self.leaf(addr, create)?;
+        let index = (addr >> GRANULE_SHIFT) & (LEAF_GRANULES - 1);
+        // SAFETY: as in slots(); the counts follow the two arrays of LEAF_ENTRIES.
+        Some(unsafe { &*leaf.add(2 * LEAF_ENTRIES + index) })
+    }
+
+    /// The leaf covering `addr`, installed if `create`; `None` for addresses past ADDRESS_BITS.
+    fn leaf(&self, addr: usize, create: bool) -> Option<*mut AtomicU64> {
+        if (addr as u64) >> ADDRESS_BITS != 0 {
+            return None;
+        }
+        let root_index = addr >> (PAGE_SHIFT + LEAF_BITS); // < ROOT_ENTRIES
         // SAFETY: the root table holds ROOT_ENTRIES zero-initialised pointers and lives forever.
         let root_slot = unsafe { &*self.root(create)?.add(root_index) };
-        let mut leaf = root_slot.load(Ordering::Acquire);
-        if leaf.is_null() {
-            if !create {
-                return None;
-            }
-            let fresh = self.new_leaf()?;
-            leaf = match root_slot.compare_exchange(core::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => fresh,
-                // Another writer installed this leaf first: use theirs, keep ours as the spare.
-                Err(theirs) => {
-                    let _ = self.spare.compare_exchange(core::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire);
-                    theirs
-                }
-            };
+        let leaf = root_slot.load(Ordering::Acquire);
+        if !leaf.is_null() || !create {
+            return (!leaf.is_null()).then_some(leaf);
         }
-        let index = page & (LEAF_ENTRIES - 1);
-        // SAFETY: leaf points to 2 * LEAF_ENTRIES zero-initialised AtomicU64s that live
-        // forever, and index < LEAF_ENTRIES.
-        Some(unsafe { (&*leaf.add(index), &*leaf.add(LEAF_ENTRIES + index)) })
+        let fresh = self.new_leaf()?;
+        Some(match root_slot.compare_exchange(core::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => fresh,
+            // Another writer installed this leaf first: use theirs, keep ours as the spare.
+            Err(theirs) => {
+                let _ = self.spare.compare_exchange(core::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire);
+                theirs
+            }
+        })
     }
 
     /// O(1), lock-free. Any pointer value is accepted.
@@ -140,10 +167,9 @@ impl Registry {
     #[must_use]
     pub fn set_live(&self, addr: usize, len: usize, born_ns: u64) -> bool {
         match self.slots(addr, true) {
-            Some((entry, born)) => {
+            Some((_, born)) => {
                 born.store(born_ns, Ordering::Relaxed);
-                entry.store(len as u64 | LIVE, Ordering::Release);
-                true
+                self.write(addr, len as u64 | LIVE)
             }
             None => false,
         }
@@ -179,24 +205,113 @@ impl Registry {
 
     #[must_use]
     pub fn set_cached(&self, addr: usize, len: usize) -> bool {
-        self.store(addr, len as u64 | CACHED)
+        self.write(addr, len as u64 | CACHED)
     }
 
     pub fn clear(&self, addr: usize) {
-        if let Some(slot) = self.slot(addr, false) {
-            slot.store(0, Ordering::Release);
+        if self.slot(addr, false).is_some() {
+            self.write(addr, 0);
         }
     }
 
-    fn store(&self, addr: usize, value: u64) -> bool {
-        match self.slot(addr, true) {
-            Some(slot) => {
-                slot.store(value, Ordering::Release);
-                true
+    /// Sets the entry of the block starting at `addr` and keeps its tail and the granule
+    /// counts in step with the length it had and the length it now has.
+    fn write(&self, addr: usize, value: u64) -> bool {
+        let Some(slot) = self.slot(addr, value != 0) else { return false };
+        let old = slot.swap(value, Ordering::AcqRel);
+        let (old_len, new_len) = (block_len(old), block_len(value));
+        if old_len != new_len {
+            if old_len != 0 {
+                self.unmark(addr, old_len);
             }
-            None => false,
+            if new_len != 0 {
+                self.mark(addr, new_len);
+            }
+        }
+        true
+    }
+
+    /// Records the tail and the granules of a block. Without table memory for them the block
+    /// still works; only the interior-pointer check may then miss it.
+    fn mark(&self, addr: usize, len: usize) {
+        for g in granules(addr, len) {
+            if let Some(count) = self.granule(g, true) {
+                count.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        if len > PAGE {
+            if let Some(tail) = self.slot(addr + len - PAGE, true) {
+                tail.store(addr as u64 | TAIL, Ordering::Release);
+            }
         }
     }
+
+    fn unmark(&self, addr: usize, len: usize) {
+        if len > PAGE {
+            if let Some(tail) = self.slot(addr + len - PAGE, false) {
+                let _ = tail.compare_exchange(addr as u64 | TAIL, 0, Ordering::AcqRel, Ordering::Acquire);
+            }
+        }
+        for g in granules(addr, len) {
+            if let Some(count) = self.granule(g, false) {
+                let _ = count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(1));
+            }
+        }
+    }
+
+    /// False when no block of ours overlaps the 2 MiB around `addr`: three loads at most, for
+    /// the hot path of free. True means `block_containing` has to look.
+    #[inline(always)]
+    pub fn may_contain(&self, addr: usize) -> bool {
+        let root = self.root.load(Ordering::Acquire);
+        if root.is_null() {
+            return false;
+        }
+        // Out-of-range addresses wrap to some leaf: harmless for a "maybe".
+        let root_index = (addr >> (PAGE_SHIFT + LEAF_BITS)) & (ROOT_ENTRIES - 1);
+        // SAFETY: root_index < ROOT_ENTRIES; the root table lives forever.
+        let leaf = unsafe { (*root.add(root_index)).load(Ordering::Acquire) };
+        if leaf.is_null() {
+            return false;
+        }
+        let index = (addr >> GRANULE_SHIFT) & (LEAF_GRANULES - 1);
+        // SAFETY: as in granule().
+        unsafe { (*leaf.add(2 * LEAF_ENTRIES + index)).load(Ordering::Acquire) != 0 }
+    }
+
+    /// The start of the block of ours (live or cached) that contains `addr`, if any. Cheap far
+    /// from our blocks; inside a block it walks back page by page to the block's start, which
+    /// only a bad free makes it do.
+    pub fn block_containing(&self, addr: usize) -> Option<usize> {
+        let target = addr & !(PAGE - 1);
+        let mut page = target;
+        loop {
+            if self.granule(page, false)?.load(Ordering::Acquire) == 0 {
+                return None;
+            }
+            let entry = self.slot(page, false)?.load(Ordering::Acquire);
+            match entry & STATE_MASK {
+                LIVE | CACHED => return (addr - page < block_len(entry)).then_some(page),
+                TAIL => return (page == target).then_some((entry & !STATE_MASK) as usize),
+                _ => page = page.checked_sub(PAGE)?,
+            }
+        }
+    }
+}
+
+/// The length a start entry records; 0 for an empty or tail entry.
+fn block_len(entry: u64) -> usize {
+    match entry & STATE_MASK {
+        LIVE | CACHED => (entry & !STATE_MASK) as usize,
+        _ => 0,
+    }
+}
+
+/// One address in each granule that [addr, addr+len) overlaps.
+fn granules(addr: usize, len: usize) -> impl Iterator<Item = usize> {
+    let first = addr >> GRANULE_SHIFT;
+    let last = (addr + len - 1) >> GRANULE_SHIFT;
+    (first..=last).map(|g| g << GRANULE_SHIFT)
 }
 
 #[cfg(test)]
@@ -226,5 +341,64 @@ mod tests {
         assert_eq!(reg.owner(base), Owner::Cached);
         reg.clear(base);
         assert_eq!(reg.owner(base), Owner::Foreign);
+    }
+
+    #[test]
+    fn interior_addresses_find_their_block() {
+        let reg = Box::new(Registry::new(leak_zeroed));
+        let mib = 1usize << 20;
+        // Two blocks, the second crossing a leaf (1 GiB) boundary, with a gap between them.
+        let a = 0x7f00_0000_0000usize + 3 * PAGE;
+        let b = 0x7f00_4000_0000usize - 5 * mib;
+        assert!(reg.set_live(a, 8 * mib, 1));
+        assert!(reg.set_cached(b, 12 * mib));
+        for (addr, want) in [
+            (a, Some(a)),
+            (a + 1, Some(a)),
+            (a + PAGE, Some(a)),
+            (a + 8 * mib - 1, Some(a)),
+            (a + 8 * mib - PAGE, Some(a)),
+            (a + 8 * mib, None),
+            (a - 1, None),
+            (a + 9 * mib + 16, None),
+            (b + 5 * mib, Some(b)),
+            (b + 12 * mib - 8, Some(b)),
+            (b + 12 * mib, None),
+            (b - PAGE, None),
+            (0, None),
+            (usize::MAX, None),
+        ] {
+            assert_eq!(reg.block_containing(addr), want, "{addr:#x}");
+        }
+        // Shrinking, splitting and clearing move the tail and the granule counts along.
+        assert!(reg.set_live(a, 2 * mib, 1));
+        assert!(reg.set_cached(a + 2 * mib, 6 * mib));
+        assert_eq!(reg.block_containing(a + 2 * mib - 1), Some(a));
+        assert_eq!(reg.block_containing(a + 2 * mib), Some(a + 2 * mib));
+        assert_eq!(reg.block_containing(a + 8 * mib - 1), Some(a + 2 * mib));
+        reg.clear(a + 2 * mib);
+        assert_eq!(reg.block_containing(a + 3 * mib), None);
+        assert_eq!(reg.block_containing(a + 8 * mib - 1), None);
+        reg.clear(a);
+        reg.clear(b);
+        for addr in [a, a + mib, b, b + 11 * mib] {
+            assert_eq!(reg.block_containing(addr), None, "{addr:#x}");
+        }
+        // Every count is back to zero: the walk stops at once everywhere.
+        for g in granules(a, 8 * mib).chain(granules(b, 12 * mib)) {
+            assert_eq!(reg.granule(g, false).map(|c| c.load(Ordering::Relaxed)), Some(0));
+        }
+    }
+
+    #[test]
+    fn one_page_blocks_have_no_tail() {
+        let reg = Box::new(Registry::new(leak_zeroed));
+        let base = 0x7f00_0000_0000usize;
+        assert!(reg.set_live(base, PAGE, 1));
+        assert!(reg.set_live(base + PAGE, PAGE, 1));
+        assert_eq!(reg.block_containing(base + 100), Some(base));
+        assert_eq!(reg.block_containing(base + PAGE + 100), Some(base + PAGE));
+        assert_eq!(reg.block_containing(base + 2 * PAGE), None);
+        assert_eq!(reg.owner(base), Owner::Live { len: PAGE });
     }
 }
