@@ -28,7 +28,9 @@ def held_mb():
     return (rss - lazy) / 1024
 
 
-def timed(body, iterations, warmup=2):
+def timed(body, iterations, warmup=2, per_iteration=False):
+    """ms per iteration (the median, or every iteration's if per_iteration) and faults per
+    iteration."""
     for _ in range(warmup):
         body()
     times = []
@@ -36,8 +38,9 @@ def timed(body, iterations, warmup=2):
     for _ in range(iterations):
         t = time.perf_counter()
         body()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3, (minflt() - f0) / iterations
+        times.append((time.perf_counter() - t) * 1e3)
+    faults = (minflt() - f0) / iterations
+    return (times if per_iteration else statistics.median(times)), faults
 
 
 def seed():
@@ -49,15 +52,31 @@ def seed():
     return timed(body, 40)
 
 
+# Below 4 MiB the time of `a*b + 1` moves by up to a half with where the result lands relative
+# to a and b modulo 4 KiB (store-to-load aliasing), and that position depends on every small
+# allocation made before: loading any library shifts it. So each small sweep runs over LAYOUTS
+# placements of a and b (views at offsets spread over 4 KiB) and reports the median over all of
+# them, not the luck of one placement.
+LAYOUTS = 8
+
+
 def sweep(nbytes):
     def run():
         n = nbytes // 8
-        a, b = np.full(n, 1.5), np.full(n, 2.5)
         iterations = max(5, min(400, (2 << 30) // max(nbytes, 1) // 4))
+        layouts = LAYOUTS if nbytes < (4 << 20) else 1
+        times, faults = [], 0.0
+        for k in range(layouts):
+            shift_a, shift_b = 65 * k % 512, 195 * k % 512  # elements: 520 and 1560 bytes apart
+            a = np.full(n + shift_a, 1.5)[shift_a:]
+            b = np.full(n + shift_b, 2.5)[shift_b:]
 
-        def body():
-            a * b + 1
-        return timed(body, iterations)
+            def body():
+                a * b + 1
+            ms, f = timed(body, max(5, iterations // layouts), per_iteration=True)
+            times += ms
+            faults += f / layouts
+        return statistics.median(times), faults
     return run
 
 
