@@ -471,7 +471,7 @@ mod tests {
     fn garbage_never_panics_or_changes_config() {
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let alphabet = b"0123456789kKmMgGtTiIbB%-+. :json/\x00\xff";
-        for _ in 0..20_000 {
+        for _ in 0..crate::sim::rounds(20_000, 300) {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;

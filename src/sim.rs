@@ -7,6 +7,22 @@ use crate::backing::{DeviceError, DeviceRuntime, PageMemory};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+/// How many rounds a property test runs: `native` normally, `miri` under Miri, which checks
+/// every memory access and runs about a thousand times slower.
+pub const fn rounds(native: usize, miri: usize) -> usize {
+    if cfg!(miri) {
+        miri
+    } else {
+        native
+    }
+}
+
+/// A `TableSource` for tests: zeroed, 8-byte aligned (the tables hold u64s) and never freed,
+/// as the real source's mappings are.
+pub fn leak_table(len: usize) -> Option<usize> {
+    Some(Box::leak(vec![0u64; len.div_ceil(8)].into_boxed_slice()).as_mut_ptr() as usize)
+}
+
 #[derive(Default, Debug, Clone)]
 pub struct PageCalls {
     pub maps: u64,

@@ -216,15 +216,21 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// cudaFree of a pointer: back into its device's pool, whatever device is current.
     pub fn free(&self, addr: usize) -> Result<Freed, DeviceError> {
         let Some(device) = self.owning_device(addr) else { return Ok(Freed::NotOurs) };
-        let tag = if self.sync_on_free.load(Relaxed) {
+        let synced = self.sync_on_free.load(Relaxed);
+        if synced {
             // Note [Safe reuse]: the device that ran the block's kernels is the one to wait for.
             self.with_device(device as i32, || self.runtime.synchronize())?;
-            SYNCED
-        } else {
-            PENDING
-        };
+        }
         let pool = self.pools.get(device).ok_or(DeviceError::Other(crate::backing::CUDA_ERROR_INVALID_VALUE))?;
-        let freed = pool.lock().free(addr as u64, tag);
+        let freed = {
+            let mut pool = pool.lock();
+            if synced {
+                // The whole device is idle now: blocks freed on streams are reusable too, and
+                // the report counts this sync.
+                pool.mark_all_synced();
+            }
+            pool.free(addr as u64, if synced { SYNCED } else { PENDING })
+        };
         match freed {
             Some(size) => {
                 crate::scopes::on_free(size);

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::config::Config;
-use crate::device::table::leak_table;
+use crate::sim::leak_table;
 use crate::sim::SimRuntime;
 
 const MB: usize = 1 << 20;

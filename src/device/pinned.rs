@@ -166,7 +166,7 @@ impl Default for PinnedCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::table::leak_table;
+    use crate::sim::leak_table;
 
     #[test]
     fn reuses_same_class_and_flags_and_bounds_bytes() {

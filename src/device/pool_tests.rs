@@ -2,7 +2,7 @@
 //! property test against a shadow of live blocks.
 
 use super::*;
-use crate::device::table::leak_table;
+use crate::sim::leak_table;
 use std::collections::BTreeMap;
 
 const MB: u64 = 1 << 20;
@@ -147,7 +147,7 @@ fn out_of_memory_releases_free_segments_and_retries() {
 /// live block lies inside a mapped segment, and the byte accounting always adds up.
 #[test]
 fn random_programs_keep_blocks_disjoint_and_accounted() {
-    for seed in 1..=30u64 {
+    for seed in 1..=crate::sim::rounds(30, 3) as u64 {
         let strategy = if seed % 2 == 0 { Strategy::Split } else { Strategy::Binned };
         let mut h = Harness::new(strategy, 2048 * MB);
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -158,7 +158,7 @@ fn random_programs_keep_blocks_disjoint_and_accounted() {
             x
         };
         let mut live: BTreeMap<u64, u64> = BTreeMap::new();
-        for _ in 0..1500 {
+        for _ in 0..crate::sim::rounds(1500, 150) {
             let r = rand();
             if r % 3 != 0 || live.is_empty() {
                 let size = match r % 4 {

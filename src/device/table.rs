@@ -224,13 +224,9 @@ impl AddrMap {
 }
 
 #[cfg(test)]
-pub fn leak_table(len: usize) -> Option<usize> {
-    Some(Box::leak(vec![0u8; len].into_boxed_slice()).as_mut_ptr() as usize)
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::leak_table;
     use std::collections::HashMap;
 
     #[test]
@@ -239,7 +235,7 @@ mod tests {
         assert!(m.init(1 << 10, leak_table));
         let mut shadow = HashMap::new();
         let mut x = 12345u64;
-        for step in 0..200_000u32 {
+        for step in 0..crate::sim::rounds(200_000, 3_000) as u32 {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;

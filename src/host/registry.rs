@@ -317,10 +317,7 @@ fn granules(addr: usize, len: usize) -> impl Iterator<Item = usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn leak_zeroed(len: usize) -> Option<usize> {
-        Some(Box::leak(vec![0u8; len].into_boxed_slice()).as_mut_ptr() as usize)
-    }
+    use crate::sim::leak_table as leak_zeroed;
 
     #[test]
     fn only_block_starts_match() {

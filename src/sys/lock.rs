@@ -89,12 +89,13 @@ mod tests {
 
     #[test]
     fn serializes_increments() {
+        let rounds = crate::sim::rounds(10_000, 200);
         let lock = Arc::new(SpinLock::new(0u64));
         let threads: Vec<_> = (0..4)
             .map(|_| {
                 let lock = lock.clone();
                 std::thread::spawn(move || {
-                    for _ in 0..10_000 {
+                    for _ in 0..rounds {
                         *lock.lock() += 1;
                     }
                 })
@@ -103,7 +104,7 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(*lock.lock(), 40_000);
+        assert_eq!(*lock.lock(), 4 * rounds as u64);
     }
 }
 
