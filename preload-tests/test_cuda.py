@@ -1,5 +1,6 @@
 """The CUDA path end to end: the real interposer over the stand-in runtime (c/fakecudart.c, a
 simulator that says so in its first line), in every pool mode and with pass-through."""
+import json
 import subprocess
 
 import pytest
@@ -62,9 +63,17 @@ def test_cap_refuses_past_the_limit():
     assert out.returncode == 1 and "cudaMalloc(&a, 600 * MB) == 0" in out.stderr
 
 
-def test_stats_report_lists_device_pools():
+def test_stats_report_lists_device_pools_and_timings(tmp_path):
     out = ok(run([cuda_program(), "two-devices", "expect-pool"], env={"TENSORMALLOC_STATS": "1"}))
     assert "cuda device 0:" in out.stderr and "cuda device 1:" in out.stderr
+    rows = {line.split()[0]: line.split() for line in out.stderr.splitlines() if line.startswith(" cuda")}
+    assert int(rows["cudaMalloc"][1]) > 0 and int(rows["cudaFree"][1]) > 0, out.stderr
+    assert "synchronize (free, reuse)" in out.stderr and "runtime cudaMalloc" in out.stderr
+    path = tmp_path / "stats.json"
+    ok(run([cuda_program(), "two-devices", "expect-pool"], env={"TENSORMALLOC_STATS": f"json:{path}"}))
+    phases = {p["name"]: p for p in json.loads(path.read_text())["phases"]}
+    assert phases["cudaMalloc"]["calls"] > 0 and phases["runtime cudaMalloc"]["depth"] == 1
+    assert phases["synchronize (free, reuse)"]["calls"] > 0, phases
 
 
 def test_no_cuda_no_cost():

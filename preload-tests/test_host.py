@@ -139,6 +139,7 @@ def test_stats_report_text_and_json(tmp_path):
     report = out.stderr
     assert re.search(r"requests \d+  hits \d+ \(\d+\.\d%\)", report), report
     assert "Section" in report and "large alloc" in report and "%tot" in report
+    assert "cudaMalloc" not in report, "device rows only for processes that used CUDA"
     path = tmp_path / "stats.json"
     ok(run([compile_c("threads")], env={"TENSORMALLOC_STATS": f"json:{path}"}))
     data = json.loads(path.read_text())

@@ -145,9 +145,13 @@ fn percent(part: u64, whole: u64) -> f64 {
 
 /// One row of the phase table: (indent, name, timer).
 type PhaseRow<'a> = (usize, &'a str, &'a PhaseTimer);
+const DEVICE_ROWS: usize = 5;
 
-fn phase_rows() -> [PhaseRow<'static>; 10] {
+/// The host rows, then the device rows (`DEVICE_ROWS` of them, left out of the text report of a
+/// process that made no CUDA call).
+fn phase_rows() -> [PhaseRow<'static>; 15] {
     let p = &HOST.stats.phases;
+    let d = &DEVICE.phases;
     [
         (0, "large alloc", &p.alloc),
         (1, "cache hit", &p.alloc_hit),
@@ -159,6 +163,11 @@ fn phase_rows() -> [PhaseRow<'static>; 10] {
         (0, "large realloc", &p.realloc),
         (0, "idle release (MADV_FREE)", &p.release),
         (0, "idle expiry (munmap)", &p.expire),
+        (0, "cudaMalloc", &d.malloc),
+        (1, "runtime cudaMalloc", &d.malloc_runtime),
+        (0, "cudaFree", &d.free),
+        (1, "synchronize (free, reuse)", &d.sync),
+        (1, "runtime cudaFree (give back)", &d.free_runtime),
     ]
 }
 
@@ -234,8 +243,10 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     }
     let rows = phase_rows();
     let total: u64 = rows.iter().filter(|r| r.0 == 0).map(|r| r.2.total_ns.get()).sum();
+    let cuda_used = DEVICE.phases.malloc.calls.get() + DEVICE.phases.free.calls.get() > 0;
+    let shown = if cuda_used { rows.len() } else { rows.len() - DEVICE_ROWS };
     writeln!(w, " {:<30} {:>10} {:>10} {:>7} {:>10}", "Section", "ncalls", "time", "%tot", "avg")?;
-    for (indent, name, t) in rows {
+    for &(indent, name, t) in rows.iter().take(shown) {
         let calls = t.calls.get();
         let ns = t.total_ns.get();
         let avg = ns.checked_div(calls).unwrap_or(0);

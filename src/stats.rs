@@ -120,6 +120,41 @@ pub struct HostPhases {
     pub expire: PhaseTimer,
 }
 
+/// Per-phase timings of the CUDA paths, all devices together.
+pub struct DevicePhases {
+    /// cudaMalloc and the pluggable alloc, whole.
+    pub malloc: PhaseTimer,
+    /// The runtime's own cudaMalloc: a new segment, or a request passed through.
+    pub malloc_runtime: PhaseTimer,
+    /// Every device synchronization we make: in cudaFree, before reusing a block, before
+    /// giving segments back.
+    pub sync: PhaseTimer,
+    /// cudaFree and the pluggable free, whole (for our blocks).
+    pub free: PhaseTimer,
+    /// The runtime's own cudaFree of segments given back (out of memory, trim, cap).
+    pub free_runtime: PhaseTimer,
+}
+
+impl DevicePhases {
+    pub const fn new() -> Self {
+        DevicePhases {
+            malloc: PhaseTimer::new(),
+            malloc_runtime: PhaseTimer::new(),
+            sync: PhaseTimer::new(),
+            free: PhaseTimer::new(),
+            free_runtime: PhaseTimer::new(),
+        }
+    }
+}
+
+/// Runs `f` and adds its duration to `phase`.
+pub fn timed<T>(phase: &PhaseTimer, f: impl FnOnce() -> T) -> T {
+    let start = crate::sys::clock::now_ns();
+    let out = f();
+    phase.record(crate::sys::clock::now_ns().saturating_sub(start));
+    out
+}
+
 impl HostStats {
     pub const fn new() -> Self {
         HostStats {

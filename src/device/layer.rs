@@ -8,7 +8,7 @@ use super::pool::{stream_tag, Alloc, DevicePool, Strategy, PENDING, SYNCED};
 use crate::backing::{DeviceError, DeviceRuntime};
 use crate::config::{Config, CudaPool, CudaSync, DeviceLimit};
 use crate::host::registry::TableSource;
-use crate::stats::Counter;
+use crate::stats::{timed, Counter, DevicePhases};
 use crate::sys::lock::SpinLock;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 
@@ -28,6 +28,7 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     pinned_limit_bytes: AtomicU64,
     /// Requests served straight by the runtime because our tables were full or the pool is off.
     pub passthrough: Counter,
+    pub phases: DevicePhases,
 }
 
 const MODE_SPLIT: u8 = 0;
@@ -55,6 +56,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             limit_percent: AtomicU64::new(0),
             pinned_limit_bytes: AtomicU64::new(1 << 30),
             passthrough: Counter::new(),
+            phases: DevicePhases::new(),
         }
     }
 
@@ -106,12 +108,18 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// cudaMalloc: a block of `size` bytes on the current device.
     pub fn malloc(&self, size: usize) -> Result<usize, DeviceError> {
-        let device = self.runtime.current_device()?;
-        self.alloc_on(device, size, SYNCED)
+        timed(&self.phases.malloc, || {
+            let device = self.runtime.current_device()?;
+            self.alloc_on(device, size, SYNCED)
+        })
     }
 
     /// The pluggable allocator's alloc: `device` may differ from the current one.
     pub fn malloc_on_stream(&self, size: usize, device: i32, stream: usize) -> Result<usize, DeviceError> {
+        timed(&self.phases.malloc, || self.malloc_on_stream_untimed(size, device, stream))
+    }
+
+    fn malloc_on_stream_untimed(&self, size: usize, device: i32, stream: usize) -> Result<usize, DeviceError> {
         let current = self.runtime.current_device()?;
         if current == device {
             return self.alloc_on(device, size, stream_tag(stream));
@@ -126,7 +134,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     fn alloc_on(&self, device: i32, size: usize, tag: u64) -> Result<usize, DeviceError> {
         let Some(pool) = self.pool(device) else {
             self.passthrough.add(1);
-            return self.runtime.malloc(size);
+            return self.runtime_malloc(size);
         };
         let mut released = false;
         let mut mapped = false;
@@ -142,10 +150,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 }
                 Alloc::Untracked => {
                     self.passthrough.add(1);
-                    return self.runtime.malloc(size);
+                    return self.runtime_malloc(size);
                 }
                 Alloc::NeedSync => {
-                    self.runtime.synchronize()?;
+                    self.synchronize()?;
                     pool.lock().mark_all_synced();
                 }
                 Alloc::NeedSegment { len, small } => {
@@ -158,13 +166,13 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                         released = true;
                         continue;
                     }
-                    match self.runtime.malloc(len as usize) {
+                    match self.runtime_malloc(len as usize) {
                         Ok(addr) => {
                             mapped = true;
                             if !pool.lock().add_segment(addr as u64, len, small) {
-                                self.runtime.free(addr)?;
+                                self.runtime_free(addr)?;
                                 self.passthrough.add(1);
-                                return self.runtime.malloc(size);
+                                return self.runtime_malloc(size);
                             }
                         }
                         Err(DeviceError::OutOfMemory) if !released => {
@@ -190,14 +198,14 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Synchronizes (so every free block is reusable and whole segments can be freed), then
     /// gives fully free segments of the current device back to the runtime.
     fn release_cached(&self, pool: &SpinLock<DevicePool>, max_bytes: u64) -> Result<u64, DeviceError> {
-        self.runtime.synchronize()?;
+        self.synchronize()?;
         pool.lock().mark_all_synced();
         let mut total = 0;
         loop {
             let mut batch = [(0u64, 0u64); 32];
             let n = pool.lock().release_free_segments(max_bytes.saturating_sub(total), &mut batch);
             for &(addr, len) in batch.iter().take(n) {
-                self.runtime.free(addr as usize)?;
+                self.runtime_free(addr as usize)?;
                 total += len;
             }
             if n < batch.len() || total >= max_bytes {
@@ -213,13 +221,29 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         })
     }
 
+    fn runtime_malloc(&self, len: usize) -> Result<usize, DeviceError> {
+        timed(&self.phases.malloc_runtime, || self.runtime.malloc(len))
+    }
+
+    fn runtime_free(&self, addr: usize) -> Result<(), DeviceError> {
+        timed(&self.phases.free_runtime, || self.runtime.free(addr))
+    }
+
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        timed(&self.phases.sync, || self.runtime.synchronize())
+    }
+
     /// cudaFree of a pointer: back into its device's pool, whatever device is current.
     pub fn free(&self, addr: usize) -> Result<Freed, DeviceError> {
         let Some(device) = self.owning_device(addr) else { return Ok(Freed::NotOurs) };
+        timed(&self.phases.free, || self.free_ours(addr, device))
+    }
+
+    fn free_ours(&self, addr: usize, device: usize) -> Result<Freed, DeviceError> {
         let synced = self.sync_on_free.load(Relaxed);
         if synced {
             // Note [Safe reuse]: the device that ran the block's kernels is the one to wait for.
-            self.with_device(device as i32, || self.runtime.synchronize())?;
+            self.with_device(device as i32, || self.synchronize())?;
         }
         let pool = self.pools.get(device).ok_or(DeviceError::Other(crate::backing::CUDA_ERROR_INVALID_VALUE))?;
         let freed = {
@@ -244,6 +268,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// The pluggable allocator's free: reusable at once on the same stream.
     pub fn free_on_stream(&self, addr: usize, device: i32, stream: usize) -> Freed {
+        timed(&self.phases.free, || self.free_on_stream_untimed(addr, device, stream))
+    }
+
+    fn free_on_stream_untimed(&self, addr: usize, device: i32, stream: usize) -> Freed {
         let index = usize::try_from(device).ok().filter(|&d| self.pools.get(d).is_some_and(|p| p.lock().owns(addr as u64)));
         let Some(d) = index.or_else(|| self.owning_device(addr)) else { return Freed::NotOurs };
         match self.pools.get(d).and_then(|p| p.lock().free(addr as u64, stream_tag(stream))) {
@@ -340,7 +368,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         }
         if self.sync_on_free.load(Relaxed) {
             // Copies from or to this memory may still be queued (Note [Safe reuse]).
-            self.runtime.synchronize()?;
+            self.synchronize()?;
         }
         let outcome = self.pinned.lock().free(addr as u64);
         match outcome {
