@@ -147,6 +147,12 @@ impl DevicePhases {
     }
 }
 
+impl Default for DevicePhases {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Runs `f` and adds its duration to `phase`.
 pub fn timed<T>(phase: &PhaseTimer, f: impl FnOnce() -> T) -> T {
     let start = crate::sys::clock::now_ns();
