@@ -118,7 +118,7 @@ def test_bad_values_warn_once_and_use_defaults(value):
     names = [
         "THRESHOLD", "CACHE_BLOCKS", "CACHE_BYTES", "RELEASE_MS", "EXPIRE_MS", "MAX_WASTE",
         "HUGEPAGES", "DISABLE", "STATS", "LEAKS", "CUDA_POOL", "CUDA_LIMIT", "CUDA_HOST_CACHE_BYTES",
-        "CUDA_SYNC",
+        "CUDA_SYNC", "CHECK_FREE",
     ]
     env = {f"TENSORMALLOC_{n}": value for n in names}
     out = ok(run([compile_c("threads")], env=env))
