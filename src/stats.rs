@@ -153,12 +153,17 @@ impl Default for DevicePhases {
     }
 }
 
-/// Runs `f` and adds its duration to `phase`.
-pub fn timed<T>(phase: &PhaseTimer, f: impl FnOnce() -> T) -> T {
-    let start = crate::sys::clock::now_ns();
+/// Runs `f` and adds its duration on `clock` to `phase`.
+pub fn timed_by<T>(clock: fn() -> u64, phase: &PhaseTimer, f: impl FnOnce() -> T) -> T {
+    let start = clock();
     let out = f();
-    phase.record(crate::sys::clock::now_ns().saturating_sub(start));
+    phase.record(clock().saturating_sub(start));
     out
+}
+
+/// `timed_by` on the monotonic clock.
+pub fn timed<T>(phase: &PhaseTimer, f: impl FnOnce() -> T) -> T {
+    timed_by(crate::sys::clock::now_ns, phase, f)
 }
 
 impl HostStats {

@@ -101,10 +101,7 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     fn timed<T>(&self, phase: &PhaseTimer, f: impl FnOnce() -> T) -> T {
-        let start = (self.clock)();
-        let out = f();
-        phase.record((self.clock)().saturating_sub(start));
-        out
+        crate::stats::timed_by(self.clock, phase, f)
     }
 
     fn unmap_all(&self, ranges: &RangeList) {
