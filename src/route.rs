@@ -213,7 +213,7 @@ unsafe fn free_slow(p: *mut c_void) {
         match owner(p) {
             Owner::Live { len } => return free_large(p, len),
             Owner::Cached => invalid_pointer("free", p),
-            Owner::Foreign => refuse_interior("free", p),
+            Owner::Foreign => refuse_interior_slow("free", p),
         }
     }
     if let Some(g) = globals() {
