@@ -167,9 +167,10 @@ impl Registry {
     #[must_use]
     pub fn set_live(&self, addr: usize, len: usize, born_ns: u64) -> bool {
         match self.slots(addr, true) {
-            Some((_, born)) => {
+            Some((entry, born)) => {
                 born.store(born_ns, Ordering::Relaxed);
-                self.write(addr, len as u64 | LIVE)
+                self.write(addr, entry, len as u64 | LIVE);
+                true
             }
             None => false,
         }
@@ -205,20 +206,25 @@ impl Registry {
 
     #[must_use]
     pub fn set_cached(&self, addr: usize, len: usize) -> bool {
-        self.write(addr, len as u64 | CACHED)
-    }
-
-    pub fn clear(&self, addr: usize) {
-        if self.slot(addr, false).is_some() {
-            self.write(addr, 0);
+        match self.slot(addr, true) {
+            Some(entry) => {
+                self.write(addr, entry, len as u64 | CACHED);
+                true
+            }
+            None => false,
         }
     }
 
-    /// Sets the entry of the block starting at `addr` and keeps its tail and the granule
-    /// counts in step with the length it had and the length it now has.
-    fn write(&self, addr: usize, value: u64) -> bool {
-        let Some(slot) = self.slot(addr, value != 0) else { return false };
-        let old = slot.swap(value, Ordering::AcqRel);
+    pub fn clear(&self, addr: usize) {
+        if let Some(entry) = self.slot(addr, false) {
+            self.write(addr, entry, 0);
+        }
+    }
+
+    /// Sets `entry`, the entry of the block starting at `addr`, and keeps its tail and the
+    /// granule counts in step with the length it had and the length it now has.
+    fn write(&self, addr: usize, entry: &AtomicU64, value: u64) {
+        let old = entry.swap(value, Ordering::AcqRel);
         let (old_len, new_len) = (block_len(old), block_len(value));
         if old_len != new_len {
             if old_len != 0 {
@@ -228,7 +234,6 @@ impl Registry {
                 self.mark(addr, new_len);
             }
         }
-        true
     }
 
     /// Records the tail and the granules of a block. Without table memory for them the block
@@ -261,6 +266,8 @@ impl Registry {
 
     /// False when no block of ours overlaps the 2 MiB around `addr`: three loads at most, for
     /// the hot path of free. True means `block_containing` has to look.
+    /// It repeats `granule`'s arithmetic instead of calling it: masking an out-of-range address
+    /// instead of refusing it saves three instructions on every checked free.
     #[inline(always)]
     pub fn may_contain(&self, addr: usize) -> bool {
         let root = self.root.load(Ordering::Acquire);
