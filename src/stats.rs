@@ -129,7 +129,7 @@ pub struct DevicePhases {
     /// Every device synchronization we make: in cudaFree, before reusing a block, before
     /// giving segments back.
     pub sync: PhaseTimer,
-    /// cudaFree and the pluggable free, whole (for our blocks).
+    /// cudaFree of our blocks, and every pluggable free (PyTorch hands it only ours), whole.
     pub free: PhaseTimer,
     /// The runtime's own cudaFree of segments given back (out of memory, trim, cap).
     pub free_runtime: PhaseTimer,
