@@ -18,40 +18,62 @@ const MIN_ALIGN: usize = 16;
 /// Requests of at least this many bytes go to the host layer; smaller ones straight to the next
 /// allocator. 0 until init has resolved the next allocator (so every call takes the slow path,
 /// which initializes); `usize::MAX` when caching is off.
-static LARGE_FROM: AtomicUsize = AtomicUsize::new(0);
+///
+/// This static and the NEXT_* targets below are read by the fast paths: the inline functions
+/// of this file, and on x86-64 the exported entry points in `shim::fast_paths`, which read them
+/// with plain loads (x86 loads are acquire loads).
+pub(crate) static LARGE_FROM: AtomicUsize = AtomicUsize::new(0);
 static THRESHOLD: AtomicUsize = AtomicUsize::new(usize::MAX);
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
 // The next allocator's entry points, copied out of `Globals` so the fast paths are one load and
 // a tail call. Set before LARGE_FROM becomes non-zero (release), read after it (acquire).
-static NEXT_MALLOC: AtomicUsize = AtomicUsize::new(0);
-static NEXT_CALLOC: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static NEXT_MALLOC: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static NEXT_CALLOC: AtomicUsize = AtomicUsize::new(0);
 /// Where realloc sends a pointer not on a page boundary that stays small: the next allocator's
-/// realloc, or `realloc_checked` in front of it (TENSORMALLOC_CHECK_FREE).
-static NEXT_REALLOC: AtomicUsize = AtomicUsize::new(0);
+/// realloc, or `realloc_checked` in front of it (see NEXT_FREE).
+pub(crate) static NEXT_REALLOC: AtomicUsize = AtomicUsize::new(0);
 /// Where free sends a pointer that is not on a page boundary, so not the start of a block of
 /// ours or the arena's: the slow path until init has resolved the next allocator, then the next
-/// allocator's free, or `free_checked` in front of it. Valid at every moment, so free's fast path
-/// needs no test of the init state.
-static NEXT_FREE: AtomicPtr<()> = AtomicPtr::new(free_slow_entry as *mut ());
+/// allocator's free. Valid at every moment, so free's fast path needs no test of the init state.
+/// Under TENSORMALLOC_CHECK_FREE it becomes `free_checked` once the first large block is handed
+/// out (`arm_interior_check`): before that no pointer can be inside one of ours.
+pub(crate) static NEXT_FREE: AtomicPtr<()> = AtomicPtr::new(free_slow as *mut ());
 // The next allocator's own free and realloc, for the checked entry points to go on to.
 static UNCHECKED_FREE: AtomicUsize = AtomicUsize::new(0);
 static UNCHECKED_REALLOC: AtomicUsize = AtomicUsize::new(0);
+/// TENSORMALLOC_CHECK_FREE is on and the checked entry points are not in place yet.
+static CHECK_PENDING: AtomicBool = AtomicBool::new(false);
 
 pub fn configure(config: &Config, next: &NextAllocator) {
     NEXT_MALLOC.store(next.malloc as usize, Relaxed);
     UNCHECKED_FREE.store(next.free as usize, Relaxed);
     UNCHECKED_REALLOC.store(next.realloc as usize, Relaxed);
-    if config.check_free {
-        NEXT_FREE.store(free_checked as *mut (), Release);
-        NEXT_REALLOC.store(realloc_checked as *const () as usize, Relaxed);
-    } else {
-        NEXT_FREE.store(next.free as *mut (), Release);
-        NEXT_REALLOC.store(next.realloc as usize, Relaxed);
-    }
+    NEXT_FREE.store(next.free as *mut (), Release);
+    NEXT_REALLOC.store(next.realloc as usize, Relaxed);
+    CHECK_PENDING.store(config.check_free, Relaxed);
     NEXT_CALLOC.store(next.calloc as usize, Relaxed);
     THRESHOLD.store(config.threshold_bytes as usize, Relaxed);
     set_enabled(!config.disabled);
+}
+
+/// Puts the interior-pointer check in front of the next allocator's free and realloc, before
+/// the first large block is handed out. A process that never makes one (most small-object
+/// programs) never pays for the check. The stores are ordered before the block reaches the
+/// program, so any thread that can hold a pointer into the block sees the checked targets.
+#[inline(always)]
+fn arm_interior_check() {
+    if CHECK_PENDING.load(Relaxed) {
+        arm_interior_check_slow();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn arm_interior_check_slow() {
+    NEXT_REALLOC.store(realloc_checked as *const () as usize, Release);
+    NEXT_FREE.store(free_checked as *mut (), Release);
+    CHECK_PENDING.store(false, Release);
 }
 
 /// Turns the host cache on or off at run time; returns the previous setting. Blocks already
@@ -132,6 +154,7 @@ unsafe extern "C" fn realloc_checked(p: *mut c_void, size: usize) -> *mut c_void
 fn large(size: usize, align: usize, zeroed: bool) -> *mut c_void {
     match HOST.alloc(size, align, zeroed) {
         Some(a) => {
+            arm_interior_check();
             account_alloc(a);
             a as *mut c_void
         }
@@ -175,7 +198,7 @@ pub fn malloc(size: usize) -> *mut c_void {
 
 #[cold]
 #[inline(never)]
-fn malloc_slow(size: usize) -> *mut c_void {
+pub(crate) extern "C" fn malloc_slow(size: usize) -> *mut c_void {
     let Some(g) = globals() else { return bootstrap_alloc(size, MIN_ALIGN) };
     if size < LARGE_FROM.load(Relaxed) {
         // SAFETY: the next allocator's malloc takes any size.
@@ -195,20 +218,33 @@ pub unsafe fn free(p: *mut c_void) {
     unsafe { free_slow(p) }
 }
 
-/// NEXT_FREE's value before init: everything goes the slow way.
-unsafe extern "C" fn free_slow_entry(p: *mut c_void) {
-    // SAFETY: as for free.
-    unsafe { free_slow(p) }
-}
-
+/// Also NEXT_FREE's value before init: everything goes the slow way.
+///
+/// # Safety
+/// As for `free`.
 #[cold]
 #[inline(never)]
-unsafe fn free_slow(p: *mut c_void) {
+pub(crate) unsafe extern "C" fn free_slow(p: *mut c_void) {
     if p.is_null() || is_bootstrap(p) {
         return;
     }
     // Page-aligned small blocks of the next allocator (jemalloc puts its 4 KiB objects on pages)
-    // are common: no block of ours near p settles it in a few loads.
+    // are common: no block of ours near p settles it in a few loads, and they go straight on.
+    if !HOST.may_contain(p as usize) {
+        let next_free = UNCHECKED_FREE.load(Relaxed);
+        if next_free != 0 {
+            // SAFETY: set by configure to the next allocator's free; p is not ours or the arena's.
+            return unsafe { core::mem::transmute::<usize, FreeFn>(next_free)(p) };
+        }
+    }
+    unsafe { free_page_aligned(p) }
+}
+
+/// free's slow path for a pointer in a granule one of our blocks overlaps, or any pointer
+/// before init: our block, a bad pointer, or the next allocator's.
+#[cold]
+#[inline(never)]
+unsafe fn free_page_aligned(p: *mut c_void) {
     if HOST.may_contain(p as usize) {
         match owner(p) {
             Owner::Live { len } => return free_large(p, len),
@@ -222,6 +258,8 @@ unsafe fn free_slow(p: *mut c_void) {
     }
 }
 
+// x86-64 exports shim::fast_paths::calloc instead.
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 #[inline(always)]
 pub fn calloc(count: usize, size: usize) -> *mut c_void {
     match count.checked_mul(size) {
@@ -235,7 +273,7 @@ pub fn calloc(count: usize, size: usize) -> *mut c_void {
 
 #[cold]
 #[inline(never)]
-fn calloc_slow(count: usize, size: usize) -> *mut c_void {
+pub(crate) extern "C" fn calloc_slow(count: usize, size: usize) -> *mut c_void {
     let Some(total) = count.checked_mul(size) else { return enomem() };
     let Some(g) = globals() else { return bootstrap_alloc(total, MIN_ALIGN) };
     if total < LARGE_FROM.load(Relaxed) {
@@ -256,9 +294,11 @@ pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     unsafe { realloc_slow(p, size) }
 }
 
+/// # Safety
+/// As for `realloc`.
 #[cold]
 #[inline(never)]
-unsafe fn realloc_slow(p: *mut c_void, size: usize) -> *mut c_void {
+pub(crate) unsafe extern "C" fn realloc_slow(p: *mut c_void, size: usize) -> *mut c_void {
     if p.is_null() {
         return malloc(size);
     }
@@ -353,7 +393,7 @@ pub unsafe fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -
     if out.is_null() {
         return libc::EINVAL;
     }
-    if !align.is_power_of_two() || align % core::mem::size_of::<*mut c_void>() != 0 {
+    if !align.is_power_of_two() || !align.is_multiple_of(core::mem::size_of::<*mut c_void>()) {
         return libc::EINVAL;
     }
     let saved = errno();

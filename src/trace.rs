@@ -126,7 +126,7 @@ pub fn flush() {
         }
         // Write the run of complete events up to the ring's end in one call.
         let mut end = tail + 1;
-        while end % CAPACITY != 0 && unsafe { (*seqs.add((end % CAPACITY) as usize)).load(Ordering::Acquire) } == end + 1 {
+        while !end.is_multiple_of(CAPACITY) && unsafe { (*seqs.add((end % CAPACITY) as usize)).load(Ordering::Acquire) } == end + 1 {
             end += 1;
         }
         let count = (end - tail) as usize;

@@ -1,6 +1,7 @@
 /* Small-object churn: THREADS threads (argv[1], default 1) each keep 4096 live objects of
  * 8 B - 4 KiB, replacing random ones. Prints ms per million operations as JSON: the small path
- * must cost nothing over the next allocator alone. */
+ * must cost nothing over the next allocator alone. HOLD_LARGE=1 keeps one 8 MiB block alive
+ * throughout, as a numpy process has (scripts/small-path-cost). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,9 @@ static void *worker(void *arg) {
 
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 1;
+    const char *hold = getenv("HOLD_LARGE");
+    char *large = hold && atoi(hold) ? malloc(8u << 20) : NULL;
+    if (large) memset(large, 1, 8u << 20);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     pthread_t t[64];
@@ -36,6 +40,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    free(large);
     struct rusage u;
     getrusage(RUSAGE_SELF, &u);
     printf("{\"ms\": %.3f, \"faults\": 0, \"peak_rss_mb\": %.1f}\n", ms / ((double)OPS * threads) * 1e6, u.ru_maxrss / 1024.0);
