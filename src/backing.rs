@@ -14,8 +14,8 @@ pub trait PageMemory {
     /// Lets the kernel reclaim the pages when it needs to (MADV_FREE; MADV_DONTNEED where the
     /// kernel lacks it). Contents become unspecified; the range stays mapped.
     fn release(&self, addr: usize, len: usize);
-    /// Resizes a mapping, moving it if needed; `None` leaves the old mapping as it was.
-    fn remap(&self, addr: usize, old_len: usize, new_len: usize) -> Option<usize>;
+    /// Grows a mapping in place when the addresses after it are free; false leaves it as it was.
+    fn extend(&self, addr: usize, old_len: usize, new_len: usize) -> bool;
     /// Moves the pages of `[addr, addr+old_len)` to the start of a fresh mapping of `new_len`
     /// bytes aligned to `align`, so a grown block keeps the pages it had (no faults for them).
     /// `None` leaves the old mapping as it was.

@@ -51,6 +51,13 @@ const RUNNING: u8 = 1;
 const DONE: u8 = 2;
 const FAILED: u8 = 3;
 
+/// Every block the library hands out itself (the host layer's and the bootstrap arena's) starts
+/// on a multiple of this, so free's fast path tells the next allocator's pointers from ours by
+/// their low bits alone. Larger than a page because jemalloc, tcmalloc and mimalloc put objects
+/// of 4 KiB and more on page boundaries: with a page, a fifth of their frees in a mixed-size
+/// churn took the slow path, on a branch no predictor can learn (BENCHMARKS.md, "The small path").
+pub const BLOCK_ALIGN: usize = 64 << 10;
+
 /// The device layer over the program's own CUDA runtime (bound on first use).
 pub(crate) static DEVICE: device::layer::DeviceLayer<sys::cuda::CudaRuntime> =
     device::layer::DeviceLayer::new(sys::cuda::CudaRuntime, map_table);

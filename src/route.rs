@@ -6,7 +6,7 @@ use crate::config::Config;
 use crate::host::registry::Owner;
 use crate::scopes;
 use crate::sys::next::{bootstrap_alloc, bootstrap_size, is_bootstrap};
-use crate::{globals, HOST};
+use crate::{globals, BLOCK_ALIGN, HOST};
 use core::ffi::c_void;
 use crate::sys::next::{CallocFn, FreeFn, MallocFn, NextAllocator, ReallocFn};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
@@ -30,11 +30,11 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 // a tail call. Set before LARGE_FROM becomes non-zero (release), read after it (acquire).
 pub(crate) static NEXT_MALLOC: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static NEXT_CALLOC: AtomicUsize = AtomicUsize::new(0);
-/// Where realloc sends a pointer not on a page boundary that stays small: the next allocator's
+/// Where realloc sends a pointer off a BLOCK_ALIGN boundary that stays small: the next allocator's
 /// realloc, or `realloc_checked` in front of it (see NEXT_FREE).
 pub(crate) static NEXT_REALLOC: AtomicUsize = AtomicUsize::new(0);
-/// Where free sends a pointer that is not on a page boundary, so not the start of a block of
-/// ours or the arena's: the slow path until init has resolved the next allocator, then the next
+/// Where free sends a pointer that is not on a BLOCK_ALIGN boundary, so not the start of a
+/// block of ours or the arena's: the slow path until init has resolved the next allocator, then the next
 /// allocator's free. Valid at every moment, so free's fast path needs no test of the init state.
 /// Under TENSORMALLOC_CHECK_FREE it becomes `free_checked` once the first large block is handed
 /// out (`arm_interior_check`): before that no pointer can be inside one of ours.
@@ -103,8 +103,8 @@ fn enomem() -> *mut c_void {
 
 #[inline]
 fn owner(p: *mut c_void) -> Owner {
-    // Our blocks start on a page boundary: one test filters out nearly all small pointers.
-    if p as usize & (PAGE - 1) != 0 {
+    // Our blocks start on BLOCK_ALIGN: one test filters out nearly all small pointers.
+    if plainly_foreign(p) {
         return Owner::Foreign;
     }
     HOST.owner(p as usize)
@@ -174,11 +174,11 @@ fn free_large(p: *mut c_void, len: usize) {
     HOST.free(p as usize, len);
 }
 
-/// Not page-aligned: certainly the next allocator's pointer (our blocks and the bootstrap
-/// arena's start on a page), with no table lookup.
+/// Off a BLOCK_ALIGN boundary: certainly the next allocator's pointer (our blocks and the
+/// bootstrap arena's start on one), with no table lookup.
 #[inline(always)]
 fn plainly_foreign(p: *mut c_void) -> bool {
-    p as usize & (PAGE - 1) != 0
+    p as usize & (BLOCK_ALIGN - 1) != 0
 }
 
 /// The current small/large boundary; 0 while init has not finished (see LARGE_FROM).
@@ -228,8 +228,9 @@ pub(crate) unsafe extern "C" fn free_slow(p: *mut c_void) {
     if p.is_null() || is_bootstrap(p) {
         return;
     }
-    // Page-aligned small blocks of the next allocator (jemalloc puts its 4 KiB objects on pages)
-    // are common: no block of ours near p settles it in a few loads, and they go straight on.
+    // Small blocks of the next allocator on a BLOCK_ALIGN boundary (one in 16 of jemalloc's
+    // 4 KiB objects) are common: no block of ours near p settles it in a few loads, and they go
+    // straight on.
     if !HOST.may_contain(p as usize) {
         let next_free = UNCHECKED_FREE.load(Relaxed);
         if next_free != 0 {
@@ -237,14 +238,14 @@ pub(crate) unsafe extern "C" fn free_slow(p: *mut c_void) {
             return unsafe { core::mem::transmute::<usize, FreeFn>(next_free)(p) };
         }
     }
-    unsafe { free_page_aligned(p) }
+    unsafe { free_near_ours(p) }
 }
 
 /// free's slow path for a pointer in a granule one of our blocks overlaps, or any pointer
 /// before init: our block, a bad pointer, or the next allocator's.
 #[cold]
 #[inline(never)]
-unsafe fn free_page_aligned(p: *mut c_void) {
+unsafe fn free_near_ours(p: *mut c_void) {
     if HOST.may_contain(p as usize) {
         match owner(p) {
             Owner::Live { len } => return free_large(p, len),

@@ -133,22 +133,19 @@ impl PageMemory for SimPages {
         st.calls.releases += 1;
     }
 
-    fn remap(&self, addr: usize, old_len: usize, new_len: usize) -> Option<usize> {
-        {
-            let st = self.state.lock().unwrap();
-            assert!(Self::covered(&st.mapped, addr, old_len), "remap of unmapped memory");
-            if st.fail_next_maps > 0 {
-                drop(st);
-                self.state.lock().unwrap().fail_next_maps -= 1;
-                return None;
-            }
-        }
-        let fresh = self.map(new_len, 4096)?;
+    /// Succeeds when nothing is mapped after the block up to its new end: with the guard gap
+    /// `map` leaves, that is the newest mapping, or one whose neighbour has been unmapped.
+    fn extend(&self, addr: usize, old_len: usize, new_len: usize) -> bool {
         let mut st = self.state.lock().unwrap();
-        Self::remove_range(&mut st.mapped, addr, old_len);
-        st.calls.maps -= 1;
+        assert!(Self::covered(&st.mapped, addr, old_len), "extend of unmapped memory");
+        let (tail, end) = (addr + old_len, addr + new_len);
+        if st.fail_next_maps > 0 || st.mapped.range(..end).any(|(&s, &l)| s + l > tail) {
+            return false;
+        }
+        st.mapped.insert(tail, new_len - old_len);
+        st.next_addr = st.next_addr.max(end + 4096);
         st.calls.remaps += 1;
-        Some(fresh)
+        true
     }
 
     fn grow_into(&self, addr: usize, old_len: usize, new_len: usize, align: usize) -> Option<usize> {

@@ -18,6 +18,8 @@ int main(int argc, char **argv) {
         free(p + 16);
     } else if (strcmp(mode, "interior-page") == 0) {
         free(p + 4096);
+    } else if (strcmp(mode, "interior-64k") == 0) {
+        free(p + 65536);
     } else if (strcmp(mode, "interior-end") == 0) {
         free(p + 32 * MB - 16);
     } else if (strcmp(mode, "interior-middle") == 0) {

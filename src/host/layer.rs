@@ -8,6 +8,7 @@ use super::registry::{Owner, Registry, TableSource};
 use crate::backing::PageMemory;
 use crate::config::{Config, HugePages};
 use crate::stats::{HostStats, PhaseTimer};
+use crate::BLOCK_ALIGN;
 use crate::sys::lock::SpinLock;
 use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering::Relaxed};
 
@@ -94,9 +95,11 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     /// The mapped length for a request, and the alignment every mapping of that length gets.
+    /// Lengths are multiples of BLOCK_ALIGN too, so every split and every shrunk tail of a block
+    /// keeps block starts on BLOCK_ALIGN.
     fn block_shape(&self, size: usize) -> Option<(usize, usize)> {
         let huge = self.hugepages.load(Relaxed) != hugepages_code(HugePages::Never) && size >= HUGE_MIN;
-        let granule = if huge { HUGE_PAGE } else { PAGE };
+        let granule = if huge { HUGE_PAGE } else { BLOCK_ALIGN };
         Some((size.checked_add(granule - 1)? & !(granule - 1), granule))
     }
 
@@ -127,7 +130,7 @@ impl<M: PageMemory> HostLayer<M> {
     fn alloc_untimed(&self, size: usize, align: usize, zeroed: bool) -> Option<(usize, u8)> {
         self.stats.requests.add(1);
         let (need, granule) = self.block_shape(size)?;
-        let align = align.max(PAGE);
+        let align = align.max(BLOCK_ALIGN);
         let hit_start = (self.clock)();
         let taken = {
             let mut cache = self.cache.lock();
@@ -283,7 +286,7 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     fn resize_untimed(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
-        let (need, _) = self.block_shape(new_size)?;
+        let (need, granule) = self.block_shape(new_size)?;
         let born = self.registry.born_ns(addr);
         if need <= len {
             let spare = len - need;
@@ -298,7 +301,9 @@ impl<M: PageMemory> HostLayer<M> {
         }
         if self.registry.reserve_spare() {
             self.registry.clear(addr);
-            if let Some(moved) = self.memory.remap(addr, len, need) {
+            // Not mremap's MAYMOVE: it would put the block on any page, not on its alignment.
+            let moved = if self.memory.extend(addr, len, need) { Some(addr) } else { self.memory.grow_into(addr, len, need, granule) };
+            if let Some(moved) = moved {
                 // Cannot fail: the spare leaf was reserved above.
                 let _ = self.registry.set_live(moved, need, born);
                 self.stats.remaps.add(1);
@@ -396,6 +401,9 @@ impl<M: PageMemory> HostLayer<M> {
         let cache = self.cache.lock();
         cache.check_invariants()?;
         for b in cache.blocks() {
+            if b.addr % BLOCK_ALIGN != 0 || b.len % BLOCK_ALIGN != 0 {
+                return Err("a cached block is off BLOCK_ALIGN (free's fast path would miss it)");
+            }
             if self.registry.owner(b.addr) != Owner::Cached {
                 return Err("a cached block is not recorded as cached");
             }

@@ -120,7 +120,7 @@ fn large_alignments_are_honoured() {
 }
 
 #[test]
-fn resize_in_place_by_remap_and_shrink() {
+fn resize_in_place_by_moving_pages_and_shrink() {
     let l = layer(Config::default());
     let a = l.alloc(8 * MB, 4096, false).unwrap();
     assert_eq!(l.resize(a, 8 * MB, 7 * MB), Some(a), "fits: unchanged");
@@ -135,6 +135,23 @@ fn resize_in_place_by_remap_and_shrink() {
     l.memory.fail_next_maps(5);
     assert_eq!(l.resize(c, 8 * MB, 512 * MB), None, "failure leaves the block as it was");
     assert_eq!(l.owner(c), Owner::Live { len: 8 * MB });
+    check(&l);
+}
+
+#[test]
+fn resized_blocks_keep_block_alignment() {
+    let l = layer(Config { hugepages: HugePages::Never, threshold_bytes: 4096, ..Config::default() });
+    let a = l.alloc(100_000, 4096, false).unwrap();
+    assert_eq!(l.owner(a), Owner::Live { len: 2 * BLOCK_ALIGN }, "length rounded to BLOCK_ALIGN");
+    let last = l.alloc(100_000, 4096, false).unwrap();
+    let b = l.resize(last, 2 * BLOCK_ALIGN, 300_000).unwrap();
+    assert_eq!((b, l.owner(b)), (last, Owner::Live { len: 5 * BLOCK_ALIGN }), "the newest mapping grows in place");
+    let c = l.resize(a, 2 * BLOCK_ALIGN, 300_000).unwrap();
+    assert_ne!(c, a, "a neighbour follows: the pages move");
+    assert_eq!(c % BLOCK_ALIGN, 0);
+    assert_eq!(l.memory.calls().copied_bytes, 0, "moved by mremap, not copied");
+    let d = l.resize(c, 5 * BLOCK_ALIGN, 70_000).unwrap();
+    assert_eq!((d, l.owner(d)), (c, Owner::Live { len: 2 * BLOCK_ALIGN }), "shrunk to a BLOCK_ALIGN multiple");
     check(&l);
 }
 
@@ -173,10 +190,12 @@ fn random_programs_match_the_shadow_model() {
         for _ in 0..crate::sim::rounds(400, 60) {
             match next() % 10 {
                 0..=3 => {
-                    let size = 4 * MB + (next() % (96 * MB as u64)) as usize;
+                    // A third below 4 MiB: blocks rounded to BLOCK_ALIGN rather than huge pages.
+                    let size = if next() % 3 == 0 { 4096 + (next() % (4 * MB as u64)) as usize } else { 4 * MB + (next() % (96 * MB as u64)) as usize };
                     let align = 1usize << (12 + next() % 10);
                     let a = l.alloc(size, align, next() % 4 == 0).unwrap();
                     assert_eq!(a % align, 0);
+                    assert_eq!(a % BLOCK_ALIGN, 0, "free's fast path needs it");
                     let Owner::Live { len } = l.owner(a) else { panic!("not live") };
                     assert!(len >= size);
                     assert!(l.memory.is_mapped(a, len));
@@ -201,6 +220,7 @@ fn random_programs_match_the_shadow_model() {
                     live.insert(moved, size);
                     let Owner::Live { len } = l.owner(moved) else { panic!() };
                     assert!(len >= size && l.memory.is_mapped(moved, len));
+                    assert_eq!(moved % BLOCK_ALIGN, 0);
                 }
                 8 => advance(next() % (150 * MS)),
                 9 => {

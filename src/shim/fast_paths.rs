@@ -7,7 +7,7 @@
 //! the arguments still in their registers and the stack untouched.
 //! Plain loads suffice: x86 loads are acquire loads, as the Rust versions' orderings ask.
 
-use crate::route;
+use crate::{route, BLOCK_ALIGN};
 use core::ffi::c_void;
 
 /// `size < LARGE_FROM`: the next allocator's malloc; otherwise (large, or init not done) the
@@ -25,15 +25,16 @@ pub extern "C" fn malloc(_size: usize) -> *mut c_void {
     )
 }
 
-/// A pointer off a page boundary is not the start of a block of ours or the arena's:
-/// NEXT_FREE (always valid, see its doc). Null and page-aligned pointers: the slow path.
+/// A pointer off a BLOCK_ALIGN boundary is not the start of a block of ours or the arena's:
+/// NEXT_FREE (always valid, see its doc). Null and aligned pointers: the slow path.
 #[unsafe(naked)]
 #[no_mangle]
 pub extern "C" fn free(_p: *mut c_void) {
     core::arch::naked_asm!(
-        "test edi, 0xfff",
+        "test edi, {foreign_bits}",
         "je {slow}",
         "jmp qword ptr [rip + {next}]",
+        foreign_bits = const BLOCK_ALIGN - 1,
         slow = sym route::free_slow,
         next = sym route::NEXT_FREE,
     )
@@ -57,18 +58,19 @@ pub extern "C" fn calloc(_count: usize, _size: usize) -> *mut c_void {
     )
 }
 
-/// A pointer off a page boundary staying below LARGE_FROM: NEXT_REALLOC; otherwise the slow
+/// A pointer off a BLOCK_ALIGN boundary staying below LARGE_FROM: NEXT_REALLOC; otherwise the slow
 /// path (null, ours, the arena's, or growing into the host layer).
 #[unsafe(naked)]
 #[no_mangle]
 pub extern "C" fn realloc(_p: *mut c_void, _size: usize) -> *mut c_void {
     core::arch::naked_asm!(
-        "test edi, 0xfff",
+        "test edi, {foreign_bits}",
         "je {slow}",
         "cmp rsi, qword ptr [rip + {large_from}]",
         "jae {slow}",
         "jmp qword ptr [rip + {next}]",
         large_from = sym route::LARGE_FROM,
+        foreign_bits = const BLOCK_ALIGN - 1,
         slow = sym route::realloc_slow,
         next = sym route::NEXT_REALLOC,
     )

@@ -78,13 +78,14 @@ impl NextAllocator {
 // ---------------------------------------------------------------------------------------------
 // Bootstrap arena: a static bump allocator. Each block carries its size in a 16-byte header so
 // realloc and malloc_usable_size work on it; free of a bootstrap block is a no-op.
-// Every block starts on a page, so free's fast path can tell by one test on the address that a
-// pointer is neither the arena's nor ours (ours start on a page too). A few dozen blocks are
-// served while dlsym runs; the arena is .bss, so pages never used cost nothing.
+// Every block starts on BLOCK_ALIGN, so free's fast path can tell by one test on the address
+// that a pointer is neither the arena's nor ours (ours start there too). A few blocks are served
+// while dlsym runs; the arena is .bss, so pages never used cost nothing.
 
-const BOOTSTRAP_BYTES: usize = 1 << 20;
+/// Address space only: the pages that blocks never touch stay unbacked. Each block takes at
+/// least BLOCK_ALIGN of it, so this holds 128 blocks.
+const BOOTSTRAP_BYTES: usize = 8 << 20;
 const HEADER: usize = 16;
-const PAGE: usize = 4096;
 
 #[repr(C, align(4096))]
 struct Arena([u8; BOOTSTRAP_BYTES]);
@@ -103,11 +104,12 @@ pub fn is_bootstrap(p: *const c_void) -> bool {
     (p as usize).wrapping_sub(arena_base()) < BOOTSTRAP_BYTES
 }
 
-/// Serves one request from the arena, page-aligned; null with ENOMEM when it is used up.
+/// Serves one request from the arena, on a BLOCK_ALIGN boundary like every block of ours (free's
+/// fast path relies on it); null with ENOMEM when it is used up.
 /// `align` is a power of two. Memory is zero (the arena is never reused), so calloc is
 /// satisfied too.
 pub fn bootstrap_alloc(size: usize, align: usize) -> *mut c_void {
-    let align = align.max(PAGE);
+    let align = align.max(crate::BLOCK_ALIGN);
     let mut used = ARENA_USED.load(Ordering::Relaxed);
     loop {
         let user = match (arena_base() + used + HEADER).checked_add(align - 1) {

@@ -62,14 +62,10 @@ impl PageMemory for OsPages {
         unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
     }
 
-    fn remap(&self, addr: usize, old_len: usize, new_len: usize) -> Option<usize> {
-        // SAFETY: the caller owns [addr, addr+old_len), a whole mapping of ours.
-        let p = unsafe { libc::mremap(addr as *mut libc::c_void, old_len, new_len, libc::MREMAP_MAYMOVE) };
-        if p == libc::MAP_FAILED {
-            None
-        } else {
-            Some(p as usize)
-        }
+    fn extend(&self, addr: usize, old_len: usize, new_len: usize) -> bool {
+        // SAFETY: the caller owns [addr, addr+old_len), a whole mapping of ours; without
+        // MREMAP_MAYMOVE the kernel grows it where it is or fails.
+        unsafe { libc::mremap(addr as *mut libc::c_void, old_len, new_len, 0) != libc::MAP_FAILED }
     }
 
     fn grow_into(&self, addr: usize, old_len: usize, new_len: usize, align: usize) -> Option<usize> {
