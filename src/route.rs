@@ -122,7 +122,7 @@ fn invalid_pointer(what: &str, p: *mut c_void) -> ! {
 /// its chunk header (and glibc may unmap part of the block on that word's say-so).
 #[inline(always)]
 fn refuse_interior(what: &str, p: *mut c_void) {
-    if HOST.may_contain(p as usize) {
+    if crate::host::registry::ever_overlapped(p as usize) {
         refuse_interior_slow(what, p);
     }
 }

@@ -2,6 +2,7 @@
 //! invariant check, and a property test runs random programs against a shadow model.
 
 use super::*;
+use crate::host::registry;
 use crate::sim::SimPages;
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -238,6 +239,7 @@ fn random_programs_match_the_shadow_model() {
                 assert_eq!(l.block_containing(a + len - 1), Some(a), "interior of a live block");
                 assert_eq!(l.block_containing(a + PAGE + 8), Some(a), "interior of a live block");
                 assert_ne!(l.block_containing(a + len), Some(a), "past a live block");
+                assert!(registry::ever_overlapped(a + 8) && registry::ever_overlapped(a + len - 8), "the free check's filter");
             }
             check(&l);
         }

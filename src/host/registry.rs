@@ -37,6 +37,35 @@ const LEAF_GRANULES: usize = 1 << (LEAF_BITS + PAGE_SHIFT - GRANULE_SHIFT);
 /// overlap count per granule.
 const LEAF_BYTES: usize = (2 * LEAF_ENTRIES + LEAF_GRANULES) * core::mem::size_of::<AtomicU64>();
 
+/// One bit per 2 MiB granule of the 47-bit user address space (8 MiB of .bss, resident only
+/// where touched), set for every granule a block of ours has ever overlapped and never
+/// cleared: `ever_overlapped` answers "no block of ours here" in one load, for the interior-
+/// pointer check in front of every small free. Never clearing keeps it safe without a lock
+/// (a bit cleared while another thread marks the granule could hide a new block); a stale bit
+/// only sends that check down the exact path. Shared by every registry (tests make several):
+/// a stray bit costs a lookup, never an answer.
+const FILTER_GRANULES: usize = 1 << (47 - GRANULE_SHIFT);
+static EVER_OVERLAPPED: [AtomicU64; FILTER_GRANULES / 64] = [const { AtomicU64::new(0) }; FILTER_GRANULES / 64];
+
+/// False when no block of ours has ever overlapped the 2 MiB granule of `addr` (any value;
+/// addresses past 47 bits share bits with lower ones, a harmless "maybe").
+#[inline(always)]
+pub(crate) fn ever_overlapped(addr: usize) -> bool {
+    let granule = (addr >> GRANULE_SHIFT) & (FILTER_GRANULES - 1);
+    // SAFETY: granule / 64 < FILTER_GRANULES / 64.
+    let word = unsafe { EVER_OVERLAPPED.get_unchecked(granule / 64) }.load(Ordering::Acquire);
+    word >> (granule % 64) & 1 != 0
+}
+
+fn set_ever_overlapped(addr: usize) {
+    let granule = (addr >> GRANULE_SHIFT) & (FILTER_GRANULES - 1);
+    if let Some(word) = EVER_OVERLAPPED.get(granule / 64) {
+        if word.load(Ordering::Relaxed) >> (granule % 64) & 1 == 0 {
+            word.fetch_or(1 << (granule % 64), Ordering::AcqRel);
+        }
+    }
+}
+
 /// Supplies zeroed memory for leaves; never freed.
 pub type TableSource = fn(usize) -> Option<usize>;
 
@@ -240,6 +269,7 @@ impl Registry {
     /// still works; only the interior-pointer check may then miss it.
     fn mark(&self, addr: usize, len: usize) {
         for g in granules(addr, len) {
+            set_ever_overlapped(g);
             if let Some(count) = self.granule(g, true) {
                 count.fetch_add(1, Ordering::AcqRel);
             }
@@ -345,6 +375,24 @@ mod tests {
         assert_eq!(reg.owner(base), Owner::Cached);
         reg.clear(base);
         assert_eq!(reg.owner(base), Owner::Foreign);
+    }
+
+    #[test]
+    fn the_filter_covers_every_granule_a_block_ever_overlapped() {
+        let reg = Box::new(Registry::new(leak_zeroed));
+        let mib = 1usize << 20;
+        // An address range no other test uses (the filter is shared by all registries).
+        let a = 0x6a00_0000_0000usize + 3 * PAGE;
+        assert!(!ever_overlapped(a) && !ever_overlapped(a + 5 * mib));
+        assert!(reg.set_live(a, 5 * mib, 1));
+        for addr in [a, a + 1, a + 2 * mib, a + 5 * mib - 1, a & !(2 * mib - 1)] {
+            assert!(ever_overlapped(addr), "{addr:#x}");
+        }
+        assert!(!ever_overlapped(a + 6 * mib), "past the block's last granule");
+        assert!(!ever_overlapped(a - 2 * mib), "before its first");
+        reg.clear(a);
+        assert!(ever_overlapped(a + 2 * mib), "never cleared: a bit cleared under a racing mark could hide a block");
+        assert!(ever_overlapped(a + (1 << 47)), "past 47 bits an address shares a lower one's bit");
     }
 
     #[test]

@@ -83,8 +83,8 @@ impl NextAllocator {
 // while dlsym runs; the arena is .bss, so pages never used cost nothing.
 
 /// Address space only: the pages that blocks never touch stay unbacked. Each block takes at
-/// least BLOCK_ALIGN of it, so this holds 128 blocks.
-const BOOTSTRAP_BYTES: usize = 8 << 20;
+/// least BLOCK_ALIGN of it, so this holds 64 blocks (none were needed by numpy, gcc or ls).
+const BOOTSTRAP_BYTES: usize = 4 << 20;
 const HEADER: usize = 16;
 
 #[repr(C, align(4096))]
