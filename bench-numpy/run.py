@@ -31,6 +31,8 @@ C_WORKLOADS = {
     "c-large-churn": ["large_churn"],
     "c-small-churn-1t": ["small_churn", "1"],
     "c-small-churn-2t": ["small_churn", "2"],
+    # The same with one large block alive, as in a numpy process.
+    "c-small-churn-1t-held": ["small_churn", "1", "hold"],
 }
 
 

@@ -30,12 +30,13 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 // a tail call. Set before LARGE_FROM becomes non-zero (release), read after it (acquire).
 pub(crate) static NEXT_MALLOC: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static NEXT_CALLOC: AtomicUsize = AtomicUsize::new(0);
-/// Where realloc sends a pointer off a BLOCK_ALIGN boundary that stays small: the next allocator's
-/// realloc, or `realloc_checked` in front of it (see NEXT_FREE).
+/// Where realloc sends a pointer off a BLOCK_ALIGN boundary that stays small: the next
+/// allocator's realloc, or `realloc_checked` in front of it (see NEXT_FREE).
 pub(crate) static NEXT_REALLOC: AtomicUsize = AtomicUsize::new(0);
 /// Where free sends a pointer that is not on a BLOCK_ALIGN boundary, so not the start of a
-/// block of ours or the arena's: the slow path until init has resolved the next allocator, then the next
-/// allocator's free. Valid at every moment, so free's fast path needs no test of the init state.
+/// block of ours or the arena's: the slow path until init has resolved the next allocator, then
+/// the next allocator's free. Valid at every moment, so free's fast path needs no test of the
+/// init state.
 /// Under TENSORMALLOC_CHECK_FREE it becomes `free_checked` once the first large block is handed
 /// out (`arm_interior_check`): before that no pointer can be inside one of ours.
 pub(crate) static NEXT_FREE: AtomicPtr<()> = AtomicPtr::new(free_slow as *mut ());

@@ -1,11 +1,8 @@
-//! x86-64: malloc, free, calloc and realloc written out as the three to six instructions their
-//! fast paths need: compare with `route::LARGE_FROM` in memory, tail-jump through the next
-//! allocator's entry point in memory. Compiled from Rust (`route::malloc` and friends, which
-//! other targets export) the atomic loads are not folded into their users: 5 instructions for
-//! malloc and free each, which is 2% of glibc's free+malloc pair and 3% of jemalloc's.
-//! Each path decides exactly as its Rust twin in `route` and goes to the same slow path, with
-//! the arguments still in their registers and the stack untouched.
-//! Plain loads suffice: x86 loads are acquire loads, as the Rust versions' orderings ask.
+//! x86-64: malloc, free, calloc and realloc as naked functions, 3 to 6 instructions: compare
+//! with a static in memory, tail-jump through the next allocator's entry point in memory (from
+//! Rust, LLVM loads each atomic into a register first: 4 more instructions per free+malloc pair).
+//! Each decides exactly as its twin in `route` (which other targets export) and goes to the same
+//! slow path with the arguments in their registers. x86 loads are acquire loads, as those ask.
 
 use crate::{route, BLOCK_ALIGN};
 use core::ffi::c_void;
