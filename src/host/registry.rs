@@ -295,9 +295,9 @@ impl Registry {
     }
 
     /// False when no block of ours overlaps the 2 MiB around `addr`: three loads at most, for
-    /// the hot path of free. True means `block_containing` has to look.
-    /// It repeats `granule`'s arithmetic instead of calling it: masking an out-of-range address
-    /// instead of refusing it saves three instructions on every checked free.
+    /// free's slow path (pointers on a BLOCK_ALIGN boundary). True means `block_containing` has
+    /// to look. It repeats `granule`'s arithmetic instead of calling it: masking an out-of-range
+    /// address instead of refusing it saves three instructions.
     #[inline(always)]
     pub fn may_contain(&self, addr: usize) -> bool {
         let root = self.root.load(Ordering::Acquire);
