@@ -232,28 +232,35 @@ pub(crate) unsafe extern "C" fn free_slow(p: *mut c_void) {
     // Small blocks of the next allocator on a BLOCK_ALIGN boundary (one in 16 of jemalloc's
     // 4 KiB objects) are common: no block of ours near p settles it in a few loads, and they go
     // straight on.
-    if !HOST.may_contain(p as usize) {
-        let next_free = UNCHECKED_FREE.load(Relaxed);
-        if next_free != 0 {
-            // SAFETY: set by configure to the next allocator's free; p is not ours or the arena's.
-            return unsafe { core::mem::transmute::<usize, FreeFn>(next_free)(p) };
-        }
+    if HOST.may_contain(p as usize) {
+        return unsafe { free_near_ours(p) };
     }
-    unsafe { free_near_ours(p) }
+    let next_free = UNCHECKED_FREE.load(Relaxed);
+    if next_free != 0 {
+        // SAFETY: set by configure to the next allocator's free; p is not ours or the arena's.
+        return unsafe { core::mem::transmute::<usize, FreeFn>(next_free)(p) };
+    }
+    unsafe { free_foreign(p) }
 }
 
-/// free's slow path for a pointer in a granule one of our blocks overlaps, or any pointer
-/// before init: our block, a bad pointer, or the next allocator's.
+/// free's slow path for a pointer in a granule one of our blocks overlaps: our block, a bad
+/// pointer, or the next allocator's.
 #[cold]
 #[inline(never)]
 unsafe fn free_near_ours(p: *mut c_void) {
-    if HOST.may_contain(p as usize) {
-        match owner(p) {
-            Owner::Live { len } => return free_large(p, len),
-            Owner::Cached => invalid_pointer("free", p),
-            Owner::Foreign => refuse_interior_slow("free", p),
-        }
+    match owner(p) {
+        Owner::Live { len } => return free_large(p, len),
+        Owner::Cached => invalid_pointer("free", p),
+        Owner::Foreign => refuse_interior_slow("free", p),
     }
+    unsafe { free_foreign(p) }
+}
+
+/// The next allocator's free, through `globals()`: it resolves the next allocator if init has
+/// not run yet.
+#[cold]
+#[inline(never)]
+unsafe fn free_foreign(p: *mut c_void) {
     if let Some(g) = globals() {
         // SAFETY: not ours and not the arena's: it came from the next allocator.
         unsafe { (g.next.free)(p) }
