@@ -102,7 +102,11 @@ int main(void) {
     tm_stats_t s;
     if (tm_stats(&s) == 0 && s.enabled) {
         CHECK(s.threshold_bytes == t);
-        CHECK(s.host_requests > 20 && s.host_hits > 0);
+        CHECK(s.host_requests > 20);
+        /* With no expiry delay the reaper thread may unmap each freed block before the next
+         * request asks for it (seen under CPU load): a hit is certain only with a delay. */
+        const char *expire = getenv("TENSORMALLOC_EXPIRE_MS");
+        if (!expire || strcmp(expire, "0") != 0) CHECK(s.host_hits > 0);
         CHECK(s.host_live_bytes == 0);
     }
     puts("contract ok");
