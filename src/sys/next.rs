@@ -144,3 +144,37 @@ fn enomem() -> *mut c_void {
     unsafe { *libc::__errno_location() = libc::ENOMEM };
     core::ptr::null_mut()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The only test that uses the arena (test builds have no global allocator over it), and it
+    // uses it up.
+    #[test]
+    fn arena_blocks_start_on_block_align_until_it_runs_out() {
+        let mut blocks = 0;
+        loop {
+            let align = if blocks % 3 == 2 { 4 * crate::BLOCK_ALIGN } else { 16 };
+            let size = 1 + blocks * 1000;
+            let p = bootstrap_alloc(size, align);
+            if p.is_null() {
+                // SAFETY: errno is thread-local.
+                assert_eq!(unsafe { *libc::__errno_location() }, libc::ENOMEM);
+                break;
+            }
+            assert_eq!(p as usize % align.max(crate::BLOCK_ALIGN), 0, "free's fast path needs it");
+            assert!(is_bootstrap(p) && is_bootstrap((p as usize + size - 1) as *const c_void));
+            // SAFETY: p came from bootstrap_alloc.
+            assert_eq!(unsafe { bootstrap_size(p) }, size);
+            // SAFETY: the block has `size` writable bytes, zero when served.
+            unsafe {
+                assert_eq!(*(p as *const u8), 0);
+                core::ptr::write_bytes(p as *mut u8, 0xab, size);
+            }
+            blocks += 1;
+        }
+        assert!(blocks >= BOOTSTRAP_BYTES / crate::BLOCK_ALIGN / 2, "only {blocks} blocks");
+        assert!(!is_bootstrap(core::ptr::null()) && !is_bootstrap((arena_base() + BOOTSTRAP_BYTES) as *const c_void));
+    }
+}
