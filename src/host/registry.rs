@@ -51,19 +51,23 @@ static EVER_OVERLAPPED: [AtomicU64; FILTER_GRANULES / 64] = [const { AtomicU64::
 /// addresses past 47 bits share bits with lower ones, a harmless "maybe").
 #[inline(always)]
 pub(crate) fn ever_overlapped(addr: usize) -> bool {
-    let granule = (addr >> GRANULE_SHIFT) & (FILTER_GRANULES - 1);
-    // SAFETY: granule / 64 < FILTER_GRANULES / 64.
-    let word = unsafe { EVER_OVERLAPPED.get_unchecked(granule / 64) }.load(Ordering::Acquire);
-    word >> (granule % 64) & 1 != 0
+    let (word, bit) = filter_bit(addr);
+    word.load(Ordering::Acquire) & bit != 0
 }
 
 fn set_ever_overlapped(addr: usize) {
-    let granule = (addr >> GRANULE_SHIFT) & (FILTER_GRANULES - 1);
-    if let Some(word) = EVER_OVERLAPPED.get(granule / 64) {
-        if word.load(Ordering::Relaxed) >> (granule % 64) & 1 == 0 {
-            word.fetch_or(1 << (granule % 64), Ordering::AcqRel);
-        }
+    let (word, bit) = filter_bit(addr);
+    if word.load(Ordering::Relaxed) & bit == 0 {
+        word.fetch_or(bit, Ordering::AcqRel);
     }
+}
+
+/// The bitmap word that holds the granule of `addr`, and the granule's bit in it.
+#[inline(always)]
+fn filter_bit(addr: usize) -> (&'static AtomicU64, u64) {
+    let granule = (addr >> GRANULE_SHIFT) & (FILTER_GRANULES - 1);
+    // SAFETY: granule / 64 < FILTER_GRANULES / 64, the length of EVER_OVERLAPPED.
+    (unsafe { EVER_OVERLAPPED.get_unchecked(granule / 64) }, 1 << (granule % 64))
 }
 
 /// Supplies zeroed memory for leaves; never freed.
