@@ -43,6 +43,17 @@ pub const CUDA_SUCCESS: i32 = 0;
 pub const CUDA_ERROR_INVALID_VALUE: i32 = 1;
 pub const CUDA_ERROR_MEMORY_ALLOCATION: i32 = 2;
 pub const CUDA_ERROR_INITIALIZATION: i32 = 3;
+/// CUDA_ERROR_NOT_FOUND (driver): no allocation at that address.
+pub const CUDA_ERROR_NOT_FOUND: i32 = 500;
+
+/// The primary context of a device, as the driver knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrimaryContext {
+    Active(u64),
+    Inactive,
+    /// No driver to ask.
+    Unknown,
+}
 
 impl DeviceError {
     pub fn code(self) -> i32 {
@@ -79,4 +90,12 @@ pub trait DeviceRuntime {
     fn host_free(&self, addr: usize) -> Result<(), DeviceError>;
     /// Clears the runtime's last error (after a failure we recovered from).
     fn clear_last_error(&self);
+    /// The CUDA context current on this thread (a driver handle); 0 when none or when the
+    /// driver cannot be reached.
+    fn current_context(&self) -> u64;
+    /// The primary context of `device`, without creating or retaining it for good.
+    fn primary_context(&self, device: i32) -> PrimaryContext;
+    /// The runtime allocation that contains `addr`: (base, length); `None` when there is none
+    /// or the driver cannot be reached.
+    fn allocation_range(&self, addr: usize) -> Option<(usize, usize)>;
 }

@@ -3,7 +3,7 @@
 //! memory it owns, and injected failures. This is a simulator, not a model of a real kernel's
 //! or device's speed.
 
-use crate::backing::{DeviceError, DeviceRuntime, PageMemory};
+use crate::backing::{DeviceError, DeviceRuntime, PageMemory, PrimaryContext};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -193,7 +193,11 @@ pub struct SimDeviceState {
 #[derive(Default)]
 struct RuntimeState {
     devices: Vec<SimDeviceState>,
-    live: BTreeMap<usize, (usize, usize)>, // addr -> (device, len)
+    live: BTreeMap<usize, (usize, usize, u64)>, // addr -> (device, len, context)
+    /// A user context made current (cuCtxCreate); `None`: the device's primary context.
+    user_context: Option<u64>,
+    /// Devices whose primary context has been created (by an allocation).
+    primary_active: Vec<bool>,
     pinned: BTreeMap<usize, usize>,
     current: i32,
     next_addr: usize,
@@ -205,7 +209,8 @@ struct RuntimeState {
 impl SimRuntime {
     pub fn new(capacities: &[usize]) -> Self {
         let devices = capacities.iter().map(|&capacity| SimDeviceState { capacity, ..Default::default() }).collect();
-        SimRuntime { state: Mutex::new(RuntimeState { devices, next_addr: 0x7f00_0000_0000, ..Default::default() }) }
+        let primary_active = vec![false; capacities.len()];
+        SimRuntime { state: Mutex::new(RuntimeState { devices, primary_active, next_addr: 0x7f00_0000_0000, ..Default::default() }) }
     }
     pub fn device(&self, d: usize) -> SimDeviceState {
         self.state.lock().unwrap().devices[d].clone()
@@ -221,6 +226,35 @@ impl SimRuntime {
     }
     pub fn pinned_bytes(&self) -> usize {
         self.state.lock().unwrap().pinned.values().sum()
+    }
+    /// Makes a user context current (`Some`) or goes back to the primary ones (`None`).
+    pub fn set_context(&self, ctx: Option<u64>) {
+        self.state.lock().unwrap().user_context = ctx;
+    }
+    /// The primary context handle of `device` (stable across resets, as a pool must not rely on
+    /// a new handle to notice one).
+    pub fn primary_handle(device: usize) -> u64 {
+        0x1000 + device as u64
+    }
+    /// What the runtime does at a reset or destroy: every allocation of `ctx` is gone.
+    pub fn destroy_context(&self, ctx: u64) {
+        let mut st = self.state.lock().unwrap();
+        let dead: Vec<usize> = st.live.iter().filter(|(_, v)| v.2 == ctx).map(|(a, _)| *a).collect();
+        for a in dead {
+            let (d, len, _) = st.live.remove(&a).unwrap();
+            st.devices[d].used -= len;
+        }
+        if ctx >= 0x1000 && ctx < 0x1000 + st.devices.len() as u64 {
+            let d = (ctx - 0x1000) as usize;
+            st.primary_active[d] = false;
+        }
+    }
+    /// Whether `addr` is inside a live allocation (a "kernel" could touch it).
+    pub fn is_live(&self, addr: usize) -> bool {
+        self.allocation_range(addr).is_some()
+    }
+    fn context_in(st: &RuntimeState) -> u64 {
+        st.user_context.unwrap_or(Self::primary_handle(st.current as usize))
     }
 }
 
@@ -249,12 +283,16 @@ impl DeviceRuntime for SimRuntime {
         st.next_addr += footprint + (2 << 20);
         st.devices[d].used += footprint;
         st.devices[d].mallocs += 1;
-        st.live.insert(addr, (d, footprint));
+        let ctx = Self::context_in(&st);
+        if st.user_context.is_none() {
+            st.primary_active[d] = true;
+        }
+        st.live.insert(addr, (d, footprint, ctx));
         Ok(addr)
     }
     fn free(&self, addr: usize) -> Result<(), DeviceError> {
         let mut st = self.state.lock().unwrap();
-        let Some((d, len)) = st.live.remove(&addr) else {
+        let Some((d, len, _)) = st.live.remove(&addr) else {
             st.last_error = 1;
             return Err(DeviceError::Other(1));
         };
@@ -288,5 +326,25 @@ impl DeviceRuntime for SimRuntime {
     }
     fn clear_last_error(&self) {
         self.state.lock().unwrap().last_error = 0;
+    }
+    fn current_context(&self) -> u64 {
+        let st = self.state.lock().unwrap();
+        if st.user_context.is_none() && !st.primary_active[st.current as usize] {
+            return 0; // no context until the runtime first needs one
+        }
+        Self::context_in(&st)
+    }
+    fn primary_context(&self, device: i32) -> PrimaryContext {
+        let st = self.state.lock().unwrap();
+        match st.primary_active.get(device as usize) {
+            Some(true) => PrimaryContext::Active(Self::primary_handle(device as usize)),
+            Some(false) => PrimaryContext::Inactive,
+            None => PrimaryContext::Unknown,
+        }
+    }
+    fn allocation_range(&self, addr: usize) -> Option<(usize, usize)> {
+        let st = self.state.lock().unwrap();
+        let (&base, &(_, len, _)) = st.live.range(..=addr).next_back()?;
+        (addr < base + len).then_some((base, len))
     }
 }

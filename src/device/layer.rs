@@ -1,11 +1,13 @@
 //! The device layer's glue: one pool per device and the pinned cache, driven over a
 //! `DeviceRuntime`. Every runtime call happens with no lock held; pool decisions happen under a
 //! per-device spin lock. Outcomes that the program sees follow the runtime's: its error codes,
-//! and a pointer we never handed out goes to the runtime unchanged.
+//! and a pointer we never handed out goes to the runtime unchanged. Each pool belongs to the
+//! context its segments live in (Note [Context lifetime] in pool.rs): a request made under
+//! another context passes through, and a reset or destroy of that context empties the pool.
 
 use super::pinned::{PinnedCache, PinnedFree};
-use super::pool::{stream_tag, Alloc, DevicePool, Strategy, PENDING, SYNCED};
-use crate::backing::{DeviceError, DeviceRuntime};
+use super::pool::{stream_tag, Alloc, BlockView, DevicePool, Strategy, PENDING, SYNCED};
+use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INVALID_VALUE};
 use crate::config::{Config, CudaPool, CudaSync, DeviceLimit};
 use crate::host::registry::TableSource;
 use crate::stats::{timed, Counter, DevicePhases};
@@ -20,6 +22,8 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     runtime: R,
     table_source: TableSource,
     pools: [SpinLock<DevicePool>; MAX_DEVICES],
+    /// The context each pool's segments live in; 0 until its first segment (or unknown).
+    contexts: [AtomicU64; MAX_DEVICES],
     pinned: SpinLock<PinnedCache>,
     mode: AtomicU8,
     sync_on_free: AtomicBool,
@@ -43,12 +47,36 @@ pub enum Freed {
     NotOurs,
 }
 
+/// What an IPC handle of a pointer would name (Note [IPC] in pool.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Export {
+    /// Not a pooled pointer: the runtime answers.
+    NotOurs,
+    /// A block that is its whole segment, now marked so that it never returns to the cache:
+    /// the runtime's handle names exactly it.
+    Whole,
+    /// A block (start, size) sharing its segment: a handle would give the peer other blocks.
+    Shared { addr: u64, size: u64 },
+}
+
+/// A pointer query about an address (cuMemGetAddressRange, RANGE_START_ADDR/SIZE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Range {
+    /// Not inside one of our segments: the runtime's answer stands.
+    NotOurs,
+    /// Inside this live block: (start, size).
+    Live(u64, u64),
+    /// Inside cached (freed) memory of ours: no allocation there, as after the runtime's free.
+    Freed,
+}
+
 impl<R: DeviceRuntime> DeviceLayer<R> {
     pub const fn new(runtime: R, table_source: TableSource) -> Self {
         DeviceLayer {
             runtime,
             table_source,
             pools: [const { SpinLock::new(DevicePool::new()) }; MAX_DEVICES],
+            contexts: [const { AtomicU64::new(0) }; MAX_DEVICES],
             pinned: SpinLock::new(PinnedCache::new()),
             mode: AtomicU8::new(MODE_SPLIT),
             sync_on_free: AtomicBool::new(true),
@@ -78,6 +106,11 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     pub fn runtime(&self) -> &R {
         &self.runtime
+    }
+
+    /// The calling thread's current device, when the runtime answers.
+    pub fn runtime_current_device(&self) -> Option<i32> {
+        self.runtime.current_device().ok()
     }
 
     pub fn enabled(&self) -> bool {
@@ -130,9 +163,26 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         out
     }
 
+    /// The pool of `device` if it may serve the current context: a block of another context's
+    /// segment would be unusable here.
+    fn pool_for_current_context(&self, device: i32) -> Option<&SpinLock<DevicePool>> {
+        let pool = self.pool(device)?;
+        let owner = self.context_of(device);
+        // No context current yet (a thread's first call): the runtime is about to bind one;
+        // let it, by passing this one request through.
+        if owner != 0 && self.runtime.current_context() != owner {
+            return None;
+        }
+        Some(pool)
+    }
+
+    fn context_of(&self, device: i32) -> u64 {
+        usize::try_from(device).ok().and_then(|d| self.contexts.get(d)).map_or(0, |c| c.load(Relaxed))
+    }
+
     /// Serves a request from `device`'s pool, which must be the current device.
     fn alloc_on(&self, device: i32, size: usize, tag: u64) -> Result<usize, DeviceError> {
-        let Some(pool) = self.pool(device) else {
+        let Some(pool) = self.pool_for_current_context(device) else {
             self.passthrough.add(1);
             return self.runtime_malloc(size);
         };
@@ -166,10 +216,17 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                         released = true;
                         continue;
                     }
+                    let generation = pool.lock().generation();
                     match self.runtime_malloc(len as usize) {
                         Ok(addr) => {
                             mapped = true;
-                            if !pool.lock().add_segment(addr as u64, len, small) {
+                            self.bind_context(device);
+                            let added = {
+                                let mut p = pool.lock();
+                                // A reset meanwhile freed this segment with its context: drop it.
+                                p.generation() != generation || p.add_segment(addr as u64, len, small)
+                            };
+                            if !added {
                                 self.runtime_free(addr)?;
                                 self.passthrough.add(1);
                                 return self.runtime_malloc(size);
@@ -193,6 +250,14 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             }
         }
         Err(DeviceError::OutOfMemory)
+    }
+
+    /// Records the context the runtime just allocated a segment in, if the pool has none yet.
+    fn bind_context(&self, device: i32) {
+        let Some(slot) = usize::try_from(device).ok().and_then(|d| self.contexts.get(d)) else { return };
+        if slot.load(Relaxed) == 0 {
+            let _ = slot.compare_exchange(0, self.runtime.current_context(), Relaxed, Relaxed);
+        }
     }
 
     /// Synchronizes (so every free block is reusable and whole segments can be freed), then
@@ -245,7 +310,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             // Note [Safe reuse]: the device that ran the block's kernels is the one to wait for.
             self.with_device(device as i32, || self.synchronize())?;
         }
-        let pool = self.pools.get(device).ok_or(DeviceError::Other(crate::backing::CUDA_ERROR_INVALID_VALUE))?;
+        let pool = self.pools.get(device).ok_or(DeviceError::Other(CUDA_ERROR_INVALID_VALUE))?;
         let freed = {
             let mut pool = pool.lock();
             if synced {
@@ -256,13 +321,22 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             pool.free(addr as u64, if synced { SYNCED } else { PENDING })
         };
         match freed {
-            Some(size) => {
-                crate::scopes::on_free(size);
-                crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_FREE, crate::trace::HIT, device as u8, size, addr as u64);
+            Some(f) => {
+                self.after_free(device, addr, f)?;
                 Ok(Freed::Pooled)
             }
             // Freed by another thread meanwhile: as the runtime would for a double free.
-            None => Err(DeviceError::Other(crate::backing::CUDA_ERROR_INVALID_VALUE)),
+            None => Err(DeviceError::Other(CUDA_ERROR_INVALID_VALUE)),
+        }
+    }
+
+    fn after_free(&self, device: usize, addr: usize, f: super::pool::Freed) -> Result<(), DeviceError> {
+        crate::scopes::on_free(f.size);
+        crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_FREE, crate::trace::HIT, device as u8, f.size, addr as u64);
+        match f.release {
+            // Note [IPC]: an exported segment goes back to the runtime, on its own device.
+            Some((base, _)) => self.with_device(device as i32, || self.runtime_free(base as usize)),
+            None => Ok(()),
         }
     }
 
@@ -275,12 +349,104 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let index = usize::try_from(device).ok().filter(|&d| self.pools.get(d).is_some_and(|p| p.lock().owns(addr as u64)));
         let Some(d) = index.or_else(|| self.owning_device(addr)) else { return Freed::NotOurs };
         match self.pools.get(d).and_then(|p| p.lock().free(addr as u64, stream_tag(stream))) {
-            Some(size) => {
-                crate::scopes::on_free(size);
-                crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_FREE, crate::trace::HIT, d as u8, size, addr as u64);
+            Some(f) => {
+                // An exported segment that cannot be given back stays with the runtime's
+                // context until it ends; it is out of our pool either way.
+                let _ = self.after_free(d, addr, f);
                 Freed::Pooled
             }
             None => Freed::NotOurs,
+        }
+    }
+
+    /// cudaFreeAsync / cuMemFreeAsync of a pointer: back into its pool, reusable on `stream`
+    /// at once and by anyone else after a device synchronization (Note [Safe reuse]).
+    pub fn free_async(&self, addr: usize, stream: usize) -> Freed {
+        match self.owning_device(addr) {
+            Some(d) => self.free_on_stream(addr, d as i32, stream),
+            None => Freed::NotOurs,
+        }
+    }
+
+    /// The pool and block that contain `addr`, a block start or any address inside one of our
+    /// segments (the driver names the segment).
+    fn locate(&self, addr: usize) -> Option<(usize, BlockView)> {
+        for (d, p) in self.pools.iter().enumerate() {
+            let pool = p.lock();
+            if let Some(b) = pool.live_block(addr as u64).filter(|_| pool.is_ready()) {
+                return Some((d, b));
+            }
+        }
+        let (base, _) = self.runtime.allocation_range(addr)?;
+        self.pools.iter().enumerate().find_map(|(d, p)| {
+            let pool = p.lock();
+            if !pool.is_ready() || !pool.has_segment(base as u64) {
+                return None;
+            }
+            pool.block_at(base as u64, addr as u64).map(|b| (d, b))
+        })
+    }
+
+    /// cuMemGetAddressRange / RANGE_START_ADDR / RANGE_SIZE: the block, not our segment.
+    pub fn range(&self, addr: usize) -> Range {
+        match self.locate(addr) {
+            None => Range::NotOurs,
+            Some((_, b)) if b.allocated => Range::Live(b.addr, b.size),
+            Some(_) => Range::Freed,
+        }
+    }
+
+    /// cudaIpcGetMemHandle / cuIpcGetMemHandle of `addr` (Note [IPC]).
+    pub fn export(&self, addr: usize) -> Export {
+        let Some((d, b)) = self.locate(addr) else { return Export::NotOurs };
+        if b.allocated && b.whole_segment && self.pools.get(d).is_some_and(|p| p.lock().mark_exported(b.addr)) {
+            return Export::Whole;
+        }
+        Export::Shared { addr: b.addr, size: b.size }
+    }
+
+    /// Note [Context lifetime]: context `ctx` was (or is about to be) destroyed: every pool
+    /// whose segments live in it, and its pinned blocks, are forgotten.
+    pub fn forget_context(&self, ctx: u64) {
+        for (d, slot) in self.contexts.iter().enumerate() {
+            if ctx != 0 && slot.load(Relaxed) == ctx {
+                self.forget_pool(d);
+            }
+        }
+        self.pinned.lock().forget(Some(ctx));
+    }
+
+    /// Note [Context lifetime]: `device`'s primary context is being reset (cudaDeviceReset,
+    /// cuDevicePrimaryCtxReset). Its pool is forgotten unless it lives in another context; when
+    /// the driver cannot tell, it is forgotten anyway (a lost cache, never a dead block).
+    pub fn forget_primary(&self, device: i32) {
+        let primary = self.runtime.primary_context(device);
+        let owner = self.context_of(device);
+        let owned_by_primary = match primary {
+            PrimaryContext::Active(p) => owner == 0 || owner == p,
+            PrimaryContext::Inactive => owner == 0,
+            PrimaryContext::Unknown => true,
+        };
+        if owned_by_primary {
+            if let Ok(d) = usize::try_from(device) {
+                self.forget_pool(d);
+            }
+        }
+        self.pinned.lock().forget(match primary {
+            PrimaryContext::Active(p) => Some(p),
+            _ => None,
+        });
+    }
+
+    fn forget_pool(&self, device: usize) {
+        if let Some(pool) = self.pools.get(device) {
+            let mut pool = pool.lock();
+            if pool.is_ready() {
+                pool.forget_all();
+            }
+        }
+        if let Some(slot) = self.contexts.get(device) {
+            slot.store(0, Relaxed);
         }
     }
 
@@ -334,7 +500,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         if !self.enabled() || !self.pinned.lock().init(self.pinned_limit_bytes.load(Relaxed), self.table_source) {
             return self.runtime.host_alloc(size, flags);
         }
-        if let Some(addr) = self.pinned.lock().take(size as u64, flags) {
+        let ctx = self.runtime.current_context();
+        if let Some(addr) = self.pinned.lock().take(size as u64, flags, ctx) {
             return Ok(addr as usize);
         }
         let len = self.pinned.lock().len_for(size as u64) as usize;
@@ -347,7 +514,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             }
             Err(e) => return Err(e),
         };
-        if !self.pinned.lock().add_live(addr as u64, len as u64, flags) {
+        // The runtime may have made a context current for this very call.
+        let ctx = if ctx == 0 { self.runtime.current_context() } else { ctx };
+        if !self.pinned.lock().add_live(addr as u64, len as u64, flags, ctx) {
             self.passthrough.add(1);
         }
         Ok(addr)

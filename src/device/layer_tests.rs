@@ -2,6 +2,7 @@
 //! last error, the cap, two devices, pinned memory, foreign pointers, pass-through.
 
 use super::*;
+use crate::device::layer::{Export, Range};
 use crate::config::Config;
 use crate::sim::leak_table;
 use crate::sim::SimRuntime;
@@ -123,4 +124,127 @@ fn pinned_memory_is_cached_and_trimmed() {
     l.host_free(p).unwrap();
     assert!(l.trim() >= 100 * MB as u64);
     assert_eq!(l.runtime().pinned_bytes(), 0);
+}
+
+/// What cudaDeviceReset does around the runtime's own reset.
+fn reset_primary(l: &DeviceLayer<SimRuntime>, device: i32) {
+    l.forget_primary(device);
+    l.runtime().destroy_context(SimRuntime::primary_handle(device as usize));
+    l.forget_primary(device);
+}
+
+#[test]
+fn a_reset_forgets_cached_and_live_blocks() {
+    for config in [Config::default(), Config { cuda_pool: crate::config::CudaPool::Binned, ..Config::default() }, Config { cuda_sync: crate::config::CudaSync::Reuse, ..Config::default() }] {
+        let l = layer(config, &[4 * GB]);
+        let cached = l.malloc(64 * MB).unwrap();
+        let live = l.malloc(8 * MB).unwrap();
+        l.free(cached).unwrap();
+        reset_primary(&l, 0);
+        let fresh = l.malloc(64 * MB).unwrap();
+        assert!(l.runtime().is_live(fresh), "a block of the reset context was handed out");
+        assert_eq!(l.free(live), Ok(Freed::NotOurs), "a block live across the reset is the runtime's to answer for");
+        let mut resets = 0;
+        l.for_each_pool(|_, p| {
+            resets += p.stats.resets;
+            p.check_invariants().unwrap();
+        });
+        assert_eq!(resets, 2);
+    }
+}
+
+#[test]
+fn destroying_a_user_context_forgets_only_its_pool() {
+    let l = layer(Config::default(), &[4 * GB, 4 * GB]);
+    let ctx = 0x9000;
+    l.runtime().set_context(Some(ctx));
+    let a = l.malloc(64 * MB).unwrap();
+    l.free(a).unwrap();
+    l.runtime().set_context(None);
+    l.runtime().set_device(1).unwrap();
+    let other = l.malloc(64 * MB).unwrap();
+    l.free(other).unwrap();
+    l.runtime().set_device(0).unwrap();
+    // The primary context is not the pool's: no block of the user context's segment.
+    let p = l.malloc(64 * MB).unwrap();
+    assert_ne!(p, a, "device 0's pool belongs to the user context");
+    assert_eq!(l.free(p), Ok(Freed::NotOurs), "served by the runtime, outside the pool");
+    l.forget_context(ctx);
+    l.runtime().destroy_context(ctx);
+    let b = l.malloc(64 * MB).unwrap();
+    assert!(l.runtime().is_live(b));
+    l.runtime().set_device(1).unwrap();
+    assert_eq!(l.malloc(64 * MB).unwrap(), other, "device 1's pool kept its cache");
+}
+
+#[test]
+fn a_reset_while_a_segment_is_being_mapped_drops_that_segment() {
+    let l = layer(Config::default(), &[4 * GB]);
+    let a = l.malloc(64 * MB).unwrap();
+    l.free(a).unwrap();
+    let generation = l.pools[0].lock().generation();
+    reset_primary(&l, 0);
+    assert_ne!(l.pools[0].lock().generation(), generation);
+}
+
+#[test]
+fn ipc_export_names_whole_segments_only_and_they_leave_the_pool() {
+    let l = layer(Config::default(), &[4 * GB]);
+    let small_a = l.malloc(MB).unwrap();
+    let small_b = l.malloc(MB).unwrap();
+    assert_eq!(l.export(small_b), Export::Shared { addr: small_b as u64, size: MB as u64 });
+    assert_eq!(l.export(small_b + 100), Export::Shared { addr: small_b as u64, size: MB as u64 }, "interior pointer");
+    let big = l.malloc(64 * MB).unwrap();
+    assert_eq!(l.export(big), Export::Whole);
+    assert_eq!(l.export(0xdead_0000), Export::NotOurs);
+    let mallocs = l.runtime().device(0).mallocs;
+    l.free(big).unwrap();
+    assert!(!l.runtime().is_live(big), "an exported segment goes back to the runtime at its free");
+    let again = l.malloc(64 * MB).unwrap();
+    assert_eq!(l.runtime().device(0).mallocs, mallocs + 1, "and is never reused from the cache");
+    l.free(again).unwrap();
+    l.free(small_a).unwrap();
+    l.free(small_b).unwrap();
+    l.for_each_pool(|_, p| p.check_invariants().unwrap());
+    // Binned: every block is its segment.
+    let l = layer(Config { cuda_pool: crate::config::CudaPool::Binned, ..Config::default() }, &[4 * GB]);
+    let a = l.malloc(MB).unwrap();
+    assert_eq!(l.export(a), Export::Whole);
+}
+
+#[test]
+fn ranges_are_our_blocks_not_the_segment() {
+    let l = layer(Config::default(), &[4 * GB]);
+    let a = l.malloc(MB).unwrap();
+    let b = l.malloc(MB).unwrap();
+    assert_eq!(l.range(b), Range::Live(b as u64, MB as u64));
+    assert_eq!(l.range(b + MB - 1), Range::Live(b as u64, MB as u64));
+    assert_eq!(l.range(a + 5), Range::Live(a as u64, MB as u64));
+    l.free(b).unwrap();
+    assert_eq!(l.range(b + 10), Range::Freed);
+    assert_eq!(l.range(0xdead_0000), Range::NotOurs);
+}
+
+#[test]
+fn async_frees_are_reused_after_a_sync_by_cudamalloc() {
+    let l = layer(Config::default(), &[4 * GB]);
+    let a = l.malloc(64 * MB).unwrap();
+    assert_eq!(l.free_async(a, 0x55), Freed::Pooled);
+    let syncs = l.runtime().device(0).syncs;
+    assert_eq!(l.malloc(64 * MB).unwrap(), a, "reused once the device is synchronized");
+    assert_eq!(l.runtime().device(0).syncs, syncs + 1);
+    assert_eq!(l.runtime().device(0).mallocs, 1, "no new segment for a block freed on a stream");
+    assert_eq!(l.free_async(0xdead_0000, 0x55), Freed::NotOurs);
+}
+
+#[test]
+fn pinned_blocks_of_a_reset_context_are_never_handed_out_again() {
+    let l = layer(Config::default(), &[4 * GB]);
+    l.malloc(MB).unwrap(); // the primary context exists now
+    let p = l.host_alloc(100 * MB, 0).unwrap();
+    l.host_free(p).unwrap();
+    reset_primary(&l, 0);
+    let q = l.host_alloc(100 * MB, 0).unwrap();
+    assert_eq!(l.runtime().host_allocs(), 2, "pinned anew after the reset");
+    assert_eq!(l.host_free(q), Ok(Freed::Pooled));
 }

@@ -1,6 +1,8 @@
 //! The pinned host memory cache (cudaMallocHost / cudaHostAlloc / cudaFreeHost): pinning costs
 //! milliseconds for large sizes, so freed blocks are kept, bounded in count and bytes, and
-//! reused by a request of the same size class and flags. Bookkeeping only, like the pool.
+//! reused by a request of the same size class, flags and context (pinned memory belongs to the
+//! context that allocated it: a reset frees it, Note [Context lifetime] in pool.rs). Bookkeeping
+//! only, like the pool.
 
 use super::table::{AddrMap, Slab};
 use crate::host::cache::{Range, RangeList};
@@ -15,6 +17,8 @@ pub struct PinnedBlock {
     pub addr: u64,
     pub len: u64,
     pub flags: u32,
+    /// The CUDA context current when it was pinned (0: unknown).
+    pub ctx: u64,
     freed_seq: u64,
 }
 
@@ -77,11 +81,11 @@ impl PinnedCache {
         self.cached_bytes
     }
 
-    /// A cached block of `size`'s class with the same flags, if any.
-    pub fn take(&mut self, size: u64, flags: u32) -> Option<u64> {
+    /// A cached block of `size`'s class with the same flags and context, if any.
+    pub fn take(&mut self, size: u64, flags: u32, ctx: u64) -> Option<u64> {
         self.requests += 1;
         let len = pinned_class(size);
-        let index = self.free.iter().position(|s| s.is_some_and(|b| b.len == len && b.flags == flags))?;
+        let index = self.free.iter().position(|s| s.is_some_and(|b| b.len == len && b.flags == flags && b.ctx == ctx))?;
         let block = self.free.get(index).copied().flatten()?;
         // Untrackable (tables full): leave it cached and let the caller allocate fresh.
         if !self.track(block) {
@@ -101,8 +105,42 @@ impl PinnedCache {
     }
 
     /// Records a freshly pinned block; false when the tables are full (leave it untracked).
-    pub fn add_live(&mut self, addr: u64, len: u64, flags: u32) -> bool {
-        self.track(PinnedBlock { addr, len, flags, freed_seq: 0 })
+    pub fn add_live(&mut self, addr: u64, len: u64, flags: u32, ctx: u64) -> bool {
+        self.track(PinnedBlock { addr, len, flags, ctx, freed_seq: 0 })
+    }
+
+    /// Note [Context lifetime]: forgets every block, cached or live, of context `ctx` (every
+    /// block when `None`): the runtime freed them. A live one freed later is not ours.
+    pub fn forget(&mut self, ctx: Option<u64>) {
+        let doomed = |b: &PinnedBlock| ctx.is_none_or(|c| b.ctx == c || b.ctx == 0);
+        for slot in self.free.iter_mut() {
+            if let Some(b) = *slot {
+                if doomed(&b) {
+                    *slot = None;
+                    self.cached_bytes -= b.len;
+                }
+            }
+        }
+        loop {
+            let mut batch = [0u64; 64];
+            let mut n = 0;
+            self.live.for_each(|addr, i| {
+                if n < batch.len() && doomed(self.live_records.get(i)) {
+                    if let Some(slot) = batch.get_mut(n) {
+                        *slot = addr;
+                    }
+                    n += 1;
+                }
+            });
+            for &addr in batch.iter().take(n) {
+                if let Some(i) = self.live.remove(addr) {
+                    self.live_records.remove(i);
+                }
+            }
+            if n < batch.len() {
+                return;
+            }
+        }
     }
 
     fn track(&mut self, block: PinnedBlock) -> bool {
@@ -172,28 +210,48 @@ mod tests {
     fn reuses_same_class_and_flags_and_bounds_bytes() {
         let mut c = Box::new(PinnedCache::new());
         assert!(c.init(64 << 20, leak_table));
-        assert_eq!(c.take(10 << 20, 0), None);
+        assert_eq!(c.take(10 << 20, 0, 7), None);
         let len = c.len_for(10 << 20);
         assert_eq!(len, 10 << 20);
-        assert!(c.add_live(0x1000_0000, len, 0));
+        assert!(c.add_live(0x1000_0000, len, 0, 7));
         assert!(matches!(c.free(0x1000_0000), PinnedFree::Cached { evicted } if evicted.is_empty()));
         assert!(matches!(c.free(0x1000_0000), PinnedFree::NotOurs), "double free is not ours");
-        assert_eq!(c.take(9 << 20, 1), None, "other flags");
-        assert_eq!(c.take((9 << 20) + 1, 0), Some(0x1000_0000), "same class");
+        assert_eq!(c.take(9 << 20, 1, 7), None, "other flags");
+        assert_eq!(c.take(9 << 20, 0, 8), None, "other context");
+        assert_eq!(c.take((9 << 20) + 1, 0, 7), Some(0x1000_0000), "same class");
         assert_eq!(c.hits, 1);
         // Over the byte limit the oldest blocks go.
         c.free(0x1000_0000);
-        c.add_live(0x2000_0000, c.len_for(40 << 20), 0);
-        c.add_live(0x3000_0000, c.len_for(40 << 20), 0);
+        c.add_live(0x2000_0000, c.len_for(40 << 20), 0, 7);
+        c.add_live(0x3000_0000, c.len_for(40 << 20), 0, 7);
         assert!(matches!(c.free(0x2000_0000), PinnedFree::Cached { .. }));
         let PinnedFree::Cached { evicted } = c.free(0x3000_0000) else { panic!() };
         let evicted: Vec<_> = evicted.iter().map(|r| (r.addr, r.len)).collect();
         assert_eq!(evicted, vec![(0x1000_0000, 10 << 20), (0x2000_0000, 40 << 20)]);
-        c.add_live(0x4000_0000, c.len_for(100 << 20), 0);
+        c.add_live(0x4000_0000, c.len_for(100 << 20), 0, 7);
         assert!(matches!(c.free(0x4000_0000), PinnedFree::Refused));
         assert_eq!(c.cached_bytes(), 40 << 20);
         let mut out = [(0, 0); 64];
         assert_eq!(c.drain(&mut out), 1);
+        assert_eq!(c.cached_bytes(), 0);
+    }
+
+    #[test]
+    fn forgetting_a_context_drops_its_blocks_cached_and_live() {
+        let mut c = Box::new(PinnedCache::new());
+        assert!(c.init(1 << 30, leak_table));
+        for (i, ctx) in [(1u64, 7u64), (2, 7), (3, 8), (4, 8)] {
+            assert!(c.add_live(i << 28, 1 << 20, 0, ctx));
+        }
+        c.free(1 << 28);
+        c.free(3 << 28);
+        c.forget(Some(7));
+        assert!(!c.owns(2 << 28), "live block of the reset context is no longer ours");
+        assert!(c.owns(4 << 28));
+        assert_eq!(c.take(1 << 20, 0, 7), None, "its cached block is never handed out");
+        assert_eq!(c.take(1 << 20, 0, 8), Some(3 << 28));
+        c.forget(None);
+        assert!(!c.owns(4 << 28) && !c.owns(3 << 28));
         assert_eq!(c.cached_bytes(), 0);
     }
 }

@@ -12,7 +12,20 @@
 // - a stream tag: freed through the pluggable allocator on that stream; stream order makes it
 //   safe for a later allocation on the same stream, and for others after a device sync.
 // An allocation takes only blocks it may use; when the only fitting blocks are PENDING the
-// pool asks for a sync first, so deferred mode never grows memory in a free/alloc loop.
+// pool asks for a sync first, so deferred mode never grows memory in a free/alloc loop. A
+// cudaMalloc (SYNCED request) also asks for a sync when blocks freed on streams
+// (cudaFreeAsync) would fit.
+//
+// Note [IPC]
+// An IPC handle names a whole runtime allocation, our segment: the peer maps all of it from its
+// base. So a handle is handed out only for a block that is a whole segment (binned blocks always
+// are; split blocks when they were not split), and that segment never returns to the cache: its
+// free gives it back to the runtime, so no later block can be read through an old handle.
+//
+// Note [Context lifetime]
+// A device reset or context destroy frees every allocation of that context behind our back.
+// `forget_all` drops every segment and live block without asking the runtime to free anything;
+// `generation` tells a caller who mapped a segment before the reset not to add it.
 
 use super::table::{AddrMap, Slab, NONE};
 use crate::host::registry::TableSource;
@@ -44,6 +57,7 @@ const HUGE_WASTE: u64 = 20 << 20;
 const BINS: usize = 64;
 const BLOCK_CAPACITY: u32 = 1 << 20;
 const MAP_CAPACITY: usize = 1 << 21;
+const SEGMENT_CAPACITY: usize = 1 << 16;
 
 #[derive(Clone, Copy, Debug)]
 struct Block {
@@ -57,6 +71,9 @@ struct Block {
     small: bool,
     tag: u64,
     born_ns: u64,
+    /// An IPC handle names this block (a whole segment): on free the segment goes back to the
+    /// runtime instead of the cache (Note [IPC]).
+    exported: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +85,24 @@ pub enum Alloc {
     NeedSegment { len: u64, small: bool },
     /// Tables full: serve this request straight from the runtime, untracked.
     Untracked,
+}
+
+/// What a free did with a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Freed {
+    pub size: u64,
+    /// A segment that left the pool (Note [IPC]): the caller gives it back to the runtime.
+    pub release: Option<(u64, u64)>,
+}
+
+/// A block that contains an address, for pointer queries and IPC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockView {
+    pub addr: u64,
+    pub size: u64,
+    pub allocated: bool,
+    /// The block is its segment, whole: an IPC handle would name exactly it.
+    pub whole_segment: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -83,6 +118,10 @@ pub struct PoolStats {
     pub peak_reserved_bytes: u64,
     pub live_bytes: u64,
     pub peak_live_bytes: u64,
+    /// Device resets and context destroys that emptied this pool (Note [Context lifetime]).
+    pub resets: u64,
+    /// Whole-segment blocks an IPC handle was made for.
+    pub ipc_exports: u64,
 }
 
 pub struct DevicePool {
@@ -90,6 +129,9 @@ pub struct DevicePool {
     limit_bytes: u64,
     blocks: Slab<Block>,
     live: AddrMap,
+    /// Segment base -> its first block (which no merge ever removes).
+    segments: AddrMap,
+    generation: u64,
     bins: [[u32; BINS]; 2],
     pending_free_bytes: u64,
     other_tag_free_bytes: u64,
@@ -117,6 +159,8 @@ impl DevicePool {
             limit_bytes: u64::MAX,
             blocks: Slab::empty(),
             live: AddrMap::empty(),
+            segments: AddrMap::empty(),
+            generation: 0,
             bins: [[NONE; BINS]; 2],
             pending_free_bytes: 0,
             other_tag_free_bytes: 0,
@@ -132,6 +176,8 @@ impl DevicePool {
                 peak_reserved_bytes: 0,
                 live_bytes: 0,
                 peak_live_bytes: 0,
+                resets: 0,
+                ipc_exports: 0,
             },
             ready: false,
             serving_miss: false,
@@ -143,7 +189,9 @@ impl DevicePool {
         if !self.ready {
             self.strategy = strategy;
             self.limit_bytes = limit_bytes;
-            self.ready = self.blocks.init(BLOCK_CAPACITY, source) && self.live.init(MAP_CAPACITY, source);
+            self.ready = self.blocks.init(BLOCK_CAPACITY, source)
+                && self.live.init(MAP_CAPACITY, source)
+                && self.segments.init(SEGMENT_CAPACITY, source);
         }
         self.ready
     }
@@ -201,7 +249,8 @@ impl DevicePool {
             return Alloc::Untracked;
         }
         self.stats.requests -= 1; // counted again when the caller asks again
-        if self.pending_free_bytes >= need {
+        let after_sync = if tag == SYNCED { self.pending_free_bytes + self.other_tag_free_bytes } else { self.pending_free_bytes };
+        if after_sync >= need {
             return Alloc::NeedSync;
         }
         let (len, small) = self.segment_for(need);
@@ -318,8 +367,12 @@ impl DevicePool {
 
     /// Records a segment the caller mapped after `NeedSegment`.
     pub fn add_segment(&mut self, addr: u64, len: u64, small: bool) -> bool {
-        let block = Block { addr, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0 };
+        let block = Block { addr, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0, exported: false };
         let Some(i) = self.blocks.insert(block) else { return false };
+        if !self.segments.insert(addr, i) {
+            self.blocks.remove(i);
+            return false;
+        }
         self.link(i);
         self.serving_miss = true;
         self.stats.segments_mapped += 1;
@@ -328,20 +381,94 @@ impl DevicePool {
         true
     }
 
-    /// Takes a block back; `None` when `addr` is not a live block of this pool. Returns the
-    /// block's size.
-    pub fn free(&mut self, addr: u64, tag: u64) -> Option<u64> {
+    /// Takes a block back; `None` when `addr` is not a live block of this pool.
+    pub fn free(&mut self, addr: u64, tag: u64) -> Option<Freed> {
         let i = self.live.remove(addr)?;
-        let size = {
+        let b = {
             let r = self.blocks.get_mut(i);
             r.allocated = false;
             r.tag = tag;
-            r.size
+            *r
         };
-        self.stats.live_bytes -= size;
+        self.stats.live_bytes -= b.size;
+        if b.exported {
+            // Note [IPC]: a whole segment, never merged or split; it leaves the pool.
+            self.segments.remove(b.addr);
+            self.blocks.remove(i);
+            self.stats.reserved_bytes -= b.size;
+            self.stats.segments_released += 1;
+            return Some(Freed { size: b.size, release: Some((b.addr, b.size)) });
+        }
         let merged = self.merge_neighbours(i);
         self.link(merged);
-        Some(size)
+        Some(Freed { size: b.size, release: None })
+    }
+
+    /// The block of segment `segment_base` that contains `addr`; `None` when that segment is
+    /// not ours or `addr` lies outside it.
+    pub fn block_at(&self, segment_base: u64, addr: u64) -> Option<BlockView> {
+        let mut i = self.segments.get(segment_base)?;
+        loop {
+            let b = self.blocks.get(i);
+            if addr < b.addr {
+                return None;
+            }
+            if addr - b.addr < b.size {
+                let whole_segment = b.seg_prev == NONE && b.seg_next == NONE;
+                return Some(BlockView { addr: b.addr, size: b.size, allocated: b.allocated, whole_segment });
+            }
+            if b.seg_next == NONE {
+                return None;
+            }
+            i = b.seg_next;
+        }
+    }
+
+    /// Looks a live block up by its start.
+    pub fn live_block(&self, addr: u64) -> Option<BlockView> {
+        let b = self.blocks.get(self.live.get(addr)?);
+        Some(BlockView { addr: b.addr, size: b.size, allocated: true, whole_segment: b.seg_prev == NONE && b.seg_next == NONE })
+    }
+
+    /// Whether `addr` is the base of one of our segments.
+    pub fn has_segment(&self, addr: u64) -> bool {
+        self.segments.get(addr).is_some()
+    }
+
+    /// Marks the live block starting at `addr`, a whole segment, as named by an IPC handle
+    /// (Note [IPC]); false when it is not such a block.
+    pub fn mark_exported(&mut self, addr: u64) -> bool {
+        let Some(i) = self.live.get(addr) else { return false };
+        let b = self.blocks.get_mut(i);
+        if b.seg_prev != NONE || b.seg_next != NONE {
+            return false;
+        }
+        if !b.exported {
+            b.exported = true;
+            self.stats.ipc_exports += 1;
+        }
+        true
+    }
+
+    /// Bumped by every `forget_all`.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Note [Context lifetime]: the runtime freed every segment; forget them all, cached and
+    /// live, without handing any back. Live blocks become foreign pointers.
+    pub fn forget_all(&mut self) {
+        self.live.clear();
+        self.segments.clear();
+        self.blocks.clear();
+        self.bins = [[NONE; BINS]; 2];
+        self.pending_free_bytes = 0;
+        self.other_tag_free_bytes = 0;
+        self.serving_miss = false;
+        self.stats.reserved_bytes = 0;
+        self.stats.live_bytes = 0;
+        self.stats.resets += 1;
+        self.generation += 1;
     }
 
     /// Merges free block `i` (not linked) with free neighbours of the same tag; returns the
@@ -423,6 +550,7 @@ impl DevicePool {
                     let next = b.bin_next;
                     if b.seg_prev == NONE && b.seg_next == NONE {
                         self.unlink(i);
+                        self.segments.remove(b.addr);
                         self.blocks.remove(i);
                         if let Some(slot) = out.get_mut(count) {
                             *slot = (b.addr, b.size);
@@ -484,6 +612,26 @@ impl DevicePool {
         }
         if pending != self.pending_free_bytes {
             return Err("pending byte count is off".into());
+        }
+        // Every free block's segment is known by its head (a walk over the whole segment map
+        // per step would make the property tests crawl).
+        for small in [false, true] {
+            for bin in 0..BINS {
+                let mut i = self.bin_head(small, bin);
+                while i != NONE {
+                    let mut head = i;
+                    while self.blocks.get(head).seg_prev != NONE {
+                        head = self.blocks.get(head).seg_prev;
+                    }
+                    if self.segments.get(self.blocks.get(head).addr) != Some(head) {
+                        return Err(format!("segment of free block {:?} is not in the segment map", self.blocks.get(i)));
+                    }
+                    if self.blocks.get(i).exported {
+                        return Err(format!("exported block {:?} is cached", self.blocks.get(i)));
+                    }
+                    i = self.blocks.get(i).bin_next;
+                }
+            }
         }
         Ok(())
     }

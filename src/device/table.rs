@@ -65,6 +65,12 @@ impl<T: Copy> Slab<T> {
         }
     }
 
+    /// Forgets every record; the memory stays mapped for reuse.
+    pub fn clear(&mut self) {
+        self.vacant_head = NONE;
+        self.used = 0;
+    }
+
     /// Callers pass only indices `insert` returned and not yet removed.
     pub fn get(&self, index: u32) -> &T {
         debug_assert!(index < self.used);
@@ -220,6 +226,19 @@ impl AddrMap {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Removes every entry (a walk over the whole table: for rare events such as a reset).
+    pub fn clear(&mut self) {
+        if self.slots.is_null() || self.len == 0 {
+            return;
+        }
+        for i in 0..=self.mask {
+            if self.read(i).occupied != 0 {
+                self.write(i, Slot { key: 0, value: 0, occupied: 0 });
+            }
+        }
+        self.len = 0;
     }
 }
 

@@ -1,10 +1,12 @@
 //! The CUDA runtime entry points we interpose, and the PyTorch pluggable-allocator pair. Each is
 //! a few lines over `DEVICE` (the pool) and `sys::cuda::real()` (the runtime, for pointers that
-//! are not ours and for pass-through).
+//! are not ours and for pass-through). A call re-entered from inside the runtime on the same
+//! thread goes straight to the real function (`sys::reentry`).
 
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
-use crate::device::layer::Freed;
+use crate::device::layer::{Export, Freed};
 use crate::sys::cuda::real;
+use crate::sys::reentry;
 use crate::DEVICE;
 use core::ffi::{c_int, c_uint, c_void};
 
@@ -19,6 +21,7 @@ fn ready() -> bool {
 #[no_mangle]
 pub unsafe extern "C" fn cudaMalloc(ptr: *mut *mut c_void, size: usize) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(_entered) = reentry::enter() else { return (rt.malloc)(ptr, size) };
     if ptr.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -45,6 +48,7 @@ pub unsafe extern "C" fn cudaMalloc(ptr: *mut *mut c_void, size: usize) -> c_int
 #[no_mangle]
 pub unsafe extern "C" fn cudaFree(ptr: *mut c_void) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(_entered) = reentry::enter() else { return (rt.free)(ptr) };
     if ptr.is_null() || crate::globals().is_none() {
         return (rt.free)(ptr);
     }
@@ -60,6 +64,7 @@ pub unsafe extern "C" fn cudaFree(ptr: *mut c_void) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(_entered) = reentry::enter() else { return (rt.mem_get_info)(free, total) };
     if !ready() || free.is_null() || total.is_null() {
         return (rt.mem_get_info)(free, total);
     }
@@ -78,6 +83,7 @@ pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> 
 #[no_mangle]
 pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(_entered) = reentry::enter() else { return (rt.host_alloc)(ptr, size, flags) };
     if !ready() || ptr.is_null() || size == 0 {
         return (rt.host_alloc)(ptr, size, flags);
     }
@@ -94,7 +100,11 @@ pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags
 /// As cudaMallocHost (cudaHostAlloc with default flags).
 #[no_mangle]
 pub unsafe extern "C" fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> c_int {
-    cudaHostAlloc(ptr, size, 0)
+    match real() {
+        // Re-entered (the runtime's cudaHostAlloc calling it): the runtime's own.
+        Some(rt) if reentry::enter().is_none() => (rt.malloc_host)(ptr, size),
+        _ => cudaHostAlloc(ptr, size, 0),
+    }
 }
 
 /// # Safety
@@ -102,6 +112,7 @@ pub unsafe extern "C" fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> c
 #[no_mangle]
 pub unsafe extern "C" fn cudaFreeHost(ptr: *mut c_void) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(_entered) = reentry::enter() else { return (rt.free_host)(ptr) };
     if ptr.is_null() || crate::globals().is_none() {
         return (rt.free_host)(ptr);
     }
@@ -109,6 +120,97 @@ pub unsafe extern "C" fn cudaFreeHost(ptr: *mut c_void) -> c_int {
         Ok(Freed::Pooled) => CUDA_SUCCESS,
         Ok(Freed::NotOurs) => (rt.free_host)(ptr),
         Err(e) => e.code(),
+    }
+}
+
+/// Note [Context lifetime]: the reset frees every allocation of the current device's primary
+/// context, our cached segments and the blocks still live among them; the pool forgets them all
+/// (before, and again after, in case another thread mapped one meanwhile).
+///
+/// # Safety
+/// As cudaDeviceReset.
+#[no_mangle]
+pub unsafe extern "C" fn cudaDeviceReset() -> c_int {
+    let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(reset) = rt.device_reset else { return NO_RUNTIME };
+    let Some(_entered) = reentry::enter() else { return reset() };
+    let device = crate::DEVICE.runtime_current_device();
+    if let Some(d) = device {
+        DEVICE.forget_primary(d);
+    }
+    let rc = reset();
+    if let Some(d) = device {
+        DEVICE.forget_primary(d);
+    }
+    rc
+}
+
+/// Note [IPC]: a handle names a whole runtime allocation. A pooled block that is its own segment
+/// gets the runtime's handle (and its segment never returns to the cache); a block sharing a
+/// segment is refused, since the peer would map its neighbours.
+///
+/// # Safety
+/// As cudaIpcGetMemHandle: `handle` points to a cudaIpcMemHandle_t.
+#[no_mangle]
+pub unsafe extern "C" fn cudaIpcGetMemHandle(handle: *mut c_void, ptr: *mut c_void) -> c_int {
+    let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(get) = rt.ipc_get_mem_handle else { return NO_RUNTIME };
+    let Some(_entered) = reentry::enter() else { return get(handle, ptr) };
+    match export_checked("cudaIpcGetMemHandle", ptr as usize) {
+        Ok(()) => get(handle, ptr),
+        Err(()) => CUDA_ERROR_INVALID_VALUE,
+    }
+}
+
+/// Shared by the runtime's and the driver's IPC entry points: `Err` after one stderr line when
+/// a handle of `addr` would name other blocks' memory.
+pub(crate) fn export_checked(call: &str, addr: usize) -> Result<(), ()> {
+    if crate::globals().is_none() {
+        return Ok(());
+    }
+    match DEVICE.export(addr) {
+        Export::NotOurs | Export::Whole => Ok(()),
+        Export::Shared { addr: block, size } => {
+            crate::warn_line!(
+                "{}({:#x}): the pooled block at {:#x} ({} bytes) shares its cudaMalloc segment with other blocks, and an IPC handle names the whole segment; refused (cudaErrorInvalidValue). IPC of pooled memory works with TENSORMALLOC_CUDA_POOL=binned (one segment per block) or none",
+                call, addr, block, size
+            );
+            Err(())
+        }
+    }
+}
+
+/// A pooled pointer returns to our pool, reusable on `stream` at once and by others after a
+/// synchronization (Note [Safe reuse]); anything else is the runtime's.
+///
+/// # Safety
+/// As cudaFreeAsync.
+#[no_mangle]
+pub unsafe extern "C" fn cudaFreeAsync(ptr: *mut c_void, stream: *mut c_void) -> c_int {
+    let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(free_async) = rt.free_async else { return NO_RUNTIME };
+    free_async_via(ptr, stream, free_async)
+}
+
+/// The per-thread-default-stream spelling of cudaFreeAsync.
+///
+/// # Safety
+/// As cudaFreeAsync.
+#[no_mangle]
+pub unsafe extern "C" fn cudaFreeAsync_ptsz(ptr: *mut c_void, stream: *mut c_void) -> c_int {
+    let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(free_async) = rt.free_async_ptsz else { return NO_RUNTIME };
+    free_async_via(ptr, stream, free_async)
+}
+
+unsafe fn free_async_via(ptr: *mut c_void, stream: *mut c_void, real_free: crate::sys::cuda::FreeAsyncFn) -> c_int {
+    let Some(_entered) = reentry::enter() else { return real_free(ptr, stream) };
+    if ptr.is_null() || crate::globals().is_none() {
+        return real_free(ptr, stream);
+    }
+    match DEVICE.free_async(ptr as usize, stream as usize) {
+        Freed::Pooled => CUDA_SUCCESS,
+        Freed::NotOurs => real_free(ptr, stream),
     }
 }
 

@@ -3,7 +3,8 @@
 //! (Python extensions, such as PyTorch's), dlopen(RTLD_NOLOAD) reaches that same loaded copy
 //! by soname. We never load a runtime ourselves: a process without CUDA pays nothing.
 
-use crate::backing::{DeviceError, DeviceRuntime, CUDA_ERROR_INITIALIZATION};
+use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INITIALIZATION};
+use crate::sys::cuda_driver;
 use core::ffi::{c_int, c_uint, c_void, CStr};
 use core::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
@@ -15,6 +16,8 @@ type SyncFn = unsafe extern "C" fn() -> c_int;
 type MemInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> c_int;
 type HostAllocFn = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int;
 type MallocHostFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
+pub type IpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
+pub type FreeAsyncFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
 
 /// The runtime's real entry points.
 pub struct CudaFns {
@@ -28,6 +31,11 @@ pub struct CudaFns {
     pub malloc_host: MallocHostFn,
     pub free_host: FreeFn,
     pub get_last_error: SyncFn,
+    // Optional: older runtimes (and stand-ins) may lack them.
+    pub device_reset: Option<SyncFn>,
+    pub ipc_get_mem_handle: Option<IpcGetMemHandleFn>,
+    pub free_async: Option<FreeAsyncFn>,
+    pub free_async_ptsz: Option<FreeAsyncFn>,
 }
 
 static STATE: AtomicU8 = AtomicU8::new(0); // 0 unresolved, 1 resolving, 2 done, 3 absent
@@ -50,6 +58,12 @@ unsafe fn resolve_in(handle: *mut c_void) -> Option<CudaFns> {
             core::mem::transmute::<*mut c_void, $ty>(p)
         }};
     }
+    macro_rules! optional {
+        ($name:literal, $ty:ty) => {{
+            let p = find(handle, $name);
+            (!p.is_null()).then(|| core::mem::transmute::<*mut c_void, $ty>(p))
+        }};
+    }
     Some(CudaFns {
         malloc: get!(c"cudaMalloc", MallocFn),
         free: get!(c"cudaFree", FreeFn),
@@ -61,6 +75,10 @@ unsafe fn resolve_in(handle: *mut c_void) -> Option<CudaFns> {
         malloc_host: get!(c"cudaMallocHost", MallocHostFn),
         free_host: get!(c"cudaFreeHost", FreeFn),
         get_last_error: get!(c"cudaGetLastError", SyncFn),
+        device_reset: optional!(c"cudaDeviceReset", SyncFn),
+        ipc_get_mem_handle: optional!(c"cudaIpcGetMemHandle", IpcGetMemHandleFn),
+        free_async: optional!(c"cudaFreeAsync", FreeAsyncFn),
+        free_async_ptsz: optional!(c"cudaFreeAsync_ptsz", FreeAsyncFn),
     })
 }
 
@@ -176,5 +194,18 @@ impl DeviceRuntime for CudaRuntime {
             // SAFETY: plain call; reading the error clears it.
             unsafe { (f.get_last_error)() };
         }
+    }
+    fn current_context(&self) -> u64 {
+        cuda_driver::current_context()
+    }
+    fn primary_context(&self, device: i32) -> PrimaryContext {
+        match cuda_driver::primary_context(device) {
+            Some(Some(ctx)) => PrimaryContext::Active(ctx),
+            Some(None) => PrimaryContext::Inactive,
+            None => PrimaryContext::Unknown,
+        }
+    }
+    fn allocation_range(&self, addr: usize) -> Option<(usize, usize)> {
+        cuda_driver::allocation_range(addr)
     }
 }

@@ -4,9 +4,11 @@
 
 pub mod clock;
 pub mod cuda;
+pub mod cuda_driver;
 pub mod env;
 pub mod lock;
 pub mod next;
 pub mod os_pages;
 pub mod reaper;
+pub mod reentry;
 pub mod stderr;

@@ -1,0 +1,183 @@
+//! The program's CUDA driver (libcuda.so.1): the few entry points the pool asks (the current
+//! context, a device's primary context, the allocation around an address) and the real ones
+//! behind the driver entry points we interpose. Found with dlsym(RTLD_NEXT), else in the copy a
+//! runtime dlopened privately (dlopen RTLD_NOLOAD). We never load the driver; every entry is
+//! optional, and an answer we cannot get is "unknown" to the policy.
+
+use core::ffi::{c_int, c_uint, c_void, CStr};
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU8, Ordering};
+
+pub type CtxFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+pub type DeviceFn = unsafe extern "C" fn(c_int) -> c_int;
+pub type CtxGetCurrentFn = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
+pub type PrimaryGetStateFn = unsafe extern "C" fn(c_int, *mut c_uint, *mut c_int) -> c_int;
+pub type PrimaryRetainFn = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
+pub type DeviceGetFn = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
+pub type AddressRangeFn = unsafe extern "C" fn(*mut u64, *mut usize, u64) -> c_int;
+pub type PointerGetAttributeFn = unsafe extern "C" fn(*mut c_void, c_int, u64) -> c_int;
+pub type PointerGetAttributesFn = unsafe extern "C" fn(c_uint, *mut c_int, *mut *mut c_void, u64) -> c_int;
+pub type IpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, u64) -> c_int;
+pub type MemFreeFn = unsafe extern "C" fn(u64) -> c_int;
+pub type MemFreeAsyncFn = unsafe extern "C" fn(u64, *mut c_void) -> c_int;
+
+/// The driver's real entry points, each present or not.
+pub struct DriverFns {
+    pub ctx_get_current: Option<CtxGetCurrentFn>,
+    pub device_get: Option<DeviceGetFn>,
+    pub primary_get_state: Option<PrimaryGetStateFn>,
+    pub primary_retain: Option<PrimaryRetainFn>,
+    pub primary_release: Option<DeviceFn>,
+    pub primary_reset: Option<DeviceFn>,
+    pub primary_reset_v1: Option<DeviceFn>,
+    pub ctx_destroy: Option<CtxFn>,
+    pub ctx_destroy_v1: Option<CtxFn>,
+    pub address_range: Option<AddressRangeFn>,
+    pub pointer_get_attribute: Option<PointerGetAttributeFn>,
+    pub pointer_get_attributes: Option<PointerGetAttributesFn>,
+    pub ipc_get_mem_handle: Option<IpcGetMemHandleFn>,
+    pub mem_free: Option<MemFreeFn>,
+    pub mem_free_async: Option<MemFreeAsyncFn>,
+    pub mem_free_async_ptsz: Option<MemFreeAsyncFn>,
+}
+
+const UNRESOLVED: u8 = 0;
+const RESOLVING: u8 = 1;
+const DONE: u8 = 2;
+const ABSENT: u8 = 3;
+/// A driver absent at one call may be loaded by the runtime a moment later (at its first
+/// cudaMalloc): look again, a bounded number of times.
+const MAX_ATTEMPTS: u32 = 64;
+
+static STATE: AtomicU8 = AtomicU8::new(UNRESOLVED);
+static ATTEMPTS: AtomicU32 = AtomicU32::new(0);
+static FNS: AtomicPtr<DriverFns> = AtomicPtr::new(core::ptr::null_mut());
+static mut STORAGE: core::mem::MaybeUninit<DriverFns> = core::mem::MaybeUninit::uninit();
+
+const SONAMES: [&CStr; 2] = [c"libcuda.so.1", c"libcuda.so"];
+
+/// # Safety
+/// `handle` is RTLD_NEXT or a live dlopen handle; `T` is the symbol's true function type.
+unsafe fn find<T: Copy>(handle: *mut c_void, name: &CStr) -> Option<T> {
+    let p = libc::dlsym(handle, name.as_ptr());
+    // SAFETY: a non-null symbol address of a C function of type T (caller's promise).
+    (!p.is_null()).then(|| core::mem::transmute_copy::<*mut c_void, T>(&p))
+}
+
+/// # Safety
+/// As `find`.
+unsafe fn resolve_in(handle: *mut c_void) -> DriverFns {
+    DriverFns {
+        ctx_get_current: find(handle, c"cuCtxGetCurrent"),
+        device_get: find(handle, c"cuDeviceGet"),
+        primary_get_state: find(handle, c"cuDevicePrimaryCtxGetState"),
+        primary_retain: find(handle, c"cuDevicePrimaryCtxRetain"),
+        primary_release: find(handle, c"cuDevicePrimaryCtxRelease_v2"),
+        primary_reset: find(handle, c"cuDevicePrimaryCtxReset_v2"),
+        primary_reset_v1: find(handle, c"cuDevicePrimaryCtxReset"),
+        ctx_destroy: find(handle, c"cuCtxDestroy_v2"),
+        ctx_destroy_v1: find(handle, c"cuCtxDestroy"),
+        address_range: find(handle, c"cuMemGetAddressRange_v2"),
+        pointer_get_attribute: find(handle, c"cuPointerGetAttribute"),
+        pointer_get_attributes: find(handle, c"cuPointerGetAttributes"),
+        ipc_get_mem_handle: find(handle, c"cuIpcGetMemHandle"),
+        mem_free: find(handle, c"cuMemFree_v2"),
+        mem_free_async: find(handle, c"cuMemFreeAsync"),
+        mem_free_async_ptsz: find(handle, c"cuMemFreeAsync_ptsz"),
+    }
+}
+
+/// The real driver, or `None` when the process has none loaded (yet).
+pub fn driver() -> Option<&'static DriverFns> {
+    let p = FNS.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: published once, never changed.
+        return Some(unsafe { &*p });
+    }
+    resolve_slow()
+}
+
+#[cold]
+fn resolve_slow() -> Option<&'static DriverFns> {
+    let state = STATE.load(Ordering::Acquire);
+    let may_try = state == UNRESOLVED || (state == ABSENT && ATTEMPTS.load(Ordering::Relaxed) < MAX_ATTEMPTS);
+    if !may_try || STATE.compare_exchange(state, RESOLVING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return None;
+    }
+    ATTEMPTS.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: dlsym/dlopen with valid C strings; the symbols have the driver's documented
+    // signatures. STORAGE is written once, by this thread, before publication.
+    unsafe {
+        let mut fns = resolve_in(libc::RTLD_NEXT);
+        if fns.ctx_get_current.is_none() {
+            for soname in SONAMES {
+                let handle = libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+                if !handle.is_null() {
+                    fns = resolve_in(handle);
+                    break;
+                }
+            }
+        }
+        if fns.ctx_get_current.is_none() {
+            STATE.store(ABSENT, Ordering::Release);
+            return None;
+        }
+        let storage = &mut *core::ptr::addr_of_mut!(STORAGE);
+        let stored: *mut DriverFns = storage.write(fns);
+        FNS.store(stored, Ordering::Release);
+        STATE.store(DONE, Ordering::Release);
+        Some(&*stored)
+    }
+}
+
+/// The context current on this thread; 0 when none or no driver.
+pub fn current_context() -> u64 {
+    let Some(f) = driver().and_then(|d| d.ctx_get_current) else { return 0 };
+    let mut ctx: *mut c_void = core::ptr::null_mut();
+    // SAFETY: writes one pointer.
+    if unsafe { f(&mut ctx) } != 0 {
+        return 0;
+    }
+    ctx as u64
+}
+
+/// `device`'s primary context handle when it is active: `Some(Some(h))`; inactive:
+/// `Some(None)`; no driver to ask: `None`. Retaining an active context and releasing it at
+/// once leaves its reference count as it was.
+pub fn primary_context(device: i32) -> Option<Option<u64>> {
+    let d = driver()?;
+    let (get_state, retain, release) = (d.primary_get_state?, d.primary_retain?, d.primary_release?);
+    let mut dev: c_int = device;
+    if let Some(device_get) = d.device_get {
+        // SAFETY: writes one int.
+        if unsafe { device_get(&mut dev, device) } != 0 {
+            return None;
+        }
+    }
+    let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+    // SAFETY: writes an unsigned and an int.
+    if unsafe { get_state(dev, &mut flags, &mut active) } != 0 {
+        return None;
+    }
+    if active == 0 {
+        return Some(None);
+    }
+    let mut ctx: *mut c_void = core::ptr::null_mut();
+    // SAFETY: writes one pointer; the matching release follows.
+    if unsafe { retain(&mut ctx, dev) } != 0 {
+        return None;
+    }
+    // SAFETY: releases the reference taken just above.
+    unsafe { release(dev) };
+    Some(Some(ctx as u64))
+}
+
+/// The driver allocation containing `addr`: (base, length).
+pub fn allocation_range(addr: usize) -> Option<(usize, usize)> {
+    let f = driver()?.address_range?;
+    let (mut base, mut len) = (0u64, 0usize);
+    // SAFETY: writes a CUdeviceptr and a size_t.
+    if unsafe { f(&mut base, &mut len, addr as u64) } != 0 {
+        return None;
+    }
+    Some((base as usize, len))
+}
