@@ -1,28 +1,12 @@
-"""The CUDA path end to end: the real interposer over the stand-in runtime (c/fakecudart.c, a
-simulator that says so in its first line), in every pool mode and with pass-through."""
+"""The CUDA path end to end: the real interposer over the stand-in runtime and driver (c/fakecudart.c
+over c/fakecuda.c, simulators that say so in their first line), in every pool mode and with
+pass-through."""
 import json
-import subprocess
 
 import pytest
 
-from conftest import BUILD, C_DIR, ROOT, compile_c, ok, run
-
-
-def fake_runtime():
-    out = BUILD / "fakecuda"
-    out.mkdir(parents=True, exist_ok=True)
-    lib = out / "libcudart.so.12"
-    src = C_DIR / "fakecudart.c"
-    if not lib.exists() or lib.stat().st_mtime < src.stat().st_mtime:
-        subprocess.run(["gcc", "-O1", "-g", "-shared", "-fPIC", "-Wl,-soname,libcudart.so.12", "-o", str(lib), str(src), "-pthread"], check=True)
-        (out / "libcudart.so").unlink(missing_ok=True)
-        (out / "libcudart.so").symlink_to("libcudart.so.12")
-    return out
-
-
-def cuda_program():
-    rt = fake_runtime()
-    return compile_c("cuda_pool", extra=[f"-L{rt}", "-lcudart", f"-Wl,-rpath,{rt}"])
+from conftest import ok, run
+from cudasim import cuda_program
 
 
 POOLED = {

@@ -1,0 +1,1011 @@
+/* SIMULATOR: a stand-in CUDA driver (libcuda.so.1) for tests on machines without a GPU; not NVIDIA's driver. */
+/* It models only what the tests need, with the driver API's real signatures and codes: devices
+ * backed by host memory with a fixed capacity (FAKECUDA_DEVICES devices, default 2;
+ * FAKECUDA_DEVICE_MEM bytes each, default 1 GiB), primary and user contexts whose reset or
+ * destruction kills every allocation they own (the primary context's handle stays the same, as
+ * NVIDIA's does), a per-thread context stack, one memfd per allocation so IPC handles can name a
+ * whole allocation across processes, pointer queries, stream-ordered frees, managed memory, a VMM
+ * subset, and "kernels" (fakecuda_launch_memset) queued until the next synchronization, so a pool
+ * that reuses a block before the work on it finished, or hands out a block of a dead context, is
+ * caught. Thread-safe with one mutex; static tables only (no malloc). */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long cuuint64_t;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct fake_ctx *CUcontext;
+typedef void *CUstream;
+typedef struct { char reserved[64]; } CUipcMemHandle;
+typedef int CUdriverProcAddressQueryResult;
+
+enum {
+    CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3, CUDA_ERROR_INVALID_DEVICE = 101, CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_NOT_FOUND = 500, CUDA_ERROR_ILLEGAL_ADDRESS = 700, CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+};
+enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_UNIFIED = 4 };
+enum {
+    CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+    CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3, CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
+    CU_POINTER_ATTRIBUTE_IS_MANAGED = 8, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11, CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+    CU_POINTER_ATTRIBUTE_MAPPED = 13,
+};
+enum { CU_GET_PROC_ADDRESS_SUCCESS = 0, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1 };
+
+#define MAX_DEV 4
+#define MAX_CTX 256 /* slots 0..MAX_DEV-1 are the primary contexts */
+#define MAX_ALLOC 4096
+#define MAX_QUEUED 4096
+#define STACK_DEPTH 32
+#define IPC_MAGIC 0x46414b4543554441ULL /* "FAKECUDA" */
+
+enum ctx_state { CTX_FREE, CTX_LIVE, CTX_INACTIVE /* primary, not retained or reset */, CTX_DESTROYED };
+struct fake_ctx { int state; int dev; int primary; int refs; };
+
+enum kind { K_NONE, K_DEVICE, K_ASYNC, K_MANAGED, K_HOST, K_IPC, K_VMM_HANDLE, K_VMM_RESERVE, K_VMM_MAP };
+struct alloc {
+    int kind;
+    int fd;          /* the memfd (device, async, managed, host, VMM handle); -1 otherwise */
+    int dev;
+    int counted;     /* counts against used[dev] and lies in the device's address range */
+    CUcontext ctx;   /* owner; NULL for VMM */
+    uintptr_t base;  /* for K_VMM_HANDLE: 0 (not mapped by itself) */
+    size_t size;
+    uint64_t serial; /* tells a reused slot from the allocation a queued op named */
+};
+struct op { int is_free; int slot; uint64_t serial; unsigned char *p; size_t n; int value; };
+struct ipc_handle { uint64_t magic; int32_t pid; int32_t fd; uint64_t size; uint64_t ino; uint64_t dev; };
+
+struct fakecuda_counters { uint64_t mallocs, frees, syncs, host_allocs, host_frees; uint64_t used[MAX_DEV]; };
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fake_ctx ctxs[MAX_CTX];
+static struct alloc allocs[MAX_ALLOC];
+static struct op queue[MAX_QUEUED];
+static int nqueued;
+static uint64_t next_serial = 1;
+static struct fakecuda_counters counters;
+static int initialized, ndevices;
+static size_t capacity;
+static unsigned long next_stream = 1;
+/* Each device's allocations lie in its own reserved address range, as under unified addressing:
+ * an address freed on one device is never handed out by another. */
+static uintptr_t region[MAX_DEV];
+static size_t region_size;
+#define PLACE_ALIGN (2UL << 20)
+static __thread __attribute__((tls_model("initial-exec"))) CUcontext stack[STACK_DEPTH]; /* no malloc in __tls_get_addr */
+static __thread __attribute__((tls_model("initial-exec"))) int depth;
+
+/* ---------- configuration and helpers (callers hold the lock unless said otherwise) ---------- */
+
+static void configure(void) {
+    if (ndevices) return;
+    const char *v = getenv("FAKECUDA_DEVICES");
+    int n = v ? atoi(v) : 2;
+    ndevices = n < 1 ? 1 : n > MAX_DEV ? MAX_DEV : n;
+    v = getenv("FAKECUDA_DEVICE_MEM");
+    capacity = v ? strtoull(v, NULL, 10) : (1UL << 30);
+    for (int d = 0; d < MAX_DEV; d++) ctxs[d] = (struct fake_ctx){CTX_INACTIVE, d, 1, 0};
+    region_size = ((2 * capacity + (1UL << 30)) + PLACE_ALIGN - 1) & ~(PLACE_ALIGN - 1);
+    for (int d = 0; d < ndevices; d++) {
+        void *r = mmap(NULL, region_size + PLACE_ALIGN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        region[d] = r == MAP_FAILED ? 0 : ((uintptr_t)r + PLACE_ALIGN - 1) & ~(PLACE_ALIGN - 1);
+    }
+}
+
+static size_t footprint(size_t size) { return (size + PLACE_ALIGN - 1) & ~(PLACE_ALIGN - 1); }
+
+/* First fit in the device's range; 0 when it is full. */
+static uintptr_t place(int dev, size_t size) {
+    if (!region[dev] || size > region_size) return 0;
+    uintptr_t cand = region[dev], foot = footprint(size);
+again:
+    if (cand + foot > region[dev] + region_size) return 0;
+    for (int i = 0; i < MAX_ALLOC; i++) {
+        struct alloc *a = &allocs[i];
+        if (a->kind != K_NONE && a->counted && a->base && a->dev == dev && a->base < cand + foot && cand < a->base + footprint(a->size)) {
+            cand = a->base + footprint(a->size);
+            goto again;
+        }
+    }
+    return cand;
+}
+
+static int known_ctx(CUcontext c) {
+    return c >= &ctxs[0] && c < &ctxs[MAX_CTX] && ((uintptr_t)c - (uintptr_t)ctxs) % sizeof *c == 0 && c->state != CTX_FREE;
+}
+
+static CUresult usable(CUcontext c) {
+    if (!c || !known_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (c->state == CTX_DESTROYED || c->state == CTX_INACTIVE) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    return CUDA_SUCCESS;
+}
+
+static CUcontext current(void) { return depth ? stack[depth - 1] : NULL; }
+
+/* The current context when it can be used; the error to return otherwise. Takes no lock: the
+ * state it reads is written under the lock and read again under it by the callers that act. */
+static CUresult need_ctx(void) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    return usable(current());
+}
+
+static int new_memfd(size_t size) {
+    int fd = memfd_create("fakecuda", MFD_CLOEXEC);
+    if (fd < 0) return -1;
+    if (ftruncate(fd, (off_t)size) != 0) { close(fd); return -1; }
+    return fd;
+}
+
+static int free_slot(void) {
+    for (int i = 0; i < MAX_ALLOC; i++) if (allocs[i].kind == K_NONE) return i;
+    return -1;
+}
+
+/* The live allocation (of the kinds in mask) whose range holds p, or -1. */
+#define M(k) (1u << (k))
+#define MEMORY (M(K_DEVICE) | M(K_ASYNC) | M(K_MANAGED) | M(K_HOST) | M(K_IPC) | M(K_VMM_MAP))
+static int find_containing(uintptr_t p, unsigned mask) {
+    for (int i = 0; i < MAX_ALLOC; i++)
+        if ((mask & M(allocs[i].kind)) && allocs[i].base && p >= allocs[i].base && p - allocs[i].base < allocs[i].size) return i;
+    return -1;
+}
+static int find_base(uintptr_t p, unsigned mask) {
+    for (int i = 0; i < MAX_ALLOC; i++)
+        if ((mask & M(allocs[i].kind)) && allocs[i].base && allocs[i].base == p) return i;
+    return -1;
+}
+
+static void release_slot(int i) {
+    struct alloc *a = &allocs[i];
+    if (a->base && a->counted) /* back to a reservation: a dead pointer faults, the range stays the device's */
+        mmap((void *)a->base, a->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    else if (a->base && a->kind != K_VMM_MAP) munmap((void *)a->base, a->size);
+    if (a->fd >= 0) close(a->fd);
+    if (a->counted) counters.used[a->dev] -= a->size;
+    memset(a, 0, sizeof *a);
+    a->fd = -1;
+}
+
+/* Kills every allocation owned by c: unmapped and forgotten, as a reset or destroy does. */
+static void kill_allocations(CUcontext c) {
+    for (int i = 0; i < MAX_ALLOC; i++)
+        if (allocs[i].kind != K_NONE && allocs[i].ctx == c) release_slot(i);
+}
+
+static void run_queue(void) {
+    for (int i = 0; i < nqueued; i++) {
+        struct op *o = &queue[i];
+        struct alloc *a = &allocs[o->slot];
+        if (a->kind == K_NONE || a->serial != o->serial) continue; /* its allocation died meanwhile */
+        if (o->is_free) {
+            if (a->kind == K_DEVICE) counters.frees++;
+            release_slot(o->slot);
+        } else {
+            memset(o->p, o->value, o->n);
+        }
+    }
+    nqueued = 0;
+}
+
+static void synchronize(void) {
+    run_queue();
+    counters.syncs++;
+}
+
+static void enqueue(struct op o) {
+    if (nqueued == MAX_QUEUED) run_queue(); /* a full queue blocks the launcher until work drains */
+    queue[nqueued++] = o;
+}
+
+/* Maps a fresh memfd-backed allocation of kind k in the current context. */
+static CUresult alloc_mem(CUdeviceptr *out, size_t size, int k) {
+    if (!out || !size) return CUDA_ERROR_INVALID_VALUE;
+    CUresult e = need_ctx();
+    if (e) return e;
+    pthread_mutex_lock(&lock);
+    CUcontext c = current();
+    if ((e = usable(c))) goto out;
+    int counted = k != K_HOST;
+    if (counted && (size > capacity || counters.used[c->dev] > capacity - size)) { e = CUDA_ERROR_OUT_OF_MEMORY; goto out; }
+    int slot = free_slot();
+    int fd = slot < 0 ? -1 : new_memfd(size);
+    uintptr_t at = counted ? place(c->dev, size) : 0;
+    void *p = fd < 0 || (counted && !at) ? MAP_FAILED
+              : mmap((void *)at, size, PROT_READ | PROT_WRITE, MAP_SHARED | (counted ? MAP_FIXED : 0), fd, 0);
+    if (p == MAP_FAILED) {
+        if (fd >= 0) close(fd);
+        e = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    allocs[slot] = (struct alloc){k, fd, c->dev, counted, c, (uintptr_t)p, size, next_serial++};
+    if (counted) counters.used[c->dev] += size;
+    if (k == K_DEVICE) counters.mallocs++;
+    if (k == K_HOST) counters.host_allocs++;
+    *out = (CUdeviceptr)(uintptr_t)p;
+out:
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+/* ---------- static implementations (the table cuGetProcAddress answers with) ---------- */
+
+static CUresult s_cuInit(unsigned flags) {
+    (void)flags;
+    pthread_mutex_lock(&lock);
+    configure();
+    initialized = 1;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuDriverGetVersion(int *v) {
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    *v = 13000;
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuDeviceGetCount(int *n) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!n) return CUDA_ERROR_INVALID_VALUE;
+    *n = ndevices;
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuDeviceGet(CUdevice *d, int ordinal) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
+    *d = ordinal;
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuDeviceGetName(char *name, int len, CUdevice d) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d < 0 || d >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
+    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    snprintf(name, (size_t)len, "fakecuda simulated device %d", d);
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d < 0 || d >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    *bytes = capacity;
+    return CUDA_SUCCESS;
+}
+
+static const char *error_name(CUresult e) {
+    switch (e) {
+    case CUDA_SUCCESS: return "CUDA_SUCCESS";
+    case CUDA_ERROR_INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
+    case CUDA_ERROR_OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
+    case CUDA_ERROR_NOT_INITIALIZED: return "CUDA_ERROR_NOT_INITIALIZED";
+    case CUDA_ERROR_INVALID_DEVICE: return "CUDA_ERROR_INVALID_DEVICE";
+    case CUDA_ERROR_INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
+    case CUDA_ERROR_NOT_FOUND: return "CUDA_ERROR_NOT_FOUND";
+    case CUDA_ERROR_ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
+    case CUDA_ERROR_CONTEXT_IS_DESTROYED: return "CUDA_ERROR_CONTEXT_IS_DESTROYED";
+    case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
+    default: return NULL;
+    }
+}
+
+static CUresult s_cuGetErrorName(CUresult e, const char **s) {
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    *s = error_name(e);
+    return *s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult s_cuGetErrorString(CUresult e, const char **s) {
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    switch (e) {
+    case CUDA_SUCCESS: *s = "no error"; break;
+    case CUDA_ERROR_INVALID_VALUE: *s = "invalid argument"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *s = "out of memory"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: *s = "initialization error"; break;
+    case CUDA_ERROR_INVALID_DEVICE: *s = "invalid device ordinal"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *s = "invalid device context"; break;
+    case CUDA_ERROR_NOT_FOUND: *s = "named symbol not found"; break;
+    case CUDA_ERROR_ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered"; break;
+    case CUDA_ERROR_CONTEXT_IS_DESTROYED: *s = "context is destroyed"; break;
+    case CUDA_ERROR_NOT_SUPPORTED: *s = "operation not supported"; break;
+    default: *s = NULL; return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ----- contexts ----- */
+
+static CUresult s_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d < 0 || d >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    ctxs[d].state = CTX_LIVE;
+    ctxs[d].refs++;
+    *pctx = &ctxs[d];
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d < 0 || d >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
+    CUresult e = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    if (ctxs[d].refs <= 0) e = CUDA_ERROR_INVALID_CONTEXT;
+    else if (--ctxs[d].refs == 0) { /* the last release destroys it: the handle stays */
+        kill_allocations(&ctxs[d]);
+        ctxs[d].state = CTX_INACTIVE;
+    }
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+static CUresult s_cuDevicePrimaryCtxReset_v2(CUdevice d) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d < 0 || d >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&lock);
+    nqueued = 0; /* work queued anywhere is abandoned, as a reset does to the device's */
+    kill_allocations(&ctxs[d]);
+    ctxs[d].state = CTX_INACTIVE;
+    ctxs[d].refs = 0;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuDevicePrimaryCtxGetState(CUdevice d, unsigned *flags, int *active) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d < 0 || d >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
+    if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    *flags = 0;
+    *active = ctxs[d].state == CTX_LIVE;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuCtxCreate_v2(CUcontext *pctx, unsigned flags, CUdevice d) {
+    (void)flags;
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d < 0 || d >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (depth == STACK_DEPTH) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    CUcontext c = NULL;
+    for (int pass = 0; pass < 2 && !c; pass++) /* never-used slots first, so stale handles stay destroyed */
+        for (int i = MAX_DEV; i < MAX_CTX && !c; i++)
+            if (ctxs[i].state == (pass ? CTX_DESTROYED : CTX_FREE)) c = &ctxs[i];
+    if (c) *c = (struct fake_ctx){CTX_LIVE, d, 0, 1};
+    pthread_mutex_unlock(&lock);
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    stack[depth++] = c;
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuCtxDestroy_v2(CUcontext c) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&lock);
+    CUresult e = !c || !known_ctx(c) || c->primary ? CUDA_ERROR_INVALID_CONTEXT
+                 : c->state == CTX_DESTROYED      ? CUDA_ERROR_CONTEXT_IS_DESTROYED
+                                                  : CUDA_SUCCESS;
+    if (!e) {
+        nqueued = 0; /* the context's queued work dies with it (one global queue: all of it) */
+        kill_allocations(c);
+        c->state = CTX_DESTROYED;
+    }
+    pthread_mutex_unlock(&lock);
+    if (!e && depth && stack[depth - 1] == c) depth--; /* current on this thread: popped */
+    return e;
+}
+
+static CUresult s_cuCtxGetCurrent(CUcontext *pctx) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = current();
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuCtxSetCurrent(CUcontext c) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!c) {
+        if (depth) depth--;
+        return CUDA_SUCCESS;
+    }
+    if (!known_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (c->state == CTX_DESTROYED) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (depth) stack[depth - 1] = c;
+    else stack[depth++] = c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuCtxPushCurrent_v2(CUcontext c) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!c || !known_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (c->state == CTX_DESTROYED) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (depth == STACK_DEPTH) return CUDA_ERROR_OUT_OF_MEMORY;
+    stack[depth++] = c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuCtxPopCurrent_v2(CUcontext *pctx) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!depth) return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext c = stack[--depth];
+    if (pctx) *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuCtxGetDevice(CUdevice *d) {
+    CUresult e = need_ctx();
+    if (e) return e;
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    *d = current()->dev;
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuCtxSynchronize(void) {
+    CUresult e = need_ctx();
+    if (e) return e;
+    pthread_mutex_lock(&lock);
+    synchronize();
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+/* ----- streams: handles only; one global queue ----- */
+
+static CUresult s_cuStreamCreate(CUstream *s, unsigned flags) {
+    (void)flags;
+    CUresult e = need_ctx();
+    if (e) return e;
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    *s = (CUstream)(uintptr_t)(0xfa4e0000UL + 0x10 * next_stream++);
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuStreamDestroy_v2(CUstream s) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    return s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult s_cuStreamSynchronize(CUstream s) {
+    CUresult e = s ? (initialized ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED) : need_ctx(); /* the NULL stream is the context's */
+    if (e) return e;
+    pthread_mutex_lock(&lock);
+    synchronize();
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+/* ----- device, managed, pinned memory ----- */
+
+static CUresult s_cuMemAlloc_v2(CUdeviceptr *p, size_t size) { return alloc_mem(p, size, K_DEVICE); }
+
+static CUresult s_cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned elem) {
+    if (!pitch || !width || !height || (elem != 4 && elem != 8 && elem != 16)) return CUDA_ERROR_INVALID_VALUE;
+    size_t row = (width + 511) & ~(size_t)511;
+    if (height > SIZE_MAX / row) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult e = alloc_mem(p, row * height, K_DEVICE);
+    if (!e) *pitch = row;
+    return e;
+}
+
+static CUresult s_cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned flags) {
+    (void)flags;
+    return alloc_mem(p, size, K_MANAGED);
+}
+
+static CUresult s_cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
+    (void)s; /* allocated at once: the allocation is ready before any later work on any stream */
+    return alloc_mem(p, size, K_ASYNC);
+}
+
+static CUresult s_cuMemHostAlloc(void **pp, size_t size, unsigned flags) {
+    (void)flags;
+    CUdeviceptr p = 0;
+    CUresult e = alloc_mem(pp ? &p : NULL, size, K_HOST);
+    if (!e) *pp = (void *)(uintptr_t)p;
+    return e;
+}
+
+static CUresult s_cuMemAllocHost_v2(void **pp, size_t size) { return s_cuMemHostAlloc(pp, size, 0); }
+
+/* cuMemFree synchronizes first (work queued on the block finishes), then frees. */
+static CUresult s_cuMemFree_v2(CUdeviceptr p) {
+    CUresult e = need_ctx();
+    if (e) return e;
+    pthread_mutex_lock(&lock);
+    synchronize();
+    int i = find_base((uintptr_t)p, M(K_DEVICE) | M(K_ASYNC) | M(K_MANAGED));
+    if (i < 0) e = CUDA_ERROR_INVALID_VALUE;
+    else {
+        if (allocs[i].kind == K_DEVICE) counters.frees++;
+        release_slot(i);
+    }
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+static CUresult s_cuMemFreeHost(void *p) {
+    CUresult e = need_ctx();
+    if (e) return e;
+    pthread_mutex_lock(&lock);
+    synchronize();
+    int i = find_base((uintptr_t)p, M(K_HOST));
+    if (i < 0) e = CUDA_ERROR_INVALID_VALUE;
+    else {
+        counters.host_frees++;
+        release_slot(i);
+    }
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+/* The free is queued: it happens at the next synchronization, after the work queued before it. */
+static CUresult s_cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    (void)s;
+    CUresult e = need_ctx();
+    if (e) return e;
+    pthread_mutex_lock(&lock);
+    int i = find_base((uintptr_t)p, M(K_DEVICE) | M(K_ASYNC) | M(K_MANAGED));
+    if (i < 0) e = CUDA_ERROR_INVALID_VALUE;
+    else enqueue((struct op){1, i, allocs[i].serial, NULL, 0, 0});
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+static CUresult s_cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    CUresult e = need_ctx();
+    if (e) return e;
+    if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    *total = capacity;
+    *free_bytes = capacity - counters.used[current()->dev];
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+/* ----- queries ----- */
+
+static CUresult s_cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&lock);
+    int i = find_containing((uintptr_t)p, MEMORY);
+    if (i >= 0) {
+        if (base) *base = allocs[i].base;
+        if (size) *size = allocs[i].size;
+    }
+    pthread_mutex_unlock(&lock);
+    return i < 0 ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS;
+}
+
+/* Writes one attribute of allocation i (or of an unknown pointer when i < 0, as zeros). */
+static CUresult attribute(void *data, int attr, int i, CUdeviceptr p) {
+    struct alloc *a = i >= 0 ? &allocs[i] : NULL;
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = a ? a->ctx : NULL; break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned *)data = !a ? 0 : a->kind == K_HOST ? CU_MEMORYTYPE_HOST : a->kind == K_MANAGED ? CU_MEMORYTYPE_UNIFIED : CU_MEMORYTYPE_DEVICE;
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = a ? p : 0; break;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER: /* only pinned and managed memory have a host address */
+        *(void **)data = a && (a->kind == K_HOST || a->kind == K_MANAGED) ? (void *)(uintptr_t)p : NULL;
+        break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned char *)data = a && a->kind == K_MANAGED; break; /* a bool */
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = a ? a->dev : 0; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a ? a->base : 0; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = a ? a->size : 0; break;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *(unsigned char *)data = a != NULL; break; /* a bool */
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!data) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    int i = find_containing((uintptr_t)p, MEMORY);
+    CUresult e = i < 0 ? CUDA_ERROR_INVALID_VALUE : attribute(data, attr, i, p);
+    if (!e && attr == CU_POINTER_ATTRIBUTE_HOST_POINTER && !*(void **)data) e = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+static CUresult s_cuPointerGetAttributes(unsigned n, int *attrs, void **data, CUdeviceptr p) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!attrs || !data) return CUDA_ERROR_INVALID_VALUE;
+    CUresult e = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    int i = find_containing((uintptr_t)p, MEMORY);
+    for (unsigned k = 0; k < n && !e; k++)
+        if (data[k]) e = attribute(data[k], attrs[k], i, p);
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+/* ----- IPC: the handle names the whole allocation's memfd, opened through /proc ----- */
+
+static CUresult s_cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+    CUresult e = need_ctx();
+    if (e) return e;
+    if (!h) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    int i = find_containing((uintptr_t)p, MEMORY);
+    struct stat st;
+    if (i < 0 || allocs[i].kind != K_DEVICE || fstat(allocs[i].fd, &st) != 0) e = CUDA_ERROR_INVALID_VALUE;
+    else {
+        struct ipc_handle ih = {IPC_MAGIC, (int32_t)getpid(), allocs[i].fd, allocs[i].size, (uint64_t)st.st_ino, (uint64_t)st.st_dev};
+        memset(h, 0, sizeof *h);
+        memcpy(h->reserved, &ih, sizeof ih);
+    }
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+static CUresult s_cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle h, unsigned flags) {
+    (void)flags;
+    CUresult e = need_ctx();
+    if (e) return e;
+    struct ipc_handle ih;
+    memcpy(&ih, h.reserved, sizeof ih);
+    if (!out || ih.magic != IPC_MAGIC || ih.pid == getpid() || !ih.size) return CUDA_ERROR_INVALID_VALUE;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", ih.pid, ih.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != ih.ino || (uint64_t)st.st_dev != ih.dev || (uint64_t)st.st_size != ih.size) {
+        close(fd); /* the exporter freed it and the fd number names another file now */
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    void *p = mmap(NULL, ih.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&lock);
+    int slot = free_slot();
+    CUcontext c = current();
+    if (slot < 0 || (e = usable(c))) {
+        munmap(p, ih.size);
+        if (!e) e = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        allocs[slot] = (struct alloc){K_IPC, -1, c->dev, 0, c, (uintptr_t)p, ih.size, next_serial++};
+        *out = (CUdeviceptr)(uintptr_t)p;
+    }
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+static CUresult s_cuIpcCloseMemHandle(CUdeviceptr p) {
+    CUresult e = need_ctx();
+    if (e) return e;
+    pthread_mutex_lock(&lock);
+    int i = find_base((uintptr_t)p, M(K_IPC));
+    if (i < 0) e = CUDA_ERROR_INVALID_VALUE;
+    else release_slot(i);
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+/* ----- VMM subset: PROT_NONE reservations, memfd-backed handles mapped MAP_FIXED ----- */
+
+typedef struct { int type; int requestedHandleTypes; struct { int type; int id; } location; void *win32HandleMetaData; unsigned char allocFlags[8]; } CUmemAllocationProp;
+typedef struct { struct { int type; int id; } location; int flags; } CUmemAccessDesc;
+#define VMM_GRANULARITY (2UL << 20)
+
+static CUresult s_cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option) {
+    (void)prop, (void)option;
+    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    *g = VMM_GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long flags) {
+    (void)flags;
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!h || !size || !prop) return CUDA_ERROR_INVALID_VALUE;
+    int dev = prop->location.id;
+    if (dev < 0 || dev >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
+    CUresult e = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    int slot = free_slot();
+    int fd = -1;
+    if (size > capacity || counters.used[dev] > capacity - size || slot < 0 || (fd = new_memfd(size)) < 0) e = CUDA_ERROR_OUT_OF_MEMORY;
+    else {
+        allocs[slot] = (struct alloc){K_VMM_HANDLE, fd, dev, 1, NULL, 0, size, next_serial++};
+        counters.used[dev] += size;
+        *h = (CUmemGenericAllocationHandle)slot + 1;
+    }
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+static CUresult s_cuMemRelease(CUmemGenericAllocationHandle h) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult e = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    if (h < 1 || h > MAX_ALLOC || allocs[h - 1].kind != K_VMM_HANDLE) e = CUDA_ERROR_INVALID_VALUE;
+    else release_slot((int)h - 1); /* mappings keep the memory until they are unmapped */
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+static CUresult s_cuMemAddressReserve(CUdeviceptr *out, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags) {
+    (void)flags;
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out || !size || size % VMM_GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+    if (align < VMM_GRANULARITY) align = VMM_GRANULARITY;
+    if (align & (align - 1)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult e = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    int slot = free_slot();
+    void *raw = slot < 0 ? MAP_FAILED : mmap((void *)(uintptr_t)addr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) e = CUDA_ERROR_OUT_OF_MEMORY;
+    else {
+        uintptr_t lo = (uintptr_t)raw, start = (lo + align - 1) & ~(align - 1);
+        if (start > lo) munmap(raw, start - lo);
+        if (lo + size + align > start + size) munmap((void *)(start + size), lo + size + align - start - size);
+        allocs[slot] = (struct alloc){K_VMM_RESERVE, -1, 0, 0, NULL, start, size, next_serial++};
+        *out = start;
+    }
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+static CUresult s_cuMemAddressFree(CUdeviceptr p, size_t size) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult e = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    int i = find_base((uintptr_t)p, M(K_VMM_RESERVE));
+    if (i < 0 || allocs[i].size != size) e = CUDA_ERROR_INVALID_VALUE;
+    else {
+        for (int k = 0; k < MAX_ALLOC; k++) /* mappings left inside go with the range */
+            if (allocs[k].kind == K_VMM_MAP && allocs[k].base >= p && allocs[k].base - p < size) release_slot(k);
+        release_slot(i);
+    }
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+static CUresult s_cuMemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags) {
+    (void)flags;
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult e = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    int r = find_containing((uintptr_t)p, M(K_VMM_RESERVE));
+    int slot = free_slot();
+    struct alloc *a = h >= 1 && h <= MAX_ALLOC ? &allocs[h - 1] : NULL;
+    if (r < 0 || !a || a->kind != K_VMM_HANDLE || !size || offset > a->size || size > a->size - offset ||
+        size > allocs[r].size - (p - allocs[r].base) || find_containing((uintptr_t)p, M(K_VMM_MAP)) >= 0)
+        e = CUDA_ERROR_INVALID_VALUE;
+    else if (slot < 0 || mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, (off_t)offset) == MAP_FAILED)
+        e = CUDA_ERROR_OUT_OF_MEMORY;
+    else allocs[slot] = (struct alloc){K_VMM_MAP, -1, a->dev, 0, NULL, (uintptr_t)p, size, next_serial++};
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+static CUresult s_cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!desc || !count) return CUDA_ERROR_INVALID_VALUE;
+    CUresult e = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    int i = find_containing((uintptr_t)p, M(K_VMM_MAP));
+    if (i < 0 || mprotect((void *)(uintptr_t)p, size, desc->flags ? PROT_READ | PROT_WRITE : PROT_NONE) != 0) e = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+static CUresult s_cuMemUnmap(CUdeviceptr p, size_t size) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult e = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    int i = find_base((uintptr_t)p, M(K_VMM_MAP));
+    if (i < 0 || allocs[i].size != size) e = CUDA_ERROR_INVALID_VALUE;
+    else {
+        /* back to a reservation: PROT_NONE anonymous memory in place */
+        mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        release_slot(i);
+    }
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+/* ---------- cuGetProcAddress: a static table, never dlsym ---------- */
+
+
+struct proc { const char *name; void *fn; };
+static CUresult s_cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags);
+static CUresult s_cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, CUdriverProcAddressQueryResult *status);
+
+#define P(base, impl) {base, (void *)impl}
+static const struct proc procs[] = {
+    P("cuInit", s_cuInit),
+    P("cuDriverGetVersion", s_cuDriverGetVersion),
+    P("cuDeviceGet", s_cuDeviceGet),
+    P("cuDeviceGetCount", s_cuDeviceGetCount),
+    P("cuDeviceGetName", s_cuDeviceGetName),
+    P("cuDeviceTotalMem", s_cuDeviceTotalMem_v2),
+    P("cuGetErrorString", s_cuGetErrorString),
+    P("cuGetErrorName", s_cuGetErrorName),
+    P("cuGetProcAddress", s_cuGetProcAddress_v2), /* the CUDA 12 version has the status argument */
+    P("cuDevicePrimaryCtxRetain", s_cuDevicePrimaryCtxRetain),
+    P("cuDevicePrimaryCtxRelease", s_cuDevicePrimaryCtxRelease_v2),
+    P("cuDevicePrimaryCtxReset", s_cuDevicePrimaryCtxReset_v2),
+    P("cuDevicePrimaryCtxGetState", s_cuDevicePrimaryCtxGetState),
+    P("cuCtxCreate", s_cuCtxCreate_v2),
+    P("cuCtxDestroy", s_cuCtxDestroy_v2),
+    P("cuCtxGetCurrent", s_cuCtxGetCurrent),
+    P("cuCtxSetCurrent", s_cuCtxSetCurrent),
+    P("cuCtxPushCurrent", s_cuCtxPushCurrent_v2),
+    P("cuCtxPopCurrent", s_cuCtxPopCurrent_v2),
+    P("cuCtxGetDevice", s_cuCtxGetDevice),
+    P("cuCtxSynchronize", s_cuCtxSynchronize),
+    P("cuStreamCreate", s_cuStreamCreate),
+    P("cuStreamDestroy", s_cuStreamDestroy_v2),
+    P("cuStreamSynchronize", s_cuStreamSynchronize),
+    P("cuMemAlloc", s_cuMemAlloc_v2),
+    P("cuMemAllocPitch", s_cuMemAllocPitch_v2),
+    P("cuMemAllocManaged", s_cuMemAllocManaged),
+    P("cuMemAllocAsync", s_cuMemAllocAsync),
+    P("cuMemFree", s_cuMemFree_v2),
+    P("cuMemFreeAsync", s_cuMemFreeAsync),
+    P("cuMemGetInfo", s_cuMemGetInfo_v2),
+    P("cuMemHostAlloc", s_cuMemHostAlloc),
+    P("cuMemAllocHost", s_cuMemAllocHost_v2),
+    P("cuMemFreeHost", s_cuMemFreeHost),
+    P("cuMemGetAddressRange", s_cuMemGetAddressRange_v2),
+    P("cuPointerGetAttribute", s_cuPointerGetAttribute),
+    P("cuPointerGetAttributes", s_cuPointerGetAttributes),
+    P("cuIpcGetMemHandle", s_cuIpcGetMemHandle),
+    P("cuIpcOpenMemHandle", s_cuIpcOpenMemHandle_v2),
+    P("cuIpcCloseMemHandle", s_cuIpcCloseMemHandle),
+    P("cuMemGetAllocationGranularity", s_cuMemGetAllocationGranularity),
+    P("cuMemCreate", s_cuMemCreate),
+    P("cuMemRelease", s_cuMemRelease),
+    P("cuMemAddressReserve", s_cuMemAddressReserve),
+    P("cuMemAddressFree", s_cuMemAddressFree),
+    P("cuMemMap", s_cuMemMap),
+    P("cuMemSetAccess", s_cuMemSetAccess),
+    P("cuMemUnmap", s_cuMemUnmap),
+};
+
+static CUresult s_cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, CUdriverProcAddressQueryResult *status) {
+    (void)version, (void)flags;
+    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
+        if (strcmp(procs[i].name, symbol) == 0) {
+            *pfn = procs[i].fn;
+            if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+            return CUDA_SUCCESS;
+        }
+    }
+    *pfn = NULL;
+    if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult s_cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    return s_cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}
+
+/* ---------- exported names: both spellings where NVIDIA's libcuda has both ---------- */
+
+#define EXPORT(name, impl, params, args) CUresult name params { return impl args; }
+EXPORT(cuInit, s_cuInit, (unsigned f), (f))
+EXPORT(cuDriverGetVersion, s_cuDriverGetVersion, (int *v), (v))
+EXPORT(cuDeviceGet, s_cuDeviceGet, (CUdevice *d, int o), (d, o))
+EXPORT(cuDeviceGetCount, s_cuDeviceGetCount, (int *n), (n))
+EXPORT(cuDeviceGetName, s_cuDeviceGetName, (char *s, int n, CUdevice d), (s, n, d))
+EXPORT(cuDeviceTotalMem, s_cuDeviceTotalMem_v2, (size_t *b, CUdevice d), (b, d))
+EXPORT(cuDeviceTotalMem_v2, s_cuDeviceTotalMem_v2, (size_t *b, CUdevice d), (b, d))
+EXPORT(cuGetErrorString, s_cuGetErrorString, (CUresult e, const char **s), (e, s))
+EXPORT(cuGetErrorName, s_cuGetErrorName, (CUresult e, const char **s), (e, s))
+EXPORT(cuGetProcAddress, s_cuGetProcAddress, (const char *s, void **p, int v, cuuint64_t f), (s, p, v, f))
+EXPORT(cuGetProcAddress_v2, s_cuGetProcAddress_v2, (const char *s, void **p, int v, cuuint64_t f, CUdriverProcAddressQueryResult *st), (s, p, v, f, st))
+EXPORT(cuDevicePrimaryCtxRetain, s_cuDevicePrimaryCtxRetain, (CUcontext *c, CUdevice d), (c, d))
+EXPORT(cuDevicePrimaryCtxRelease, s_cuDevicePrimaryCtxRelease_v2, (CUdevice d), (d))
+EXPORT(cuDevicePrimaryCtxRelease_v2, s_cuDevicePrimaryCtxRelease_v2, (CUdevice d), (d))
+EXPORT(cuDevicePrimaryCtxReset, s_cuDevicePrimaryCtxReset_v2, (CUdevice d), (d))
+EXPORT(cuDevicePrimaryCtxReset_v2, s_cuDevicePrimaryCtxReset_v2, (CUdevice d), (d))
+EXPORT(cuDevicePrimaryCtxGetState, s_cuDevicePrimaryCtxGetState, (CUdevice d, unsigned *f, int *a), (d, f, a))
+EXPORT(cuCtxCreate, s_cuCtxCreate_v2, (CUcontext *c, unsigned f, CUdevice d), (c, f, d))
+EXPORT(cuCtxCreate_v2, s_cuCtxCreate_v2, (CUcontext *c, unsigned f, CUdevice d), (c, f, d))
+EXPORT(cuCtxDestroy, s_cuCtxDestroy_v2, (CUcontext c), (c))
+EXPORT(cuCtxDestroy_v2, s_cuCtxDestroy_v2, (CUcontext c), (c))
+EXPORT(cuCtxGetCurrent, s_cuCtxGetCurrent, (CUcontext *c), (c))
+EXPORT(cuCtxSetCurrent, s_cuCtxSetCurrent, (CUcontext c), (c))
+EXPORT(cuCtxPushCurrent, s_cuCtxPushCurrent_v2, (CUcontext c), (c))
+EXPORT(cuCtxPushCurrent_v2, s_cuCtxPushCurrent_v2, (CUcontext c), (c))
+EXPORT(cuCtxPopCurrent, s_cuCtxPopCurrent_v2, (CUcontext *c), (c))
+EXPORT(cuCtxPopCurrent_v2, s_cuCtxPopCurrent_v2, (CUcontext *c), (c))
+EXPORT(cuCtxGetDevice, s_cuCtxGetDevice, (CUdevice *d), (d))
+EXPORT(cuCtxSynchronize, s_cuCtxSynchronize, (void), ())
+EXPORT(cuStreamCreate, s_cuStreamCreate, (CUstream *s, unsigned f), (s, f))
+EXPORT(cuStreamDestroy, s_cuStreamDestroy_v2, (CUstream s), (s))
+EXPORT(cuStreamDestroy_v2, s_cuStreamDestroy_v2, (CUstream s), (s))
+EXPORT(cuStreamSynchronize, s_cuStreamSynchronize, (CUstream s), (s))
+EXPORT(cuMemAlloc, s_cuMemAlloc_v2, (CUdeviceptr *p, size_t n), (p, n))
+EXPORT(cuMemAlloc_v2, s_cuMemAlloc_v2, (CUdeviceptr *p, size_t n), (p, n))
+EXPORT(cuMemAllocPitch, s_cuMemAllocPitch_v2, (CUdeviceptr *p, size_t *pi, size_t w, size_t h, unsigned e), (p, pi, w, h, e))
+EXPORT(cuMemAllocPitch_v2, s_cuMemAllocPitch_v2, (CUdeviceptr *p, size_t *pi, size_t w, size_t h, unsigned e), (p, pi, w, h, e))
+EXPORT(cuMemAllocManaged, s_cuMemAllocManaged, (CUdeviceptr *p, size_t n, unsigned f), (p, n, f))
+EXPORT(cuMemAllocAsync, s_cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s))
+EXPORT(cuMemFree, s_cuMemFree_v2, (CUdeviceptr p), (p))
+EXPORT(cuMemFree_v2, s_cuMemFree_v2, (CUdeviceptr p), (p))
+EXPORT(cuMemFreeAsync, s_cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s))
+EXPORT(cuMemGetInfo, s_cuMemGetInfo_v2, (size_t *f, size_t *t), (f, t))
+EXPORT(cuMemGetInfo_v2, s_cuMemGetInfo_v2, (size_t *f, size_t *t), (f, t))
+EXPORT(cuMemHostAlloc, s_cuMemHostAlloc, (void **p, size_t n, unsigned f), (p, n, f))
+EXPORT(cuMemAllocHost, s_cuMemAllocHost_v2, (void **p, size_t n), (p, n))
+EXPORT(cuMemAllocHost_v2, s_cuMemAllocHost_v2, (void **p, size_t n), (p, n))
+EXPORT(cuMemFreeHost, s_cuMemFreeHost, (void *p), (p))
+EXPORT(cuMemGetAddressRange, s_cuMemGetAddressRange_v2, (CUdeviceptr *b, size_t *n, CUdeviceptr p), (b, n, p))
+EXPORT(cuMemGetAddressRange_v2, s_cuMemGetAddressRange_v2, (CUdeviceptr *b, size_t *n, CUdeviceptr p), (b, n, p))
+EXPORT(cuPointerGetAttribute, s_cuPointerGetAttribute, (void *d, int a, CUdeviceptr p), (d, a, p))
+EXPORT(cuPointerGetAttributes, s_cuPointerGetAttributes, (unsigned n, int *a, void **d, CUdeviceptr p), (n, a, d, p))
+EXPORT(cuIpcGetMemHandle, s_cuIpcGetMemHandle, (CUipcMemHandle *h, CUdeviceptr p), (h, p))
+EXPORT(cuIpcOpenMemHandle, s_cuIpcOpenMemHandle_v2, (CUdeviceptr *p, CUipcMemHandle h, unsigned f), (p, h, f))
+EXPORT(cuIpcOpenMemHandle_v2, s_cuIpcOpenMemHandle_v2, (CUdeviceptr *p, CUipcMemHandle h, unsigned f), (p, h, f))
+EXPORT(cuIpcCloseMemHandle, s_cuIpcCloseMemHandle, (CUdeviceptr p), (p))
+EXPORT(cuMemGetAllocationGranularity, s_cuMemGetAllocationGranularity, (size_t *g, const CUmemAllocationProp *p, int o), (g, p, o))
+EXPORT(cuMemCreate, s_cuMemCreate, (CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *p, unsigned long long f), (h, n, p, f))
+EXPORT(cuMemRelease, s_cuMemRelease, (CUmemGenericAllocationHandle h), (h))
+EXPORT(cuMemAddressReserve, s_cuMemAddressReserve, (CUdeviceptr *p, size_t n, size_t a, CUdeviceptr addr, unsigned long long f), (p, n, a, addr, f))
+EXPORT(cuMemAddressFree, s_cuMemAddressFree, (CUdeviceptr p, size_t n), (p, n))
+EXPORT(cuMemMap, s_cuMemMap, (CUdeviceptr p, size_t n, size_t o, CUmemGenericAllocationHandle h, unsigned long long f), (p, n, o, h, f))
+EXPORT(cuMemSetAccess, s_cuMemSetAccess, (CUdeviceptr p, size_t n, const CUmemAccessDesc *d, size_t c), (p, n, d, c))
+EXPORT(cuMemUnmap, s_cuMemUnmap, (CUdeviceptr p, size_t n), (p, n))
+
+/* ---------- test hooks ---------- */
+
+void fakecuda_get_counters(struct fakecuda_counters *out) {
+    pthread_mutex_lock(&lock);
+    *out = counters;
+    pthread_mutex_unlock(&lock);
+}
+
+/* A "kernel" writing [p, p+n) on a stream, run at the next synchronization. Fails at once with
+ * CUDA_ERROR_ILLEGAL_ADDRESS when the range is not inside one live device or managed allocation
+ * of the current context (a block of a reset or destroyed context, or of another context). */
+int fakecuda_launch_memset(void *p, int value, size_t n) {
+    CUresult e = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    CUcontext c = current();
+    int i = find_containing((uintptr_t)p, M(K_DEVICE) | M(K_ASYNC) | M(K_MANAGED) | M(K_IPC) | M(K_VMM_MAP));
+    if (!initialized || usable(c) || i < 0 || n > allocs[i].size - ((uintptr_t)p - allocs[i].base) ||
+        (allocs[i].ctx ? allocs[i].ctx != c : allocs[i].dev != c->dev))
+        e = CUDA_ERROR_ILLEGAL_ADDRESS;
+    else enqueue((struct op){0, i, allocs[i].serial, p, n, value});
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
+/* Reads one byte of live memory of any context (0), or answers 700 where a read would fault. */
+int fakecuda_read_byte(const void *p, unsigned char *out) {
+    pthread_mutex_lock(&lock);
+    int i = find_containing((uintptr_t)p, MEMORY);
+    if (i >= 0) *out = *(const volatile unsigned char *)p;
+    pthread_mutex_unlock(&lock);
+    return i < 0 ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+}
