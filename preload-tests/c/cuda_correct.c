@@ -1,0 +1,404 @@
+/* The CUDA contract a pool must keep (issue 11), over the simulators (fakecudart.c over
+ * fakecuda.c): device reset and context destruction, IPC handles, address-range queries,
+ * stream-ordered frees, managed and VMM memory, re-entrant runtimes, driver frees of runtime
+ * blocks. argv[1] names the scenario; each prints "SCENARIO ok". They pass without tensormalloc. */
+#include <sys/wait.h>
+#include <unistd.h>
+#include "check.h"
+
+typedef unsigned long long CUdeviceptr;
+typedef struct fake_ctx *CUcontext;
+typedef void *CUstream;
+typedef struct { char reserved[64]; } CUipcMemHandle;
+struct cudaPointerAttributes { int type; int device; void *devicePointer; void *hostPointer; };
+typedef struct { int type; int requestedHandleTypes; struct { int type; int id; } location; void *win32HandleMetaData; unsigned char allocFlags[8]; } CUmemAllocationProp;
+typedef struct { struct { int type; int id; } location; int flags; } CUmemAccessDesc;
+
+int cudaMalloc(void **, size_t);
+int cudaFree(void *);
+int cudaSetDevice(int);
+int cudaGetDevice(int *);
+int cudaGetLastError(void);
+int cudaDeviceSynchronize(void);
+int cudaDeviceReset(void);
+int cudaMallocHost(void **, size_t);
+int cudaHostAlloc(void **, size_t, unsigned);
+int cudaFreeHost(void *);
+int cudaIpcGetMemHandle(CUipcMemHandle *, void *);
+int cudaIpcOpenMemHandle(void **, CUipcMemHandle, unsigned);
+int cudaIpcCloseMemHandle(void *);
+int cudaPointerGetAttributes(struct cudaPointerAttributes *, const void *);
+int cudaMallocAsync(void **, size_t, CUstream);
+int cudaFreeAsync(void *, CUstream);
+int cudaMallocManaged(void **, size_t, unsigned);
+int cudaStreamCreate(CUstream *);
+int cudaStreamSynchronize(CUstream);
+int cudaStreamDestroy(CUstream);
+
+int cuInit(unsigned);
+int cuDeviceGet(int *, int);
+int cuDevicePrimaryCtxReset_v2(int);
+int cuCtxCreate_v2(CUcontext *, unsigned, int);
+int cuCtxDestroy_v2(CUcontext);
+int cuMemFree_v2(CUdeviceptr);
+int cuMemFreeAsync(CUdeviceptr, CUstream);
+int cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
+int cuPointerGetAttribute(void *, int, CUdeviceptr);
+int cuPointerGetAttributes(unsigned, int *, void **, CUdeviceptr);
+int cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
+int cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned);
+int cuIpcCloseMemHandle(CUdeviceptr);
+int cuMemGetAllocationGranularity(size_t *, const CUmemAllocationProp *, int);
+int cuMemCreate(unsigned long long *, size_t, const CUmemAllocationProp *, unsigned long long);
+int cuMemRelease(unsigned long long);
+int cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+int cuMemAddressFree(CUdeviceptr, size_t);
+int cuMemMap(CUdeviceptr, size_t, size_t, unsigned long long, unsigned long long);
+int cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+int cuMemUnmap(CUdeviceptr, size_t);
+
+int fakecuda_launch_memset(void *, int, size_t);
+int fakecuda_read_byte(const void *, unsigned char *);
+
+enum { CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
+       CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11, CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12 };
+enum { CU_MEMORYTYPE_DEVICE = 2 };
+enum { cudaMemoryTypeDevice = 2, cudaMemoryTypeManaged = 3 };
+#define DEV(p) ((CUdeviceptr)(uintptr_t)(p))
+
+/* The byte at p, read without faulting (a dead block answers 700). */
+static int byte_at(const void *p) {
+    unsigned char b = 0;
+    return fakecuda_read_byte(p, &b) == 0 ? b : -1;
+}
+
+static int holds(const void *p, size_t n, int value) {
+    return byte_at(p) == value && byte_at((const char *)p + n / 2) == value && byte_at((const char *)p + n - 1) == value;
+}
+
+/* A kernel writing value over [p, p+n), synchronized, read back. */
+static void kernel_works(void *p, size_t n, int value) {
+    CHECK(fakecuda_launch_memset(p, value, n) == 0);
+    CHECK(cudaDeviceSynchronize() == 0);
+    CHECK(holds(p, n, value));
+}
+
+/* ---------- context lifetime ---------- */
+
+static void reset_scenario(int by_driver, int keep_live) {
+    int dev = -1;
+    CHECK(cudaGetDevice(&dev) == 0);
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, 64 * MB) == 0);
+    kernel_works(p, 64 * MB, 0x21);
+    if (!keep_live) CHECK(cudaFree(p) == 0);
+    if (by_driver) CHECK(cuDevicePrimaryCtxReset_v2(dev) == 0);
+    else CHECK(cudaDeviceReset() == 0);
+    if (keep_live) {
+        CHECK(cudaFree(p) != 0); /* the reset freed it: the runtime's answer for a dead pointer */
+        cudaGetLastError();
+    }
+    for (int i = 0; i < 3; i++) {
+        void *q = NULL;
+        CHECK(cudaMalloc(&q, 64 * MB) == 0);
+        kernel_works(q, 64 * MB, 0x5a + i);
+        CHECK(cudaFree(q) == 0);
+    }
+    CHECK(cudaGetLastError() == 0);
+}
+
+static void ctx_destroy(void) {
+    int dev = -1;
+    CHECK(cuInit(0) == 0 && cuDeviceGet(&dev, 0) == 0);
+    CUcontext ctx = NULL;
+    CHECK(cuCtxCreate_v2(&ctx, 0, dev) == 0 && ctx);
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, 64 * MB) == 0); /* the runtime allocates in the current (user) context */
+    kernel_works(p, 64 * MB, 0x31);
+    CHECK(cudaFree(p) == 0);
+    CHECK(cuCtxDestroy_v2(ctx) == 0);
+    CHECK(cudaSetDevice(0) == 0); /* back to the primary context */
+    for (int i = 0; i < 3; i++) {
+        void *q = NULL;
+        CHECK(cudaMalloc(&q, 64 * MB) == 0);
+        kernel_works(q, 64 * MB, 0x41 + i);
+        CHECK(cudaFree(q) == 0);
+    }
+}
+
+static void driver_free(void) {
+    for (int i = 0; i < 3; i++) {
+        void *p = NULL;
+        CHECK(cudaMalloc(&p, 64 * MB) == 0);
+        kernel_works(p, 64 * MB, 0x61);
+        CHECK(cuMemFree_v2(DEV(p)) == 0); /* legal: the same allocation */
+        void *q = NULL;
+        CHECK(cudaMalloc(&q, 64 * MB) == 0);
+        kernel_works(q, 64 * MB, 0x62 + i);
+        CHECK(cudaFree(q) == 0);
+    }
+    void *a = NULL, *b = NULL, *c = NULL; /* two small blocks: a pool may carve both from one segment */
+    CHECK(cudaMalloc(&a, 1 * MB) == 0 && cudaMalloc(&b, 1 * MB) == 0);
+    CHECK(cuMemFree_v2(DEV(b)) == 0 && cuMemFree_v2(DEV(a)) == 0);
+    CHECK(cudaMalloc(&c, 1 * MB) == 0);
+    kernel_works(c, 1 * MB, 0x6f);
+    CHECK(cudaFree(c) == 0);
+}
+
+/* ---------- IPC ---------- */
+
+static void to_hex(const CUipcMemHandle *h, char *out) {
+    for (int i = 0; i < 64; i++) sprintf(out + 2 * i, "%02x", (unsigned char)h->reserved[i]);
+}
+
+static void from_hex(const char *s, CUipcMemHandle *h) {
+    CHECK(strlen(s) == 128);
+    for (int i = 0; i < 64; i++) {
+        unsigned v;
+        CHECK(sscanf(s + 2 * i, "%2x", &v) == 1);
+        h->reserved[i] = (char)v;
+    }
+}
+
+/* Exports b through the runtime or the driver: 0, or the refusal (which must be invalid-value). */
+static int export(CUipcMemHandle *h, void *b, int by_driver) {
+    memset(h, 0, sizeof *h);
+    int r = by_driver ? cuIpcGetMemHandle(h, DEV(b)) : cudaIpcGetMemHandle(h, b);
+    if (r) {
+        CHECK(r == 1); /* CUDA_ERROR_INVALID_VALUE / cudaErrorInvalidValue */
+        cudaGetLastError();
+        printf("ipc refused\n");
+    }
+    return r;
+}
+
+/* Starts this program as "ipc-child HEX DRIVER WAITFD SIGNALFD". */
+static pid_t spawn_child(const CUipcMemHandle *h, int by_driver, int wait_fd, int signal_fd) {
+    char hex[129], mode[4], wfd[16], sfd[16];
+    to_hex(h, hex);
+    snprintf(mode, sizeof mode, "%d", by_driver);
+    snprintf(wfd, sizeof wfd, "%d", wait_fd);
+    snprintf(sfd, sizeof sfd, "%d", signal_fd);
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        char *argv[] = {"cuda_correct", "ipc-child", hex, mode, wfd, sfd, NULL};
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static void child_exited_0(pid_t pid) {
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static void two_blocks(void **a, void **b) {
+    CHECK(cudaMalloc(a, 1 * MB) == 0 && cudaMalloc(b, 1 * MB) == 0);
+    CHECK(fakecuda_launch_memset(*a, 0xAA, 1 * MB) == 0 && fakecuda_launch_memset(*b, 0xBB, 1 * MB) == 0);
+    CHECK(cudaDeviceSynchronize() == 0);
+}
+
+static void ipc(int by_driver) {
+    void *a = NULL, *b = NULL;
+    two_blocks(&a, &b);
+    CUipcMemHandle h;
+    if (export(&h, b, by_driver)) return;
+    child_exited_0(spawn_child(&h, by_driver, -1, -1));
+    CHECK(cudaFree(a) == 0 && cudaFree(b) == 0);
+}
+
+/* The child opens b, the parent frees b and fills a new block with 0xCC: the child still
+ * reads b's bytes, never the new block's. */
+static void ipc_after_free(void) {
+    void *a = NULL, *b = NULL;
+    two_blocks(&a, &b);
+    CUipcMemHandle h;
+    if (export(&h, b, 0)) return;
+    int to_child[2], from_child[2];
+    CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
+    pid_t pid = spawn_child(&h, 0, to_child[0], from_child[1]);
+    close(to_child[0]);
+    close(from_child[1]);
+    char c;
+    CHECK(read(from_child[0], &c, 1) == 1); /* the child has opened the handle */
+    CHECK(cudaFree(b) == 0);
+    void *n = NULL;
+    CHECK(cudaMalloc(&n, 1 * MB) == 0);
+    kernel_works(n, 1 * MB, 0xCC);
+    CHECK(write(to_child[1], "g", 1) == 1);
+    child_exited_0(pid);
+    CHECK(cudaFree(a) == 0 && cudaFree(n) == 0);
+}
+
+static int ipc_child(char **argv) {
+    CUipcMemHandle h;
+    from_hex(argv[2], &h);
+    int by_driver = atoi(argv[3]), wait_fd = atoi(argv[4]), signal_fd = atoi(argv[5]);
+    CHECK(cudaSetDevice(0) == 0); /* a current context for the driver path too */
+    void *p = NULL;
+    if (by_driver) {
+        CUdeviceptr d = 0;
+        CHECK(cuIpcOpenMemHandle_v2(&d, h, 1) == 0);
+        p = (void *)(uintptr_t)d;
+    } else {
+        CHECK(cudaIpcOpenMemHandle(&p, h, 1) == 0);
+    }
+    for (int round = 0; round < (wait_fd >= 0 ? 2 : 1); round++) {
+        if (round == 1) {
+            char c;
+            CHECK(write(signal_fd, "o", 1) == 1);
+            CHECK(read(wait_fd, &c, 1) == 1); /* the parent freed the block and reused memory */
+        }
+        int first = byte_at(p), last = byte_at((char *)p + MB - 1);
+        if (first != 0xBB || last != 0xBB) {
+            printf("ipc-child: read 0x%x at the start and 0x%x at 1 MiB - 1, want 0xbb (another block's memory)\n", first, last);
+            return 1;
+        }
+    }
+    CHECK((by_driver ? cuIpcCloseMemHandle(DEV(p)) : cudaIpcCloseMemHandle(p)) == 0);
+    return 0;
+}
+
+/* ---------- pointer queries ---------- */
+
+static void range_on(int dev) {
+    CHECK(cudaSetDevice(dev) == 0);
+    void *a = NULL, *b = NULL;
+    CHECK(cudaMalloc(&a, 1 * MB) == 0 && cudaMalloc(&b, 1 * MB) == 0);
+    for (int off = 0; off <= 100; off += 100) {
+        CUdeviceptr p = DEV(b) + off, base = 0, start = 0;
+        size_t size = 0, rsize = 0;
+        CHECK(cuMemGetAddressRange_v2(&base, &size, p) == 0);
+        CHECK(base == DEV(b) && size >= 1 * MB && size <= 1 * MB + 64 * 1024);
+        CHECK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) == 0 && start == base);
+        CHECK(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) == 0 && rsize == size);
+        unsigned type = 0;
+        int ordinal = -1;
+        start = 0, rsize = 0;
+        int attrs[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+        void *data[] = {&start, &rsize, &type, &ordinal};
+        CHECK(cuPointerGetAttributes(4, attrs, data, p) == 0);
+        CHECK(start == base && rsize == size && type == CU_MEMORYTYPE_DEVICE && ordinal == dev);
+        struct cudaPointerAttributes at;
+        memset(&at, 0xff, sizeof at);
+        CHECK(cudaPointerGetAttributes(&at, (char *)b + off) == 0);
+        CHECK(at.type == cudaMemoryTypeDevice && at.device == dev && at.devicePointer == (char *)b + off);
+    }
+    CHECK(cudaFree(a) == 0 && cudaFree(b) == 0);
+}
+
+/* ---------- memory the pool does not own, and stream-ordered frees ---------- */
+
+static void async(void) {
+    CUstream s = NULL;
+    CHECK(cudaStreamCreate(&s) == 0);
+    void *x = NULL;
+    CHECK(cudaMallocAsync(&x, 8 * MB, s) == 0);
+    CHECK(fakecuda_launch_memset(x, 0x55, 8 * MB) == 0);
+    CHECK(cudaFreeAsync(x, s) == 0);
+    CHECK(cudaStreamSynchronize(s) == 0);
+    CHECK(byte_at(x) == -1); /* the runtime freed it after the stream's work */
+    for (int by_driver = 0; by_driver < 2; by_driver++) {
+        for (int i = 0; i < 10; i++) {
+            void *a = NULL, *b = NULL;
+            CHECK(cudaMalloc(&a, 8 * MB) == 0);
+            CHECK(fakecuda_launch_memset(a, 0x77, 8 * MB) == 0); /* still queued at the free */
+            CHECK((by_driver ? cuMemFreeAsync(DEV(a), s) : cudaFreeAsync(a, s)) == 0);
+            CHECK(cudaMalloc(&b, 8 * MB) == 0);
+            CHECK(byte_at(b) >= 0);
+            memset(b, 0x11, 8 * MB); /* the new owner's data, before the queued kernel ran */
+            CHECK(cudaDeviceSynchronize() == 0);
+            CHECK(holds(b, 8 * MB, 0x11));
+            CHECK(cudaFree(b) == 0);
+        }
+    }
+    CHECK(cudaStreamDestroy(s) == 0);
+}
+
+static void managed(void) {
+    void *m = NULL;
+    CHECK(cudaMallocManaged(&m, 4 * MB, 1) == 0);
+    struct cudaPointerAttributes at;
+    CHECK(cudaPointerGetAttributes(&at, m) == 0 && at.type == cudaMemoryTypeManaged);
+    unsigned is_managed = 0;
+    CHECK(cuPointerGetAttribute(&is_managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, DEV(m)) == 0 && is_managed == 1);
+    memset(m, 0x12, 4 * MB);
+    kernel_works(m, 4 * MB, 0x34);
+    CHECK(cudaFree(m) == 0);
+    CHECK(byte_at(m) == -1); /* freed by the runtime */
+}
+
+static void vmm(void) {
+    CHECK(cudaSetDevice(0) == 0 && cuInit(0) == 0);
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = 1;          /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    prop.location.type = 1; /* CU_MEM_LOCATION_TYPE_DEVICE */
+    prop.location.id = 0;
+    size_t gran = 0, size = 4 * MB;
+    CHECK(cuMemGetAllocationGranularity(&gran, &prop, 0) == 0 && gran && size % gran == 0);
+    unsigned long long h = 0;
+    CUdeviceptr va = 0, base = 0;
+    CHECK(cuMemCreate(&h, size, &prop, 0) == 0);
+    CHECK(cuMemAddressReserve(&va, size, 0, 0, 0) == 0 && va);
+    CHECK(cuMemMap(va, size, 0, h, 0) == 0);
+    CUmemAccessDesc desc = {{1, 0}, 3 /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */};
+    CHECK(cuMemSetAccess(va, size, &desc, 1) == 0);
+    kernel_works((void *)(uintptr_t)va, size, 0x71);
+    size_t got = 0;
+    CHECK(cuMemGetAddressRange_v2(&base, &got, va + 100) == 0 && base == va && got == size);
+    CHECK(cuMemUnmap(va, size) == 0);
+    CHECK(cuMemGetAddressRange_v2(&base, &got, va) != 0); /* nothing mapped there now */
+    CHECK(cuMemRelease(h) == 0);
+    CHECK(cuMemAddressFree(va, size) == 0);
+}
+
+/* Against the PLT_CALLS runtime: its cudaHostAlloc calls cudaMallocHost and its cudaMalloc calls
+ * cudaMemGetInfo through the PLT, where an interposer's own entry points answer. */
+static void reentrant(void) {
+    for (int i = 0; i < 20; i++) {
+        void *p = NULL, *q = NULL;
+        CHECK(cudaMallocHost(&p, 100 * MB) == 0 && p);
+        memset(p, i, 100 * MB);
+        CHECK(cudaFreeHost(p) == 0);
+        CHECK(cudaHostAlloc(&q, 100 * MB, 0) == 0 && q);
+        memset(q, i, 100 * MB);
+        CHECK(cudaFreeHost(q) == 0);
+    }
+    for (int i = 0; i < 20; i++) {
+        void *p = NULL;
+        CHECK(cudaMalloc(&p, 16 * MB) == 0 && p);
+        kernel_works(p, 16 * MB, i);
+        CHECK(cudaFree(p) == 0);
+    }
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc >= 2);
+    const char *s = argv[1];
+    if (!strcmp(s, "ipc-child")) {
+        CHECK(argc == 6);
+        return ipc_child(argv);
+    }
+    if (!strcmp(s, "reset")) reset_scenario(0, 0);
+    else if (!strcmp(s, "reset-live")) reset_scenario(0, 1);
+    else if (!strcmp(s, "primary-reset")) reset_scenario(1, 0);
+    else if (!strcmp(s, "primary-reset-live")) reset_scenario(1, 1);
+    else if (!strcmp(s, "ctx-destroy")) ctx_destroy();
+    else if (!strcmp(s, "driver-free")) driver_free();
+    else if (!strcmp(s, "ipc")) ipc(0);
+    else if (!strcmp(s, "ipc-driver")) ipc(1);
+    else if (!strcmp(s, "ipc-after-free")) ipc_after_free();
+    else if (!strcmp(s, "range")) range_on(0), range_on(1);
+    else if (!strcmp(s, "async")) async();
+    else if (!strcmp(s, "managed")) managed();
+    else if (!strcmp(s, "vmm")) vmm();
+    else if (!strcmp(s, "reentrant")) reentrant();
+    else CHECK(!"unknown scenario");
+    printf("%s ok\n", s);
+    return 0;
+}
