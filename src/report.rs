@@ -221,13 +221,15 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         );
         let _ = writeln!(
             w,
-            "  live {} (peak {})  reserved {} (peak {})  OOM retries {}  OOM failures {}",
+            "  live {} (peak {})  reserved {} (peak {})  OOM retries {}  OOM failures {}  resets {}  IPC exports {}",
             Bytes(p.live_bytes),
             Bytes(p.peak_live_bytes),
             Bytes(p.reserved_bytes),
             Bytes(p.peak_reserved_bytes),
             p.oom_retries,
-            p.oom_failures
+            p.oom_failures,
+            p.resets,
+            p.ipc_exports
         );
     });
     if s.pinned_requests > 0 {
@@ -293,9 +295,9 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         result = result.and_then(|_| {
             write!(
                 w,
-                "{sep}{{\"device\":{device},\"requests\":{},\"hits\":{},\"segments_mapped\":{},\"segments_released\":{},\"syncs\":{},\"oom_retries\":{},\"oom_failures\":{},\"live_bytes\":{},\"peak_live_bytes\":{},\"reserved_bytes\":{},\"peak_reserved_bytes\":{}}}",
+                "{sep}{{\"device\":{device},\"requests\":{},\"hits\":{},\"segments_mapped\":{},\"segments_released\":{},\"syncs\":{},\"oom_retries\":{},\"oom_failures\":{},\"live_bytes\":{},\"peak_live_bytes\":{},\"reserved_bytes\":{},\"peak_reserved_bytes\":{},\"resets\":{},\"ipc_exports\":{}}}",
                 p.requests, p.hits, p.segments_mapped, p.segments_released, p.syncs, p.oom_retries, p.oom_failures,
-                p.live_bytes, p.peak_live_bytes, p.reserved_bytes, p.peak_reserved_bytes
+                p.live_bytes, p.peak_live_bytes, p.reserved_bytes, p.peak_reserved_bytes, p.resets, p.ipc_exports
             )
         });
     });

@@ -196,15 +196,18 @@ static void child_exited_0(pid_t pid) {
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-static void two_blocks(void **a, void **b) {
-    CHECK(cudaMalloc(a, 1 * MB) == 0 && cudaMalloc(b, 1 * MB) == 0);
-    CHECK(fakecuda_launch_memset(*a, 0xAA, 1 * MB) == 0 && fakecuda_launch_memset(*b, 0xBB, 1 * MB) == 0);
+static void two_blocks_of(void **a, void **b, size_t n) {
+    CHECK(cudaMalloc(a, n) == 0 && cudaMalloc(b, n) == 0);
+    CHECK(fakecuda_launch_memset(*a, 0xAA, n) == 0 && fakecuda_launch_memset(*b, 0xBB, n) == 0);
     CHECK(cudaDeviceSynchronize() == 0);
 }
 
-static void ipc(int by_driver) {
+static void two_blocks(void **a, void **b) { two_blocks_of(a, b, 1 * MB); }
+
+/* Blocks of n bytes: 1 MiB ones share a segment in a split pool; 64 MiB ones never do. */
+static void ipc(int by_driver, size_t n) {
     void *a = NULL, *b = NULL;
-    two_blocks(&a, &b);
+    two_blocks_of(&a, &b, n);
     CUipcMemHandle h;
     if (export(&h, b, by_driver)) return;
     child_exited_0(spawn_child(&h, by_driver, -1, -1));
@@ -390,8 +393,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "primary-reset-live")) reset_scenario(1, 1);
     else if (!strcmp(s, "ctx-destroy")) ctx_destroy();
     else if (!strcmp(s, "driver-free")) driver_free();
-    else if (!strcmp(s, "ipc")) ipc(0);
-    else if (!strcmp(s, "ipc-driver")) ipc(1);
+    else if (!strcmp(s, "ipc")) ipc(0, 1 * MB);
+    else if (!strcmp(s, "ipc-driver")) ipc(1, 1 * MB);
+    else if (!strcmp(s, "ipc-big")) ipc(0, 64 * MB), ipc(1, 64 * MB);
     else if (!strcmp(s, "ipc-after-free")) ipc_after_free();
     else if (!strcmp(s, "range")) range_on(0), range_on(1);
     else if (!strcmp(s, "async")) async();
