@@ -362,7 +362,6 @@ static CUresult s_cuDevicePrimaryCtxReset_v2(CUdevice d) {
     if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (d < 0 || d >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&lock);
-    nqueued = 0; /* work queued anywhere is abandoned, as a reset does to the device's */
     kill_allocations(&ctxs[d]);
     ctxs[d].state = CTX_INACTIVE;
     ctxs[d].refs = 0;
@@ -407,7 +406,6 @@ static CUresult s_cuCtxDestroy_v2(CUcontext c) {
                  : c->state == CTX_DESTROYED      ? CUDA_ERROR_CONTEXT_IS_DESTROYED
                                                   : CUDA_SUCCESS;
     if (!e) {
-        nqueued = 0; /* the context's queued work dies with it (one global queue: all of it) */
         kill_allocations(c);
         c->state = CTX_DESTROYED;
     }

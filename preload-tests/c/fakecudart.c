@@ -1,17 +1,19 @@
 /* SIMULATOR: a stand-in CUDA runtime (libcudart.so.12) over the stand-in driver; not NVIDIA's runtime. */
 /* Built the way NVIDIA's shared runtime is: it does not link libcuda; at first use it dlopens
- * libcuda.so.1 (RTLD_LOCAL), takes cuGetProcAddress with dlsym and every other driver entry
- * point through cuGetProcAddress, so an interposer sees none of them as symbol lookups. Its own
- * entry points call one another through static helpers, never through the PLT, except in the
- * -DPLT_CALLS build: there cudaHostAlloc(flags 0) calls cudaMallocHost and cudaMalloc calls
- * cudaMemGetInfo through the PLT, as a compatibility layer or profiling shim may. Per-thread
- * current device and last error; before work it uses the thread's current driver context when
- * that is on the current device (runtime/driver interop), else the device's primary context. */
+ * libcuda.so.1 (RTLD_LOCAL), takes cuGetProcAddress_v2 with dlsym (cuGetProcAddress when
+ * FAKECUDART_GET_PROC_SYMBOL names it) and every other driver entry point through that, so an
+ * interposer sees none of them as symbol lookups. Its own entry points call one another through
+ * static helpers, never through the PLT, except in the -DPLT_CALLS build: there
+ * cudaHostAlloc(flags 0) calls cudaMallocHost and cudaMalloc calls cudaMemGetInfo through the
+ * PLT, as a compatibility layer or profiling shim may. Per-thread current device and last error;
+ * before work it uses the thread's current driver context when that is on the current device
+ * (runtime/driver interop), else the device's primary context. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef int CUresult;
@@ -69,6 +71,13 @@ static struct {
     CUresult (*stream_synchronize)(CUstream);
 } drv;
 
+static CUresult (*get_proc)(const char *, void **, int, unsigned long long, int *); /* cuGetProcAddress */
+static CUresult (*get_proc_v1)(const char *, void **, int, unsigned long long);
+static CUresult get_proc_through_v1(const char *symbol, void **fn, int version, unsigned long long flags, int *status) {
+    CUresult e = get_proc_v1(symbol, fn, version, flags);
+    if (status) *status = e == 0 ? 0 : 1; /* CU_GET_PROC_ADDRESS_SUCCESS, _SYMBOL_NOT_FOUND */
+    return e;
+}
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int load_error; /* a runtime error code when the driver could not be loaded */
 static int ndevices;
@@ -79,8 +88,17 @@ static __thread __attribute__((tls_model("initial-exec"))) int last_error;
 
 static void load(void) {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    CUresult (*get_proc)(const char *, void **, int, unsigned long long) =
-        lib ? (CUresult (*)(const char *, void **, int, unsigned long long))dlsym(lib, "cuGetProcAddress") : NULL;
+    /* NVIDIA's CUDA 12 runtime takes cuGetProcAddress_v2 (it has the status argument); a test
+     * may name the other spelling, to reach an interposer's other entry */
+    const char *name = getenv("FAKECUDART_GET_PROC_SYMBOL");
+    name = name && *name ? name : "cuGetProcAddress_v2";
+    void *sym = lib ? dlsym(lib, name) : NULL;
+    if (sym && strcmp(name, "cuGetProcAddress") == 0) {
+        get_proc_v1 = (CUresult (*)(const char *, void **, int, unsigned long long))sym;
+        get_proc = get_proc_through_v1;
+    } else if (sym) {
+        get_proc = (CUresult (*)(const char *, void **, int, unsigned long long, int *))sym;
+    }
     if (!get_proc) {
         load_error = cudaErrorInsufficientDriver;
         return;
@@ -113,7 +131,7 @@ static void load(void) {
         {"cuStreamSynchronize", (void **)&drv.stream_synchronize},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        if (get_proc(want[i].name, want[i].slot, DRIVER_VERSION_ASKED, 0) != 0 || !*want[i].slot) {
+        if (get_proc(want[i].name, want[i].slot, DRIVER_VERSION_ASKED, 0, NULL) != 0 || !*want[i].slot) {
             load_error = cudaErrorInsufficientDriver;
             return;
         }
@@ -383,4 +401,22 @@ int cudaStreamSynchronize(cudaStream_t s) {
 int cudaStreamDestroy(cudaStream_t s) {
     NEED_CONTEXT();
     return driver(drv.stream_destroy(s));
+}
+
+/* ---------- driver entry points for the program: through the driver's cuGetProcAddress ---------- */
+
+int cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned version, unsigned long long flags, int *status) {
+    pthread_once(&once, load);
+    if (load_error) return fail(load_error);
+    if (!symbol || !fn) return fail(cudaErrorInvalidValue);
+    CUresult e = get_proc(symbol, fn, (int)version, flags, status);
+    return e == 500 ? cudaSuccess : driver(e); /* not found: success with *fn NULL and the status saying so */
+}
+
+int cudaGetDriverEntryPoint(const char *symbol, void **fn, unsigned long long flags, int *status) {
+    pthread_once(&once, load);
+    if (load_error) return fail(load_error);
+    if (!symbol || !fn) return fail(cudaErrorInvalidValue);
+    CUresult e = get_proc(symbol, fn, DRIVER_VERSION_ASKED, flags, status);
+    return e == 500 ? cudaSuccess : driver(e);
 }
