@@ -47,6 +47,9 @@ def test_under_the_preload(name, mode, tmp_path):
     pools = json.loads(stats.read_text())["cuda"]
     if mode in POOLED and name not in ("managed", "vmm"):
         assert sum(p["requests"] for p in pools) > 0, "the scenario must exercise the pool"
+    if mode in POOLED and name == "async":
+        # Blocks freed with cudaFreeAsync/cuMemFreeAsync came back to the pool, not the runtime.
+        assert sum(p["segments_mapped"] for p in pools) == 1 and sum(p["hits"] for p in pools) >= 39, pools
     refused = "ipc refused" in out.stdout
     if name.startswith("ipc"):
         # Split pools carve 1 MiB blocks from 20 MiB segments: a handle would name the

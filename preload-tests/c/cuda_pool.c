@@ -14,7 +14,7 @@ int cudaFreeHost(void *);
 int cudaDeviceSynchronize(void);
 struct fakecuda_counters { uint64_t mallocs, frees, syncs, host_allocs, host_frees; uint64_t used[4]; };
 void fakecuda_get_counters(struct fakecuda_counters *);
-void fakecuda_launch_memset(void *, int, size_t);
+int fakecuda_launch_memset(void *, int, size_t);
 
 static struct fakecuda_counters counters(void) {
     struct fakecuda_counters c;
