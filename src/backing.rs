@@ -71,21 +71,28 @@ impl DeviceError {
     }
 }
 
-/// The CUDA runtime calls the device layer makes, all on the calling thread's current device
-/// unless a device is named. `sys::cuda` binds the program's own runtime; `sim::SimRuntime`
-/// simulates one or more devices for tests.
+/// The CUDA calls the device layer makes, all on the calling thread's current context unless a
+/// device is entered. `sys::cuda_driver::CudaDriver` makes them through the program's own driver
+/// (libcuda.so.1), whatever runtime (shared, static, none) the program uses; `sim::SimRuntime`
+/// simulates one or more devices for tests. Error codes are the driver's, which the runtime
+/// shares for every code the pool returns (1, 2, 3, 201, 700, 709).
 pub trait DeviceRuntime {
     fn current_device(&self) -> Result<i32, DeviceError>;
-    fn set_device(&self, device: i32) -> Result<(), DeviceError>;
-    /// cudaMalloc on the current device.
+    /// Makes `device` current on this thread until the matching `leave_device`: the context
+    /// `ctx` when non-zero (the one the pool's segments live in), else the device's primary one.
+    fn enter_device(&self, device: i32, ctx: u64) -> Result<(), DeviceError>;
+    /// Restores what was current before the matching `enter_device`.
+    fn leave_device(&self);
+    /// cuMemAlloc in the current context.
     fn malloc(&self, len: usize) -> Result<usize, DeviceError>;
-    /// cudaFree: waits for the device to be idle, then frees.
+    /// cuMemFree: waits for the device to be idle, then frees.
     fn free(&self, addr: usize) -> Result<(), DeviceError>;
-    /// cudaDeviceSynchronize on the current device.
+    /// cuCtxSynchronize of the current context.
     fn synchronize(&self) -> Result<(), DeviceError>;
-    /// cudaMemGetInfo on the current device: (free, total) bytes.
+    /// cuMemGetInfo for the current context's device: (free, total) bytes.
     fn mem_info(&self) -> Result<(usize, usize), DeviceError>;
-    /// cudaHostAlloc (pinned host memory) with the runtime's flags.
+    /// cuMemHostAlloc (pinned host memory) with its flags (the runtime's cudaHostAlloc flags
+    /// have the same values).
     fn host_alloc(&self, len: usize, flags: u32) -> Result<usize, DeviceError>;
     fn host_free(&self, addr: usize) -> Result<(), DeviceError>;
     /// Clears the runtime's last error (after a failure we recovered from).

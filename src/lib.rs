@@ -58,9 +58,9 @@ const FAILED: u8 = 3;
 /// churn took the slow path, on a branch no predictor can learn (BENCHMARKS.md, "The small path").
 pub const BLOCK_ALIGN: usize = 64 << 10;
 
-/// The device layer over the program's own CUDA runtime (bound on first use).
-pub(crate) static DEVICE: device::layer::DeviceLayer<sys::cuda::CudaRuntime> =
-    device::layer::DeviceLayer::new(sys::cuda::CudaRuntime, map_table);
+/// The device layer over the program's own CUDA driver (bound on first use).
+pub(crate) static DEVICE: device::layer::DeviceLayer<sys::cuda_driver::CudaDriver> =
+    device::layer::DeviceLayer::new(sys::cuda_driver::CudaDriver, map_table);
 
 /// The host layer over the kernel's pages.
 pub(crate) static HOST: HostLayer<OsPages> = HostLayer::new(OsPages, map_table, sys::clock::now_ns, sys::reaper::on_block_cached);

@@ -198,6 +198,8 @@ struct RuntimeState {
     user_context: Option<u64>,
     /// Devices whose primary context has been created (by an allocation).
     primary_active: Vec<bool>,
+    /// What `enter_device` replaced, for `leave_device`.
+    entered: Vec<(i32, Option<u64>)>,
     pinned: BTreeMap<usize, usize>,
     current: i32,
     next_addr: usize,
@@ -226,6 +228,15 @@ impl SimRuntime {
     }
     pub fn pinned_bytes(&self) -> usize {
         self.state.lock().unwrap().pinned.values().sum()
+    }
+    /// cudaSetDevice, for tests.
+    pub fn set_device(&self, device: i32) -> Result<(), DeviceError> {
+        let mut st = self.state.lock().unwrap();
+        if device < 0 || device as usize >= st.devices.len() {
+            return Err(DeviceError::Other(101));
+        }
+        st.current = device;
+        Ok(())
     }
     /// Makes a user context current (`Some`) or goes back to the primary ones (`None`).
     pub fn set_context(&self, ctx: Option<u64>) {
@@ -262,13 +273,22 @@ impl DeviceRuntime for SimRuntime {
     fn current_device(&self) -> Result<i32, DeviceError> {
         Ok(self.state.lock().unwrap().current)
     }
-    fn set_device(&self, device: i32) -> Result<(), DeviceError> {
+    fn enter_device(&self, device: i32, ctx: u64) -> Result<(), DeviceError> {
         let mut st = self.state.lock().unwrap();
         if device < 0 || device as usize >= st.devices.len() {
-            return Err(DeviceError::Other(101)); // cudaErrorInvalidDevice
+            return Err(DeviceError::Other(101)); // CUDA_ERROR_INVALID_DEVICE
         }
+        let saved = (st.current, st.user_context);
+        st.entered.push(saved);
         st.current = device;
+        st.user_context = (ctx != 0 && ctx != Self::primary_handle(device as usize)).then_some(ctx);
         Ok(())
+    }
+    fn leave_device(&self) {
+        let mut st = self.state.lock().unwrap();
+        let (device, ctx) = st.entered.pop().expect("leave_device without enter_device");
+        st.current = device;
+        st.user_context = ctx;
     }
     fn malloc(&self, len: usize) -> Result<usize, DeviceError> {
         let mut st = self.state.lock().unwrap();

@@ -287,8 +287,8 @@ int cudaMalloc(void **p, size_t n) {
 }
 
 int cudaFree(void *p) {
+    NEED_CONTEXT(); /* cudaFree(NULL) initializes the context and does nothing else, as NVIDIA's */
     if (!p) return cudaSuccess;
-    NEED_CONTEXT();
     return driver(drv.mem_free((CUdeviceptr)(uintptr_t)p));
 }
 

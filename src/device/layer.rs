@@ -108,10 +108,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         &self.runtime
     }
 
-    /// The calling thread's current device, when the runtime answers.
-    pub fn runtime_current_device(&self) -> Option<i32> {
-        self.runtime.current_device().ok()
-    }
 
     pub fn enabled(&self) -> bool {
         self.mode.load(Relaxed) != MODE_NONE
@@ -153,14 +149,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     fn malloc_on_stream_untimed(&self, size: usize, device: i32, stream: usize) -> Result<usize, DeviceError> {
-        let current = self.runtime.current_device()?;
-        if current == device {
-            return self.alloc_on(device, size, stream_tag(stream));
-        }
-        self.runtime.set_device(device)?;
-        let out = self.alloc_on(device, size, stream_tag(stream));
-        let _ = self.runtime.set_device(current);
-        out
+        self.with_device(device, || self.alloc_on(device, size, stream_tag(stream)))
     }
 
     /// The pool of `device` if it may serve the current context: a block of another context's
@@ -450,14 +439,17 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         }
     }
 
+    /// Runs `f` with `device` current (its pool's context, or its primary one), restoring what
+    /// was current after.
     fn with_device<T>(&self, device: i32, f: impl FnOnce() -> Result<T, DeviceError>) -> Result<T, DeviceError> {
-        let current = self.runtime.current_device()?;
-        if current == device {
+        let owner = self.context_of(device);
+        let current = self.runtime.current_device().ok();
+        if current == Some(device) && (owner == 0 || self.runtime.current_context() == owner) {
             return f();
         }
-        self.runtime.set_device(device)?;
+        self.runtime.enter_device(device, owner)?;
         let out = f();
-        let _ = self.runtime.set_device(current);
+        self.runtime.leave_device();
         out
     }
 

@@ -35,7 +35,7 @@ pub extern "C" fn tm_trim() -> usize {
     if crate::globals().is_none() {
         return 0;
     }
-    let device = if crate::sys::cuda::is_bound() { crate::DEVICE.trim() } else { 0 };
+    let device = if crate::sys::cuda_driver::is_bound() { crate::DEVICE.trim() } else { 0 };
     crate::HOST.trim() + device as usize
 }
 

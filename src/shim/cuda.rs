@@ -5,15 +5,26 @@
 
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
 use crate::device::layer::{Export, Freed};
-use crate::sys::cuda::real;
+use crate::sys::cuda::{real, CudaFns};
 use crate::sys::reentry;
 use crate::DEVICE;
 use core::ffi::{c_int, c_uint, c_void};
 
 const NO_RUNTIME: c_int = CUDA_ERROR_INITIALIZATION;
 
-fn ready() -> bool {
-    crate::globals().is_some() && DEVICE.enabled()
+/// The pool may serve this call: it is on and a context is current. A thread's first runtime
+/// call has none yet: `cudaFree(NULL)`, the runtime's own idiom for it, binds the primary context
+/// of the current device and does nothing else.
+fn ready(rt: &CudaFns) -> bool {
+    if crate::globals().is_none() || !DEVICE.enabled() {
+        return false;
+    }
+    if crate::sys::cuda_driver::current_context() != 0 {
+        return true;
+    }
+    // SAFETY: cudaFree(NULL) is defined to do nothing but initialize.
+    unsafe { (rt.free)(core::ptr::null_mut()) };
+    crate::sys::cuda_driver::current_context() != 0
 }
 
 /// # Safety
@@ -25,7 +36,7 @@ pub unsafe extern "C" fn cudaMalloc(ptr: *mut *mut c_void, size: usize) -> c_int
     if ptr.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if !ready() || size == 0 {
+    if size == 0 || !ready(rt) {
         return (rt.malloc)(ptr, size);
     }
     match DEVICE.malloc(size) {
@@ -33,12 +44,16 @@ pub unsafe extern "C" fn cudaMalloc(ptr: *mut *mut c_void, size: usize) -> c_int
             *ptr = addr as *mut c_void;
             CUDA_SUCCESS
         }
-        // The runtime itself refused even after our cache was given back: let it answer the
-        // program once more, so *ptr and its last error are exactly what it would leave.
-        Err(DeviceError::OutOfMemory) => (rt.malloc)(ptr, size),
-        Err(e) => {
+        Err(DeviceError::CapReached) => {
             *ptr = core::ptr::null_mut();
-            e.code()
+            DeviceError::CapReached.code()
+        }
+        // The device refused even after our cache was given back, or the context cannot serve
+        // the pool (reset a moment ago: the runtime brings it back at its next call): let the
+        // runtime answer, so *ptr and its last error are exactly what it would leave.
+        Err(_) => {
+            DEVICE.passthrough.add(1);
+            (rt.malloc)(ptr, size)
         }
     }
 }
@@ -65,7 +80,7 @@ pub unsafe extern "C" fn cudaFree(ptr: *mut c_void) -> c_int {
 pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return (rt.mem_get_info)(free, total) };
-    if !ready() || free.is_null() || total.is_null() {
+    if free.is_null() || total.is_null() || !ready(rt) {
         return (rt.mem_get_info)(free, total);
     }
     match DEVICE.mem_info() {
@@ -84,7 +99,7 @@ pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> 
 pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return (rt.host_alloc)(ptr, size, flags) };
-    if !ready() || ptr.is_null() || size == 0 {
+    if ptr.is_null() || size == 0 || !ready(rt) {
         return (rt.host_alloc)(ptr, size, flags);
     }
     match DEVICE.host_alloc(size, flags) {
@@ -134,7 +149,8 @@ pub unsafe extern "C" fn cudaDeviceReset() -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
     let Some(reset) = rt.device_reset else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return reset() };
-    let device = crate::DEVICE.runtime_current_device();
+    let mut current: c_int = 0;
+    let device = ((rt.get_device)(&mut current) == CUDA_SUCCESS).then_some(current);
     if let Some(d) = device {
         DEVICE.forget_primary(d);
     }
@@ -223,8 +239,14 @@ unsafe fn free_async_via(ptr: *mut c_void, stream: *mut c_void, real_free: crate
 #[no_mangle]
 pub unsafe extern "C" fn tm_cuda_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
     let size = usize::try_from(size).unwrap_or(0);
-    if real().is_none() || crate::globals().is_none() || size == 0 {
+    if crate::globals().is_none() || size == 0 {
         return core::ptr::null_mut();
+    }
+    if crate::sys::cuda_driver::current_context() == 0 {
+        if let Some(rt) = real() {
+            // As in ready(): the runtime binds its context for this thread.
+            (rt.free)(core::ptr::null_mut());
+        }
     }
     DEVICE.malloc_on_stream(size, device, stream as usize).map_or(core::ptr::null_mut(), |a| a as *mut c_void)
 }
@@ -235,11 +257,12 @@ pub unsafe extern "C" fn tm_cuda_alloc(size: isize, device: c_int, stream: *mut 
 /// `ptr` came from `tm_cuda_alloc`.
 #[no_mangle]
 pub unsafe extern "C" fn tm_cuda_free(ptr: *mut c_void, _size: isize, device: c_int, stream: *mut c_void) {
-    let Some(rt) = real() else { return };
-    if ptr.is_null() {
+    if ptr.is_null() || DEVICE.free_on_stream(ptr as usize, device, stream as usize) == Freed::Pooled {
         return;
     }
-    if DEVICE.free_on_stream(ptr as usize, device, stream as usize) == Freed::NotOurs {
+    if let Some(rt) = real() {
         (rt.free)(ptr);
+    } else if let Some(free) = crate::sys::cuda_driver::driver().and_then(|d| d.mem_free) {
+        free(ptr as u64);
     }
 }

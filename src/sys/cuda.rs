@@ -1,10 +1,10 @@
-//! The program's own CUDA runtime, bound lazily on the first CUDA call: dlsym(RTLD_NEXT) finds
-//! the runtime that our interposed symbols shadow; when the program loaded it with RTLD_LOCAL
-//! (Python extensions, such as PyTorch's), dlopen(RTLD_NOLOAD) reaches that same loaded copy
-//! by soname. We never load a runtime ourselves: a process without CUDA pays nothing.
+//! The program's own shared CUDA runtime, for the runtime entry points we interpose to pass
+//! calls through (the pool itself runs over the driver, `sys::cuda_driver`). Bound lazily on the
+//! first CUDA call: dlsym(RTLD_NEXT) finds the runtime that our interposed symbols shadow; when
+//! the program loaded it with RTLD_LOCAL (Python extensions, such as PyTorch's),
+//! dlopen(RTLD_NOLOAD) reaches that same loaded copy by soname. We never load a runtime
+//! ourselves: a process without CUDA pays nothing.
 
-use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INITIALIZATION};
-use crate::sys::cuda_driver;
 use core::ffi::{c_int, c_uint, c_void, CStr};
 use core::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
@@ -82,11 +82,6 @@ unsafe fn resolve_in(handle: *mut c_void) -> Option<CudaFns> {
     })
 }
 
-/// True once the program has made a CUDA call through us (so trimming may call the runtime).
-pub fn is_bound() -> bool {
-    !FNS.load(Ordering::Acquire).is_null()
-}
-
 /// The real runtime, or `None` when the process has none we can reach.
 pub fn real() -> Option<&'static CudaFns> {
     let p = FNS.load(Ordering::Acquire);
@@ -134,78 +129,5 @@ fn resolve_slow() -> Option<&'static CudaFns> {
                 None
             }
         }
-    }
-}
-
-fn check(code: c_int) -> Result<(), DeviceError> {
-    DeviceError::from_code(code)
-}
-
-fn fns() -> Result<&'static CudaFns, DeviceError> {
-    real().ok_or(DeviceError::Other(CUDA_ERROR_INITIALIZATION))
-}
-
-/// `DeviceRuntime` over the real runtime.
-pub struct CudaRuntime;
-
-impl DeviceRuntime for CudaRuntime {
-    fn current_device(&self) -> Result<i32, DeviceError> {
-        let mut d: c_int = 0;
-        // SAFETY: writes one int.
-        check(unsafe { (fns()?.get_device)(&mut d) })?;
-        Ok(d)
-    }
-    fn set_device(&self, device: i32) -> Result<(), DeviceError> {
-        // SAFETY: plain call.
-        check(unsafe { (fns()?.set_device)(device) })
-    }
-    fn malloc(&self, len: usize) -> Result<usize, DeviceError> {
-        let mut p: *mut c_void = core::ptr::null_mut();
-        // SAFETY: writes one pointer.
-        check(unsafe { (fns()?.malloc)(&mut p, len) })?;
-        Ok(p as usize)
-    }
-    fn free(&self, addr: usize) -> Result<(), DeviceError> {
-        // SAFETY: addr came from the runtime's cudaMalloc.
-        check(unsafe { (fns()?.free)(addr as *mut c_void) })
-    }
-    fn synchronize(&self) -> Result<(), DeviceError> {
-        // SAFETY: plain call.
-        check(unsafe { (fns()?.synchronize)() })
-    }
-    fn mem_info(&self) -> Result<(usize, usize), DeviceError> {
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: writes two size_t.
-        check(unsafe { (fns()?.mem_get_info)(&mut free, &mut total) })?;
-        Ok((free, total))
-    }
-    fn host_alloc(&self, len: usize, flags: u32) -> Result<usize, DeviceError> {
-        let mut p: *mut c_void = core::ptr::null_mut();
-        // SAFETY: writes one pointer.
-        check(unsafe { (fns()?.host_alloc)(&mut p, len, flags) })?;
-        Ok(p as usize)
-    }
-    fn host_free(&self, addr: usize) -> Result<(), DeviceError> {
-        // SAFETY: addr came from the runtime's cudaHostAlloc.
-        check(unsafe { (fns()?.free_host)(addr as *mut c_void) })
-    }
-    fn clear_last_error(&self) {
-        if let Ok(f) = fns() {
-            // SAFETY: plain call; reading the error clears it.
-            unsafe { (f.get_last_error)() };
-        }
-    }
-    fn current_context(&self) -> u64 {
-        cuda_driver::current_context()
-    }
-    fn primary_context(&self, device: i32) -> PrimaryContext {
-        match cuda_driver::primary_context(device) {
-            Some(Some(ctx)) => PrimaryContext::Active(ctx),
-            Some(None) => PrimaryContext::Inactive,
-            None => PrimaryContext::Unknown,
-        }
-    }
-    fn allocation_range(&self, addr: usize) -> Option<(usize, usize)> {
-        cuda_driver::allocation_range(addr)
     }
 }

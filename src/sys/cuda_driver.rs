@@ -1,11 +1,13 @@
-//! The program's CUDA driver (libcuda.so.1): the few entry points the pool asks (the current
-//! context, a device's primary context, the allocation around an address) and the real ones
-//! behind the driver entry points we interpose. Found with dlsym(RTLD_NEXT), else in the copy a
-//! runtime dlopened privately (dlopen RTLD_NOLOAD). We never load the driver; every entry is
-//! optional, and an answer we cannot get is "unknown" to the policy.
+//! The program's CUDA driver (libcuda.so.1): the backing of the device pool (`CudaDriver`, a
+//! `DeviceRuntime` over the real entry points, so the pool works under any runtime, shared,
+//! static or none) and the real functions behind the driver entry points we interpose. Found
+//! with dlsym(RTLD_NEXT), else in the copy a runtime dlopened privately (dlopen RTLD_NOLOAD).
+//! We never load the driver; every entry is optional, and an answer we cannot get is "unknown"
+//! to the policy.
 
+use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INITIALIZATION};
 use core::ffi::{c_int, c_uint, c_void, CStr};
-use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU8, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 pub type CtxFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 pub type DeviceFn = unsafe extern "C" fn(c_int) -> c_int;
@@ -19,6 +21,17 @@ pub type PointerGetAttributesFn = unsafe extern "C" fn(c_uint, *mut c_int, *mut 
 pub type IpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, u64) -> c_int;
 pub type MemFreeFn = unsafe extern "C" fn(u64) -> c_int;
 pub type MemFreeAsyncFn = unsafe extern "C" fn(u64, *mut c_void) -> c_int;
+pub type MemAllocFn = unsafe extern "C" fn(*mut u64, usize) -> c_int;
+pub type MemAllocPitchFn = unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, c_uint) -> c_int;
+pub type MemGetInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> c_int;
+pub type MemHostAllocFn = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int;
+pub type MemAllocHostFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
+pub type MemFreeHostFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+pub type CtxGetDeviceFn = unsafe extern "C" fn(*mut c_int) -> c_int;
+pub type CtxSynchronizeFn = unsafe extern "C" fn() -> c_int;
+pub type CtxPopFn = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
+pub type GetProcAddressFn = unsafe extern "C" fn(*const core::ffi::c_char, *mut *mut c_void, c_int, u64) -> c_int;
+pub type GetProcAddressV2Fn = unsafe extern "C" fn(*const core::ffi::c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> c_int;
 
 /// The driver's real entry points, each present or not.
 pub struct DriverFns {
@@ -38,6 +51,18 @@ pub struct DriverFns {
     pub mem_free: Option<MemFreeFn>,
     pub mem_free_async: Option<MemFreeAsyncFn>,
     pub mem_free_async_ptsz: Option<MemFreeAsyncFn>,
+    pub mem_alloc: Option<MemAllocFn>,
+    pub mem_alloc_pitch: Option<MemAllocPitchFn>,
+    pub mem_get_info: Option<MemGetInfoFn>,
+    pub mem_host_alloc: Option<MemHostAllocFn>,
+    pub mem_alloc_host: Option<MemAllocHostFn>,
+    pub mem_free_host: Option<MemFreeHostFn>,
+    pub ctx_get_device: Option<CtxGetDeviceFn>,
+    pub ctx_synchronize: Option<CtxSynchronizeFn>,
+    pub ctx_push: Option<CtxFn>,
+    pub ctx_pop: Option<CtxPopFn>,
+    pub get_proc_address: Option<GetProcAddressFn>,
+    pub get_proc_address_v2: Option<GetProcAddressV2Fn>,
 }
 
 const UNRESOLVED: u8 = 0;
@@ -83,6 +108,18 @@ unsafe fn resolve_in(handle: *mut c_void) -> DriverFns {
         mem_free: find(handle, c"cuMemFree_v2"),
         mem_free_async: find(handle, c"cuMemFreeAsync"),
         mem_free_async_ptsz: find(handle, c"cuMemFreeAsync_ptsz"),
+        mem_alloc: find(handle, c"cuMemAlloc_v2"),
+        mem_alloc_pitch: find(handle, c"cuMemAllocPitch_v2"),
+        mem_get_info: find(handle, c"cuMemGetInfo_v2"),
+        mem_host_alloc: find(handle, c"cuMemHostAlloc"),
+        mem_alloc_host: find(handle, c"cuMemAllocHost_v2"),
+        mem_free_host: find(handle, c"cuMemFreeHost"),
+        ctx_get_device: find(handle, c"cuCtxGetDevice"),
+        ctx_synchronize: find(handle, c"cuCtxSynchronize"),
+        ctx_push: find(handle, c"cuCtxPushCurrent_v2"),
+        ctx_pop: find(handle, c"cuCtxPopCurrent_v2"),
+        get_proc_address: find(handle, c"cuGetProcAddress"),
+        get_proc_address_v2: find(handle, c"cuGetProcAddress_v2"),
     }
 }
 
@@ -180,4 +217,125 @@ pub fn allocation_range(addr: usize) -> Option<(usize, usize)> {
         return None;
     }
     Some((base as usize, len))
+}
+
+/// The driver is loaded (so trimming may call it).
+pub fn is_bound() -> bool {
+    !FNS.load(Ordering::Acquire).is_null()
+}
+
+fn check(code: c_int) -> Result<(), DeviceError> {
+    DeviceError::from_code(code)
+}
+
+const NOT_INITIALIZED: DeviceError = DeviceError::Other(CUDA_ERROR_INITIALIZATION);
+
+fn get<T>(pick: impl FnOnce(&DriverFns) -> Option<T>) -> Result<T, DeviceError> {
+    driver().and_then(pick).ok_or(NOT_INITIALIZED)
+}
+
+/// Primary contexts the pool retained to enter a device with none of its own (held for the
+/// process's life, as the runtime holds its own).
+static RETAINED_PRIMARY: [AtomicU64; 16] = [const { AtomicU64::new(0) }; 16];
+
+fn retained_primary(device: i32) -> Result<u64, DeviceError> {
+    let slot = usize::try_from(device).ok().and_then(|d| RETAINED_PRIMARY.get(d)).ok_or(DeviceError::Other(101))?;
+    let held = slot.load(Ordering::Acquire);
+    if held != 0 {
+        return Ok(held);
+    }
+    let retain = get(|d| d.primary_retain)?;
+    let mut dev: c_int = device;
+    if let Ok(device_get) = get(|d| d.device_get) {
+        // SAFETY: writes one int.
+        check(unsafe { device_get(&mut dev, device) })?;
+    }
+    let mut ctx: *mut c_void = core::ptr::null_mut();
+    // SAFETY: writes one pointer; the reference is kept for good.
+    check(unsafe { retain(&mut ctx, dev) })?;
+    if slot.compare_exchange(0, ctx as u64, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        if let Ok(release) = get(|d| d.primary_release) {
+            // SAFETY: drops the reference this thread took; another thread's is kept.
+            unsafe { release(dev) };
+        }
+    }
+    Ok(slot.load(Ordering::Acquire))
+}
+
+/// `DeviceRuntime` over the real driver.
+pub struct CudaDriver;
+
+impl DeviceRuntime for CudaDriver {
+    fn current_device(&self) -> Result<i32, DeviceError> {
+        let f = get(|d| d.ctx_get_device)?;
+        let mut device: c_int = 0;
+        // SAFETY: writes one int; fails when no context is current.
+        check(unsafe { f(&mut device) })?;
+        Ok(device)
+    }
+    fn enter_device(&self, device: i32, ctx: u64) -> Result<(), DeviceError> {
+        let push = get(|d| d.ctx_push)?;
+        let ctx = if ctx != 0 { ctx } else { retained_primary(device)? };
+        // SAFETY: a context handle the driver gave us; popped by leave_device.
+        check(unsafe { push(ctx as *mut c_void) })
+    }
+    fn leave_device(&self) {
+        if let Ok(pop) = get(|d| d.ctx_pop) {
+            let mut ctx: *mut c_void = core::ptr::null_mut();
+            // SAFETY: pops what enter_device pushed.
+            unsafe { pop(&mut ctx) };
+        }
+    }
+    fn malloc(&self, len: usize) -> Result<usize, DeviceError> {
+        let f = get(|d| d.mem_alloc)?;
+        let mut p = 0u64;
+        // SAFETY: writes one CUdeviceptr.
+        check(unsafe { f(&mut p, len) })?;
+        Ok(p as usize)
+    }
+    fn free(&self, addr: usize) -> Result<(), DeviceError> {
+        let f = get(|d| d.mem_free)?;
+        // SAFETY: addr came from the driver's cuMemAlloc.
+        check(unsafe { f(addr as u64) })
+    }
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        let f = get(|d| d.ctx_synchronize)?;
+        // SAFETY: plain call.
+        check(unsafe { f() })
+    }
+    fn mem_info(&self) -> Result<(usize, usize), DeviceError> {
+        let f = get(|d| d.mem_get_info)?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two size_t.
+        check(unsafe { f(&mut free, &mut total) })?;
+        Ok((free, total))
+    }
+    fn host_alloc(&self, len: usize, flags: u32) -> Result<usize, DeviceError> {
+        let f = get(|d| d.mem_host_alloc)?;
+        let mut p: *mut c_void = core::ptr::null_mut();
+        // SAFETY: writes one pointer.
+        check(unsafe { f(&mut p, len, flags) })?;
+        Ok(p as usize)
+    }
+    fn host_free(&self, addr: usize) -> Result<(), DeviceError> {
+        let f = get(|d| d.mem_free_host)?;
+        // SAFETY: addr came from the driver's cuMemHostAlloc.
+        check(unsafe { f(addr as *mut c_void) })
+    }
+    fn clear_last_error(&self) {
+        // The driver keeps no last error; the runtime never saw our calls.
+    }
+    fn current_context(&self) -> u64 {
+        current_context()
+    }
+    fn primary_context(&self, device: i32) -> PrimaryContext {
+        match primary_context(device) {
+            Some(Some(ctx)) => PrimaryContext::Active(ctx),
+            Some(None) => PrimaryContext::Inactive,
+            None => PrimaryContext::Unknown,
+        }
+    }
+    fn allocation_range(&self, addr: usize) -> Option<(usize, usize)> {
+        allocation_range(addr)
+    }
 }
