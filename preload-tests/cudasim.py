@@ -47,3 +47,18 @@ def cuda_program(name="cuda_pool", plt_calls=False):
         subprocess.run(cmd, check=True)
         tmp.replace(out)
     return str(out)
+
+
+def static_runtime_program():
+    """c/static_runtime.c with the stand-in runtime compiled into the executable, as nvcc links
+    libcudart_static.a by default; it finds the stand-in driver by its rpath."""
+    lib = fake_cuda()
+    out = BUILD / "static_runtime"
+    srcs = [C_DIR / "static_runtime.c", C_DIR / "fakecudart.c"]
+    deps = [*srcs, C_DIR / "check.h", lib / "libcuda.so.1"]
+    if not out.exists() or out.stat().st_mtime < max(d.stat().st_mtime for d in deps):
+        tmp = out.with_name(f".{out.name}.tmp")
+        cmd = ["gcc", "-std=gnu11", "-O1", "-g", "-Wall", "-pthread", "-o", str(tmp), *map(str, srcs), "-ldl", f"-Wl,-rpath,{lib}"]
+        subprocess.run(cmd, check=True)
+        tmp.replace(out)
+    return str(out)

@@ -230,6 +230,34 @@ unsafe fn free_async_via(ptr: *mut c_void, stream: *mut c_void, real_free: crate
     }
 }
 
+/// The runtime's way to a driver entry point: ours for those the pool serves, as
+/// cuGetProcAddress gives (the runtime asks at its own CUDA version).
+///
+/// # Safety
+/// As cudaGetDriverEntryPoint (CUDA 12's form; CUDA 11's has no status pointer, which the
+/// runtime of such a program then does not read either).
+#[no_mangle]
+pub unsafe extern "C" fn cudaGetDriverEntryPoint(symbol: *const core::ffi::c_char, pfn: *mut *mut c_void, flags: u64, status: *mut c_int) -> c_int {
+    let Some(get) = real().and_then(|rt| rt.get_driver_entry_point) else { return NO_RUNTIME };
+    let rc = get(symbol, pfn, flags, status);
+    if rc == CUDA_SUCCESS {
+        super::cuda_driver::substitute_proc(symbol, pfn, c_int::MAX, flags);
+    }
+    rc
+}
+
+/// # Safety
+/// As cudaGetDriverEntryPointByVersion.
+#[no_mangle]
+pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion(symbol: *const core::ffi::c_char, pfn: *mut *mut c_void, cuda_version: c_uint, flags: u64, status: *mut c_int) -> c_int {
+    let Some(get) = real().and_then(|rt| rt.get_driver_entry_point_by_version) else { return NO_RUNTIME };
+    let rc = get(symbol, pfn, cuda_version, flags, status);
+    if rc == CUDA_SUCCESS {
+        super::cuda_driver::substitute_proc(symbol, pfn, c_int::try_from(cuda_version).unwrap_or(c_int::MAX), flags);
+    }
+    rc
+}
+
 /// PyTorch's CUDAPluggableAllocator `alloc`: `torch.cuda.memory.CUDAPluggableAllocator(
 /// "libtensormalloc.so", "tm_cuda_alloc", "tm_cuda_free")`. Reuse is stream-aware: a block freed
 /// on a stream is reused on that stream with no synchronization.

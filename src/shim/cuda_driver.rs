@@ -1,9 +1,12 @@
-//! The CUDA driver entry points that must know our pool, for programs that call the driver
-//! (linked with -lcuda, or found by name): context resets and destroys empty the pool, IPC
-//! handles and pointer-range queries answer for our blocks, and a pooled pointer freed through
-//! the driver returns to the pool. Anything not ours goes to the real driver unchanged.
+//! The CUDA driver entry points the pool serves or must know, on every path a program reaches
+//! them by: linked with -lcuda (these symbols), found by name (`served_symbol`, behind our
+//! `dlsym`), or through `cuGetProcAddress` (which both runtimes use, and which hands out these
+//! same functions). Allocations come from the pool; context resets and destroys empty it; IPC
+//! handles and pointer-range queries answer for our blocks. Anything not ours goes to the real
+//! driver unchanged, and so does a call re-entered from inside a runtime call of ours (a
+//! runtime-level miss is never pooled a second time).
 
-use crate::backing::{CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
+use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
 use crate::device::layer::{Freed, Range};
 use crate::sys::cuda_driver::{driver, DriverFns};
 use crate::sys::reentry;
@@ -20,6 +23,246 @@ fn real<T>(pick: impl FnOnce(&DriverFns) -> Option<T>) -> Option<T> {
 
 fn pooling() -> bool {
     crate::globals().is_some()
+}
+
+/// The pool may serve an allocation: it is on and a context is current (a driver allocation
+/// with none fails, and the driver should say so).
+fn pool_ready() -> bool {
+    crate::globals().is_some() && DEVICE.enabled() && crate::sys::cuda_driver::current_context() != 0
+}
+
+/// # Safety
+/// As cuMemAlloc_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, size: usize) -> c_int {
+    let Some(alloc) = real(|d| d.mem_alloc) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| size != 0 && !dptr.is_null() && pool_ready()) else { return alloc(dptr, size) };
+    pooled_alloc(size, dptr, || alloc(dptr, size))
+}
+
+/// Serves `size` bytes from the pool into `*dptr`; when the pool cannot (out of memory after
+/// giving its cache back, or a context it cannot use), the driver answers instead.
+unsafe fn pooled_alloc(size: usize, dptr: *mut u64, driver_answer: impl FnOnce() -> c_int) -> c_int {
+    match DEVICE.malloc(size) {
+        Ok(addr) => {
+            *dptr = addr as u64;
+            CUDA_SUCCESS
+        }
+        Err(DeviceError::CapReached) => CUDA_ERROR_MEMORY_ALLOCATION,
+        Err(_) => {
+            DEVICE.passthrough.add(1);
+            driver_answer()
+        }
+    }
+}
+
+/// A pitched block from the pool: rows padded to 512 bytes, the texture pitch alignment of
+/// every CUDA device (the driver's own pitch may differ; any pitch at least the width is valid).
+///
+/// # Safety
+/// As cuMemAllocPitch_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint) -> c_int {
+    let Some(alloc) = real(|d| d.mem_alloc_pitch) else { return NO_DRIVER };
+    let row = width.checked_next_multiple_of(512).filter(|_| width > 0 && height > 0 && matches!(element_bytes, 4 | 8 | 16));
+    let bytes = row.and_then(|r| r.checked_mul(height));
+    let Some(_entered) = reentry::enter().filter(|_| bytes.is_some() && !dptr.is_null() && !pitch.is_null() && pool_ready()) else {
+        return alloc(dptr, pitch, width, height, element_bytes);
+    };
+    let (Some(row), Some(bytes)) = (row, bytes) else { return alloc(dptr, pitch, width, height, element_bytes) };
+    let rc = pooled_alloc(bytes, dptr, || alloc(dptr, pitch, width, height, element_bytes));
+    if rc == CUDA_SUCCESS && DEVICE.range(*dptr as usize) != Range::NotOurs {
+        *pitch = row;
+    }
+    rc
+}
+
+/// Our cached bytes count as free.
+///
+/// # Safety
+/// As cuMemGetInfo_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> c_int {
+    let Some(get) = real(|d| d.mem_get_info) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| !free.is_null() && !total.is_null() && pool_ready()) else { return get(free, total) };
+    match DEVICE.mem_info() {
+        Ok((f, t)) => {
+            *free = f;
+            *total = t;
+            CUDA_SUCCESS
+        }
+        Err(_) => get(free, total),
+    }
+}
+
+/// # Safety
+/// As cuMemHostAlloc.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> c_int {
+    let Some(alloc) = real(|d| d.mem_host_alloc) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| size != 0 && !pp.is_null() && pool_ready()) else { return alloc(pp, size, flags) };
+    match DEVICE.host_alloc(size, flags) {
+        Ok(addr) => {
+            *pp = addr as *mut c_void;
+            CUDA_SUCCESS
+        }
+        Err(_) => alloc(pp, size, flags),
+    }
+}
+
+/// # Safety
+/// As cuMemAllocHost_v2 (cuMemHostAlloc with no flags).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> c_int {
+    match real(|d| d.mem_alloc_host) {
+        Some(alloc) if reentry::enter().is_none() => alloc(pp, size),
+        Some(_) => cuMemHostAlloc(pp, size, 0),
+        None => NO_DRIVER,
+    }
+}
+
+/// # Safety
+/// As cuMemFreeHost.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> c_int {
+    let Some(free) = real(|d| d.mem_free_host) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| pooling() && !p.is_null()) else { return free(p) };
+    match DEVICE.host_free(p as usize) {
+        Ok(Freed::Pooled) => CUDA_SUCCESS,
+        Ok(Freed::NotOurs) => free(p),
+        Err(e) => e.code(),
+    }
+}
+
+/// Our entry point for an exported driver symbol we serve, and the address of the real one it
+/// stands in for.
+fn served(symbol: &[u8], d: &DriverFns) -> Option<(*mut c_void, Option<usize>)> {
+    macro_rules! row {
+        ($ours:expr, $real:expr) => {
+            Some(($ours as *mut c_void, $real.map(|f| f as usize)))
+        };
+    }
+    match symbol {
+        b"cuMemAlloc_v2" => row!(cuMemAlloc_v2, d.mem_alloc),
+        b"cuMemAllocPitch_v2" => row!(cuMemAllocPitch_v2, d.mem_alloc_pitch),
+        b"cuMemFree_v2" => row!(cuMemFree_v2, d.mem_free),
+        b"cuMemGetInfo_v2" => row!(cuMemGetInfo_v2, d.mem_get_info),
+        b"cuMemHostAlloc" => row!(cuMemHostAlloc, d.mem_host_alloc),
+        b"cuMemAllocHost_v2" => row!(cuMemAllocHost_v2, d.mem_alloc_host),
+        b"cuMemFreeHost" => row!(cuMemFreeHost, d.mem_free_host),
+        b"cuMemFreeAsync" => row!(cuMemFreeAsync, d.mem_free_async),
+        b"cuMemFreeAsync_ptsz" => row!(cuMemFreeAsync_ptsz, d.mem_free_async_ptsz),
+        b"cuDevicePrimaryCtxReset_v2" => row!(cuDevicePrimaryCtxReset_v2, d.primary_reset),
+        b"cuDevicePrimaryCtxReset" => row!(cuDevicePrimaryCtxReset, d.primary_reset_v1),
+        b"cuCtxDestroy_v2" => row!(cuCtxDestroy_v2, d.ctx_destroy),
+        b"cuCtxDestroy" => row!(cuCtxDestroy, d.ctx_destroy_v1),
+        b"cuIpcGetMemHandle" => row!(cuIpcGetMemHandle, d.ipc_get_mem_handle),
+        b"cuMemGetAddressRange_v2" => row!(cuMemGetAddressRange_v2, d.address_range),
+        b"cuPointerGetAttribute" => row!(cuPointerGetAttribute, d.pointer_get_attribute),
+        b"cuPointerGetAttributes" => row!(cuPointerGetAttributes, d.pointer_get_attributes),
+        b"cuGetProcAddress" => row!(cuGetProcAddress, d.get_proc_address),
+        b"cuGetProcAddress_v2" => row!(cuGetProcAddress_v2, d.get_proc_address_v2),
+        _ => None,
+    }
+}
+
+/// The exported name `cuGetProcAddress` hands out for `base` at `cuda_version`: the version
+/// thresholds of the driver's own table for the entry points we serve.
+fn versioned(base: &[u8], cuda_version: c_int, per_thread: bool) -> Option<&'static [u8]> {
+    let at = |since: c_int, new: &'static [u8], old: &'static [u8]| Some(if cuda_version >= since { new } else { old });
+    match base {
+        b"cuMemAlloc" => at(3020, b"cuMemAlloc_v2", b"cuMemAlloc"),
+        b"cuMemAllocPitch" => at(3020, b"cuMemAllocPitch_v2", b"cuMemAllocPitch"),
+        b"cuMemFree" => at(3020, b"cuMemFree_v2", b"cuMemFree"),
+        b"cuMemGetInfo" => at(3020, b"cuMemGetInfo_v2", b"cuMemGetInfo"),
+        b"cuMemAllocHost" => at(3020, b"cuMemAllocHost_v2", b"cuMemAllocHost"),
+        b"cuMemGetAddressRange" => at(3020, b"cuMemGetAddressRange_v2", b"cuMemGetAddressRange"),
+        b"cuCtxDestroy" => at(4000, b"cuCtxDestroy_v2", b"cuCtxDestroy"),
+        b"cuDevicePrimaryCtxReset" => at(11000, b"cuDevicePrimaryCtxReset_v2", b"cuDevicePrimaryCtxReset"),
+        b"cuGetProcAddress" => at(12000, b"cuGetProcAddress_v2", b"cuGetProcAddress"),
+        b"cuMemFreeAsync" => Some(if per_thread { b"cuMemFreeAsync_ptsz" } else { b"cuMemFreeAsync" }),
+        b"cuMemHostAlloc" => Some(b"cuMemHostAlloc"),
+        b"cuMemFreeHost" => Some(b"cuMemFreeHost"),
+        b"cuIpcGetMemHandle" => Some(b"cuIpcGetMemHandle"),
+        b"cuPointerGetAttribute" => Some(b"cuPointerGetAttribute"),
+        b"cuPointerGetAttributes" => Some(b"cuPointerGetAttributes"),
+        _ => None,
+    }
+}
+
+/// Whether the pool is on, so that lookups hand out our entry points (with it off, or with
+/// TENSORMALLOC_DISABLE, a profiler sees the driver's own).
+fn substituting() -> bool {
+    crate::globals().is_some() && DEVICE.enabled()
+}
+
+const PER_THREAD_DEFAULT_STREAM: u64 = 2;
+
+/// After a successful lookup of `symbol` that produced `*pfn`: ours in its place when we serve
+/// that entry point at that version. `flags` are cuGetProcAddress's (the runtime's
+/// cudaGetDriverEntryPoint flags have the same values).
+pub(crate) unsafe fn substitute_proc(symbol: *const core::ffi::c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) {
+    if symbol.is_null() || pfn.is_null() || (*pfn).is_null() || !substituting() {
+        return;
+    }
+    let Some(d) = driver() else { return };
+    let base = core::ffi::CStr::from_ptr(symbol).to_bytes();
+    let per_thread = flags == PER_THREAD_DEFAULT_STREAM || d.mem_free_async_ptsz.is_some_and(|f| f as usize == *pfn as usize);
+    if let Some((ours, _)) = versioned(base, cuda_version, per_thread).and_then(|name| served(name, d)) {
+        *pfn = ours;
+    }
+}
+
+/// # Safety
+/// As cuGetProcAddress (CUDA 11.3 to 11.8's form).
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress(symbol: *const core::ffi::c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) -> c_int {
+    let Some(get) = real(|d| d.get_proc_address) else { return NO_DRIVER };
+    let rc = get(symbol, pfn, cuda_version, flags);
+    if rc == CUDA_SUCCESS {
+        substitute_proc(symbol, pfn, cuda_version, flags);
+    }
+    rc
+}
+
+/// # Safety
+/// As cuGetProcAddress_v2 (CUDA 12's, with the query result).
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress_v2(symbol: *const core::ffi::c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64, status: *mut c_int) -> c_int {
+    let Some(get) = real(|d| d.get_proc_address_v2) else { return NO_DRIVER };
+    let rc = get(symbol, pfn, cuda_version, flags, status);
+    if rc == CUDA_SUCCESS {
+        substitute_proc(symbol, pfn, cuda_version, flags);
+    }
+    rc
+}
+
+/// Decides a `dlsym(handle, name)` (called by our exported dlsym, `shim::dlsym`): ours when
+/// `name` is a driver entry point we serve and `handle` resolves it to the very driver we bind;
+/// null to let glibc's dlsym answer (every other lookup, `RTLD_DEFAULT` and `RTLD_NEXT`
+/// included: by symbol those already reach ours, or deliberately the next definition).
+/// Allocation-free; before our init or with the pool off it never serves.
+#[cfg(target_arch = "x86_64")]
+pub(crate) extern "C" fn served_symbol(handle: *mut c_void, name: *const core::ffi::c_char) -> *mut c_void {
+    let real_dlsym = crate::sys::dlsym::resolve(super::dlsym::dlsym as *const ());
+    let none = core::ptr::null_mut();
+    if name.is_null() || handle.is_null() || handle == libc::RTLD_NEXT {
+        return none;
+    }
+    // SAFETY: dlsym's name is a C string.
+    let symbol = unsafe { core::ffi::CStr::from_ptr(name) }.to_bytes();
+    if !symbol.starts_with(b"cu") || !substituting() {
+        return none;
+    }
+    let Some(d) = driver() else { return none };
+    let Some((ours, Some(real_addr))) = served(symbol, d) else { return none };
+    // SAFETY: glibc's dlsym with the caller's handle and name.
+    let found = unsafe { real_dlsym(handle, name) };
+    if found as usize == real_addr {
+        ours
+    } else {
+        none
+    }
 }
 
 /// Note [Context lifetime] (device/pool.rs).

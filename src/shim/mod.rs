@@ -6,6 +6,8 @@ mod cuda;
 #[cfg(not(any(test, feature = "no-interpose")))]
 mod cuda_driver;
 #[cfg(all(target_arch = "x86_64", not(any(test, feature = "no-interpose"))))]
+mod dlsym;
+#[cfg(all(target_arch = "x86_64", not(any(test, feature = "no-interpose"))))]
 mod fast_paths;
 #[cfg(not(any(test, feature = "no-interpose")))]
 mod malloc;

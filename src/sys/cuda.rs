@@ -18,6 +18,8 @@ type HostAllocFn = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_in
 type MallocHostFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
 pub type IpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
 pub type FreeAsyncFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
+pub type GetDriverEntryPointFn = unsafe extern "C" fn(*const core::ffi::c_char, *mut *mut c_void, u64, *mut c_int) -> c_int;
+pub type GetDriverEntryPointByVersionFn = unsafe extern "C" fn(*const core::ffi::c_char, *mut *mut c_void, c_uint, u64, *mut c_int) -> c_int;
 
 /// The runtime's real entry points.
 pub struct CudaFns {
@@ -36,6 +38,8 @@ pub struct CudaFns {
     pub ipc_get_mem_handle: Option<IpcGetMemHandleFn>,
     pub free_async: Option<FreeAsyncFn>,
     pub free_async_ptsz: Option<FreeAsyncFn>,
+    pub get_driver_entry_point: Option<GetDriverEntryPointFn>,
+    pub get_driver_entry_point_by_version: Option<GetDriverEntryPointByVersionFn>,
 }
 
 static STATE: AtomicU8 = AtomicU8::new(0); // 0 unresolved, 1 resolving, 2 done, 3 absent
@@ -79,6 +83,8 @@ unsafe fn resolve_in(handle: *mut c_void) -> Option<CudaFns> {
         ipc_get_mem_handle: optional!(c"cudaIpcGetMemHandle", IpcGetMemHandleFn),
         free_async: optional!(c"cudaFreeAsync", FreeAsyncFn),
         free_async_ptsz: optional!(c"cudaFreeAsync_ptsz", FreeAsyncFn),
+        get_driver_entry_point: optional!(c"cudaGetDriverEntryPoint", GetDriverEntryPointFn),
+        get_driver_entry_point_by_version: optional!(c"cudaGetDriverEntryPointByVersion", GetDriverEntryPointByVersionFn),
     })
 }
 

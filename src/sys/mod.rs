@@ -5,6 +5,7 @@
 pub mod clock;
 pub mod cuda;
 pub mod cuda_driver;
+pub mod dlsym;
 pub mod env;
 pub mod lock;
 pub mod next;
