@@ -77,3 +77,23 @@ print(tensormalloc.loaded_by(), tn.handler_name(), s["host_requests"], s["host_h
 """
     out = ok(run([PY, "-c", code], preload=False, env=ENV))
     assert out.stdout.split() == ["path", "default_allocator", "5", "4"], out.stdout
+
+
+def test_device_pool_without_preload_binds_the_runtime_loaded_for_numba():
+    """What tensormalloc.numba does before Numba's first allocation, against the stand-in
+    runtime: load a libcudart (by soname here), then tm_cuda_alloc/free reach one pool."""
+    from test_cuda import fake_runtime
+    code = r"""
+import tensormalloc
+from tensormalloc import _cuda
+assert _cuda.loaded_runtime() is None
+name = _cuda.ensure_runtime()
+lib = _cuda.library()
+p = lib.tm_cuda_alloc(1 << 20, 0, None)
+lib.tm_cuda_free(p, 1 << 20, 0, None)
+q = lib.tm_cuda_alloc(1 << 20, 0, None)
+s = tensormalloc.stats()
+print(name, _cuda.loaded_runtime(), p == q, s["cuda_requests"], s["cuda_hits"])
+"""
+    out = ok(run([PY, "-c", code], preload=False, env={**ENV, "LD_LIBRARY_PATH": str(fake_runtime())}))
+    assert out.stdout.split() == ["libcudart.so.12", "libcudart.so.12", "True", "2", "1"], out.stdout
