@@ -5,7 +5,7 @@ The library is found in this process when it was preloaded (`tensormalloc python
 LD_PRELOAD) and then counts every large malloc. Without the preload, `import tensormalloc` loads
 nothing (`loaded()` is False, `stats()` all zeros) until `load()`, or `tensormalloc.numpy` /
 `.torch` / `.cupy` / `.numba`'s `enable()`, which load it by path (`library_path()`): it then
-counts only what those hooks hand it. TENSORMALLOC_LIB names a library to load at import.
+counts only what those hooks hand it. TENSORMALLOC_LIB names a library to load on first use.
 
     import tensormalloc
     with tensormalloc.scope("epoch") as s:
