@@ -15,6 +15,12 @@ def _make_finalizer(free, ptr, size, device):
     return finalize
 
 
+def _nv_binding(driver):
+    """Whether Numba talks to the driver through NVIDIA's cuda-python binding (pointers are
+    CUdeviceptr) or its own ctypes one (c_uint64). Newer numba-cuda has only the former."""
+    return getattr(driver, "USE_NV_BINDING", hasattr(driver, "binding"))
+
+
 def manager_class():
     """The EMM plugin class (built on first use: this module imports without Numba)."""
     global _manager
@@ -36,13 +42,13 @@ def manager_class():
             ptr = self._lib.tm_cuda_alloc(size, device, None) if size else 0
             if size and not ptr:
                 raise driver.CudaAPIError(2, f"tensormalloc: out of device memory for {size} bytes")  # CUDA_ERROR_OUT_OF_MEMORY
-            handle = driver.binding.CUdeviceptr(ptr) if getattr(driver, "USE_NV_BINDING", False) else ctypes.c_uint64(ptr)
+            handle = driver.binding.CUdeviceptr(ptr) if _nv_binding(driver) else ctypes.c_uint64(ptr)
             finalizer = _make_finalizer(self._lib.tm_cuda_free, ptr, size, device) if ptr else None
             return driver.MemoryPointer(self.context, handle, size, finalizer=finalizer)
 
         def get_memory_info(self):
             # As Numba's own manager: the driver's figures (which count our cached blocks as used).
-            if getattr(driver, "USE_NV_BINDING", False):
+            if _nv_binding(driver):
                 free, total = driver.driver.cuMemGetInfo()
             else:
                 free, total = ctypes.c_size_t(), ctypes.c_size_t()
