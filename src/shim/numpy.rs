@@ -76,7 +76,7 @@ fn advise_hugepages(p: *mut c_void, size: usize) {
     let off = 4096 - (p as usize) % 4096;
     // SAFETY: [p + off, p + size) lies inside the block just handed out; MADV_HUGEPAGE changes
     // no contents, and its failure (an old kernel, THP off) is harmless and ignored, as numpy does.
-    unsafe { libc::madvise(p.cast::<u8>().add(off).cast(), size - off, libc::MADV_HUGEPAGE) };
+    unsafe { libc::madvise(p.cast::<u8>().add(off).cast(), size.saturating_sub(off), libc::MADV_HUGEPAGE) };
 }
 
 /// numpy's `malloc`: the malloc shim's route.
