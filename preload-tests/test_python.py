@@ -1,5 +1,7 @@
-"""The Python module (python/tensormalloc.py) over the preloaded library: stats, trim, enable,
-scopes with figures that match a known allocation pattern; and its struct matches the header."""
+"""The Python module from the source tree (PYTHONPATH=python) over the preloaded library: stats,
+trim, enable, scopes with figures that match a known allocation pattern; its struct matches the
+header; inert without the library; the numpy handler over the release build without the preload.
+The installed package: test_package.py."""
 import re
 
 from conftest import ROOT, ok, run
@@ -50,6 +52,48 @@ print(s["host_requests"] > 0, tensormalloc.trim() >= 0, tensormalloc.set_enabled
 
 
 def test_module_is_inert_without_the_library():
-    code = "import tensormalloc; print(tensormalloc.loaded(), tensormalloc.stats(), tensormalloc.trim())"
+    code = ("import tensormalloc; s = tensormalloc.stats(); "
+            "print(tensormalloc.loaded(), tensormalloc.loaded_by(), len(s), sum(s.values()), s['host_hits'], tensormalloc.trim())")
     out = ok(run([PY, "-c", code], preload=False, env=ENV))
-    assert out.stdout.strip() == "False {} 0"
+    assert out.stdout.split() == ["False", "None", str(len(tensormalloc_fields())), "0", "0", "0"]
+
+
+def tensormalloc_fields():
+    header = (ROOT / "include" / "tensormalloc.h").read_text()
+    body = header[header.index("typedef struct tm_stats_t"):header.index("} tm_stats_t;")]
+    return [f for f in re.findall(r"^\s+(?:size_t|uint32_t|uint64_t)\s+(\w+);", body, re.M) if f != "size"]
+
+
+def test_numpy_handler_from_the_source_tree():
+    """PYTHONPATH=python and the release build, no preload: the handler serves from the cache."""
+    code = r"""
+import numpy as np, tensormalloc, tensormalloc.numpy as tn
+with tn.handler():
+    for _ in range(5):
+        a = np.ones(4_000_000)
+        del a
+s = tensormalloc.stats()
+print(tensormalloc.loaded_by(), tn.handler_name(), s["host_requests"], s["host_hits"])
+"""
+    out = ok(run([PY, "-c", code], preload=False, env=ENV))
+    assert out.stdout.split() == ["path", "default_allocator", "5", "4"], out.stdout
+
+
+def test_device_pool_without_preload_binds_the_runtime_loaded_for_numba():
+    """What tensormalloc.numba does before Numba's first allocation, against the stand-in
+    runtime: load a libcudart (by soname here), then tm_cuda_alloc/free reach one pool."""
+    from test_cuda import fake_runtime
+    code = r"""
+import tensormalloc
+from tensormalloc import _cuda
+assert _cuda.loaded_runtime() is None
+name = _cuda.ensure_runtime()
+lib = _cuda.library()
+p = lib.tm_cuda_alloc(1 << 20, 0, None)
+lib.tm_cuda_free(p, 1 << 20, 0, None)
+q = lib.tm_cuda_alloc(1 << 20, 0, None)
+s = tensormalloc.stats()
+print(name, _cuda.loaded_runtime(), p == q, s["cuda_requests"], s["cuda_hits"])
+"""
+    out = ok(run([PY, "-c", code], preload=False, env={**ENV, "LD_LIBRARY_PATH": str(fake_runtime())}))
+    assert out.stdout.split() == ["libcudart.so.12", "libcudart.so.12", "True", "2", "1"], out.stdout

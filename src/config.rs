@@ -251,6 +251,13 @@ pub static OPTIONS: &[OptionSpec] = &[
             choose(v, choices, "not one of free, reuse").map(|s| c.cuda_sync = s)
         },
     },
+    // Read by the tools, not by the library: listed so that setting it draws no warning.
+    OptionSpec {
+        name: "TENSORMALLOC_LIB",
+        default: "auto",
+        doc: "PATH of the libtensormalloc.so that the tensormalloc command, scripts/tensormalloc and the Python package load (auto: the package's own, else target/release); the library ignores it",
+        apply: |_, _| Ok(()),
+    },
 ];
 
 /// What was wrong with one variable; `Display` gives the one warning line.
@@ -464,6 +471,14 @@ mod tests {
     fn unknown_names_are_reported() {
         let mut c = Config::default();
         assert!(matches!(c.apply(b"TENSORMALLOC_THRESHOLDD", b"1"), Err(ConfigError::Unknown { .. })));
+    }
+
+    /// The tools' variable is known (no warning) and changes nothing.
+    #[test]
+    fn tools_variable_is_known_and_ignored() {
+        let mut c = Config::default();
+        c.apply(b"TENSORMALLOC_LIB", b"/opt/x/libtensormalloc.so").unwrap();
+        assert_eq!(c, Config::default());
     }
 
     /// Property: no byte string makes apply panic, and a failed apply changes nothing.

@@ -1,5 +1,6 @@
 //! The exported C symbols, only in the real library: `cargo test` and the `no-interpose`
-//! feature build none of them, so test harnesses never interpose on themselves.
+//! feature build none of them, so test harnesses never interpose on themselves. `numpy` (the
+//! NEP 49 handler) and `api` interpose on nothing and are always built.
 
 #[cfg(not(any(test, feature = "no-interpose")))]
 mod cuda;
@@ -12,3 +13,4 @@ mod fast_paths;
 #[cfg(not(any(test, feature = "no-interpose")))]
 mod malloc;
 mod api;
+mod numpy;

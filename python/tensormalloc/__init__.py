@@ -1,0 +1,224 @@
+"""tensormalloc from Python: read the stats, trim the cache, switch caching off and on, and
+account for what a block of code allocates; ctypes over the C API (include/tensormalloc.h).
+
+The library is found in this process when it was preloaded (`tensormalloc python ...`,
+LD_PRELOAD) and then counts every large malloc. Without the preload, `import tensormalloc` loads
+nothing (`loaded()` is False, `stats()` all zeros) until `load()`, or `tensormalloc.numpy` /
+`.torch` / `.cupy` / `.numba`'s `enable()`, which load it by path (`library_path()`): it then
+counts only what those hooks hand it. TENSORMALLOC_LIB names a library to load on first use.
+
+    import tensormalloc
+    with tensormalloc.scope("epoch") as s:
+        train_one_epoch()
+    print(s.peak_bytes, s.live_bytes)      # large host blocks and CUDA blocks only
+    print(tensormalloc.stats()["host_hits"])
+    tensormalloc.trim()
+"""
+import ctypes
+import os
+import warnings
+from pathlib import Path
+
+__all__ = ["library_path", "load", "loaded", "loaded_by", "loaded_path", "version", "stats", "trim",
+           "set_enabled", "scope", "ScopeResult"]
+
+_u64 = ctypes.c_uint64
+_HERE = Path(__file__).resolve().parent
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("version", ctypes.c_uint32), ("enabled", ctypes.c_uint32)] + [
+        (name, _u64) for name in (
+            "threshold_bytes", "host_requests", "host_hits", "host_misses", "host_grows", "host_hit_bytes",
+            "host_frees", "host_live_bytes", "host_peak_live_bytes", "host_cached_bytes",
+            "host_peak_cached_bytes", "host_cached_blocks", "host_released_blocks", "host_released_bytes",
+            "host_unmapped_blocks", "host_unmapped_bytes", "host_map_failures",
+            "cuda_requests", "cuda_hits", "cuda_segments_mapped", "cuda_segments_released",
+            "cuda_oom_retries", "cuda_oom_failures", "cuda_reserved_bytes", "cuda_peak_reserved_bytes",
+            "cuda_live_bytes", "cuda_peak_live_bytes", "pinned_requests", "pinned_hits",
+            "pinned_cached_bytes", "pinned_peak_cached_bytes")]
+
+
+class _Scope(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 48), ("depth", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+                ("allocations", _u64), ("frees", _u64), ("allocated_bytes", _u64), ("freed_bytes", _u64),
+                ("peak_bytes", _u64), ("live_bytes", ctypes.c_int64)]
+
+
+def library_path():
+    """The libtensormalloc.so to preload or load: TENSORMALLOC_LIB, else the one this package
+    ships, else the release build of the source tree this module sits in."""
+    env = os.environ.get("TENSORMALLOC_LIB")
+    if env:
+        if not os.path.isfile(env):
+            raise FileNotFoundError(f"TENSORMALLOC_LIB={env} is not a file")
+        return os.path.abspath(env)
+    for candidate in (_HERE / "libtensormalloc.so", _HERE.parent.parent / "target" / "release" / "libtensormalloc.so"):
+        if candidate.is_file():
+            return str(candidate)
+    raise FileNotFoundError("libtensormalloc.so not found: `pip install` this package, build the source tree with "
+                            "`cargo build --release`, or set TENSORMALLOC_LIB to its path")
+
+
+def _bind(lib):
+    lib.tm_get_stats.argtypes = [ctypes.POINTER(_Stats)]
+    lib.tm_trim.restype = ctypes.c_size_t
+    lib.tm_version.restype = ctypes.c_char_p
+    lib.tm_scope_begin.argtypes = [ctypes.c_char_p]
+    lib.tm_scope_end.argtypes = [ctypes.POINTER(_Scope)]
+    lib.tm_scope_current.argtypes = [ctypes.POINTER(_Scope)]
+    return lib
+
+
+def _from_process():
+    """The copy already in the process (preloaded or linked), if any."""
+    try:
+        lib = ctypes.CDLL(None)
+        lib.tm_get_stats  # noqa: B018 - raises AttributeError when absent
+    except (OSError, AttributeError):
+        return None
+    return _bind(lib)
+
+
+_lib = None
+_loaded_by = None
+_resolved = False
+
+
+def _get():
+    """Finds the library on first use, not at import: the launcher imports this package too, and
+    must not load a copy into itself (or start its trace) before it execs the command."""
+    global _lib, _loaded_by, _resolved
+    if not _resolved:
+        _resolved = True
+        _lib = _from_process()
+        _loaded_by = "preload" if _lib is not None else None
+        if _lib is None and os.environ.get("TENSORMALLOC_LIB"):
+            try:
+                _lib = _bind(ctypes.CDLL(library_path()))
+                _loaded_by = "path"
+            except (OSError, AttributeError) as e:
+                warnings.warn(f"tensormalloc: TENSORMALLOC_LIB could not be loaded ({e}); the module is inert",
+                              stacklevel=3)
+    return _lib
+
+
+def load():
+    """The library in this process: the preloaded copy, else `library_path()` loaded now (by
+    path, without LD_PRELOAD: it then serves only what tensormalloc's hooks hand it). Returns the
+    ctypes handle; raises FileNotFoundError or OSError when there is none to load."""
+    global _lib, _loaded_by
+    if _get() is None:
+        _lib = _bind(ctypes.CDLL(library_path()))
+        _loaded_by = "path"
+    return _lib
+
+
+def loaded():
+    """True when the library is in this process."""
+    return _get() is not None
+
+
+def loaded_by():
+    """"preload" (LD_PRELOAD or linked: every large malloc is ours), "path" (loaded by path
+    without the preload: only what tensormalloc's numpy/torch/cupy/numba hooks hand it), or None."""
+    _get()
+    return _loaded_by
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def loaded_path():
+    """The file of the copy in this process (what PyTorch's pluggable allocator must open so
+    that it shares our pool rather than load a second copy), or None."""
+    lib = _get()
+    if lib is None:
+        return None
+    info = _DlInfo()
+    dladdr = ctypes.CDLL(None).dladdr
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    if not dladdr(ctypes.cast(lib.tm_get_stats, ctypes.c_void_p), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return os.path.realpath(os.fsdecode(info.dli_fname))
+
+
+def version():
+    lib = _get()
+    return lib.tm_version().decode() if lib else None
+
+
+STATS_FIELDS = tuple(name for name, _ in _Stats._fields_ if name != "size")
+_warned_path_zeros = False
+
+
+def stats():
+    """Every counter of tm_stats_t as a dict; the same keys, all zero, when the library is not
+    loaded (see `loaded()`)."""
+    lib = _get()
+    if not lib:
+        return dict.fromkeys(STATS_FIELDS, 0)
+    s = _Stats(size=ctypes.sizeof(_Stats))
+    lib.tm_get_stats(ctypes.byref(s))
+    out = {name: getattr(s, name) for name in STATS_FIELDS}
+    global _warned_path_zeros
+    if _loaded_by == "path" and out["host_requests"] == 0 and out["cuda_requests"] == 0 and not _warned_path_zeros:
+        _warned_path_zeros = True
+        warnings.warn("tensormalloc was loaded by path, without LD_PRELOAD: its figures count only what "
+                      "tensormalloc.numpy.enable() (or .torch/.cupy/.numba) hands it, and nothing has been yet; "
+                      "run under `tensormalloc python ...` to count every large allocation", stacklevel=2)
+    return out
+
+
+def trim():
+    """Gives every cached block back now; returns the bytes released."""
+    lib = _get()
+    return lib.tm_trim() if lib else 0
+
+
+def set_enabled(on):
+    """Turns caching on or off; returns the previous setting."""
+    lib = _get()
+    return bool(lib.tm_set_enabled(1 if on else 0)) if lib else False
+
+
+class ScopeResult:
+    """What a scope saw: allocations, frees, allocated/freed/peak/live bytes."""
+
+    def __init__(self, name):
+        self.name = name
+        self.depth = self.allocations = self.frees = 0
+        self.allocated_bytes = self.freed_bytes = self.peak_bytes = self.live_bytes = 0
+
+    def _fill(self, raw):
+        for field, _ in _Scope._fields_:
+            if field not in ("name", "reserved"):
+                setattr(self, field, getattr(raw, field))
+
+    def __repr__(self):
+        return (f"ScopeResult({self.name!r}, allocated={self.allocated_bytes}, freed={self.freed_bytes}, "
+                f"peak={self.peak_bytes}, live={self.live_bytes})")
+
+
+class scope:
+    """`with tensormalloc.scope("name") as s:` counts this thread's large and CUDA allocations."""
+
+    def __init__(self, name):
+        self.result = ScopeResult(name)
+        self._lib = None
+
+    def __enter__(self):
+        self._lib = _get()  # the copy that opened the scope closes it, even if load() runs inside
+        if self._lib is not None:
+            if self._lib.tm_scope_begin(self.result.name.encode()[:47]) < 0:
+                raise RuntimeError("tensormalloc: at most 16 nested scopes")
+        return self.result
+
+    def __exit__(self, *exc):
+        if self._lib is not None:
+            raw = _Scope()
+            self._lib.tm_scope_end(ctypes.byref(raw))
+            self.result._fill(raw)
+        return False
