@@ -194,18 +194,6 @@ except ImportError as e:
     assert f"tensormalloc.{module}.enable() needs {needs}" in out.stdout, out
 
 
-def test_numba_runtime_is_loaded_or_its_absence_explained(pkg):
-    code = r"""
-from tensormalloc import _cuda
-try:
-    print("loaded", _cuda.ensure_runtime())
-except RuntimeError as e:
-    print("error", e)
-"""
-    out = ok(py(pkg, code)).stdout
-    assert out.startswith("loaded libcudart") or ("no CUDA runtime (libcudart)" in out and "nvidia-cuda-runtime" in out), out
-
-
 def test_c_install_found_with_pkg_config(tmp_path):
     prefix = tmp_path / "prefix"
     ok(sh([ROOT / "scripts" / "install", "--prefix", prefix], timeout=600))

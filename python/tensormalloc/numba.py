@@ -1,7 +1,10 @@
 """Numba over tensormalloc's device pool, as an External Memory Management plugin:
 `tensormalloc.numba.enable()` (before the first CUDA context is made), or
 NUMBA_CUDA_MEMORY_MANAGER=tensormalloc.numba in the environment. Numba calls the driver API
-only, so a CUDA runtime is loaded for the pool first (tensormalloc._cuda.ensure_runtime)."""
+only, which is what the pool runs over. IPC handles: Numba sends the allocation's base and the
+block's offset (cuMemGetAddressRange); under the preload that query answers with the block, so a
+block sharing a pooled segment cannot be exported (README, "What the pool does with the calls
+around it")."""
 import ctypes
 
 from tensormalloc import _cuda
@@ -34,7 +37,6 @@ def manager_class():
         host memory as Numba's own HostOnlyCUDAMemoryManager does."""
 
         def initialize(self):
-            _cuda.ensure_runtime()
             self._lib = _cuda.library()
 
         def memalloc(self, size):
@@ -66,9 +68,8 @@ def manager_class():
 
 def enable():
     """Makes tensormalloc's pool Numba's device memory manager. Raises ImportError without
-    Numba, RuntimeError when no CUDA runtime can be loaded for the pool."""
+    Numba."""
     numba_cuda = _cuda.require("numba.cuda", "numba")
-    _cuda.ensure_runtime()
     numba_cuda.set_memory_manager(manager_class())
 
 
