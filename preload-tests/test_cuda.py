@@ -54,11 +54,11 @@ def test_stats_report_lists_device_pools_and_timings(tmp_path):
     assert "cuda device 0:" in out.stderr and "cuda device 1:" in out.stderr
     rows = {line.split()[0]: line.split() for line in out.stderr.splitlines() if line.startswith(" cuda")}
     assert int(rows["cudaMalloc"][1]) > 0 and int(rows["cudaFree"][1]) > 0, out.stderr
-    assert "synchronize (free, reuse)" in out.stderr and "runtime cudaMalloc" in out.stderr
+    assert "synchronize (free, reuse)" in out.stderr and "driver cuMemAlloc (segment)" in out.stderr
     path = tmp_path / "stats.json"
     ok(run([cuda_program(), "two-devices", "expect-pool"], env={"TENSORMALLOC_STATS": f"json:{path}"}))
     phases = {p["name"]: p for p in json.loads(path.read_text())["phases"]}
-    assert phases["cudaMalloc"]["calls"] > 0 and phases["runtime cudaMalloc"]["depth"] == 1
+    assert phases["cudaMalloc / cuMemAlloc"]["calls"] > 0 and phases["driver cuMemAlloc (segment)"]["depth"] == 1
     assert phases["synchronize (free, reuse)"]["calls"] > 0, phases
 
 

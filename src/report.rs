@@ -163,11 +163,11 @@ fn phase_rows() -> [PhaseRow<'static>; 15] {
         (0, "large realloc", &p.realloc),
         (0, "idle release (MADV_FREE)", &p.release),
         (0, "idle expiry (munmap)", &p.expire),
-        (0, "cudaMalloc", &d.malloc),
-        (1, "runtime cudaMalloc", &d.malloc_runtime),
-        (0, "cudaFree", &d.free),
+        (0, "cudaMalloc / cuMemAlloc", &d.malloc),
+        (1, "driver cuMemAlloc (segment)", &d.malloc_runtime),
+        (0, "cudaFree / cuMemFree", &d.free),
         (1, "synchronize (free, reuse)", &d.sync),
-        (1, "runtime cudaFree (give back)", &d.free_runtime),
+        (1, "driver cuMemFree (give back)", &d.free_runtime),
     ]
 }
 
