@@ -2,7 +2,7 @@
 //! exit, grouped by size, biggest total first, with counts, bytes in bytes and human units, and
 //! the age of the oldest block in each group. Fixed-size tables: no allocation at exit.
 
-use crate::report::{Bytes, Nanos};
+use crate::units::{pad, Bytes, Nanos};
 use core::fmt::{self, Write};
 
 const GROUPS: usize = 32;
@@ -74,9 +74,9 @@ impl LeakGroups {
                 "  {:>8} {:>16} {:>12} {:>16} {:>12}  {}",
                 g.count,
                 g.size,
-                crate::report::pad(Bytes(g.size)),
+                pad(Bytes(g.size)),
                 all,
-                crate::report::pad(Bytes(all)),
+                pad(Bytes(all)),
                 Nanos(now_ns.saturating_sub(g.oldest_born_ns))
             )?;
         }

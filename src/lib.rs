@@ -21,6 +21,7 @@ pub mod sim;
 pub mod stats;
 pub mod sys;
 pub mod trace;
+pub mod units;
 
 mod shim;
 
@@ -114,11 +115,32 @@ fn read_config() -> Config {
 /// Runs at load (before main): resolves everything and installs the fork handlers.
 extern "C" fn on_load() {
     if let Some(g) = globals() {
-        sys::lock::install_fork_handlers();
+        install_fork_handlers();
         if !g.config.trace_path().is_empty() && trace::start(g.config.trace_path()) {
             sys::reaper::start_now();
         }
     }
+}
+
+#[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]
+/// Holds the host cache lock across fork(), so the child never inherits it mid-update from a
+/// thread that does not exist there; the child also restarts its reaper on demand.
+fn install_fork_handlers() {
+    extern "C" fn prepare() {
+        crate::HOST.lock_for_fork();
+    }
+    extern "C" fn parent() {
+        // SAFETY: prepare took the lock on this thread.
+        unsafe { crate::HOST.unlock_after_fork() };
+    }
+    extern "C" fn child() {
+        // SAFETY: the child is a copy of the thread that ran prepare.
+        unsafe { crate::HOST.unlock_after_fork() };
+        sys::reaper::after_fork_in_child();
+        crate::trace::stop_in_child();
+    }
+    // SAFETY: registers three functions with static lifetime.
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
 }
 
 #[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]
@@ -127,6 +149,9 @@ extern "C" fn on_unload() {
     if let Some(g) = globals() {
         trace::flush();
         report::at_exit(&g.config);
+        if g.config.leaks {
+            leaks::report_at_exit();
+        }
     }
 }
 

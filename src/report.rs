@@ -5,6 +5,7 @@
 use crate::config::{Config, StatsOutput};
 use crate::stats::PhaseTimer;
 use crate::sys::stderr::StackWriter;
+use crate::units::{Bytes, Nanos};
 use crate::{DEVICE, HOST};
 use core::fmt::{self, Write};
 
@@ -93,45 +94,6 @@ impl Snapshot {
         });
         (snap.pinned_requests, snap.pinned_hits, snap.pinned_cached_bytes, snap.pinned_peak_cached_bytes) = DEVICE.pinned_figures();
         snap
-    }
-}
-
-/// Bytes in binary units: "80.0 MiB".
-pub struct Bytes(pub u64);
-
-impl fmt::Display for Bytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-        let mut v = self.0 as f64;
-        let mut unit = 0;
-        while v >= 1024.0 && unit + 1 < UNITS.len() {
-            v /= 1024.0;
-            unit += 1;
-        }
-        let name = UNITS.get(unit).copied().unwrap_or("B");
-        if unit == 0 {
-            write!(f, "{} B", self.0)
-        } else {
-            write!(f, "{v:.1} {name}")
-        }
-    }
-}
-
-/// A duration in the unit that keeps three significant digits: "850ns", "12.3us", "1.20s".
-pub struct Nanos(pub u64);
-
-impl fmt::Display for Nanos {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ns = self.0 as f64;
-        if ns < 1e3 {
-            write!(f, "{}ns", self.0)
-        } else if ns < 1e6 {
-            write!(f, "{:.1}us", ns / 1e3)
-        } else if ns < 1e9 {
-            write!(f, "{:.1}ms", ns / 1e6)
-        } else {
-            write!(f, "{:.2}s", ns / 1e9)
-        }
     }
 }
 
@@ -259,9 +221,9 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
             "",
             name,
             calls,
-            Nanos(ns).to_stack(),
+            crate::units::pad(Nanos(ns)),
             percent(ns, total),
-            Nanos(avg).to_stack(),
+            crate::units::pad(Nanos(avg)),
             indent = indent * 2,
             pad = pad
         )?;
@@ -324,40 +286,6 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     w.write_str("]}\n")
 }
 
-/// A `Display` rendered into a small stack string, so width and alignment apply to it whole.
-pub struct StackStr {
-    buf: [u8; 32],
-    len: usize,
-}
-
-impl fmt::Display for StackStr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(core::str::from_utf8(self.buf.get(..self.len).unwrap_or(&[])).unwrap_or(""))
-    }
-}
-
-trait ToStack {
-    fn to_stack(&self) -> StackStr;
-}
-
-impl<T: fmt::Display> ToStack for T {
-    fn to_stack(&self) -> StackStr {
-        let mut w = StackWriter::<32>::new();
-        let _ = write!(w, "{self}");
-        let bytes = w.as_bytes();
-        let mut out = StackStr { buf: [0; 32], len: bytes.len() };
-        if let Some(dst) = out.buf.get_mut(..bytes.len()) {
-            dst.copy_from_slice(bytes);
-        }
-        out
-    }
-}
-
-/// A `Display` rendered on the stack so width and alignment apply to it whole.
-pub fn pad<T: fmt::Display>(value: T) -> StackStr {
-    value.to_stack()
-}
-
 /// Writes the report where the configuration says, whatever `stats` is set to (tm_print_stats).
 pub fn write_report(config: &Config) {
     let snap = Snapshot::take();
@@ -371,12 +299,10 @@ pub fn write_report(config: &Config) {
     }
 }
 
+/// The report at exit, when asked for.
 pub fn at_exit(config: &Config) {
     if config.stats != StatsOutput::Off {
         write_report(config);
-    }
-    if config.leaks {
-        crate::leaks::report_at_exit();
     }
 }
 
@@ -398,15 +324,6 @@ fn write_to_path(path: &[u8], bytes: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn units() {
-        assert_eq!(Bytes(512).to_string(), "512 B");
-        assert_eq!(Bytes(80 << 20).to_string(), "80.0 MiB");
-        assert_eq!(Nanos(850).to_string(), "850ns");
-        assert_eq!(Nanos(12_300).to_string(), "12.3us");
-        assert_eq!(Nanos(1_200_000_000).to_string(), "1.20s");
-    }
 
     #[test]
     fn text_report_has_the_phase_table() {

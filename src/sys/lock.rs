@@ -1,6 +1,6 @@
 //! A spin lock that never allocates and never calls into the malloc family, so it may be taken
 //! on every allocation path. Critical sections are short (a few array scans): spin briefly,
-//! then yield the CPU. Fork safety comes from holding it across fork (see `fork_guard`).
+//! then yield the CPU. Fork safety comes from holding it across fork (lib.rs installs the handlers).
 
 use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};
@@ -106,24 +106,4 @@ mod tests {
         }
         assert_eq!(*lock.lock(), 4 * rounds as u64);
     }
-}
-
-/// Holds the host cache lock across fork(), so the child never inherits it mid-update from a
-/// thread that does not exist there; the child also restarts its reaper on demand.
-pub fn install_fork_handlers() {
-    extern "C" fn prepare() {
-        crate::HOST.lock_for_fork();
-    }
-    extern "C" fn parent() {
-        // SAFETY: prepare took the lock on this thread.
-        unsafe { crate::HOST.unlock_after_fork() };
-    }
-    extern "C" fn child() {
-        // SAFETY: the child is a copy of the thread that ran prepare.
-        unsafe { crate::HOST.unlock_after_fork() };
-        super::reaper::after_fork_in_child();
-        crate::trace::stop_in_child();
-    }
-    // SAFETY: registers three functions with static lifetime.
-    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
 }
