@@ -49,3 +49,13 @@ def ok(proc):
 @pytest.fixture(scope="session", autouse=True)
 def library_built():
     assert LIB.exists(), f"{LIB} missing: run cargo build --release first (scripts/test does)"
+
+
+def compile_cxx(name):
+    """Builds preload-tests/c/NAME.cc with g++ once per session; returns the binary's path."""
+    BUILD.mkdir(parents=True, exist_ok=True)
+    out = BUILD / name
+    src = C_DIR / f"{name}.cc"
+    if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
+        subprocess.run(["g++", "-std=c++17", "-O1", "-g", "-Wall", "-fno-allocation-dce", "-o", str(out), str(src), "-ldl"], check=True)
+    return str(out)

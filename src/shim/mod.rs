@@ -3,6 +3,8 @@
 
 #[cfg(not(any(test, feature = "no-interpose")))]
 mod cuda;
+#[cfg(not(any(test, feature = "no-interpose")))]
+mod cxx;
 #[cfg(all(target_arch = "x86_64", not(any(test, feature = "no-interpose"))))]
 mod fast_paths;
 #[cfg(not(any(test, feature = "no-interpose")))]

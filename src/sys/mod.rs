@@ -7,6 +7,7 @@ pub mod cuda;
 pub mod env;
 pub mod lock;
 pub mod next;
+pub mod next_cxx;
 pub mod os_pages;
 pub mod reaper;
 pub mod stderr;

@@ -1,0 +1,131 @@
+//! The next C++ `operator new`/`delete` of each form (jemalloc's, tcmalloc's or mimalloc's when
+//! preloaded after us, libstdc++'s otherwise), found lazily by mangled name. Each is resolved at
+//! most a few times (threads racing store the same answer), never to ourselves, and never under a
+//! lock of ours: dlsym may call malloc, which is us.
+
+use core::ffi::{c_void, CStr};
+use core::marker::PhantomData;
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+pub type NewFn = unsafe extern "C" fn(usize) -> *mut c_void;
+/// `operator new(size_t, const std::nothrow_t&)`; the tag is a pointer.
+pub type NewNothrowFn = unsafe extern "C" fn(usize, *const c_void) -> *mut c_void;
+/// `operator new(size_t, std::align_val_t)`; `align_val_t` is a `size_t` enum.
+pub type NewAlignedFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+pub type NewAlignedNothrowFn = unsafe extern "C" fn(usize, usize, *const c_void) -> *mut c_void;
+pub type DeleteFn = unsafe extern "C" fn(*mut c_void);
+/// Sized (`size_t`) or aligned (`align_val_t`) delete: both a pointer and a word.
+pub type DeleteWordFn = unsafe extern "C" fn(*mut c_void, usize);
+pub type DeleteNothrowFn = unsafe extern "C" fn(*mut c_void, *const c_void);
+pub type DeleteSizedAlignedFn = unsafe extern "C" fn(*mut c_void, usize, usize);
+pub type DeleteAlignedNothrowFn = unsafe extern "C" fn(*mut c_void, usize, *const c_void);
+
+const UNRESOLVED: usize = 0;
+/// Resolved, and there is no next definition (or only our own): the caller falls back to the
+/// malloc family.
+const MISSING: usize = 1;
+
+/// One operator of the next allocator. `addr` is the first field so the naked entry points in
+/// `shim::cxx` can load it at the static's own address.
+#[repr(C)]
+pub struct NextOp<F> {
+    addr: AtomicUsize,
+    name: &'static CStr,
+    _sig: PhantomData<F>,
+}
+
+// SAFETY: the only state is an atomic; F is a function pointer type used as a marker.
+unsafe impl<F> Sync for NextOp<F> {}
+
+impl<F: Copy> NextOp<F> {
+    const fn new(name: &'static CStr) -> Self {
+        NextOp { addr: AtomicUsize::new(UNRESOLVED), name, _sig: PhantomData }
+    }
+
+    /// The next operator once resolved, with one load: `None` when not resolved yet or missing.
+    #[inline(always)]
+    pub fn get(&self) -> Option<F> {
+        let a = self.addr.load(Ordering::Acquire);
+        if a > MISSING {
+            // SAFETY: only `resolve` stores a value above MISSING: the address of a function
+            // with this signature (F is the signature named beside the mangled name below).
+            Some(unsafe { core::mem::transmute_copy::<usize, F>(&a) })
+        } else {
+            None
+        }
+    }
+
+    /// Resolves (once; later calls read the stored answer): `None` when the process has no next
+    /// definition of this operator. Call only after init (dlsym may allocate).
+    #[cold]
+    #[inline(never)]
+    pub fn resolve(&self) -> Option<F> {
+        if self.addr.load(Ordering::Acquire) == UNRESOLVED {
+            // SAFETY: a C string constant; dlsym/dlopen/dladdr are safe to call after init.
+            let a = unsafe { find(self.name) };
+            self.addr.store(if a.is_null() || is_ours(a) { MISSING } else { a as usize }, Ordering::Release);
+        }
+        self.get()
+    }
+}
+
+/// RTLD_NEXT: jemalloc, tcmalloc or mimalloc when preloaded after us, else libstdc++. A C++
+/// runtime that a `dlopen(RTLD_LOCAL)` brought in (a Python extension's libstdc++) is outside the
+/// scope RTLD_NEXT searches: then the copy already loaded, by handle, never loading one.
+unsafe fn find(name: &CStr) -> *mut c_void {
+    let a = libc::dlsym(libc::RTLD_NEXT, name.as_ptr());
+    if !a.is_null() {
+        return a;
+    }
+    for lib in [c"libstdc++.so.6", c"libc++.so.1"] {
+        let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+        if !h.is_null() {
+            let a = libc::dlsym(h, name.as_ptr());
+            // The NOLOAD handle only counted a reference to a library that stays loaded.
+            libc::dlclose(h);
+            if !a.is_null() {
+                return a;
+            }
+        }
+    }
+    core::ptr::null_mut()
+}
+
+/// `a` lies in this library (a program linking us twice, or a loader quirk): calling it would
+/// loop.
+fn is_ours(a: *mut c_void) -> bool {
+    static ANCHOR: u8 = 0;
+    // SAFETY: dladdr only reads the loader's tables; both infos are plain out-parameters.
+    unsafe {
+        let mut mine: libc::Dl_info = core::mem::zeroed();
+        let mut theirs: libc::Dl_info = core::mem::zeroed();
+        libc::dladdr(core::ptr::addr_of!(ANCHOR).cast(), &mut mine) != 0
+            && libc::dladdr(a, &mut theirs) != 0
+            && mine.dli_fbase == theirs.dli_fbase
+    }
+}
+
+// The forms, by mangled name (checked with `nm -D --defined-only` against libstdc++.so.6,
+// libjemalloc.so.2, libtcmalloc_minimal.so.4 and libmimalloc.so.2; mimalloc lacks the nothrow
+// deletes, which then resolve to libstdc++'s, which call free).
+pub(crate) static NEW: NextOp<NewFn> = NextOp::new(c"_Znwm");
+pub(crate) static NEW_ARRAY: NextOp<NewFn> = NextOp::new(c"_Znam");
+pub(crate) static NEW_NOTHROW: NextOp<NewNothrowFn> = NextOp::new(c"_ZnwmRKSt9nothrow_t");
+pub(crate) static NEW_ARRAY_NOTHROW: NextOp<NewNothrowFn> = NextOp::new(c"_ZnamRKSt9nothrow_t");
+pub(crate) static NEW_ALIGNED: NextOp<NewAlignedFn> = NextOp::new(c"_ZnwmSt11align_val_t");
+pub(crate) static NEW_ARRAY_ALIGNED: NextOp<NewAlignedFn> = NextOp::new(c"_ZnamSt11align_val_t");
+pub(crate) static NEW_ALIGNED_NOTHROW: NextOp<NewAlignedNothrowFn> = NextOp::new(c"_ZnwmSt11align_val_tRKSt9nothrow_t");
+pub(crate) static NEW_ARRAY_ALIGNED_NOTHROW: NextOp<NewAlignedNothrowFn> = NextOp::new(c"_ZnamSt11align_val_tRKSt9nothrow_t");
+
+pub(crate) static DELETE: NextOp<DeleteFn> = NextOp::new(c"_ZdlPv");
+pub(crate) static DELETE_ARRAY: NextOp<DeleteFn> = NextOp::new(c"_ZdaPv");
+pub(crate) static DELETE_SIZED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdlPvm");
+pub(crate) static DELETE_ARRAY_SIZED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdaPvm");
+pub(crate) static DELETE_NOTHROW: NextOp<DeleteNothrowFn> = NextOp::new(c"_ZdlPvRKSt9nothrow_t");
+pub(crate) static DELETE_ARRAY_NOTHROW: NextOp<DeleteNothrowFn> = NextOp::new(c"_ZdaPvRKSt9nothrow_t");
+pub(crate) static DELETE_ALIGNED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdlPvSt11align_val_t");
+pub(crate) static DELETE_ARRAY_ALIGNED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdaPvSt11align_val_t");
+pub(crate) static DELETE_SIZED_ALIGNED: NextOp<DeleteSizedAlignedFn> = NextOp::new(c"_ZdlPvmSt11align_val_t");
+pub(crate) static DELETE_ARRAY_SIZED_ALIGNED: NextOp<DeleteSizedAlignedFn> = NextOp::new(c"_ZdaPvmSt11align_val_t");
+pub(crate) static DELETE_ALIGNED_NOTHROW: NextOp<DeleteAlignedNothrowFn> = NextOp::new(c"_ZdlPvSt11align_val_tRKSt9nothrow_t");
+pub(crate) static DELETE_ARRAY_ALIGNED_NOTHROW: NextOp<DeleteAlignedNothrowFn> = NextOp::new(c"_ZdaPvSt11align_val_tRKSt9nothrow_t");
