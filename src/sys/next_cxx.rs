@@ -129,3 +129,28 @@ pub(crate) static DELETE_SIZED_ALIGNED: NextOp<DeleteSizedAlignedFn> = NextOp::n
 pub(crate) static DELETE_ARRAY_SIZED_ALIGNED: NextOp<DeleteSizedAlignedFn> = NextOp::new(c"_ZdaPvmSt11align_val_t");
 pub(crate) static DELETE_ALIGNED_NOTHROW: NextOp<DeleteAlignedNothrowFn> = NextOp::new(c"_ZdlPvSt11align_val_tRKSt9nothrow_t");
 pub(crate) static DELETE_ARRAY_ALIGNED_NOTHROW: NextOp<DeleteAlignedNothrowFn> = NextOp::new(c"_ZdaPvSt11align_val_tRKSt9nothrow_t");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_no_library_defines_resolves_to_missing_once() {
+        static NOWHERE: NextOp<NewFn> = NextOp::new(c"_Znwm_tensormalloc_test_nowhere");
+        assert!(NOWHERE.get().is_none());
+        assert!(NOWHERE.resolve().is_none());
+        assert_eq!(NOWHERE.addr.load(Ordering::Relaxed), MISSING, "remembered, not looked up again");
+    }
+
+    #[test]
+    fn the_next_definition_is_found_and_is_not_ours() {
+        // The test binary defines no malloc: RTLD_NEXT finds libc's.
+        static MALLOC: NextOp<NewFn> = NextOp::new(c"malloc");
+        let f = MALLOC.resolve().expect("libc's malloc");
+        assert!(!is_ours(f as *mut c_void));
+        assert!(MALLOC.get().is_some());
+        // SAFETY: malloc and free with their C signatures.
+        unsafe { libc::free(f(64)) };
+        assert!(is_ours(is_ours as *mut c_void), "our own code is recognized, so it is never called as next");
+    }
+}
