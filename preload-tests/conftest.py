@@ -51,11 +51,14 @@ def library_built():
     assert LIB.exists(), f"{LIB} missing: run cargo build --release first (scripts/test does)"
 
 
-def compile_cxx(name):
-    """Builds preload-tests/c/NAME.cc with g++ once per session; returns the binary's path."""
+def compile_cxx(name, shared=False):
+    """Builds preload-tests/c/NAME.cc with g++ once per session (a shared library NAME.so when
+    asked); returns its path."""
     BUILD.mkdir(parents=True, exist_ok=True)
-    out = BUILD / name
+    out = BUILD / (f"{name}.so" if shared else name)
     src = C_DIR / f"{name}.cc"
     if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
-        subprocess.run(["g++", "-std=c++17", "-O1", "-g", "-Wall", "-fno-allocation-dce", "-o", str(out), str(src), "-ldl"], check=True)
+        kind = ["-shared", "-fPIC"] if shared else []
+        cmd = ["g++", "-std=c++17", "-O1", "-g", "-Wall", "-fno-allocation-dce", *kind, "-o", str(out), str(src), "-ldl"]
+        subprocess.run(cmd, check=True)
     return str(out)

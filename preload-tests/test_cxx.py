@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import LIB, compile_cxx, find_peer, ok, run
+from conftest import LIB, compile_c, compile_cxx, find_peer, ok, run
 
 PEERS = {
     "alone": None,
@@ -58,3 +58,14 @@ def test_disabled_passes_every_operator_through(tmp_path):
     assert json.loads(path.read_text())["host"]["requests"] == 0
     for mode in ("nothrow-fail", "throw-fail"):
         ok(run([compile_cxx("cxx_new"), mode], env={"TENSORMALLOC_DISABLE": "1"}))
+
+
+def test_cxx_library_loaded_with_rtld_local(tmp_path):
+    """Python loads extensions with RTLD_LOCAL: their libstdc++ is out of RTLD_NEXT's reach, and
+    the next operator is found as the copy already loaded (large news cached, bad_alloc thrown)."""
+    path = tmp_path / "stats.json"
+    exe = compile_c("cxx_local_main")
+    out = ok(run([exe, compile_cxx("cxx_local", shared=True)], env={"TENSORMALLOC_STATS": f"json:{path}"}))
+    assert "cxx local ok" in out.stdout
+    host = json.loads(path.read_text())["host"]
+    assert host["requests"] >= 20 and host["hits"] >= 19, host
