@@ -84,6 +84,13 @@ fn or_abort(p: *mut c_void, size: usize) -> *mut c_void {
 pub fn new_nothrow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void) -> *mut c_void {
     if size < small_below() {
         if let Some(f) = op.get() {
+            if op.is_plain() {
+                // Note [libstdc++ shortcut]: its operator sees only a NULL of the next malloc.
+                let p = malloc(size);
+                if !p.is_null() {
+                    return p;
+                }
+            }
             // SAFETY: the next allocator's own nothrow new, with the caller's arguments.
             return unsafe { f(size, tag) };
         }
@@ -151,6 +158,10 @@ fn new_aligned_nothrow_slow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align
 pub unsafe fn delete<F: Copy>(op: &NextOp<F>, p: *mut c_void, forward: impl FnOnce(F)) {
     if plainly_foreign(p) {
         if let Some(f) = op.get() {
+            if op.is_plain() {
+                // Note [libstdc++ shortcut]: its every delete is free (checked there when armed).
+                return unsafe { super::free(p) };
+            }
             if INTERIOR_CHECK.load(Relaxed) {
                 refuse_interior("free", p);
             }
@@ -176,8 +187,9 @@ unsafe fn delete_slow<F: Copy>(op: &NextOp<F>, p: *mut c_void, forward: impl FnO
         }
     }
     match op.resolve() {
-        Some(f) => forward(f),
-        // SAFETY: not ours: the next allocator's free, through free's own routing.
-        None => unsafe { super::free(p) },
+        Some(f) if !op.is_plain() => forward(f),
+        // SAFETY: not ours: the next allocator's free, through free's own routing (libstdc++'s
+        // operator, or none).
+        _ => unsafe { super::free(p) },
     }
 }

@@ -8,9 +8,10 @@ use crate::route::cxx as route;
 use crate::sys::next_cxx as next;
 use core::ffi::c_void;
 
-/// A throwing new: small (and resolved) -> tail-jump to the next operator; otherwise the slow
-/// path, which returns the block it served, or null and the operator to tail-jump to with the
-/// caller's registers (rdi = size, rsi = align) restored. rsp is 16-aligned at each call.
+/// A throwing new: small (and resolved) -> tail-jump to the next operator (libstdc++'s: the next
+/// malloc first); otherwise the slow path, which returns the block it served, or null and the
+/// operator to tail-jump to with the caller's registers (rdi = size, rsi = align) restored. rsp
+/// is 16-aligned at each call. The aligned forms always go to the next operator as they are.
 #[cfg(target_arch = "x86_64")]
 macro_rules! throwing_new {
     ($name:ident, $slot:path, $slow:path) => {
@@ -23,7 +24,21 @@ macro_rules! throwing_new {
                 "jbe 2f",
                 "cmp rdi, qword ptr [rip + {large_from}]",
                 "jae 2f",
+                "cmp byte ptr [rip + {slot} + {plain}], 0",
+                "jne 4f",
                 "jmp rax",
+                // libstdc++'s operator (Note [libstdc++ shortcut] in sys/next_cxx.rs): the next
+                // malloc, and only a NULL goes on to the operator, to retry, call the
+                // new_handler or throw.
+                "4:",
+                "push rdi",
+                "call qword ptr [rip + {next_malloc}]",
+                "pop rdi",
+                "test rax, rax",
+                "je 5f",
+                "ret",
+                "5:",
+                "jmp qword ptr [rip + {slot}]",
                 "2:",
                 "push rdi",
                 "call {slow}",
@@ -35,6 +50,8 @@ macro_rules! throwing_new {
                 "jmp rdx",
                 slot = sym $slot,
                 large_from = sym crate::route::LARGE_FROM,
+                next_malloc = sym crate::route::NEXT_MALLOC,
+                plain = const next::PLAIN_OFFSET,
                 slow = sym $slow,
             )
         }

@@ -5,7 +5,7 @@
 
 use core::ffi::{c_void, CStr};
 use core::marker::PhantomData;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 pub type NewFn = unsafe extern "C" fn(usize) -> *mut c_void;
 /// `operator new(size_t, const std::nothrow_t&)`; the tag is a pointer.
@@ -25,21 +25,28 @@ const UNRESOLVED: usize = 0;
 /// malloc family.
 const MISSING: usize = 1;
 
-/// One operator of the next allocator. `addr` is the first field so the naked entry points in
-/// `shim::cxx` can load it at the static's own address.
+/// One operator of the next allocator. `addr` is the first field (and `plain` at PLAIN_OFFSET)
+/// so the naked entry points in `shim::cxx` can load them at the static's address.
 #[repr(C)]
 pub struct NextOp<F> {
     addr: AtomicUsize,
+    /// The operator is libstdc++'s: new is the next malloc with a new_handler loop around a
+    /// NULL, every delete is the next free (Note [libstdc++ shortcut]). Set before `addr`.
+    plain: AtomicBool,
     name: &'static CStr,
     _sig: PhantomData<F>,
 }
 
-// SAFETY: the only state is an atomic; F is a function pointer type used as a marker.
+/// Where `plain` lies in every `NextOp`, for the naked entry points.
+pub const PLAIN_OFFSET: usize = core::mem::offset_of!(NextOp<NewFn>, plain);
+const _: () = assert!(core::mem::offset_of!(NextOp<NewFn>, addr) == 0);
+
+// SAFETY: the only state is atomics; F is a function pointer type used as a marker.
 unsafe impl<F> Sync for NextOp<F> {}
 
 impl<F: Copy> NextOp<F> {
     const fn new(name: &'static CStr) -> Self {
-        NextOp { addr: AtomicUsize::new(UNRESOLVED), name, _sig: PhantomData }
+        NextOp { addr: AtomicUsize::new(UNRESOLVED), plain: AtomicBool::new(false), name, _sig: PhantomData }
     }
 
     /// The next operator once resolved, with one load: `None` when not resolved yet or missing.
@@ -63,11 +70,31 @@ impl<F: Copy> NextOp<F> {
         if self.addr.load(Ordering::Acquire) == UNRESOLVED {
             // SAFETY: a C string constant; dlsym/dlopen/dladdr are safe to call after init.
             let a = unsafe { find(self.name) };
-            self.addr.store(if a.is_null() || is_ours(a) { MISSING } else { a as usize }, Ordering::Release);
+            let (found, ours, plain) = match library_of(a) {
+                Some(lib) => (true, lib.0 == own_library().0, is_libstdcxx(lib)),
+                None => (!a.is_null(), false, false),
+            };
+            self.plain.store(plain && found && !ours, Ordering::Relaxed);
+            self.addr.store(if !found || ours { MISSING } else { a as usize }, Ordering::Release);
         }
         self.get()
     }
+
+    /// The resolved operator is libstdc++'s (read after `get` returned it).
+    #[inline(always)]
+    pub fn is_plain(&self) -> bool {
+        self.plain.load(Ordering::Relaxed)
+    }
 }
+
+// Note [libstdc++ shortcut]
+// libstdc++'s operators are thin: `new` is `while (!(p = malloc(n))) { new_handler or throw }`,
+// `new[]` calls `new` and every `delete` form ends in `free`, each through the PLT, so through
+// us again. Alone under the preload a small `delete[]`+`new[]` pair crossed our entry points
+// four times (+30 instructions a pair over the preload without operator new, callgrind). When the
+// next operator is libstdc++'s, a small new calls the next malloc itself and hands only a NULL
+// to libstdc++'s operator (which retries, runs the new_handler, throws), and a delete is free:
+// the same outcome with one crossing. Other allocators' operators are always called as they are.
 
 /// RTLD_NEXT: jemalloc, tcmalloc or mimalloc when preloaded after us, else libstdc++. A C++
 /// runtime that a `dlopen(RTLD_LOCAL)` brought in (a Python extension's libstdc++) is outside the
@@ -91,18 +118,31 @@ unsafe fn find(name: &CStr) -> *mut c_void {
     core::ptr::null_mut()
 }
 
-/// `a` lies in this library (a program linking us twice, or a loader quirk): calling it would
-/// loop.
-fn is_ours(a: *mut c_void) -> bool {
-    static ANCHOR: u8 = 0;
-    // SAFETY: dladdr only reads the loader's tables; both infos are plain out-parameters.
-    unsafe {
-        let mut mine: libc::Dl_info = core::mem::zeroed();
-        let mut theirs: libc::Dl_info = core::mem::zeroed();
-        libc::dladdr(core::ptr::addr_of!(ANCHOR).cast(), &mut mine) != 0
-            && libc::dladdr(a, &mut theirs) != 0
-            && mine.dli_fbase == theirs.dli_fbase
+/// The object (base address and file name) that `a` lies in, if the loader knows it.
+fn library_of(a: *mut c_void) -> Option<(usize, &'static CStr)> {
+    if a.is_null() {
+        return None;
     }
+    // SAFETY: dladdr only reads the loader's tables into a plain out-parameter; the file name
+    // it points to lives as long as the object stays loaded, and ours never unload.
+    unsafe {
+        let mut info: libc::Dl_info = core::mem::zeroed();
+        if libc::dladdr(a, &mut info) == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        Some((info.dli_fbase as usize, CStr::from_ptr(info.dli_fname)))
+    }
+}
+
+/// This library: an operator found there (a program linking us twice, or a loader quirk)
+/// would loop.
+fn own_library() -> (usize, &'static CStr) {
+    static ANCHOR: u8 = 0;
+    library_of(core::ptr::addr_of!(ANCHOR) as *mut c_void).unwrap_or((0, c""))
+}
+
+fn is_libstdcxx((_, path): (usize, &'static CStr)) -> bool {
+    path.to_bytes().windows(b"libstdc++.so".len()).any(|w| w == b"libstdc++.so")
 }
 
 // The forms, by mangled name (checked with `nm -D --defined-only` against libstdc++.so.6,
@@ -147,10 +187,13 @@ mod tests {
         // The test binary defines no malloc: RTLD_NEXT finds libc's.
         static MALLOC: NextOp<NewFn> = NextOp::new(c"malloc");
         let f = MALLOC.resolve().expect("libc's malloc");
-        assert!(!is_ours(f as *mut c_void));
-        assert!(MALLOC.get().is_some());
+        assert_ne!(library_of(f as *mut c_void).unwrap().0, own_library().0);
+        assert!(MALLOC.get().is_some() && !MALLOC.is_plain(), "libc is not libstdc++");
         // SAFETY: malloc and free with their C signatures.
         unsafe { libc::free(f(64)) };
-        assert!(is_ours(is_ours as *mut c_void), "our own code is recognized, so it is never called as next");
+        let ours = library_of(own_library as *mut c_void).unwrap();
+        assert_eq!(ours.0, own_library().0, "our own code is recognized, so it is never called as next");
+        assert!(!is_libstdcxx(ours));
+        assert!(is_libstdcxx((0, c"/usr/lib/x86_64-linux-gnu/libstdc++.so.6")));
     }
 }
