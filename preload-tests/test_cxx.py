@@ -37,17 +37,19 @@ def test_impossible_nothrow_new_gives_nullptr(peer):
     assert "cxx nothrow-fail ok" in out.stdout
 
 
+@pytest.mark.parametrize("mode", ["throw-fail", "small-fail"])
 @pytest.mark.parametrize("peer", PEERS)
-def test_impossible_throwing_new_does_what_the_next_operator_does(peer):
-    """bad_alloc after the new_handler ran (libstdc++, jemalloc, tcmalloc); mimalloc 2.0 aborts
-    on its own too: the outcome must be the next allocator's, with or without us."""
+def test_failing_throwing_new_does_what_the_next_operator_does(peer, mode):
+    """An impossible size (large) or small news past RLIMIT_AS: the new_handler runs, then
+    bad_alloc (libstdc++, jemalloc, tcmalloc); mimalloc 2.0 aborts on its own too: the outcome
+    must be the next allocator's, with or without us."""
     exe = compile_cxx("cxx_new")
-    ours = run([exe, "throw-fail"], preload=preload(peer))
-    theirs = run([exe, "throw-fail"], preload=find_peer(PEERS[peer]) if PEERS[peer] else False)
+    ours = run([exe, mode], preload=preload(peer))
+    theirs = run([exe, mode], preload=find_peer(PEERS[peer]) if PEERS[peer] else False)
     assert ours.returncode == theirs.returncode, (ours, theirs)
     assert ours.stdout == theirs.stdout
     if peer != "mimalloc":
-        assert "cxx throw-fail ok" in ok(ours).stdout
+        assert f"cxx {mode} ok" in ok(ours).stdout
 
 
 def test_disabled_passes_every_operator_through(tmp_path):

@@ -2,13 +2,15 @@
  * exports its own operators. `servable` (default): large `new[]` churn, std::vector growth past
  * the threshold, aligned new, large nothrow new, small news, sized and nothrow deletes, every
  * block's contents checked (the test reads the hit rate from TENSORMALLOC_STATS=json).
- * `nothrow-fail`, `throw-fail`: impossible sizes, and the next operator's new_handler. */
+ * `nothrow-fail`, `throw-fail`: impossible sizes, and the next operator's new_handler;
+ * `small-fail`: small news past RLIMIT_AS. */
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
+#include <sys/resource.h>
 #include <map>
 #include <new>
 #include <string>
@@ -178,11 +180,45 @@ static void throw_fail() {
     CHECK(caught == 3 && handler_calls == 1);
 }
 
+/* Small news until the address space runs out (RLIMIT_AS): the next operator's own loop must see
+ * the failure, run the new_handler (which frees a reserve, so the retry succeeds) and, with no
+ * handler left, throw std::bad_alloc. */
+static char *reserve = nullptr;
+static void release_reserve() {
+    handler_calls++;
+    delete[] reserve;
+    reserve = nullptr;
+    std::set_new_handler(nullptr);
+}
+
+static void small_fail() {
+    std::vector<void *> keep;
+    keep.reserve(1 << 20);
+    reserve = new char[2 * MiB]; /* small path: glibc maps it, and unmaps it in the handler */
+    std::memset(reserve, 1, 2 * MiB);
+    long pages = 0;
+    FILE *f = std::fopen("/proc/self/statm", "r");
+    CHECK(f && std::fscanf(f, "%ld", &pages) == 1);
+    std::fclose(f);
+    struct rlimit rl = {std::size_t(pages) * 4096 + 64 * MiB, RLIM_INFINITY};
+    CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
+    std::set_new_handler(release_reserve);
+    bool caught = false;
+    try {
+        while (keep.size() < keep.capacity()) keep.push_back(::operator new(1000));
+    } catch (const std::bad_alloc &) {
+        caught = true;
+    }
+    CHECK(caught && handler_calls == 1 && keep.size() < keep.capacity());
+    for (void *p : keep) ::operator delete(p);
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "servable";
     if (!std::strcmp(mode, "servable")) servable();
     else if (!std::strcmp(mode, "nothrow-fail")) nothrow_fail();
     else if (!std::strcmp(mode, "throw-fail")) throw_fail();
+    else if (!std::strcmp(mode, "small-fail")) small_fail();
     else CHECK(!"unknown mode");
     std::printf("cxx %s ok\n", mode);
     return 0;
