@@ -4,7 +4,7 @@
 //! pointers back to us and forwards the rest to the matching next operator. No next operator: the
 //! malloc family's semantics, and a throwing new that fails aborts with one line.
 
-use super::{aligned, free_large, large, malloc, owner, plainly_foreign, refuse_interior, refuse_interior_slow, small_below, invalid_pointer};
+use super::{aligned, free_large, invalid_pointer, large, malloc, owner, plainly_foreign, refuse_interior, refuse_interior_slow, small_below};
 use super::{LARGE_FROM, MIN_ALIGN, PAGE};
 use crate::host::registry::Owner;
 use crate::sys::next::{bootstrap_alloc, is_bootstrap};
