@@ -49,3 +49,16 @@ def ok(proc):
 @pytest.fixture(scope="session", autouse=True)
 def library_built():
     assert LIB.exists(), f"{LIB} missing: run cargo build --release first (scripts/test does)"
+
+
+def compile_cxx(name, shared=False):
+    """Builds preload-tests/c/NAME.cc with g++ once per session (a shared library NAME.so when
+    asked); returns its path."""
+    BUILD.mkdir(parents=True, exist_ok=True)
+    out = BUILD / (f"{name}.so" if shared else name)
+    src = C_DIR / f"{name}.cc"
+    if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
+        kind = ["-shared", "-fPIC"] if shared else []
+        cmd = ["g++", "-std=c++17", "-O1", "-g", "-Wall", "-fno-allocation-dce", *kind, "-o", str(out), str(src), "-ldl"]
+        subprocess.run(cmd, check=True)
+    return str(out)

@@ -11,6 +11,8 @@ use core::ffi::c_void;
 use crate::sys::next::{CallocFn, FreeFn, MallocFn, NextAllocator, ReallocFn};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
 
+pub(crate) mod cxx;
+
 const PAGE: usize = 4096;
 /// malloc's guaranteed alignment on x86-64 (and glibc's MALLOC_ALIGNMENT).
 const MIN_ALIGN: usize = 16;
@@ -74,6 +76,7 @@ fn arm_interior_check() {
 fn arm_interior_check_slow() {
     NEXT_REALLOC.store(realloc_checked as *const () as usize, Release);
     NEXT_FREE.store(free_checked as *mut (), Release);
+    cxx::INTERIOR_CHECK.store(true, Release);
     CHECK_PENDING.store(false, Release);
 }
 

@@ -1,0 +1,73 @@
+"""C++ operator new/delete under the preload, alone and layered over each peer that exports its
+own operators (jemalloc, tcmalloc, mimalloc): large `new` is served by the cache in every
+layering, small news and failures go to the next operator, contents survive."""
+import json
+
+import pytest
+
+from conftest import LIB, compile_c, compile_cxx, find_peer, ok, run
+
+PEERS = {
+    "alone": None,
+    "jemalloc": "libjemalloc.so.2",
+    "tcmalloc": "libtcmalloc_minimal.so.4",
+    "mimalloc": "libmimalloc.so.2",
+}
+
+
+def preload(peer):
+    return str(LIB) if PEERS[peer] is None else f"{LIB} {find_peer(PEERS[peer])}"
+
+
+@pytest.mark.parametrize("peer", PEERS)
+def test_large_new_is_served_by_the_cache(peer, tmp_path):
+    path = tmp_path / "stats.json"
+    out = ok(run([compile_cxx("cxx_new")], preload=preload(peer), env={"TENSORMALLOC_STATS": f"json:{path}"}))
+    assert "cxx servable ok" in out.stdout
+    host = json.loads(path.read_text())["host"]
+    # 200 churn blocks, vector buffers, aligned and nothrow ones: before interposing operator
+    # new, a layered run saw none of them.
+    assert host["requests"] >= 200, host
+    assert host["hits"] >= 0.95 * host["requests"], host
+
+
+@pytest.mark.parametrize("peer", PEERS)
+def test_impossible_nothrow_new_gives_nullptr(peer):
+    out = ok(run([compile_cxx("cxx_new"), "nothrow-fail"], preload=preload(peer)))
+    assert "cxx nothrow-fail ok" in out.stdout
+
+
+@pytest.mark.parametrize("mode", ["throw-fail", "small-fail"])
+@pytest.mark.parametrize("peer", PEERS)
+def test_failing_throwing_new_does_what_the_next_operator_does(peer, mode):
+    """An impossible size (large) or small news past RLIMIT_AS: the new_handler runs, then
+    bad_alloc (libstdc++, jemalloc, tcmalloc); mimalloc 2.0 aborts on its own too: the outcome
+    must be the next allocator's, with or without us."""
+    exe = compile_cxx("cxx_new")
+    ours = run([exe, mode], preload=preload(peer))
+    theirs = run([exe, mode], preload=find_peer(PEERS[peer]) if PEERS[peer] else False)
+    assert ours.returncode == theirs.returncode, (ours, theirs)
+    assert ours.stdout == theirs.stdout
+    if peer != "mimalloc":
+        assert f"cxx {mode} ok" in ok(ours).stdout
+
+
+def test_disabled_passes_every_operator_through(tmp_path):
+    path = tmp_path / "stats.json"
+    env = {"TENSORMALLOC_DISABLE": "1", "TENSORMALLOC_STATS": f"json:{path}", "CXX_CHURN": "20"}
+    out = ok(run([compile_cxx("cxx_new")], preload=preload("jemalloc"), env=env))
+    assert "cxx servable ok" in out.stdout
+    assert json.loads(path.read_text())["host"]["requests"] == 0
+    for mode in ("nothrow-fail", "throw-fail"):
+        ok(run([compile_cxx("cxx_new"), mode], env={"TENSORMALLOC_DISABLE": "1"}))
+
+
+def test_cxx_library_loaded_with_rtld_local(tmp_path):
+    """Python loads extensions with RTLD_LOCAL: their libstdc++ is out of RTLD_NEXT's reach, and
+    the next operator is found as the copy already loaded (large news cached, bad_alloc thrown)."""
+    path = tmp_path / "stats.json"
+    exe = compile_c("cxx_local_main")
+    out = ok(run([exe, compile_cxx("cxx_local", shared=True)], env={"TENSORMALLOC_STATS": f"json:{path}"}))
+    assert "cxx local ok" in out.stdout
+    host = json.loads(path.read_text())["host"]
+    assert host["requests"] >= 20 and host["hits"] >= 19, host

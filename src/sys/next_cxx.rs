@@ -1,0 +1,199 @@
+//! The next C++ `operator new`/`delete` of each form (jemalloc's, tcmalloc's or mimalloc's when
+//! preloaded after us, libstdc++'s otherwise), found lazily by mangled name. Each is resolved at
+//! most a few times (threads racing store the same answer), never to ourselves, and never under a
+//! lock of ours: dlsym may call malloc, which is us.
+
+use core::ffi::{c_void, CStr};
+use core::marker::PhantomData;
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+pub type NewFn = unsafe extern "C" fn(usize) -> *mut c_void;
+/// `operator new(size_t, const std::nothrow_t&)`; the tag is a pointer.
+pub type NewNothrowFn = unsafe extern "C" fn(usize, *const c_void) -> *mut c_void;
+/// `operator new(size_t, std::align_val_t)`; `align_val_t` is a `size_t` enum.
+pub type NewAlignedFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+pub type NewAlignedNothrowFn = unsafe extern "C" fn(usize, usize, *const c_void) -> *mut c_void;
+pub type DeleteFn = unsafe extern "C" fn(*mut c_void);
+/// Sized (`size_t`) or aligned (`align_val_t`) delete: both a pointer and a word.
+pub type DeleteWordFn = unsafe extern "C" fn(*mut c_void, usize);
+pub type DeleteNothrowFn = unsafe extern "C" fn(*mut c_void, *const c_void);
+pub type DeleteSizedAlignedFn = unsafe extern "C" fn(*mut c_void, usize, usize);
+pub type DeleteAlignedNothrowFn = unsafe extern "C" fn(*mut c_void, usize, *const c_void);
+
+const UNRESOLVED: usize = 0;
+/// Resolved, and there is no next definition (or only our own): the caller falls back to the
+/// malloc family.
+const MISSING: usize = 1;
+
+/// One operator of the next allocator. `addr` is the first field (and `plain` at PLAIN_OFFSET)
+/// so the naked entry points in `shim::cxx` can load them at the static's address.
+#[repr(C)]
+pub struct NextOp<F> {
+    addr: AtomicUsize,
+    /// The operator is libstdc++'s: new is the next malloc with a new_handler loop around a
+    /// NULL, every delete is the next free (Note [libstdc++ shortcut]). Set before `addr`.
+    plain: AtomicBool,
+    name: &'static CStr,
+    _sig: PhantomData<F>,
+}
+
+/// Where `plain` lies in every `NextOp`, for the naked entry points.
+pub const PLAIN_OFFSET: usize = core::mem::offset_of!(NextOp<NewFn>, plain);
+const _: () = assert!(core::mem::offset_of!(NextOp<NewFn>, addr) == 0);
+
+// SAFETY: the only state is atomics; F is a function pointer type used as a marker.
+unsafe impl<F> Sync for NextOp<F> {}
+
+impl<F: Copy> NextOp<F> {
+    const fn new(name: &'static CStr) -> Self {
+        NextOp { addr: AtomicUsize::new(UNRESOLVED), plain: AtomicBool::new(false), name, _sig: PhantomData }
+    }
+
+    /// The next operator once resolved, with one load: `None` when not resolved yet or missing.
+    #[inline(always)]
+    pub fn get(&self) -> Option<F> {
+        let a = self.addr.load(Ordering::Acquire);
+        if a > MISSING {
+            // SAFETY: only `resolve` stores a value above MISSING: the address of a function
+            // with this signature (F is the signature named beside the mangled name below).
+            Some(unsafe { core::mem::transmute_copy::<usize, F>(&a) })
+        } else {
+            None
+        }
+    }
+
+    /// Resolves (once; later calls read the stored answer): `None` when the process has no next
+    /// definition of this operator. Call only after init (dlsym may allocate).
+    #[cold]
+    #[inline(never)]
+    pub fn resolve(&self) -> Option<F> {
+        if self.addr.load(Ordering::Acquire) == UNRESOLVED {
+            // SAFETY: a C string constant; dlsym/dlopen/dladdr are safe to call after init.
+            let a = unsafe { find(self.name) };
+            let (found, ours, plain) = match library_of(a) {
+                Some(lib) => (true, lib.0 == own_library().0, is_libstdcxx(lib)),
+                None => (!a.is_null(), false, false),
+            };
+            self.plain.store(plain && found && !ours, Ordering::Relaxed);
+            self.addr.store(if !found || ours { MISSING } else { a as usize }, Ordering::Release);
+        }
+        self.get()
+    }
+
+    /// The resolved operator is libstdc++'s (read after `get` returned it).
+    #[inline(always)]
+    pub fn is_plain(&self) -> bool {
+        self.plain.load(Ordering::Relaxed)
+    }
+}
+
+// Note [libstdc++ shortcut]
+// libstdc++'s operators are thin: `new` is `while (!(p = malloc(n))) { new_handler or throw }`,
+// `new[]` calls `new` and every `delete` form ends in `free`, each through the PLT, so through
+// us again. Alone under the preload a small `delete[]`+`new[]` pair crossed our entry points
+// four times (+30 instructions a pair over the preload without operator new, callgrind). When the
+// next operator is libstdc++'s, a small new calls the next malloc itself and hands only a NULL
+// to libstdc++'s operator (which retries, runs the new_handler, throws), and a delete is free:
+// the same outcome with one crossing. Other allocators' operators are always called as they are.
+
+/// RTLD_NEXT: jemalloc, tcmalloc or mimalloc when preloaded after us, else libstdc++. A C++
+/// runtime that a `dlopen(RTLD_LOCAL)` brought in (a Python extension's libstdc++) is outside the
+/// scope RTLD_NEXT searches: then the copy already loaded, by handle, never loading one.
+unsafe fn find(name: &CStr) -> *mut c_void {
+    let a = libc::dlsym(libc::RTLD_NEXT, name.as_ptr());
+    if !a.is_null() {
+        return a;
+    }
+    for lib in [c"libstdc++.so.6", c"libc++.so.1"] {
+        let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+        if !h.is_null() {
+            let a = libc::dlsym(h, name.as_ptr());
+            // The NOLOAD handle only counted a reference to a library that stays loaded.
+            libc::dlclose(h);
+            if !a.is_null() {
+                return a;
+            }
+        }
+    }
+    core::ptr::null_mut()
+}
+
+/// The object (base address and file name) that `a` lies in, if the loader knows it.
+fn library_of(a: *mut c_void) -> Option<(usize, &'static CStr)> {
+    if a.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr only reads the loader's tables into a plain out-parameter; the file name
+    // it points to lives as long as the object stays loaded, and ours never unload.
+    unsafe {
+        let mut info: libc::Dl_info = core::mem::zeroed();
+        if libc::dladdr(a, &mut info) == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        Some((info.dli_fbase as usize, CStr::from_ptr(info.dli_fname)))
+    }
+}
+
+/// This library: an operator found there (a program linking us twice, or a loader quirk)
+/// would loop.
+fn own_library() -> (usize, &'static CStr) {
+    static ANCHOR: u8 = 0;
+    library_of(core::ptr::addr_of!(ANCHOR) as *mut c_void).unwrap_or((0, c""))
+}
+
+fn is_libstdcxx((_, path): (usize, &'static CStr)) -> bool {
+    path.to_bytes().windows(b"libstdc++.so".len()).any(|w| w == b"libstdc++.so")
+}
+
+// The forms, by mangled name (checked with `nm -D --defined-only` against libstdc++.so.6,
+// libjemalloc.so.2, libtcmalloc_minimal.so.4 and libmimalloc.so.2; mimalloc lacks the nothrow
+// deletes, which then resolve to libstdc++'s, which call free).
+pub(crate) static NEW: NextOp<NewFn> = NextOp::new(c"_Znwm");
+pub(crate) static NEW_ARRAY: NextOp<NewFn> = NextOp::new(c"_Znam");
+pub(crate) static NEW_NOTHROW: NextOp<NewNothrowFn> = NextOp::new(c"_ZnwmRKSt9nothrow_t");
+pub(crate) static NEW_ARRAY_NOTHROW: NextOp<NewNothrowFn> = NextOp::new(c"_ZnamRKSt9nothrow_t");
+pub(crate) static NEW_ALIGNED: NextOp<NewAlignedFn> = NextOp::new(c"_ZnwmSt11align_val_t");
+pub(crate) static NEW_ARRAY_ALIGNED: NextOp<NewAlignedFn> = NextOp::new(c"_ZnamSt11align_val_t");
+pub(crate) static NEW_ALIGNED_NOTHROW: NextOp<NewAlignedNothrowFn> = NextOp::new(c"_ZnwmSt11align_val_tRKSt9nothrow_t");
+pub(crate) static NEW_ARRAY_ALIGNED_NOTHROW: NextOp<NewAlignedNothrowFn> = NextOp::new(c"_ZnamSt11align_val_tRKSt9nothrow_t");
+
+pub(crate) static DELETE: NextOp<DeleteFn> = NextOp::new(c"_ZdlPv");
+pub(crate) static DELETE_ARRAY: NextOp<DeleteFn> = NextOp::new(c"_ZdaPv");
+pub(crate) static DELETE_SIZED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdlPvm");
+pub(crate) static DELETE_ARRAY_SIZED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdaPvm");
+pub(crate) static DELETE_NOTHROW: NextOp<DeleteNothrowFn> = NextOp::new(c"_ZdlPvRKSt9nothrow_t");
+pub(crate) static DELETE_ARRAY_NOTHROW: NextOp<DeleteNothrowFn> = NextOp::new(c"_ZdaPvRKSt9nothrow_t");
+pub(crate) static DELETE_ALIGNED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdlPvSt11align_val_t");
+pub(crate) static DELETE_ARRAY_ALIGNED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdaPvSt11align_val_t");
+pub(crate) static DELETE_SIZED_ALIGNED: NextOp<DeleteSizedAlignedFn> = NextOp::new(c"_ZdlPvmSt11align_val_t");
+pub(crate) static DELETE_ARRAY_SIZED_ALIGNED: NextOp<DeleteSizedAlignedFn> = NextOp::new(c"_ZdaPvmSt11align_val_t");
+pub(crate) static DELETE_ALIGNED_NOTHROW: NextOp<DeleteAlignedNothrowFn> = NextOp::new(c"_ZdlPvSt11align_val_tRKSt9nothrow_t");
+pub(crate) static DELETE_ARRAY_ALIGNED_NOTHROW: NextOp<DeleteAlignedNothrowFn> = NextOp::new(c"_ZdaPvSt11align_val_tRKSt9nothrow_t");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_no_library_defines_resolves_to_missing_once() {
+        static NOWHERE: NextOp<NewFn> = NextOp::new(c"_Znwm_tensormalloc_test_nowhere");
+        assert!(NOWHERE.get().is_none());
+        assert!(NOWHERE.resolve().is_none());
+        assert_eq!(NOWHERE.addr.load(Ordering::Relaxed), MISSING, "remembered, not looked up again");
+    }
+
+    #[test]
+    fn the_next_definition_is_found_and_is_not_ours() {
+        // The test binary defines no malloc: RTLD_NEXT finds libc's.
+        static MALLOC: NextOp<NewFn> = NextOp::new(c"malloc");
+        let f = MALLOC.resolve().expect("libc's malloc");
+        assert_ne!(library_of(f as *mut c_void).unwrap().0, own_library().0);
+        assert!(MALLOC.get().is_some() && !MALLOC.is_plain(), "libc is not libstdc++");
+        // SAFETY: malloc and free with their C signatures.
+        unsafe { libc::free(f(64)) };
+        let ours = library_of(own_library as *mut c_void).unwrap();
+        assert_eq!(ours.0, own_library().0, "our own code is recognized, so it is never called as next");
+        assert!(!is_libstdcxx(ours));
+        assert!(is_libstdcxx((0, c"/usr/lib/x86_64-linux-gnu/libstdc++.so.6")));
+    }
+}
