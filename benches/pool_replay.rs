@@ -8,7 +8,7 @@
 //!     cargo bench --features no-interpose --bench pool_replay
 
 use std::time::Instant;
-use tensormalloc::backing::{DeviceError, DeviceRuntime};
+use tensormalloc::backing::DeviceError;
 use tensormalloc::config::{Config, CudaPool, DeviceLimit};
 use tensormalloc::device::layer::DeviceLayer;
 use tensormalloc::sim::SimRuntime;
