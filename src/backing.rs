@@ -24,6 +24,12 @@ pub trait PageMemory {
     fn advise_huge(&self, addr: usize, len: usize);
     /// Writes zeros over the range.
     fn zero(&self, addr: usize, len: usize);
+    /// Drops the range's pages (MADV_DONTNEED): it then reads zero, and each page touched
+    /// faults in a fresh zero page. Costs about what is resident. False: nothing was done.
+    fn discard(&self, addr: usize, len: usize) -> bool;
+    /// Of `probes` pages spread evenly over the range, how many are resident (mincore);
+    /// `None` when the system will not say.
+    fn resident_probes(&self, addr: usize, len: usize, probes: usize) -> Option<usize>;
     /// Copies `len` bytes between non-overlapping ranges.
     fn copy(&self, dst: usize, src: usize, len: usize);
 }

@@ -6,6 +6,7 @@ pub mod clock;
 pub mod cuda;
 pub mod env;
 pub mod lock;
+pub mod memory;
 pub mod next;
 pub mod os_pages;
 pub mod reaper;

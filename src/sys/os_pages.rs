@@ -97,6 +97,27 @@ impl PageMemory for OsPages {
         unsafe { core::ptr::write_bytes(addr as *mut u8, 0, len) };
     }
 
+    fn discard(&self, addr: usize, len: usize) -> bool {
+        // SAFETY: the caller owns the range and wants its contents gone.
+        unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) == 0 }
+    }
+
+    fn resident_probes(&self, addr: usize, len: usize, probes: usize) -> Option<usize> {
+        let step = (len / probes.max(1)) & !(PAGE - 1);
+        let mut resident = 0;
+        for i in 0..probes {
+            // The middle of each of `probes` equal parts, on a page.
+            let page = addr + i * step + ((step / 2) & !(PAGE - 1));
+            let mut vec = 0u8;
+            // SAFETY: one page of a range the caller owns; mincore writes one byte.
+            if unsafe { libc::mincore(page as *mut libc::c_void, PAGE, &mut vec) } != 0 {
+                return None;
+            }
+            resident += usize::from(vec & 1);
+        }
+        Some(resident)
+    }
+
     fn copy(&self, dst: usize, src: usize, len: usize) {
         // SAFETY: the caller owns both ranges, which do not overlap.
         unsafe { core::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };

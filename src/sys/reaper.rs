@@ -1,7 +1,8 @@
 //! The reaper: one background thread, started the first time a block enters the host cache, that
 //! releases and expires idle blocks even when the program makes no further allocation call. It
 //! sleeps on a futex until the cache's next deadline, or indefinitely while nothing is due.
-//! If no thread can be created (seccomp, thread limits), the allocation paths reap instead.
+//! It also unmaps blocks the host layer deferred (Note [Deferred unmaps]). If no thread can be
+//! created (seccomp, thread limits), the allocation paths reap instead and unmap inline.
 
 use core::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
@@ -52,7 +53,13 @@ fn reap_inline() {
     }
 }
 
-fn wake() {
+/// Whether the thread runs (deferred unmaps will be done).
+pub fn running() -> bool {
+    STATE.load(Ordering::Acquire) == RUNNING
+}
+
+/// Wakes the thread now (work was deferred to it).
+pub fn wake() {
     WAKE_SEQ.fetch_add(1, Ordering::AcqRel);
     // SAFETY: a futex wake on a static word.
     unsafe { libc::syscall(libc::SYS_futex, WAKE_SEQ.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, 1) };
