@@ -216,3 +216,12 @@ def test_kernel_refusing_madvise(refused):
     env = {"TENSORMALLOC_RELEASE_MS": "50", "TENSORMALLOC_EXPIRE_MS": "1000"}
     out = ok(run([compile_c("madvise_refused"), refused], env=env))
     assert "madvise refused ok" in out.stdout
+
+
+@pytest.mark.parametrize("setting", ["defaults", "no-hugepages", "hugepages-always", "disabled"])
+def test_calloc_reads_zero_on_every_path(setting):
+    """Fresh, hit on a written block, on a sparsely touched one, on a released one, split head
+    and tail, grown, locked: every byte of every calloc reads zero."""
+    env = {**SETTINGS.get(setting, {"TENSORMALLOC_HUGEPAGES": "always"}), "TENSORMALLOC_RELEASE_MS": "100", "TENSORMALLOC_EXPIRE_MS": "60000"}
+    out = ok(run([compile_c("calloc_zero")], env=env))
+    assert "calloc ok" in out.stdout

@@ -200,12 +200,21 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     )?;
     writeln!(
         w,
-        "  released (MADV_FREE) {} blocks, {}  unmapped {} blocks, {}  mmap failures {}",
+        "  released (MADV_FREE) {} blocks, {}  unmapped {} blocks, {} (waiting for the background thread {})  mmap failures {}",
         s.host_released_blocks,
         Bytes(s.host_released_bytes),
         s.host_unmapped_blocks,
         Bytes(s.host_unmapped_bytes),
+        Bytes(HOST.stats.deferred.current()),
         s.host_map_failures
+    )?;
+    let (bound_blocks, bound_bytes) = HOST.bounds();
+    writeln!(
+        w,
+        "  cache bound now {} blocks, {}  calloc hits zeroed by dropping pages {}",
+        bound_blocks,
+        Bytes(bound_bytes as u64),
+        HOST.stats.zeroed_by_discard.get()
     )?;
     DEVICE.for_each_pool(|device, pool| {
         let p = &pool.stats;
@@ -281,8 +290,21 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     )?;
     write!(
         w,
-        "\"released_blocks\":{},\"released_bytes\":{},\"unmapped_blocks\":{},\"unmapped_bytes\":{},\"map_failures\":{}}},",
-        s.host_released_blocks, s.host_released_bytes, s.host_unmapped_blocks, s.host_unmapped_bytes, s.host_map_failures
+        "\"released_blocks\":{},\"released_bytes\":{},\"unmapped_blocks\":{},\"unmapped_bytes\":{},\"deferred_unmap_bytes\":{},\"map_failures\":{},",
+        s.host_released_blocks,
+        s.host_released_bytes,
+        s.host_unmapped_blocks,
+        s.host_unmapped_bytes,
+        HOST.stats.deferred.current(),
+        s.host_map_failures
+    )?;
+    let (bound_blocks, bound_bytes) = HOST.bounds();
+    write!(
+        w,
+        "\"bound_blocks\":{},\"bound_bytes\":{},\"calloc_zeroed_by_discard\":{}}},",
+        bound_blocks,
+        bound_bytes,
+        HOST.stats.zeroed_by_discard.get()
     )?;
     w.write_str("\"cuda\":[")?;
     let mut first = true;

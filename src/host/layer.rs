@@ -38,8 +38,9 @@ const MIN_FOLLOWED_BLOCKS: usize = 16;
 
 /// What the background thread offers the layer.
 pub struct Background {
-    /// After a block entered the cache, outside the lock (starts or wakes the thread).
-    pub on_cached: fn(),
+    /// After a block entered the cache, outside the lock, with the time it is first due
+    /// (starts the thread, or wakes it when it sleeps past that).
+    pub on_cached: fn(u64),
     /// Whether a thread runs that will unmap deferred blocks (Note [Deferred unmaps]).
     pub running: fn() -> bool,
     /// Wakes it: the deferred list went from empty to not.
@@ -190,6 +191,11 @@ impl<M: PageMemory> HostLayer<M> {
         };
         self.unmap_all(&deferred);
         deferred.total_bytes()
+    }
+
+    /// The cache's block and byte bounds now, for the report.
+    pub fn bounds(&self) -> (usize, usize) {
+        self.cache.lock().bounds()
     }
 
     /// Bytes waiting to be unmapped by the background thread.
@@ -351,8 +357,9 @@ impl<M: PageMemory> HostLayer<M> {
         let live = Live { bytes: self.stats.live.current() as usize, blocks: self.stats.live_blocks.current() as usize };
         self.stats.live.sub(len as u64);
         self.stats.live_blocks.sub(1);
-        let (accepted, unmaps) = {
+        let (accepted, unmaps, due_ns) = {
             let mut cache = self.cache.lock();
+            let due_ns = start.saturating_add(cache.limits().release_after_ns.min(cache.limits().expire_after_ns));
             let inserted = cache.insert(addr, len, false, start, live);
             if inserted.accepted {
                 let _ = self.registry.set_cached(addr, len);
@@ -367,11 +374,11 @@ impl<M: PageMemory> HostLayer<M> {
             if !inserted.accepted {
                 leaving.push(Range { addr, len });
             }
-            (inserted.accepted, self.defer_unmaps(&mut cache, &leaving))
+            (inserted.accepted, self.defer_unmaps(&mut cache, &leaving), due_ns)
         };
         self.finish_unmaps(unmaps);
         if accepted {
-            (self.background.on_cached)();
+            (self.background.on_cached)(due_ns);
         }
         self.stats.phases.free.record((self.clock)().saturating_sub(start));
     }

@@ -20,6 +20,7 @@ fn advance(ns: u64) {
     NOW.with(|n| n.set(n.get() + ns));
 }
 fn nothing() {}
+fn nothing_due(_: u64) {}
 fn yes() -> bool {
     true
 }
@@ -35,7 +36,7 @@ fn layer(config: Config) -> Box<HostLayer<SimPages>> {
 
 /// `background`: whether a background thread takes deferred unmaps (the test runs `reap`).
 fn layer_with(config: Config, background: fn() -> bool) -> Box<HostLayer<SimPages>> {
-    let l = Box::new(HostLayer::new(SimPages::new(), leak_table, fake_clock, Background { on_cached: nothing, running: background, wake: nothing }));
+    let l = Box::new(HostLayer::new(SimPages::new(), leak_table, fake_clock, Background { on_cached: nothing_due, running: background, wake: nothing }));
     l.configure(&config, 64 << 30);
     l
 }

@@ -16,13 +16,14 @@ static WAKE_SEQ: AtomicU32 = AtomicU32::new(0);
 /// When the sleeping reaper will wake by itself; u64::MAX while it sleeps with no deadline.
 static SLEEPING_UNTIL: AtomicU64 = AtomicU64::new(u64::MAX);
 
-/// Called (outside every lock) after a block entered the host cache.
-pub fn on_block_cached() {
+/// Called (outside every lock) after a block entered the host cache; `deadline_ns` is when it
+/// is first due (its release).
+pub fn on_block_cached(deadline_ns: u64) {
     match STATE.load(Ordering::Acquire) {
         RUNNING => {
-            // A new block's deadlines lie after every pending one: only a reaper asleep with no
-            // deadline needs waking.
-            if SLEEPING_UNTIL.load(Ordering::Acquire) == u64::MAX {
+            // A reaper asleep until later (with no deadline, or until an older block's expiry,
+            // which comes after this block's release) must wake to reschedule.
+            if SLEEPING_UNTIL.load(Ordering::Acquire) > deadline_ns {
                 wake();
             }
         }
