@@ -16,7 +16,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
-OURS = str(ROOT / "target" / "release" / "libtensormalloc.so")
+# BENCH_TENSORMALLOC: another build of the library (e.g. the previous commit, for before/after).
+OURS = os.environ.get("BENCH_TENSORMALLOC", str(ROOT / "target" / "release" / "libtensormalloc.so"))
 
 ALLOCATORS = {
     "glibc": {},
