@@ -44,6 +44,7 @@ struct PageState {
     /// Ranges whose pages are resident (written, or zeroed by a write).
     resident: BTreeMap<usize, usize>,
     fail_discard: bool,
+    release_discards: bool,
     next_addr: usize,
     fail_next_maps: u64,
     calls: PageCalls,
@@ -82,6 +83,11 @@ impl SimPages {
     pub fn reads_zero(&self, addr: usize, len: usize) -> bool {
         let st = self.state.lock().unwrap();
         !Self::overlaps(&st.dirty, addr, len)
+    }
+
+    /// `release` drops pages from now on (a kernel without MADV_FREE).
+    pub fn release_discards(&self) {
+        self.state.lock().unwrap().release_discards = true;
     }
 
     /// `discard` fails from now on (a kernel that refuses madvise).
@@ -174,10 +180,17 @@ impl PageMemory for SimPages {
         st.calls.unmaps += 1;
     }
 
-    fn release(&self, addr: usize, len: usize) {
+    /// MADV_FREE: contents kept until the kernel takes the pages, so the range may still hold
+    /// data; with `release_discards`, MADV_DONTNEED (a kernel without MADV_FREE): zero.
+    fn release(&self, addr: usize, len: usize) -> bool {
         let mut st = self.state.lock().unwrap();
         assert!(Self::covered(&st.mapped, addr, len), "release of unmapped memory {addr:#x}+{len}");
         st.calls.releases += 1;
+        if st.release_discards {
+            Self::remove_range(&mut st.dirty, addr, len);
+            Self::remove_range(&mut st.resident, addr, len);
+        }
+        st.release_discards
     }
 
     /// Succeeds when nothing is mapped after the block up to its new end: with the guard gap

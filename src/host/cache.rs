@@ -23,9 +23,10 @@
 //
 // Note [Known zero]
 // A cached block is known to be zero when every page of it reads zero without a write from us:
-// a tail cut from such a block, or a block the caller discarded (MADV_DONTNEED). calloc hands
-// such blocks out as they are. A block freed by the program is never known zero, nor is a
-// released one (MADV_FREE'd pages keep their contents until the kernel takes them).
+// a block released with MADV_DONTNEED (kernels without MADV_FREE, or a seccomp filter refusing
+// it), or a tail cut from such a block. calloc hands such blocks out as they are. A block freed
+// by the program is never known zero, nor is one released with MADV_FREE (its pages keep their
+// contents until the kernel takes them).
 //
 // Note [Deferred unmaps]
 // Unmapping an evicted 5-25 MB block costs about 0.85 ms; inside the program's free that was
@@ -400,9 +401,9 @@ impl BlockCache {
         due
     }
 
-    /// The madvise for a Releasing block has returned. Returns the block if it was trimmed
-    /// meanwhile: the caller unmaps it.
-    pub fn release_done(&mut self, addr: usize) -> Option<Range> {
+    /// The madvise for a Releasing block has returned (`zero`: it dropped the pages, Note
+    /// [Known zero]). Returns the block if it was trimmed meanwhile: the caller unmaps it.
+    pub fn release_done(&mut self, addr: usize, zero: bool) -> Option<Range> {
         let index = self.slots.iter().position(|s| s.is_some_and(|b| b.addr == addr && b.state == BlockState::Releasing))?;
         let slot = self.slots.get_mut(index)?;
         let b = slot.as_mut()?;
@@ -413,6 +414,7 @@ impl BlockCache {
             return Some(r);
         }
         b.state = BlockState::Released;
+        b.zero = zero;
         None
     }
 
@@ -592,13 +594,13 @@ mod tests {
         let due = c.due(1000 * MS);
         assert_eq!(due.release.len(), 1);
         assert!(c.take(80 * MB, 4096).is_none(), "not while the madvise runs");
-        assert_eq!(c.release_done(0x1000_0000), None);
+        assert_eq!(c.release_done(0x1000_0000, false), None);
         assert_eq!(c.next_deadline_ns(), Some(10_000 * MS));
         let t = c.take(80 * MB, 4096).unwrap();
         assert!(t.was_released);
         c.insert(t.addr, t.len, false, 2000 * MS, Live::default());
         c.due(3000 * MS);
-        c.release_done(t.addr);
+        c.release_done(t.addr, false);
         let due = c.due(12_000 * MS);
         assert_eq!(due.expire.len(), 1);
         assert_eq!(c.block_count(), 0);
@@ -680,7 +682,7 @@ mod tests {
         c.due(1000 * MS);
         let drained = c.drain();
         assert_eq!(drained.len(), 1);
-        assert_eq!(c.release_done(0x1000_0000), Some(Range { addr: 0x1000_0000, len: 80 * MB }));
+        assert_eq!(c.release_done(0x1000_0000, false), Some(Range { addr: 0x1000_0000, len: 80 * MB }));
         assert_eq!(c.cached_bytes(), 0);
         c.check_invariants().unwrap();
     }

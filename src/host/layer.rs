@@ -473,16 +473,17 @@ impl<M: PageMemory> HostLayer<M> {
             self.stats.unmapped_blocks.add(1);
             self.stats.unmapped_bytes.add(r.len as u64);
         }
-        for r in due.release.iter() {
-            self.timed(&self.stats.phases.release, || self.memory.release(r.addr, r.len));
+        let mut zeroed = [false; MAX_CACHE_BLOCKS + 1];
+        for (r, zero) in due.release.iter().zip(zeroed.iter_mut()) {
+            *zero = self.timed(&self.stats.phases.release, || self.memory.release(r.addr, r.len));
             self.stats.released_blocks.add(1);
             self.stats.released_bytes.add(r.len as u64);
         }
         let (doomed, deadline) = {
             let mut cache = self.cache.lock();
             let mut doomed = RangeList::new();
-            for r in due.release.iter() {
-                if let Some(gone) = cache.release_done(r.addr) {
+            for (r, &zero) in due.release.iter().zip(zeroed.iter()) {
+                if let Some(gone) = cache.release_done(r.addr, zero) {
                     self.registry.clear(gone.addr);
                     doomed = push(doomed, gone);
                 }

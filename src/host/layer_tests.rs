@@ -131,6 +131,17 @@ fn calloc_reads_zero_on_every_path_and_costs_what_was_touched() {
     let g = l.alloc(40 * MB, 4096, true).unwrap();
     assert_eq!(g, f + 16 * MB, "the tail");
     assert!(l.memory.reads_zero(g, 40 * MB));
+    // A kernel without MADV_FREE: idle blocks are released with MADV_DONTNEED, so they are
+    // known zero and handed to calloc with nothing written or dropped.
+    l.memory.release_discards();
+    l.memory.write(g, 40 * MB);
+    l.free(g, 40 * MB);
+    advance(100 * MS);
+    l.reap();
+    let cost = (zeroed(), discarded());
+    let g = l.alloc(40 * MB, 4096, true).unwrap();
+    assert!(l.memory.reads_zero(g, 40 * MB));
+    assert_eq!((zeroed(), discarded()), cost, "known zero: nothing to do");
     // A kernel that refuses madvise: zeros are written instead.
     l.memory.fail_discards();
     l.memory.write(g, 4096);

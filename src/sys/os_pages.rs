@@ -47,19 +47,19 @@ impl PageMemory for OsPages {
         unsafe { libc::munmap(addr as *mut libc::c_void, len) };
     }
 
-    fn release(&self, addr: usize, len: usize) {
+    fn release(&self, addr: usize, len: usize) -> bool {
         if !NO_MADV_FREE.load(Ordering::Relaxed) {
             // SAFETY: the caller owns the range; MADV_FREE only affects its contents.
             if unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_FREE) } == 0 {
-                return;
+                return false;
             }
             // SAFETY: errno is thread-local.
             if unsafe { *libc::__errno_location() } == libc::EINVAL {
                 NO_MADV_FREE.store(true, Ordering::Relaxed);
             }
         }
-        // SAFETY: as above; MADV_DONTNEED makes the pages read back as zero.
-        unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+        // MADV_DONTNEED makes the pages read back as zero.
+        self.discard(addr, len)
     }
 
     fn extend(&self, addr: usize, old_len: usize, new_len: usize) -> bool {
