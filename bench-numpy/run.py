@@ -29,6 +29,9 @@ ALLOCATORS = {
     # What a bundled jemalloc for the small path would give, measured without bundling it.
     "tensormalloc+jemalloc": {"LD_PRELOAD": f"{OURS} {LIBDIR}/libjemalloc.so.2"},
 }
+# BENCH_BEFORE: an older build of the library, run beside the current one as "tensormalloc-before".
+if os.environ.get("BENCH_BEFORE"):
+    ALLOCATORS["tensormalloc-before"] = {"LD_PRELOAD": os.environ["BENCH_BEFORE"]}
 
 C_WORKLOADS = {
     "c-large-churn": ["large_churn"],
