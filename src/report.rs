@@ -149,7 +149,7 @@ const DEVICE_ROWS: usize = 5;
 
 /// The host rows, then the device rows (`DEVICE_ROWS` of them, left out of the text report of a
 /// process that made no CUDA call).
-fn phase_rows() -> [PhaseRow<'static>; 15] {
+fn phase_rows() -> [PhaseRow<'static>; 16] {
     let p = &HOST.stats.phases;
     let d = &DEVICE.phases;
     [
@@ -160,6 +160,7 @@ fn phase_rows() -> [PhaseRow<'static>; 15] {
         (1, "fresh mmap (miss)", &p.alloc_map),
         (0, "large free", &p.free),
         (1, "munmap (evict, refuse)", &p.free_unmap),
+        (0, "deferred munmap (background)", &p.deferred_unmap),
         (0, "large realloc", &p.realloc),
         (0, "idle release (MADV_FREE)", &p.release),
         (0, "idle expiry (munmap)", &p.expire),

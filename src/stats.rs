@@ -121,6 +121,8 @@ pub struct HostPhases {
     pub alloc_zero: PhaseTimer,
     pub free: PhaseTimer,
     pub free_unmap: PhaseTimer,
+    /// Unmaps left to the background thread (Note [Deferred unmaps]).
+    pub deferred_unmap: PhaseTimer,
     pub realloc: PhaseTimer,
     pub release: PhaseTimer,
     pub expire: PhaseTimer,
@@ -202,6 +204,7 @@ impl HostStats {
                 alloc_zero: PhaseTimer::new(),
                 free: PhaseTimer::new(),
                 free_unmap: PhaseTimer::new(),
+                deferred_unmap: PhaseTimer::new(),
                 realloc: PhaseTimer::new(),
                 release: PhaseTimer::new(),
                 expire: PhaseTimer::new(),

@@ -151,8 +151,12 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     fn unmap_all(&self, ranges: &RangeList) {
+        self.unmap_timed(ranges, &self.stats.phases.free_unmap);
+    }
+
+    fn unmap_timed(&self, ranges: &RangeList, phase: &PhaseTimer) {
         for r in ranges.iter() {
-            self.timed(&self.stats.phases.free_unmap, || self.memory.unmap(r.addr, r.len));
+            self.timed(phase, || self.memory.unmap(r.addr, r.len));
             self.stats.unmapped_blocks.add(1);
             self.stats.unmapped_bytes.add(r.len as u64);
         }
@@ -189,7 +193,7 @@ impl<M: PageMemory> HostLayer<M> {
             self.stats.deferred.set(0);
             d
         };
-        self.unmap_all(&deferred);
+        self.unmap_timed(&deferred, &self.stats.phases.deferred_unmap);
         deferred.total_bytes()
     }
 
