@@ -11,25 +11,34 @@ static NO_MADV_FREE: AtomicBool = AtomicBool::new(false);
 
 pub struct OsPages;
 
+const THP_SIZE: usize = 2 << 20;
+
+impl OsPages {
+    /// An anonymous private mapping at an address of the kernel's choosing.
+    fn mmap_anywhere(len: usize) -> Option<usize> {
+        // SAFETY: a fresh mapping that overlaps nothing of anyone's.
+        let p = unsafe {
+            libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        (p != libc::MAP_FAILED).then_some(p as usize)
+    }
+}
+
 impl PageMemory for OsPages {
     fn map(&self, len: usize, align: usize) -> Option<usize> {
         let align = align.max(PAGE);
-        let span = len.checked_add(align - PAGE)?;
-        // SAFETY: an anonymous private mapping at an address of the kernel's choosing.
-        let p = unsafe {
-            libc::mmap(
-                core::ptr::null_mut(),
-                span,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return None;
+        // Linux places anonymous mappings of a multiple of 2 MiB on a 2 MiB boundary: one mmap
+        // instead of an mmap and two trimming munmaps, each of which waits for the address
+        // space lock behind every page fault of the other threads (16-thread churn).
+        if len.is_multiple_of(THP_SIZE) && align <= THP_SIZE && align > PAGE {
+            let p = Self::mmap_anywhere(len)?;
+            if p % align == 0 {
+                return Some(p);
+            }
+            self.unmap(p, len);
         }
-        let start = p as usize;
+        let span = len.checked_add(align - PAGE)?;
+        let start = Self::mmap_anywhere(span)?;
         let aligned = (start + align - 1) & !(align - 1);
         let head = aligned - start;
         let tail = span - head - len;
