@@ -34,6 +34,10 @@
 // keep) go on a fixed list the background thread unmaps; they are out of the cache and the
 // registry already, so they are never handed out again, and the report counts them. The caller
 // unmaps inline when no background thread runs, when the list is full, or when memory is short.
+// The list lives under the cache lock, which the fork handlers hold across fork(): a child
+// inherits it whole and unmaps it when its own thread starts (at its first cached block) or on
+// trim; ranges the parent's thread had taken off the list but not yet unmapped stay mapped in
+// the child (address space only: their pages are the parent's copy-on-write ones).
 
 use crate::config::MAX_CACHE_BLOCKS;
 
