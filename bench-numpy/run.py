@@ -1,6 +1,8 @@
 """Side-by-side benchmark: every workload under every allocator, interleaved in one run,
 several repetitions, medians. Prints a table per workload, writes results/latest.json,
-results/latest.md (the tables for BENCHMARKS.md) and results/latest.png (a chart)."""
+results/latest.md (the tables for BENCHMARKS.md) and results/latest.png (a chart). A partial
+run (--only, or a subset of allocators) writes results/partial/ instead (not committed), so the
+committed full results are never overwritten by a few workloads."""
 import argparse
 import datetime
 import json
@@ -14,7 +16,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
-OURS = str(ROOT / "target" / "release" / "libtensormalloc.so")
+# BENCH_TENSORMALLOC: another build of the library (e.g. the previous commit, for before/after).
+OURS = os.environ.get("BENCH_TENSORMALLOC", str(ROOT / "target" / "release" / "libtensormalloc.so"))
 
 ALLOCATORS = {
     "glibc": {},
@@ -26,9 +29,17 @@ ALLOCATORS = {
     # What a bundled jemalloc for the small path would give, measured without bundling it.
     "tensormalloc+jemalloc": {"LD_PRELOAD": f"{OURS} {LIBDIR}/libjemalloc.so.2"},
 }
+# BENCH_BEFORE: an older build of the library, run beside the current one as "tensormalloc-before".
+if os.environ.get("BENCH_BEFORE"):
+    ALLOCATORS["tensormalloc-before"] = {"LD_PRELOAD": os.environ["BENCH_BEFORE"]}
 
 C_WORKLOADS = {
     "c-large-churn": ["large_churn"],
+    # The thread sweep: the same 800 replacements shared among 1, 4 and 16 threads.
+    **{f"c-large-churn-{n}t": ["large_churn", str(n)] for n in (1, 4, 16)},
+    # calloc, used sparsely (two pages) or densely (every element), without huge pages; the
+    # numpy zeros-* workloads are the same with them (numpy advises MADV_HUGEPAGE).
+    **{f"c-calloc-{kind}-{mib}M": ["calloc_churn", str(mib), kind] for kind in ("sparse", "dense") for mib in (8, 64, 256)},
     "c-small-churn-1t": ["small_churn", "1"],
     "c-small-churn-2t": ["small_churn", "2"],
     # The same with one large block alive, as in a numpy process.
@@ -39,7 +50,7 @@ C_WORKLOADS = {
 def build_c():
     out = ROOT / "target" / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("large_churn", "small_churn"):
+    for name in ("large_churn", "small_churn", "calloc_churn"):
         subprocess.run(["gcc", "-O2", "-pthread", "-fno-builtin", "-o", str(out / name), str(HERE / "c" / f"{name}.c")], check=True)
     return out
 
@@ -60,15 +71,20 @@ def run_one(workload, allocator, cbin):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=int(os.environ.get("BENCH_REPS", "3")))
-    ap.add_argument("--only", nargs="*", help="workloads to run (default: all)")
-    ap.add_argument("--allocators", nargs="*", default=list(ALLOCATORS))
-    args = ap.parse_args()
-
     sys.path.insert(0, str(HERE))
     from workloads import WORKLOADS
-    names = args.only or [*WORKLOADS, *C_WORKLOADS]
+    every = [*WORKLOADS, *C_WORKLOADS]
+    ap = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="workloads: " + " ".join(every) + "\nallocators: " + " ".join(ALLOCATORS),
+    )
+    ap.add_argument("--reps", type=int, default=int(os.environ.get("BENCH_REPS", "3")))
+    ap.add_argument("--only", nargs="*", choices=every, metavar="WORKLOAD", help="workloads to run (default: all; listed below)")
+    ap.add_argument("--allocators", nargs="*", choices=list(ALLOCATORS), metavar="ALLOCATOR", default=list(ALLOCATORS))
+    args = ap.parse_args()
+
+    names = args.only or every
     cbin = build_c()
     samples = {w: {a: [] for a in args.allocators} for w in names}
     for rep in range(args.reps):
@@ -92,8 +108,10 @@ def main():
         "numpy": __import__("numpy").__version__,
         "reps": args.reps,
     }
-    outdir = HERE / "results"
-    outdir.mkdir(exist_ok=True)
+    partial = bool(args.only) or set(args.allocators) != set(ALLOCATORS)
+    outdir = HERE / "results" / "partial" if partial else HERE / "results"
+    outdir.mkdir(parents=True, exist_ok=True)
+    meta["workloads"] = "partial: " + " ".join(names) if partial else "all"
     (outdir / "latest.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     md = render(results, meta)
     (outdir / "latest.md").write_text(md)
@@ -110,7 +128,7 @@ def render(results, meta):
         for a, r in per.items():
             ratio = f"{base / r['ms']:.2f}x" if base else "-"
             held = f"{r['held_after_idle_mb']:.0f}" if "held_after_idle_mb" in r else ""
-            lines.append(f"| {w} | {a} | {r['ms']:.3f} | {ratio} | {r['faults']:.1f} | {r['peak_rss_mb']:.0f} | {held} |")
+            lines.append(f"| {w} | {a} | {r['ms']:.4g} | {ratio} | {r['faults']:.1f} | {r['peak_rss_mb']:.0f} | {held} |")
     return "\n".join(lines) + "\n"
 
 

@@ -162,6 +162,56 @@ def threads():
     return timed(body, 12)
 
 
+def seed_threads(n_threads):
+    """The seed expression in N threads at once on shared inputs (numpy drops the GIL): each
+    thread has its own 80 MB temporaries. ms per round (every thread evaluates once)."""
+    def run():
+        rng = np.random.default_rng(8)
+        a, b = rng.random(10_000_000), rng.random(10_000_000)
+        start = threading.Barrier(n_threads + 1)
+        done = threading.Barrier(n_threads + 1)
+        stop = False
+
+        def work():
+            while True:
+                start.wait()
+                if stop:
+                    return
+                (a * b) ** 2 + 3
+                done.wait()
+        ts = [threading.Thread(target=work) for _ in range(n_threads)]
+        for t in ts:
+            t.start()
+
+        def body():
+            start.wait()
+            done.wait()
+        result = timed(body, 12)
+        stop = True
+        start.wait()
+        for t in ts:
+            t.join()
+        return result
+    return run
+
+
+def zeros_touch(nbytes, dense):
+    """np.zeros of NBYTES (calloc; numpy advises huge pages from 4 MiB up), then either every
+    element used (dense: `z += 1`) or two elements set (sparse: a table sized for the worst case)."""
+    def run():
+        n = nbytes // 8
+
+        def body():
+            z = np.zeros(n)
+            if dense:
+                z += 1.0
+            else:
+                z[0] = 1.0
+                z[n // 2] = 1.0
+        return timed(body, 20 if dense else 200)
+    return run
+
+
 def idle():
     """Seed loop, then free everything and idle past the release delay: how much more memory
     (RSS minus LazyFree) does the process hold than before it started working?"""
@@ -187,6 +237,9 @@ WORKLOADS = {
     "mlp": mlp,
     "threads": threads,
     "idle": idle,
+    **{f"seed-{n}t": seed_threads(n) for n in (1, 4, 16)},
+    **{f"zeros-{kind}-{label}": zeros_touch(nb, kind == "dense") for kind in ("sparse", "dense")
+       for label, nb in [("8M", 8 << 20), ("64M", 64 << 20), ("256M", 256 << 20)]},
 }
 
 if __name__ == "__main__":

@@ -147,6 +147,14 @@ def test_stats_report_text_and_json(tmp_path):
     host = data["host"]
     assert host["requests"] == host["hits"] + host["grows"] + host["misses"] > 0
     assert host["live_bytes"] == 0 and host["peak_live_bytes"] > 0
+    # The bounds follow the live peak from their floor (16 blocks, 1 GiB); deferred unmaps are
+    # counted while they wait.
+    assert host["bound_blocks"] >= 16 and host["bound_bytes"] >= 1 << 30
+    assert host["deferred_unmap_bytes"] >= 0 and host["calloc_zeroed_by_discard"] >= 0
+    path = tmp_path / "fixed.json"
+    ok(run([compile_c("threads")], env={"TENSORMALLOC_STATS": f"json:{path}", "TENSORMALLOC_CACHE_BLOCKS": "3", "TENSORMALLOC_CACHE_BYTES": "100M"}))
+    host = json.loads(path.read_text())["host"]
+    assert (host["bound_blocks"], host["bound_bytes"]) == (3, 100 << 20), "a bound the user set is exact"
     names = [p["name"] for p in data["phases"]]
     assert "large alloc" in names and all(p["calls"] >= 0 and p["total_ns"] >= 0 for p in data["phases"])
 
@@ -216,3 +224,12 @@ def test_kernel_refusing_madvise(refused):
     env = {"TENSORMALLOC_RELEASE_MS": "50", "TENSORMALLOC_EXPIRE_MS": "1000"}
     out = ok(run([compile_c("madvise_refused"), refused], env=env))
     assert "madvise refused ok" in out.stdout
+
+
+@pytest.mark.parametrize("setting", ["defaults", "no-hugepages", "hugepages-always", "disabled"])
+def test_calloc_reads_zero_on_every_path(setting):
+    """Fresh, hit on a written block, on a sparsely touched one, on a released one, split head
+    and tail, grown, locked: every byte of every calloc reads zero."""
+    env = {**SETTINGS.get(setting, {"TENSORMALLOC_HUGEPAGES": "always"}), "TENSORMALLOC_RELEASE_MS": "100", "TENSORMALLOC_EXPIRE_MS": "60000"}
+    out = ok(run([compile_c("calloc_zero")], env=env))
+    assert "calloc ok" in out.stdout

@@ -12,8 +12,9 @@ pub trait PageMemory {
     /// Gives `[addr, addr+len)` back; it may be any page-aligned part of earlier mappings.
     fn unmap(&self, addr: usize, len: usize);
     /// Lets the kernel reclaim the pages when it needs to (MADV_FREE; MADV_DONTNEED where the
-    /// kernel lacks it). Contents become unspecified; the range stays mapped.
-    fn release(&self, addr: usize, len: usize);
+    /// kernel lacks it). Contents become unspecified; the range stays mapped. True when the
+    /// range now reads zero (MADV_DONTNEED was used).
+    fn release(&self, addr: usize, len: usize) -> bool;
     /// Grows a mapping in place when the addresses after it are free; false leaves it as it was.
     fn extend(&self, addr: usize, old_len: usize, new_len: usize) -> bool;
     /// Moves the pages of `[addr, addr+old_len)` to the start of a fresh mapping of `new_len`
@@ -24,6 +25,12 @@ pub trait PageMemory {
     fn advise_huge(&self, addr: usize, len: usize);
     /// Writes zeros over the range.
     fn zero(&self, addr: usize, len: usize);
+    /// Drops the range's pages (MADV_DONTNEED): it then reads zero, and each page touched
+    /// faults in a fresh zero page. Costs about what is resident. False: nothing was done.
+    fn discard(&self, addr: usize, len: usize) -> bool;
+    /// Of `probes` pages spread evenly over the range, how many are resident (mincore);
+    /// `None` when the system will not say.
+    fn resident_probes(&self, addr: usize, len: usize, probes: usize) -> Option<usize>;
     /// Copies `len` bytes between non-overlapping ranges.
     fn copy(&self, dst: usize, src: usize, len: usize);
 }

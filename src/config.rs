@@ -9,8 +9,9 @@ pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 pub const TIB: u64 = 1 << 40;
 
-/// Most cached host blocks the fixed-size cache can hold (`TENSORMALLOC_CACHE_BLOCKS` ceiling).
-pub const MAX_CACHE_BLOCKS: usize = 64;
+/// Most cached host blocks the fixed-size cache can hold (`TENSORMALLOC_CACHE_BLOCKS` ceiling):
+/// room for 16 threads each keeping 4 large blocks (bench-numpy's churn sweep).
+pub const MAX_CACHE_BLOCKS: usize = 128;
 pub const STATS_PATH_MAX: usize = 256;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,8 +52,10 @@ pub enum DeviceLimit {
 pub struct Config {
     pub disabled: bool,
     pub threshold_bytes: u64,
-    pub cache_blocks: usize,
-    pub cache_bytes: u64,
+    /// None: the bound follows the live peak (Note [Bounds follow the working set]).
+    pub cache_blocks: Option<usize>,
+    /// None: the bound follows the live peak, up to a quarter of physical or cgroup memory.
+    pub cache_bytes: Option<u64>,
     pub release_ms: u64,
     pub expire_ms: u64,
     pub max_waste_percent: u64,
@@ -88,8 +91,8 @@ impl Config {
     pub const DEFAULT: Config = Config {
             disabled: false,
             threshold_bytes: 4 * MIB,
-            cache_blocks: 16,
-            cache_bytes: GIB,
+            cache_blocks: None,
+            cache_bytes: None,
             release_ms: 1000,
             expire_ms: 10_000,
             max_waste_percent: 50,
@@ -132,15 +135,15 @@ pub static OPTIONS: &[OptionSpec] = &[
     },
     OptionSpec {
         name: "TENSORMALLOC_CACHE_BLOCKS",
-        default: "16",
-        doc: "most freed large blocks kept for reuse (0 to 64; 0 turns the cache off)",
-        apply: |c, v| parse_u64_in(v, 0, MAX_CACHE_BLOCKS as u64).map(|n| c.cache_blocks = n as usize),
+        default: "auto",
+        doc: "most freed large blocks kept for reuse (0 to 128; 0 turns the cache off); auto: as many as were live at the recent peak, at least 16",
+        apply: |c, v| auto_or(v, |v| parse_u64_in(v, 0, MAX_CACHE_BLOCKS as u64)).map(|n| c.cache_blocks = n.map(|n| n as usize)),
     },
     OptionSpec {
         name: "TENSORMALLOC_CACHE_BYTES",
-        default: "1G",
-        doc: "most bytes kept in freed large blocks",
-        apply: |c, v| parse_size_in(v, 0, 64 * TIB).map(|n| c.cache_bytes = n),
+        default: "auto",
+        doc: "most bytes kept in freed large blocks; auto: as many as were live at the recent peak, at least 1G, at most a quarter of physical memory or of the cgroup's limit",
+        apply: |c, v| auto_or(v, |v| parse_size_in(v, 0, 64 * TIB)).map(|n| c.cache_bytes = n),
     },
     OptionSpec {
         name: "TENSORMALLOC_RELEASE_MS",
@@ -353,6 +356,14 @@ fn choose<T: Copy>(v: &[u8], choices: &[(&[u8], T)], hint: &'static str) -> Resu
     choices.iter().find(|(word, _)| *word == v).map(|&(_, t)| t).ok_or(hint)
 }
 
+/// `auto` (None) or a value for `parse`.
+fn auto_or(v: &[u8], parse: impl Fn(&[u8]) -> Result<u64, &'static str>) -> Result<Option<u64>, &'static str> {
+    if trim_ascii(v).eq_ignore_ascii_case(b"auto") {
+        return Ok(None);
+    }
+    parse(v).map(Some)
+}
+
 pub fn parse_bool(v: &[u8]) -> Result<bool, &'static str> {
     match v {
         b"1" | b"yes" | b"true" | b"on" => Ok(true),
@@ -437,7 +448,7 @@ mod tests {
     fn out_of_range_is_rejected() {
         let mut c = Config::default();
         assert!(c.apply(b"TENSORMALLOC_THRESHOLD", b"1K").is_err());
-        assert!(c.apply(b"TENSORMALLOC_CACHE_BLOCKS", b"65").is_err());
+        assert!(c.apply(b"TENSORMALLOC_CACHE_BLOCKS", b"129").is_err());
         assert!(c.apply(b"TENSORMALLOC_CUDA_LIMIT", b"0%").is_err());
         assert!(c.apply(b"TENSORMALLOC_CUDA_LIMIT", b"101%").is_err());
         assert_eq!(c, Config::default());
@@ -455,6 +466,13 @@ mod tests {
         assert_eq!(c.stats, StatsOutput::Json);
         assert_eq!(c.stats_path(), b"/tmp/x.json");
         assert_eq!(c.hugepages, HugePages::Never);
+        // A bound set by the user is exact; `auto` gives the default back.
+        c.apply(b"TENSORMALLOC_CACHE_BYTES", b"2G").unwrap();
+        c.apply(b"TENSORMALLOC_CACHE_BLOCKS", b"0").unwrap();
+        assert_eq!((c.cache_bytes, c.cache_blocks), (Some(2 * GIB), Some(0)));
+        c.apply(b"TENSORMALLOC_CACHE_BYTES", b"auto").unwrap();
+        c.apply(b"TENSORMALLOC_CACHE_BLOCKS", b"AUTO").unwrap();
+        assert_eq!((c.cache_bytes, c.cache_blocks), (None, None));
     }
 
     #[test]

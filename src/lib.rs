@@ -64,7 +64,12 @@ pub(crate) static DEVICE: device::layer::DeviceLayer<sys::cuda_driver::CudaDrive
     device::layer::DeviceLayer::new(sys::cuda_driver::CudaDriver, map_table);
 
 /// The host layer over the kernel's pages.
-pub(crate) static HOST: HostLayer<OsPages> = HostLayer::new(OsPages, map_table, sys::clock::now_ns, sys::reaper::on_block_cached);
+pub(crate) static HOST: HostLayer<OsPages> = HostLayer::new(
+    OsPages,
+    map_table,
+    sys::clock::now_ns,
+    host::layer::Background { on_cached: sys::reaper::on_block_cached, running: sys::reaper::running, wake: sys::reaper::wake },
+);
 
 /// The resolved state, initializing on first use. `None` while initialization is under way
 /// (a reentrant call from dlsym, or another thread meanwhile): callers use the bootstrap arena.
@@ -89,7 +94,7 @@ fn init_slow() -> Option<&'static Globals> {
         INIT_STATE.store(FAILED, Ordering::Release);
         return None;
     };
-    HOST.configure(&config);
+    HOST.configure(&config, sys::memory::usable_bytes());
     DEVICE.configure(&config);
     route::configure(&config, &next);
     // SAFETY: only this thread writes, and only before publishing DONE.

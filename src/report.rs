@@ -111,7 +111,7 @@ const DEVICE_ROWS: usize = 5;
 
 /// The host rows, then the device rows (`DEVICE_ROWS` of them, left out of the text report of a
 /// process that made no CUDA call).
-fn phase_rows() -> [PhaseRow<'static>; 15] {
+fn phase_rows() -> [PhaseRow<'static>; 16] {
     let p = &HOST.stats.phases;
     let d = &DEVICE.phases;
     [
@@ -122,6 +122,7 @@ fn phase_rows() -> [PhaseRow<'static>; 15] {
         (1, "fresh mmap (miss)", &p.alloc_map),
         (0, "large free", &p.free),
         (1, "munmap (evict, refuse)", &p.free_unmap),
+        (0, "deferred munmap (background)", &p.deferred_unmap),
         (0, "large realloc", &p.realloc),
         (0, "idle release (MADV_FREE)", &p.release),
         (0, "idle expiry (munmap)", &p.expire),
@@ -162,12 +163,21 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     )?;
     writeln!(
         w,
-        "  released (MADV_FREE) {} blocks, {}  unmapped {} blocks, {}  mmap failures {}",
+        "  released (MADV_FREE) {} blocks, {}  unmapped {} blocks, {} (waiting for the background thread {})  mmap failures {}",
         s.host_released_blocks,
         Bytes(s.host_released_bytes),
         s.host_unmapped_blocks,
         Bytes(s.host_unmapped_bytes),
+        Bytes(HOST.stats.deferred.current()),
         s.host_map_failures
+    )?;
+    let (bound_blocks, bound_bytes) = HOST.bounds();
+    writeln!(
+        w,
+        "  cache bound now {} blocks, {}  calloc hits zeroed by dropping pages {}",
+        bound_blocks,
+        Bytes(bound_bytes as u64),
+        HOST.stats.zeroed_by_discard.get()
     )?;
     DEVICE.for_each_pool(|device, pool| {
         let p = &pool.stats;
@@ -245,8 +255,21 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     )?;
     write!(
         w,
-        "\"released_blocks\":{},\"released_bytes\":{},\"unmapped_blocks\":{},\"unmapped_bytes\":{},\"map_failures\":{}}},",
-        s.host_released_blocks, s.host_released_bytes, s.host_unmapped_blocks, s.host_unmapped_bytes, s.host_map_failures
+        "\"released_blocks\":{},\"released_bytes\":{},\"unmapped_blocks\":{},\"unmapped_bytes\":{},\"deferred_unmap_bytes\":{},\"map_failures\":{},",
+        s.host_released_blocks,
+        s.host_released_bytes,
+        s.host_unmapped_blocks,
+        s.host_unmapped_bytes,
+        HOST.stats.deferred.current(),
+        s.host_map_failures
+    )?;
+    let (bound_blocks, bound_bytes) = HOST.bounds();
+    write!(
+        w,
+        "\"bound_blocks\":{},\"bound_bytes\":{},\"calloc_zeroed_by_discard\":{}}},",
+        bound_blocks,
+        bound_bytes,
+        HOST.stats.zeroed_by_discard.get()
     )?;
     w.write_str("\"cuda\":[")?;
     let mut first = true;

@@ -1,8 +1,10 @@
 //! Simulated backing memory for tests and replay benchmarks: fake addresses that are never
-//! dereferenced, exact bookkeeping of what is mapped, checks that every operation stays inside
-//! memory it owns, and injected failures. This is a simulator, not a model of a real kernel's
-//! or device's speed. Built only for tests and the no-interpose harnesses: a broken invariant
-//! here should stop the test loudly, so the allocation paths' lints do not apply.
+//! dereferenced, exact bookkeeping of what is mapped, which bytes may hold data (so a test
+//! catches a block handed to calloc that does not read zero) and which pages are resident,
+//! checks that every operation stays inside memory it owns, and injected failures. This is a
+//! simulator, not a model of a real kernel's or device's speed. Built only for tests and the
+//! no-interpose harnesses: a broken invariant here should stop the test loudly, so the
+//! allocation paths' lints do not apply.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
 use crate::backing::{DeviceError, DeviceRuntime, PageMemory, PrimaryContext};
@@ -32,6 +34,7 @@ pub struct PageCalls {
     pub releases: u64,
     pub remaps: u64,
     pub zeroed_bytes: u64,
+    pub discarded_bytes: u64,
     pub copied_bytes: u64,
 }
 
@@ -39,6 +42,12 @@ pub struct PageCalls {
 struct PageState {
     /// start -> length of each mapped range (ranges never overlap).
     mapped: BTreeMap<usize, usize>,
+    /// Ranges that may hold something other than zeros (written by the program, or copied).
+    dirty: BTreeMap<usize, usize>,
+    /// Ranges whose pages are resident (written, or zeroed by a write).
+    resident: BTreeMap<usize, usize>,
+    fail_discard: bool,
+    release_discards: bool,
     next_addr: usize,
     fail_next_maps: u64,
     calls: PageCalls,
@@ -65,6 +74,30 @@ impl SimPages {
         self.state.lock().unwrap().fail_next_maps = n;
     }
 
+    /// The program writes to `[addr, addr+len)`: it may no longer read zero, and is resident.
+    pub fn write(&self, addr: usize, len: usize) {
+        let mut st = self.state.lock().unwrap();
+        assert!(Self::covered(&st.mapped, addr, len), "write to unmapped memory {addr:#x}+{len}");
+        Self::add_range(&mut st.dirty, addr, len);
+        Self::add_range(&mut st.resident, addr, len);
+    }
+
+    /// True when every byte of the range reads zero.
+    pub fn reads_zero(&self, addr: usize, len: usize) -> bool {
+        let st = self.state.lock().unwrap();
+        !Self::overlaps(&st.dirty, addr, len)
+    }
+
+    /// `release` drops pages from now on (a kernel without MADV_FREE).
+    pub fn release_discards(&self) {
+        self.state.lock().unwrap().release_discards = true;
+    }
+
+    /// `discard` fails from now on (a kernel that refuses madvise).
+    pub fn fail_discards(&self) {
+        self.state.lock().unwrap().fail_discard = true;
+    }
+
     pub fn mapped_bytes(&self) -> usize {
         self.state.lock().unwrap().mapped.values().sum()
     }
@@ -89,6 +122,25 @@ impl SimPages {
             }
         }
         true
+    }
+
+    fn overlaps(ranges: &BTreeMap<usize, usize>, addr: usize, len: usize) -> bool {
+        ranges.range(..addr + len).any(|(&s, &l)| s + l > addr)
+    }
+
+    fn add_range(ranges: &mut BTreeMap<usize, usize>, addr: usize, len: usize) {
+        Self::remove_range(ranges, addr, len);
+        ranges.insert(addr, len);
+    }
+
+    /// Moves what `ranges` records over `[from, from+len)` to start at `to`.
+    fn move_range(ranges: &mut BTreeMap<usize, usize>, from: usize, len: usize, to: usize) {
+        let end = from + len;
+        let inside: Vec<(usize, usize)> = ranges.range(..end).filter(|(&s, &l)| s + l > from).map(|(&s, &l)| (s.max(from), (s + l).min(end))).collect();
+        Self::remove_range(ranges, from, len);
+        for (s, e) in inside {
+            Self::add_range(ranges, s - from + to, e - s);
+        }
     }
 
     fn remove_range(mapped: &mut BTreeMap<usize, usize>, addr: usize, len: usize) {
@@ -126,13 +178,22 @@ impl PageMemory for SimPages {
         let mut st = self.state.lock().unwrap();
         assert!(Self::covered(&st.mapped, addr, len), "unmap of unmapped memory {addr:#x}+{len}");
         Self::remove_range(&mut st.mapped, addr, len);
+        Self::remove_range(&mut st.dirty, addr, len);
+        Self::remove_range(&mut st.resident, addr, len);
         st.calls.unmaps += 1;
     }
 
-    fn release(&self, addr: usize, len: usize) {
+    /// MADV_FREE: contents kept until the kernel takes the pages, so the range may still hold
+    /// data; with `release_discards`, MADV_DONTNEED (a kernel without MADV_FREE): zero.
+    fn release(&self, addr: usize, len: usize) -> bool {
         let mut st = self.state.lock().unwrap();
         assert!(Self::covered(&st.mapped, addr, len), "release of unmapped memory {addr:#x}+{len}");
         st.calls.releases += 1;
+        if st.release_discards {
+            Self::remove_range(&mut st.dirty, addr, len);
+            Self::remove_range(&mut st.resident, addr, len);
+        }
+        st.release_discards
     }
 
     /// Succeeds when nothing is mapped after the block up to its new end: with the guard gap
@@ -155,6 +216,8 @@ impl PageMemory for SimPages {
         let fresh = self.map(new_len, align)?;
         let mut st = self.state.lock().unwrap();
         Self::remove_range(&mut st.mapped, addr, old_len);
+        Self::move_range(&mut st.dirty, addr, old_len, fresh);
+        Self::move_range(&mut st.resident, addr, old_len, fresh);
         st.calls.maps -= 1;
         st.calls.remaps += 1;
         Some(fresh)
@@ -167,12 +230,35 @@ impl PageMemory for SimPages {
     fn zero(&self, addr: usize, len: usize) {
         let mut st = self.state.lock().unwrap();
         assert!(Self::covered(&st.mapped, addr, len), "zero of unmapped memory");
+        Self::remove_range(&mut st.dirty, addr, len);
+        Self::add_range(&mut st.resident, addr, len);
         st.calls.zeroed_bytes += len as u64;
+    }
+
+    fn discard(&self, addr: usize, len: usize) -> bool {
+        let mut st = self.state.lock().unwrap();
+        assert!(Self::covered(&st.mapped, addr, len), "discard of unmapped memory");
+        if st.fail_discard {
+            return false;
+        }
+        Self::remove_range(&mut st.dirty, addr, len);
+        Self::remove_range(&mut st.resident, addr, len);
+        st.calls.discarded_bytes += len as u64;
+        true
+    }
+
+    fn resident_probes(&self, addr: usize, len: usize, probes: usize) -> Option<usize> {
+        let st = self.state.lock().unwrap();
+        assert!(Self::covered(&st.mapped, addr, len), "probe of unmapped memory");
+        let step = (len / probes.max(1)) & !4095;
+        Some((0..probes).filter(|i| Self::overlaps(&st.resident, addr + i * step + ((step / 2) & !4095), 1)).count())
     }
 
     fn copy(&self, dst: usize, src: usize, len: usize) {
         let mut st = self.state.lock().unwrap();
         assert!(Self::covered(&st.mapped, dst, len) && Self::covered(&st.mapped, src, len), "copy outside mappings");
+        Self::add_range(&mut st.dirty, dst, len);
+        Self::add_range(&mut st.resident, dst, len);
         st.calls.copied_bytes += len as u64;
     }
 }

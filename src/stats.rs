@@ -101,7 +101,13 @@ pub struct HostStats {
     /// Misses served by growing a smaller cached block.
     pub grows: Counter,
     pub live: Gauge,
+    /// Live large blocks (the cache's block bound follows its peak).
+    pub live_blocks: Gauge,
     pub cached: Gauge,
+    /// Bytes evicted and waiting for the background thread to unmap them.
+    pub deferred: Gauge,
+    /// calloc hits zeroed by discarding pages (MADV_DONTNEED) rather than by writing zeros.
+    pub zeroed_by_discard: Counter,
     pub phases: HostPhases,
 }
 
@@ -115,6 +121,8 @@ pub struct HostPhases {
     pub alloc_zero: PhaseTimer,
     pub free: PhaseTimer,
     pub free_unmap: PhaseTimer,
+    /// Unmaps left to the background thread (Note [Deferred unmaps]).
+    pub deferred_unmap: PhaseTimer,
     pub realloc: PhaseTimer,
     pub release: PhaseTimer,
     pub expire: PhaseTimer,
@@ -184,7 +192,10 @@ impl HostStats {
             remaps: Counter::new(),
             grows: Counter::new(),
             live: Gauge::new(),
+            live_blocks: Gauge::new(),
             cached: Gauge::new(),
+            deferred: Gauge::new(),
+            zeroed_by_discard: Counter::new(),
             phases: HostPhases {
                 alloc: PhaseTimer::new(),
                 alloc_hit: PhaseTimer::new(),
@@ -193,6 +204,7 @@ impl HostStats {
                 alloc_zero: PhaseTimer::new(),
                 free: PhaseTimer::new(),
                 free_unmap: PhaseTimer::new(),
+                deferred_unmap: PhaseTimer::new(),
                 realloc: PhaseTimer::new(),
                 release: PhaseTimer::new(),
                 expire: PhaseTimer::new(),

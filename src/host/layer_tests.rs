@@ -20,20 +20,33 @@ fn advance(ns: u64) {
     NOW.with(|n| n.set(n.get() + ns));
 }
 fn nothing() {}
+fn nothing_due(_: u64) {}
+fn yes() -> bool {
+    true
+}
+fn no() -> bool {
+    false
+}
 
 use crate::sim::leak_table;
 
 fn layer(config: Config) -> Box<HostLayer<SimPages>> {
-    let l = Box::new(HostLayer::new(SimPages::new(), leak_table, fake_clock, nothing));
-    l.configure(&config);
+    layer_with(config, no)
+}
+
+/// `background`: whether a background thread takes deferred unmaps (the test runs `reap`).
+fn layer_with(config: Config, background: fn() -> bool) -> Box<HostLayer<SimPages>> {
+    let l = Box::new(HostLayer::new(SimPages::new(), leak_table, fake_clock, Background { on_cached: nothing_due, running: background, wake: nothing }));
+    l.configure(&config, 64 << 30);
     l
 }
 
-/// Every byte the simulator has mapped is either live or cached: nothing leaks.
+/// Every byte the simulator has mapped is live, cached or waiting to be unmapped: nothing leaks.
 fn check(l: &HostLayer<SimPages>) {
     l.check_invariants().unwrap();
     let (_, cached) = l.cached();
-    assert_eq!(l.memory.mapped_bytes(), l.stats.live.current() as usize + cached, "mapped = live + cached");
+    assert_eq!(l.memory.mapped_bytes(), l.stats.live.current() as usize + cached + l.deferred_bytes(), "mapped = live + cached + deferred");
+    assert_eq!(l.stats.deferred.current() as usize, l.deferred_bytes());
 }
 
 #[test]
@@ -57,15 +70,155 @@ fn hot_reuse_makes_no_system_calls() {
     check(&l);
 }
 
+/// calloc reads zero on every path (fresh, hit on a dirtied block, on a sparsely touched one, on
+/// a released one, a split tail, a grown block, madvise refused), and costs what was touched.
 #[test]
-fn calloc_hit_is_zeroed_and_miss_is_not_rezeroed() {
-    let l = layer(Config::default());
+fn calloc_reads_zero_on_every_path_and_costs_what_was_touched() {
+    let l = layer(Config { release_ms: 100, ..Config::default() });
+    let zeroed = || l.memory.calls().zeroed_bytes;
+    let discarded = || l.memory.calls().discarded_bytes;
+    // Fresh: already zero, nothing written.
     let a = l.alloc(8 * MB, 4096, true).unwrap();
-    assert_eq!(l.memory.calls().zeroed_bytes, 0, "fresh mappings are already zero");
+    assert!(l.memory.reads_zero(a, 8 * MB));
+    assert_eq!((zeroed(), discarded()), (0, 0), "fresh mappings are already zero");
+    // Dense use, then calloc again: resident, so zeros are written (dropping the pages would
+    // make every one fault again).
+    l.memory.write(a, 8 * MB);
     l.free(a, 8 * MB);
     let b = l.alloc(8 * MB - 100, 4096, true).unwrap();
     assert_eq!(b, a);
-    assert_eq!(l.memory.calls().zeroed_bytes, (8 * MB - 100) as u64);
+    assert!(l.memory.reads_zero(b, 8 * MB - 100));
+    assert_eq!((zeroed(), discarded()), ((8 * MB - 100) as u64, 0));
+    // Sparse use (two pages) of a block not zeroed by writing: the pages are discarded,
+    // nothing written.
+    let s = l.alloc(32 * MB, 4096, true).unwrap();
+    l.memory.write(s, 4096);
+    l.memory.write(s + 20 * MB, 4096);
+    l.free(s, 32 * MB);
+    let s2 = l.alloc(32 * MB, 4096, true).unwrap();
+    assert_eq!(s2, s);
+    assert!(l.memory.reads_zero(s2, 32 * MB));
+    assert_eq!((zeroed(), discarded()), ((8 * MB - 100) as u64, 32 * MB as u64));
+    assert_eq!(l.stats.zeroed_by_discard.get(), 1);
+    l.free(s2, 32 * MB);
+    // A block zeroed by writing is resident: used sparsely, it is written again.
+    l.memory.write(b, 4096);
+    l.free(b, 8 * MB);
+    let c = l.alloc(8 * MB, 4096, true).unwrap();
+    assert!(l.memory.reads_zero(c, 8 * MB));
+    assert_eq!(zeroed(), 2 * (8 * MB - 100) as u64 + 100);
+    // Released (MADV_FREE keeps contents until the kernel takes the pages): still zeroed.
+    l.memory.write(c, 8 * MB);
+    l.free(c, 8 * MB);
+    advance(100 * MS);
+    l.reap();
+    assert_eq!(l.memory.calls().releases, 2, "c and s2");
+    let d = l.alloc(8 * MB, 4096, true).unwrap();
+    assert_eq!((d, l.stats.hits_after_release.get()), (c, 1));
+    assert!(l.memory.reads_zero(d, 8 * MB));
+    // A split: the kept tail of a zeroed block is known zero; the head was written.
+    l.memory.write(d, 4096);
+    l.free(d, 8 * MB);
+    let e = l.alloc(64 * MB, 4096, true).unwrap(); // grown from d: only d's 8 MB may hold data
+    assert!(l.memory.reads_zero(e, 64 * MB));
+    assert_eq!(l.stats.grows.get(), 1);
+    let before = (zeroed(), discarded());
+    l.memory.write(e, 64 * MB);
+    l.free(e, 64 * MB);
+    let f = l.alloc(16 * MB, 4096, true).unwrap();
+    assert!(l.memory.reads_zero(f, 16 * MB));
+    assert_eq!(zeroed(), before.0 + 16 * MB as u64, "only what is handed out is zeroed");
+    let g = l.alloc(40 * MB, 4096, true).unwrap();
+    assert_eq!(g, f + 16 * MB, "the tail");
+    assert!(l.memory.reads_zero(g, 40 * MB));
+    // A kernel without MADV_FREE: idle blocks are released with MADV_DONTNEED, so they are
+    // known zero and handed to calloc with nothing written or dropped.
+    l.memory.release_discards();
+    l.memory.write(g, 40 * MB);
+    l.free(g, 40 * MB);
+    advance(100 * MS);
+    l.reap();
+    let cost = (zeroed(), discarded());
+    let g = l.alloc(40 * MB, 4096, true).unwrap();
+    assert!(l.memory.reads_zero(g, 40 * MB));
+    assert_eq!((zeroed(), discarded()), cost, "known zero: nothing to do");
+    // A kernel that refuses madvise: zeros are written instead.
+    l.memory.fail_discards();
+    l.memory.write(g, 4096);
+    l.free(g, 48 * MB);
+    let h = l.alloc(48 * MB, 4096, true).unwrap();
+    assert!(l.memory.reads_zero(h, 48 * MB));
+    l.free(f, 16 * MB);
+    l.free(h, 48 * MB);
+    check(&l);
+}
+
+/// Evicted blocks wait on the deferred list for the background thread; they are never handed
+/// out again, count as mapped until it runs, and are unmapped inline without one.
+#[test]
+fn evictions_leave_the_callers_path() {
+    let l = layer_with(Config { cache_blocks: Some(1), ..Config::default() }, yes);
+    let a = l.alloc(8 * MB, 4096, false).unwrap();
+    let b = l.alloc(16 * MB, 4096, false).unwrap();
+    l.free(a, 8 * MB);
+    let unmaps = l.memory.calls().unmaps;
+    l.free(b, 16 * MB); // evicts a
+    assert_eq!(l.memory.calls().unmaps, unmaps, "no munmap in free");
+    assert_eq!(l.deferred_bytes(), 8 * MB);
+    assert_eq!(l.owner(a), Owner::Foreign);
+    assert!(l.memory.is_mapped(a, 8 * MB));
+    check(&l);
+    let c = l.alloc(8 * MB, 4096, false).unwrap();
+    assert_ne!(c, a, "a deferred block is never handed out");
+    assert_eq!(c, b, "the cached block serves it (split)");
+    l.reap();
+    assert_eq!(l.deferred_bytes(), 0);
+    assert!(!l.memory.is_mapped(a, 8 * MB));
+    check(&l);
+    // Memory short: a failed map unmaps the deferred list and the cache, then retries.
+    let d = l.alloc(8 * MB, 4096, false).unwrap();
+    let Owner::Live { len } = l.owner(c) else { panic!() };
+    l.free(c, len);
+    l.free(d, 8 * MB);
+    assert!(l.deferred_bytes() > 0);
+    l.memory.fail_next_maps(2); // growing d, then the fresh mapping
+    let e = l.alloc(32 * MB, 4096, false).expect("retried after unmapping");
+    assert_eq!((l.deferred_bytes(), l.cached()), (0, (0, 0)));
+    l.free(e, 32 * MB);
+    check(&l);
+    // No background thread: inline, as before.
+    let l = layer(Config { cache_blocks: Some(1), ..Config::default() });
+    let a = l.alloc(8 * MB, 4096, false).unwrap();
+    let b = l.alloc(8 * MB, 4096, false).unwrap();
+    l.free(a, 8 * MB);
+    l.free(b, 8 * MB);
+    assert_eq!((l.deferred_bytes(), l.memory.is_mapped(a, 8 * MB)), (0, false));
+    check(&l);
+}
+
+/// Many blocks live at once (16 threads with 4 each): all of them fit in the cache when freed,
+/// where the old fixed bound (16 blocks, 1 GiB) evicted most.
+#[test]
+fn the_bound_follows_the_working_set() {
+    let l = layer(Config::default());
+    let blocks: Vec<usize> = (0..64).map(|_| l.alloc(40 * MB, 4096, false).unwrap()).collect();
+    for &b in &blocks {
+        l.free(b, 40 * MB);
+    }
+    assert_eq!(l.cached(), (64, 64 * 40 * MB));
+    assert_eq!(l.stats.unmapped_blocks.get(), 0);
+    let again: Vec<usize> = (0..64).map(|_| l.alloc(40 * MB, 4096, false).unwrap()).collect();
+    assert_eq!(l.stats.hits.get(), 64);
+    for &b in &again {
+        l.free(b, 40 * MB);
+    }
+    check(&l);
+    // A bound the user set stays exact.
+    let l = layer(Config { cache_bytes: Some(1 << 30), ..Config::default() });
+    for b in (0..64).map(|_| l.alloc(40 * MB, 4096, false).unwrap()).collect::<Vec<_>>() {
+        l.free(b, 40 * MB);
+    }
+    assert_eq!(l.cached().1, 25 * 40 * MB);
     check(&l);
 }
 
@@ -158,7 +311,7 @@ fn resized_blocks_keep_block_alignment() {
 
 #[test]
 fn cache_off_unmaps_at_once() {
-    let l = layer(Config { cache_blocks: 0, ..Config::default() });
+    let l = layer(Config { cache_blocks: Some(0), ..Config::default() });
     let a = l.alloc(8 * MB, 4096, false).unwrap();
     l.free(a, 8 * MB);
     assert_eq!(l.memory.mapped_bytes(), 0);
@@ -171,15 +324,15 @@ fn cache_off_unmaps_at_once() {
 fn random_programs_match_the_shadow_model() {
     for seed in 1..=crate::sim::rounds(40, 4) as u64 {
         let config = Config {
-            cache_blocks: (seed % 5) as usize,
-            cache_bytes: (seed % 7 + 1) as u64 * 64 * MB as u64,
+            cache_blocks: if seed % 6 == 5 { None } else { Some((seed % 5) as usize) },
+            cache_bytes: if seed % 4 == 3 { None } else { Some((seed % 7 + 1) as u64 * 64 * MB as u64) },
             release_ms: seed % 3 * 50,
             expire_ms: 200,
             max_waste_percent: seed % 50,
             hugepages: if seed % 2 == 0 { HugePages::Auto } else { HugePages::Never },
             ..Config::default()
         };
-        let l = layer(config);
+        let l = layer_with(config, if seed % 2 == 0 { yes } else { no });
         let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         let mut next = || {
             rng ^= rng << 13;
@@ -194,7 +347,20 @@ fn random_programs_match_the_shadow_model() {
                     // A third below 4 MiB: blocks rounded to BLOCK_ALIGN rather than huge pages.
                     let size = if next() % 3 == 0 { 4096 + (next() % (4 * MB as u64)) as usize } else { 4 * MB + (next() % (96 * MB as u64)) as usize };
                     let align = 1usize << (12 + next() % 10);
-                    let a = l.alloc(size, align, next() % 4 == 0).unwrap();
+                    let zeroed = next() % 3 == 0;
+                    let a = l.alloc(size, align, zeroed).unwrap();
+                    if zeroed {
+                        assert!(l.memory.reads_zero(a, size), "calloc handed out a block that does not read zero");
+                    }
+                    // The program uses it densely, sparsely, or not at all.
+                    match next() % 3 {
+                        0 => l.memory.write(a, size),
+                        1 => {
+                            l.memory.write(a, 8);
+                            l.memory.write(a + size / 2, 8);
+                        }
+                        _ => {}
+                    }
                     assert_eq!(a % align, 0);
                     assert_eq!(a % BLOCK_ALIGN, 0, "free's fast path needs it");
                     let Owner::Live { len } = l.owner(a) else { panic!("not live") };

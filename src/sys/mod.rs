@@ -8,6 +8,7 @@ pub mod cuda_driver;
 pub mod dlsym;
 pub mod env;
 pub mod lock;
+pub mod memory;
 pub mod next;
 // Its users, the operator new shims, are not built for tests and the no-interpose harnesses.
 #[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]

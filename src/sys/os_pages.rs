@@ -11,25 +11,34 @@ static NO_MADV_FREE: AtomicBool = AtomicBool::new(false);
 
 pub struct OsPages;
 
+const THP_SIZE: usize = 2 << 20;
+
+impl OsPages {
+    /// An anonymous private mapping at an address of the kernel's choosing.
+    fn mmap_anywhere(len: usize) -> Option<usize> {
+        // SAFETY: a fresh mapping that overlaps nothing of anyone's.
+        let p = unsafe {
+            libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        (p != libc::MAP_FAILED).then_some(p as usize)
+    }
+}
+
 impl PageMemory for OsPages {
     fn map(&self, len: usize, align: usize) -> Option<usize> {
         let align = align.max(PAGE);
-        let span = len.checked_add(align - PAGE)?;
-        // SAFETY: an anonymous private mapping at an address of the kernel's choosing.
-        let p = unsafe {
-            libc::mmap(
-                core::ptr::null_mut(),
-                span,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return None;
+        // Linux places anonymous mappings of a multiple of 2 MiB on a 2 MiB boundary: one mmap
+        // instead of an mmap and two trimming munmaps, each of which waits for the address
+        // space lock behind every page fault of the other threads (16-thread churn).
+        if len.is_multiple_of(THP_SIZE) && align <= THP_SIZE && align > PAGE {
+            let p = Self::mmap_anywhere(len)?;
+            if p % align == 0 {
+                return Some(p);
+            }
+            self.unmap(p, len);
         }
-        let start = p as usize;
+        let span = len.checked_add(align - PAGE)?;
+        let start = Self::mmap_anywhere(span)?;
         let aligned = (start + align - 1) & !(align - 1);
         let head = aligned - start;
         let tail = span - head - len;
@@ -47,19 +56,19 @@ impl PageMemory for OsPages {
         unsafe { libc::munmap(addr as *mut libc::c_void, len) };
     }
 
-    fn release(&self, addr: usize, len: usize) {
+    fn release(&self, addr: usize, len: usize) -> bool {
         if !NO_MADV_FREE.load(Ordering::Relaxed) {
             // SAFETY: the caller owns the range; MADV_FREE only affects its contents.
             if unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_FREE) } == 0 {
-                return;
+                return false;
             }
             // SAFETY: errno is thread-local.
             if unsafe { *libc::__errno_location() } == libc::EINVAL {
                 NO_MADV_FREE.store(true, Ordering::Relaxed);
             }
         }
-        // SAFETY: as above; MADV_DONTNEED makes the pages read back as zero.
-        unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+        // MADV_DONTNEED makes the pages read back as zero.
+        self.discard(addr, len)
     }
 
     fn extend(&self, addr: usize, old_len: usize, new_len: usize) -> bool {
@@ -95,6 +104,27 @@ impl PageMemory for OsPages {
     fn zero(&self, addr: usize, len: usize) {
         // SAFETY: the caller owns the writable range.
         unsafe { core::ptr::write_bytes(addr as *mut u8, 0, len) };
+    }
+
+    fn discard(&self, addr: usize, len: usize) -> bool {
+        // SAFETY: the caller owns the range and wants its contents gone.
+        unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) == 0 }
+    }
+
+    fn resident_probes(&self, addr: usize, len: usize, probes: usize) -> Option<usize> {
+        let step = (len / probes.max(1)) & !(PAGE - 1);
+        let mut resident = 0;
+        for i in 0..probes {
+            // The middle of each of `probes` equal parts, on a page.
+            let page = addr + i * step + ((step / 2) & !(PAGE - 1));
+            let mut vec = 0u8;
+            // SAFETY: one page of a range the caller owns; mincore writes one byte.
+            if unsafe { libc::mincore(page as *mut libc::c_void, PAGE, &mut vec) } != 0 {
+                return None;
+            }
+            resident += usize::from(vec & 1);
+        }
+        Some(resident)
     }
 
     fn copy(&self, dst: usize, src: usize, len: usize) {

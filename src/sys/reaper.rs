@@ -1,7 +1,8 @@
 //! The reaper: one background thread, started the first time a block enters the host cache, that
 //! releases and expires idle blocks even when the program makes no further allocation call. It
 //! sleeps on a futex until the cache's next deadline, or indefinitely while nothing is due.
-//! If no thread can be created (seccomp, thread limits), the allocation paths reap instead.
+//! It also unmaps blocks the host layer deferred (Note [Deferred unmaps]). If no thread can be
+//! created (seccomp, thread limits), the allocation paths reap instead and unmap inline.
 
 use core::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
@@ -15,13 +16,14 @@ static WAKE_SEQ: AtomicU32 = AtomicU32::new(0);
 /// When the sleeping reaper will wake by itself; u64::MAX while it sleeps with no deadline.
 static SLEEPING_UNTIL: AtomicU64 = AtomicU64::new(u64::MAX);
 
-/// Called (outside every lock) after a block entered the host cache.
-pub fn on_block_cached() {
+/// Called (outside every lock) after a block entered the host cache; `deadline_ns` is when it
+/// is first due (its release).
+pub fn on_block_cached(deadline_ns: u64) {
     match STATE.load(Ordering::Acquire) {
         RUNNING => {
-            // A new block's deadlines lie after every pending one: only a reaper asleep with no
-            // deadline needs waking.
-            if SLEEPING_UNTIL.load(Ordering::Acquire) == u64::MAX {
+            // A reaper asleep until later (with no deadline, or until an older block's expiry,
+            // which comes after this block's release) must wake to reschedule.
+            if SLEEPING_UNTIL.load(Ordering::Acquire) > deadline_ns {
                 wake();
             }
         }
@@ -52,7 +54,13 @@ fn reap_inline() {
     }
 }
 
-fn wake() {
+/// Whether the thread runs (deferred unmaps will be done).
+pub fn running() -> bool {
+    STATE.load(Ordering::Acquire) == RUNNING
+}
+
+/// Wakes the thread now (work was deferred to it).
+pub fn wake() {
     WAKE_SEQ.fetch_add(1, Ordering::AcqRel);
     // SAFETY: a futex wake on a static word.
     unsafe { libc::syscall(libc::SYS_futex, WAKE_SEQ.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, 1) };

@@ -1,0 +1,118 @@
+//! How much memory this process may use: physical memory (sysinfo), or less when its cgroup has
+//! a limit (v2 `memory.max`, v1 `memory.limit_in_bytes`, on its own cgroup and every ancestor).
+//! Read once at init with raw system calls into stack buffers: no allocation, no locks. The
+//! parsing is pure and unit-tested.
+
+const BUF: usize = 512;
+
+/// min(physical memory, the cgroup's memory limit); physical memory when there is no limit.
+pub fn usable_bytes() -> u64 {
+    // SAFETY: sysinfo fills the struct we own.
+    let phys = unsafe {
+        let mut info: libc::sysinfo = core::mem::zeroed();
+        if libc::sysinfo(&mut info) == 0 {
+            (info.totalram as u64).saturating_mul(u64::from(info.mem_unit.max(1)))
+        } else {
+            u64::MAX
+        }
+    };
+    let mut cgroup = [0u8; BUF];
+    let Some(n) = read_file(b"/proc/self/cgroup\0", &mut cgroup) else { return phys };
+    let text = cgroup.get(..n).unwrap_or(&[]);
+    let mut limit = phys;
+    // v2 inside a cgroup namespace (containers): the cgroup is the mount's root.
+    limit = limit.min(read_limit(b"/sys/fs/cgroup/", b"", b"memory.max"));
+    if let Some(path) = cgroup_path(text, b"") {
+        limit = limit.min(limit_up_the_tree(b"/sys/fs/cgroup", path, b"memory.max"));
+    }
+    if let Some(path) = cgroup_path(text, b"memory") {
+        limit = limit.min(limit_up_the_tree(b"/sys/fs/cgroup/memory", path, b"memory.limit_in_bytes"));
+    }
+    limit
+}
+
+/// The path of the cgroup that has `controller` in `/proc/self/cgroup` (empty: the v2 line,
+/// `0::/path`).
+pub fn cgroup_path<'a>(text: &'a [u8], controller: &[u8]) -> Option<&'a [u8]> {
+    text.split(|&b| b == b'\n').find_map(|line| {
+        let mut fields = line.splitn(3, |&b| b == b':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        let matches = if controller.is_empty() { controllers.is_empty() } else { controllers.split(|&b| b == b',').any(|c| c == controller) };
+        matches.then_some(path)
+    })
+}
+
+/// A limit file's value: bytes, or None for `max` (v2's "no limit") and anything unreadable.
+pub fn parse_limit(text: &[u8]) -> Option<u64> {
+    let digits = text.strip_suffix(b"\n").unwrap_or(text);
+    crate::config::parse_u64(digits)
+}
+
+/// The smallest limit on `path` and each of its ancestors under `root`.
+fn limit_up_the_tree(root: &[u8], path: &[u8], file: &[u8]) -> u64 {
+    let mut limit = u64::MAX;
+    let mut at = path;
+    loop {
+        limit = limit.min(read_limit(root, at, file));
+        match at.iter().rposition(|&b| b == b'/') {
+            Some(slash) if !at.is_empty() => at = at.get(..slash).unwrap_or(&[]),
+            _ => return limit,
+        }
+    }
+}
+
+/// `root` + `dir` + "/" + `file`, read and parsed; u64::MAX when absent or `max`.
+fn read_limit(root: &[u8], dir: &[u8], file: &[u8]) -> u64 {
+    let mut path = [0u8; BUF];
+    let mut len = 0;
+    for part in [root, dir, b"/", file, b"\0"] {
+        let Some(dst) = path.get_mut(len..len + part.len()) else { return u64::MAX };
+        dst.copy_from_slice(part);
+        len += part.len();
+    }
+    let mut buf = [0u8; 64];
+    read_file(path.get(..len).unwrap_or(b"\0"), &mut buf).and_then(|n| parse_limit(buf.get(..n)?)).unwrap_or(u64::MAX)
+}
+
+/// Reads up to `buf.len()` bytes of a NUL-terminated path; the count read.
+fn read_file(path: &[u8], buf: &mut [u8]) -> Option<usize> {
+    // SAFETY: `path` is NUL-terminated; read writes at most buf.len() bytes into buf.
+    unsafe {
+        let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return None;
+        }
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        usize::try_from(n).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_cgroup_of_each_hierarchy() {
+        let v1 = b"9:name=systemd:/\n4:memory:/process_api/12eb\n3:cpu,cpuacct:/x\n0::/\n";
+        assert_eq!(cgroup_path(v1, b"memory"), Some(&b"/process_api/12eb"[..]));
+        assert_eq!(cgroup_path(v1, b"cpuacct"), Some(&b"/x"[..]));
+        assert_eq!(cgroup_path(v1, b""), Some(&b"/"[..]));
+        assert_eq!(cgroup_path(b"0::/user.slice/a.scope\n", b""), Some(&b"/user.slice/a.scope"[..]));
+        assert_eq!(cgroup_path(b"0::/a\n", b"memory"), None);
+        assert_eq!(cgroup_path(b"garbage", b""), None);
+    }
+
+    #[test]
+    fn reads_limits() {
+        assert_eq!(parse_limit(b"max\n"), None);
+        assert_eq!(parse_limit(b"4294967296\n"), Some(4 << 30));
+        assert_eq!(parse_limit(b""), None);
+    }
+
+    #[test]
+    fn usable_memory_is_some_and_at_most_physical() {
+        let usable = usable_bytes();
+        assert!(usable > 0 && usable < u64::MAX);
+    }
+}
