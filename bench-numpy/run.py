@@ -79,9 +79,13 @@ def main():
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="workloads: " + " ".join(every) + "\nallocators: " + " ".join(ALLOCATORS),
     )
-    ap.add_argument("--reps", type=int, default=int(os.environ.get("BENCH_REPS", "3")))
+    ap.add_argument("--reps", type=int, default=int(os.environ.get("BENCH_REPS", "3")),
+                    help="repetitions of every (workload, allocator) pair, in rotating order; each table "
+                         "cell is their median (default: $BENCH_REPS, else 3)")
     ap.add_argument("--only", nargs="*", choices=every, metavar="WORKLOAD", help="workloads to run (default: all; listed below)")
-    ap.add_argument("--allocators", nargs="*", choices=list(ALLOCATORS), metavar="ALLOCATOR", default=list(ALLOCATORS))
+    ap.add_argument("--allocators", nargs="*", choices=list(ALLOCATORS), metavar="ALLOCATOR", default=list(ALLOCATORS),
+                    help="allocators to compare (default: all; listed below: glibc-tuned raises glibc's mmap and "
+                         "trim thresholds, tensormalloc+jemalloc preloads jemalloc behind us)")
     args = ap.parse_args()
 
     names = args.only or every
