@@ -1,0 +1,199 @@
+//! The cache policy over plain numbers: hits, splits, bounds, expiry, calloc's zero rules.
+
+use super::*;
+
+const MB: usize = 1 << 20;
+const MS: u64 = 1_000_000;
+
+fn limits() -> CacheLimits {
+    CacheLimits {
+        max_blocks: 4,
+        max_bytes: 1024 * MB,
+        follow_blocks: false,
+        follow_bytes: false,
+        min_blocks: 0,
+        min_bytes: 0,
+        release_after_ns: 1000 * MS,
+        expire_after_ns: 10_000 * MS,
+        max_waste_percent: 25,
+        min_block_len: 4 * MB,
+    }
+}
+
+#[test]
+fn reuses_hot_block_untouched() {
+    let mut c = BlockCache::new(limits());
+    assert!(c.insert(0x1000_0000, 80 * MB, false, 0, Live::default()).accepted);
+    let t = c.take(80 * MB, 4096).unwrap();
+    assert_eq!((t.addr, t.len, t.was_released), (0x1000_0000, 80 * MB, false));
+    assert_eq!(c.cached_bytes(), 0);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn best_fit_and_alignment() {
+    let mut c = BlockCache::new(limits());
+    c.insert(0x1000_0000, 100 * MB, false, 0, Live::default());
+    c.insert(0x2000_0000 + 4096, 90 * MB, false, 1, Live::default());
+    c.insert(0x3000_0000, 82 * MB, false, 2, Live::default());
+    assert_eq!(c.take(80 * MB, 4096).unwrap().addr, 0x3000_0000);
+    // 0x2000_1000 is not 64 KiB aligned, so the 100 MB block serves this one.
+    assert_eq!(c.take(85 * MB, 65536).unwrap().addr, 0x1000_0000);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn never_a_huge_block_for_a_small_request() {
+    let mut c = BlockCache::new(limits());
+    c.insert(0x4000_0000, 1024 * MB, false, 0, Live::default());
+    let t = c.take(8 * MB, 4096).unwrap();
+    assert_eq!(t.len, 8 * MB);
+    assert_eq!(t.tail_kept, Some(Range { addr: 0x4000_0000 + 8 * MB, len: 1016 * MB }));
+    assert_eq!(c.cached_bytes(), 1016 * MB);
+    // A short tail is given back instead of cached.
+    let t = c.take(1014 * MB, 4096).unwrap();
+    assert_eq!(t.tail_to_unmap, None, "2 MB of 1016 is within 25%");
+    c.check_invariants().unwrap();
+    c.insert(0x9000_0000, 12 * MB, false, 0, Live::default());
+    let t = c.take(8 * MB, 4096).unwrap();
+    assert_eq!(t.tail_kept, Some(Range { addr: 0x9000_0000 + 8 * MB, len: 4 * MB }));
+    c.insert(0xa000_0000, 11 * MB, false, 0, Live::default());
+    let t = c.take(8 * MB, 4096).unwrap();
+    assert_eq!(t.tail_to_unmap, Some(Range { addr: 0xa000_0000 + 8 * MB, len: 3 * MB }));
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn a_miss_can_grow_the_largest_smaller_block() {
+    let mut c = BlockCache::new(limits());
+    c.insert(0x1000_0000, 8 * MB, false, 0, Live::default());
+    c.insert(0x2000_0000, 40 * MB, false, 1, Live::default());
+    c.insert(0x3000_0000, 90 * MB, false, 2, Live::default());
+    assert!(c.take(100 * MB, 4096).is_none());
+    let t = c.take_smaller(100 * MB).unwrap();
+    assert_eq!((t.addr, t.len), (0x3000_0000, 90 * MB));
+    assert_eq!(c.cached_bytes(), 48 * MB);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn limits_evict_oldest_first() {
+    let mut c = BlockCache::new(CacheLimits { max_bytes: 200 * MB, ..limits() });
+    c.insert(0x1000_0000, 80 * MB, false, 10, Live::default());
+    c.insert(0x2000_0000, 80 * MB, false, 20, Live::default());
+    let ins = c.insert(0x3000_0000, 80 * MB, false, 30, Live::default());
+    assert!(ins.accepted);
+    assert_eq!(ins.evicted.iter().next(), Some(&Range { addr: 0x1000_0000, len: 80 * MB }));
+    assert!(!c.insert(0x5000_0000, 300 * MB, false, 40, Live::default()).accepted, "bigger than the whole cache");
+    c.check_invariants().unwrap();
+    let mut c = BlockCache::new(limits());
+    for i in 0..6 {
+        c.insert(0x1000_0000 * (i + 1), 8 * MB, false, i as u64, Live::default());
+    }
+    assert_eq!(c.block_count(), 4);
+    assert!(c.blocks().all(|b| b.idle_since_ns >= 2));
+    let mut off = BlockCache::new(CacheLimits { max_blocks: 0, ..limits() });
+    assert!(!off.insert(0x1000_0000, 8 * MB, false, 0, Live::default()).accepted);
+}
+
+#[test]
+fn idle_blocks_are_released_then_expired() {
+    let mut c = BlockCache::new(limits());
+    c.insert(0x1000_0000, 80 * MB, false, 0, Live::default());
+    assert_eq!(c.next_deadline_ns(), Some(1000 * MS));
+    assert!(c.due(999 * MS).release.is_empty());
+    let due = c.due(1000 * MS);
+    assert_eq!(due.release.len(), 1);
+    assert!(c.take(80 * MB, 4096).is_none(), "not while the madvise runs");
+    assert_eq!(c.release_done(0x1000_0000, false), None);
+    assert_eq!(c.next_deadline_ns(), Some(10_000 * MS));
+    let t = c.take(80 * MB, 4096).unwrap();
+    assert!(t.was_released);
+    c.insert(t.addr, t.len, false, 2000 * MS, Live::default());
+    c.due(3000 * MS);
+    c.release_done(t.addr, false);
+    let due = c.due(12_000 * MS);
+    assert_eq!(due.expire.len(), 1);
+    assert_eq!(c.block_count(), 0);
+    assert_eq!(c.next_deadline_ns(), None);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn calloc_discards_only_big_blocks_mostly_not_resident() {
+    assert!(zero_by_discard(64 * MB, Some(0), 8, MB));
+    assert!(zero_by_discard(64 * MB, Some(3), 8, MB));
+    assert!(!zero_by_discard(64 * MB, Some(4), 8, MB), "half resident: write zeros");
+    assert!(!zero_by_discard(64 * MB, None, 8, MB), "unknown: write zeros");
+    assert!(!zero_by_discard(MB - 4096, Some(0), 8, MB), "small: write zeros");
+}
+
+#[test]
+fn known_zero_follows_the_block_and_its_split_tail() {
+    let mut c = BlockCache::new(limits());
+    c.insert(0x1000_0000, 100 * MB, true, 0, Live::default());
+    let t = c.take(10 * MB, 4096).unwrap();
+    assert!(t.known_zero && t.tail_kept.is_some());
+    assert!(c.take(90 * MB, 4096).unwrap().known_zero, "the tail of a zero block is zero");
+    c.insert(0x2000_0000, 10 * MB, false, 1, Live::default());
+    assert!(!c.take(10 * MB, 4096).unwrap().known_zero, "a freed block is never known zero");
+}
+
+#[test]
+fn bounds_follow_the_live_peak_within_floor_and_ceiling() {
+    let follow = CacheLimits { max_blocks: 100, max_bytes: 4096 * MB, follow_blocks: true, follow_bytes: true, min_blocks: 16, min_bytes: 1024 * MB, ..limits() };
+    let mut c = BlockCache::new(follow);
+    assert_eq!(c.bounds(), (16, 1024 * MB), "the floor before any free");
+    // 64 live blocks of 40 MB: all of them fit when freed.
+    let live = Live { bytes: 64 * 40 * MB, blocks: 64 };
+    for i in 0..64 {
+        let ins = c.insert(0x1_0000_0000 + i * 64 * MB, 40 * MB, false, i as u64, live);
+        assert!(ins.accepted && ins.evicted.is_empty(), "block {i}");
+    }
+    assert_eq!(c.bounds(), (64, 64 * 40 * MB));
+    c.check_invariants().unwrap();
+    // The ceiling holds whatever the peak.
+    c.insert(0x9_0000_0000, 40 * MB, false, 100, Live { bytes: 10_000 * MB, blocks: 500 });
+    assert_eq!(c.bounds(), (100, 4096 * MB));
+    // Two quiet windows later the peak is forgotten: back to the floor.
+    let later = 2 * PEAK_WINDOW_NS + 200;
+    let ins = c.insert(0xa_0000_0000, 40 * MB, false, later, Live { bytes: 40 * MB, blocks: 1 });
+    assert_eq!(c.bounds(), (16, 1024 * MB));
+    assert_eq!(c.block_count(), 16);
+    assert!(c.cached_bytes() <= 1024 * MB && ins.accepted && ins.evicted.len() == 50);
+    c.check_invariants().unwrap();
+    // A bound the user set is exact.
+    let mut fixed = BlockCache::new(CacheLimits { max_blocks: 2, ..follow });
+    fixed.set_limits(CacheLimits { follow_blocks: false, ..*fixed.limits() });
+    for i in 0..4 {
+        fixed.insert(0x1_0000_0000 + i * 64 * MB, 40 * MB, false, i as u64, live);
+    }
+    assert_eq!(fixed.block_count(), 2);
+}
+
+#[test]
+fn deferred_unmaps_are_bounded_and_taken_once() {
+    let mut c = BlockCache::new(limits());
+    for i in 0..MAX_DEFERRED {
+        assert!(c.defer_unmap(Range { addr: 0x1_0000_0000 + i * 0x100_0000, len: 4 * MB }));
+    }
+    assert!(!c.defer_unmap(Range { addr: 0x9_0000_0000, len: 4 * MB }), "full: the caller unmaps");
+    assert_eq!(c.deferred_bytes(), MAX_DEFERRED * 4 * MB);
+    c.check_invariants().unwrap();
+    assert_eq!(c.take_deferred().len(), MAX_DEFERRED);
+    assert_eq!((c.deferred_bytes(), c.take_deferred().len()), (0, 0));
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn trim_during_release_unmaps_when_release_returns() {
+    let mut c = BlockCache::new(limits());
+    c.insert(0x1000_0000, 80 * MB, false, 0, Live::default());
+    c.insert(0x2000_0000, 80 * MB, false, 5000 * MS, Live::default());
+    c.due(1000 * MS);
+    let drained = c.drain();
+    assert_eq!(drained.len(), 1);
+    assert_eq!(c.release_done(0x1000_0000, false), Some(Range { addr: 0x1000_0000, len: 80 * MB }));
+    assert_eq!(c.cached_bytes(), 0);
+    c.check_invariants().unwrap();
+}
