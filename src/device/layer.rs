@@ -108,7 +108,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         &self.runtime
     }
 
-
     pub fn enabled(&self) -> bool {
         self.mode.load(Relaxed) != MODE_NONE
     }
@@ -331,11 +330,13 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// The pluggable allocator's free: reusable at once on the same stream.
     pub fn free_on_stream(&self, addr: usize, device: i32, stream: usize) -> Freed {
-        timed(&self.phases.free, || self.free_on_stream_untimed(addr, device, stream))
+        timed(&self.phases.free, || self.free_on_stream_untimed(addr, usize::try_from(device).ok(), stream))
     }
 
-    fn free_on_stream_untimed(&self, addr: usize, device: i32, stream: usize) -> Freed {
-        let index = usize::try_from(device).ok().filter(|&d| self.pools.get(d).is_some_and(|p| p.lock().owns(addr as u64)));
+    /// `device` is a hint (the caller's word, or an owner just looked up): the owning pool is
+    /// looked up again when it is absent or wrong.
+    fn free_on_stream_untimed(&self, addr: usize, device: Option<usize>, stream: usize) -> Freed {
+        let index = device.filter(|&d| self.pools.get(d).is_some_and(|p| p.lock().owns(addr as u64)));
         let Some(d) = index.or_else(|| self.owning_device(addr)) else { return Freed::NotOurs };
         match self.pools.get(d).and_then(|p| p.lock().free(addr as u64, stream_tag(stream))) {
             Some(f) => {
@@ -351,10 +352,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// cudaFreeAsync / cuMemFreeAsync of a pointer: back into its pool, reusable on `stream`
     /// at once and by anyone else after a device synchronization (Note [Safe reuse]).
     pub fn free_async(&self, addr: usize, stream: usize) -> Freed {
-        match self.owning_device(addr) {
-            Some(d) => self.free_on_stream(addr, d as i32, stream),
-            None => Freed::NotOurs,
-        }
+        let Some(d) = self.owning_device(addr) else { return Freed::NotOurs };
+        timed(&self.phases.free, || self.free_on_stream_untimed(addr, Some(d), stream))
     }
 
     /// The pool and block that contain `addr`, a block start or any address inside one of our
