@@ -12,19 +12,31 @@ use core::ffi::{c_int, c_uint, c_void};
 
 const NO_RUNTIME: c_int = CUDA_ERROR_INITIALIZATION;
 
-/// The pool may serve this call: it is on and a context is current. A thread's first runtime
-/// call has none yet: `cudaFree(NULL)`, the runtime's own idiom for it, binds the primary context
-/// of the current device and does nothing else.
+/// The pool may serve this runtime call: it is on and a context is current.
 fn ready(rt: &CudaFns) -> bool {
-    if crate::globals().is_none() || !DEVICE.enabled() {
-        return false;
-    }
+    super::cuda_driver::pool_on() && context_bound(rt)
+}
+
+/// Whether a context is current, after binding one if none was: a thread's first runtime call
+/// has none yet, and `cudaFree(NULL)`, the runtime's own idiom for it, binds the primary context
+/// of the current device and does nothing else.
+fn context_bound(rt: &CudaFns) -> bool {
     if crate::sys::cuda_driver::current_context() != 0 {
         return true;
     }
     // SAFETY: cudaFree(NULL) is defined to do nothing but initialize.
     unsafe { (rt.free)(core::ptr::null_mut()) };
     crate::sys::cuda_driver::current_context() != 0
+}
+
+/// The answer to a free the pool was asked first (runtime and driver entry points alike): ours
+/// for a pooled pointer, the real function's for any other.
+pub(super) fn answer_free(freed: Result<Freed, DeviceError>, real_free: impl FnOnce() -> c_int) -> c_int {
+    match freed {
+        Ok(Freed::Pooled) => CUDA_SUCCESS,
+        Ok(Freed::NotOurs) => real_free(),
+        Err(e) => e.code(),
+    }
 }
 
 /// # Safety
@@ -67,11 +79,7 @@ pub unsafe extern "C" fn cudaFree(ptr: *mut c_void) -> c_int {
     if ptr.is_null() || crate::globals().is_none() {
         return (rt.free)(ptr);
     }
-    match DEVICE.free(ptr as usize) {
-        Ok(Freed::Pooled) => CUDA_SUCCESS,
-        Ok(Freed::NotOurs) => (rt.free)(ptr),
-        Err(e) => e.code(),
-    }
+    answer_free(DEVICE.free(ptr as usize), || (rt.free)(ptr))
 }
 
 /// # Safety
@@ -131,11 +139,7 @@ pub unsafe extern "C" fn cudaFreeHost(ptr: *mut c_void) -> c_int {
     if ptr.is_null() || crate::globals().is_none() {
         return (rt.free_host)(ptr);
     }
-    match DEVICE.host_free(ptr as usize) {
-        Ok(Freed::Pooled) => CUDA_SUCCESS,
-        Ok(Freed::NotOurs) => (rt.free_host)(ptr),
-        Err(e) => e.code(),
-    }
+    answer_free(DEVICE.host_free(ptr as usize), || (rt.free_host)(ptr))
 }
 
 /// Note [Context lifetime]: the reset frees every allocation of the current device's primary
@@ -224,10 +228,7 @@ unsafe fn free_async_via(ptr: *mut c_void, stream: *mut c_void, real_free: crate
     if ptr.is_null() || crate::globals().is_none() {
         return real_free(ptr, stream);
     }
-    match DEVICE.free_async(ptr as usize, stream as usize) {
-        Freed::Pooled => CUDA_SUCCESS,
-        Freed::NotOurs => real_free(ptr, stream),
-    }
+    answer_free(Ok(DEVICE.free_async(ptr as usize, stream as usize)), || real_free(ptr, stream))
 }
 
 /// The runtime's way to a driver entry point: ours for those the pool serves, as
@@ -270,11 +271,8 @@ pub unsafe extern "C" fn tm_cuda_alloc(size: isize, device: c_int, stream: *mut 
     if crate::globals().is_none() || size == 0 {
         return core::ptr::null_mut();
     }
-    if crate::sys::cuda_driver::current_context() == 0 {
-        if let Some(rt) = real() {
-            // As in ready(): the runtime binds its context for this thread.
-            (rt.free)(core::ptr::null_mut());
-        }
+    if let Some(rt) = real() {
+        context_bound(rt);
     }
     DEVICE.malloc_on_stream(size, device, stream as usize).map_or(core::ptr::null_mut(), |a| a as *mut c_void)
 }

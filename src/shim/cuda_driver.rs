@@ -7,7 +7,8 @@
 //! runtime-level miss is never pooled a second time).
 
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
-use crate::device::layer::{Freed, Range};
+use super::cuda::answer_free;
+use crate::device::layer::Range;
 use crate::sys::cuda_driver::{driver, DriverFns};
 use crate::sys::reentry;
 use crate::DEVICE;
@@ -25,10 +26,17 @@ fn pooling() -> bool {
     crate::globals().is_some()
 }
 
+/// The pool is on: our init ran and neither TENSORMALLOC_DISABLE nor TENSORMALLOC_CUDA_POOL=none
+/// turned it off. With it off, lookups hand out the driver's own entry points (a profiler sees
+/// those) and allocations pass through.
+pub(super) fn pool_on() -> bool {
+    crate::globals().is_some() && DEVICE.enabled()
+}
+
 /// The pool may serve an allocation: it is on and a context is current (a driver allocation
 /// with none fails, and the driver should say so).
 fn pool_ready() -> bool {
-    crate::globals().is_some() && DEVICE.enabled() && crate::sys::cuda_driver::current_context() != 0
+    pool_on() && crate::sys::cuda_driver::current_context() != 0
 }
 
 /// # Safety
@@ -127,11 +135,7 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) ->
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> c_int {
     let Some(free) = real(|d| d.mem_free_host) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| pooling() && !p.is_null()) else { return free(p) };
-    match DEVICE.host_free(p as usize) {
-        Ok(Freed::Pooled) => CUDA_SUCCESS,
-        Ok(Freed::NotOurs) => free(p),
-        Err(e) => e.code(),
-    }
+    answer_free(DEVICE.host_free(p as usize), || free(p))
 }
 
 /// Our entry point for an exported driver symbol we serve, and the address of the real one it
@@ -190,19 +194,13 @@ fn versioned(base: &[u8], cuda_version: c_int, per_thread: bool) -> Option<&'sta
     }
 }
 
-/// Whether the pool is on, so that lookups hand out our entry points (with it off, or with
-/// TENSORMALLOC_DISABLE, a profiler sees the driver's own).
-fn substituting() -> bool {
-    crate::globals().is_some() && DEVICE.enabled()
-}
-
 const PER_THREAD_DEFAULT_STREAM: u64 = 2;
 
 /// After a successful lookup of `symbol` that produced `*pfn`: ours in its place when we serve
 /// that entry point at that version. `flags` are cuGetProcAddress's (the runtime's
 /// cudaGetDriverEntryPoint flags have the same values).
 pub(crate) unsafe fn substitute_proc(symbol: *const core::ffi::c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) {
-    if symbol.is_null() || pfn.is_null() || (*pfn).is_null() || !substituting() {
+    if symbol.is_null() || pfn.is_null() || (*pfn).is_null() || !pool_on() {
         return;
     }
     let Some(d) = driver() else { return };
@@ -251,7 +249,7 @@ pub(crate) extern "C" fn served_symbol(handle: *mut c_void, name: *const core::f
     }
     // SAFETY: dlsym's name is a C string.
     let symbol = unsafe { core::ffi::CStr::from_ptr(name) }.to_bytes();
-    if !symbol.starts_with(b"cu") || !substituting() {
+    if !symbol.starts_with(b"cu") || !pool_on() {
         return none;
     }
     let Some(d) = driver() else { return none };
@@ -416,19 +414,12 @@ unsafe fn write_range(out: *mut c_void, attribute: c_int, start: u64, len: u64) 
 pub unsafe extern "C" fn cuMemFree_v2(ptr: u64) -> c_int {
     let Some(free) = real(|d| d.mem_free) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| pooling() && ptr != 0) else { return free(ptr) };
-    match DEVICE.free(ptr as usize) {
-        Ok(Freed::Pooled) => CUDA_SUCCESS,
-        Ok(Freed::NotOurs) => free(ptr),
-        Err(e) => e.code(),
-    }
+    answer_free(DEVICE.free(ptr as usize), || free(ptr))
 }
 
 unsafe fn mem_free_async(ptr: u64, stream: *mut c_void, free: unsafe extern "C" fn(u64, *mut c_void) -> c_int) -> c_int {
     let Some(_entered) = reentry::enter().filter(|_| pooling() && ptr != 0) else { return free(ptr, stream) };
-    match DEVICE.free_async(ptr as usize, stream as usize) {
-        Freed::Pooled => CUDA_SUCCESS,
-        Freed::NotOurs => free(ptr, stream),
-    }
+    answer_free(Ok(DEVICE.free_async(ptr as usize, stream as usize)), || free(ptr, stream))
 }
 
 /// # Safety
