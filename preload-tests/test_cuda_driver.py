@@ -86,3 +86,26 @@ def test_a_process_without_cuda_loads_no_driver_and_dlsym_still_answers():
              "f.argtypes = [ctypes.c_void_p, ctypes.c_char_p]; print(bool(f(None, b'printf')), bool(f(None, b'cuMemAlloc_v2x')))")
     import sys
     assert ok(run([sys.executable, "-c", probe])).stdout.split() == ["True", "False"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("mode", ["split", "binned", "alone"])
+def test_reset_range_and_ipc_on_every_path(path, mode, tmp_path):
+    """Issue 11's guarantees hold whatever path the program reached the driver by: a block of a
+    reset context never comes back, a range is the block's, and IPC of a block that shares a
+    segment is refused (split pool) rather than handing out its neighbours."""
+    env = {"TENSORMALLOC_CUDA_POOL": "binned"} if mode == "binned" else {}
+    preload = mode != "alone"
+    for workload in ("reset", "range"):
+        stats = tmp_path / f"{workload}.json"
+        driver_run(path, workload, env=env, preload=preload, stats=stats if preload else None)
+        if preload:  # the pool served these blocks: the guarantees are ours, not the driver's
+            pools = json.loads(stats.read_text())["cuda"]
+            assert sum(p["requests"] for p in pools) >= 2, pools
+            if workload == "reset":
+                assert sum(p["resets"] for p in pools) >= 1, pools
+    out = driver_run(path, "ipc", env=env, preload=preload)
+    refused = "ipc rc 1" in out.stdout
+    assert refused == (mode == "split"), out.stdout + out.stderr
+    if refused:
+        assert "IpcGetMemHandle" in out.stderr and "TENSORMALLOC_CUDA_POOL=binned" in out.stderr

@@ -5,7 +5,10 @@
  *   procaddr  cuGetProcAddress_v2 by base name (as both runtimes do); procaddr-v1: cuGetProcAddress
  *   entry     cudaGetDriverEntryPoint of the shared runtime
  * argv[2] names the workload: pairs (1000 x cuMemAlloc/cuMemFree of 32 MiB), pitch, meminfo, host,
- * mixed (runtime and driver allocations and frees crossed). It prints the stand-in's counters. */
+ * mixed (runtime and driver allocations and frees crossed), and issue 11's calls on every path:
+ * reset (a primary-context reset, then a block a kernel can use), range (address range of a
+ * block, not of a pooled segment), ipc (a handle of a block that may share a segment: refused or
+ * not, printed). It prints the stand-in's counters. */
 #include "check.h"
 
 typedef unsigned long long CUdeviceptr;
@@ -22,6 +25,9 @@ static struct {
     int (*info)(size_t *, size_t *);
     int (*host_alloc)(void **, size_t, unsigned);
     int (*free_host)(void *);
+    int (*reset)(int);
+    int (*range)(CUdeviceptr *, size_t *, CUdeviceptr);
+    int (*ipc)(void *, CUdeviceptr);
     void (*counters)(struct fakecuda_counters *);
 } D;
 
@@ -34,7 +40,12 @@ int cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
 int cuMemGetInfo_v2(size_t *, size_t *);
 int cuMemHostAlloc(void **, size_t, unsigned);
 int cuMemFreeHost(void *);
+int cuDevicePrimaryCtxReset_v2(int);
+int cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
+int cuIpcGetMemHandle(void *, CUdeviceptr);
 void fakecuda_get_counters(struct fakecuda_counters *);
+int fakecuda_launch_memset(void *, int, size_t);
+int cuCtxSynchronize(void);
 int cudaMalloc(void **, size_t);
 int cudaFree(void *);
 int cudaGetDriverEntryPoint(const char *, void **, unsigned long long, int *);
@@ -61,6 +72,7 @@ static void bind(const char *path) {
         D.init = cuInit, D.retain = cuDevicePrimaryCtxRetain, D.set_current = cuCtxSetCurrent;
         D.alloc = cuMemAlloc_v2, D.free = cuMemFree_v2, D.pitch = cuMemAllocPitch_v2, D.info = cuMemGetInfo_v2;
         D.host_alloc = cuMemHostAlloc, D.free_host = cuMemFreeHost;
+        D.reset = cuDevicePrimaryCtxReset_v2, D.range = cuMemGetAddressRange_v2, D.ipc = cuIpcGetMemHandle;
         return;
     }
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -75,6 +87,9 @@ static void bind(const char *path) {
         D.info = (int (*)(size_t *, size_t *))dlsym(lib, "cuMemGetInfo_v2");
         D.host_alloc = (int (*)(void **, size_t, unsigned))dlsym(lib, "cuMemHostAlloc");
         D.free_host = (int (*)(void *))dlsym(lib, "cuMemFreeHost");
+        D.reset = (int (*)(int))dlsym(lib, "cuDevicePrimaryCtxReset_v2");
+        D.range = (int (*)(CUdeviceptr *, size_t *, CUdeviceptr))dlsym(lib, "cuMemGetAddressRange_v2");
+        D.ipc = (int (*)(void *, CUdeviceptr))dlsym(lib, "cuIpcGetMemHandle");
         return;
     }
     if (!strcmp(path, "procaddr")) get_proc_v2 = (get_proc_v2_fn)dlsym(lib, "cuGetProcAddress_v2");
@@ -91,6 +106,9 @@ static void bind(const char *path) {
     D.info = (int (*)(size_t *, size_t *))by_proc("cuMemGetInfo");
     D.host_alloc = (int (*)(void **, size_t, unsigned))by_proc("cuMemHostAlloc");
     D.free_host = (int (*)(void *))by_proc("cuMemFreeHost");
+    D.reset = (int (*)(int))by_proc("cuDevicePrimaryCtxReset");
+    D.range = (int (*)(CUdeviceptr *, size_t *, CUdeviceptr))by_proc("cuMemGetAddressRange");
+    D.ipc = (int (*)(void *, CUdeviceptr))by_proc("cuIpcGetMemHandle");
 }
 
 static void pairs(void) {
@@ -140,6 +158,42 @@ static void mixed(void) {
     }
 }
 
+/* A block cached before a primary-context reset must never come back: a kernel on it fails. */
+static void reset(CUcontext *ctx) {
+    CUdeviceptr p = 0, q = 0;
+    CHECK(D.alloc(&p, 64 * MB) == 0 && fakecuda_launch_memset((void *)(uintptr_t)p, 1, 64 * MB) == 0);
+    CHECK(cuCtxSynchronize() == 0 && D.free(p) == 0);
+    CHECK(D.reset(0) == 0);
+    CHECK(D.retain(ctx, 0) == 0 && D.set_current(*ctx) == 0); /* the program brings it back */
+    for (int i = 0; i < 3; i++) {
+        CHECK(D.alloc(&q, 64 * MB) == 0);
+        CHECK(fakecuda_launch_memset((void *)(uintptr_t)q, 2 + i, 64 * MB) == 0);
+        CHECK(cuCtxSynchronize() == 0 && ((unsigned char *)(uintptr_t)q)[64 * MB - 1] == 2 + i);
+        CHECK(D.free(q) == 0);
+    }
+}
+
+/* The range of a block, whatever segment a pool carved it from. */
+static void range(void) {
+    CUdeviceptr a = 0, b = 0, base = 0;
+    size_t size = 0;
+    CHECK(D.alloc(&a, 1 * MB) == 0 && D.alloc(&b, 1 * MB) == 0);
+    CHECK(D.range(&base, &size, b + 100) == 0);
+    CHECK(base == b && size >= 1 * MB && size <= 1 * MB + 64 * 1024);
+    CHECK(D.free(a) == 0 && D.free(b) == 0);
+}
+
+/* A handle of a 1 MiB block: 0, or refused with CUDA_ERROR_INVALID_VALUE; never anything else. */
+static void ipc(void) {
+    CUdeviceptr a = 0, b = 0;
+    char handle[64];
+    CHECK(D.alloc(&a, 1 * MB) == 0 && D.alloc(&b, 1 * MB) == 0);
+    int rc = D.ipc(handle, b);
+    CHECK(rc == 0 || rc == 1);
+    printf("ipc rc %d\n", rc);
+    CHECK(D.free(a) == 0 && D.free(b) == 0);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 3);
     bind(argv[1]);
@@ -151,6 +205,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(w, "meminfo")) meminfo();
     else if (!strcmp(w, "host")) host();
     else if (!strcmp(w, "mixed")) mixed();
+    else if (!strcmp(w, "reset")) reset(&ctx);
+    else if (!strcmp(w, "range")) range();
+    else if (!strcmp(w, "ipc")) ipc();
     else CHECK(!"unknown workload");
     struct fakecuda_counters c;
     D.counters(&c);
