@@ -27,7 +27,7 @@ typedef struct tm_stats_t {
     uint64_t host_requests;         /* large allocations */
     uint64_t host_hits;             /* served from a cached block */
     uint64_t host_misses;           /* served by a fresh mapping */
-    uint64_t host_grows;            /* served by growing a smaller cached block (mremap) */
+    uint64_t host_grows;            /* misses served with the pages of cached blocks (mremap) */
     uint64_t host_hit_bytes;
     uint64_t host_frees;
     uint64_t host_live_bytes;       /* large blocks handed out and not yet freed */

@@ -1,5 +1,6 @@
 """The stress program (c/stress.c) for a few seconds under several settings; the long soak run
 is `scripts/soak MINUTES` (not in CI; its last result is in the README)."""
+import json
 import sys
 
 import pytest
@@ -9,9 +10,14 @@ from test_host import SETTINGS
 
 
 @pytest.mark.parametrize("setting", ["defaults", "pushed", "no-hugepages"])
-def test_stress(setting):
-    out = ok(run([compile_c("stress"), "4"], env=SETTINGS[setting], timeout=120))
+def test_stress(setting, tmp_path):
+    report = tmp_path / "stats.json"
+    env = {**SETTINGS[setting], "TENSORMALLOC_STATS": f"json:{report}"}
+    out = ok(run([compile_c("stress"), "4"], env=env, timeout=120))
     assert "stress ok" in out.stdout
+    # The contents checks ran over hits, gathered pages and fresh mappings alike.
+    host = json.loads(report.read_text())["host"]
+    assert host["hits"] > 0 and host["grows"] > 0 and host["misses"] > 0, host
 
 
 def test_stress_over_jemalloc():

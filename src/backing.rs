@@ -17,10 +17,23 @@ pub trait PageMemory {
     fn release(&self, addr: usize, len: usize) -> bool;
     /// Grows a mapping in place when the addresses after it are free; false leaves it as it was.
     fn extend(&self, addr: usize, old_len: usize, new_len: usize) -> bool;
+    /// Moves the pages of `[from, from+len)` to `[to, to+len)`, a range of a mapping of ours
+    /// whose contents it replaces (mremap with MREMAP_FIXED): no copy, no fault. The source
+    /// range is unmapped after. See `Moved` for a refusal.
+    fn move_pages(&self, from: usize, len: usize, to: usize) -> Moved;
     /// Moves the pages of `[addr, addr+old_len)` to the start of a fresh mapping of `new_len`
     /// bytes aligned to `align`, so a grown block keeps the pages it had (no faults for them).
     /// `None` leaves the old mapping as it was.
-    fn grow_into(&self, addr: usize, old_len: usize, new_len: usize, align: usize) -> Option<usize>;
+    fn grow_into(&self, addr: usize, old_len: usize, new_len: usize, align: usize) -> Option<usize> {
+        let fresh = self.map(new_len, align)?;
+        match self.move_pages(addr, old_len, fresh) {
+            Moved::Done => return Some(fresh),
+            Moved::Refused => self.unmap(fresh, new_len),
+            // Only what is still ours goes back.
+            Moved::DestinationLost => self.unmap(fresh + old_len, new_len - old_len),
+        }
+        None
+    }
     /// Asks for transparent huge pages on the range.
     fn advise_huge(&self, addr: usize, len: usize);
     /// Writes zeros over the range.
@@ -33,6 +46,19 @@ pub trait PageMemory {
     fn resident_probes(&self, addr: usize, len: usize, probes: usize) -> Option<usize>;
     /// Copies `len` bytes between non-overlapping ranges.
     fn copy(&self, dst: usize, src: usize, len: usize);
+}
+
+/// How a `move_pages` went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moved {
+    Done,
+    /// Nothing moved (kernels before 6.17 refuse a source spanning two mappings); both ranges
+    /// are mapped and ours as before.
+    Refused,
+    /// Nothing moved, and the destination range may no longer be ours: the kernel unmapped it
+    /// before refusing and it could not be mapped back (another thread's mapping may stand
+    /// there now). The caller never touches it again; the source is as it was.
+    DestinationLost,
 }
 
 /// A CUDA runtime error, in the runtime's terms.

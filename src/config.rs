@@ -95,7 +95,7 @@ impl Config {
             cache_bytes: None,
             release_ms: 1000,
             expire_ms: 10_000,
-            max_waste_percent: 50,
+            max_waste_percent: 10,
             hugepages: HugePages::Auto,
             stats: StatsOutput::Off,
             stats_path: [0; STATS_PATH_MAX],
@@ -159,8 +159,8 @@ pub static OPTIONS: &[OptionSpec] = &[
     },
     OptionSpec {
         name: "TENSORMALLOC_MAX_WASTE",
-        default: "50",
-        doc: "percent of a cached block a request may leave unused; past it the block is split (0 to 100)",
+        default: "10",
+        doc: "percent of a cached block a request may leave unused; past it the rest is split off and stays cached (0 to 100)",
         apply: |c, v| parse_u64_in(v, 0, 100).map(|n| c.max_waste_percent = n),
     },
     OptionSpec {

@@ -118,7 +118,7 @@ fn phase_rows() -> [PhaseRow<'static>; 16] {
         (0, "large alloc", &p.alloc),
         (1, "cache hit", &p.alloc_hit),
         (1, "zero (calloc hit)", &p.alloc_zero),
-        (1, "grow a smaller block (miss)", &p.alloc_grow),
+        (1, "gather cached pages (miss)", &p.alloc_grow),
         (1, "fresh mmap (miss)", &p.alloc_map),
         (0, "large free", &p.free),
         (1, "munmap (evict, refuse)", &p.free_unmap),
@@ -144,7 +144,7 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     )?;
     writeln!(
         w,
-        "  requests {}  hits {} ({:.1}%)  grown {}  misses {}  served from cache {}",
+        "  requests {}  hits {} ({:.1}%)  gathered {}  misses {}  served from cache {}",
         s.host_requests,
         s.host_hits,
         percent(s.host_hits, s.host_requests),

@@ -7,7 +7,7 @@
 //! allocation paths' lints do not apply.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
 
-use crate::backing::{DeviceError, DeviceRuntime, PageMemory, PrimaryContext};
+use crate::backing::{DeviceError, DeviceRuntime, Moved, PageMemory, PrimaryContext};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -36,6 +36,8 @@ pub struct PageCalls {
     pub zeroed_bytes: u64,
     pub discarded_bytes: u64,
     pub copied_bytes: u64,
+    /// Bytes the program wrote that were not resident: what page faults would bring in.
+    pub faulted_bytes: u64,
 }
 
 #[derive(Default)]
@@ -48,6 +50,11 @@ struct PageState {
     resident: BTreeMap<usize, usize>,
     fail_discard: bool,
     release_discards: bool,
+    /// Mappings are placed back to back, as the kernel does, and mremap refuses a range that
+    /// spans two of them (`mapped` keeps one entry per mapping).
+    adjacent: bool,
+    /// A refused move loses its destination to another thread (see `Moved::DestinationLost`).
+    lose_destinations: bool,
     next_addr: usize,
     fail_next_maps: u64,
     calls: PageCalls,
@@ -69,6 +76,19 @@ impl SimPages {
         SimPages { state: Mutex::new(PageState { next_addr: 0x5000_0000_0000, ..Default::default() }) }
     }
 
+    /// Mappings back to back, each its own kernel mapping (see `PageState::adjacent`).
+    pub fn adjacent() -> Self {
+        let pages = Self::new();
+        pages.state.lock().unwrap().adjacent = true;
+        pages
+    }
+
+    /// From now on a refused move loses its destination: the range leaves our mappings (any
+    /// later use of it by us fails the test), as if another thread had mapped the hole.
+    pub fn lose_destinations(&self) {
+        self.state.lock().unwrap().lose_destinations = true;
+    }
+
     /// The next `n` calls to `map` fail, as mmap does under ENOMEM.
     pub fn fail_next_maps(&self, n: u64) {
         self.state.lock().unwrap().fail_next_maps = n;
@@ -78,8 +98,25 @@ impl SimPages {
     pub fn write(&self, addr: usize, len: usize) {
         let mut st = self.state.lock().unwrap();
         assert!(Self::covered(&st.mapped, addr, len), "write to unmapped memory {addr:#x}+{len}");
+        let resident = Self::overlap_len(&st.resident, addr, len);
+        st.calls.faulted_bytes += (len - resident) as u64;
         Self::add_range(&mut st.dirty, addr, len);
         Self::add_range(&mut st.resident, addr, len);
+    }
+
+    /// How many bytes of the range `ranges` records.
+    fn overlap_len(ranges: &BTreeMap<usize, usize>, addr: usize, len: usize) -> usize {
+        let end = addr + len;
+        ranges.range(..end).filter(|(&s, &l)| s + l > addr).map(|(&s, &l)| (s + l).min(end) - s.max(addr)).sum()
+    }
+
+    /// True when the range lies inside one mapping, or anywhere mapped when mappings are
+    /// not told apart.
+    fn one_mapping(st: &PageState, addr: usize, len: usize) -> bool {
+        if !st.adjacent {
+            return Self::covered(&st.mapped, addr, len);
+        }
+        st.mapped.range(..=addr).next_back().is_some_and(|(&s, &l)| s + l >= addr + len)
     }
 
     /// True when every byte of the range reads zero.
@@ -168,7 +205,8 @@ impl PageMemory for SimPages {
         assert!(len > 0 && len.is_multiple_of(4096), "map of {len} bytes");
         let align = align.max(4096);
         let addr = (st.next_addr + align - 1) & !(align - 1);
-        st.next_addr = addr + len + 4096; // a guard gap: adjacent blocks never merge by accident
+        // Without `adjacent`, a guard gap: neighbours only where a block was split.
+        st.next_addr = addr + len + if st.adjacent { 0 } else { 4096 };
         st.mapped.insert(addr, len);
         st.calls.maps += 1;
         Some(addr)
@@ -202,25 +240,44 @@ impl PageMemory for SimPages {
         let mut st = self.state.lock().unwrap();
         assert!(Self::covered(&st.mapped, addr, old_len), "extend of unmapped memory");
         let (tail, end) = (addr + old_len, addr + new_len);
-        if st.fail_next_maps > 0 || st.mapped.range(..end).any(|(&s, &l)| s + l > tail) {
+        if st.fail_next_maps > 0 || !Self::one_mapping(&st, addr, old_len) || st.mapped.range(..end).any(|(&s, &l)| s + l > tail) {
             return false;
         }
-        st.mapped.insert(tail, new_len - old_len);
+        match st.mapped.range(..=addr).next_back().map(|(&s, &l)| (s, l)) {
+            // One mapping grows, as the kernel's does.
+            Some((s, l)) if st.adjacent => st.mapped.insert(s, l + new_len - old_len),
+            _ => st.mapped.insert(tail, new_len - old_len),
+        };
         st.next_addr = st.next_addr.max(end + 4096);
         st.calls.remaps += 1;
         true
     }
 
-    fn grow_into(&self, addr: usize, old_len: usize, new_len: usize, align: usize) -> Option<usize> {
-        assert!(self.is_mapped(addr, old_len), "grow of unmapped memory");
-        let fresh = self.map(new_len, align)?;
+    fn move_pages(&self, from: usize, len: usize, to: usize) -> Moved {
         let mut st = self.state.lock().unwrap();
-        Self::remove_range(&mut st.mapped, addr, old_len);
-        Self::move_range(&mut st.dirty, addr, old_len, fresh);
-        Self::move_range(&mut st.resident, addr, old_len, fresh);
-        st.calls.maps -= 1;
+        assert!(Self::covered(&st.mapped, from, len) && Self::covered(&st.mapped, to, len), "move outside mappings");
+        assert!(from + len <= to || to + len <= from, "overlapping move");
+        if !Self::one_mapping(&st, from, len) {
+            if st.lose_destinations {
+                Self::remove_range(&mut st.mapped, to, len);
+                Self::remove_range(&mut st.dirty, to, len);
+                Self::remove_range(&mut st.resident, to, len);
+                return Moved::DestinationLost;
+            }
+            return Moved::Refused;
+        }
+        Self::remove_range(&mut st.mapped, from, len);
+        if st.adjacent {
+            // The moved pages keep their own kernel mapping inside the destination.
+            Self::remove_range(&mut st.mapped, to, len);
+            st.mapped.insert(to, len);
+        }
+        Self::remove_range(&mut st.dirty, to, len);
+        Self::remove_range(&mut st.resident, to, len);
+        Self::move_range(&mut st.dirty, from, len, to);
+        Self::move_range(&mut st.resident, from, len, to);
         st.calls.remaps += 1;
-        Some(fresh)
+        Moved::Done
     }
 
     fn advise_huge(&self, addr: usize, len: usize) {

@@ -98,7 +98,7 @@ pub struct HostStats {
     pub unmapped_bytes: Counter,
     pub map_failures: Counter,
     pub remaps: Counter,
-    /// Misses served by growing a smaller cached block.
+    /// Misses served by gathering the pages of cached blocks (Note [Gathering pages]).
     pub grows: Counter,
     pub live: Gauge,
     /// Live large blocks (the cache's block bound follows its peak).

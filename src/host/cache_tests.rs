@@ -16,7 +16,6 @@ fn limits() -> CacheLimits {
         release_after_ns: 1000 * MS,
         expire_after_ns: 10_000 * MS,
         max_waste_percent: 25,
-        min_block_len: 4 * MB,
     }
 }
 
@@ -50,29 +49,75 @@ fn never_a_huge_block_for_a_small_request() {
     assert_eq!(t.len, 8 * MB);
     assert_eq!(t.tail_kept, Some(Range { addr: 0x4000_0000 + 8 * MB, len: 1016 * MB }));
     assert_eq!(c.cached_bytes(), 1016 * MB);
-    // A short tail is given back instead of cached.
+    // A short tail within max_waste_percent goes out with the block.
     let t = c.take(1014 * MB, 4096).unwrap();
-    assert_eq!(t.tail_to_unmap, None, "2 MB of 1016 is within 25%");
+    assert_eq!((t.len, t.tail_kept), (1016 * MB, None), "2 MB of 1016 is within 25%");
     c.check_invariants().unwrap();
     c.insert(0x9000_0000, 12 * MB, false, 0, Live::default());
     let t = c.take(8 * MB, 4096).unwrap();
     assert_eq!(t.tail_kept, Some(Range { addr: 0x9000_0000 + 8 * MB, len: 4 * MB }));
+    // Past it, it is split off and kept, though shorter than any request.
     c.insert(0xa000_0000, 11 * MB, false, 0, Live::default());
     let t = c.take(8 * MB, 4096).unwrap();
-    assert_eq!(t.tail_to_unmap, Some(Range { addr: 0xa000_0000 + 8 * MB, len: 3 * MB }));
+    assert_eq!((t.len, t.tail_kept), (8 * MB, Some(Range { addr: 0xa000_0000 + 8 * MB, len: 3 * MB })));
     c.check_invariants().unwrap();
 }
 
 #[test]
-fn a_miss_can_grow_the_largest_smaller_block() {
+fn a_miss_gathers_the_largest_blocks() {
     let mut c = BlockCache::new(limits());
     c.insert(0x1000_0000, 8 * MB, false, 0, Live::default());
-    c.insert(0x2000_0000, 40 * MB, false, 1, Live::default());
+    c.insert(0x2000_0000, 40 * MB, true, 1, Live::default());
     c.insert(0x3000_0000, 90 * MB, false, 2, Live::default());
     assert!(c.take(100 * MB, 4096).is_none());
-    let t = c.take_smaller(100 * MB).unwrap();
-    assert_eq!((t.addr, t.len), (0x3000_0000, 90 * MB));
-    assert_eq!(c.cached_bytes(), 48 * MB);
+    let parts = c.take_parts(100 * MB);
+    let got: Vec<Part> = parts.iter().copied().collect();
+    assert_eq!(got, [Part { addr: 0x3000_0000, len: 90 * MB, known_zero: false }, Part { addr: 0x2000_0000, len: 10 * MB, known_zero: true }]);
+    assert_eq!(parts.total_bytes(), 100 * MB);
+    assert_eq!(parts.rest_kept, Some(Range { addr: 0x2000_0000 + 10 * MB, len: 30 * MB }), "the rest of the cut block stays");
+    assert_eq!(c.cached_bytes(), 38 * MB);
+    c.check_invariants().unwrap();
+    // A rest shorter than any request stays cached too.
+    let parts = c.take_parts(36 * MB);
+    assert_eq!(parts.total_bytes(), 36 * MB);
+    assert_eq!(parts.rest_kept, Some(Range { addr: 0x1000_0000 + 6 * MB, len: 2 * MB }));
+    assert_eq!(c.cached_bytes(), 2 * MB);
+    // All that is cached is not enough: all of it.
+    assert_eq!(c.take_parts(8 * MB).total_bytes(), 2 * MB);
+    assert!(c.take_parts(MB).is_empty());
+    // At most MAX_PARTS blocks.
+    let mut c = BlockCache::new(CacheLimits { max_blocks: 16, ..limits() });
+    for i in 0..12 {
+        c.insert(0x1_0000_0000 + i * 0x1000_0000, 8 * MB, false, i as u64, Live::default());
+    }
+    assert_eq!(c.take_parts(200 * MB).total_bytes(), MAX_PARTS * 8 * MB);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn freed_neighbours_merge_and_requests_take_what_they_need() {
+    let mut c = BlockCache::new(limits());
+    let ins = c.insert(0x1000_0000, 8 * MB, true, 0, Live::default());
+    assert_eq!((ins.block, ins.absorbed), (Range { addr: 0x1000_0000, len: 8 * MB }, [None, None]));
+    c.insert(0x1000_0000 + 16 * MB, 8 * MB, true, 1, Live::default());
+    // The block between them joins both.
+    let ins = c.insert(0x1000_0000 + 8 * MB, 8 * MB, false, 2, Live::default());
+    assert!(ins.accepted);
+    assert_eq!(ins.block, Range { addr: 0x1000_0000, len: 24 * MB });
+    let mut absorbed: Vec<usize> = ins.absorbed.iter().flatten().copied().collect();
+    absorbed.sort();
+    assert_eq!(absorbed, [0x1000_0000, 0x1000_0000 + 16 * MB]);
+    assert_eq!((c.block_count(), c.cached_bytes()), (1, 24 * MB));
+    let b = c.blocks().next().unwrap();
+    assert!(!b.zero && b.state == BlockState::Hot && b.idle_since_ns == 2, "zero only if every part was; freed now");
+    // A request takes what it needs; a rest past max_waste_percent stays cached.
+    let t = c.take(16 * MB, 4096).unwrap();
+    assert_eq!((t.addr, t.len, t.tail_kept), (0x1000_0000, 16 * MB, Some(Range { addr: 0x1000_0000 + 16 * MB, len: 8 * MB })));
+    // A neighbour being released is left alone.
+    c.insert(0x5000_0000, 8 * MB, false, 3, Live::default());
+    let due = c.due(3 + 1000 * MS);
+    assert_eq!(due.release.len(), 2);
+    assert!(!c.insert(0x5000_0000 + 8 * MB, 8 * MB, false, 4, Live::default()).absorbed.iter().any(Option::is_some));
     c.check_invariants().unwrap();
 }
 

@@ -13,9 +13,9 @@
 // 80 MB). Measured in BENCHMARKS.md ("calloc"): sparse 64 MiB from 2.2 ms to microseconds,
 // dense unchanged.
 
-use super::cache::{BlockCache, CacheLimits, Live, Range, RangeList};
+use super::cache::{BlockCache, CacheLimits, Live, Part, Range, RangeList};
 use super::registry::{Owner, Registry, TableSource};
-use crate::backing::PageMemory;
+use crate::backing::{Moved, PageMemory};
 use crate::config::{Config, HugePages, MAX_CACHE_BLOCKS};
 use crate::stats::{HostStats, PhaseTimer};
 use crate::BLOCK_ALIGN;
@@ -79,7 +79,6 @@ const fn limits_from(c: &Config, memory_bytes: u64) -> CacheLimits {
         release_after_ns: c.release_ms.saturating_mul(1_000_000),
         expire_after_ns: c.expire_ms.saturating_mul(1_000_000),
         max_waste_percent: c.max_waste_percent as usize,
-        min_block_len: c.threshold_bytes as usize,
     }
 }
 
@@ -244,20 +243,19 @@ impl<M: PageMemory> HostLayer<M> {
         let hit_start = (self.clock)();
         let taken = {
             let mut cache = self.cache.lock();
-            cache.take(need, align).map(|t| {
+            let taken = cache.take(need, align);
+            if let Some(t) = &taken {
                 // The leaf exists: the block was recorded as cached.
                 let _ = self.registry.set_live(t.addr, t.len, hit_start);
                 if let Some(tail) = t.tail_kept {
                     let _ = self.registry.set_cached(tail.addr, tail.len);
                 }
                 self.stats.cached.set(cache.cached_bytes() as u64);
-                let tail = t.tail_to_unmap.map_or_else(RangeList::new, single);
-                (t, self.defer_unmaps(&mut cache, &tail))
-            })
+            }
+            taken
         };
-        if let Some((t, unmaps)) = taken {
-            self.finish_unmaps(unmaps);
-            if t.tail_kept.is_some() || t.tail_to_unmap.is_some() {
+        if let Some(t) = taken {
+            if t.tail_kept.is_some() {
                 self.stats.splits.add(1);
             }
             if zeroed && !t.known_zero {
@@ -274,10 +272,12 @@ impl<M: PageMemory> HostLayer<M> {
             return Some((t.addr, crate::trace::HIT));
         }
 
-        if let Some((addr, dirty)) = self.grow_cached(need, align.max(granule), hit_start) {
+        if let Some((addr, dirty)) = self.gather_cached(need, align.max(granule), hit_start) {
             if zeroed {
-                // Only the old block's pages moved in; the rest of the mapping is fresh.
-                self.zero_reused(addr, dirty.min(size));
+                // Only the moved parts may hold data; the rest of the mapping is fresh.
+                for part in dirty.iter().filter(|p| p.addr < addr + size) {
+                    self.zero_reused(part.addr, part.len.min(addr + size - part.addr));
+                }
             }
             self.stats.live.add(need as u64);
             self.stats.live_blocks.add(1);
@@ -295,34 +295,100 @@ impl<M: PageMemory> HostLayer<M> {
         Some((addr, crate::trace::MISS))
     }
 
-    /// A miss that a smaller cached block can still serve: its pages move to the start of a
-    /// fresh mapping of the needed size, so only the difference faults in. Returns the block
-    /// and how many bytes at its start may hold data (none when the old block was known zero).
-    fn grow_cached(&self, need: usize, align: usize, born_ns: u64) -> Option<(usize, usize)> {
-        let taken = {
+    /// A miss that cached blocks can still serve together: their pages move into a fresh
+    /// mapping of the needed size, so only what they do not cover faults in (Note [Gathering
+    /// pages]). Returns the block and the ranges in it that may hold data.
+    fn gather_cached(&self, need: usize, align: usize, born_ns: u64) -> Option<(usize, RangeList)> {
+        let parts = {
             let mut cache = self.cache.lock();
-            let taken = cache.take_smaller(need);
-            if let Some(t) = &taken {
-                self.registry.clear(t.addr);
-                self.stats.cached.set(cache.cached_bytes() as u64);
+            let parts = cache.take_parts(need);
+            for part in parts.iter() {
+                self.registry.clear(part.addr);
             }
-            taken
-        }?;
-        let grown = self.registry.reserve_spare().then(|| self.timed(&self.stats.phases.alloc_grow, || self.memory.grow_into(taken.addr, taken.len, need, align))).flatten();
-        match grown {
-            // Cannot fail: the spare leaf was reserved.
-            Some(addr) if self.registry.set_live(addr, need, born_ns) => {
-                self.stats.grows.add(1);
-                Some((addr, if taken.known_zero { 0 } else { taken.len }))
+            if let Some(rest) = parts.rest_kept {
+                let _ = self.registry.set_cached(rest.addr, rest.len);
             }
-            Some(addr) => {
-                self.memory.unmap(addr, need);
+            self.stats.cached.set(cache.cached_bytes() as u64);
+            parts
+        };
+        if parts.is_empty() {
+            return None;
+        }
+        let dest = self.registry.reserve_spare().then(|| self.timed(&self.stats.phases.alloc_grow, || self.memory.map(need, align))).flatten();
+        if let Some(dest) = dest {
+            if self.hugepages.load(Relaxed) == hugepages_code(HugePages::Always) {
+                self.memory.advise_huge(dest, need);
+            }
+        }
+        let Some(dest) = dest else {
+            for part in parts.iter() {
+                self.cache_block(part.addr, part.len, part.known_zero, Live::default());
+            }
+            return None;
+        };
+        // What moved and may hold data, at its new address, in address order.
+        let mut dirty = RangeList::new();
+        let mut offset = 0;
+        let mut lost = None;
+        for part in parts.iter() {
+            if lost.is_some() {
+                self.cache_block(part.addr, part.len, part.known_zero, Live::default());
+            } else {
+                let to = dest + offset;
+                lost = self.timed(&self.stats.phases.alloc_grow, || self.move_part(*part, to, &mut dirty));
+            }
+            offset += part.len;
+        }
+        if let Some(gone) = lost {
+            // The rest of the destination is ours and goes; the lost range is never touched.
+            let (end, gone_end) = (dest + need, gone.addr + gone.len);
+            let mut ours = RangeList::new();
+            for r in [Range { addr: dest, len: gone.addr - dest }, Range { addr: gone_end, len: end - gone_end }] {
+                if r.len > 0 {
+                    ours.push(r);
+                }
+            }
+            self.unmap_all(&ours);
+            return None;
+        }
+        // Cannot fail: the spare leaf was reserved.
+        if !self.registry.set_live(dest, need, born_ns) {
+            self.memory.unmap(dest, need);
+            return None;
+        }
+        self.stats.grows.add(1);
+        Some((dest, dirty))
+    }
+
+    /// Moves a cached part's pages to `to`, noting in `dirty` what may hold data. The kernel
+    /// may refuse a range spanning two mappings; such a part is halved (on huge-page boundaries)
+    /// until the halves move, and what will not move goes back to the cache, its share of the
+    /// destination staying fresh (Note [Gathering pages]). Returns a destination range lost to
+    /// a refusal (`Moved::DestinationLost`); what was not moved then is cached again.
+    fn move_part(&self, part: Part, to: usize, dirty: &mut RangeList) -> Option<Range> {
+        match self.memory.move_pages(part.addr, part.len, to) {
+            Moved::Done => {
+                if !part.known_zero {
+                    dirty.push_covering(Range { addr: to, len: part.len });
+                }
                 None
             }
-            None => {
-                // No room to grow: the block is worth nothing to this request; give it back.
-                self.unmap_all(&single(Range { addr: taken.addr, len: taken.len }));
-                None
+            Moved::DestinationLost => {
+                self.cache_block(part.addr, part.len, part.known_zero, Live::default());
+                Some(Range { addr: to, len: part.len })
+            }
+            Moved::Refused => {
+                let half = (part.len / 2) & !(HUGE_PAGE - 1);
+                let second = Part { addr: part.addr + half, len: part.len - half, ..part };
+                if half == 0 {
+                    self.cache_block(part.addr, part.len, part.known_zero, Live::default());
+                    return None;
+                }
+                if let Some(gone) = self.move_part(Part { len: half, ..part }, to, dirty) {
+                    self.cache_block(second.addr, second.len, second.known_zero, Live::default());
+                    return Some(gone);
+                }
+                self.move_part(second, to + half, dirty)
             }
         }
     }
@@ -361,14 +427,26 @@ impl<M: PageMemory> HostLayer<M> {
         let live = Live { bytes: self.stats.live.current() as usize, blocks: self.stats.live_blocks.current() as usize };
         self.stats.live.sub(len as u64);
         self.stats.live_blocks.sub(1);
+        self.cache_block(addr, len, false, live);
+        self.stats.phases.free.record((self.clock)().saturating_sub(start));
+    }
+
+    /// Offers a block that is ours and in no record (a freed one, or a part that could not be
+    /// gathered) to the cache; unmaps what leaves it. `live`: live large memory before a free.
+    fn cache_block(&self, addr: usize, len: usize, zero: bool, live: Live) {
+        let start = (self.clock)();
         let (accepted, unmaps, due_ns) = {
             let mut cache = self.cache.lock();
             let due_ns = start.saturating_add(cache.limits().release_after_ns.min(cache.limits().expire_after_ns));
-            let inserted = cache.insert(addr, len, false, start, live);
+            let inserted = cache.insert(addr, len, zero, start, live);
+            // The merged block's records: its parts' go, then its own (the leaves exist: its
+            // start and last page were the starts and last pages of blocks recorded before).
+            self.registry.clear(addr);
+            for &neighbour in inserted.absorbed.iter().flatten() {
+                self.registry.clear(neighbour);
+            }
             if inserted.accepted {
-                let _ = self.registry.set_cached(addr, len);
-            } else {
-                self.registry.clear(addr);
+                let _ = self.registry.set_cached(inserted.block.addr, inserted.block.len);
             }
             for r in inserted.evicted.iter() {
                 self.registry.clear(r.addr);
@@ -376,7 +454,7 @@ impl<M: PageMemory> HostLayer<M> {
             self.stats.cached.set(cache.cached_bytes() as u64);
             let mut leaving = inserted.evicted;
             if !inserted.accepted {
-                leaving.push(Range { addr, len });
+                leaving.push(inserted.block);
             }
             (inserted.accepted, self.defer_unmaps(&mut cache, &leaving), due_ns)
         };
@@ -384,7 +462,6 @@ impl<M: PageMemory> HostLayer<M> {
         if accepted {
             (self.background.on_cached)(due_ns);
         }
-        self.stats.phases.free.record((self.clock)().saturating_sub(start));
     }
 
     /// Resizes a live large block to `new_size` (at or above the threshold): in place when it

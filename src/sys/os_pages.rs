@@ -1,7 +1,7 @@
 //! `PageMemory` over the kernel: mmap, munmap, madvise, mremap. Aligned mappings are made by
 //! over-mapping and trimming, so every block we own starts exactly at the address we return.
 
-use crate::backing::PageMemory;
+use crate::backing::{Moved, PageMemory};
 use core::sync::atomic::{AtomicBool, Ordering};
 
 pub const PAGE: usize = 4096;
@@ -77,23 +77,38 @@ impl PageMemory for OsPages {
         unsafe { libc::mremap(addr as *mut libc::c_void, old_len, new_len, 0) != libc::MAP_FAILED }
     }
 
-    fn grow_into(&self, addr: usize, old_len: usize, new_len: usize, align: usize) -> Option<usize> {
-        let fresh = self.map(new_len, align)?;
-        // SAFETY: both ranges are ours; MREMAP_FIXED replaces the fresh, untouched head.
+    fn move_pages(&self, from: usize, len: usize, to: usize) -> Moved {
+        // SAFETY: both ranges are ours; MREMAP_FIXED replaces what is at `to`, which the
+        // caller mapped for this.
         let moved = unsafe {
-            libc::mremap(
-                addr as *mut libc::c_void,
-                old_len,
-                old_len,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                fresh as *mut libc::c_void,
+            libc::mremap(from as *mut libc::c_void, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, to as *mut libc::c_void)
+        };
+        if moved != libc::MAP_FAILED {
+            return Moved::Done;
+        }
+        // A refusal may come after the kernel unmapped the destination (before 6.17, a source
+        // spanning two mappings is refused that way). Map it back, never over anyone's: with
+        // MAP_FIXED_NOREPLACE, if anything stands there (our own range, left intact, or
+        // another thread's mapping in the hole), it is not ours to touch any more.
+        // SAFETY: NOREPLACE never replaces an existing mapping.
+        let p = unsafe {
+            libc::mmap(
+                to as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
             )
         };
-        if moved == libc::MAP_FAILED {
-            self.unmap(fresh, new_len);
-            return None;
+        if p as usize == to {
+            return Moved::Refused;
         }
-        Some(fresh)
+        if p != libc::MAP_FAILED {
+            // A kernel before 4.17 took NOREPLACE as a hint and mapped elsewhere.
+            self.unmap(p as usize, len);
+        }
+        Moved::DestinationLost
     }
 
     fn advise_huge(&self, addr: usize, len: usize) {
