@@ -47,3 +47,36 @@ print("ok")
 """
     out = ok(run([PY, "-c", code], env={"TENSORMALLOC_THRESHOLD": "1M"}))
     assert out.stdout.strip() == "ok"
+
+
+def test_seed_in_16_threads_misses_only_each_threads_first_block(tmp_path):
+    """The seed expression in 16 threads at once (numpy drops the GIL), 60 rounds: every miss is
+    an input array or a thread's first temporary (the cache is empty then), nothing is evicted,
+    so at least 98% of requests hit (the issue measured 84% with a fixed bound, 38 blocks
+    evicted and faulted in again)."""
+    code = r"""
+import threading
+import numpy as np
+a, b = np.random.default_rng(1).random(1_000_000), np.random.default_rng(2).random(1_000_000)
+expected = float(((a * b) ** 2 + 3).sum())
+start = threading.Barrier(16)
+sums = []
+def work():
+    start.wait()
+    for _ in range(60):
+        sums.append(float(((a * b) ** 2 + 3).sum()))
+ts = [threading.Thread(target=work) for _ in range(16)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+assert len(sums) == 960 and all(s == expected for s in sums)
+print("ok")
+"""
+    report = tmp_path / "stats.json"
+    out = ok(run([PY, "-c", code], env={"TENSORMALLOC_STATS": f"json:{report}"}))
+    assert out.stdout.strip() == "ok"
+    host = json.loads(report.read_text())["host"]
+    assert host["misses"] + host["grows"] <= 16 + 2, host
+    assert host["unmapped_blocks"] == 0, host
+    assert host["hits"] >= 0.98 * host["requests"], host
