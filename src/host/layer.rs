@@ -13,7 +13,7 @@
 // 80 MB). Measured in BENCHMARKS.md ("calloc"): sparse 64 MiB from 2.2 ms to microseconds,
 // dense unchanged.
 
-use super::cache::{BlockCache, CacheLimits, Live, Part, Range, RangeList};
+use super::cache::{BlockCache, CacheLimits, Live, Part, Parts, Range, RangeList};
 use super::registry::{Owner, Registry, TableSource};
 use crate::backing::{Moved, PageMemory};
 use crate::config::{Config, HugePages, MAX_CACHE_BLOCKS};
@@ -314,7 +314,12 @@ impl<M: PageMemory> HostLayer<M> {
         if parts.is_empty() {
             return None;
         }
-        let dest = self.registry.reserve_spare().then(|| self.timed(&self.stats.phases.alloc_grow, || self.memory.map(need, align))).flatten();
+        self.timed(&self.stats.phases.alloc_grow, || self.move_into_new_mapping(&parts, need, align, born_ns))
+    }
+
+    /// The second half of `gather_cached`, outside the lock: a new mapping, the parts moved in.
+    fn move_into_new_mapping(&self, parts: &Parts, need: usize, align: usize, born_ns: u64) -> Option<(usize, RangeList)> {
+        let dest = self.registry.reserve_spare().then(|| self.memory.map(need, align)).flatten();
         if let Some(dest) = dest {
             if self.hugepages.load(Relaxed) == hugepages_code(HugePages::Always) {
                 self.memory.advise_huge(dest, need);
@@ -335,7 +340,7 @@ impl<M: PageMemory> HostLayer<M> {
                 self.cache_block(part.addr, part.len, part.known_zero, Live::default());
             } else {
                 let to = dest + offset;
-                lost = self.timed(&self.stats.phases.alloc_grow, || self.move_part(*part, to, &mut dirty));
+                lost = self.move_part(*part, to, &mut dirty);
             }
             offset += part.len;
         }
