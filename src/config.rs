@@ -58,7 +58,8 @@ pub struct Config {
     pub cache_bytes: Option<u64>,
     pub release_ms: u64,
     pub expire_ms: u64,
-    pub max_waste_percent: u64,
+    /// None: follows how many blocks are live (Note [Neighbours merge]).
+    pub max_waste_percent: Option<u64>,
     pub hugepages: HugePages,
     pub stats: StatsOutput,
     pub stats_path: [u8; STATS_PATH_MAX],
@@ -95,7 +96,7 @@ impl Config {
             cache_bytes: None,
             release_ms: 1000,
             expire_ms: 10_000,
-            max_waste_percent: 10,
+            max_waste_percent: None,
             hugepages: HugePages::Auto,
             stats: StatsOutput::Off,
             stats_path: [0; STATS_PATH_MAX],
@@ -159,9 +160,9 @@ pub static OPTIONS: &[OptionSpec] = &[
     },
     OptionSpec {
         name: "TENSORMALLOC_MAX_WASTE",
-        default: "10",
-        doc: "percent of a cached block a request may leave unused; past it the rest is split off and stays cached (0 to 100)",
-        apply: |c, v| parse_u64_in(v, 0, 100).map(|n| c.max_waste_percent = n),
+        default: "auto",
+        doc: "percent of a cached block a request may leave unused; past it the rest is split off and stays cached (0 to 100); auto: 50 while at most 16 large blocks were live at the recent peak, 10 with more",
+        apply: |c, v| auto_or(v, |v| parse_u64_in(v, 0, 100)).map(|n| c.max_waste_percent = n),
     },
     OptionSpec {
         name: "TENSORMALLOC_CHECK_FREE",

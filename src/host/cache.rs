@@ -31,16 +31,20 @@
 // Note [Neighbours merge]
 // A freed block merges with the cached blocks just before and after it (a block split earlier,
 // or a mapping the kernel placed next to another), and a request takes what it needs from a
-// bigger block: a rest of more than `max_waste_percent` (default 10) stays cached. So the cache
-// works as a page heap: the pages of several freed blocks serve one bigger request with no
-// system call and no fault. The default was 50% before blocks merged; a merged block can be far
-// bigger than the request, and 10% measured best (c-large-churn, 2 and 16 threads: 25% and 50%
-// kept more pages inside live blocks and faulted more; splitting every rest made more misses,
-// each a gather). A merged block may span several kernel mappings; mremap refuses those, so
-// growing one falls back (copy, or Note [Gathering pages] halving it), as for a block the
-// program madvised in part. The merged block counts as freed now (hot); it reads zero only if
-// every part did. Rests shorter than any request stay cached too: alone they serve nothing,
-// but they merge back or are gathered; unmapping them made their pages fault in again.
+// bigger block, a rest past the allowed waste staying cached. So the cache works as a page
+// heap: the pages of several freed blocks serve one bigger request with no system call and no
+// fault. How much waste a block may carry out (`TENSORMALLOC_MAX_WASTE`, auto) follows how many
+// large blocks are live: with few (at most the block floor, 16, at the recent peak), up to 50%:
+// the cache has room, and a rest split off would mostly wait to be gathered back into a bigger
+// request, a system call each; with many (16 threads each keeping 4), 10%: pages held unused
+// inside live blocks are pages the other threads' requests fault in (c-large-churn at 16
+// threads: 10% faults in 7% less than 50%, as little as tcmalloc; at 1 and 2 threads 50% is
+// 5-10% faster than 10%; BENCHMARKS.md "Issue 13, second session"). A merged block may span
+// several kernel mappings; kernels before 6.17 will not mremap those whole, so growing one
+// falls back (copy, or Note [Gathering pages] halving it), as for a block the program madvised
+// in part. The merged block counts as freed now (hot); it reads zero only if every part did.
+// Rests shorter than any request stay cached too: alone they serve nothing, but they merge
+// back or are gathered; unmapping them made their pages fault in again.
 //
 // Note [Gathering pages]
 // A request no cached block can serve may still be served by the pages of several: a fresh
@@ -59,10 +63,11 @@
 //
 // Note [Deferred unmaps]
 // Unmapping an evicted 5-25 MB block costs about 0.85 ms; inside the program's free that was
-// most of a churn benchmark's time. Blocks leaving the cache (evicted, split tails too short to
-// keep) go on a fixed list the background thread unmaps; they are out of the cache and the
-// registry already, so they are never handed out again, and the report counts them. The caller
-// unmaps inline when no background thread runs, when the list is full, or when memory is short.
+// most of a churn benchmark's time. Blocks leaving the cache (evicted or refused, and tails a
+// realloc shrank off) go on a fixed list the background thread unmaps; they are out of the
+// cache and the registry already, so they are never handed out again, and the report counts
+// them. The caller unmaps inline when no background thread runs, when the list is full, or
+// when memory is short.
 // The list lives under the cache lock, which the fork handlers hold across fork(): a child
 // inherits it whole and unmaps it when its own thread starts (at its first cached block) or on
 // trim; ranges the parent's thread had taken off the list but not yet unmapped stay mapped in
@@ -171,8 +176,14 @@ pub struct CacheLimits {
     pub min_bytes: usize,
     pub release_after_ns: u64,
     pub expire_after_ns: u64,
-    pub max_waste_percent: usize,
+    /// None: WASTE_FEW_LIVE or WASTE_MANY_LIVE (Note [Neighbours merge]).
+    pub max_waste_percent: Option<usize>,
 }
+
+/// The waste a request may leave in a block, in percent, when at most `min_blocks` large blocks
+/// were live at the recent peak, and when more were (Note [Neighbours merge]).
+pub const WASTE_FEW_LIVE: usize = 50;
+pub const WASTE_MANY_LIVE: usize = 10;
 
 /// The most cached blocks one miss gathers (Note [Gathering pages]).
 pub const MAX_PARTS: usize = 8;
@@ -312,8 +323,8 @@ impl BlockCache {
     }
 
     /// Best fit among available blocks of at least `need` bytes whose start honours `align`.
-    /// A rest of more than `max_waste_percent` of the block is split off and stays cached
-    /// (Note [Neighbours merge]); a shorter one goes out with the block.
+    /// A rest of more than `waste_percent` of the block is split off and stays cached (Note
+    /// [Neighbours merge]); a shorter one goes out with the block.
     pub fn take(&mut self, need: usize, align: usize) -> Option<Taken> {
         let align_mask = align.max(1) - 1;
         let mut best: Option<(usize, usize, bool)> = None; // (slot, waste, released)
@@ -338,7 +349,7 @@ impl BlockCache {
         self.cached_bytes -= block.len;
 
         let mut taken = Taken { addr: block.addr, len: block.len, was_released, known_zero: block.zero, tail_kept: None };
-        let allowed_waste = block.len / 100 * self.limits.max_waste_percent;
+        let allowed_waste = block.len / 100 * self.waste_percent();
         if waste > allowed_waste {
             let tail = Range { addr: block.addr + need, len: waste };
             taken.len = need;
@@ -437,6 +448,22 @@ impl BlockCache {
         }
         current.live.bytes = current.live.bytes.max(live.bytes);
         current.live.blocks = current.live.blocks.max(live.blocks);
+    }
+
+    /// How much of a block a request may leave unused before the rest is split off (Note
+    /// [Neighbours merge]).
+    pub fn waste_percent(&self) -> usize {
+        match self.limits.max_waste_percent {
+            Some(p) => p,
+            None => {
+                let [older, current] = &self.peaks;
+                if older.live.blocks.max(current.live.blocks) > self.limits.min_blocks {
+                    WASTE_MANY_LIVE
+                } else {
+                    WASTE_FEW_LIVE
+                }
+            }
+        }
     }
 
     /// The block and byte bounds now (Note [Bounds follow the working set]).

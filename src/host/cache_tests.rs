@@ -15,7 +15,7 @@ fn limits() -> CacheLimits {
         min_bytes: 0,
         release_after_ns: 1000 * MS,
         expire_after_ns: 10_000 * MS,
-        max_waste_percent: 25,
+        max_waste_percent: Some(25),
     }
 }
 
@@ -241,4 +241,22 @@ fn trim_during_release_unmaps_when_release_returns() {
     assert_eq!(c.release_done(0x1000_0000, false), Some(Range { addr: 0x1000_0000, len: 80 * MB }));
     assert_eq!(c.cached_bytes(), 0);
     c.check_invariants().unwrap();
+}
+
+#[test]
+fn waste_follows_how_many_blocks_are_live() {
+    let mut c = BlockCache::new(CacheLimits { max_waste_percent: None, min_blocks: 16, max_blocks: 64, ..limits() });
+    // Few live blocks: a 100 MB block serves 60 MB whole (40% unused).
+    c.insert(0x1000_0000, 100 * MB, false, 0, Live { bytes: 400 * MB, blocks: 4 });
+    assert_eq!(c.waste_percent(), WASTE_FEW_LIVE);
+    let t = c.take(60 * MB, 4096).unwrap();
+    assert_eq!((t.len, t.tail_kept), (100 * MB, None));
+    // Many: the rest is split off and stays cached.
+    c.insert(t.addr, t.len, false, 1, Live { bytes: 2000 * MB, blocks: 64 });
+    assert_eq!(c.waste_percent(), WASTE_MANY_LIVE);
+    let t = c.take(60 * MB, 4096).unwrap();
+    assert_eq!((t.len, t.tail_kept), (60 * MB, Some(Range { addr: 0x1000_0000 + 60 * MB, len: 40 * MB })));
+    // A value the user set holds either way.
+    let c = BlockCache::new(CacheLimits { max_waste_percent: Some(0), min_blocks: 16, ..limits() });
+    assert_eq!(c.waste_percent(), 0);
 }

@@ -78,7 +78,10 @@ const fn limits_from(c: &Config, memory_bytes: u64) -> CacheLimits {
         min_bytes: MIN_FOLLOWED_BYTES,
         release_after_ns: c.release_ms.saturating_mul(1_000_000),
         expire_after_ns: c.expire_ms.saturating_mul(1_000_000),
-        max_waste_percent: c.max_waste_percent as usize,
+        max_waste_percent: match c.max_waste_percent {
+            Some(p) => Some(p as usize),
+            None => None,
+        },
     }
 }
 
@@ -491,7 +494,7 @@ impl<M: PageMemory> HostLayer<M> {
         let born = self.registry.born_ns(addr);
         if need <= len {
             let spare = len - need;
-            let allowed = len / 100 * self.cache.lock().limits().max_waste_percent;
+            let allowed = len / 100 * self.cache.lock().waste_percent();
             if spare > allowed {
                 let _ = self.registry.set_live(addr, need, born);
                 self.stats.live.sub(spare as u64);
