@@ -322,15 +322,9 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// The second half of `gather_cached`, outside the lock: a new mapping, the parts moved in.
     fn move_into_new_mapping(&self, parts: &Parts, need: usize, align: usize, born_ns: u64) -> Option<(usize, RangeList)> {
-        let dest = self.registry.reserve_spare().then(|| self.memory.map(need, align)).flatten();
-        if let Some(dest) = dest {
-            if self.hugepages.load(Relaxed) == hugepages_code(HugePages::Always) {
-                self.memory.advise_huge(dest, need);
-            }
-        }
-        let Some(dest) = dest else {
+        let Some(dest) = self.map_recordable(need, align) else {
             for part in parts.iter() {
-                self.cache_block(part.addr, part.len, part.known_zero, Live::default());
+                self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), Live::default());
             }
             return None;
         };
@@ -340,7 +334,7 @@ impl<M: PageMemory> HostLayer<M> {
         let mut lost = None;
         for part in parts.iter() {
             if lost.is_some() {
-                self.cache_block(part.addr, part.len, part.known_zero, Live::default());
+                self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), Live::default());
             } else {
                 let to = dest + offset;
                 lost = self.move_part(*part, to, &mut dirty);
@@ -382,18 +376,18 @@ impl<M: PageMemory> HostLayer<M> {
                 None
             }
             Moved::DestinationLost => {
-                self.cache_block(part.addr, part.len, part.known_zero, Live::default());
+                self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), Live::default());
                 Some(Range { addr: to, len: part.len })
             }
             Moved::Refused => {
                 let half = (part.len / 2) & !(HUGE_PAGE - 1);
                 let second = Part { addr: part.addr + half, len: part.len - half, ..part };
                 if half == 0 {
-                    self.cache_block(part.addr, part.len, part.known_zero, Live::default());
+                    self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), Live::default());
                     return None;
                 }
                 if let Some(gone) = self.move_part(Part { len: half, ..part }, to, dirty) {
-                    self.cache_block(second.addr, second.len, second.known_zero, Live::default());
+                    self.cache_block(second.addr, second.len, second.known_zero, (self.clock)(), Live::default());
                     return Some(gone);
                 }
                 self.move_part(second, to + half, dirty)
@@ -401,29 +395,23 @@ impl<M: PageMemory> HostLayer<M> {
         }
     }
 
-    /// A fresh mapping; under memory pressure, the cache is emptied and the mapping retried.
-    fn map_fresh(&self, len: usize, align: usize) -> Option<usize> {
-        let mapped = self.registry.reserve_spare().then(|| self.memory.map(len, align)).flatten();
-        let addr = match mapped {
-            Some(a) => a,
-            None => {
-                if self.trim() == 0 {
-                    self.stats.map_failures.add(1);
-                    return None;
-                }
-                match self.registry.reserve_spare().then(|| self.memory.map(len, align)).flatten() {
-                    Some(a) => a,
-                    None => {
-                        self.stats.map_failures.add(1);
-                        return None;
-                    }
-                }
-            }
-        };
+    /// A fresh mapping whose record cannot fail (the registry's spare leaf is reserved first),
+    /// advised for huge pages under `HugePages::Always`.
+    fn map_recordable(&self, len: usize, align: usize) -> Option<usize> {
+        let addr = self.registry.reserve_spare().then(|| self.memory.map(len, align)).flatten()?;
         if self.hugepages.load(Relaxed) == hugepages_code(HugePages::Always) {
             self.memory.advise_huge(addr, len);
         }
         Some(addr)
+    }
+
+    /// A fresh mapping; under memory pressure, the cache is emptied and the mapping retried.
+    fn map_fresh(&self, len: usize, align: usize) -> Option<usize> {
+        let addr = self.map_recordable(len, align).or_else(|| if self.trim() == 0 { None } else { self.map_recordable(len, align) });
+        if addr.is_none() {
+            self.stats.map_failures.add(1);
+        }
+        addr
     }
 
     /// Takes back a live block (`owner` said `Live { len }`).
@@ -435,18 +423,18 @@ impl<M: PageMemory> HostLayer<M> {
         let live = Live { bytes: self.stats.live.current() as usize, blocks: self.stats.live_blocks.current() as usize };
         self.stats.live.sub(len as u64);
         self.stats.live_blocks.sub(1);
-        self.cache_block(addr, len, false, live);
+        self.cache_block(addr, len, false, start, live);
         self.stats.phases.free.record((self.clock)().saturating_sub(start));
     }
 
     /// Offers a block that is ours and in no record (a freed one, or a part that could not be
-    /// gathered) to the cache; unmaps what leaves it. `live`: live large memory before a free.
-    fn cache_block(&self, addr: usize, len: usize, zero: bool, live: Live) {
-        let start = (self.clock)();
+    /// gathered) to the cache at time `now_ns`; unmaps what leaves it. `live`: live large
+    /// memory before a free.
+    fn cache_block(&self, addr: usize, len: usize, zero: bool, now_ns: u64, live: Live) {
         let (accepted, unmaps, due_ns) = {
             let mut cache = self.cache.lock();
-            let due_ns = start.saturating_add(cache.limits().release_after_ns.min(cache.limits().expire_after_ns));
-            let inserted = cache.insert(addr, len, zero, start, live);
+            let due_ns = now_ns.saturating_add(cache.limits().release_after_ns.min(cache.limits().expire_after_ns));
+            let inserted = cache.insert(addr, len, zero, now_ns, live);
             // The merged block's records: its parts' go, then its own (the leaves exist: its
             // start and last page were the starts and last pages of blocks recorded before).
             self.registry.clear(addr);
@@ -494,14 +482,15 @@ impl<M: PageMemory> HostLayer<M> {
         let born = self.registry.born_ns(addr);
         if need <= len {
             let spare = len - need;
-            let allowed = len / 100 * self.cache.lock().waste_percent();
-            if spare > allowed {
-                let _ = self.registry.set_live(addr, need, born);
-                self.stats.live.sub(spare as u64);
-                let unmaps = {
-                    let mut cache = self.cache.lock();
+            let unmaps = {
+                let mut cache = self.cache.lock();
+                (spare > len / 100 * cache.waste_percent()).then(|| {
+                    let _ = self.registry.set_live(addr, need, born);
+                    self.stats.live.sub(spare as u64);
                     self.defer_unmaps(&mut cache, &single(Range { addr: addr + need, len: spare }))
-                };
+                })
+            };
+            if let Some(unmaps) = unmaps {
                 self.finish_unmaps(unmaps);
             }
             Self::trace_resized(addr, len, addr, new_size);
