@@ -1,5 +1,5 @@
 //! Where memory comes from: the traits the policy code is generic over. `sys::os_pages` and
-//! `sys::cuda_runtime` implement them for real; `sim` implements them with fake addresses for
+//! `sys::cuda_driver` implement them for real; `sim` implements them with fake addresses for
 //! tests and replay benchmarks. Implementations must never allocate through the malloc family
 //! (they run on the malloc/free paths) and must not take locks the caller might hold.
 
@@ -34,6 +34,18 @@ pub trait PageMemory {
         }
         None
     }
+    /// Makes a range the program freed ready to be cached: read-write, unlocked, default dump
+    /// and fork advice whatever the program did to it, and left out of forked children (Note
+    /// [Plain memory] in host/layer.rs). False: it cannot be (part of it is no longer mapped,
+    /// or it is sealed): it must never be handed out again.
+    fn reset_for_cache(&self, addr: usize, len: usize) -> bool;
+    /// A range leaving the cache for the program is inherited by forked children again. False:
+    /// the kernel refused (its limit on mappings): the range must not be handed out.
+    fn readmit(&self, addr: usize, len: usize) -> bool;
+    /// Whether a mapping of `len` bytes the system refused could succeed once some of ours are
+    /// unmapped (it fits the address-space and commit limits). If not, emptying the cache for
+    /// it would lose the cache and gain nothing.
+    fn could_map(&self, len: usize) -> bool;
     /// Asks for transparent huge pages on the range.
     fn advise_huge(&self, addr: usize, len: usize);
     /// Writes zeros over the range.

@@ -94,6 +94,7 @@ fn init_slow() -> Option<&'static Globals> {
         INIT_STATE.store(FAILED, Ordering::Release);
         return None;
     };
+    sys::memory::read_commit_limit();
     HOST.configure(&config, sys::memory::usable_bytes());
     DEVICE.configure(&config);
     route::configure(&config, &next);
@@ -129,7 +130,8 @@ extern "C" fn on_load() {
 
 #[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]
 /// Holds the host cache lock across fork(), so the child never inherits it mid-update from a
-/// thread that does not exist there; the child also restarts its reaper on demand.
+/// thread that does not exist there. The child forgets the cache, whose blocks it did not
+/// inherit (Note [Plain memory]), and restarts its reaper on demand.
 fn install_fork_handlers() {
     extern "C" fn prepare() {
         crate::HOST.lock_for_fork();
@@ -141,6 +143,7 @@ fn install_fork_handlers() {
     extern "C" fn child() {
         // SAFETY: the child is a copy of the thread that ran prepare.
         unsafe { crate::HOST.unlock_after_fork() };
+        crate::HOST.forget_cache_in_child();
         sys::reaper::after_fork_in_child();
         crate::trace::stop_in_child();
     }

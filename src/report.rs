@@ -174,10 +174,12 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     let (bound_blocks, bound_bytes) = HOST.bounds();
     writeln!(
         w,
-        "  cache bound now {} blocks, {}  calloc hits zeroed by dropping pages {}",
+        "  cache bound now {} blocks, {}  calloc hits zeroed by dropping pages {}  freed blocks not reusable {}  retries after emptying the cache {}",
         bound_blocks,
         Bytes(bound_bytes as u64),
-        HOST.stats.zeroed_by_discard.get()
+        HOST.stats.zeroed_by_discard.get(),
+        HOST.stats.unresettable.get(),
+        HOST.stats.retries_after_trim.get()
     )?;
     DEVICE.for_each_pool(|device, pool| {
         let p = &pool.stats;
@@ -266,10 +268,12 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     let (bound_blocks, bound_bytes) = HOST.bounds();
     write!(
         w,
-        "\"bound_blocks\":{},\"bound_bytes\":{},\"calloc_zeroed_by_discard\":{}}},",
+        "\"bound_blocks\":{},\"bound_bytes\":{},\"calloc_zeroed_by_discard\":{},\"unresettable_blocks\":{},\"retries_after_trim\":{}}},",
         bound_blocks,
         bound_bytes,
-        HOST.stats.zeroed_by_discard.get()
+        HOST.stats.zeroed_by_discard.get(),
+        HOST.stats.unresettable.get(),
+        HOST.stats.retries_after_trim.get()
     )?;
     w.write_str("\"cuda\":[")?;
     let mut first = true;

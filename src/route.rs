@@ -9,7 +9,7 @@ use crate::sys::next::{bootstrap_alloc, bootstrap_size, is_bootstrap};
 use crate::{globals, BLOCK_ALIGN, HOST};
 use core::ffi::c_void;
 use crate::sys::next::{CallocFn, FreeFn, MallocFn, NextAllocator, ReallocFn};
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
 
 pub(crate) mod cxx;
 
@@ -49,6 +49,9 @@ static UNCHECKED_REALLOC: AtomicUsize = AtomicUsize::new(0);
 static CHECK_PENDING: AtomicBool = AtomicBool::new(false);
 
 pub fn configure(config: &Config, next: &NextAllocator) {
+    OWN_MALLOC.store(next.malloc as usize, Relaxed);
+    OWN_CALLOC.store(next.calloc as usize, Relaxed);
+    OWN_REALLOC.store(next.realloc as usize, Relaxed);
     NEXT_MALLOC.store(next.malloc as usize, Relaxed);
     UNCHECKED_FREE.store(next.free as usize, Relaxed);
     UNCHECKED_REALLOC.store(next.realloc as usize, Relaxed);
@@ -56,8 +59,90 @@ pub fn configure(config: &Config, next: &NextAllocator) {
     NEXT_REALLOC.store(next.realloc as usize, Relaxed);
     CHECK_PENDING.store(config.check_free, Relaxed);
     NEXT_CALLOC.store(next.calloc as usize, Relaxed);
+    follow_address_limit();
     THRESHOLD.store(config.threshold_bytes as usize, Relaxed);
     set_enabled(!config.disabled);
+}
+
+// The next allocator's own entry points, behind the ones that make room.
+static OWN_MALLOC: AtomicUsize = AtomicUsize::new(0);
+static OWN_CALLOC: AtomicUsize = AtomicUsize::new(0);
+static OWN_REALLOC: AtomicUsize = AtomicUsize::new(0);
+/// An address-space or commit limit has been seen: the entry points that make room are in place.
+static LIMITED: AtomicBool = AtomicBool::new(false);
+/// The address-space limit last seen (u64::MAX: none).
+static SEEN_ADDRESS_LIMIT: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Follows the address-space limit, which a program may set at any time (Python's
+/// `resource.setrlimit`): the host cache's ceiling follows it, and once there is one the next
+/// allocator's entry points go through those that make room (Note [Room for others]). At init
+/// and at every large free: one getrlimit.
+fn follow_address_limit() {
+    let limit = crate::sys::memory::address_space_bytes();
+    if SEEN_ADDRESS_LIMIT.swap(limit, Relaxed) == limit {
+        return;
+    }
+    HOST.limit_address_space(limit);
+    if limit != u64::MAX && !LIMITED.swap(true, Relaxed) {
+        NEXT_MALLOC.store(malloc_making_room as *const () as usize, Release);
+        NEXT_CALLOC.store(calloc_making_room as *const () as usize, Release);
+        UNCHECKED_REALLOC.store(realloc_making_room as *const () as usize, Release);
+        // Unless the interior check took its place (it goes on through UNCHECKED_REALLOC).
+        let _ = NEXT_REALLOC.compare_exchange(OWN_REALLOC.load(Relaxed), realloc_making_room as *const () as usize, Release, Relaxed);
+    }
+}
+
+/// After the next allocator failed a request of `size` bytes: whether the cache gave memory
+/// back so that one more try may succeed (Note [Room for others]).
+#[cold]
+fn room_made_for(size: usize) -> bool {
+    errno() == libc::ENOMEM && HOST.holds_idle_memory() && HOST.make_room(size)
+}
+
+/// NEXT_MALLOC under an address-space limit.
+unsafe extern "C" fn malloc_making_room(size: usize) -> *mut c_void {
+    // SAFETY: set by configure to the next allocator's malloc before this was published.
+    let own = unsafe { core::mem::transmute::<usize, MallocFn>(OWN_MALLOC.load(Relaxed)) };
+    // SAFETY: plain forwarding.
+    let p = unsafe { own(size) };
+    if p.is_null() && room_made_for(size) {
+        // SAFETY: as above.
+        return unsafe { own(size) };
+    }
+    p
+}
+
+/// NEXT_CALLOC under an address-space limit.
+unsafe extern "C" fn calloc_making_room(count: usize, size: usize) -> *mut c_void {
+    // SAFETY: as in malloc_making_room.
+    let own = unsafe { core::mem::transmute::<usize, CallocFn>(OWN_CALLOC.load(Relaxed)) };
+    // SAFETY: plain forwarding.
+    let p = unsafe { own(count, size) };
+    if p.is_null() && room_made_for(count.saturating_mul(size)) {
+        // SAFETY: as above.
+        return unsafe { own(count, size) };
+    }
+    p
+}
+
+/// The next allocator's realloc under an address-space limit (a failed realloc leaves the
+/// block as it was, so trying again is safe).
+unsafe extern "C" fn realloc_making_room(p: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: as in malloc_making_room.
+    let own = unsafe { core::mem::transmute::<usize, ReallocFn>(OWN_REALLOC.load(Relaxed)) };
+    // SAFETY: plain forwarding under the caller's contract.
+    let q = unsafe { own(p, size) };
+    if q.is_null() && size != 0 && room_made_for(size) {
+        // SAFETY: as above.
+        return unsafe { own(p, size) };
+    }
+    q
+}
+
+/// The next allocator's malloc, through the entry point that makes room when a limit is in force.
+fn next_malloc(size: usize) -> *mut c_void {
+    // SAFETY: only called after configure, which set NEXT_MALLOC.
+    unsafe { core::mem::transmute::<usize, MallocFn>(NEXT_MALLOC.load(Relaxed))(size) }
 }
 
 /// Puts the interior-pointer check in front of the next allocator's free and realloc, before
@@ -174,6 +259,7 @@ fn account_alloc(addr: usize) {
 }
 
 fn free_large(p: *mut c_void, len: usize) {
+    follow_address_limit();
     scopes::on_free(len as u64);
     HOST.free(p as usize, len);
 }
@@ -203,10 +289,11 @@ pub fn malloc(size: usize) -> *mut c_void {
 #[cold]
 #[inline(never)]
 pub(crate) extern "C" fn malloc_slow(size: usize) -> *mut c_void {
-    let Some(g) = globals() else { return bootstrap_alloc(size, MIN_ALIGN) };
+    if globals().is_none() {
+        return bootstrap_alloc(size, MIN_ALIGN);
+    }
     if size < LARGE_FROM.load(Relaxed) {
-        // SAFETY: the next allocator's malloc takes any size.
-        return unsafe { (g.next.malloc)(size) };
+        return next_malloc(size);
     }
     large(size, PAGE, false)
 }
@@ -287,10 +374,12 @@ pub fn calloc(count: usize, size: usize) -> *mut c_void {
 #[inline(never)]
 pub(crate) extern "C" fn calloc_slow(count: usize, size: usize) -> *mut c_void {
     let Some(total) = count.checked_mul(size) else { return enomem() };
-    let Some(g) = globals() else { return bootstrap_alloc(total, MIN_ALIGN) };
+    if globals().is_none() {
+        return bootstrap_alloc(total, MIN_ALIGN);
+    }
     if total < LARGE_FROM.load(Relaxed) {
-        // SAFETY: plain forwarding.
-        return unsafe { (g.next.calloc)(count, size) };
+        // SAFETY: configure set NEXT_CALLOC (init is done); plain forwarding.
+        return unsafe { core::mem::transmute::<usize, CallocFn>(NEXT_CALLOC.load(Relaxed))(count, size) };
     }
     large(total, PAGE, true)
 }
@@ -341,9 +430,9 @@ pub(crate) unsafe extern "C" fn realloc_slow(p: *mut c_void, size: usize) -> *mu
                     None => enomem(),
                 };
             }
-            // Shrinking below the threshold: move to the next allocator.
-            // SAFETY: plain forwarding; then a copy between two blocks we hold.
-            let q = unsafe { (g.next.malloc)(size) };
+            // Shrinking below the threshold: move to the next allocator, then copy between two
+            // blocks we hold.
+            let q = next_malloc(size);
             if q.is_null() {
                 return enomem();
             }
@@ -354,8 +443,9 @@ pub(crate) unsafe extern "C" fn realloc_slow(p: *mut c_void, size: usize) -> *mu
         Owner::Foreign => {
             refuse_interior("realloc", p);
             if size < LARGE_FROM.load(Relaxed) {
-                // SAFETY: p came from the next allocator.
-                return unsafe { (g.next.realloc)(p, size) };
+                // SAFETY: p came from the next allocator; UNCHECKED_REALLOC is its realloc, or
+                // the one that makes room in front of it.
+                return unsafe { core::mem::transmute::<usize, ReallocFn>(UNCHECKED_REALLOC.load(Relaxed))(p, size) };
             }
             // Growing past the threshold: move into the host layer.
             let Some(usable) = g.next.usable_size else {
@@ -394,7 +484,12 @@ fn aligned(align: usize, size: usize) -> *mut c_void {
     let Some(g) = globals() else { return bootstrap_alloc(size, align) };
     if size < LARGE_FROM.load(Relaxed) {
         // SAFETY: align is a power of two and at least a pointer's size.
-        return unsafe { g.next.alloc_aligned(align, size) };
+        let p = unsafe { g.next.alloc_aligned(align, size) };
+        if p.is_null() && LIMITED.load(Relaxed) && room_made_for(size) {
+            // SAFETY: as above.
+            return unsafe { g.next.alloc_aligned(align, size) };
+        }
+        return p;
     }
     large(size, align, false)
 }

@@ -57,6 +57,14 @@ struct PageState {
     lose_destinations: bool,
     next_addr: usize,
     fail_next_maps: u64,
+    /// Ranges the program changed (protection, lock, fork or dump advice): not plain memory.
+    altered: BTreeMap<usize, usize>,
+    /// Ranges a forked child would not inherit (`reset_for_cache` until `readmit`).
+    hidden: BTreeMap<usize, usize>,
+    /// `reset_for_cache` fails (a sealed range).
+    fail_resets: bool,
+    /// The largest mapping the simulated system could ever make (0: no limit).
+    largest_mapping: usize,
     calls: PageCalls,
 }
 
@@ -102,6 +110,37 @@ impl SimPages {
         st.calls.faulted_bytes += (len - resident) as u64;
         Self::add_range(&mut st.dirty, addr, len);
         Self::add_range(&mut st.resident, addr, len);
+    }
+
+    /// The program changes the range's protection or advice (mprotect, mlock, MADV_DONTFORK):
+    /// it is not plain memory until `reset_for_cache`.
+    pub fn alter(&self, addr: usize, len: usize) {
+        let mut st = self.state.lock().unwrap();
+        assert!(Self::covered(&st.mapped, addr, len), "alter of unmapped memory {addr:#x}+{len}");
+        Self::add_range(&mut st.altered, addr, len);
+    }
+
+    /// No mapping larger than `len` can ever succeed (`could_map`).
+    pub fn set_largest_mapping(&self, len: usize) {
+        self.state.lock().unwrap().largest_mapping = len;
+    }
+
+    /// `reset_for_cache` fails from now on (sealed ranges).
+    pub fn fail_resets(&self) {
+        self.state.lock().unwrap().fail_resets = true;
+    }
+
+    /// True when the range is plain memory a program may be handed: mapped, not altered, and
+    /// inherited by forked children.
+    pub fn is_plain(&self, addr: usize, len: usize) -> bool {
+        let st = self.state.lock().unwrap();
+        Self::covered(&st.mapped, addr, len) && !Self::overlaps(&st.altered, addr, len) && !Self::overlaps(&st.hidden, addr, len)
+    }
+
+    /// True when no byte of the range would be in a forked child.
+    pub fn hidden_from_children(&self, addr: usize, len: usize) -> bool {
+        let st = self.state.lock().unwrap();
+        Self::overlap_len(&st.hidden, addr, len) == len
     }
 
     /// How many bytes of the range `ranges` records.
@@ -218,7 +257,31 @@ impl PageMemory for SimPages {
         Self::remove_range(&mut st.mapped, addr, len);
         Self::remove_range(&mut st.dirty, addr, len);
         Self::remove_range(&mut st.resident, addr, len);
+        Self::remove_range(&mut st.altered, addr, len);
+        Self::remove_range(&mut st.hidden, addr, len);
         st.calls.unmaps += 1;
+    }
+
+    fn reset_for_cache(&self, addr: usize, len: usize) -> bool {
+        let mut st = self.state.lock().unwrap();
+        if st.fail_resets || !Self::covered(&st.mapped, addr, len) {
+            return false;
+        }
+        Self::remove_range(&mut st.altered, addr, len);
+        Self::add_range(&mut st.hidden, addr, len);
+        true
+    }
+
+    fn could_map(&self, len: usize) -> bool {
+        let largest = self.state.lock().unwrap().largest_mapping;
+        largest == 0 || len <= largest
+    }
+
+    fn readmit(&self, addr: usize, len: usize) -> bool {
+        let mut st = self.state.lock().unwrap();
+        assert!(Self::covered(&st.mapped, addr, len), "readmit of unmapped memory {addr:#x}+{len}");
+        Self::remove_range(&mut st.hidden, addr, len);
+        true
     }
 
     /// MADV_FREE: contents kept until the kernel takes the pages, so the range may still hold
@@ -259,9 +322,10 @@ impl PageMemory for SimPages {
         assert!(from + len <= to || to + len <= from, "overlapping move");
         if !Self::one_mapping(&st, from, len) {
             if st.lose_destinations {
-                Self::remove_range(&mut st.mapped, to, len);
-                Self::remove_range(&mut st.dirty, to, len);
-                Self::remove_range(&mut st.resident, to, len);
+                let st = &mut *st;
+                for ranges in [&mut st.mapped, &mut st.dirty, &mut st.resident, &mut st.altered, &mut st.hidden] {
+                    Self::remove_range(ranges, to, len);
+                }
                 return Moved::DestinationLost;
             }
             return Moved::Refused;
@@ -272,10 +336,11 @@ impl PageMemory for SimPages {
             Self::remove_range(&mut st.mapped, to, len);
             st.mapped.insert(to, len);
         }
-        Self::remove_range(&mut st.dirty, to, len);
-        Self::remove_range(&mut st.resident, to, len);
-        Self::move_range(&mut st.dirty, from, len, to);
-        Self::move_range(&mut st.resident, from, len, to);
+        let st = &mut *st;
+        for ranges in [&mut st.dirty, &mut st.resident, &mut st.altered, &mut st.hidden] {
+            Self::remove_range(ranges, to, len);
+            Self::move_range(ranges, from, len, to);
+        }
         st.calls.remaps += 1;
         Moved::Done
     }

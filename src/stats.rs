@@ -108,6 +108,11 @@ pub struct HostStats {
     pub deferred: Gauge,
     /// calloc hits zeroed by discarding pages (MADV_DONTNEED) rather than by writing zeros.
     pub zeroed_by_discard: Counter,
+    /// Freed blocks whose pages could not be made plain again (partly unmapped by the program,
+    /// or sealed): never reused (Note [Plain memory]).
+    pub unresettable: Counter,
+    /// Times a failed allocation emptied the cache and was tried again (Note [Room for others]).
+    pub retries_after_trim: Counter,
     pub phases: HostPhases,
 }
 
@@ -196,6 +201,8 @@ impl HostStats {
             cached: Gauge::new(),
             deferred: Gauge::new(),
             zeroed_by_discard: Counter::new(),
+            unresettable: Counter::new(),
+            retries_after_trim: Counter::new(),
             phases: HostPhases {
                 alloc: PhaseTimer::new(),
                 alloc_hit: PhaseTimer::new(),

@@ -578,6 +578,21 @@ impl BlockCache {
         out
     }
 
+    /// Empties the cache and the deferred list with nothing left for the caller to unmap (a
+    /// forked child, which inherited none of it); returns the blocks that were cached.
+    pub fn forget_all(&mut self) -> RangeList {
+        let mut out = RangeList::new();
+        for slot in self.slots.iter_mut() {
+            if let Some(b) = slot.take() {
+                out.push(Range { addr: b.addr, len: b.len });
+            }
+        }
+        self.cached_bytes = 0;
+        self.deferred_count = 0;
+        self.deferred_bytes = 0;
+        out
+    }
+
     /// When `due` will next have work; `None` with nothing pending.
     pub fn next_deadline_ns(&self) -> Option<u64> {
         self.blocks()

@@ -13,6 +13,36 @@
 // 80 MB). Measured in BENCHMARKS.md ("calloc"): sparse 64 MiB from 2.2 ms to microseconds,
 // dense unchanged.
 
+//
+// Note [Plain memory]
+// A block we hand out is plain memory whatever its previous owner did to its pages: read-write
+// (a JIT's read+exec buffer, a PROT_NONE guard page, a protection key), not locked, dumped, and
+// inherited by forked children (MADV_DONTFORK, MADV_WIPEONFORK). glibc gets this for free by
+// unmapping every large block at free. We restore it when the program frees a block
+// (`reset_for_cache`: pkey_mprotect, munlock, three madvise calls, each a few hundred ns on a
+// mapping they leave unchanged): then a locked block never meets MADV_FREE (which refuses it),
+// and gathered pages are all alike. A block that cannot be restored (the program unmapped part
+// of it, or sealed it) is unmapped, never reused. The same reset marks the cached block
+// MADV_DONTFORK and a hand-out undoes it (`readmit`): a forked child inherits none of the cache,
+// so whatever the background thread was doing at the fork (releasing blocks, unmaps in flight),
+// the child starts with an empty cache and leaks nothing, and fork() copies no page tables for
+// idle memory. The child forgets the parent's cache records with no system call.
+
+//
+// Note [Room for others]
+// Cached blocks take address space and, under strict overcommit, commit charge, whether or not
+// their pages were released. glibc unmaps a large block at free, so a program under `ulimit -v`
+// that frees 1 GiB can map 900 MiB next; with the block cached it could not. Three rules keep us
+// out of the way: (1) the cache's ceiling is an eighth of RLIMIT_AS (or the commit limit),
+// read at every large free (one getrlimit: Python's resource.setrlimit comes at any time); (2)
+// when the next allocator fails with ENOMEM while the cache holds something, the cache is
+// emptied and the call made once more (route.rs installs the retrying entry points once such a
+// limit is seen, so the fast paths are unchanged otherwise), as for our own mappings, and blocks
+// leaving the cache are unmapped at once rather than by the background thread; (3)
+// the cache is emptied for a failed request only when the request could then succeed: a
+// 64 TiB request that no limit could ever allow leaves the cache alone. Mappings the program
+// makes itself (mmap, thread stacks) we never see: rule 1 is what leaves them room.
+
 use super::cache::{BlockCache, CacheLimits, Live, Part, Parts, Range, RangeList};
 use super::registry::{Owner, Registry, TableSource};
 use crate::backing::{Moved, PageMemory};
@@ -20,7 +50,7 @@ use crate::config::{Config, HugePages, MAX_CACHE_BLOCKS};
 use crate::stats::{HostStats, PhaseTimer};
 use crate::BLOCK_ALIGN;
 use crate::sys::lock::SpinLock;
-use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 
 pub const PAGE: usize = 4096;
 const HUGE_PAGE: usize = 2 << 20;
@@ -53,21 +83,32 @@ pub struct HostLayer<M: PageMemory> {
     cache: SpinLock<BlockCache>,
     threshold_bytes: AtomicUsize,
     hugepages: AtomicU8,
+    /// What the process may map (`limit_address_space`); u64::MAX without a limit.
+    address_space_bytes: AtomicU64,
     clock: fn() -> u64,
     background: Background,
     pub stats: HostStats,
 }
 
 /// The cache's limits: a bound the user set is exact; without one, bounds follow the live peak
-/// up to a ceiling of a quarter of `memory_bytes` (Note [Bounds follow the working set]).
-const fn limits_from(c: &Config, memory_bytes: u64) -> CacheLimits {
+/// up to a ceiling of a quarter of `memory_bytes` (Note [Bounds follow the working set]) and an
+/// eighth of `address_space_bytes` (Note [Room for others]).
+const fn limits_from(c: &Config, memory_bytes: u64, address_space_bytes: u64) -> CacheLimits {
+    let ceiling = {
+        let (memory, space) = (memory_bytes / 4, address_space_bytes / 8);
+        if memory < space {
+            memory
+        } else {
+            space
+        }
+    };
     let (max_blocks, follow_blocks) = match c.cache_blocks {
         Some(n) => (n, false),
         None => (MAX_CACHE_BLOCKS, true),
     };
     let (max_bytes, follow_bytes) = match c.cache_bytes {
         Some(n) => (n as usize, false),
-        None => ((memory_bytes / 4) as usize, true),
+        None => (ceiling as usize, true),
     };
     CacheLimits {
         max_blocks,
@@ -95,12 +136,13 @@ fn hugepages_code(h: HugePages) -> u8 {
 
 impl<M: PageMemory> HostLayer<M> {
     pub const fn new(memory: M, table_source: TableSource, clock: fn() -> u64, background: Background) -> Self {
-        const DEFAULTS: CacheLimits = limits_from(&Config::DEFAULT, 4 << 30);
+        const DEFAULTS: CacheLimits = limits_from(&Config::DEFAULT, 4 << 30, u64::MAX);
         HostLayer {
             memory,
             registry: Registry::new(table_source),
             cache: SpinLock::new(BlockCache::new(DEFAULTS)),
             threshold_bytes: AtomicUsize::new(Config::DEFAULT.threshold_bytes as usize),
+            address_space_bytes: AtomicU64::new(u64::MAX),
             hugepages: AtomicU8::new(0),
             clock,
             background,
@@ -109,10 +151,24 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     /// `memory_bytes`: what the process may use (physical memory, or its cgroup's limit).
+    /// The address-space limit comes later, from `limit_address_space`.
     pub fn configure(&self, config: &Config, memory_bytes: u64) {
         self.threshold_bytes.store(config.threshold_bytes as usize, Relaxed);
         self.hugepages.store(hugepages_code(config.hugepages), Relaxed);
-        self.cache.lock().set_limits(limits_from(config, memory_bytes));
+        self.cache.lock().set_limits(limits_from(config, memory_bytes, self.address_space_bytes.load(Relaxed)));
+    }
+
+    /// The process may map no more than `bytes` (RLIMIT_AS, a strict commit limit; u64::MAX
+    /// for none): the cache's ceiling becomes an eighth of it, unless the user set the bound,
+    /// and nothing leaving the cache waits to be unmapped (Note [Room for others]).
+    pub fn limit_address_space(&self, bytes: u64) {
+        self.address_space_bytes.store(bytes, Relaxed);
+        let mut cache = self.cache.lock();
+        let limits = *cache.limits();
+        if limits.follow_bytes {
+            let ceiling = usize::try_from(bytes / 8).unwrap_or(usize::MAX);
+            cache.set_limits(CacheLimits { max_bytes: limits.max_bytes.min(ceiling), ..limits });
+        }
     }
 
     pub fn threshold_bytes(&self) -> usize {
@@ -169,7 +225,8 @@ impl<M: PageMemory> HostLayer<M> {
     fn defer_unmaps(&self, cache: &mut BlockCache, ranges: &RangeList) -> (RangeList, bool) {
         let mut inline = RangeList::new();
         let was_empty = cache.deferred_bytes() == 0;
-        let running = (self.background.running)();
+        // Under an address-space limit the room is needed now, not when the thread wakes.
+        let running = (self.background.running)() && self.address_space_bytes.load(Relaxed) == u64::MAX;
         for r in ranges.iter() {
             if !(running && cache.defer_unmap(*r)) {
                 inline.push(*r);
@@ -209,22 +266,41 @@ impl<M: PageMemory> HostLayer<M> {
         self.cache.lock().deferred_bytes()
     }
 
-    /// calloc on a reused block whose first `dirty` bytes may hold data (Note [calloc costs
-    /// what is touched]).
-    fn zero_reused(&self, addr: usize, dirty: usize) {
-        if dirty == 0 {
-            return;
-        }
+    /// calloc on a reused range of `len` bytes that may hold data, of which the program asked
+    /// for the first `asked` (Note [calloc costs what is touched]). The rest reads zero too:
+    /// malloc_usable_size promises it to the program, and glibc's calloc zeroes it. It is
+    /// dropped rather than written: a program rarely touches it.
+    fn zero_reused(&self, addr: usize, asked: usize, len: usize) {
+        let head = asked.checked_add(PAGE - 1).map_or(len, |a| a & !(PAGE - 1)).min(len);
         self.timed(&self.stats.phases.alloc_zero, || {
-            let pages = (dirty + PAGE - 1) & !(PAGE - 1);
-            if super::cache::zero_by_discard(dirty, self.memory.resident_probes(addr, pages, RESIDENT_PROBES), RESIDENT_PROBES, DISCARD_MIN)
-                && self.memory.discard(addr, pages)
-            {
-                self.stats.zeroed_by_discard.add(1);
-            } else {
-                self.memory.zero(addr, dirty);
+            if head > 0 {
+                if super::cache::zero_by_discard(head, self.memory.resident_probes(addr, head, RESIDENT_PROBES), RESIDENT_PROBES, DISCARD_MIN)
+                    && self.memory.discard(addr, head)
+                {
+                    self.stats.zeroed_by_discard.add(1);
+                } else {
+                    self.memory.zero(addr, head);
+                }
+            }
+            let tail = len - head;
+            if tail > 0 && !self.memory.discard(addr + head, tail) {
+                self.memory.zero(addr + head, tail);
             }
         });
+    }
+
+    /// A block taken from the cache goes back to being inherited by forked children; if the
+    /// kernel refuses, it is unmapped (it is out of the cache, and its record goes) and the
+    /// request is served otherwise. Note [Plain memory].
+    fn readmit_or_drop(&self, addr: usize, len: usize) -> bool {
+        if self.memory.readmit(addr, len) {
+            return true;
+        }
+        self.registry.clear(addr);
+        self.memory.unmap(addr, len);
+        self.stats.unmapped_blocks.add(1);
+        self.stats.unmapped_bytes.add(len as u64);
+        false
     }
 
     /// A large block of at least `size` bytes starting at a multiple of `align` (a power of
@@ -257,12 +333,12 @@ impl<M: PageMemory> HostLayer<M> {
             }
             taken
         };
-        if let Some(t) = taken {
+        if let Some(t) = taken.filter(|t| self.readmit_or_drop(t.addr, t.len)) {
             if t.tail_kept.is_some() {
                 self.stats.splits.add(1);
             }
             if zeroed && !t.known_zero {
-                self.zero_reused(t.addr, size);
+                self.zero_reused(t.addr, size, t.len);
             }
             self.stats.hits.add(1);
             self.stats.hit_bytes.add(t.len as u64);
@@ -278,8 +354,8 @@ impl<M: PageMemory> HostLayer<M> {
         if let Some((addr, dirty)) = self.gather_cached(need, align.max(granule), hit_start) {
             if zeroed {
                 // Only the moved parts may hold data; the rest of the mapping is fresh.
-                for part in dirty.iter().filter(|p| p.addr < addr + size) {
-                    self.zero_reused(part.addr, part.len.min(addr + size - part.addr));
+                for part in dirty.iter() {
+                    self.zero_reused(part.addr, (addr + size).saturating_sub(part.addr).min(part.len), part.len);
                 }
             }
             self.stats.live.add(need as u64);
@@ -353,6 +429,11 @@ impl<M: PageMemory> HostLayer<M> {
             self.unmap_all(&ours);
             return None;
         }
+        // The moved pages come from the cache, left out of forked children (Note [Plain memory]).
+        if !self.memory.readmit(dest, need) {
+            self.memory.unmap(dest, need);
+            return None;
+        }
         // Cannot fail: the spare leaf was reserved.
         if !self.registry.set_live(dest, need, born_ns) {
             self.memory.unmap(dest, need);
@@ -405,13 +486,31 @@ impl<M: PageMemory> HostLayer<M> {
         Some(addr)
     }
 
-    /// A fresh mapping; under memory pressure, the cache is emptied and the mapping retried.
+    /// A fresh mapping; when the system refuses it, the cache is emptied (if that can help) and
+    /// the mapping retried.
     fn map_fresh(&self, len: usize, align: usize) -> Option<usize> {
-        let addr = self.map_recordable(len, align).or_else(|| if self.trim() == 0 { None } else { self.map_recordable(len, align) });
+        let addr = self.map_recordable(len, align).or_else(|| self.make_room(len).then(|| self.map_recordable(len, align)).flatten());
         if addr.is_none() {
             self.stats.map_failures.add(1);
         }
         addr
+    }
+
+    /// After a request of `len` bytes failed for want of memory (ours, or the next allocator's):
+    /// empties the cache when the request could then succeed (Note [Room for others]). True
+    /// when something was given back: the caller tries once more.
+    pub fn make_room(&self, len: usize) -> bool {
+        if !self.memory.could_map(len) || self.trim() == 0 {
+            return false;
+        }
+        self.stats.retries_after_trim.add(1);
+        true
+    }
+
+    /// Whether the cache or the deferred list holds anything `make_room` could give back.
+    pub fn holds_idle_memory(&self) -> bool {
+        let cache = self.cache.lock();
+        cache.cached_bytes() > 0 || cache.deferred_bytes() > 0
     }
 
     /// Takes back a live block (`owner` said `Live { len }`).
@@ -423,7 +522,14 @@ impl<M: PageMemory> HostLayer<M> {
         let live = Live { bytes: self.stats.live.current() as usize, blocks: self.stats.live_blocks.current() as usize };
         self.stats.live.sub(len as u64);
         self.stats.live_blocks.sub(1);
-        self.cache_block(addr, len, false, start, live);
+        if self.memory.reset_for_cache(addr, len) {
+            self.cache_block(addr, len, false, start, live);
+        } else {
+            // Never reused: part of it is gone or it is sealed. Whatever is still ours goes.
+            self.registry.clear(addr);
+            self.unmap_all(&single(Range { addr, len }));
+            self.stats.unresettable.add(1);
+        }
         self.stats.phases.free.record((self.clock)().saturating_sub(start));
     }
 
@@ -582,6 +688,19 @@ impl<M: PageMemory> HostLayer<M> {
     pub fn cached(&self) -> (usize, usize) {
         let cache = self.cache.lock();
         (cache.block_count(), cache.cached_bytes())
+    }
+
+    /// In a forked child: the cached blocks were left out of it (Note [Plain memory]), so the
+    /// cache, the blocks being released and the deferred unmaps are forgotten without a system
+    /// call. Ranges on the deferred list that the child did inherit (a shrunk block's tail) stay
+    /// mapped: unmapping them could unmap what the child mapped where an uninherited one was.
+    pub fn forget_cache_in_child(&self) {
+        let mut cache = self.cache.lock();
+        for r in cache.forget_all().iter() {
+            self.registry.clear(r.addr);
+        }
+        self.stats.cached.set(0);
+        self.stats.deferred.set(0);
     }
 
     /// Takes the cache lock and keeps it: the fork handlers hold it across fork().

@@ -95,8 +95,8 @@ fn calloc_reads_zero_on_every_path_and_costs_what_was_touched() {
     l.free(a, 8 * MB);
     let b = l.alloc(8 * MB - 100, 4096, true).unwrap();
     assert_eq!(b, a);
-    assert!(l.memory.reads_zero(b, 8 * MB - 100));
-    assert_eq!((zeroed(), discarded()), ((8 * MB - 100) as u64, 0));
+    assert!(l.memory.reads_zero(b, 8 * MB), "the whole usable size reads zero");
+    assert_eq!((zeroed(), discarded()), ((8 * MB) as u64, 0));
     // Sparse use (two pages) of a block not zeroed by writing: the pages are discarded,
     // nothing written.
     let s = l.alloc(32 * MB, 4096, true).unwrap();
@@ -106,7 +106,7 @@ fn calloc_reads_zero_on_every_path_and_costs_what_was_touched() {
     let s2 = l.alloc(32 * MB, 4096, true).unwrap();
     assert_eq!(s2, s);
     assert!(l.memory.reads_zero(s2, 32 * MB));
-    assert_eq!((zeroed(), discarded()), ((8 * MB - 100) as u64, 32 * MB as u64));
+    assert_eq!((zeroed(), discarded()), ((8 * MB) as u64, 32 * MB as u64));
     assert_eq!(l.stats.zeroed_by_discard.get(), 1);
     l.free(s2, 32 * MB);
     // A block zeroed by writing is resident: used sparsely, it is written again.
@@ -114,7 +114,7 @@ fn calloc_reads_zero_on_every_path_and_costs_what_was_touched() {
     l.free(b, 8 * MB);
     let c = l.alloc(8 * MB, 4096, true).unwrap();
     assert!(l.memory.reads_zero(c, 8 * MB));
-    assert_eq!(zeroed(), 2 * (8 * MB - 100) as u64 + 100);
+    assert_eq!(zeroed(), 2 * (8 * MB) as u64);
     // Released (MADV_FREE keeps contents until the kernel takes the pages): still zeroed.
     l.memory.write(c, 8 * MB);
     l.free(c, 8 * MB);
@@ -134,11 +134,21 @@ fn calloc_reads_zero_on_every_path_and_costs_what_was_touched() {
     l.memory.write(e, 64 * MB);
     l.free(e, 64 * MB);
     let f = l.alloc(16 * MB, 4096, true).unwrap();
-    assert!(l.memory.reads_zero(f, 16 * MB));
-    assert_eq!(zeroed(), before.0 + 16 * MB as u64, "only what is handed out is zeroed");
+    assert!(l.memory.reads_zero(f, live_len(&l, f)));
+    assert_eq!(zeroed(), before.0 + live_len(&l, f) as u64, "only what is handed out is zeroed");
     let g = l.alloc(40 * MB, 4096, true).unwrap();
     assert_eq!(g, f + 16 * MB, "the tail");
     assert!(l.memory.reads_zero(g, 40 * MB));
+    // A request short of the block it is served from: the rest up to the usable size reads
+    // zero too (glibc's calloc zeroes it), dropped rather than written.
+    l.memory.write(g, 40 * MB);
+    l.free(g, live_len(&l, g));
+    let cost = (zeroed(), discarded());
+    let g = l.alloc(38 * MB + 1, 4096, true).unwrap();
+    let len = live_len(&l, g);
+    assert!(len > 40 * MB, "served from the whole 48 MB tail");
+    assert!(l.memory.reads_zero(g, len));
+    assert_eq!((zeroed() - cost.0, discarded() - cost.1), ((38 * MB + 4096) as u64, (len - 38 * MB - 4096) as u64));
     // A kernel without MADV_FREE: idle blocks are released with MADV_DONTNEED, so they are
     // known zero and handed to calloc with nothing written or dropped.
     l.memory.release_discards();
@@ -158,6 +168,46 @@ fn calloc_reads_zero_on_every_path_and_costs_what_was_touched() {
     assert!(l.memory.reads_zero(h, 48 * MB));
     l.free(f, live_len(&l, f));
     l.free(h, live_len(&l, h));
+    check(&l);
+}
+
+/// Whatever the program did to a block's pages, the next owner gets plain memory; cached blocks
+/// are left out of forked children, and a child forgets the cache without a system call; a
+/// block that cannot be restored is unmapped, never reused (Note [Plain memory]).
+#[test]
+fn blocks_handed_out_are_plain_memory() {
+    let l = layer(Config::default());
+    let a = l.alloc(40 * MB, 4096, false).unwrap();
+    l.memory.write(a, 40 * MB);
+    l.memory.alter(a, 40 * MB); // read-only, locked, MADV_DONTFORK: whatever it was
+    l.free(a, 40 * MB);
+    assert!(l.memory.hidden_from_children(a, 40 * MB), "cached blocks stay out of forked children");
+    let b = l.alloc(40 * MB, 4096, true).unwrap();
+    assert_eq!(b, a, "reused");
+    assert!(l.memory.is_plain(b, 40 * MB) && l.memory.reads_zero(b, 40 * MB));
+    // Gathered from two altered blocks: plain too.
+    let c = l.alloc(24 * MB, 4096, false).unwrap();
+    l.memory.alter(b + 8 * MB, PAGE);
+    l.memory.alter(c, PAGE);
+    l.free(b, 40 * MB);
+    l.free(c, 24 * MB);
+    let d = l.alloc(64 * MB, 4096, false).unwrap();
+    assert!(l.memory.is_plain(d, live_len(&l, d)));
+    l.free(d, live_len(&l, d));
+    // A forked child: the cache (blocks being released included) is forgotten, nothing unmapped.
+    let (blocks, _) = l.cached();
+    assert!(blocks > 0);
+    let unmaps = l.memory.calls().unmaps;
+    l.forget_cache_in_child();
+    assert_eq!((l.cached(), l.memory.calls().unmaps), ((0, 0), unmaps));
+    assert_eq!(l.stats.cached.current(), 0);
+    // A block that cannot be restored (sealed, or partly unmapped by the program) is unmapped.
+    let l = layer(Config::default());
+    let e = l.alloc(8 * MB, 4096, false).unwrap();
+    l.memory.fail_resets();
+    l.free(e, 8 * MB);
+    assert_eq!((l.cached(), l.stats.unresettable.get()), ((0, 0), 1));
+    assert!(!l.memory.is_mapped(e, 8 * MB));
     check(&l);
 }
 
@@ -362,10 +412,13 @@ fn random_programs_match_the_shadow_model() {
                     let align = 1usize << (12 + next() % 10);
                     let zeroed = next() % 3 == 0;
                     let a = l.alloc(size, align, zeroed).unwrap();
+                    let Owner::Live { len } = l.owner(a) else { panic!("not live") };
                     if zeroed {
-                        assert!(l.memory.reads_zero(a, size), "calloc handed out a block that does not read zero");
+                        assert!(l.memory.reads_zero(a, len), "calloc handed out a block that does not read zero to its usable size");
                     }
-                    // The program uses it densely, sparsely, or not at all.
+                    assert!(l.memory.is_plain(a, len), "a block handed out is not plain memory (Note [Plain memory])");
+                    // The program uses it densely, sparsely, or not at all; and at times changes
+                    // the protection or advice of some of its pages.
                     match next() % 3 {
                         0 => l.memory.write(a, size),
                         1 => {
@@ -373,6 +426,9 @@ fn random_programs_match_the_shadow_model() {
                             l.memory.write(a + size / 2, 8);
                         }
                         _ => {}
+                    }
+                    if next() % 4 == 0 {
+                        l.memory.alter(a + (size / 2 & !(PAGE - 1)), PAGE);
                     }
                     assert_eq!(a % align, 0);
                     assert_eq!(a % BLOCK_ALIGN, 0, "free's fast path needs it");

@@ -1,45 +1,101 @@
 //! The real `dlsym`, behind the one we export (`shim::dlsym`) so that a program or runtime that
-//! takes libcuda's entry points by name gets ours. Found with `dlvsym`, which we do not
+//! takes libcuda's entry points by name gets ours. glibc's is found with `dlvsym`, which we do not
 //! interpose: glibc 2.34 and later version it GLIBC_2.34, older ones GLIBC_2.2.5 (libdl). Our
-//! export tail-jumps here for every symbol it does not serve, so the caller's return address,
-//! which `RTLD_NEXT` is relative to, stays the caller's.
+//! export tail-jumps to the next `dlsym` in the chain for every symbol it does not serve, so the
+//! caller's return address, which `RTLD_NEXT` is relative to, stays the caller's.
+//
+// Note [Other dlsym hooks]
+// Tracing tools, MangoHud and VirtualGL preload libraries that export `dlsym` too. With such a
+// hook after us, our export jumps to the hook's dlsym (the next one in the chain), not straight to
+// glibc's, so the program's lookups reach it as they would without us. With the hook before us,
+// a plain `dlsym(RTLD_NEXT, "malloc")` from our code would be answered by the hook relative to
+// itself, naming our own malloc as the next one, and every call would loop: we look the malloc
+// family up with glibc's dlsym, called directly (relative to us), and refuse any answer that is
+// our own (`is_ours`).
 
 use core::ffi::{c_char, c_void};
 use core::sync::atomic::{AtomicPtr, Ordering};
 
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
-/// Where the exported `dlsym` jumps: glibc's, once `resolve` has run; before that a stand-in
-/// that answers "not found" (never reached: `resolve` runs before the first jump).
+/// Where the exported `dlsym` jumps: the next dlsym in the chain, once `resolve` has run; before
+/// that a stand-in that answers "not found" (never reached: `resolve` runs before the first jump).
 pub static REAL_DLSYM: AtomicPtr<()> = AtomicPtr::new(unresolved as *mut ());
+/// glibc's own dlsym, once found.
+static GLIBC_DLSYM: AtomicPtr<()> = AtomicPtr::new(unresolved as *mut ());
 
 unsafe extern "C" fn unresolved(_handle: *mut c_void, _name: *const c_char) -> *mut c_void {
     core::ptr::null_mut()
 }
 
-/// glibc's dlsym, resolved on first use. `ours` is our exported dlsym, never taken for the real.
-pub fn resolve(ours: *const ()) -> DlsymFn {
-    let current = REAL_DLSYM.load(Ordering::Acquire);
+fn as_dlsym(p: *mut ()) -> DlsymFn {
+    // SAFETY: only ever set to `unresolved` or a dlsym, functions of this type.
+    unsafe { core::mem::transmute::<*mut (), DlsymFn>(p) }
+}
+
+/// glibc's dlsym (a stand-in answering "not found" if there is none).
+pub fn glibc() -> DlsymFn {
+    let current = GLIBC_DLSYM.load(Ordering::Acquire);
     if current != unresolved as *mut () {
-        // SAFETY: only ever set to a dlsym of glibc's, a function of this type.
-        return unsafe { core::mem::transmute::<*mut (), DlsymFn>(current) };
+        return as_dlsym(current);
     }
-    let mut found: *mut c_void = core::ptr::null_mut();
-    'search: for handle in [libc::RTLD_NEXT, libc::RTLD_DEFAULT] {
-        for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+    for handle in [libc::RTLD_NEXT, libc::RTLD_DEFAULT] {
+        for version in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
             // SAFETY: valid C strings; dlvsym is not interposed, so this cannot recurse.
             let p = unsafe { libc::dlvsym(handle, c"dlsym".as_ptr(), version.as_ptr()) };
-            if !p.is_null() && p as *const () != ours {
-                found = p;
-                break 'search;
+            if !p.is_null() && !is_ours(p) {
+                GLIBC_DLSYM.store(p.cast(), Ordering::Release);
+                return as_dlsym(p.cast());
             }
         }
     }
-    if found.is_null() {
-        // SAFETY: as above.
-        return unresolved;
+    unresolved
+}
+
+/// The dlsym our export jumps to, resolved on first use: the next one in the chain after us
+/// (another hook's, Note [Other dlsym hooks]), else glibc's. `ours` is our exported dlsym.
+pub fn resolve(ours: *const ()) -> DlsymFn {
+    let current = REAL_DLSYM.load(Ordering::Acquire);
+    if current != unresolved as *mut () {
+        return glibc();
     }
-    REAL_DLSYM.store(found.cast(), Ordering::Release);
-    // SAFETY: glibc's dlsym.
-    unsafe { core::mem::transmute::<*mut c_void, DlsymFn>(found) }
+    let glibc = glibc();
+    // SAFETY: glibc's dlsym, called from here, so RTLD_NEXT means "after this library".
+    let next = unsafe { glibc(libc::RTLD_NEXT, c"dlsym".as_ptr()) };
+    let target = if next.is_null() || next as *const () == ours || is_ours(next) { glibc as *mut () } else { next.cast() };
+    REAL_DLSYM.store(target, Ordering::Release);
+    glibc
+}
+
+/// The next definition of `name` after this library, never one of ours (Note [Other dlsym
+/// hooks]); null when there is none.
+///
+/// # Safety
+/// As dlsym: may call malloc (served by the bootstrap arena during init).
+pub unsafe fn next_definition(name: &core::ffi::CStr) -> *mut c_void {
+    // SAFETY: glibc's dlsym, called from here: RTLD_NEXT is relative to us.
+    let p = unsafe { glibc()(libc::RTLD_NEXT, name.as_ptr()) };
+    if !p.is_null() && !is_ours(p) {
+        return p;
+    }
+    // Some answer named us after all: glibc's own definition, by its version.
+    for version in [c"GLIBC_2.2.5", c"GLIBC_2.17"] {
+        // SAFETY: valid C strings; dlvsym is not interposed.
+        let q = unsafe { libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), version.as_ptr()) };
+        if !q.is_null() && !is_ours(q) {
+            return q;
+        }
+    }
+    core::ptr::null_mut()
+}
+
+/// Whether `p` lies in this library (dladdr: no allocation).
+pub fn is_ours(p: *mut c_void) -> bool {
+    let base = |addr: *const c_void| {
+        // SAFETY: dladdr fills the struct we own; it only reads the loader's tables.
+        let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+        (unsafe { libc::dladdr(addr, &mut info) } != 0).then_some(info.dli_fbase)
+    };
+    let ours = base(is_ours as *const c_void);
+    ours.is_some() && base(p) == ours
 }

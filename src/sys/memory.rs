@@ -3,6 +3,8 @@
 //! Read once at init with raw system calls into stack buffers: no allocation, no locks. The
 //! parsing is pure and unit-tested.
 
+use core::sync::atomic::{AtomicU64, Ordering};
+
 const BUF: usize = 512;
 
 /// min(physical memory, the cgroup's memory limit); physical memory when there is no limit.
@@ -29,6 +31,68 @@ pub fn usable_bytes() -> u64 {
         limit = limit.min(limit_up_the_tree(b"/sys/fs/cgroup/memory", path, b"memory.limit_in_bytes"));
     }
     limit
+}
+
+/// The system's commit limit under strict overcommit (`vm.overcommit_memory=2`), read at init
+/// (`read_commit_limit`); u64::MAX otherwise.
+static COMMIT_LIMIT: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Reads the commit limit once (init): a system setting, unlike RLIMIT_AS, rarely changes.
+pub fn read_commit_limit() {
+    let mut mode = [0u8; 8];
+    if read_file(b"/proc/sys/vm/overcommit_memory\0", &mut mode).is_some_and(|n| mode.get(..n).is_some_and(|m| m.starts_with(b"2"))) {
+        let mut meminfo = [0u8; 4096];
+        if let Some(n) = read_file(b"/proc/meminfo\0", &mut meminfo) {
+            let kib = meminfo_kib(meminfo.get(..n).unwrap_or(&[]), b"CommitLimit:");
+            COMMIT_LIMIT.store(kib.map_or(u64::MAX, |k| k.saturating_mul(1024)), Ordering::Relaxed);
+        }
+    }
+}
+
+/// The most address space this process may map: `RLIMIT_AS` now (one system call: a program
+/// may set it at any time), and the commit limit under strict overcommit; u64::MAX with
+/// neither. Cached blocks count against both, MADV_FREE'd or not (Note [Room for others] in
+/// host/layer.rs).
+pub fn address_space_bytes() -> u64 {
+    let mut limit = COMMIT_LIMIT.load(Ordering::Relaxed);
+    // SAFETY: getrlimit fills the struct we own.
+    unsafe {
+        let mut rl: libc::rlimit = core::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_AS, &mut rl) == 0 && rl.rlim_cur != libc::RLIM_INFINITY {
+            limit = limit.min(rl.rlim_cur);
+        }
+    }
+    limit
+}
+
+/// The largest single mapping that could succeed were every cached block unmapped: the
+/// address-space limit, or, under the kernel's default heuristic overcommit, physical memory
+/// and swap (a larger request is refused whatever we hold). Read when a mapping has failed.
+pub fn largest_possible_mapping() -> u64 {
+    let mut mode = [0u8; 8];
+    let heuristic = read_file(b"/proc/sys/vm/overcommit_memory\0", &mut mode).is_none_or(|n| mode.get(..n).is_some_and(|m| m.starts_with(b"0")));
+    let mut largest = address_space_bytes();
+    if heuristic {
+        // SAFETY: sysinfo fills the struct we own.
+        unsafe {
+            let mut info: libc::sysinfo = core::mem::zeroed();
+            if libc::sysinfo(&mut info) == 0 {
+                let unit = u64::from(info.mem_unit.max(1));
+                largest = largest.min((info.totalram as u64).saturating_add(info.totalswap as u64).saturating_mul(unit));
+            }
+        }
+    }
+    largest
+}
+
+/// A `Name:   123 kB` line of /proc/meminfo, in KiB.
+pub fn meminfo_kib(text: &[u8], name: &[u8]) -> Option<u64> {
+    let line = text.split(|&b| b == b'\n').find(|l| l.starts_with(name))?;
+    let digits: &[u8] = line.get(name.len()..)?;
+    let start = digits.iter().position(|b| b.is_ascii_digit())?;
+    let rest = digits.get(start..)?;
+    let end = rest.iter().position(|b| !b.is_ascii_digit()).unwrap_or(rest.len());
+    crate::config::parse_u64(rest.get(..end)?)
 }
 
 /// The path of the cgroup that has `controller` in `/proc/self/cgroup` (empty: the v2 line,
@@ -108,6 +172,21 @@ mod tests {
         assert_eq!(parse_limit(b"max\n"), None);
         assert_eq!(parse_limit(b"4294967296\n"), Some(4 << 30));
         assert_eq!(parse_limit(b""), None);
+    }
+
+    #[test]
+    fn reads_meminfo() {
+        let text = b"MemTotal:       24576000 kB\nCommitLimit:    12288000 kB\nCommitted_AS:    100 kB\n";
+        assert_eq!(meminfo_kib(text, b"CommitLimit:"), Some(12_288_000));
+        assert_eq!(meminfo_kib(text, b"MemTotal:"), Some(24_576_000));
+        assert_eq!(meminfo_kib(text, b"SwapTotal:"), None);
+        assert_eq!(meminfo_kib(b"CommitLimit:\n", b"CommitLimit:"), None);
+    }
+
+    #[test]
+    fn address_space_limits_are_read() {
+        assert!(address_space_bytes() > 0);
+        assert!(largest_possible_mapping() > 1 << 20 && largest_possible_mapping() <= address_space_bytes());
     }
 
     #[test]

@@ -27,8 +27,9 @@ pub struct NextAllocator {
     pub usable_size: Option<UsableSizeFn>,
 }
 
+/// The next definition after us, never our own (Note [Other dlsym hooks] in sys/dlsym.rs).
 unsafe fn lookup(name: &core::ffi::CStr) -> *mut c_void {
-    libc::dlsym(libc::RTLD_NEXT, name.as_ptr())
+    super::dlsym::next_definition(name)
 }
 
 impl NextAllocator {

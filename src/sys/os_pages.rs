@@ -6,8 +6,23 @@ use core::sync::atomic::{AtomicBool, Ordering};
 
 pub const PAGE: usize = 4096;
 
-/// Set once MADV_FREE has been refused (kernels before 4.5): later releases use MADV_DONTNEED.
+/// Set once MADV_FREE has been refused on a fresh page (kernels before 4.5, or a seccomp filter):
+/// later releases use MADV_DONTNEED.
 static NO_MADV_FREE: AtomicBool = AtomicBool::new(false);
+
+fn errno() -> i32 {
+    // SAFETY: errno is thread-local.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Whether MADV_FREE works on a page of our own, fresh and unlocked.
+fn kernel_has_madv_free() -> bool {
+    let Some(page) = OsPages::mmap_anywhere(PAGE) else { return true };
+    // SAFETY: a page we just mapped.
+    let ok = unsafe { libc::madvise(page as *mut libc::c_void, PAGE, libc::MADV_FREE) } == 0;
+    OsPages.unmap(page, PAGE);
+    ok
+}
 
 pub struct OsPages;
 
@@ -62,13 +77,49 @@ impl PageMemory for OsPages {
             if unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_FREE) } == 0 {
                 return false;
             }
-            // SAFETY: errno is thread-local.
-            if unsafe { *libc::__errno_location() } == libc::EINVAL {
+            // EINVAL also comes for a range MADV_FREE will not take (locked pages): only a
+            // fresh page refusing it too says the kernel lacks it.
+            if errno() == libc::EINVAL && !kernel_has_madv_free() {
                 NO_MADV_FREE.store(true, Ordering::Relaxed);
             }
         }
         // MADV_DONTNEED makes the pages read back as zero.
         self.discard(addr, len)
+    }
+
+    fn reset_for_cache(&self, addr: usize, len: usize) -> bool {
+        let p = addr as *mut libc::c_void;
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: the caller owns the range (a block the program freed); these calls change only
+        // its protection, lock state and advice, never what other mappings hold. A range that
+        // is partly unmapped fails with ENOMEM, a sealed one with EPERM.
+        unsafe {
+            // Key 0 is the default protection key: a block the program tagged with another goes
+            // back to it. Kernels without the call (before 4.9) take plain mprotect.
+            if libc::syscall(libc::SYS_pkey_mprotect, p, len, rw, 0) != 0 && libc::mprotect(p, len, rw) != 0 {
+                return false;
+            }
+            if libc::munlock(p, len) != 0 {
+                return false;
+            }
+            for advice in [libc::MADV_DONTFORK, libc::MADV_KEEPONFORK, libc::MADV_DODUMP] {
+                // EINVAL: advice this kernel does not know (KEEPONFORK before 4.14), so nothing
+                // to undo.
+                if libc::madvise(p, len, advice) != 0 && errno() != libc::EINVAL {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn could_map(&self, len: usize) -> bool {
+        len as u64 <= super::memory::largest_possible_mapping()
+    }
+
+    fn readmit(&self, addr: usize, len: usize) -> bool {
+        // SAFETY: the caller owns the range; advice only.
+        unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DOFORK) == 0 }
     }
 
     fn extend(&self, addr: usize, old_len: usize, new_len: usize) -> bool {
