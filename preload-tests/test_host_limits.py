@@ -1,13 +1,17 @@
 """The host layer beside what else lives in the process (issue 19): an address-space limit set
 before exec or by the program itself (Note [Room for others]), and another preloaded library that
 hooks dlsym, before or after us (Note [Other dlsym hooks]). Each case also runs under glibc alone,
-where it passes."""
+where it passes. TM_TEST_LIB=PATH runs them against another build (an older library, to see
+them fail)."""
+import os
 import resource
 import subprocess
 
 import pytest
 
 from conftest import BUILD, C_DIR, LIB, compile_c, ok, run
+
+LIB = os.environ.get("TM_TEST_LIB") or str(LIB)
 
 
 def hook_library():
@@ -22,7 +26,7 @@ def hook_library():
 @pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
 @pytest.mark.parametrize("limit_mib", [1536, 2048, 4096])
 def test_freed_memory_leaves_room_under_a_limit_the_program_sets(preload, limit_mib):
-    out = ok(run([compile_c("address_limit"), str(limit_mib)], preload=preload))
+    out = ok(run([compile_c("address_limit"), str(limit_mib)], preload=LIB if preload else False))
     assert "900 of 900" in out.stdout and "64 of 64" in out.stdout
 
 
@@ -34,12 +38,12 @@ def test_freed_memory_leaves_room_under_ulimit_v(setting):
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     # The program sets the same limit again: a no-op, so the limit is the one in force at exec.
-    out = ok(run([compile_c("address_limit"), "1536"], env=setting, preexec_fn=ulimit_v))
+    out = ok(run([compile_c("address_limit"), "1536"], preload=LIB, env=setting, preexec_fn=ulimit_v))
     assert "900 of 900" in out.stdout
 
 
 def test_a_refused_absurd_request_keeps_the_cache():
-    out = ok(run([compile_c("address_limit"), "65536"]))
+    out = ok(run([compile_c("address_limit"), "65536"], preload=LIB))
     assert "after a refused 64 TiB request: reused" in out.stdout
 
 

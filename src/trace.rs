@@ -9,7 +9,7 @@
 //! u8 kind (0 host, 1 device, 2 sample), u8 op (0 alloc, 1 free), u8 outcome (0 hit, 1 miss,
 //! 2 grown), u8 device, u32 reserved.
 
-use crate::sys::lock::SpinLock;
+use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 
 pub const KIND_HOST: u8 = 0;
@@ -45,7 +45,7 @@ static TAIL: AtomicU64 = AtomicU64::new(0);
 static FD: AtomicI32 = AtomicI32::new(-1);
 pub static DROPPED: AtomicU64 = AtomicU64::new(0);
 /// Serializes writers (the reaper and the exit flush); never taken on allocation paths.
-static WRITER: SpinLock<()> = SpinLock::new(());
+static WRITER: Lock<()> = Lock::new(());
 
 pub fn enabled() -> bool {
     ON.load(Ordering::Relaxed)

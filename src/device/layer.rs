@@ -11,7 +11,7 @@ use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INVA
 use crate::config::{Config, CudaPool, CudaSync, DeviceLimit};
 use crate::host::registry::TableSource;
 use crate::stats::{timed, Counter, DevicePhases};
-use crate::sys::lock::SpinLock;
+use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 
 pub const MAX_DEVICES: usize = 16;
@@ -21,10 +21,10 @@ const MAX_STEPS: usize = 8;
 pub struct DeviceLayer<R: DeviceRuntime> {
     runtime: R,
     table_source: TableSource,
-    pools: [SpinLock<DevicePool>; MAX_DEVICES],
+    pools: [Lock<DevicePool>; MAX_DEVICES],
     /// The context each pool's segments live in; 0 until its first segment (or unknown).
     contexts: [AtomicU64; MAX_DEVICES],
-    pinned: SpinLock<PinnedCache>,
+    pinned: Lock<PinnedCache>,
     mode: AtomicU8,
     sync_on_free: AtomicBool,
     limit_bytes: AtomicU64,
@@ -75,9 +75,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         DeviceLayer {
             runtime,
             table_source,
-            pools: [const { SpinLock::new(DevicePool::new()) }; MAX_DEVICES],
+            pools: [const { Lock::new(DevicePool::new()) }; MAX_DEVICES],
             contexts: [const { AtomicU64::new(0) }; MAX_DEVICES],
-            pinned: SpinLock::new(PinnedCache::new()),
+            pinned: Lock::new(PinnedCache::new()),
             mode: AtomicU8::new(MODE_SPLIT),
             sync_on_free: AtomicBool::new(true),
             limit_bytes: AtomicU64::new(u64::MAX),
@@ -114,7 +114,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// The pool of `device`, set up on first use (the cap in percent needs the device's size,
     /// asked with `device` current). `None`: pass through.
-    fn pool(&self, device: i32) -> Option<&SpinLock<DevicePool>> {
+    fn pool(&self, device: i32) -> Option<&Lock<DevicePool>> {
         let mode = self.mode.load(Relaxed);
         if mode == MODE_NONE {
             return None;
@@ -153,7 +153,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// The pool of `device` if it may serve the current context: a block of another context's
     /// segment would be unusable here.
-    fn pool_for_current_context(&self, device: i32) -> Option<&SpinLock<DevicePool>> {
+    fn pool_for_current_context(&self, device: i32) -> Option<&Lock<DevicePool>> {
         let pool = self.pool(device)?;
         let owner = self.context_of(device);
         // No context current yet (a thread's first call): the runtime is about to bind one;
@@ -250,7 +250,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// Synchronizes (so every free block is reusable and whole segments can be freed), then
     /// gives fully free segments of the current device back to the runtime.
-    fn release_cached(&self, pool: &SpinLock<DevicePool>, max_bytes: u64) -> Result<u64, DeviceError> {
+    fn release_cached(&self, pool: &Lock<DevicePool>, max_bytes: u64) -> Result<u64, DeviceError> {
         self.synchronize()?;
         pool.lock().mark_all_synced();
         let mut total = 0;

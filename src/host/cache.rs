@@ -9,7 +9,8 @@
 // re-dirtying cost (NOTES.md: rewriting MADV_FREE'd pages costs 2.5x a plain rewrite). Only a
 // block idle for `release_after_ns` is released, and only one idle for `expire_after_ns` is
 // unmapped. A block being released is marked Releasing and is not handed out until the
-// madvise call has returned.
+// madvise call has returned (a child forked meanwhile inherits none of the cache: Note [Plain
+// memory] in host/layer.rs).
 //
 // Note [Bounds follow the working set]
 // A fixed bound (once 16 blocks, 1 GiB) is too small for 16 threads each with 80 MB temporaries:
@@ -68,10 +69,12 @@
 // cache and the registry already, so they are never handed out again, and the report counts
 // them. The caller unmaps inline when no background thread runs, when the list is full, or
 // when memory is short.
-// The list lives under the cache lock, which the fork handlers hold across fork(): a child
-// inherits it whole and unmaps it when its own thread starts (at its first cached block) or on
-// trim; ranges the parent's thread had taken off the list but not yet unmapped stay mapped in
-// the child (address space only: their pages are the parent's copy-on-write ones).
+// The list lives under the cache lock, which the fork handlers hold across fork(). A forked
+// child forgets it with the cache (Note [Plain memory] in host/layer.rs): evicted blocks were
+// cached, so the child never inherited them, and unmapping their ranges there could unmap what
+// the child maps in their place. A shrunk block's tail on the list stays mapped in the child
+// (address space only: its pages are the parent's copy-on-write ones), as does a range the
+// parent's thread had taken off the list but not yet unmapped.
 
 use crate::config::MAX_CACHE_BLOCKS;
 

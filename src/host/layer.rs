@@ -49,7 +49,7 @@ use crate::backing::{Moved, PageMemory};
 use crate::config::{Config, HugePages, MAX_CACHE_BLOCKS};
 use crate::stats::{HostStats, PhaseTimer};
 use crate::BLOCK_ALIGN;
-use crate::sys::lock::SpinLock;
+use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 
 pub const PAGE: usize = 4096;
@@ -80,7 +80,7 @@ pub struct Background {
 pub struct HostLayer<M: PageMemory> {
     memory: M,
     registry: Registry,
-    cache: SpinLock<BlockCache>,
+    cache: Lock<BlockCache>,
     threshold_bytes: AtomicUsize,
     hugepages: AtomicU8,
     /// What the process may map (`limit_address_space`); u64::MAX without a limit.
@@ -140,7 +140,7 @@ impl<M: PageMemory> HostLayer<M> {
         HostLayer {
             memory,
             registry: Registry::new(table_source),
-            cache: SpinLock::new(BlockCache::new(DEFAULTS)),
+            cache: Lock::new(BlockCache::new(DEFAULTS)),
             threshold_bytes: AtomicUsize::new(Config::DEFAULT.threshold_bytes as usize),
             address_space_bytes: AtomicU64::new(u64::MAX),
             hugepages: AtomicU8::new(0),

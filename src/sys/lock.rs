@@ -21,31 +21,31 @@ const HELD_WAITERS: u32 = 2;
 /// Checks of the word before sleeping (each with a pause): about the length of a critical section.
 const SPINS: u32 = 64;
 
-pub struct SpinLock<T> {
+pub struct Lock<T> {
     state: AtomicU32,
     value: UnsafeCell<T>,
 }
 
 // SAFETY: access to `value` is serialized by `state`.
-unsafe impl<T: Send> Sync for SpinLock<T> {}
+unsafe impl<T: Send> Sync for Lock<T> {}
 // SAFETY: as above; the lock owns its value.
-unsafe impl<T: Send> Send for SpinLock<T> {}
+unsafe impl<T: Send> Send for Lock<T> {}
 
-pub struct SpinGuard<'a, T> {
-    lock: &'a SpinLock<T>,
+pub struct Guard<'a, T> {
+    lock: &'a Lock<T>,
 }
 
-impl<T> SpinLock<T> {
+impl<T> Lock<T> {
     pub const fn new(value: T) -> Self {
-        SpinLock { state: AtomicU32::new(FREE), value: UnsafeCell::new(value) }
+        Lock { state: AtomicU32::new(FREE), value: UnsafeCell::new(value) }
     }
 
     #[inline]
-    pub fn lock(&self) -> SpinGuard<'_, T> {
+    pub fn lock(&self) -> Guard<'_, T> {
         if self.state.compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed).is_err() {
             self.lock_contended();
         }
-        SpinGuard { lock: self }
+        Guard { lock: self }
     }
 
     #[cold]
@@ -110,7 +110,7 @@ fn futex_wait(_word: &AtomicU32, _expected: u32) {
 #[cfg(miri)]
 fn futex_wake_one(_word: &AtomicU32) {}
 
-impl<T> Deref for SpinGuard<'_, T> {
+impl<T> Deref for Guard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
         // SAFETY: the guard proves exclusive access.
@@ -118,14 +118,14 @@ impl<T> Deref for SpinGuard<'_, T> {
     }
 }
 
-impl<T> DerefMut for SpinGuard<'_, T> {
+impl<T> DerefMut for Guard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: the guard proves exclusive access.
         unsafe { &mut *self.lock.value.get() }
     }
 }
 
-impl<T> Drop for SpinGuard<'_, T> {
+impl<T> Drop for Guard<'_, T> {
     fn drop(&mut self) {
         self.lock.unlock();
     }
@@ -139,7 +139,7 @@ mod tests {
     #[test]
     fn serializes_increments() {
         let rounds = crate::sim::rounds(10_000, 200);
-        let lock = Arc::new(SpinLock::new(0u64));
+        let lock = Arc::new(Lock::new(0u64));
         // More threads than this machine has cores: waiters sleep and must all be woken.
         let threads: Vec<_> = (0..8)
             .map(|_| {
@@ -160,7 +160,7 @@ mod tests {
 
     #[test]
     fn a_sleeper_is_woken_by_the_unlock() {
-        let lock = Arc::new(SpinLock::new(0u32));
+        let lock = Arc::new(Lock::new(0u32));
         let guard = lock.lock();
         let waiter = {
             let lock = lock.clone();
@@ -177,7 +177,7 @@ mod tests {
 
     #[test]
     fn fork_handlers_pair_up() {
-        let lock = SpinLock::new(());
+        let lock = Lock::new(());
         lock.lock_for_fork();
         assert_ne!(lock.state.load(Ordering::Relaxed), FREE);
         // SAFETY: lock_for_fork ran on this thread.

@@ -10,6 +10,10 @@ pub const PAGE: usize = 4096;
 /// later releases use MADV_DONTNEED.
 static NO_MADV_FREE: AtomicBool = AtomicBool::new(false);
 
+/// Cleared once pkey_mprotect has failed where mprotect succeeded: the process has no keys, so
+/// no block can carry one.
+static PKEYS: AtomicBool = AtomicBool::new(true);
+
 fn errno() -> i32 {
     // SAFETY: errno is thread-local.
     unsafe { *libc::__errno_location() }
@@ -95,8 +99,16 @@ impl PageMemory for OsPages {
         // is partly unmapped fails with ENOMEM, a sealed one with EPERM.
         unsafe {
             // Key 0 is the default protection key: a block the program tagged with another goes
-            // back to it. Kernels without the call (before 4.9) take plain mprotect.
-            if libc::syscall(libc::SYS_pkey_mprotect, p, len, rw, 0) != 0 && libc::mprotect(p, len, rw) != 0 {
+            // back to it. Where the process has no keys (no PKU: EINVAL; before 4.9: ENOSYS),
+            // plain mprotect, from then on directly.
+            if PKEYS.load(Ordering::Relaxed) {
+                if libc::syscall(libc::SYS_pkey_mprotect, p, len, rw, 0) != 0 {
+                    if libc::mprotect(p, len, rw) != 0 {
+                        return false;
+                    }
+                    PKEYS.store(false, Ordering::Relaxed);
+                }
+            } else if libc::mprotect(p, len, rw) != 0 {
                 return false;
             }
             if libc::munlock(p, len) != 0 {

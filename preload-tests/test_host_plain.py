@@ -1,0 +1,79 @@
+"""Issue 19 under LD_PRELOAD, each case beside glibc alone: a reused large block is plain memory
+whatever its previous owner did to its pages (mprotect read-only, read+exec or a PROT_NONE guard
+page; MADV_DONTFORK, MADV_WIPEONFORK, MADV_DONTDUMP; mlock), for the next malloc, calloc and
+gathered request and in a forked child; a child forked while idle blocks are being released
+keeps none of the parent's cached blocks and can trim its cache; calloc zeroes the whole usable
+size of a dirty reused block.
+
+TM_TEST_LIB=PATH runs the same tests against another build (an older library, to see them fail).
+"""
+import os
+import re
+
+import pytest
+
+from conftest import LIB, compile_c, ok, run
+
+PRELOAD = os.environ.get("TM_TEST_LIB") or str(LIB)
+
+# Library settings; None is glibc alone (no preload).
+MODES = {
+    "defaults": {},
+    "release-0": {"TENSORMALLOC_RELEASE_MS": "0"},
+    "no-hugepages": {"TENSORMALLOC_HUGEPAGES": "never"},
+    "glibc": None,
+}
+
+
+def run_mode(mode, argv, env=None, **kw):
+    settings = MODES[mode]
+    if settings is None:
+        return run(argv, preload=False, env=env, **kw)
+    return run(argv, preload=PRELOAD, env={**settings, **(env or {})}, **kw)
+
+
+TAINTS = ["rdonly", "rx", "guard", "dontfork", "wipeonfork", "mlock", "dontdump"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("taint", TAINTS)
+def test_reused_block_is_plain_memory(taint, mode):
+    """The next malloc, calloc and bigger (gathered) malloc after a block left read-only, rx,
+    guarded, don't-fork, wipe-on-fork, locked or don't-dump is writable in every page, zero for
+    calloc, read-write with default advice in smaps, intact in a forked child; a child of the
+    first owner allocates from its cache safely; a locked block leaves VmLck at zero once freed
+    and MADV_FREE in use (see c/plain_memory.c)."""
+    out = ok(run_mode(mode, [compile_c("plain_memory"), taint], timeout=60))
+    if "skipped" in out.stdout:
+        pytest.skip(out.stdout.strip())
+    assert f"plain memory {taint} ok" in out.stdout
+
+
+FIG = re.compile(r"max child RssAnon kB: after-fork (-?\d+) after-trim (-?\d+) after-own-blocks (-?\d+)")
+TOLERANCE_KB = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def glibc_child_rss():
+    out = ok(run([compile_c("fork_release")], preload=False, env={"TENSORMALLOC_RELEASE_MS": "50"}, timeout=60))
+    return [int(x) for x in FIG.search(out.stdout).groups()]
+
+
+@pytest.mark.parametrize("release_ms", ["50", "0"])
+def test_child_forked_while_blocks_are_released_keeps_none(release_ms, glibc_child_rss):
+    """6 x 64 MiB written and freed, fork 0 to 2x the release delay later: the child's RssAnon
+    (right after the fork, after tm_trim, after large blocks of its own) is within 64 MiB of a
+    child under glibc alone, and tm_trim empties its cache."""
+    out = ok(run([compile_c("fork_release")], preload=PRELOAD, env={"TENSORMALLOC_RELEASE_MS": release_ms}, timeout=60))
+    ours = [int(x) for x in FIG.search(out.stdout).groups()]
+    for what, kb, plain in zip(["after the fork", "after tm_trim", "after its own blocks"], ours, glibc_child_rss):
+        assert kb <= plain + TOLERANCE_KB, f"child RssAnon {what}: {kb} kB, under glibc {plain} kB\n{out.stdout}"
+    assert "fork release ok" in out.stdout
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_calloc_zeroes_the_whole_usable_size(mode):
+    """calloc(6 MiB + 1) (and other odd sizes) from a dirty freed 8 MiB block: every byte up to
+    malloc_usable_size reads zero."""
+    out = ok(run_mode(mode, [compile_c("calloc_usable")]))
+    assert "calloc usable ok" in out.stdout
