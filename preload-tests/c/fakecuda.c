@@ -66,6 +66,7 @@ struct alloc {
     uintptr_t base;  /* for K_VMM_HANDLE: 0 (not mapped by itself) */
     size_t size;
     uint64_t serial; /* tells a reused slot from the allocation a queued op named */
+    int freeing;     /* a stream-ordered free is queued: a second free of it is refused */
 };
 struct op { int is_free; int slot; uint64_t serial; unsigned char *p; size_t n; int value; };
 struct ipc_handle { uint64_t magic; int32_t pid; int32_t fd; uint64_t size; uint64_t ino; uint64_t dev; };
@@ -566,8 +567,11 @@ static CUresult s_cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     if (e) return e;
     pthread_mutex_lock(&lock);
     int i = find_base((uintptr_t)p, M(K_DEVICE) | M(K_ASYNC) | M(K_MANAGED));
-    if (i < 0) e = CUDA_ERROR_INVALID_VALUE;
-    else enqueue((struct op){1, i, allocs[i].serial, NULL, 0, 0});
+    if (i < 0 || allocs[i].freeing) e = CUDA_ERROR_INVALID_VALUE; /* a double free, even before it ran */
+    else {
+        allocs[i].freeing = 1;
+        enqueue((struct op){1, i, allocs[i].serial, NULL, 0, 0});
+    }
     pthread_mutex_unlock(&lock);
     return e;
 }

@@ -45,7 +45,19 @@ pub enum Freed {
     Pooled,
     /// Not ours: the caller passes it to the runtime unchanged.
     NotOurs,
+    /// Inside our memory but not a live block's start (a double free, a pointer inside a block):
+    /// nothing was freed, and the caller answers as the runtime does for a pointer it never
+    /// handed out (Note [Unexpected frees]).
+    Refused,
 }
+
+// Note [Unexpected frees]
+// A free of an address in one of our segments that is not a live block's start would, passed to
+// the runtime, free the whole segment under the blocks still live in it (or a cached segment the
+// pool hands out next). The pool refuses it instead, as the runtime refuses a pointer it never
+// handed out: invalid value, nothing freed. A segment base is recognized at once; an address
+// inside a segment needs the runtime's allocation range, asked only for addresses within the
+// span of some pool's segments. Pinned blocks freed into the cache are refused the same way.
 
 /// What an IPC handle of a pointer would name (Note [IPC] in pool.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -288,8 +300,48 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// cudaFree of a pointer: back into its device's pool, whatever device is current.
     pub fn free(&self, addr: usize) -> Result<Freed, DeviceError> {
-        let Some(device) = self.owning_device(addr) else { return Ok(Freed::NotOurs) };
+        let Some(device) = self.owning_device(addr) else { return Ok(self.not_live(addr)) };
         timed(&self.phases.free, || self.free_ours(addr, device))
+    }
+
+    /// Note [Unexpected frees]: the answer for a free of `addr`, which is no live block of ours.
+    fn not_live(&self, addr: usize) -> Freed {
+        if self.in_segment(addr) {
+            Freed::Refused
+        } else {
+            Freed::NotOurs
+        }
+    }
+
+    /// Whether `addr` lies in one of our segments, live or cached.
+    fn in_segment(&self, addr: usize) -> bool {
+        let mut maybe = false;
+        for p in self.pools.iter() {
+            let pool = p.lock();
+            if pool.is_ready() && pool.may_contain(addr as u64) {
+                if pool.has_segment(addr as u64) {
+                    return true;
+                }
+                maybe = true;
+            }
+        }
+        if !maybe {
+            return false;
+        }
+        let Some((base, _)) = self.runtime.allocation_range(addr) else { return false };
+        self.pools.iter().any(|p| {
+            let pool = p.lock();
+            pool.is_ready() && pool.has_segment(base as u64)
+        })
+    }
+
+    /// Whether `addr` is device or pinned memory of ours, a live block or not (a free of it
+    /// must never reach the runtime unchecked).
+    pub fn holds(&self, addr: usize) -> bool {
+        self.owning_device(addr).is_some() || self.in_segment(addr) || {
+            let pinned = self.pinned.lock();
+            pinned.owns(addr as u64) || pinned.is_cached(addr as u64)
+        }
     }
 
     fn free_ours(&self, addr: usize, device: usize) -> Result<Freed, DeviceError> {
@@ -313,8 +365,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 self.after_free(device, addr, f)?;
                 Ok(Freed::Pooled)
             }
-            // Freed by another thread meanwhile: as the runtime would for a double free.
-            None => Err(DeviceError::Other(CUDA_ERROR_INVALID_VALUE)),
+            // Freed by another thread meanwhile: a double free (Note [Unexpected frees]).
+            None => Ok(Freed::Refused),
         }
     }
 
@@ -337,7 +389,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// looked up again when it is absent or wrong.
     fn free_on_stream_untimed(&self, addr: usize, device: Option<usize>, stream: usize) -> Freed {
         let index = device.filter(|&d| self.pools.get(d).is_some_and(|p| p.lock().owns(addr as u64)));
-        let Some(d) = index.or_else(|| self.owning_device(addr)) else { return Freed::NotOurs };
+        let Some(d) = index.or_else(|| self.owning_device(addr)) else { return self.not_live(addr) };
         match self.pools.get(d).and_then(|p| p.lock().free(addr as u64, stream_tag(stream))) {
             Some(f) => {
                 // An exported segment that cannot be given back stays with the runtime's
@@ -345,14 +397,15 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 let _ = self.after_free(d, addr, f);
                 Freed::Pooled
             }
-            None => Freed::NotOurs,
+            // Freed by another thread meanwhile.
+            None => Freed::Refused,
         }
     }
 
     /// cudaFreeAsync / cuMemFreeAsync of a pointer: back into its pool, reusable on `stream`
     /// at once and by anyone else after a device synchronization (Note [Safe reuse]).
     pub fn free_async(&self, addr: usize, stream: usize) -> Freed {
-        let Some(d) = self.owning_device(addr) else { return Freed::NotOurs };
+        let Some(d) = self.owning_device(addr) else { return self.not_live(addr) };
         timed(&self.phases.free, || self.free_on_stream_untimed(addr, Some(d), stream))
     }
 
@@ -523,8 +576,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// cudaFreeHost: into the cache when it is ours.
     pub fn host_free(&self, addr: usize) -> Result<Freed, DeviceError> {
-        if !self.pinned.lock().owns(addr as u64) {
-            return Ok(Freed::NotOurs);
+        {
+            let pinned = self.pinned.lock();
+            if !pinned.owns(addr as u64) {
+                // Note [Unexpected frees]: a cached block is still pinned, for the next request.
+                return Ok(if pinned.is_cached(addr as u64) { Freed::Refused } else { Freed::NotOurs });
+            }
         }
         if self.sync_on_free.load(Relaxed) {
             // Copies from or to this memory may still be queued (Note [Safe reuse]).
@@ -532,7 +589,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         }
         let outcome = self.pinned.lock().free(addr as u64);
         match outcome {
-            PinnedFree::NotOurs => return Ok(Freed::NotOurs),
+            // Freed by another thread meanwhile.
+            PinnedFree::NotOurs => return Ok(Freed::Refused),
             PinnedFree::Refused => self.runtime.host_free(addr)?,
             PinnedFree::Cached { evicted } => {
                 for r in evicted.iter() {

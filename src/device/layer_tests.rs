@@ -248,3 +248,32 @@ fn pinned_blocks_of_a_reset_context_are_never_handed_out_again() {
     assert_eq!(l.runtime().host_allocs(), 2, "pinned anew after the reset");
     assert_eq!(l.host_free(q), Ok(Freed::Pooled));
 }
+
+#[test]
+fn frees_of_pointers_that_are_no_live_block_are_refused_and_free_nothing() {
+    // Note [Unexpected frees], in both strategies: a double free of a segment's first block, a
+    // pointer inside a live block, a cached pinned block freed again.
+    for pool in [crate::config::CudaPool::Split, crate::config::CudaPool::Binned] {
+        let l = layer(Config { cuda_pool: pool, ..Config::default() }, &[8 * GB]);
+        let a = l.malloc(MB).unwrap();
+        let b = l.malloc(MB).unwrap();
+        let big = l.malloc(64 * MB).unwrap();
+        assert_eq!(l.free(a), Ok(Freed::Pooled));
+        assert_eq!(l.free(a), Ok(Freed::Refused), "{pool:?}: double free");
+        assert_eq!(l.free_async(a, 7), Freed::Refused);
+        assert_eq!(l.free_on_stream(a, 0, 7), Freed::Refused);
+        assert_eq!(l.free(b + 4096), Ok(Freed::Refused), "inside a live block");
+        assert_eq!(l.free(big + 32 * MB), Ok(Freed::Refused), "inside a block of its own segment");
+        assert_eq!(l.runtime().device(0).frees, 0, "no segment went back to the runtime");
+        assert!(l.runtime().is_live(b) && l.runtime().is_live(big));
+        assert!(l.holds(a) && l.holds(b + 4096) && !l.holds(0x10));
+        assert_eq!(l.free(0x10), Ok(Freed::NotOurs), "not ours: the runtime answers");
+        assert_eq!(l.malloc(MB).unwrap(), a, "the block freed once is handed out again");
+        let p = l.host_alloc(MB, 0).unwrap();
+        assert_eq!(l.host_free(p), Ok(Freed::Pooled));
+        assert_eq!(l.host_free(p), Ok(Freed::Refused), "a cached pinned block freed again");
+        assert!(l.holds(p));
+        assert_eq!(l.runtime().pinned_bytes(), MB.next_multiple_of(4096), "still pinned, for the next request");
+        assert_eq!(l.host_alloc(MB, 0).unwrap(), p);
+    }
+}

@@ -131,6 +131,9 @@ pub struct DevicePool {
     live: AddrMap,
     /// Segment base -> its first block (which no merge ever removes).
     segments: AddrMap,
+    /// The lowest segment base and the highest segment end seen since the last `forget_all`: no
+    /// address outside can be ours (a filter that spares a driver query for most foreign frees).
+    span: (u64, u64),
     generation: u64,
     bins: [[u32; BINS]; 2],
     pending_free_bytes: u64,
@@ -160,6 +163,7 @@ impl DevicePool {
             blocks: Slab::empty(),
             live: AddrMap::empty(),
             segments: AddrMap::empty(),
+            span: (u64::MAX, 0),
             generation: 0,
             bins: [[NONE; BINS]; 2],
             pending_free_bytes: 0,
@@ -374,6 +378,7 @@ impl DevicePool {
             return false;
         }
         self.link(i);
+        self.span = (self.span.0.min(addr), self.span.1.max(addr.saturating_add(len)));
         self.serving_miss = true;
         self.stats.segments_mapped += 1;
         self.stats.reserved_bytes += len;
@@ -435,6 +440,11 @@ impl DevicePool {
         self.segments.get(addr).is_some()
     }
 
+    /// Whether `addr` may lie inside one of our segments (false: it certainly does not).
+    pub fn may_contain(&self, addr: u64) -> bool {
+        self.span.0 <= addr && addr < self.span.1
+    }
+
     /// Marks the live block starting at `addr`, a whole segment, as named by an IPC handle
     /// (Note [IPC]); false when it is not such a block.
     pub fn mark_exported(&mut self, addr: u64) -> bool {
@@ -461,6 +471,7 @@ impl DevicePool {
         self.live.clear();
         self.segments.clear();
         self.blocks.clear();
+        self.span = (u64::MAX, 0);
         self.bins = [[NONE; BINS]; 2];
         self.pending_free_bytes = 0;
         self.other_tag_free_bytes = 0;

@@ -6,8 +6,8 @@
 //! driver unchanged, and so does a call re-entered from inside a runtime call of ours (a
 //! runtime-level miss is never pooled a second time).
 
-use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
-use super::cuda::answer_free;
+use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
+use super::cuda::{answer_free, FreeOf};
 use crate::device::layer::Range;
 use crate::sys::cuda_driver::{driver, DriverFns};
 use crate::sys::reentry;
@@ -37,6 +37,12 @@ pub(super) fn pool_on() -> bool {
 /// with none fails, and the driver should say so).
 fn pool_ready() -> bool {
     pool_on() && crate::sys::cuda_driver::current_context() != 0
+}
+
+/// The driver's frees need a current context: with none, a pointer of ours gets the driver's
+/// answer (invalid context) and stays as it was; any other goes to the driver, which answers.
+fn without_context(addr: usize) -> Option<c_int> {
+    (crate::sys::cuda_driver::current_context() == 0 && DEVICE.holds(addr)).then_some(CUDA_ERROR_INVALID_CONTEXT)
 }
 
 /// # Safety
@@ -135,7 +141,10 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) ->
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> c_int {
     let Some(free) = real(|d| d.mem_free_host) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| pooling() && !p.is_null()) else { return free(p) };
-    answer_free(DEVICE.host_free(p as usize), || free(p))
+    if let Some(rc) = without_context(p as usize) {
+        return rc;
+    }
+    answer_free("cuMemFreeHost", p as usize, FreeOf::Pinned, DEVICE.host_free(p as usize), || free(p))
 }
 
 /// Our entry point for an exported driver symbol we serve, and the address of the real one it
@@ -414,12 +423,18 @@ unsafe fn write_range(out: *mut c_void, attribute: c_int, start: u64, len: u64) 
 pub unsafe extern "C" fn cuMemFree_v2(ptr: u64) -> c_int {
     let Some(free) = real(|d| d.mem_free) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| pooling() && ptr != 0) else { return free(ptr) };
-    answer_free(DEVICE.free(ptr as usize), || free(ptr))
+    if let Some(rc) = without_context(ptr as usize) {
+        return rc;
+    }
+    answer_free("cuMemFree_v2", ptr as usize, FreeOf::Device, DEVICE.free(ptr as usize), || free(ptr))
 }
 
 unsafe fn mem_free_async(ptr: u64, stream: *mut c_void, free: unsafe extern "C" fn(u64, *mut c_void) -> c_int) -> c_int {
     let Some(_entered) = reentry::enter().filter(|_| pooling() && ptr != 0) else { return free(ptr, stream) };
-    answer_free(Ok(DEVICE.free_async(ptr as usize, stream as usize)), || free(ptr, stream))
+    if let Some(rc) = without_context(ptr as usize) {
+        return rc;
+    }
+    answer_free("cuMemFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, stream as usize)), || free(ptr, stream))
 }
 
 /// # Safety
