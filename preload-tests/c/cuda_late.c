@@ -6,6 +6,8 @@
  *            driver, loaded RTLD_GLOBAL, is called by symbol (as a library linked with -lcuda and
  *            loaded later calls it) and through its handle (as Numba and JAX do)
  *   threads  32 threads make the process's first driver calls at once (the driver loaded first)
+ *   runtime-threads  the same with the runtime's first calls (libcudart.so.12 loaded first): it
+ *            binds the driver through cuGetProcAddress while the threads race ours
  * Both print the stand-in's allocation count. */
 #include <pthread.h>
 #include "check.h"
@@ -107,11 +109,40 @@ static void threads(void) {
     for (int i = 0; i < THREADS; i++) CHECK(pthread_join(t[i], NULL) == 0);
 }
 
+static int (*rt_malloc)(void **, size_t);
+static int (*rt_free)(void *);
+
+static void *first_runtime_calls(void *arg) {
+    (void)arg;
+    pthread_barrier_wait(&start);
+    void *p = NULL;
+    int rc[2] = {rt_malloc(&p, 1 * MB), -1};
+    rc[1] = rc[0] ? -1 : rt_free(p);
+    if (rc[0] || rc[1]) {
+        printf("first runtime calls answered %d %d\n", rc[0], rc[1]);
+        exit(1);
+    }
+    return NULL;
+}
+
+static void runtime_threads(void) {
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL); /* where the runtime's dlopen finds it */
+    CHECK(driver != NULL && dlopen("libcudart.so.12", RTLD_NOW | RTLD_GLOBAL) != NULL);
+    rt_malloc = (int (*)(void **, size_t))sym(RTLD_DEFAULT, "cudaMalloc");
+    rt_free = (int (*)(void *))sym(RTLD_DEFAULT, "cudaFree");
+    pthread_t t[THREADS];
+    CHECK(pthread_barrier_init(&start, NULL, THREADS) == 0);
+    for (int i = 0; i < THREADS; i++) CHECK(pthread_create(&t[i], NULL, first_runtime_calls, NULL) == 0);
+    for (int i = 0; i < THREADS; i++) CHECK(pthread_join(t[i], NULL) == 0);
+    D.counters = (void (*)(struct fakecuda_counters *))sym(driver, "fakecuda_get_counters");
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2);
     const char *s = argv[1];
     if (!strcmp(s, "lookups")) lookups();
     else if (!strcmp(s, "threads")) threads();
+    else if (!strcmp(s, "runtime-threads")) runtime_threads();
     else CHECK(!"unknown scenario");
     struct fakecuda_counters c;
     D.counters(&c);
