@@ -7,6 +7,7 @@
  *   double-free-async                  cudaFreeAsync / cuMemFreeAsync twice: the second is refused
  *   free-host-thread                   cudaFreeHost on a thread that made no CUDA call succeeds
  *   free-no-context                    the driver's frees on a thread with no current context: 201
+ *   buffer-ids                         CU_POINTER_ATTRIBUTE_BUFFER_ID: distinct per block, new at reuse
  * and in every case the blocks still live, and the ones allocated after, stay usable. */
 #include <pthread.h>
 #include "check.h"
@@ -187,6 +188,39 @@ static void free_no_context(void) {
     CHECK(cuMemFree_v2(DEV(a)) == 0 && cuMemFree_v2(DEV(m)) == 0 && cuMemFreeHost(h) == 0);
 }
 
+int cuPointerGetAttribute(void *, int, CUdeviceptr);
+int cuPointerGetAttributes(unsigned, int *, void **, CUdeviceptr);
+enum { BUFFER_ID = 7, RANGE_START_ADDR = 11 };
+
+static unsigned long long buffer_id(void *p) {
+    unsigned long long id = 0, id2 = 0;
+    CUdeviceptr start = 0;
+    CHECK(cuPointerGetAttribute(&id, BUFFER_ID, DEV(p)) == 0 && id);
+    int attrs[] = {RANGE_START_ADDR, BUFFER_ID};
+    void *data[] = {&start, &id2};
+    CHECK(cuPointerGetAttributes(2, attrs, data, DEV(p)) == 0 && id2 == id);
+    return id;
+}
+
+/* Libraries key registrations of memory by buffer id (NCCL, UCX, MPI): two live allocations
+ * never share one, and a new allocation never has an old one's, wherever it lies. */
+static void buffer_ids(void) {
+    enum { N = 8 };
+    unsigned long long seen[4 * N];
+    int n = 0;
+    for (int round = 0; round < 4; round++) {
+        void *p[N];
+        for (int i = 0; i < N; i++) {
+            CHECK(cudaMalloc(&p[i], (i % 2 ? 1 : 3) * MB) == 0);
+            unsigned long long id = buffer_id(p[i]);
+            CHECK(buffer_id((char *)p[i] + 4096) == id); /* anywhere inside it */
+            for (int k = 0; k < n; k++) CHECK(seen[k] != id);
+            seen[n++] = id;
+        }
+        for (int i = 0; i < N; i++) CHECK(cudaFree(p[i]) == 0);
+    }
+}
+
 int main(int argc, char **argv) {
     CHECK(argc >= 2);
     const char *s = argv[1];
@@ -197,6 +231,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "double-free-async")) double_free_async();
     else if (!strcmp(s, "free-host-thread")) free_host_thread();
     else if (!strcmp(s, "free-no-context")) free_no_context();
+    else if (!strcmp(s, "buffer-ids")) buffer_ids();
     else CHECK(!"unknown scenario");
     printf("%s ok\n", s);
     return 0;

@@ -40,7 +40,7 @@ enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_UNIFIED =
 enum {
     CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
     CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3, CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
-    CU_POINTER_ATTRIBUTE_IS_MANAGED = 8, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    CU_POINTER_ATTRIBUTE_BUFFER_ID = 7, CU_POINTER_ATTRIBUTE_IS_MANAGED = 8, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
     CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11, CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
     CU_POINTER_ATTRIBUTE_MAPPED = 13,
 };
@@ -613,6 +613,7 @@ static CUresult attribute(void *data, int attr, int i, CUdeviceptr p) {
     case CU_POINTER_ATTRIBUTE_HOST_POINTER: /* only pinned and managed memory have a host address */
         *(void **)data = a && (a->kind == K_HOST || a->kind == K_MANAGED) ? (void *)(uintptr_t)p : NULL;
         break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = a ? a->serial : 0; break; /* never reused */
     case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned char *)data = a && a->kind == K_MANAGED; break; /* a bool */
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = a ? a->dev : 0; break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a ? a->base : 0; break;

@@ -76,10 +76,16 @@ pub enum Export {
 pub enum Range {
     /// Not inside one of our segments: the runtime's answer stands.
     NotOurs,
-    /// Inside this live block: (start, size).
-    Live(u64, u64),
+    /// Inside this live block: (start, size, buffer id: Note [Buffer ids] in pool.rs).
+    Live(u64, u64, u64),
     /// Inside cached (freed) memory of ours: no allocation there, as after the runtime's free.
     Freed,
+}
+
+/// Note [Buffer ids]: a pool's number for a block as an id of its own: above any id the runtime
+/// gives (it counts its allocations from 1), the device in the bits below.
+fn buffer_id(device: usize, number: u64) -> u64 {
+    (1 << 63) | ((device as u64) << 56) | (number & ((1 << 56) - 1))
 }
 
 impl<R: DeviceRuntime> DeviceLayer<R> {
@@ -428,11 +434,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         })
     }
 
-    /// cuMemGetAddressRange / RANGE_START_ADDR / RANGE_SIZE: the block, not our segment.
+    /// cuMemGetAddressRange / RANGE_START_ADDR / RANGE_SIZE / BUFFER_ID: the block, not our
+    /// segment.
     pub fn range(&self, addr: usize) -> Range {
         match self.locate(addr) {
             None => Range::NotOurs,
-            Some((_, b)) if b.allocated => Range::Live(b.addr, b.size),
+            Some((d, b)) if b.allocated => Range::Live(b.addr, b.size, buffer_id(d, b.buffer_id)),
             Some(_) => Range::Freed,
         }
     }

@@ -217,9 +217,9 @@ fn ranges_are_our_blocks_not_the_segment() {
     let l = layer(Config::default(), &[4 * GB]);
     let a = l.malloc(MB).unwrap();
     let b = l.malloc(MB).unwrap();
-    assert_eq!(l.range(b), Range::Live(b as u64, MB as u64));
-    assert_eq!(l.range(b + MB - 1), Range::Live(b as u64, MB as u64));
-    assert_eq!(l.range(a + 5), Range::Live(a as u64, MB as u64));
+    assert!(matches!(l.range(b), Range::Live(s, n, _) if (s, n) == (b as u64, MB as u64)));
+    assert!(matches!(l.range(b + MB - 1), Range::Live(s, n, _) if (s, n) == (b as u64, MB as u64)));
+    assert!(matches!(l.range(a + 5), Range::Live(s, n, _) if (s, n) == (a as u64, MB as u64)));
     l.free(b).unwrap();
     assert_eq!(l.range(b + 10), Range::Freed);
     assert_eq!(l.range(0xdead_0000), Range::NotOurs);
@@ -275,5 +275,29 @@ fn frees_of_pointers_that_are_no_live_block_are_refused_and_free_nothing() {
         assert!(l.holds(p));
         assert_eq!(l.runtime().pinned_bytes(), MB.next_multiple_of(4096), "still pinned, for the next request");
         assert_eq!(l.host_alloc(MB, 0).unwrap(), p);
+    }
+}
+
+#[test]
+fn buffer_ids_are_distinct_per_block_and_new_at_every_reuse() {
+    // Note [Buffer ids], over two devices and both strategies.
+    for pool in [crate::config::CudaPool::Split, crate::config::CudaPool::Binned] {
+        let l = layer(Config { cuda_pool: pool, ..Config::default() }, &[4 * GB, 4 * GB]);
+        let id = |addr: usize| match l.range(addr) {
+            Range::Live(_, _, id) => id,
+            other => panic!("{other:?}"),
+        };
+        let a = l.malloc(MB).unwrap();
+        let b = l.malloc(MB).unwrap();
+        let (ida, idb) = (id(a), id(b));
+        assert_ne!(ida, idb, "{pool:?}: two live blocks");
+        assert_eq!(id(b + 100), idb, "any address inside the block");
+        l.free(a).unwrap();
+        assert_eq!(l.malloc(MB).unwrap(), a);
+        assert!(id(a) != ida && id(a) != idb, "a reused block has a new id");
+        l.runtime().set_device(1).unwrap();
+        let c = l.malloc(MB).unwrap();
+        assert!(![ida, idb, id(a)].contains(&id(c)), "another device's pool");
+        assert!(id(c) > 1 << 62, "far from the runtime's own ids");
     }
 }

@@ -17,6 +17,12 @@ use core::ffi::{c_int, c_uint, c_void};
 const NO_DRIVER: c_int = CUDA_ERROR_INITIALIZATION;
 const RANGE_START_ADDR: c_int = 11;
 const RANGE_SIZE: c_int = 12;
+const BUFFER_ID: c_int = 7;
+
+/// The pointer attributes a pooled block answers for itself: its range, and its buffer id.
+fn blockwise(attribute: c_int) -> bool {
+    matches!(attribute, RANGE_START_ADDR | RANGE_SIZE | BUFFER_ID)
+}
 
 fn real<T>(pick: impl FnOnce(&DriverFns) -> Option<T>) -> Option<T> {
     driver().and_then(pick)
@@ -344,7 +350,7 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usiz
     if rc == CUDA_SUCCESS {
         match DEVICE.range(ptr as usize) {
             Range::NotOurs => {}
-            Range::Live(start, len) => (b, s) = (start, len as usize),
+            Range::Live(start, len, _) => (b, s) = (start, len as usize),
             // Memory we cached after its free: as the driver answers after a free.
             Range::Freed => return CUDA_ERROR_NOT_FOUND,
         }
@@ -360,23 +366,23 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usiz
     rc
 }
 
-/// The range attributes answer for our block; every other attribute is the driver's.
+/// The range and buffer-id attributes answer for our block (Note [Buffer ids] in
+/// device/pool.rs); every other attribute is the driver's.
 ///
 /// # Safety
 /// As cuPointerGetAttribute.
 #[no_mangle]
 pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: u64) -> c_int {
     let Some(get) = real(|d| d.pointer_get_attribute) else { return NO_DRIVER };
-    let ranged = attribute == RANGE_START_ADDR || attribute == RANGE_SIZE;
-    let Some(_entered) = reentry::enter().filter(|_| pooling() && ranged) else { return get(data, attribute, ptr) };
+    let Some(_entered) = reentry::enter().filter(|_| pooling() && blockwise(attribute)) else { return get(data, attribute, ptr) };
     let rc = get(data, attribute, ptr);
     if rc != CUDA_SUCCESS || data.is_null() {
         return rc;
     }
     match DEVICE.range(ptr as usize) {
         Range::NotOurs => rc,
-        Range::Live(start, len) => {
-            write_range(data, attribute, start, len);
+        Range::Live(start, len, id) => {
+            write_blockwise(data, attribute, (start, len, id));
             rc
         }
         Range::Freed => CUDA_ERROR_INVALID_VALUE,
@@ -394,24 +400,29 @@ pub unsafe extern "C" fn cuPointerGetAttributes(count: c_uint, attributes: *mut 
         return rc;
     }
     let range = DEVICE.range(ptr as usize);
-    let (start, len) = match range {
+    let block = match range {
         Range::NotOurs => return rc,
-        Range::Live(start, len) => (start, len),
+        Range::Live(start, len, id) => (start, len, id),
         // No allocation there any more: zeros, as the driver writes for unknown memory.
-        Range::Freed => (0, 0),
+        Range::Freed => (0, 0, 0),
     };
     for i in 0..count as usize {
         let (attribute, out) = (*attributes.add(i), *data.add(i));
-        if !out.is_null() && (attribute == RANGE_START_ADDR || attribute == RANGE_SIZE) {
-            write_range(out, attribute, start, len);
+        if !out.is_null() && blockwise(attribute) {
+            write_blockwise(out, attribute, block);
         }
     }
     rc
 }
 
-/// RANGE_START_ADDR is a CUdeviceptr, RANGE_SIZE a size_t: both 8 bytes here.
-unsafe fn write_range(out: *mut c_void, attribute: c_int, start: u64, len: u64) {
-    *(out as *mut u64) = if attribute == RANGE_START_ADDR { start } else { len };
+/// RANGE_START_ADDR is a CUdeviceptr, RANGE_SIZE a size_t, BUFFER_ID an unsigned long long:
+/// all 8 bytes here. `block` is (start, size, buffer id).
+unsafe fn write_blockwise(out: *mut c_void, attribute: c_int, block: (u64, u64, u64)) {
+    *(out as *mut u64) = match attribute {
+        RANGE_START_ADDR => block.0,
+        RANGE_SIZE => block.1,
+        _ => block.2,
+    };
 }
 
 /// A pooled block freed through the driver (the same allocation as cudaMalloc's): back to the
