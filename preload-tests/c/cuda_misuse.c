@@ -8,6 +8,8 @@
  *   free-host-thread                   cudaFreeHost on a thread that made no CUDA call succeeds
  *   free-no-context                    the driver's frees on a thread with no current context: 201
  *   buffer-ids                         CU_POINTER_ATTRIBUTE_BUFFER_ID: distinct per block, new at reuse
+ *   oom-async, oom-other-context       600 MiB freed of the device's 1 GiB: 700 MiB from the
+ *                                      runtime's stream-ordered pool, or in another context, fit
  * and in every case the blocks still live, and the ones allocated after, stay usable. */
 #include <pthread.h>
 #include "check.h"
@@ -221,6 +223,41 @@ static void buffer_ids(void) {
     }
 }
 
+typedef struct fake_ctx *CUcontext;
+int cudaSetDevice(int);
+int cudaMemGetInfo(size_t *, size_t *);
+int cuCtxCreate_v2(CUcontext *, unsigned, int);
+int cuCtxDestroy_v2(CUcontext);
+int cuMemAlloc_v2(CUdeviceptr *, size_t);
+
+/* Memory a pool caches is memory the program may need elsewhere (FAKECUDA_DEVICE_MEM: 1 GiB). */
+static void oom_elsewhere(int other_context) {
+    void *a = NULL, *b = NULL;
+    CHECK(cudaMalloc(&a, 600 * MB) == 0 && cudaFree(a) == 0);
+    size_t free_bytes = 0, total = 0;
+    CHECK(cudaMemGetInfo(&free_bytes, &total) == 0 && free_bytes > 900 * MB); /* what the program plans by */
+    if (other_context) {
+        CUcontext ctx = NULL;
+        CUdeviceptr p = 0;
+        CHECK(cuCtxCreate_v2(&ctx, 0, 0) == 0);
+        CHECK(cuMemAlloc_v2(&p, 700 * MB) == 0);
+        kernel_works((char *)(uintptr_t)p + 699 * MB, 1 * MB, 0x61);
+        CHECK(cuMemFree_v2(p) == 0 && cuCtxDestroy_v2(ctx) == 0);
+        CHECK(cudaSetDevice(0) == 0);
+    } else {
+        CUstream s = NULL;
+        void *x = NULL;
+        CHECK(cudaStreamCreate(&s) == 0);
+        CHECK(cudaMallocAsync(&x, 700 * MB, s) == 0);
+        kernel_works((char *)x + 699 * MB, 1 * MB, 0x62);
+        CHECK(cudaFreeAsync(x, s) == 0 && cudaStreamSynchronize(s) == 0 && cudaStreamDestroy(s) == 0);
+    }
+    CHECK(cudaGetLastError() == 0);
+    CHECK(cudaMalloc(&b, 64 * MB) == 0);
+    kernel_works(b, 64 * MB, 0x63);
+    CHECK(cudaFree(b) == 0);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc >= 2);
     const char *s = argv[1];
@@ -232,6 +269,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "free-host-thread")) free_host_thread();
     else if (!strcmp(s, "free-no-context")) free_no_context();
     else if (!strcmp(s, "buffer-ids")) buffer_ids();
+    else if (!strcmp(s, "oom-async")) oom_elsewhere(0);
+    else if (!strcmp(s, "oom-other-context")) oom_elsewhere(1);
     else CHECK(!"unknown scenario");
     printf("%s ok\n", s);
     return 0;

@@ -188,10 +188,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// Serves a request from `device`'s pool, which must be the current device.
     fn alloc_on(&self, device: i32, size: usize, tag: u64) -> Result<usize, DeviceError> {
-        let Some(pool) = self.pool_for_current_context(device) else {
-            self.passthrough.add(1);
-            return self.runtime_malloc(size);
-        };
+        let Some(pool) = self.pool_for_current_context(device) else { return self.passthrough_malloc(device, size) };
         let mut released = false;
         let mut mapped = false;
         for _ in 0..MAX_STEPS {
@@ -204,10 +201,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_ALLOC, outcome, device as u8, size, addr);
                     return Ok(addr as usize);
                 }
-                Alloc::Untracked => {
-                    self.passthrough.add(1);
-                    return self.runtime_malloc(size);
-                }
+                Alloc::Untracked => return self.passthrough_malloc(device, size),
                 Alloc::NeedSync => {
                     self.synchronize()?;
                     pool.lock().mark_all_synced();
@@ -234,8 +228,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                             };
                             if !added {
                                 self.runtime_free(addr)?;
-                                self.passthrough.add(1);
-                                return self.runtime_malloc(size);
+                                return self.passthrough_malloc(device, size);
                             }
                         }
                         Err(DeviceError::OutOfMemory) if !released => {
@@ -256,6 +249,41 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             }
         }
         Err(DeviceError::OutOfMemory)
+    }
+
+    /// A request the pool does not serve (another context, full tables): the runtime's, retried
+    /// once after our cache on that device is given back when it is out of memory.
+    fn passthrough_malloc(&self, device: i32, size: usize) -> Result<usize, DeviceError> {
+        self.passthrough.add(1);
+        match self.runtime_malloc(size) {
+            Err(DeviceError::OutOfMemory) if self.give_back(device) > 0 => {
+                self.runtime.clear_last_error();
+                self.runtime_malloc(size)
+            }
+            other => other,
+        }
+    }
+
+    /// Out of memory outside the pool (another context, the runtime's stream-ordered pool):
+    /// gives `device`'s cached segments back, in the pool's own context; returns the bytes.
+    pub fn give_back(&self, device: i32) -> u64 {
+        let Some(pool) = usize::try_from(device).ok().and_then(|d| self.pools.get(d)) else { return 0 };
+        {
+            let pool = pool.lock();
+            if !pool.is_ready() || pool.cached_bytes() == 0 {
+                return 0;
+            }
+        }
+        let released = self.with_device(device, || self.release_cached(pool, u64::MAX)).unwrap_or(0);
+        if released > 0 {
+            pool.lock().stats.oom_retries += 1;
+        }
+        released
+    }
+
+    /// `give_back` for the current device.
+    pub fn give_back_current(&self) -> u64 {
+        self.runtime.current_device().map_or(0, |d| self.give_back(d))
     }
 
     /// Records the context the runtime just allocated a segment in, if the pool has none yet.

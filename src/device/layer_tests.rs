@@ -301,3 +301,22 @@ fn buffer_ids_are_distinct_per_block_and_new_at_every_reuse() {
         assert!(id(c) > 1 << 62, "far from the runtime's own ids");
     }
 }
+
+#[test]
+fn out_of_memory_outside_the_pool_gets_its_cache_back_once() {
+    let l = layer(Config::default(), &[1 * GB]);
+    let a = l.malloc(600 * MB).unwrap();
+    l.free(a).unwrap();
+    l.runtime().set_context(Some(0x77)); // a user context on the device: not the pool's
+    let b = l.malloc(700 * MB).expect("the pool's segment given back in its own context, then retried");
+    assert_eq!(l.runtime().last_error(), 0, "no stale error after a recovered OOM");
+    assert_eq!(l.malloc(700 * MB), Err(DeviceError::OutOfMemory), "nothing cached: the runtime's answer");
+    l.runtime().set_context(None);
+    l.runtime().free(b).unwrap();
+    // The runtime's stream-ordered pool asks for the current device's cache back.
+    let c = l.malloc(600 * MB).unwrap();
+    l.free(c).unwrap();
+    assert_eq!(l.give_back_current(), 600 * MB as u64);
+    assert_eq!(l.give_back_current(), 0);
+    assert_eq!(l.runtime().device(0).used, 0);
+}

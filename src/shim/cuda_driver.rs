@@ -7,6 +7,9 @@
 //! runtime-level miss is never pooled a second time).
 
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
+
+/// The driver's out-of-memory code (the runtime's cudaErrorMemoryAllocation has the same value).
+const CUDA_ERROR_OUT_OF_MEMORY: c_int = CUDA_ERROR_MEMORY_ALLOCATION;
 use super::cuda::{answer_free, FreeOf};
 use crate::device::layer::Range;
 use crate::sys::cuda_driver::{driver, DriverFns};
@@ -169,6 +172,8 @@ fn served(symbol: &[u8], d: &DriverFns) -> Option<(*mut c_void, Option<usize>)> 
         b"cuMemHostAlloc" => row!(cuMemHostAlloc, d.mem_host_alloc),
         b"cuMemAllocHost_v2" => row!(cuMemAllocHost_v2, d.mem_alloc_host),
         b"cuMemFreeHost" => row!(cuMemFreeHost, d.mem_free_host),
+        b"cuMemAllocAsync" => row!(cuMemAllocAsync, d.mem_alloc_async),
+        b"cuMemAllocAsync_ptsz" => row!(cuMemAllocAsync_ptsz, d.mem_alloc_async_ptsz),
         b"cuMemFreeAsync" => row!(cuMemFreeAsync, d.mem_free_async),
         b"cuMemFreeAsync_ptsz" => row!(cuMemFreeAsync_ptsz, d.mem_free_async_ptsz),
         b"cuDevicePrimaryCtxReset_v2" => row!(cuDevicePrimaryCtxReset_v2, d.primary_reset),
@@ -200,6 +205,7 @@ fn versioned(base: &[u8], cuda_version: c_int, per_thread: bool) -> Option<&'sta
         b"cuDevicePrimaryCtxReset" => at(11000, b"cuDevicePrimaryCtxReset_v2", b"cuDevicePrimaryCtxReset"),
         b"cuGetProcAddress" => at(12000, b"cuGetProcAddress_v2", b"cuGetProcAddress"),
         b"cuMemFreeAsync" => Some(if per_thread { b"cuMemFreeAsync_ptsz" } else { b"cuMemFreeAsync" }),
+        b"cuMemAllocAsync" => Some(if per_thread { b"cuMemAllocAsync_ptsz" } else { b"cuMemAllocAsync" }),
         b"cuMemHostAlloc" => Some(b"cuMemHostAlloc"),
         b"cuMemFreeHost" => Some(b"cuMemFreeHost"),
         b"cuIpcGetMemHandle" => Some(b"cuIpcGetMemHandle"),
@@ -460,4 +466,32 @@ pub unsafe extern "C" fn cuMemFreeAsync(ptr: u64, stream: *mut c_void) -> c_int 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(ptr: u64, stream: *mut c_void) -> c_int {
     real(|d| d.mem_free_async_ptsz).map_or(NO_DRIVER, |f| mem_free_async(ptr, stream, f))
+}
+
+/// The runtime's stream-ordered pool is not ours, but the memory our pool caches is memory it
+/// cannot have: out of memory, ours on that device is given back and the call made once more.
+unsafe fn mem_alloc_async(dptr: *mut u64, size: usize, stream: *mut c_void, alloc: crate::sys::cuda_driver::MemAllocAsyncFn) -> c_int {
+    let rc = alloc(dptr, size, stream);
+    if rc != CUDA_ERROR_OUT_OF_MEMORY || !pool_on() {
+        return rc;
+    }
+    let Some(_entered) = reentry::enter() else { return rc };
+    if DEVICE.give_back_current() == 0 {
+        return rc;
+    }
+    alloc(dptr, size, stream)
+}
+
+/// # Safety
+/// As cuMemAllocAsync.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, size: usize, stream: *mut c_void) -> c_int {
+    real(|d| d.mem_alloc_async).map_or(NO_DRIVER, |f| mem_alloc_async(dptr, size, stream, f))
+}
+
+/// # Safety
+/// As cuMemAllocAsync_ptsz.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut u64, size: usize, stream: *mut c_void) -> c_int {
+    real(|d| d.mem_alloc_async_ptsz).map_or(NO_DRIVER, |f| mem_alloc_async(dptr, size, stream, f))
 }

@@ -24,6 +24,7 @@ pub type IpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, u64) -> c_int;
 pub type MemFreeFn = unsafe extern "C" fn(u64) -> c_int;
 pub type MemFreeAsyncFn = unsafe extern "C" fn(u64, *mut c_void) -> c_int;
 pub type MemAllocFn = unsafe extern "C" fn(*mut u64, usize) -> c_int;
+pub type MemAllocAsyncFn = unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> c_int;
 pub type MemAllocPitchFn = unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, c_uint) -> c_int;
 pub type MemGetInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> c_int;
 pub type MemHostAllocFn = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int;
@@ -54,6 +55,8 @@ pub struct DriverFns {
     pub mem_free_async: Option<MemFreeAsyncFn>,
     pub mem_free_async_ptsz: Option<MemFreeAsyncFn>,
     pub mem_alloc: Option<MemAllocFn>,
+    pub mem_alloc_async: Option<MemAllocAsyncFn>,
+    pub mem_alloc_async_ptsz: Option<MemAllocAsyncFn>,
     pub mem_alloc_pitch: Option<MemAllocPitchFn>,
     pub mem_get_info: Option<MemGetInfoFn>,
     pub mem_host_alloc: Option<MemHostAllocFn>,
@@ -100,6 +103,8 @@ unsafe fn resolve_in(handle: *mut c_void) -> DriverFns {
         mem_free_async: find(handle, c"cuMemFreeAsync"),
         mem_free_async_ptsz: find(handle, c"cuMemFreeAsync_ptsz"),
         mem_alloc: find(handle, c"cuMemAlloc_v2"),
+        mem_alloc_async: find(handle, c"cuMemAllocAsync"),
+        mem_alloc_async_ptsz: find(handle, c"cuMemAllocAsync_ptsz"),
         mem_alloc_pitch: find(handle, c"cuMemAllocPitch_v2"),
         mem_get_info: find(handle, c"cuMemGetInfo_v2"),
         mem_host_alloc: find(handle, c"cuMemHostAlloc"),
