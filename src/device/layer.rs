@@ -1,11 +1,12 @@
 //! The device layer's glue: one pool per device and the pinned cache, driven over a
 //! `DeviceRuntime`. Every runtime call happens with no lock held; pool decisions happen under a
 //! per-device spin lock. Outcomes that the program sees follow the runtime's: its error codes,
-//! and a pointer we never handed out goes to the runtime unchanged. Each pool belongs to the
+//! a pointer we never handed out goes to the runtime unchanged, and one inside our memory that
+//! is no live block is refused as the runtime refuses a stranger's. Each pool belongs to the
 //! context its segments live in (Note [Context lifetime] in pool.rs): a request made under
 //! another context passes through, and a reset or destroy of that context empties the pool.
 
-use super::pinned::{PinnedCache, PinnedFree};
+use super::pinned::PinnedCache;
 use super::pool::{stream_tag, Alloc, BlockView, DevicePool, Strategy, PENDING, SYNCED};
 use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INVALID_VALUE};
 use crate::config::{Config, CudaPool, CudaSync, DeviceLimit};
@@ -574,68 +575,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         total
     }
 
-    /// cudaHostAlloc / cudaMallocHost through the pinned cache.
-    pub fn host_alloc(&self, size: usize, flags: u32) -> Result<usize, DeviceError> {
-        if !self.enabled() || !self.pinned.lock().init(self.pinned_limit_bytes.load(Relaxed), self.table_source) {
-            return self.runtime.host_alloc(size, flags);
-        }
-        let ctx = self.runtime.current_context();
-        if let Some(addr) = self.pinned.lock().take(size as u64, flags, ctx) {
-            return Ok(addr as usize);
-        }
-        let len = self.pinned.lock().len_for(size as u64) as usize;
-        let addr = match self.runtime.host_alloc(len, flags) {
-            Ok(a) => a,
-            Err(DeviceError::OutOfMemory) => {
-                self.runtime.clear_last_error();
-                self.trim_pinned();
-                self.runtime.host_alloc(len, flags)?
-            }
-            Err(e) => return Err(e),
-        };
-        // The runtime may have made a context current for this very call.
-        let ctx = if ctx == 0 { self.runtime.current_context() } else { ctx };
-        if !self.pinned.lock().add_live(addr as u64, len as u64, flags, ctx) {
-            self.passthrough.add(1);
-        }
-        Ok(addr)
-    }
-
-    fn trim_pinned(&self) {
-        let mut out = [(0u64, 0u64); 64];
-        let n = self.pinned.lock().drain(&mut out);
-        for &(addr, _) in out.iter().take(n) {
-            let _ = self.runtime.host_free(addr as usize);
-        }
-    }
-
-    /// cudaFreeHost: into the cache when it is ours.
-    pub fn host_free(&self, addr: usize) -> Result<Freed, DeviceError> {
-        {
-            let pinned = self.pinned.lock();
-            if !pinned.owns(addr as u64) {
-                // Note [Unexpected frees]: a cached block is still pinned, for the next request.
-                return Ok(if pinned.is_cached(addr as u64) { Freed::Refused } else { Freed::NotOurs });
-            }
-        }
-        if self.sync_on_free.load(Relaxed) {
-            // Copies from or to this memory may still be queued (Note [Safe reuse]).
-            self.synchronize()?;
-        }
-        let outcome = self.pinned.lock().free(addr as u64);
-        match outcome {
-            // Freed by another thread meanwhile.
-            PinnedFree::NotOurs => return Ok(Freed::Refused),
-            PinnedFree::Refused => self.runtime.host_free(addr)?,
-            PinnedFree::Cached { evicted } => {
-                for r in evicted.iter() {
-                    self.runtime.host_free(r.addr)?;
-                }
-            }
-        }
-        Ok(Freed::Pooled)
-    }
-
     /// Per-device figures for the report: (device, stats, cached bytes).
     pub fn for_each_pool(&self, mut f: impl FnMut(usize, &DevicePool)) {
         for (d, p) in self.pools.iter().enumerate() {
@@ -645,13 +584,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             }
         }
     }
-
-    /// Pinned figures: (requests, hits, cached bytes, peak cached bytes).
-    pub fn pinned_figures(&self) -> (u64, u64, u64, u64) {
-        let c = self.pinned.lock();
-        (c.requests, c.hits, c.cached_bytes(), c.peak_cached_bytes)
-    }
 }
+
+#[path = "layer_pinned.rs"]
+mod pinned_half;
 
 #[cfg(test)]
 #[path = "layer_tests.rs"]
