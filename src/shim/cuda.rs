@@ -171,8 +171,10 @@ pub unsafe extern "C" fn cudaFreeHost(ptr: *mut c_void) -> c_int {
         return (rt.free_host)(ptr);
     }
     // The runtime binds a context before it frees, on a thread that made no CUDA call too; so
-    // do we, for the synchronization a pooled free makes.
-    context_bound(rt);
+    // do we, for the synchronization a pooled free makes (with the pool off, the runtime does).
+    if super::cuda_driver::pool_on() {
+        context_bound(rt);
+    }
     answer_free("cudaFreeHost", ptr as usize, FreeOf::Pinned, DEVICE.host_free(ptr as usize), || (rt.free_host)(ptr))
 }
 
