@@ -1,7 +1,7 @@
 """Issue 18: programs' mistakes and context-less frees get the driver's answers under the pool, and
 the pool's segments are never freed by a program's call; a pooled block has a buffer id of its
 own, new at every reuse; memory the pool caches is given back when an allocation it does not
-serve (another context, the runtime's stream-ordered pool) runs out. Each scenario of c/cuda_misuse.c runs
+serve (another context, the runtime's stream-ordered pool, managed memory, VMM) runs out. Each scenario of c/cuda_misuse.c runs
 over the stand-in driver and runtime (simulators, c/fakecuda.c and c/fakecudart.c) without
 tensormalloc, and under it in every pool mode and in pass-through."""
 import json
@@ -13,7 +13,8 @@ from cudasim import cuda_program
 from test_cuda_correct import MODES, POOLED
 
 SCENARIOS = ["double-free", "double-free-driver", "interior-free", "double-free-host", "double-free-async",
-             "free-host-thread", "free-no-context", "buffer-ids", "oom-async", "oom-other-context"]
+             "free-host-thread", "free-no-context", "buffer-ids", "oom-async", "oom-other-context",
+             "oom-managed", "oom-vmm"]
 # The scenarios that free a pointer the pool does not hold live, and the kind their line names.
 REFUSED = {"double-free": "device", "double-free-driver": "device", "interior-free": "device",
            "double-free-host": "pinned", "double-free-async": "device"}

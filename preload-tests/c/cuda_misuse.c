@@ -8,8 +8,9 @@
  *   free-host-thread                   cudaFreeHost on a thread that made no CUDA call succeeds
  *   free-no-context                    the driver's frees on a thread with no current context: 201
  *   buffer-ids                         CU_POINTER_ATTRIBUTE_BUFFER_ID: distinct per block, new at reuse
- *   oom-async, oom-other-context       600 MiB freed of the device's 1 GiB: 700 MiB from the
- *                                      runtime's stream-ordered pool, or in another context, fit
+ *   oom-async, oom-other-context,      600 MiB freed of the device's 1 GiB: 700 MiB from the
+ *   oom-managed, oom-vmm               runtime's stream-ordered pool, in another context, managed,
+ *                                      or a VMM handle (cuMemCreate), fit
  * and in every case the blocks still live, and the ones allocated after, stay usable. */
 #include <pthread.h>
 #include "check.h"
@@ -230,13 +231,30 @@ int cuCtxCreate_v2(CUcontext *, unsigned, int);
 int cuCtxDestroy_v2(CUcontext);
 int cuMemAlloc_v2(CUdeviceptr *, size_t);
 
+typedef struct { int type; int requestedHandleTypes; struct { int type; int id; } location; void *win32HandleMetaData; unsigned char allocFlags[8]; } CUmemAllocationProp;
+int cuMemCreate(unsigned long long *, size_t, const CUmemAllocationProp *, unsigned long long);
+int cuMemRelease(unsigned long long);
+
+enum { ELSEWHERE_ASYNC, ELSEWHERE_CONTEXT, ELSEWHERE_MANAGED, ELSEWHERE_VMM };
+
 /* Memory a pool caches is memory the program may need elsewhere (FAKECUDA_DEVICE_MEM: 1 GiB). */
-static void oom_elsewhere(int other_context) {
+static void oom_elsewhere(int where) {
     void *a = NULL, *b = NULL;
     CHECK(cudaMalloc(&a, 600 * MB) == 0 && cudaFree(a) == 0);
     size_t free_bytes = 0, total = 0;
     CHECK(cudaMemGetInfo(&free_bytes, &total) == 0 && free_bytes > 900 * MB); /* what the program plans by */
-    if (other_context) {
+    if (where == ELSEWHERE_MANAGED) {
+        void *m = NULL;
+        CHECK(cudaMallocManaged(&m, 700 * MB, 1) == 0);
+        kernel_works((char *)m + 699 * MB, 1 * MB, 0x64);
+        CHECK(cudaFree(m) == 0);
+    } else if (where == ELSEWHERE_VMM) {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = 1, prop.location.type = 1, prop.location.id = 0; /* pinned, on device 0 */
+        unsigned long long h = 0;
+        CHECK(cuMemCreate(&h, 700 * MB, &prop, 0) == 0 && cuMemRelease(h) == 0);
+    } else if (where == ELSEWHERE_CONTEXT) {
         CUcontext ctx = NULL;
         CUdeviceptr p = 0;
         CHECK(cuCtxCreate_v2(&ctx, 0, 0) == 0);
@@ -269,8 +287,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "free-host-thread")) free_host_thread();
     else if (!strcmp(s, "free-no-context")) free_no_context();
     else if (!strcmp(s, "buffer-ids")) buffer_ids();
-    else if (!strcmp(s, "oom-async")) oom_elsewhere(0);
-    else if (!strcmp(s, "oom-other-context")) oom_elsewhere(1);
+    else if (!strcmp(s, "oom-async")) oom_elsewhere(ELSEWHERE_ASYNC);
+    else if (!strcmp(s, "oom-other-context")) oom_elsewhere(ELSEWHERE_CONTEXT);
+    else if (!strcmp(s, "oom-managed")) oom_elsewhere(ELSEWHERE_MANAGED);
+    else if (!strcmp(s, "oom-vmm")) oom_elsewhere(ELSEWHERE_VMM);
     else CHECK(!"unknown scenario");
     printf("%s ok\n", s);
     return 0;

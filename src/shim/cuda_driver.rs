@@ -174,6 +174,8 @@ fn served(symbol: &[u8], d: &DriverFns) -> Option<(*mut c_void, Option<usize>)> 
         b"cuMemFreeHost" => row!(cuMemFreeHost, d.mem_free_host),
         b"cuMemAllocAsync" => row!(cuMemAllocAsync, d.mem_alloc_async),
         b"cuMemAllocAsync_ptsz" => row!(cuMemAllocAsync_ptsz, d.mem_alloc_async_ptsz),
+        b"cuMemAllocManaged" => row!(cuMemAllocManaged, d.mem_alloc_managed),
+        b"cuMemCreate" => row!(cuMemCreate, d.mem_create),
         b"cuMemFreeAsync" => row!(cuMemFreeAsync, d.mem_free_async),
         b"cuMemFreeAsync_ptsz" => row!(cuMemFreeAsync_ptsz, d.mem_free_async_ptsz),
         b"cuDevicePrimaryCtxReset_v2" => row!(cuDevicePrimaryCtxReset_v2, d.primary_reset),
@@ -206,6 +208,8 @@ fn versioned(base: &[u8], cuda_version: c_int, per_thread: bool) -> Option<&'sta
         b"cuGetProcAddress" => at(12000, b"cuGetProcAddress_v2", b"cuGetProcAddress"),
         b"cuMemFreeAsync" => Some(if per_thread { b"cuMemFreeAsync_ptsz" } else { b"cuMemFreeAsync" }),
         b"cuMemAllocAsync" => Some(if per_thread { b"cuMemAllocAsync_ptsz" } else { b"cuMemAllocAsync" }),
+        b"cuMemAllocManaged" => Some(b"cuMemAllocManaged"),
+        b"cuMemCreate" => Some(b"cuMemCreate"),
         b"cuMemHostAlloc" => Some(b"cuMemHostAlloc"),
         b"cuMemFreeHost" => Some(b"cuMemFreeHost"),
         b"cuIpcGetMemHandle" => Some(b"cuIpcGetMemHandle"),
@@ -468,30 +472,62 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(ptr: u64, stream: *mut c_void) -> c
     real(|d| d.mem_free_async_ptsz).map_or(NO_DRIVER, |f| mem_free_async(ptr, stream, f))
 }
 
-/// The runtime's stream-ordered pool is not ours, but the memory our pool caches is memory it
-/// cannot have: out of memory, ours on that device is given back and the call made once more.
-unsafe fn mem_alloc_async(dptr: *mut u64, size: usize, stream: *mut c_void, alloc: crate::sys::cuda_driver::MemAllocAsyncFn) -> c_int {
-    let rc = alloc(dptr, size, stream);
+/// An allocation the pool does not serve (the runtime's
+/// stream-ordered pool, managed memory, VMM) cannot have the memory our pool caches. Out of
+/// memory, the cache of `device` (the current one when `None`) is given back and the call made
+/// once more; the driver's answer stands otherwise.
+unsafe fn with_cache_given_back(device: Option<i32>, alloc: impl Fn() -> c_int) -> c_int {
+    let rc = alloc();
     if rc != CUDA_ERROR_OUT_OF_MEMORY || !pool_on() {
         return rc;
     }
     let Some(_entered) = reentry::enter() else { return rc };
-    if DEVICE.give_back_current() == 0 {
+    if device.map_or_else(|| DEVICE.give_back_current(), |d| DEVICE.give_back(d)) == 0 {
         return rc;
     }
-    alloc(dptr, size, stream)
+    alloc()
 }
 
 /// # Safety
 /// As cuMemAllocAsync.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, size: usize, stream: *mut c_void) -> c_int {
-    real(|d| d.mem_alloc_async).map_or(NO_DRIVER, |f| mem_alloc_async(dptr, size, stream, f))
+    real(|d| d.mem_alloc_async).map_or(NO_DRIVER, |f| with_cache_given_back(None, || f(dptr, size, stream)))
 }
 
 /// # Safety
 /// As cuMemAllocAsync_ptsz.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut u64, size: usize, stream: *mut c_void) -> c_int {
-    real(|d| d.mem_alloc_async_ptsz).map_or(NO_DRIVER, |f| mem_alloc_async(dptr, size, stream, f))
+    real(|d| d.mem_alloc_async_ptsz).map_or(NO_DRIVER, |f| with_cache_given_back(None, || f(dptr, size, stream)))
+}
+
+/// # Safety
+/// As cuMemAllocManaged.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut u64, size: usize, flags: c_uint) -> c_int {
+    real(|d| d.mem_alloc_managed).map_or(NO_DRIVER, |f| with_cache_given_back(None, || f(dptr, size, flags)))
+}
+
+/// The head of CUmemAllocationProp: its type, the handle types, and where the memory lives.
+#[repr(C)]
+struct AllocationPropHead {
+    kind: c_int,
+    handle_types: c_int,
+    location_kind: c_int,
+    location_id: c_int,
+}
+
+const LOCATION_DEVICE: c_int = 1;
+
+/// # Safety
+/// As cuMemCreate: `prop` is null or points to a CUmemAllocationProp.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) -> c_int {
+    let Some(create) = real(|d| d.mem_create) else { return NO_DRIVER };
+    let head = prop.cast::<AllocationPropHead>();
+    // SAFETY: a non-null prop is a CUmemAllocationProp, which starts with these four ints.
+    let device = (!head.is_null()).then(|| unsafe { ((*head).location_kind, (*head).location_id) });
+    let device = device.filter(|&(kind, _)| kind == LOCATION_DEVICE).map(|(_, id)| id);
+    with_cache_given_back(device, || create(handle, size, prop, flags))
 }

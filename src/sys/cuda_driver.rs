@@ -25,6 +25,8 @@ pub type MemFreeFn = unsafe extern "C" fn(u64) -> c_int;
 pub type MemFreeAsyncFn = unsafe extern "C" fn(u64, *mut c_void) -> c_int;
 pub type MemAllocFn = unsafe extern "C" fn(*mut u64, usize) -> c_int;
 pub type MemAllocAsyncFn = unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> c_int;
+pub type MemAllocManagedFn = unsafe extern "C" fn(*mut u64, usize, c_uint) -> c_int;
+pub type MemCreateFn = unsafe extern "C" fn(*mut u64, usize, *const c_void, u64) -> c_int;
 pub type MemAllocPitchFn = unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, c_uint) -> c_int;
 pub type MemGetInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> c_int;
 pub type MemHostAllocFn = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int;
@@ -57,6 +59,8 @@ pub struct DriverFns {
     pub mem_alloc: Option<MemAllocFn>,
     pub mem_alloc_async: Option<MemAllocAsyncFn>,
     pub mem_alloc_async_ptsz: Option<MemAllocAsyncFn>,
+    pub mem_alloc_managed: Option<MemAllocManagedFn>,
+    pub mem_create: Option<MemCreateFn>,
     pub mem_alloc_pitch: Option<MemAllocPitchFn>,
     pub mem_get_info: Option<MemGetInfoFn>,
     pub mem_host_alloc: Option<MemHostAllocFn>,
@@ -105,6 +109,8 @@ unsafe fn resolve_in(handle: *mut c_void) -> DriverFns {
         mem_alloc: find(handle, c"cuMemAlloc_v2"),
         mem_alloc_async: find(handle, c"cuMemAllocAsync"),
         mem_alloc_async_ptsz: find(handle, c"cuMemAllocAsync_ptsz"),
+        mem_alloc_managed: find(handle, c"cuMemAllocManaged"),
+        mem_create: find(handle, c"cuMemCreate"),
         mem_alloc_pitch: find(handle, c"cuMemAllocPitch_v2"),
         mem_get_info: find(handle, c"cuMemGetInfo_v2"),
         mem_host_alloc: find(handle, c"cuMemHostAlloc"),
