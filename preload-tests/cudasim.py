@@ -49,6 +49,21 @@ def cuda_program(name="cuda_pool", plt_calls=False):
     return str(out)
 
 
+def unlinked_program(name):
+    """Compiles preload-tests/c/NAME.c without linking the simulators (it dlopens libcuda.so.1
+    when it chooses, found by the rpath); returns the binary's path."""
+    lib = fake_cuda()
+    out = BUILD / name
+    src = C_DIR / f"{name}.c"
+    deps = [src, C_DIR / "check.h", lib / "libcuda.so.1"]
+    if not out.exists() or out.stat().st_mtime < max(d.stat().st_mtime for d in deps):
+        tmp = out.with_name(f".{out.name}.tmp")
+        cmd = ["gcc", "-O1", "-g", "-Wall", "-fno-builtin", "-pthread", "-o", str(tmp), str(src), "-ldl", f"-Wl,-rpath,{lib}"]
+        subprocess.run(cmd, check=True)
+        tmp.replace(out)
+    return str(out)
+
+
 def static_runtime_program():
     """c/static_runtime.c with the stand-in runtime compiled into the executable, as nvcc links
     libcudart_static.a by default; it finds the stand-in driver by its rpath."""

@@ -90,6 +90,8 @@ pub const CUDA_ERROR_MEMORY_ALLOCATION: i32 = 2;
 pub const CUDA_ERROR_INITIALIZATION: i32 = 3;
 /// CUDA_ERROR_NOT_FOUND (driver): no allocation at that address.
 pub const CUDA_ERROR_NOT_FOUND: i32 = 500;
+/// No current context (the driver's frees need one).
+pub const CUDA_ERROR_INVALID_CONTEXT: i32 = 201;
 
 /// The primary context of a device, as the driver knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

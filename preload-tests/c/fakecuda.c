@@ -40,7 +40,7 @@ enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_UNIFIED =
 enum {
     CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
     CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3, CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
-    CU_POINTER_ATTRIBUTE_IS_MANAGED = 8, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    CU_POINTER_ATTRIBUTE_BUFFER_ID = 7, CU_POINTER_ATTRIBUTE_IS_MANAGED = 8, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
     CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11, CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
     CU_POINTER_ATTRIBUTE_MAPPED = 13,
 };
@@ -66,6 +66,7 @@ struct alloc {
     uintptr_t base;  /* for K_VMM_HANDLE: 0 (not mapped by itself) */
     size_t size;
     uint64_t serial; /* tells a reused slot from the allocation a queued op named */
+    int freeing;     /* a stream-ordered free is queued: a second free of it is refused */
 };
 struct op { int is_free; int slot; uint64_t serial; unsigned char *p; size_t n; int value; };
 struct ipc_handle { uint64_t magic; int32_t pid; int32_t fd; uint64_t size; uint64_t ino; uint64_t dev; };
@@ -566,8 +567,11 @@ static CUresult s_cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     if (e) return e;
     pthread_mutex_lock(&lock);
     int i = find_base((uintptr_t)p, M(K_DEVICE) | M(K_ASYNC) | M(K_MANAGED));
-    if (i < 0) e = CUDA_ERROR_INVALID_VALUE;
-    else enqueue((struct op){1, i, allocs[i].serial, NULL, 0, 0});
+    if (i < 0 || allocs[i].freeing) e = CUDA_ERROR_INVALID_VALUE; /* a double free, even before it ran */
+    else {
+        allocs[i].freeing = 1;
+        enqueue((struct op){1, i, allocs[i].serial, NULL, 0, 0});
+    }
     pthread_mutex_unlock(&lock);
     return e;
 }
@@ -609,6 +613,7 @@ static CUresult attribute(void *data, int attr, int i, CUdeviceptr p) {
     case CU_POINTER_ATTRIBUTE_HOST_POINTER: /* only pinned and managed memory have a host address */
         *(void **)data = a && (a->kind == K_HOST || a->kind == K_MANAGED) ? (void *)(uintptr_t)p : NULL;
         break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = a ? a->serial : 0; break; /* never reused */
     case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned char *)data = a && a->kind == K_MANAGED; break; /* a bool */
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = a ? a->dev : 0; break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a ? a->base : 0; break;

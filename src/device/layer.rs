@@ -1,11 +1,12 @@
 //! The device layer's glue: one pool per device and the pinned cache, driven over a
 //! `DeviceRuntime`. Every runtime call happens with no lock held; pool decisions happen under a
 //! per-device spin lock. Outcomes that the program sees follow the runtime's: its error codes,
-//! and a pointer we never handed out goes to the runtime unchanged. Each pool belongs to the
+//! a pointer we never handed out goes to the runtime unchanged, and one inside our memory that
+//! is no live block is refused as the runtime refuses a stranger's. Each pool belongs to the
 //! context its segments live in (Note [Context lifetime] in pool.rs): a request made under
 //! another context passes through, and a reset or destroy of that context empties the pool.
 
-use super::pinned::{PinnedCache, PinnedFree};
+use super::pinned::PinnedCache;
 use super::pool::{stream_tag, Alloc, BlockView, DevicePool, Strategy, PENDING, SYNCED};
 use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INVALID_VALUE};
 use crate::config::{Config, CudaPool, CudaSync, DeviceLimit};
@@ -45,7 +46,19 @@ pub enum Freed {
     Pooled,
     /// Not ours: the caller passes it to the runtime unchanged.
     NotOurs,
+    /// Inside our memory but not a live block's start (a double free, a pointer inside a block):
+    /// nothing was freed, and the caller answers as the runtime does for a pointer it never
+    /// handed out (Note [Unexpected frees]).
+    Refused,
 }
+
+// Note [Unexpected frees]
+// A free of an address in one of our segments that is not a live block's start would, passed to
+// the runtime, free the whole segment under the blocks still live in it (or a cached segment the
+// pool hands out next). The pool refuses it instead, as the runtime refuses a pointer it never
+// handed out: invalid value, nothing freed. A segment base is recognized at once; an address
+// inside a segment needs the runtime's allocation range, asked only for addresses within the
+// span of some pool's segments. Pinned blocks freed into the cache are refused the same way.
 
 /// What an IPC handle of a pointer would name (Note [IPC] in pool.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,10 +77,16 @@ pub enum Export {
 pub enum Range {
     /// Not inside one of our segments: the runtime's answer stands.
     NotOurs,
-    /// Inside this live block: (start, size).
-    Live(u64, u64),
+    /// Inside this live block: (start, size, buffer id: Note [Buffer ids] in pool.rs).
+    Live(u64, u64, u64),
     /// Inside cached (freed) memory of ours: no allocation there, as after the runtime's free.
     Freed,
+}
+
+/// Note [Buffer ids]: a pool's number for a block as an id of its own: above any id the runtime
+/// gives (it counts its allocations from 1), the device in the bits below.
+fn buffer_id(device: usize, number: u64) -> u64 {
+    (1 << 63) | ((device as u64) << 56) | (number & ((1 << 56) - 1))
 }
 
 impl<R: DeviceRuntime> DeviceLayer<R> {
@@ -170,10 +189,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// Serves a request from `device`'s pool, which must be the current device.
     fn alloc_on(&self, device: i32, size: usize, tag: u64) -> Result<usize, DeviceError> {
-        let Some(pool) = self.pool_for_current_context(device) else {
-            self.passthrough.add(1);
-            return self.runtime_malloc(size);
-        };
+        let Some(pool) = self.pool_for_current_context(device) else { return self.passthrough_malloc(device, size) };
         let mut released = false;
         let mut mapped = false;
         for _ in 0..MAX_STEPS {
@@ -186,10 +202,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_ALLOC, outcome, device as u8, size, addr);
                     return Ok(addr as usize);
                 }
-                Alloc::Untracked => {
-                    self.passthrough.add(1);
-                    return self.runtime_malloc(size);
-                }
+                Alloc::Untracked => return self.passthrough_malloc(device, size),
                 Alloc::NeedSync => {
                     self.synchronize()?;
                     pool.lock().mark_all_synced();
@@ -216,8 +229,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                             };
                             if !added {
                                 self.runtime_free(addr)?;
-                                self.passthrough.add(1);
-                                return self.runtime_malloc(size);
+                                return self.passthrough_malloc(device, size);
                             }
                         }
                         Err(DeviceError::OutOfMemory) if !released => {
@@ -238,6 +250,41 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             }
         }
         Err(DeviceError::OutOfMemory)
+    }
+
+    /// A request the pool does not serve (another context, full tables): the runtime's, retried
+    /// once after our cache on that device is given back when it is out of memory.
+    fn passthrough_malloc(&self, device: i32, size: usize) -> Result<usize, DeviceError> {
+        self.passthrough.add(1);
+        match self.runtime_malloc(size) {
+            Err(DeviceError::OutOfMemory) if self.give_back(device) > 0 => {
+                self.runtime.clear_last_error();
+                self.runtime_malloc(size)
+            }
+            other => other,
+        }
+    }
+
+    /// Out of memory outside the pool (another context, the runtime's stream-ordered pool):
+    /// gives `device`'s cached segments back, in the pool's own context; returns the bytes.
+    pub fn give_back(&self, device: i32) -> u64 {
+        let Some(pool) = usize::try_from(device).ok().and_then(|d| self.pools.get(d)) else { return 0 };
+        {
+            let pool = pool.lock();
+            if !pool.is_ready() || pool.cached_bytes() == 0 {
+                return 0;
+            }
+        }
+        let released = self.with_device(device, || self.release_cached(pool, u64::MAX)).unwrap_or(0);
+        if released > 0 {
+            pool.lock().stats.oom_retries += 1;
+        }
+        released
+    }
+
+    /// `give_back` for the current device.
+    pub fn give_back_current(&self) -> u64 {
+        self.runtime.current_device().map_or(0, |d| self.give_back(d))
     }
 
     /// Records the context the runtime just allocated a segment in, if the pool has none yet.
@@ -288,8 +335,48 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// cudaFree of a pointer: back into its device's pool, whatever device is current.
     pub fn free(&self, addr: usize) -> Result<Freed, DeviceError> {
-        let Some(device) = self.owning_device(addr) else { return Ok(Freed::NotOurs) };
+        let Some(device) = self.owning_device(addr) else { return Ok(self.not_live(addr)) };
         timed(&self.phases.free, || self.free_ours(addr, device))
+    }
+
+    /// Note [Unexpected frees]: the answer for a free of `addr`, which is no live block of ours.
+    fn not_live(&self, addr: usize) -> Freed {
+        if self.in_segment(addr) {
+            Freed::Refused
+        } else {
+            Freed::NotOurs
+        }
+    }
+
+    /// Whether `addr` lies in one of our segments, live or cached.
+    fn in_segment(&self, addr: usize) -> bool {
+        let mut maybe = false;
+        for p in self.pools.iter() {
+            let pool = p.lock();
+            if pool.is_ready() && pool.may_contain(addr as u64) {
+                if pool.has_segment(addr as u64) {
+                    return true;
+                }
+                maybe = true;
+            }
+        }
+        if !maybe {
+            return false;
+        }
+        let Some((base, _)) = self.runtime.allocation_range(addr) else { return false };
+        self.pools.iter().any(|p| {
+            let pool = p.lock();
+            pool.is_ready() && pool.has_segment(base as u64)
+        })
+    }
+
+    /// Whether `addr` is device or pinned memory of ours, a live block or not (a free of it
+    /// must never reach the runtime unchecked).
+    pub fn holds(&self, addr: usize) -> bool {
+        self.owning_device(addr).is_some() || self.in_segment(addr) || {
+            let pinned = self.pinned.lock();
+            pinned.owns(addr as u64) || pinned.is_cached(addr as u64)
+        }
     }
 
     fn free_ours(&self, addr: usize, device: usize) -> Result<Freed, DeviceError> {
@@ -313,8 +400,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 self.after_free(device, addr, f)?;
                 Ok(Freed::Pooled)
             }
-            // Freed by another thread meanwhile: as the runtime would for a double free.
-            None => Err(DeviceError::Other(CUDA_ERROR_INVALID_VALUE)),
+            // Freed by another thread meanwhile: a double free (Note [Unexpected frees]).
+            None => Ok(Freed::Refused),
         }
     }
 
@@ -337,7 +424,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// looked up again when it is absent or wrong.
     fn free_on_stream_untimed(&self, addr: usize, device: Option<usize>, stream: usize) -> Freed {
         let index = device.filter(|&d| self.pools.get(d).is_some_and(|p| p.lock().owns(addr as u64)));
-        let Some(d) = index.or_else(|| self.owning_device(addr)) else { return Freed::NotOurs };
+        let Some(d) = index.or_else(|| self.owning_device(addr)) else { return self.not_live(addr) };
         match self.pools.get(d).and_then(|p| p.lock().free(addr as u64, stream_tag(stream))) {
             Some(f) => {
                 // An exported segment that cannot be given back stays with the runtime's
@@ -345,14 +432,15 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 let _ = self.after_free(d, addr, f);
                 Freed::Pooled
             }
-            None => Freed::NotOurs,
+            // Freed by another thread meanwhile.
+            None => Freed::Refused,
         }
     }
 
     /// cudaFreeAsync / cuMemFreeAsync of a pointer: back into its pool, reusable on `stream`
     /// at once and by anyone else after a device synchronization (Note [Safe reuse]).
     pub fn free_async(&self, addr: usize, stream: usize) -> Freed {
-        let Some(d) = self.owning_device(addr) else { return Freed::NotOurs };
+        let Some(d) = self.owning_device(addr) else { return self.not_live(addr) };
         timed(&self.phases.free, || self.free_on_stream_untimed(addr, Some(d), stream))
     }
 
@@ -375,11 +463,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         })
     }
 
-    /// cuMemGetAddressRange / RANGE_START_ADDR / RANGE_SIZE: the block, not our segment.
+    /// cuMemGetAddressRange / RANGE_START_ADDR / RANGE_SIZE / BUFFER_ID: the block, not our
+    /// segment.
     pub fn range(&self, addr: usize) -> Range {
         match self.locate(addr) {
             None => Range::NotOurs,
-            Some((_, b)) if b.allocated => Range::Live(b.addr, b.size),
+            Some((d, b)) if b.allocated => Range::Live(b.addr, b.size, buffer_id(d, b.buffer_id)),
             Some(_) => Range::Freed,
         }
     }
@@ -486,63 +575,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         total
     }
 
-    /// cudaHostAlloc / cudaMallocHost through the pinned cache.
-    pub fn host_alloc(&self, size: usize, flags: u32) -> Result<usize, DeviceError> {
-        if !self.enabled() || !self.pinned.lock().init(self.pinned_limit_bytes.load(Relaxed), self.table_source) {
-            return self.runtime.host_alloc(size, flags);
-        }
-        let ctx = self.runtime.current_context();
-        if let Some(addr) = self.pinned.lock().take(size as u64, flags, ctx) {
-            return Ok(addr as usize);
-        }
-        let len = self.pinned.lock().len_for(size as u64) as usize;
-        let addr = match self.runtime.host_alloc(len, flags) {
-            Ok(a) => a,
-            Err(DeviceError::OutOfMemory) => {
-                self.runtime.clear_last_error();
-                self.trim_pinned();
-                self.runtime.host_alloc(len, flags)?
-            }
-            Err(e) => return Err(e),
-        };
-        // The runtime may have made a context current for this very call.
-        let ctx = if ctx == 0 { self.runtime.current_context() } else { ctx };
-        if !self.pinned.lock().add_live(addr as u64, len as u64, flags, ctx) {
-            self.passthrough.add(1);
-        }
-        Ok(addr)
-    }
-
-    fn trim_pinned(&self) {
-        let mut out = [(0u64, 0u64); 64];
-        let n = self.pinned.lock().drain(&mut out);
-        for &(addr, _) in out.iter().take(n) {
-            let _ = self.runtime.host_free(addr as usize);
-        }
-    }
-
-    /// cudaFreeHost: into the cache when it is ours.
-    pub fn host_free(&self, addr: usize) -> Result<Freed, DeviceError> {
-        if !self.pinned.lock().owns(addr as u64) {
-            return Ok(Freed::NotOurs);
-        }
-        if self.sync_on_free.load(Relaxed) {
-            // Copies from or to this memory may still be queued (Note [Safe reuse]).
-            self.synchronize()?;
-        }
-        let outcome = self.pinned.lock().free(addr as u64);
-        match outcome {
-            PinnedFree::NotOurs => return Ok(Freed::NotOurs),
-            PinnedFree::Refused => self.runtime.host_free(addr)?,
-            PinnedFree::Cached { evicted } => {
-                for r in evicted.iter() {
-                    self.runtime.host_free(r.addr)?;
-                }
-            }
-        }
-        Ok(Freed::Pooled)
-    }
-
     /// Per-device figures for the report: (device, stats, cached bytes).
     pub fn for_each_pool(&self, mut f: impl FnMut(usize, &DevicePool)) {
         for (d, p) in self.pools.iter().enumerate() {
@@ -552,13 +584,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             }
         }
     }
-
-    /// Pinned figures: (requests, hits, cached bytes, peak cached bytes).
-    pub fn pinned_figures(&self) -> (u64, u64, u64, u64) {
-        let c = self.pinned.lock();
-        (c.requests, c.hits, c.cached_bytes(), c.peak_cached_bytes)
-    }
 }
+
+#[path = "layer_pinned.rs"]
+mod pinned_half;
 
 #[cfg(test)]
 #[path = "layer_tests.rs"]

@@ -217,9 +217,9 @@ fn ranges_are_our_blocks_not_the_segment() {
     let l = layer(Config::default(), &[4 * GB]);
     let a = l.malloc(MB).unwrap();
     let b = l.malloc(MB).unwrap();
-    assert_eq!(l.range(b), Range::Live(b as u64, MB as u64));
-    assert_eq!(l.range(b + MB - 1), Range::Live(b as u64, MB as u64));
-    assert_eq!(l.range(a + 5), Range::Live(a as u64, MB as u64));
+    assert!(matches!(l.range(b), Range::Live(s, n, _) if (s, n) == (b as u64, MB as u64)));
+    assert!(matches!(l.range(b + MB - 1), Range::Live(s, n, _) if (s, n) == (b as u64, MB as u64)));
+    assert!(matches!(l.range(a + 5), Range::Live(s, n, _) if (s, n) == (a as u64, MB as u64)));
     l.free(b).unwrap();
     assert_eq!(l.range(b + 10), Range::Freed);
     assert_eq!(l.range(0xdead_0000), Range::NotOurs);
@@ -247,4 +247,76 @@ fn pinned_blocks_of_a_reset_context_are_never_handed_out_again() {
     let q = l.host_alloc(100 * MB, 0).unwrap();
     assert_eq!(l.runtime().host_allocs(), 2, "pinned anew after the reset");
     assert_eq!(l.host_free(q), Ok(Freed::Pooled));
+}
+
+#[test]
+fn frees_of_pointers_that_are_no_live_block_are_refused_and_free_nothing() {
+    // Note [Unexpected frees], in both strategies: a double free of a segment's first block, a
+    // pointer inside a live block, a cached pinned block freed again.
+    for pool in [crate::config::CudaPool::Split, crate::config::CudaPool::Binned] {
+        let l = layer(Config { cuda_pool: pool, ..Config::default() }, &[8 * GB]);
+        let a = l.malloc(MB).unwrap();
+        let b = l.malloc(MB).unwrap();
+        let big = l.malloc(64 * MB).unwrap();
+        assert_eq!(l.free(a), Ok(Freed::Pooled));
+        assert_eq!(l.free(a), Ok(Freed::Refused), "{pool:?}: double free");
+        assert_eq!(l.free_async(a, 7), Freed::Refused);
+        assert_eq!(l.free_on_stream(a, 0, 7), Freed::Refused);
+        assert_eq!(l.free(b + 4096), Ok(Freed::Refused), "inside a live block");
+        assert_eq!(l.free(big + 32 * MB), Ok(Freed::Refused), "inside a block of its own segment");
+        assert_eq!(l.runtime().device(0).frees, 0, "no segment went back to the runtime");
+        assert!(l.runtime().is_live(b) && l.runtime().is_live(big));
+        assert!(l.holds(a) && l.holds(b + 4096) && !l.holds(0x10));
+        assert_eq!(l.free(0x10), Ok(Freed::NotOurs), "not ours: the runtime answers");
+        assert_eq!(l.malloc(MB).unwrap(), a, "the block freed once is handed out again");
+        let p = l.host_alloc(MB, 0).unwrap();
+        assert_eq!(l.host_free(p), Ok(Freed::Pooled));
+        assert_eq!(l.host_free(p), Ok(Freed::Refused), "a cached pinned block freed again");
+        assert!(l.holds(p));
+        assert_eq!(l.runtime().pinned_bytes(), MB.next_multiple_of(4096), "still pinned, for the next request");
+        assert_eq!(l.host_alloc(MB, 0).unwrap(), p);
+    }
+}
+
+#[test]
+fn buffer_ids_are_distinct_per_block_and_new_at_every_reuse() {
+    // Note [Buffer ids], over two devices and both strategies.
+    for pool in [crate::config::CudaPool::Split, crate::config::CudaPool::Binned] {
+        let l = layer(Config { cuda_pool: pool, ..Config::default() }, &[4 * GB, 4 * GB]);
+        let id = |addr: usize| match l.range(addr) {
+            Range::Live(_, _, id) => id,
+            other => panic!("{other:?}"),
+        };
+        let a = l.malloc(MB).unwrap();
+        let b = l.malloc(MB).unwrap();
+        let (ida, idb) = (id(a), id(b));
+        assert_ne!(ida, idb, "{pool:?}: two live blocks");
+        assert_eq!(id(b + 100), idb, "any address inside the block");
+        l.free(a).unwrap();
+        assert_eq!(l.malloc(MB).unwrap(), a);
+        assert!(id(a) != ida && id(a) != idb, "a reused block has a new id");
+        l.runtime().set_device(1).unwrap();
+        let c = l.malloc(MB).unwrap();
+        assert!(![ida, idb, id(a)].contains(&id(c)), "another device's pool");
+        assert!(id(c) > 1 << 62, "far from the runtime's own ids");
+    }
+}
+
+#[test]
+fn out_of_memory_outside_the_pool_gets_its_cache_back_once() {
+    let l = layer(Config::default(), &[1 * GB]);
+    let a = l.malloc(600 * MB).unwrap();
+    l.free(a).unwrap();
+    l.runtime().set_context(Some(0x77)); // a user context on the device: not the pool's
+    let b = l.malloc(700 * MB).expect("the pool's segment given back in its own context, then retried");
+    assert_eq!(l.runtime().last_error(), 0, "no stale error after a recovered OOM");
+    assert_eq!(l.malloc(700 * MB), Err(DeviceError::OutOfMemory), "nothing cached: the runtime's answer");
+    l.runtime().set_context(None);
+    l.runtime().free(b).unwrap();
+    // The runtime's stream-ordered pool asks for the current device's cache back.
+    let c = l.malloc(600 * MB).unwrap();
+    l.free(c).unwrap();
+    assert_eq!(l.give_back_current(), 600 * MB as u64);
+    assert_eq!(l.give_back_current(), 0);
+    assert_eq!(l.runtime().device(0).used, 0);
 }

@@ -156,6 +156,12 @@ impl PinnedCache {
         self.live.get(addr).is_some()
     }
 
+    /// Whether `addr` starts a block freed into the cache (a second free of it is the program's
+    /// mistake, and the block is still pinned for the next request).
+    pub fn is_cached(&self, addr: u64) -> bool {
+        self.free.iter().any(|s| s.is_some_and(|b| b.addr == addr))
+    }
+
     pub fn free(&mut self, addr: u64) -> PinnedFree {
         let Some(i) = self.live.remove(addr) else { return PinnedFree::NotOurs };
         let mut block = *self.live_records.get(i);
@@ -215,6 +221,7 @@ mod tests {
         assert_eq!(len, 10 << 20);
         assert!(c.add_live(0x1000_0000, len, 0, 7));
         assert!(matches!(c.free(0x1000_0000), PinnedFree::Cached { evicted } if evicted.is_empty()));
+        assert!(c.is_cached(0x1000_0000) && !c.owns(0x1000_0000));
         assert!(matches!(c.free(0x1000_0000), PinnedFree::NotOurs), "double free is not ours");
         assert_eq!(c.take(9 << 20, 1, 7), None, "other flags");
         assert_eq!(c.take(9 << 20, 0, 8), None, "other context");

@@ -22,6 +22,13 @@
 // are; split blocks when they were not split), and that segment never returns to the cache: its
 // free gives it back to the runtime, so no later block can be read through an old handle.
 //
+// Note [Buffer ids]
+// The runtime gives every allocation an id (CU_POINTER_ATTRIBUTE_BUFFER_ID) that no other
+// allocation ever has; libraries that cache registrations of memory (NCCL, UCX, MPI) key them by
+// it, so a block handed out again must not keep the id of its last life, and two blocks of one
+// segment must not share the segment's. Each allocation of a block takes the pool's next number;
+// the layer makes it an id no other pool and no runtime allocation has.
+//
 // Note [Context lifetime]
 // A device reset or context destroy frees every allocation of that context behind our back.
 // `forget_all` drops every segment and live block without asking the runtime to free anything;
@@ -74,6 +81,8 @@ struct Block {
     /// An IPC handle names this block (a whole segment): on free the segment goes back to the
     /// runtime instead of the cache (Note [IPC]).
     exported: bool,
+    /// Note [Buffer ids]: this pool's number for the block's current life.
+    buffer_id: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +112,8 @@ pub struct BlockView {
     pub allocated: bool,
     /// The block is its segment, whole: an IPC handle would name exactly it.
     pub whole_segment: bool,
+    /// Note [Buffer ids]: new at every allocation of the block (0 while it is free).
+    pub buffer_id: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -131,6 +142,11 @@ pub struct DevicePool {
     live: AddrMap,
     /// Segment base -> its first block (which no merge ever removes).
     segments: AddrMap,
+    /// The lowest segment base and the highest segment end seen since the last `forget_all`: no
+    /// address outside can be ours (a filter that spares a driver query for most foreign frees).
+    span: (u64, u64),
+    /// The last buffer id handed out (Note [Buffer ids]); never reset.
+    last_buffer_id: u64,
     generation: u64,
     bins: [[u32; BINS]; 2],
     pending_free_bytes: u64,
@@ -160,6 +176,8 @@ impl DevicePool {
             blocks: Slab::empty(),
             live: AddrMap::empty(),
             segments: AddrMap::empty(),
+            span: (u64::MAX, 0),
+            last_buffer_id: 0,
             generation: 0,
             bins: [[NONE; BINS]; 2],
             pending_free_bytes: 0,
@@ -356,9 +374,11 @@ impl DevicePool {
             self.link(i);
             return None;
         }
+        self.last_buffer_id += 1;
         let r = self.blocks.get_mut(i);
         r.allocated = true;
         r.born_ns = now_ns;
+        r.buffer_id = self.last_buffer_id;
         let size = r.size;
         self.stats.live_bytes += size;
         self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(self.stats.live_bytes);
@@ -367,13 +387,14 @@ impl DevicePool {
 
     /// Records a segment the caller mapped after `NeedSegment`.
     pub fn add_segment(&mut self, addr: u64, len: u64, small: bool) -> bool {
-        let block = Block { addr, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0, exported: false };
+        let block = Block { addr, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0, exported: false, buffer_id: 0 };
         let Some(i) = self.blocks.insert(block) else { return false };
         if !self.segments.insert(addr, i) {
             self.blocks.remove(i);
             return false;
         }
         self.link(i);
+        self.span = (self.span.0.min(addr), self.span.1.max(addr.saturating_add(len)));
         self.serving_miss = true;
         self.stats.segments_mapped += 1;
         self.stats.reserved_bytes += len;
@@ -415,7 +436,8 @@ impl DevicePool {
             }
             if addr - b.addr < b.size {
                 let whole_segment = b.seg_prev == NONE && b.seg_next == NONE;
-                return Some(BlockView { addr: b.addr, size: b.size, allocated: b.allocated, whole_segment });
+                let buffer_id = if b.allocated { b.buffer_id } else { 0 };
+                return Some(BlockView { addr: b.addr, size: b.size, allocated: b.allocated, whole_segment, buffer_id });
             }
             if b.seg_next == NONE {
                 return None;
@@ -427,12 +449,17 @@ impl DevicePool {
     /// Looks a live block up by its start.
     pub fn live_block(&self, addr: u64) -> Option<BlockView> {
         let b = self.blocks.get(self.live.get(addr)?);
-        Some(BlockView { addr: b.addr, size: b.size, allocated: true, whole_segment: b.seg_prev == NONE && b.seg_next == NONE })
+        Some(BlockView { addr: b.addr, size: b.size, allocated: true, whole_segment: b.seg_prev == NONE && b.seg_next == NONE, buffer_id: b.buffer_id })
     }
 
     /// Whether `addr` is the base of one of our segments.
     pub fn has_segment(&self, addr: u64) -> bool {
         self.segments.get(addr).is_some()
+    }
+
+    /// Whether `addr` may lie inside one of our segments (false: it certainly does not).
+    pub fn may_contain(&self, addr: u64) -> bool {
+        self.span.0 <= addr && addr < self.span.1
     }
 
     /// Marks the live block starting at `addr`, a whole segment, as named by an IPC handle
@@ -461,6 +488,7 @@ impl DevicePool {
         self.live.clear();
         self.segments.clear();
         self.blocks.clear();
+        self.span = (u64::MAX, 0);
         self.bins = [[NONE; BINS]; 2];
         self.pending_free_bytes = 0;
         self.other_tag_free_bytes = 0;

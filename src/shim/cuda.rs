@@ -9,6 +9,7 @@ use crate::sys::cuda::{real, CudaFns};
 use crate::sys::reentry;
 use crate::DEVICE;
 use core::ffi::{c_int, c_uint, c_void};
+use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 const NO_RUNTIME: c_int = CUDA_ERROR_INITIALIZATION;
 
@@ -29,14 +30,44 @@ fn context_bound(rt: &CudaFns) -> bool {
     crate::sys::cuda_driver::current_context() != 0
 }
 
+/// The memory a free names, for the one line a refused free prints per kind.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum FreeOf {
+    Device,
+    Pinned,
+}
+
 /// The answer to a free the pool was asked first (runtime and driver entry points alike): ours
-/// for a pooled pointer, the real function's for any other.
-pub(super) fn answer_free(freed: Result<Freed, DeviceError>, real_free: impl FnOnce() -> c_int) -> c_int {
+/// for a pooled pointer, the real function's for any other, and for a pointer inside our memory
+/// that is no live block, the runtime's answer for a pointer it never handed out (Note
+/// [Unexpected frees] in device/layer.rs).
+pub(super) fn answer_free(call: &str, ptr: usize, of: FreeOf, freed: Result<Freed, DeviceError>, real_free: impl FnOnce() -> c_int) -> c_int {
     match freed {
         Ok(Freed::Pooled) => CUDA_SUCCESS,
         Ok(Freed::NotOurs) => real_free(),
+        Ok(Freed::Refused) => {
+            warn_refused(call, ptr, of);
+            CUDA_ERROR_INVALID_VALUE
+        }
         Err(e) => e.code(),
     }
+}
+
+static WARNED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
+
+/// One stderr line per kind of memory, as glibc names the pointer of a bad free.
+fn warn_refused(call: &str, ptr: usize, of: FreeOf) {
+    let (slot, what, kind) = match of {
+        FreeOf::Device => (0, "the device pool", "device"),
+        FreeOf::Pinned => (1, "the pinned cache", "pinned"),
+    };
+    if WARNED.get(slot).is_none_or(|w| w.swap(true, Relaxed)) {
+        return;
+    }
+    crate::warn_line!(
+        "{}({:#x}): not a live block of {} (a double free, or a pointer inside a block); refused with invalid value, nothing freed (said once for {} memory)",
+        call, ptr, what, kind
+    );
 }
 
 /// # Safety
@@ -79,7 +110,7 @@ pub unsafe extern "C" fn cudaFree(ptr: *mut c_void) -> c_int {
     if ptr.is_null() || crate::globals().is_none() {
         return (rt.free)(ptr);
     }
-    answer_free(DEVICE.free(ptr as usize), || (rt.free)(ptr))
+    answer_free("cudaFree", ptr as usize, FreeOf::Device, DEVICE.free(ptr as usize), || (rt.free)(ptr))
 }
 
 /// # Safety
@@ -139,7 +170,12 @@ pub unsafe extern "C" fn cudaFreeHost(ptr: *mut c_void) -> c_int {
     if ptr.is_null() || crate::globals().is_none() {
         return (rt.free_host)(ptr);
     }
-    answer_free(DEVICE.host_free(ptr as usize), || (rt.free_host)(ptr))
+    // The runtime binds a context before it frees, on a thread that made no CUDA call too; so
+    // do we, for the synchronization a pooled free makes (with the pool off, the runtime does).
+    if super::cuda_driver::pool_on() {
+        context_bound(rt);
+    }
+    answer_free("cudaFreeHost", ptr as usize, FreeOf::Pinned, DEVICE.host_free(ptr as usize), || (rt.free_host)(ptr))
 }
 
 /// Note [Context lifetime]: the reset frees every allocation of the current device's primary
@@ -228,7 +264,7 @@ unsafe fn free_async_via(ptr: *mut c_void, stream: *mut c_void, real_free: crate
     if ptr.is_null() || crate::globals().is_none() {
         return real_free(ptr, stream);
     }
-    answer_free(Ok(DEVICE.free_async(ptr as usize, stream as usize)), || real_free(ptr, stream))
+    answer_free("cudaFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, stream as usize)), || real_free(ptr, stream))
 }
 
 /// The runtime's way to a driver entry point: ours for those the pool serves, as
@@ -283,8 +319,13 @@ pub unsafe extern "C" fn tm_cuda_alloc(size: isize, device: c_int, stream: *mut 
 /// `ptr` came from `tm_cuda_alloc`.
 #[no_mangle]
 pub unsafe extern "C" fn tm_cuda_free(ptr: *mut c_void, _size: isize, device: c_int, stream: *mut c_void) {
-    if ptr.is_null() || DEVICE.free_on_stream(ptr as usize, device, stream as usize) == Freed::Pooled {
+    if ptr.is_null() {
         return;
+    }
+    match DEVICE.free_on_stream(ptr as usize, device, stream as usize) {
+        Freed::Pooled => return,
+        Freed::Refused => return warn_refused("tm_cuda_free", ptr as usize, FreeOf::Device),
+        Freed::NotOurs => {}
     }
     if let Some(rt) = real() {
         (rt.free)(ptr);

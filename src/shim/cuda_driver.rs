@@ -6,8 +6,11 @@
 //! driver unchanged, and so does a call re-entered from inside a runtime call of ours (a
 //! runtime-level miss is never pooled a second time).
 
-use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
-use super::cuda::answer_free;
+use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
+
+/// The driver's out-of-memory code (the runtime's cudaErrorMemoryAllocation has the same value).
+const CUDA_ERROR_OUT_OF_MEMORY: c_int = CUDA_ERROR_MEMORY_ALLOCATION;
+use super::cuda::{answer_free, FreeOf};
 use crate::device::layer::Range;
 use crate::sys::cuda_driver::{driver, DriverFns};
 use crate::sys::reentry;
@@ -17,6 +20,12 @@ use core::ffi::{c_int, c_uint, c_void};
 const NO_DRIVER: c_int = CUDA_ERROR_INITIALIZATION;
 const RANGE_START_ADDR: c_int = 11;
 const RANGE_SIZE: c_int = 12;
+const BUFFER_ID: c_int = 7;
+
+/// The pointer attributes a pooled block answers for itself: its range, and its buffer id.
+fn blockwise(attribute: c_int) -> bool {
+    matches!(attribute, RANGE_START_ADDR | RANGE_SIZE | BUFFER_ID)
+}
 
 fn real<T>(pick: impl FnOnce(&DriverFns) -> Option<T>) -> Option<T> {
     driver().and_then(pick)
@@ -37,6 +46,12 @@ pub(super) fn pool_on() -> bool {
 /// with none fails, and the driver should say so).
 fn pool_ready() -> bool {
     pool_on() && crate::sys::cuda_driver::current_context() != 0
+}
+
+/// The driver's frees need a current context: with none, a pointer of ours gets the driver's
+/// answer (invalid context) and stays as it was; any other goes to the driver, which answers.
+fn without_context(addr: usize) -> Option<c_int> {
+    (crate::sys::cuda_driver::current_context() == 0 && DEVICE.holds(addr)).then_some(CUDA_ERROR_INVALID_CONTEXT)
 }
 
 /// # Safety
@@ -135,7 +150,10 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) ->
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> c_int {
     let Some(free) = real(|d| d.mem_free_host) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| pooling() && !p.is_null()) else { return free(p) };
-    answer_free(DEVICE.host_free(p as usize), || free(p))
+    if let Some(rc) = without_context(p as usize) {
+        return rc;
+    }
+    answer_free("cuMemFreeHost", p as usize, FreeOf::Pinned, DEVICE.host_free(p as usize), || free(p))
 }
 
 /// Our entry point for an exported driver symbol we serve, and the address of the real one it
@@ -154,6 +172,10 @@ fn served(symbol: &[u8], d: &DriverFns) -> Option<(*mut c_void, Option<usize>)> 
         b"cuMemHostAlloc" => row!(cuMemHostAlloc, d.mem_host_alloc),
         b"cuMemAllocHost_v2" => row!(cuMemAllocHost_v2, d.mem_alloc_host),
         b"cuMemFreeHost" => row!(cuMemFreeHost, d.mem_free_host),
+        b"cuMemAllocAsync" => row!(cuMemAllocAsync, d.mem_alloc_async),
+        b"cuMemAllocAsync_ptsz" => row!(cuMemAllocAsync_ptsz, d.mem_alloc_async_ptsz),
+        b"cuMemAllocManaged" => row!(cuMemAllocManaged, d.mem_alloc_managed),
+        b"cuMemCreate" => row!(cuMemCreate, d.mem_create),
         b"cuMemFreeAsync" => row!(cuMemFreeAsync, d.mem_free_async),
         b"cuMemFreeAsync_ptsz" => row!(cuMemFreeAsync_ptsz, d.mem_free_async_ptsz),
         b"cuDevicePrimaryCtxReset_v2" => row!(cuDevicePrimaryCtxReset_v2, d.primary_reset),
@@ -185,6 +207,9 @@ fn versioned(base: &[u8], cuda_version: c_int, per_thread: bool) -> Option<&'sta
         b"cuDevicePrimaryCtxReset" => at(11000, b"cuDevicePrimaryCtxReset_v2", b"cuDevicePrimaryCtxReset"),
         b"cuGetProcAddress" => at(12000, b"cuGetProcAddress_v2", b"cuGetProcAddress"),
         b"cuMemFreeAsync" => Some(if per_thread { b"cuMemFreeAsync_ptsz" } else { b"cuMemFreeAsync" }),
+        b"cuMemAllocAsync" => Some(if per_thread { b"cuMemAllocAsync_ptsz" } else { b"cuMemAllocAsync" }),
+        b"cuMemAllocManaged" => Some(b"cuMemAllocManaged"),
+        b"cuMemCreate" => Some(b"cuMemCreate"),
         b"cuMemHostAlloc" => Some(b"cuMemHostAlloc"),
         b"cuMemFreeHost" => Some(b"cuMemFreeHost"),
         b"cuIpcGetMemHandle" => Some(b"cuIpcGetMemHandle"),
@@ -335,7 +360,7 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usiz
     if rc == CUDA_SUCCESS {
         match DEVICE.range(ptr as usize) {
             Range::NotOurs => {}
-            Range::Live(start, len) => (b, s) = (start, len as usize),
+            Range::Live(start, len, _) => (b, s) = (start, len as usize),
             // Memory we cached after its free: as the driver answers after a free.
             Range::Freed => return CUDA_ERROR_NOT_FOUND,
         }
@@ -351,23 +376,23 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usiz
     rc
 }
 
-/// The range attributes answer for our block; every other attribute is the driver's.
+/// The range and buffer-id attributes answer for our block (Note [Buffer ids] in
+/// device/pool.rs); every other attribute is the driver's.
 ///
 /// # Safety
 /// As cuPointerGetAttribute.
 #[no_mangle]
 pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: u64) -> c_int {
     let Some(get) = real(|d| d.pointer_get_attribute) else { return NO_DRIVER };
-    let ranged = attribute == RANGE_START_ADDR || attribute == RANGE_SIZE;
-    let Some(_entered) = reentry::enter().filter(|_| pooling() && ranged) else { return get(data, attribute, ptr) };
+    let Some(_entered) = reentry::enter().filter(|_| pooling() && blockwise(attribute)) else { return get(data, attribute, ptr) };
     let rc = get(data, attribute, ptr);
     if rc != CUDA_SUCCESS || data.is_null() {
         return rc;
     }
     match DEVICE.range(ptr as usize) {
         Range::NotOurs => rc,
-        Range::Live(start, len) => {
-            write_range(data, attribute, start, len);
+        Range::Live(start, len, id) => {
+            write_blockwise(data, attribute, (start, len, id));
             rc
         }
         Range::Freed => CUDA_ERROR_INVALID_VALUE,
@@ -385,24 +410,29 @@ pub unsafe extern "C" fn cuPointerGetAttributes(count: c_uint, attributes: *mut 
         return rc;
     }
     let range = DEVICE.range(ptr as usize);
-    let (start, len) = match range {
+    let block = match range {
         Range::NotOurs => return rc,
-        Range::Live(start, len) => (start, len),
+        Range::Live(start, len, id) => (start, len, id),
         // No allocation there any more: zeros, as the driver writes for unknown memory.
-        Range::Freed => (0, 0),
+        Range::Freed => (0, 0, 0),
     };
     for i in 0..count as usize {
         let (attribute, out) = (*attributes.add(i), *data.add(i));
-        if !out.is_null() && (attribute == RANGE_START_ADDR || attribute == RANGE_SIZE) {
-            write_range(out, attribute, start, len);
+        if !out.is_null() && blockwise(attribute) {
+            write_blockwise(out, attribute, block);
         }
     }
     rc
 }
 
-/// RANGE_START_ADDR is a CUdeviceptr, RANGE_SIZE a size_t: both 8 bytes here.
-unsafe fn write_range(out: *mut c_void, attribute: c_int, start: u64, len: u64) {
-    *(out as *mut u64) = if attribute == RANGE_START_ADDR { start } else { len };
+/// RANGE_START_ADDR is a CUdeviceptr, RANGE_SIZE a size_t, BUFFER_ID an unsigned long long:
+/// all 8 bytes here. `block` is (start, size, buffer id).
+unsafe fn write_blockwise(out: *mut c_void, attribute: c_int, block: (u64, u64, u64)) {
+    *(out as *mut u64) = match attribute {
+        RANGE_START_ADDR => block.0,
+        RANGE_SIZE => block.1,
+        _ => block.2,
+    };
 }
 
 /// A pooled block freed through the driver (the same allocation as cudaMalloc's): back to the
@@ -414,12 +444,18 @@ unsafe fn write_range(out: *mut c_void, attribute: c_int, start: u64, len: u64) 
 pub unsafe extern "C" fn cuMemFree_v2(ptr: u64) -> c_int {
     let Some(free) = real(|d| d.mem_free) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| pooling() && ptr != 0) else { return free(ptr) };
-    answer_free(DEVICE.free(ptr as usize), || free(ptr))
+    if let Some(rc) = without_context(ptr as usize) {
+        return rc;
+    }
+    answer_free("cuMemFree_v2", ptr as usize, FreeOf::Device, DEVICE.free(ptr as usize), || free(ptr))
 }
 
 unsafe fn mem_free_async(ptr: u64, stream: *mut c_void, free: unsafe extern "C" fn(u64, *mut c_void) -> c_int) -> c_int {
     let Some(_entered) = reentry::enter().filter(|_| pooling() && ptr != 0) else { return free(ptr, stream) };
-    answer_free(Ok(DEVICE.free_async(ptr as usize, stream as usize)), || free(ptr, stream))
+    if let Some(rc) = without_context(ptr as usize) {
+        return rc;
+    }
+    answer_free("cuMemFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, stream as usize)), || free(ptr, stream))
 }
 
 /// # Safety
@@ -434,4 +470,64 @@ pub unsafe extern "C" fn cuMemFreeAsync(ptr: u64, stream: *mut c_void) -> c_int 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(ptr: u64, stream: *mut c_void) -> c_int {
     real(|d| d.mem_free_async_ptsz).map_or(NO_DRIVER, |f| mem_free_async(ptr, stream, f))
+}
+
+/// An allocation the pool does not serve (the runtime's
+/// stream-ordered pool, managed memory, VMM) cannot have the memory our pool caches. Out of
+/// memory, the cache of `device` (the current one when `None`) is given back and the call made
+/// once more; the driver's answer stands otherwise.
+unsafe fn with_cache_given_back(device: Option<i32>, alloc: impl Fn() -> c_int) -> c_int {
+    let rc = alloc();
+    if rc != CUDA_ERROR_OUT_OF_MEMORY || !pool_on() {
+        return rc;
+    }
+    let Some(_entered) = reentry::enter() else { return rc };
+    if device.map_or_else(|| DEVICE.give_back_current(), |d| DEVICE.give_back(d)) == 0 {
+        return rc;
+    }
+    alloc()
+}
+
+/// # Safety
+/// As cuMemAllocAsync.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, size: usize, stream: *mut c_void) -> c_int {
+    real(|d| d.mem_alloc_async).map_or(NO_DRIVER, |f| with_cache_given_back(None, || f(dptr, size, stream)))
+}
+
+/// # Safety
+/// As cuMemAllocAsync_ptsz.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut u64, size: usize, stream: *mut c_void) -> c_int {
+    real(|d| d.mem_alloc_async_ptsz).map_or(NO_DRIVER, |f| with_cache_given_back(None, || f(dptr, size, stream)))
+}
+
+/// # Safety
+/// As cuMemAllocManaged.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut u64, size: usize, flags: c_uint) -> c_int {
+    real(|d| d.mem_alloc_managed).map_or(NO_DRIVER, |f| with_cache_given_back(None, || f(dptr, size, flags)))
+}
+
+/// The head of CUmemAllocationProp: its type, the handle types, and where the memory lives.
+#[repr(C)]
+struct AllocationPropHead {
+    kind: c_int,
+    handle_types: c_int,
+    location_kind: c_int,
+    location_id: c_int,
+}
+
+const LOCATION_DEVICE: c_int = 1;
+
+/// # Safety
+/// As cuMemCreate: `prop` is null or points to a CUmemAllocationProp.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) -> c_int {
+    let Some(create) = real(|d| d.mem_create) else { return NO_DRIVER };
+    let head = prop.cast::<AllocationPropHead>();
+    // SAFETY: a non-null prop is a CUmemAllocationProp, which starts with these four ints.
+    let device = (!head.is_null()).then(|| unsafe { ((*head).location_kind, (*head).location_id) });
+    let device = device.filter(|&(kind, _)| kind == LOCATION_DEVICE).map(|(_, id)| id);
+    with_cache_given_back(device, || create(handle, size, prop, flags))
 }

@@ -1,12 +1,12 @@
 //! The program's own shared CUDA runtime, for the runtime entry points we interpose to pass
 //! calls through (the pool itself runs over the driver, `sys::cuda_driver`). Bound lazily on the
-//! first CUDA call: dlsym(RTLD_NEXT) finds the runtime that our interposed symbols shadow; when
-//! the program loaded it with RTLD_LOCAL (Python extensions, such as PyTorch's),
-//! dlopen(RTLD_NOLOAD) reaches that same loaded copy by soname. We never load a runtime
-//! ourselves: a process without CUDA pays nothing.
+//! first CUDA call (`sys::bind`, shared with the driver): dlsym(RTLD_NEXT) finds the runtime
+//! that our interposed symbols shadow; when the program loaded it with RTLD_LOCAL (Python
+//! extensions, such as PyTorch's), dlopen(RTLD_NOLOAD) reaches that same loaded copy by soname.
+//! We never load a runtime ourselves: a process without CUDA pays nothing.
 
+use super::bind::Binding;
 use core::ffi::{c_int, c_uint, c_void, CStr};
-use core::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
 type MallocFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
 type FreeFn = unsafe extern "C" fn(*mut c_void) -> c_int;
@@ -42,9 +42,7 @@ pub struct CudaFns {
     pub get_driver_entry_point_by_version: Option<GetDriverEntryPointByVersionFn>,
 }
 
-static STATE: AtomicU8 = AtomicU8::new(0); // 0 unresolved, 1 resolving, 2 done, 3 absent
-static FNS: AtomicPtr<CudaFns> = AtomicPtr::new(core::ptr::null_mut());
-static mut STORAGE: core::mem::MaybeUninit<CudaFns> = core::mem::MaybeUninit::uninit();
+static RUNTIME: Binding<CudaFns> = Binding::new();
 
 const SONAMES: [&CStr; 5] = [c"libcudart.so.12", c"libcudart.so.13", c"libcudart.so.11.0", c"libcudart.so.10.2", c"libcudart.so"];
 
@@ -88,52 +86,26 @@ unsafe fn resolve_in(handle: *mut c_void) -> Option<CudaFns> {
     })
 }
 
-/// The real runtime, or `None` when the process has none we can reach.
+/// The real runtime, or `None` when the process has none we can reach (yet).
 pub fn real() -> Option<&'static CudaFns> {
-    let p = FNS.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: published once, never changed.
-        return Some(unsafe { &*p });
-    }
-    resolve_slow()
+    RUNTIME.get(lookup)
 }
 
-#[cold]
-fn resolve_slow() -> Option<&'static CudaFns> {
-    if STATE.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire).is_err() {
-        // Another thread is resolving: wait for it (dlsym is quick and does not call CUDA).
-        while STATE.load(Ordering::Acquire) == 1 {
-            core::hint::spin_loop();
-        }
-        let p = FNS.load(Ordering::Acquire);
-        // SAFETY: as in real().
-        return (!p.is_null()).then(|| unsafe { &*p });
-    }
+fn lookup() -> Option<CudaFns> {
     // SAFETY: dlsym/dlopen with valid C strings; the functions found have the runtime's
-    // documented signatures. STORAGE is written once, by this thread, before publication.
+    // documented signatures.
     unsafe {
-        let mut fns = resolve_in(libc::RTLD_NEXT);
+        if let Some(fns) = resolve_in(libc::RTLD_NEXT) {
+            return Some(fns);
+        }
         for soname in SONAMES {
-            if fns.is_some() {
-                break;
-            }
             let handle = libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
             if !handle.is_null() {
-                fns = resolve_in(handle);
+                if let Some(fns) = resolve_in(handle) {
+                    return Some(fns);
+                }
             }
         }
-        match fns {
-            Some(f) => {
-                let storage = &mut *core::ptr::addr_of_mut!(STORAGE);
-                let stored: *mut CudaFns = storage.write(f);
-                FNS.store(stored, Ordering::Release);
-                STATE.store(2, Ordering::Release);
-                Some(&*stored)
-            }
-            None => {
-                STATE.store(3, Ordering::Release);
-                None
-            }
-        }
+        None
     }
 }

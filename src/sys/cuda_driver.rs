@@ -1,13 +1,15 @@
 //! The program's CUDA driver (libcuda.so.1): the backing of the device pool (`CudaDriver`, a
 //! `DeviceRuntime` over the real entry points, so the pool works under any runtime, shared,
 //! static or none) and the real functions behind the driver entry points we interpose. Found
-//! with dlsym(RTLD_NEXT), else in the copy a runtime dlopened privately (dlopen RTLD_NOLOAD).
-//! We never load the driver; every entry is optional, and an answer we cannot get is "unknown"
-//! to the policy.
+//! with dlsym(RTLD_NEXT), else in the copy a runtime dlopened privately (dlopen RTLD_NOLOAD),
+//! when first needed and again after any later load until found (`sys::bind`): no number of
+//! look-ups before the driver is loaded stops it being bound. We never load the driver; every
+//! entry is optional, and an answer we cannot get is "unknown" to the policy.
 
 use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INITIALIZATION};
 use core::ffi::{c_int, c_uint, c_void, CStr};
-use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use super::bind::Binding;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 pub type CtxFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 pub type DeviceFn = unsafe extern "C" fn(c_int) -> c_int;
@@ -22,6 +24,9 @@ pub type IpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, u64) -> c_int;
 pub type MemFreeFn = unsafe extern "C" fn(u64) -> c_int;
 pub type MemFreeAsyncFn = unsafe extern "C" fn(u64, *mut c_void) -> c_int;
 pub type MemAllocFn = unsafe extern "C" fn(*mut u64, usize) -> c_int;
+pub type MemAllocAsyncFn = unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> c_int;
+pub type MemAllocManagedFn = unsafe extern "C" fn(*mut u64, usize, c_uint) -> c_int;
+pub type MemCreateFn = unsafe extern "C" fn(*mut u64, usize, *const c_void, u64) -> c_int;
 pub type MemAllocPitchFn = unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, c_uint) -> c_int;
 pub type MemGetInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> c_int;
 pub type MemHostAllocFn = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int;
@@ -52,6 +57,10 @@ pub struct DriverFns {
     pub mem_free_async: Option<MemFreeAsyncFn>,
     pub mem_free_async_ptsz: Option<MemFreeAsyncFn>,
     pub mem_alloc: Option<MemAllocFn>,
+    pub mem_alloc_async: Option<MemAllocAsyncFn>,
+    pub mem_alloc_async_ptsz: Option<MemAllocAsyncFn>,
+    pub mem_alloc_managed: Option<MemAllocManagedFn>,
+    pub mem_create: Option<MemCreateFn>,
     pub mem_alloc_pitch: Option<MemAllocPitchFn>,
     pub mem_get_info: Option<MemGetInfoFn>,
     pub mem_host_alloc: Option<MemHostAllocFn>,
@@ -65,18 +74,7 @@ pub struct DriverFns {
     pub get_proc_address_v2: Option<GetProcAddressV2Fn>,
 }
 
-const UNRESOLVED: u8 = 0;
-const RESOLVING: u8 = 1;
-const DONE: u8 = 2;
-const ABSENT: u8 = 3;
-/// A driver absent at one call may be loaded by the runtime a moment later (at its first
-/// cudaMalloc): look again, a bounded number of times.
-const MAX_ATTEMPTS: u32 = 64;
-
-static STATE: AtomicU8 = AtomicU8::new(UNRESOLVED);
-static ATTEMPTS: AtomicU32 = AtomicU32::new(0);
-static FNS: AtomicPtr<DriverFns> = AtomicPtr::new(core::ptr::null_mut());
-static mut STORAGE: core::mem::MaybeUninit<DriverFns> = core::mem::MaybeUninit::uninit();
+static DRIVER: Binding<DriverFns> = Binding::new();
 
 const SONAMES: [&CStr; 2] = [c"libcuda.so.1", c"libcuda.so"];
 
@@ -109,6 +107,10 @@ unsafe fn resolve_in(handle: *mut c_void) -> DriverFns {
         mem_free_async: find(handle, c"cuMemFreeAsync"),
         mem_free_async_ptsz: find(handle, c"cuMemFreeAsync_ptsz"),
         mem_alloc: find(handle, c"cuMemAlloc_v2"),
+        mem_alloc_async: find(handle, c"cuMemAllocAsync"),
+        mem_alloc_async_ptsz: find(handle, c"cuMemAllocAsync_ptsz"),
+        mem_alloc_managed: find(handle, c"cuMemAllocManaged"),
+        mem_create: find(handle, c"cuMemCreate"),
         mem_alloc_pitch: find(handle, c"cuMemAllocPitch_v2"),
         mem_get_info: find(handle, c"cuMemGetInfo_v2"),
         mem_host_alloc: find(handle, c"cuMemHostAlloc"),
@@ -125,44 +127,25 @@ unsafe fn resolve_in(handle: *mut c_void) -> DriverFns {
 
 /// The real driver, or `None` when the process has none loaded (yet).
 pub fn driver() -> Option<&'static DriverFns> {
-    let p = FNS.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: published once, never changed.
-        return Some(unsafe { &*p });
-    }
-    resolve_slow()
+    DRIVER.get(lookup)
 }
 
-#[cold]
-fn resolve_slow() -> Option<&'static DriverFns> {
-    let state = STATE.load(Ordering::Acquire);
-    let may_try = state == UNRESOLVED || (state == ABSENT && ATTEMPTS.load(Ordering::Relaxed) < MAX_ATTEMPTS);
-    if !may_try || STATE.compare_exchange(state, RESOLVING, Ordering::AcqRel, Ordering::Acquire).is_err() {
-        return None;
-    }
-    ATTEMPTS.fetch_add(1, Ordering::Relaxed);
+fn lookup() -> Option<DriverFns> {
     // SAFETY: dlsym/dlopen with valid C strings; the symbols have the driver's documented
-    // signatures. STORAGE is written once, by this thread, before publication.
+    // signatures.
     unsafe {
-        let mut fns = resolve_in(libc::RTLD_NEXT);
-        if fns.ctx_get_current.is_none() {
-            for soname in SONAMES {
-                let handle = libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
-                if !handle.is_null() {
-                    fns = resolve_in(handle);
-                    break;
-                }
+        let fns = resolve_in(libc::RTLD_NEXT);
+        if fns.ctx_get_current.is_some() {
+            return Some(fns);
+        }
+        for soname in SONAMES {
+            let handle = libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+            if !handle.is_null() {
+                let fns = resolve_in(handle);
+                return fns.ctx_get_current.is_some().then_some(fns);
             }
         }
-        if fns.ctx_get_current.is_none() {
-            STATE.store(ABSENT, Ordering::Release);
-            return None;
-        }
-        let storage = &mut *core::ptr::addr_of_mut!(STORAGE);
-        let stored: *mut DriverFns = storage.write(fns);
-        FNS.store(stored, Ordering::Release);
-        STATE.store(DONE, Ordering::Release);
-        Some(&*stored)
+        None
     }
 }
 
@@ -221,7 +204,7 @@ pub fn allocation_range(addr: usize) -> Option<(usize, usize)> {
 
 /// The driver is loaded (so trimming may call it).
 pub fn is_bound() -> bool {
-    !FNS.load(Ordering::Acquire).is_null()
+    DRIVER.is_bound()
 }
 
 fn check(code: c_int) -> Result<(), DeviceError> {

@@ -2,6 +2,7 @@
 //! locks and fork handlers, the clock. Policy code above never calls these directly.
 //! Nothing here allocates through the malloc family.
 
+pub mod bind;
 pub mod clock;
 pub mod cuda;
 pub mod cuda_driver;

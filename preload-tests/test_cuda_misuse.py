@@ -1,0 +1,51 @@
+"""Issue 18: programs' mistakes and context-less frees get the driver's answers under the pool, and
+the pool's segments are never freed by a program's call; a pooled block has a buffer id of its
+own, new at every reuse; memory the pool caches is given back when an allocation it does not
+serve (another context, the runtime's stream-ordered pool, managed memory, VMM) runs out. Each scenario of c/cuda_misuse.c runs
+over the stand-in driver and runtime (simulators, c/fakecuda.c and c/fakecudart.c) without
+tensormalloc, and under it in every pool mode and in pass-through."""
+import json
+
+import pytest
+
+from conftest import ok, run
+from cudasim import cuda_program
+from test_cuda_correct import MODES, POOLED
+
+SCENARIOS = ["double-free", "double-free-driver", "interior-free", "double-free-host", "double-free-async",
+             "free-host-thread", "free-no-context", "buffer-ids", "oom-async", "oom-other-context",
+             "oom-managed", "oom-vmm"]
+# The scenarios that free a pointer the pool does not hold live, and the kind their line names.
+REFUSED = {"double-free": "device", "double-free-driver": "device", "interior-free": "device",
+           "double-free-host": "pinned", "double-free-async": "device"}
+
+
+def scenario(name, env=None, preload=True, stats=None):
+    env = dict(env or {})
+    if stats:
+        env["TENSORMALLOC_STATS"] = f"json:{stats}"
+    return run([cuda_program("cuda_misuse"), name], env=env, preload=preload, timeout=120)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_alone(name):
+    out = ok(scenario(name, preload=False))
+    assert f"{name} ok" in out.stdout
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_under_the_preload(name, mode, tmp_path):
+    stats = tmp_path / "stats.json"
+    out = ok(scenario(name, MODES[mode], stats=stats))
+    assert f"{name} ok" in out.stdout
+    if mode in POOLED:
+        report = json.loads(stats.read_text())
+        requests = sum(p["requests"] for p in report["cuda"]) + report["pinned"]["requests"]
+        assert requests > 0, "the scenario must exercise the pool"
+        if name in REFUSED:
+            # One line per kind, naming the pointer, however many bad frees the program made.
+            lines = [l for l in out.stderr.splitlines() if "not a live block" in l]
+            assert len(lines) == 1 and "0x" in lines[0] and REFUSED[name] in lines[0], out.stderr
+    else:
+        assert "not a live block" not in out.stderr

@@ -1,0 +1,78 @@
+//! The device layer's pinned half: cudaHostAlloc / cudaFreeHost through the pinned cache, with
+//! every runtime call outside the cache's lock, as in the device half (layer.rs). A pinned block
+//! freed into the cache and freed again is refused (Note [Unexpected frees] in layer.rs).
+
+use super::{DeviceLayer, Freed};
+use crate::backing::{DeviceError, DeviceRuntime};
+use crate::device::pinned::PinnedFree;
+use core::sync::atomic::Ordering::Relaxed;
+
+impl<R: DeviceRuntime> DeviceLayer<R> {
+    /// cudaHostAlloc / cudaMallocHost through the pinned cache.
+    pub fn host_alloc(&self, size: usize, flags: u32) -> Result<usize, DeviceError> {
+        if !self.enabled() || !self.pinned.lock().init(self.pinned_limit_bytes.load(Relaxed), self.table_source) {
+            return self.runtime.host_alloc(size, flags);
+        }
+        let ctx = self.runtime.current_context();
+        if let Some(addr) = self.pinned.lock().take(size as u64, flags, ctx) {
+            return Ok(addr as usize);
+        }
+        let len = self.pinned.lock().len_for(size as u64) as usize;
+        let addr = match self.runtime.host_alloc(len, flags) {
+            Ok(a) => a,
+            Err(DeviceError::OutOfMemory) => {
+                self.runtime.clear_last_error();
+                self.trim_pinned();
+                self.runtime.host_alloc(len, flags)?
+            }
+            Err(e) => return Err(e),
+        };
+        // The runtime may have made a context current for this very call.
+        let ctx = if ctx == 0 { self.runtime.current_context() } else { ctx };
+        if !self.pinned.lock().add_live(addr as u64, len as u64, flags, ctx) {
+            self.passthrough.add(1);
+        }
+        Ok(addr)
+    }
+
+    fn trim_pinned(&self) {
+        let mut out = [(0u64, 0u64); 64];
+        let n = self.pinned.lock().drain(&mut out);
+        for &(addr, _) in out.iter().take(n) {
+            let _ = self.runtime.host_free(addr as usize);
+        }
+    }
+
+    /// cudaFreeHost: into the cache when it is ours.
+    pub fn host_free(&self, addr: usize) -> Result<Freed, DeviceError> {
+        {
+            let pinned = self.pinned.lock();
+            if !pinned.owns(addr as u64) {
+                // Note [Unexpected frees]: a cached block is still pinned, for the next request.
+                return Ok(if pinned.is_cached(addr as u64) { Freed::Refused } else { Freed::NotOurs });
+            }
+        }
+        if self.sync_on_free.load(Relaxed) {
+            // Copies from or to this memory may still be queued (Note [Safe reuse]).
+            self.synchronize()?;
+        }
+        let outcome = self.pinned.lock().free(addr as u64);
+        match outcome {
+            // Freed by another thread meanwhile.
+            PinnedFree::NotOurs => return Ok(Freed::Refused),
+            PinnedFree::Refused => self.runtime.host_free(addr)?,
+            PinnedFree::Cached { evicted } => {
+                for r in evicted.iter() {
+                    self.runtime.host_free(r.addr)?;
+                }
+            }
+        }
+        Ok(Freed::Pooled)
+    }
+
+    /// Pinned figures: (requests, hits, cached bytes, peak cached bytes).
+    pub fn pinned_figures(&self) -> (u64, u64, u64, u64) {
+        let c = self.pinned.lock();
+        (c.requests, c.hits, c.cached_bytes(), c.peak_cached_bytes)
+    }
+}
