@@ -111,13 +111,15 @@ impl PageMemory for OsPages {
             } else if libc::mprotect(p, len, rw) != 0 {
                 return false;
             }
-            if libc::munlock(p, len) != 0 {
+            // ENOMEM: part of the range is not mapped (or the kernel's limit on mappings would
+            // be passed). Any other refusal (EINVAL: advice this kernel does not know, such as
+            // KEEPONFORK before 4.14; ENOSYS or EPERM: a seccomp filter) means the program could
+            // not have made that change either: nothing to undo.
+            if libc::munlock(p, len) != 0 && errno() == libc::ENOMEM {
                 return false;
             }
             for advice in [libc::MADV_DONTFORK, libc::MADV_KEEPONFORK, libc::MADV_DODUMP] {
-                // EINVAL: advice this kernel does not know (KEEPONFORK before 4.14), so nothing
-                // to undo.
-                if libc::madvise(p, len, advice) != 0 && errno() != libc::EINVAL {
+                if libc::madvise(p, len, advice) != 0 && errno() == libc::ENOMEM {
                     return false;
                 }
             }
@@ -134,8 +136,9 @@ impl PageMemory for OsPages {
     }
 
     fn readmit(&self, addr: usize, len: usize) -> bool {
-        // SAFETY: the caller owns the range; advice only.
-        unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DOFORK) == 0 }
+        // SAFETY: the caller owns the range; advice only. As in reset_for_cache, only ENOMEM
+        // means the advice could not be undone (a refused MADV_DONTFORK was never applied).
+        unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DOFORK) == 0 || errno() != libc::ENOMEM }
     }
 
     fn extend(&self, addr: usize, old_len: usize, new_len: usize) -> bool {
