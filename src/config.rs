@@ -520,6 +520,27 @@ mod tests {
         }
     }
 
+    /// python/tensormalloc/_settings.py (what `tensormalloc --help` lists) is this table, as
+    /// this test writes it: `TENSORMALLOC_BLESS=1 cargo test --lib python_settings` rewrites it.
+    #[test]
+    fn python_settings_match_options() {
+        let mut want = String::from(
+            "# Generated from OPTIONS in src/config.rs by its test python_settings_match_options\n\
+             # (TENSORMALLOC_BLESS=1 cargo test --lib python_settings rewrites it); do not edit.\n\
+             # (name, default, doc): what `tensormalloc --help` lists.\nSETTINGS = (\n",
+        );
+        for spec in OPTIONS {
+            want.push_str(&format!("    ({:?}, {:?},\n     {:?}),\n", spec.name, spec.default, spec.doc));
+        }
+        want.push_str(")\n");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/python/tensormalloc/_settings.py");
+        if std::env::var_os("TENSORMALLOC_BLESS").is_some() {
+            std::fs::write(path, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(have == want, "{path} is out of date: run TENSORMALLOC_BLESS=1 cargo test --lib python_settings");
+    }
+
     /// The README documents exactly the variables in this table, with the same defaults.
     #[test]
     fn readme_table_matches_options() {
