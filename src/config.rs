@@ -262,7 +262,7 @@ pub static OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "TENSORMALLOC_TRACE",
         default: "off",
-        doc: "PATH: record large allocations and frees (and memory samples) to PATH, for scripts/plot-trace",
+        doc: "PATH: record large allocations and frees (and memory samples) to PATH, for tensormalloc plot (scripts/plot-trace)",
         apply: |c, v| {
             if v.is_empty() || v.len() >= STATS_PATH_MAX {
                 return Err("not a path of 1 to 255 bytes".into());

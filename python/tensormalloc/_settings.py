@@ -23,7 +23,7 @@ SETTINGS = (
     ("TENSORMALLOC_STATS", "0",
      "1: print a report to stderr at exit; json:PATH: write it as JSON to PATH"),
     ("TENSORMALLOC_TRACE", "off",
-     "PATH: record large allocations and frees (and memory samples) to PATH, for scripts/plot-trace"),
+     "PATH: record large allocations and frees (and memory samples) to PATH, for tensormalloc plot (scripts/plot-trace)"),
     ("TENSORMALLOC_LEAKS", "0",
      "1: at exit, list large host and device blocks still live"),
     ("TENSORMALLOC_CUDA_POOL", "split",
