@@ -82,6 +82,9 @@ def test_help_lists_every_setting_with_its_default_and_the_commands():
     out = ok(run([PY, "-m", "tensormalloc", "--", "sh", "-c", "echo $LD_PRELOAD"], preload=False,
                  env={**ENV, "TENSORMALLOC_LIB": str(LIB)}))
     assert out.stdout.strip() == str(LIB)
+    # The source tree's (and the C install's) shell launcher points to the report, trace and settings.
+    out = ok(run([str(ROOT / "scripts" / "tensormalloc"), "--help"], preload=False))
+    assert "TENSORMALLOC_STATS=1" in out.stdout and "tensormalloc --help" in out.stdout, out.stdout
 
 
 def test_plot_command_labels_bins_by_range_and_steps_its_lines(tmp_path):

@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 
 __all__ = ["library_path", "load", "loaded", "loaded_by", "loaded_path", "version", "stats", "trim",
-           "set_enabled", "scope", "ScopeResult", "numpy", "torch", "cupy", "numba"]
+           "set_enabled", "scope", "ScopeResult"]  # the hooks are left out: `import *` must not shadow numpy
 
 # The hooks, reachable as `tensormalloc.numpy` after `import tensormalloc`; imported on first
 # touch, so importing the package imports none of numpy, torch, cupy or numba.
