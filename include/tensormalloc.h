@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define TM_STATS_VERSION 1
+#define TM_STATS_VERSION 2
 
 /* A snapshot of the counters. It can grow: set `size` to sizeof(tm_stats_t) before calling
  * tm_get_stats, which fills at most that many bytes and sets `size` to what it filled, and
@@ -55,6 +55,11 @@ typedef struct tm_stats_t {
     uint64_t pinned_hits;
     uint64_t pinned_cached_bytes;
     uint64_t pinned_peak_cached_bytes;
+    /* Version 2: the cached bytes by what they cost in RSS. Resident: freed recently, pages in
+     * memory. Lazily freed: released with MADV_FREE, still counted in RSS and the cgroup's usage
+     * (LazyFree in smaps) until the kernel needs the pages. The rest were dropped. */
+    uint64_t host_cached_resident_bytes;
+    uint64_t host_cached_lazyfree_bytes;
 } tm_stats_t;
 
 /* The library version, e.g. "0.1.0". */

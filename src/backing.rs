@@ -46,6 +46,9 @@ pub trait PageMemory {
     /// unmapped (it fits the address-space and commit limits). If not, emptying the cache for
     /// it would lose the cache and gain nothing.
     fn could_map(&self, len: usize) -> bool;
+    /// Whether the process's memory nears its cgroup's or the system's limit: idle pages should
+    /// leave RSS at once rather than lazily (Note [What RSS shows] in host/layer.rs).
+    fn near_limit(&self) -> bool;
     /// Asks for transparent huge pages on the range.
     fn advise_huge(&self, addr: usize, len: usize);
     /// Writes zeros over the range.

@@ -25,6 +25,19 @@ pub enum HugePages {
     Never,
 }
 
+/// How an idle cached block gives its pages back (Note [What RSS shows] in host/layer.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Release {
+    /// MADV_FREE while the cgroup and the system have room, MADV_DONTNEED (and released blocks
+    /// unmapped) when usage nears a limit.
+    Auto = 0,
+    /// Always MADV_FREE: cheapest to reuse, but the pages count in RSS until the kernel takes them.
+    Free = 1,
+    /// Always MADV_DONTNEED: RSS falls at once; a reused block faults its pages in again.
+    DontNeed = 2,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CudaPool {
     Split,
@@ -57,6 +70,7 @@ pub struct Config {
     /// None: the bound follows the live peak, up to a quarter of physical or cgroup memory.
     pub cache_bytes: Option<u64>,
     pub release_ms: u64,
+    pub release: Release,
     pub expire_ms: u64,
     /// None: follows how many blocks are live (Note [Neighbours merge]).
     pub max_waste_percent: Option<u64>,
@@ -95,6 +109,7 @@ impl Config {
             cache_blocks: None,
             cache_bytes: None,
             release_ms: 1000,
+            release: Release::Auto,
             expire_ms: 10_000,
             max_waste_percent: None,
             hugepages: HugePages::Auto,
@@ -210,6 +225,15 @@ pub static OPTIONS: &[OptionSpec] = &[
         default: "1000",
         doc: "a cached block idle this long is released with MADV_FREE (the kernel may take it back)",
         apply: |c, v| parse_u64_in(v, 0, 86_400_000, Unit::Ms).map(|n| c.release_ms = n),
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_RELEASE",
+        default: "auto",
+        doc: "how idle blocks leave RSS: free (MADV_FREE: counted in RSS until the kernel needs the pages), dontneed (MADV_DONTNEED: RSS falls at once, reuse faults again), auto: free while the cgroup and the system have room, dontneed near a limit",
+        apply: |c, v| {
+            let choices: &[(&[u8], Release)] = &[(b"auto", Release::Auto), (b"free", Release::Free), (b"dontneed", Release::DontNeed)];
+            choose(v, choices, "not one of auto, free, dontneed").map(|r| c.release = r)
+        },
     },
     OptionSpec {
         name: "TENSORMALLOC_EXPIRE_MS",

@@ -10,7 +10,7 @@ use crate::{DEVICE, HOST};
 use core::fmt::{self, Write};
 
 /// Bumped when fields are appended to `tm_stats_t`.
-pub const STATS_VERSION: u32 = 1;
+pub const STATS_VERSION: u32 = 2;
 
 /// `tm_stats_t` in include/tensormalloc.h: the same fields in the same order.
 #[repr(C)]
@@ -50,6 +50,9 @@ pub struct Snapshot {
     pub pinned_hits: u64,
     pub pinned_cached_bytes: u64,
     pub pinned_peak_cached_bytes: u64,
+    // Version 2 (Note [What RSS shows]).
+    pub host_cached_resident_bytes: u64,
+    pub host_cached_lazyfree_bytes: u64,
 }
 
 impl Snapshot {
@@ -93,6 +96,8 @@ impl Snapshot {
             snap.cuda_peak_live_bytes += p.peak_live_bytes;
         });
         (snap.pinned_requests, snap.pinned_hits, snap.pinned_cached_bytes, snap.pinned_peak_cached_bytes) = DEVICE.pinned_figures();
+        let (resident, lazy) = HOST.cached_resident();
+        (snap.host_cached_resident_bytes, snap.host_cached_lazyfree_bytes) = (resident as u64, lazy as u64);
         snap
     }
 }
@@ -154,12 +159,14 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     )?;
     writeln!(
         w,
-        "  live {} (peak {})  cached {} in {} (peak {})",
+        "  live {} (peak {})  cached {} in {} (peak {}): resident {}, lazily freed {} (in RSS until the kernel needs it)",
         Bytes(s.host_live_bytes),
         Bytes(s.host_peak_live_bytes),
         Bytes(s.host_cached_bytes),
         Count(s.host_cached_blocks, "block"),
-        Bytes(s.host_peak_cached_bytes)
+        Bytes(s.host_peak_cached_bytes),
+        Bytes(s.host_cached_resident_bytes),
+        Bytes(s.host_cached_lazyfree_bytes)
     )?;
     writeln!(
         w,
@@ -254,8 +261,14 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     )?;
     write!(
         w,
-        "\"live_bytes\":{},\"peak_live_bytes\":{},\"cached_bytes\":{},\"peak_cached_bytes\":{},\"cached_blocks\":{},",
-        s.host_live_bytes, s.host_peak_live_bytes, s.host_cached_bytes, s.host_peak_cached_bytes, s.host_cached_blocks
+        "\"live_bytes\":{},\"peak_live_bytes\":{},\"cached_bytes\":{},\"peak_cached_bytes\":{},\"cached_blocks\":{},\"cached_resident_bytes\":{},\"cached_lazyfree_bytes\":{},",
+        s.host_live_bytes,
+        s.host_peak_live_bytes,
+        s.host_cached_bytes,
+        s.host_peak_cached_bytes,
+        s.host_cached_blocks,
+        s.host_cached_resident_bytes,
+        s.host_cached_lazyfree_bytes
     )?;
     write!(
         w,

@@ -65,6 +65,8 @@ struct PageState {
     fail_resets: bool,
     /// The largest mapping the simulated system could ever make (0: no limit).
     largest_mapping: usize,
+    /// Memory nears a limit (`near_limit`).
+    near_limit: bool,
     calls: PageCalls,
 }
 
@@ -118,6 +120,11 @@ impl SimPages {
         let mut st = self.state.lock().unwrap();
         assert!(Self::covered(&st.mapped, addr, len), "alter of unmapped memory {addr:#x}+{len}");
         Self::add_range(&mut st.altered, addr, len);
+    }
+
+    /// Memory nears (or no longer nears) a limit, from now on.
+    pub fn set_near_limit(&self, near: bool) {
+        self.state.lock().unwrap().near_limit = near;
     }
 
     /// No mapping larger than `len` can ever succeed (`could_map`).
@@ -270,6 +277,10 @@ impl PageMemory for SimPages {
         Self::remove_range(&mut st.altered, addr, len);
         Self::add_range(&mut st.hidden, addr, len);
         true
+    }
+
+    fn near_limit(&self) -> bool {
+        self.state.lock().unwrap().near_limit
     }
 
     fn could_map(&self, len: usize) -> bool {

@@ -53,7 +53,8 @@ class _Stats(ctypes.Structure):
             "cuda_requests", "cuda_hits", "cuda_segments_mapped", "cuda_segments_released",
             "cuda_oom_retries", "cuda_oom_failures", "cuda_reserved_bytes", "cuda_peak_reserved_bytes",
             "cuda_live_bytes", "cuda_peak_live_bytes", "pinned_requests", "pinned_hits",
-            "pinned_cached_bytes", "pinned_peak_cached_bytes")]
+            "pinned_cached_bytes", "pinned_peak_cached_bytes",
+            "host_cached_resident_bytes", "host_cached_lazyfree_bytes")]
 
 
 class _Scope(ctypes.Structure):

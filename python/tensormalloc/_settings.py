@@ -12,6 +12,8 @@ SETTINGS = (
      "most bytes kept in freed large blocks; auto: as many as were live at the recent peak, at least 1G, at most a quarter of physical memory or of the cgroup's limit"),
     ("TENSORMALLOC_RELEASE_MS", "1000",
      "a cached block idle this long is released with MADV_FREE (the kernel may take it back)"),
+    ("TENSORMALLOC_RELEASE", "auto",
+     "how idle blocks leave RSS: free (MADV_FREE: counted in RSS until the kernel needs the pages), dontneed (MADV_DONTNEED: RSS falls at once, reuse faults again), auto: free while the cgroup and the system have room, dontneed near a limit"),
     ("TENSORMALLOC_EXPIRE_MS", "10000",
      "a cached block idle this long is unmapped"),
     ("TENSORMALLOC_MAX_WASTE", "auto",

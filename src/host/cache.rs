@@ -528,14 +528,18 @@ impl BlockCache {
     }
 
     /// Blocks whose idle time has passed a delay: expired ones leave the cache, hot ones
-    /// become Releasing.
-    pub fn due(&mut self, now_ns: u64) -> Due {
+    /// become Releasing. `near_limit`: released blocks whose pages the kernel may still hold
+    /// (MADV_FREE'd) expire as soon as they are due for release (Note [What RSS shows] in
+    /// host/layer.rs).
+    pub fn due(&mut self, now_ns: u64, near_limit: bool) -> Due {
         let mut due = Due::default();
         let limits = self.limits;
         for slot in self.slots.iter_mut() {
             let Some(b) = slot else { continue };
             let idle = now_ns.saturating_sub(b.idle_since_ns);
-            if b.state != BlockState::Releasing && idle >= limits.expire_after_ns {
+            let lazily_freed = b.state == BlockState::Released && !b.zero;
+            let expire_after = if near_limit && lazily_freed { limits.release_after_ns } else { limits.expire_after_ns };
+            if b.state != BlockState::Releasing && idle >= expire_after {
                 due.expire.push(Range { addr: b.addr, len: b.len });
                 self.cached_bytes -= b.len;
                 *slot = None;
@@ -594,6 +598,17 @@ impl BlockCache {
         self.deferred_count = 0;
         self.deferred_bytes = 0;
         out
+    }
+
+    /// Cached bytes by what they cost in RSS: (hot: freed recently, pages resident; lazily
+    /// freed: MADV_FREE'd, resident until the kernel needs them, and counted in RSS and the
+    /// cgroup's usage meanwhile). The rest (dropped with MADV_DONTNEED) costs nothing.
+    pub fn resident_split(&self) -> (usize, usize) {
+        self.blocks().fold((0, 0), |(hot, lazy), b| match b.state {
+            BlockState::Released if b.zero => (hot, lazy),
+            BlockState::Released => (hot, lazy + b.len),
+            _ => (hot + b.len, lazy),
+        })
     }
 
     /// When `due` will next have work; `None` with nothing pending.

@@ -115,7 +115,7 @@ fn freed_neighbours_merge_and_requests_take_what_they_need() {
     assert_eq!((t.addr, t.len, t.tail_kept), (0x1000_0000, 16 * MB, Some(Range { addr: 0x1000_0000 + 16 * MB, len: 8 * MB })));
     // A neighbour being released is left alone.
     c.insert(0x5000_0000, 8 * MB, false, 3, Live::default());
-    let due = c.due(3 + 1000 * MS);
+    let due = c.due(3 + 1000 * MS, false);
     assert_eq!(due.release.len(), 2);
     assert!(!c.insert(0x5000_0000 + 8 * MB, 8 * MB, false, 4, Live::default()).absorbed.iter().any(Option::is_some));
     c.check_invariants().unwrap();
@@ -146,8 +146,8 @@ fn idle_blocks_are_released_then_expired() {
     let mut c = BlockCache::new(limits());
     c.insert(0x1000_0000, 80 * MB, false, 0, Live::default());
     assert_eq!(c.next_deadline_ns(), Some(1000 * MS));
-    assert!(c.due(999 * MS).release.is_empty());
-    let due = c.due(1000 * MS);
+    assert!(c.due(999 * MS, false).release.is_empty());
+    let due = c.due(1000 * MS, false);
     assert_eq!(due.release.len(), 1);
     assert!(c.take(80 * MB, 4096).is_none(), "not while the madvise runs");
     assert_eq!(c.release_done(0x1000_0000, false), None);
@@ -155,9 +155,9 @@ fn idle_blocks_are_released_then_expired() {
     let t = c.take(80 * MB, 4096).unwrap();
     assert!(t.was_released);
     c.insert(t.addr, t.len, false, 2000 * MS, Live::default());
-    c.due(3000 * MS);
+    c.due(3000 * MS, false);
     c.release_done(t.addr, false);
-    let due = c.due(12_000 * MS);
+    let due = c.due(12_000 * MS, false);
     assert_eq!(due.expire.len(), 1);
     assert_eq!(c.block_count(), 0);
     assert_eq!(c.next_deadline_ns(), None);
@@ -235,7 +235,7 @@ fn trim_during_release_unmaps_when_release_returns() {
     let mut c = BlockCache::new(limits());
     c.insert(0x1000_0000, 80 * MB, false, 0, Live::default());
     c.insert(0x2000_0000, 80 * MB, false, 5000 * MS, Live::default());
-    c.due(1000 * MS);
+    c.due(1000 * MS, false);
     let drained = c.drain();
     assert_eq!(drained.len(), 1);
     assert_eq!(c.release_done(0x1000_0000, false), Some(Range { addr: 0x1000_0000, len: 80 * MB }));

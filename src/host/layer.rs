@@ -43,10 +43,25 @@
 // 64 TiB request that no limit could ever allow leaves the cache alone. Mappings the program
 // makes itself (mmap, thread stacks) we never see: rule 1 is what leaves them room.
 
+//
+// Note [What RSS shows]
+// A cached block's pages are resident while it is hot (reused soon, Note [Hot stays hot]). After
+// TENSORMALLOC_RELEASE_MS idle they are released. MADV_FREE is the cheap way (reuse costs no
+// fault), but its pages stay in RSS and in the cgroup's usage, as LazyFree in smaps, until the
+// kernel needs them or the block expires: a Kubernetes kubelet or a dashboard reading RSS or the
+// working set sees them as used (Go and jemalloc went back to MADV_DONTNEED for this). So under
+// TENSORMALLOC_RELEASE=auto (the default) the background thread first asks whether the process
+// nears a limit (its cgroup's usage at three quarters of memory.max, memory.high or v1's
+// memory.limit_in_bytes, or the system's MemAvailable under an eighth): if so, idle blocks are
+// dropped with MADV_DONTNEED (RSS and the cgroup's usage fall at once; they read zero after, so
+// calloc takes them as they are) and blocks MADV_FREE'd earlier are unmapped; with room, MADV_FREE
+// as before. `free` and `dontneed` fix the choice. The report and `stats()` split the cache into
+// resident (hot) and lazily freed bytes so RSS can be read against them.
+
 use super::cache::{BlockCache, CacheLimits, Live, Part, Parts, Range, RangeList};
 use super::registry::{Owner, Registry, TableSource};
 use crate::backing::{Moved, PageMemory};
-use crate::config::{Config, HugePages, MAX_CACHE_BLOCKS};
+use crate::config::{Config, HugePages, Release, MAX_CACHE_BLOCKS};
 use crate::stats::{HostStats, PhaseTimer};
 use crate::BLOCK_ALIGN;
 use crate::sys::lock::Lock;
@@ -85,6 +100,8 @@ pub struct HostLayer<M: PageMemory> {
     hugepages: AtomicU8,
     /// What the process may map (`limit_address_space`); u64::MAX without a limit.
     address_space_bytes: AtomicU64,
+    /// How idle blocks give their pages back (`Release` as a code).
+    release: AtomicU8,
     clock: fn() -> u64,
     background: Background,
     pub stats: HostStats,
@@ -143,6 +160,7 @@ impl<M: PageMemory> HostLayer<M> {
             cache: Lock::new(BlockCache::new(DEFAULTS)),
             threshold_bytes: AtomicUsize::new(Config::DEFAULT.threshold_bytes as usize),
             address_space_bytes: AtomicU64::new(u64::MAX),
+            release: AtomicU8::new(0),
             hugepages: AtomicU8::new(0),
             clock,
             background,
@@ -155,6 +173,7 @@ impl<M: PageMemory> HostLayer<M> {
     pub fn configure(&self, config: &Config, memory_bytes: u64) {
         self.threshold_bytes.store(config.threshold_bytes as usize, Relaxed);
         self.hugepages.store(hugepages_code(config.hugepages), Relaxed);
+        self.release.store(config.release as u8, Relaxed);
         self.cache.lock().set_limits(limits_from(config, memory_bytes, self.address_space_bytes.load(Relaxed)));
     }
 
@@ -168,6 +187,14 @@ impl<M: PageMemory> HostLayer<M> {
         if limits.follow_bytes {
             let ceiling = usize::try_from(bytes / 8).unwrap_or(usize::MAX);
             cache.set_limits(CacheLimits { max_bytes: limits.max_bytes.min(ceiling), ..limits });
+        }
+    }
+
+    fn release_mode(&self) -> Release {
+        match self.release.load(Relaxed) {
+            1 => Release::Free,
+            2 => Release::DontNeed,
+            _ => Release::Auto,
         }
     }
 
@@ -643,9 +670,15 @@ impl<M: PageMemory> HostLayer<M> {
     pub fn reap(&self) -> Option<u64> {
         self.unmap_deferred();
         let now = (self.clock)();
+        let drop_pages = match self.release_mode() {
+            Release::Free => false,
+            Release::DontNeed => true,
+            // Only with something cached is the question worth a few reads.
+            Release::Auto => self.stats.cached.current() > 0 && self.memory.near_limit(),
+        };
         let due = {
             let mut cache = self.cache.lock();
-            let due = cache.due(now);
+            let due = cache.due(now, drop_pages);
             for r in due.expire.iter() {
                 self.registry.clear(r.addr);
             }
@@ -659,7 +692,7 @@ impl<M: PageMemory> HostLayer<M> {
         }
         let mut zeroed = [false; MAX_CACHE_BLOCKS + 1];
         for (r, zero) in due.release.iter().zip(zeroed.iter_mut()) {
-            *zero = self.timed(&self.stats.phases.release, || self.memory.release(r.addr, r.len));
+            *zero = self.timed(&self.stats.phases.release, || if drop_pages { self.memory.discard(r.addr, r.len) } else { self.memory.release(r.addr, r.len) });
             self.stats.released_blocks.add(1);
             self.stats.released_bytes.add(r.len as u64);
         }
@@ -682,6 +715,11 @@ impl<M: PageMemory> HostLayer<M> {
     /// Every live block: (address, mapped length, birth time); for the leak report.
     pub fn for_each_live(&self, f: impl FnMut(usize, usize, u64)) {
         self.registry.for_each_live(f);
+    }
+
+    /// Cached bytes by what they cost in RSS: (hot, lazily freed); see BlockCache::resident_split.
+    pub fn cached_resident(&self) -> (usize, usize) {
+        self.cache.lock().resident_split()
     }
 
     /// Cached blocks and bytes now, for the stats API.

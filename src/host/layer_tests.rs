@@ -305,6 +305,76 @@ fn idle_blocks_are_released_then_unmapped() {
     check(&l);
 }
 
+/// Note [What RSS shows]: with room, idle blocks are MADV_FREE'd (lazily freed, still in RSS);
+/// near a limit they are dropped (MADV_DONTNEED: known zero after), and blocks lazily freed
+/// earlier are unmapped once due; `free` and `dontneed` fix the choice.
+#[test]
+fn idle_blocks_leave_rss_at_once_near_a_limit() {
+    let l = layer(Config { release_ms: 100, expire_ms: 10_000, ..Config::default() });
+    let a = l.alloc(16 * MB, 4096, false).unwrap();
+    let b = l.alloc(32 * MB, 4096, false).unwrap();
+    l.memory.write(a, 16 * MB);
+    l.memory.write(b, 32 * MB);
+    l.free(a, 16 * MB);
+    advance(100 * MS);
+    l.reap();
+    assert_eq!((l.memory.calls().releases, l.memory.calls().discarded_bytes), (1, 0), "room: MADV_FREE");
+    assert_eq!(l.cached_resident(), (0, 16 * MB));
+    l.memory.set_near_limit(true);
+    l.free(b, 32 * MB);
+    advance(100 * MS);
+    l.reap();
+    assert_eq!(l.memory.calls().discarded_bytes, 32 * MB as u64, "near the limit: dropped");
+    assert!(l.memory.reads_zero(b, 32 * MB));
+    assert!(!l.memory.is_mapped(a, 16 * MB), "the lazily freed block is unmapped, not left in RSS");
+    assert_eq!(l.cached_resident(), (0, 0));
+    let c = l.alloc(32 * MB, 4096, true).unwrap();
+    assert_eq!(c, b);
+    assert_eq!(l.memory.calls().zeroed_bytes, 0, "known zero: calloc writes nothing");
+    l.free(c, 32 * MB);
+    check(&l);
+    // The setting fixes the choice whatever the room.
+    for (mode, near, dropped) in [(Release::DontNeed, false, true), (Release::Free, true, false)] {
+        let l = layer(Config { release_ms: 100, release: mode, ..Config::default() });
+        l.memory.set_near_limit(near);
+        let a = l.alloc(16 * MB, 4096, false).unwrap();
+        l.free(a, 16 * MB);
+        advance(100 * MS);
+        l.reap();
+        assert_eq!(l.memory.calls().discarded_bytes > 0, dropped, "{mode:?}");
+        assert_eq!(l.memory.calls().releases > 0, !dropped, "{mode:?}");
+        check(&l);
+    }
+}
+
+/// Note [Room for others]: under an address-space limit the cache keeps at most an eighth of
+/// it and unmaps what leaves at once; a failed request empties the cache only when it could then
+/// succeed.
+#[test]
+fn the_cache_gives_way_under_an_address_space_limit() {
+    let l = layer_with(Config::default(), yes);
+    l.limit_address_space(1 << 30);
+    assert_eq!(l.bounds().1, 128 * MB);
+    let big = l.alloc(256 * MB, 4096, false).unwrap();
+    let small = l.alloc(64 * MB, 4096, false).unwrap();
+    l.free(big, 256 * MB);
+    assert!(!l.memory.is_mapped(big, 256 * MB), "over the ceiling: unmapped at once, not deferred");
+    assert_eq!(l.deferred_bytes(), 0);
+    l.free(small, 64 * MB);
+    assert_eq!(l.cached(), (1, 64 * MB));
+    // A request no limit could ever allow leaves the cache alone.
+    l.memory.set_largest_mapping(1 << 30);
+    l.memory.fail_next_maps(2); // the gather's mapping, then the fresh one
+    assert!(l.alloc(2 << 30, 4096, false).is_none());
+    assert_eq!(l.cached(), (1, 64 * MB));
+    assert!(!l.make_room(2 << 30));
+    // One that could: the cache is emptied and the call tried once more.
+    assert!(l.make_room(100 * MB));
+    assert_eq!((l.cached(), l.stats.retries_after_trim.get()), ((0, 0), 1));
+    assert!(!l.make_room(100 * MB), "nothing left to give back");
+    check(&l);
+}
+
 #[test]
 fn out_of_memory_empties_the_cache_then_fails_cleanly() {
     let l = layer(Config::default());

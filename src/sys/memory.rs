@@ -95,6 +95,56 @@ pub fn meminfo_kib(text: &[u8], name: &[u8]) -> Option<u64> {
     crate::config::parse_u64(rest.get(..end)?)
 }
 
+/// Whether the process's memory nears a limit: its cgroup's (v1 `memory.usage_in_bytes` against
+/// `memory.limit_in_bytes`; v2 `memory.current` against `memory.max` and `memory.high`; on its
+/// own cgroup and every ancestor), or the system's (MemAvailable under an eighth of MemTotal).
+/// Read by the background thread before it releases idle blocks (Note [What RSS shows] in
+/// host/layer.rs): a few small reads, off the allocation paths.
+pub fn near_limit() -> bool {
+    let mut meminfo = [0u8; 4096];
+    if let Some(n) = read_file(b"/proc/meminfo\0", &mut meminfo) {
+        let text = meminfo.get(..n).unwrap_or(&[]);
+        if let (Some(available), Some(total)) = (meminfo_kib(text, b"MemAvailable:"), meminfo_kib(text, b"MemTotal:")) {
+            if short_of(total.saturating_sub(available), total.saturating_mul(7) / 8) {
+                return true;
+            }
+        }
+    }
+    let mut cgroup = [0u8; BUF];
+    let Some(n) = read_file(b"/proc/self/cgroup\0", &mut cgroup) else { return false };
+    let text = cgroup.get(..n).unwrap_or(&[]);
+    let v2 = |dir: &[u8]| {
+        let current = read_limit(b"/sys/fs/cgroup", dir, b"memory.current");
+        [b"memory.max".as_slice(), b"memory.high"].iter().any(|f| near(current, read_limit(b"/sys/fs/cgroup", dir, f)))
+    };
+    let v1 = |dir: &[u8]| near(read_limit(b"/sys/fs/cgroup/memory", dir, b"memory.usage_in_bytes"), read_limit(b"/sys/fs/cgroup/memory", dir, b"memory.limit_in_bytes"));
+    cgroup_path(text, b"").is_some_and(|p| any_up_the_tree(p, v2)) || cgroup_path(text, b"memory").is_some_and(|p| any_up_the_tree(p, v1))
+}
+
+/// Usage at three quarters of a limit or more: near it. u64::MAX stands for "unreadable" or
+/// "no limit".
+pub fn near(usage: u64, limit: u64) -> bool {
+    usage != u64::MAX && limit != u64::MAX && short_of(usage, limit / 4 * 3)
+}
+
+fn short_of(used: u64, threshold: u64) -> bool {
+    used >= threshold
+}
+
+/// Whether `test` holds for `path` or one of its ancestors.
+fn any_up_the_tree(path: &[u8], test: impl Fn(&[u8]) -> bool) -> bool {
+    let mut at = path;
+    loop {
+        if test(at) {
+            return true;
+        }
+        match at.iter().rposition(|&b| b == b'/') {
+            Some(slash) if !at.is_empty() => at = at.get(..slash).unwrap_or(&[]),
+            _ => return false,
+        }
+    }
+}
+
 /// The path of the cgroup that has `controller` in `/proc/self/cgroup` (empty: the v2 line,
 /// `0::/path`).
 pub fn cgroup_path<'a>(text: &'a [u8], controller: &[u8]) -> Option<&'a [u8]> {
@@ -172,6 +222,13 @@ mod tests {
         assert_eq!(parse_limit(b"max\n"), None);
         assert_eq!(parse_limit(b"4294967296\n"), Some(4 << 30));
         assert_eq!(parse_limit(b""), None);
+    }
+
+    #[test]
+    fn near_a_limit_from_three_quarters() {
+        assert!(!near(500, 1000) && near(750, 1000) && near(999, 1000));
+        assert!(!near(u64::MAX, 1000) && !near(10, u64::MAX), "unreadable or unlimited: not near");
+        let _ = near_limit(); // reads this machine's files without failing
     }
 
     #[test]

@@ -125,6 +125,10 @@ impl PageMemory for OsPages {
         true
     }
 
+    fn near_limit(&self) -> bool {
+        super::memory::near_limit()
+    }
+
     fn could_map(&self, len: usize) -> bool {
         len as u64 <= super::memory::largest_possible_mapping()
     }
