@@ -94,6 +94,8 @@ def test_plot_command_labels_bins_by_range_and_steps_its_lines(tmp_path):
     out = ok(run([PY, "-m", "tensormalloc", "plot", str(trace), str(png)], preload=False, env=ENV))
     assert "allocs=8 frees=5" in out.stdout and png.stat().st_size > 10_000, out.stdout
     assert run([PY, "-m", "tensormalloc", "plot"], preload=False, env=ENV).returncode == 2
+    missing = run([PY, "-m", "tensormalloc", "plot", str(tmp_path / "none.bin")], preload=False, env=ENV)
+    assert missing.returncode == 1 and "cannot read" in missing.stderr and "Traceback" not in missing.stderr, missing
     sys.path.insert(0, str(ROOT / "python"))
     from tensormalloc import plot
     labels, counts = plot.size_bins([80 * 2**20, 80 * 2**20, 16 * 2**20, 32 * 2**20])

@@ -124,7 +124,11 @@ def main(argv=None):
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     path = argv[0]
     out_png = argv[1] if len(argv) > 1 else path + ".png"
-    events = load(path)
+    try:
+        events = load(path)
+    except OSError as e:
+        print(f"tensormalloc plot: cannot read {path}: {e.strerror}", file=sys.stderr)
+        return 1
     print(" ".join(f"{k}={v}" for k, v in summary(events).items()))
     try:
         draw(events, out_png)
