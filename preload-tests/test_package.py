@@ -35,7 +35,7 @@ def git_status():
 
 @pytest.fixture(scope="module")
 def pkg(tmp_path_factory):
-    """Builds the wheel from a copy of the checkout and installs it, with numpy, in a fresh venv."""
+    """Builds the wheel from a copy of the checkout and installs it with its numpy extra in a fresh venv."""
     tmp = tmp_path_factory.mktemp("package")
     before = git_status()
     src = tmp / "src"
@@ -55,7 +55,7 @@ def pkg(tmp_path_factory):
     # Installed where there is no Rust: the wheel must carry everything.
     no_rust = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep)
                               if not (Path(d) / "cargo").exists() and not (Path(d) / "rustc").exists())
-    ok(sh([*pip, "install", wheel, "numpy"], env=clean_env(PATH=no_rust), timeout=600))
+    ok(sh([*pip, "install", f"{wheel}[numpy]"], env=clean_env(PATH=no_rust), timeout=600))  # the extra brings numpy
     return {"tmp": tmp, "venv": venv, "py": venv / "bin" / "python", "wheel": wheel,
             "env": clean_env(PATH=f"{venv / 'bin'}{os.pathsep}{no_rust}"), "status_before": before}
 
@@ -93,6 +93,26 @@ def test_console_command_preloads_and_passes_the_exit_status_on(pkg):
     lib = ok(py(pkg, "import tensormalloc; print(tensormalloc.library_path())")).stdout.strip()
     out = sh([pkg["venv"] / "bin" / "tensormalloc", "true"], env={**pkg["env"], "TENSORMALLOC_LIB": lib})
     assert out.returncode == 0 and out.stderr == "", out
+
+
+def test_extra_brings_numpy_and_the_hooks_are_attributes(pkg):
+    code = ("import sys, tensormalloc; assert 'numpy' not in sys.modules; tensormalloc.numpy.enable(); "
+            "import numpy; print(tensormalloc.numpy.handler_name(numpy.ones(8_000_000)))")
+    assert ok(py(pkg, code)).stdout.split() == ["tensormalloc"]
+    meta = ok(py(pkg, "from importlib.metadata import metadata; print(metadata('tensormalloc').get_all('Provides-Extra'))"))
+    assert "numpy" in meta.stdout and "plot" in meta.stdout, meta.stdout
+
+
+def test_help_and_plot_ship_in_the_package(pkg, tmp_path):
+    out = ok(sh([pkg["venv"] / "bin" / "tensormalloc", "--help"], env=pkg["env"]))
+    assert "  TENSORMALLOC_THRESHOLD=4M\n" in out.stdout and "tensormalloc plot TRACE" in out.stdout, out.stdout
+    trace = tmp_path / "trace.bin"
+    code = "import numpy as np\nkept = [np.ones(4_000_000) for _ in range(3)]\n"
+    ok(sh([pkg["venv"] / "bin" / "tensormalloc", "python", "-c", code], cwd=pkg["tmp"],
+          env={**pkg["env"], "TENSORMALLOC_TRACE": str(trace)}))
+    # The venv has no matplotlib (the `plot` extra brings it): the summary, then what to install.
+    out = sh([pkg["venv"] / "bin" / "tensormalloc", "plot", trace, tmp_path / "t.png"], env=pkg["env"])
+    assert out.returncode == 1 and "allocs=" in out.stdout and "pip install matplotlib" in out.stderr, out
 
 
 NUMPY_HANDLER = r"""

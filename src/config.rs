@@ -130,7 +130,63 @@ pub struct OptionSpec {
     pub name: &'static str,
     pub default: &'static str,
     pub doc: &'static str,
-    apply: fn(&mut Config, &[u8]) -> Result<(), &'static str>,
+    apply: fn(&mut Config, &[u8]) -> Result<(), Reason>,
+}
+
+/// Why a value was refused: a fixed phrase, or a number outside the range the setting allows
+/// (which the warning states).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    Text(&'static str),
+    OutOfRange { lo: u64, hi: u64, unit: Unit },
+}
+
+/// How a range's ends are written: `0 to 128`, `4K to 1T`, `0 to 86400000 ms`, `1% to 100%`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    Count,
+    Size,
+    Ms,
+    Percent,
+}
+
+impl From<&'static str> for Reason {
+    fn from(text: &'static str) -> Self {
+        Reason::Text(text)
+    }
+}
+
+/// A size as the settings take it: the largest binary suffix that divides it exactly (4K, 1T).
+struct SizeShown(u64);
+
+impl fmt::Display for SizeShown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0;
+        for (mult, suffix) in [(TIB, "T"), (GIB, "G"), (MIB, "M"), (KIB, "K")] {
+            if n != 0 && n.is_multiple_of(mult) {
+                return write!(f, "{}{}", n / mult, suffix);
+            }
+        }
+        write!(f, "{n}")
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Reason::Text(text) => f.write_str(text),
+            Reason::OutOfRange { lo, hi, unit } => {
+                f.write_str("out of range (allowed: ")?;
+                match unit {
+                    Unit::Count => write!(f, "{lo} to {hi}"),
+                    Unit::Size => write!(f, "{} to {}", SizeShown(lo), SizeShown(hi)),
+                    Unit::Ms => write!(f, "{lo} to {hi} ms"),
+                    Unit::Percent => write!(f, "{lo}% to {hi}%"),
+                }?;
+                f.write_str(")")
+            }
+        }
+    }
 }
 
 const SIZE_HINT: &str = "not a size (use bytes or a K/M/G/T suffix, e.g. 4M)";
@@ -141,7 +197,10 @@ pub static OPTIONS: &[OptionSpec] = &[
         name: "TENSORMALLOC_DISABLE",
         default: "0",
         doc: "1: pass every call straight to the next allocator and the CUDA runtime (for profilers and memory tools)",
-        apply: |c, v| parse_bool(v).map(|b| c.disabled = b),
+        apply: |c, v| {
+            c.disabled = parse_bool(v)?;
+            Ok(())
+        },
     },
     OptionSpec {
         name: "TENSORMALLOC_THRESHOLD",
@@ -153,7 +212,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         name: "TENSORMALLOC_CACHE_BLOCKS",
         default: "auto",
         doc: "most freed large blocks kept for reuse (0 to 128; 0 turns the cache off); auto: as many as were live at the recent peak, at least 16",
-        apply: |c, v| auto_or(v, |v| parse_u64_in(v, 0, MAX_CACHE_BLOCKS as u64)).map(|n| c.cache_blocks = n.map(|n| n as usize)),
+        apply: |c, v| auto_or(v, |v| parse_u64_in(v, 0, MAX_CACHE_BLOCKS as u64, Unit::Count)).map(|n| c.cache_blocks = n.map(|n| n as usize)),
     },
     OptionSpec {
         name: "TENSORMALLOC_CACHE_BYTES",
@@ -165,7 +224,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         name: "TENSORMALLOC_RELEASE_MS",
         default: "1000",
         doc: "a cached block idle this long is released with MADV_FREE (the kernel may take it back)",
-        apply: |c, v| parse_u64_in(v, 0, 86_400_000).map(|n| c.release_ms = n).map_err(|_| MS_HINT),
+        apply: |c, v| parse_u64_in(v, 0, 86_400_000, Unit::Ms).map(|n| c.release_ms = n),
     },
     OptionSpec {
         name: "TENSORMALLOC_RELEASE",
@@ -180,19 +239,22 @@ pub static OPTIONS: &[OptionSpec] = &[
         name: "TENSORMALLOC_EXPIRE_MS",
         default: "10000",
         doc: "a cached block idle this long is unmapped",
-        apply: |c, v| parse_u64_in(v, 0, 86_400_000).map(|n| c.expire_ms = n).map_err(|_| MS_HINT),
+        apply: |c, v| parse_u64_in(v, 0, 86_400_000, Unit::Ms).map(|n| c.expire_ms = n),
     },
     OptionSpec {
         name: "TENSORMALLOC_MAX_WASTE",
         default: "auto",
         doc: "percent of a cached block a request may leave unused; past it the rest is split off and stays cached (0 to 100); auto: 50 while at most 16 large blocks were live at the recent peak, 10 with more",
-        apply: |c, v| auto_or(v, |v| parse_u64_in(v, 0, 100)).map(|n| c.max_waste_percent = n),
+        apply: |c, v| auto_or(v, |v| parse_u64_in(v, 0, 100, Unit::Count)).map(|n| c.max_waste_percent = n),
     },
     OptionSpec {
         name: "TENSORMALLOC_CHECK_FREE",
         default: "1",
         doc: "1: free/realloc of a pointer inside a large block aborts as glibc does; 0: skip the check on small frees",
-        apply: |c, v| parse_bool(v).map(|b| c.check_free = b),
+        apply: |c, v| {
+            c.check_free = parse_bool(v)?;
+            Ok(())
+        },
     },
     OptionSpec {
         name: "TENSORMALLOC_HUGEPAGES",
@@ -210,7 +272,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         apply: |c, v| {
             if let Some(path) = v.strip_prefix(b"json:") {
                 if path.is_empty() || path.len() >= STATS_PATH_MAX {
-                    return Err("json: needs a path of 1 to 255 bytes");
+                    return Err("json: needs a path of 1 to 255 bytes".into());
                 }
                 c.stats_path = [0; STATS_PATH_MAX];
                 c.stats_path.get_mut(..path.len()).ok_or("path too long")?.copy_from_slice(path);
@@ -224,10 +286,10 @@ pub static OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "TENSORMALLOC_TRACE",
         default: "off",
-        doc: "PATH: record large allocations and frees (and memory samples) to PATH, for scripts/plot-trace",
+        doc: "PATH: record large allocations and frees (and memory samples) to PATH, for tensormalloc plot (scripts/plot-trace)",
         apply: |c, v| {
             if v.is_empty() || v.len() >= STATS_PATH_MAX {
-                return Err("not a path of 1 to 255 bytes");
+                return Err("not a path of 1 to 255 bytes".into());
             }
             c.trace_path = [0; STATS_PATH_MAX];
             c.trace_path.get_mut(..v.len()).ok_or("path too long")?.copy_from_slice(v);
@@ -238,7 +300,10 @@ pub static OPTIONS: &[OptionSpec] = &[
         name: "TENSORMALLOC_LEAKS",
         default: "0",
         doc: "1: at exit, list large host and device blocks still live",
-        apply: |c, v| parse_bool(v).map(|b| c.leaks = b),
+        apply: |c, v| {
+            c.leaks = parse_bool(v)?;
+            Ok(())
+        },
     },
     OptionSpec {
         name: "TENSORMALLOC_CUDA_POOL",
@@ -255,7 +320,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         doc: "cap on device memory the pool reserves per device: bytes (K/M/G) or a percent like 80%; 0: none",
         apply: |c, v| {
             if let Some(pct) = v.strip_suffix(b"%") {
-                let p = parse_u64_in(pct, 1, 100).map_err(|_| "percent must be 1% to 100%")?;
+                let p = parse_u64_in(pct, 1, 100, Unit::Percent)?;
                 c.cuda_limit = DeviceLimit::Percent(p);
             } else {
                 let n = parse_size_in(v, 0, 64 * TIB)?;
@@ -292,7 +357,7 @@ pub static OPTIONS: &[OptionSpec] = &[
 #[derive(Debug, PartialEq, Eq)]
 pub enum ConfigError<'a> {
     Unknown { name: &'a [u8] },
-    Invalid { spec: &'static OptionSpec, value: &'a [u8], reason: &'static str },
+    Invalid { spec: &'static OptionSpec, value: &'a [u8], reason: Reason },
 }
 
 impl fmt::Debug for OptionSpec {
@@ -377,12 +442,12 @@ fn trim_ascii(v: &[u8]) -> &[u8] {
 }
 
 /// One of a fixed set of words.
-fn choose<T: Copy>(v: &[u8], choices: &[(&[u8], T)], hint: &'static str) -> Result<T, &'static str> {
-    choices.iter().find(|(word, _)| *word == v).map(|&(_, t)| t).ok_or(hint)
+fn choose<T: Copy>(v: &[u8], choices: &[(&[u8], T)], hint: &'static str) -> Result<T, Reason> {
+    choices.iter().find(|(word, _)| *word == v).map(|&(_, t)| t).ok_or(Reason::Text(hint))
 }
 
 /// `auto` (None) or a value for `parse`.
-fn auto_or(v: &[u8], parse: impl Fn(&[u8]) -> Result<u64, &'static str>) -> Result<Option<u64>, &'static str> {
+fn auto_or(v: &[u8], parse: impl Fn(&[u8]) -> Result<u64, Reason>) -> Result<Option<u64>, Reason> {
     if trim_ascii(v).eq_ignore_ascii_case(b"auto") {
         return Ok(None);
     }
@@ -409,10 +474,10 @@ pub fn parse_u64(v: &[u8]) -> Option<u64> {
     })
 }
 
-fn parse_u64_in(v: &[u8], lo: u64, hi: u64) -> Result<u64, &'static str> {
-    let n = parse_u64(v).ok_or("not a whole number")?;
+fn parse_u64_in(v: &[u8], lo: u64, hi: u64, unit: Unit) -> Result<u64, Reason> {
+    let n = parse_u64(v).ok_or(if unit == Unit::Ms { MS_HINT } else { "not a whole number" })?;
     if n < lo || n > hi {
-        return Err("out of range");
+        return Err(Reason::OutOfRange { lo, hi, unit });
     }
     Ok(n)
 }
@@ -435,10 +500,10 @@ pub fn parse_size(v: &[u8]) -> Option<u64> {
     n.checked_mul(*mult)
 }
 
-fn parse_size_in(v: &[u8], lo: u64, hi: u64) -> Result<u64, &'static str> {
+fn parse_size_in(v: &[u8], lo: u64, hi: u64) -> Result<u64, Reason> {
     let n = parse_size(v).ok_or(SIZE_HINT)?;
     if n < lo || n > hi {
-        return Err("out of range");
+        return Err(Reason::OutOfRange { lo, hi, unit: Unit::Size });
     }
     Ok(n)
 }
@@ -477,6 +542,26 @@ mod tests {
         assert!(c.apply(b"TENSORMALLOC_CUDA_LIMIT", b"0%").is_err());
         assert!(c.apply(b"TENSORMALLOC_CUDA_LIMIT", b"101%").is_err());
         assert_eq!(c, Config::default());
+    }
+
+    /// An out-of-range value's warning says what the setting allows.
+    #[test]
+    fn out_of_range_names_the_allowed_range() {
+        let mut c = Config::default();
+        let cases: [(&[u8], &[u8], &str); 6] = [
+            (b"TENSORMALLOC_THRESHOLD", b"1K", "out of range (allowed: 4K to 1T); using the default 4M"),
+            (b"TENSORMALLOC_CACHE_BLOCKS", b"129", "out of range (allowed: 0 to 128); using the default auto"),
+            (b"TENSORMALLOC_MAX_WASTE", b"101", "out of range (allowed: 0 to 100)"),
+            (b"TENSORMALLOC_RELEASE_MS", b"86400001", "out of range (allowed: 0 to 86400000 ms)"),
+            (b"TENSORMALLOC_CUDA_LIMIT", b"0%", "out of range (allowed: 1% to 100%)"),
+            (b"TENSORMALLOC_CACHE_BYTES", b"65T", "out of range (allowed: 0 to 64T)"),
+        ];
+        for (name, value, want) in cases {
+            let line = c.apply(name, value).unwrap_err().to_string();
+            assert!(line.contains(want), "{line}");
+        }
+        let line = c.apply(b"TENSORMALLOC_RELEASE_MS", b"soon").unwrap_err().to_string();
+        assert!(line.contains("not a number of milliseconds"), "{line}");
     }
 
     #[test]
@@ -542,6 +627,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// python/tensormalloc/_settings.py (what `tensormalloc --help` lists) is this table, as
+    /// this test writes it: `TENSORMALLOC_BLESS=1 cargo test --lib python_settings` rewrites it.
+    #[test]
+    fn python_settings_match_options() {
+        let mut want = String::from(
+            "# Generated from OPTIONS in src/config.rs by its test python_settings_match_options\n\
+             # (TENSORMALLOC_BLESS=1 cargo test --lib python_settings rewrites it); do not edit.\n\
+             # (name, default, doc): what `tensormalloc --help` lists.\nSETTINGS = (\n",
+        );
+        for spec in OPTIONS {
+            want.push_str(&format!("    ({:?}, {:?},\n     {:?}),\n", spec.name, spec.default, spec.doc));
+        }
+        want.push_str(")\n");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/python/tensormalloc/_settings.py");
+        if std::env::var_os("TENSORMALLOC_BLESS").is_some() {
+            std::fs::write(path, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(have == want, "{path} is out of date: run TENSORMALLOC_BLESS=1 cargo test --lib python_settings");
     }
 
     /// The README documents exactly the variables in this table, with the same defaults.

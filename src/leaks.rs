@@ -2,7 +2,7 @@
 //! exit, grouped by size, biggest total first, with counts, bytes in bytes and human units, and
 //! the age of the oldest block in each group. Fixed-size tables: no allocation at exit.
 
-use crate::units::{pad, Bytes, Nanos};
+use crate::units::{pad, Bytes, Count, Nanos};
 use core::fmt::{self, Write};
 
 const GROUPS: usize = 32;
@@ -61,8 +61,8 @@ impl LeakGroups {
         }
         writeln!(
             w,
-            "tensormalloc: leaks at exit: {what}: {} blocks still live, {} bytes ({})",
-            self.total_count,
+            "tensormalloc: leaks at exit: {what}: {} still live, {} bytes ({})",
+            Count(self.total_count, "block"),
             self.total_bytes,
             Bytes(self.total_bytes)
         )?;
@@ -81,7 +81,8 @@ impl LeakGroups {
             )?;
         }
         if self.other_count > 0 {
-            writeln!(w, "  {:>8} blocks of other sizes, {} bytes ({})", self.other_count, self.other_bytes, Bytes(self.other_bytes))?;
+            let noun = if self.other_count == 1 { "block" } else { "blocks" };
+            writeln!(w, "  {:>8} {noun} of other sizes, {} bytes ({})", self.other_count, self.other_bytes, Bytes(self.other_bytes))?;
         }
         Ok(())
     }

@@ -5,7 +5,7 @@
 use crate::config::{Config, StatsOutput};
 use crate::stats::PhaseTimer;
 use crate::sys::stderr::StackWriter;
-use crate::units::{Bytes, Nanos};
+use crate::units::{Bytes, Count, Nanos};
 use crate::{DEVICE, HOST};
 use core::fmt::{self, Write};
 
@@ -159,21 +159,21 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     )?;
     writeln!(
         w,
-        "  live {} (peak {})  cached {} in {} blocks (peak {}): resident {}, lazily freed {} (in RSS until the kernel needs it)",
+        "  live {} (peak {})  cached {} in {} (peak {}): resident {}, lazily freed {} (in RSS until the kernel needs it)",
         Bytes(s.host_live_bytes),
         Bytes(s.host_peak_live_bytes),
         Bytes(s.host_cached_bytes),
-        s.host_cached_blocks,
+        Count(s.host_cached_blocks, "block"),
         Bytes(s.host_peak_cached_bytes),
         Bytes(s.host_cached_resident_bytes),
         Bytes(s.host_cached_lazyfree_bytes)
     )?;
     writeln!(
         w,
-        "  released (MADV_FREE) {} blocks, {}  unmapped {} blocks, {} (waiting for the background thread {})  mmap failures {}",
-        s.host_released_blocks,
+        "  released (MADV_FREE) {}, {}  unmapped {}, {} (waiting for the background thread {})  mmap failures {}",
+        Count(s.host_released_blocks, "block"),
         Bytes(s.host_released_bytes),
-        s.host_unmapped_blocks,
+        Count(s.host_unmapped_blocks, "block"),
         Bytes(s.host_unmapped_bytes),
         Bytes(HOST.stats.deferred.current()),
         s.host_map_failures
@@ -181,8 +181,8 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     let (bound_blocks, bound_bytes) = HOST.bounds();
     writeln!(
         w,
-        "  cache bound now {} blocks, {}  calloc hits zeroed by dropping pages {}  freed blocks not reusable {}  retries after emptying the cache {}",
-        bound_blocks,
+        "  cache bound now {}, {}  calloc hits zeroed by dropping pages {}  freed blocks not reusable {}  retries after emptying the cache {}",
+        Count(bound_blocks as u64, "block"),
         Bytes(bound_bytes as u64),
         HOST.stats.zeroed_by_discard.get(),
         HOST.stats.unresettable.get(),
@@ -229,6 +229,7 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     let cuda_used = DEVICE.phases.malloc.calls.get() + DEVICE.phases.free.calls.get() > 0;
     let shown = if cuda_used { rows.len() } else { rows.len() - DEVICE_ROWS };
     writeln!(w, " {:<30} {:>10} {:>10} {:>7} {:>10}", "Section", "ncalls", "time", "%tot", "avg")?;
+    let legend = "%tot: share of the time spent inside tensormalloc's large-block and CUDA calls (the unindented rows sum to 100%), not of the run";
     for &(indent, name, t) in rows.iter().take(shown) {
         let calls = t.calls.get();
         let ns = t.total_ns.get();
@@ -247,6 +248,7 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
             pad = pad
         )?;
     }
+    writeln!(w, " {legend}")?;
     Ok(())
 }
 
@@ -372,5 +374,11 @@ mod tests {
         let text = std::str::from_utf8(w.as_bytes()).unwrap();
         assert!(text.contains("hits 9 (90.0%)"), "{text}");
         assert!(text.contains("Section") && text.contains("idle release (MADV_FREE)"), "{text}");
+        assert!(text.contains(" %tot: share of the time spent inside tensormalloc's"), "{text}");
+        assert!(text.contains("cached 0 B in 0 blocks") && text.contains("released (MADV_FREE) 0 blocks"), "{text}");
+        let mut w = StackWriter::<8192>::new();
+        write_text(&mut w, &Snapshot { host_cached_blocks: 1, host_released_blocks: 1, ..Default::default() }).unwrap();
+        let text = std::str::from_utf8(w.as_bytes()).unwrap();
+        assert!(text.contains("in 1 block (") && text.contains("(MADV_FREE) 1 block,"), "{text}");
     }
 }

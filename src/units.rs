@@ -27,6 +27,16 @@ impl fmt::Display for Bytes {
 }
 
 /// A duration in the unit that keeps three significant digits: "850ns", "12.3us", "1.20s".
+/// A count and its noun, singular for one: `Count(1, "block")` is "1 block", `Count(3, "block")`
+/// "3 blocks".
+pub struct Count(pub u64, pub &'static str);
+
+impl fmt::Display for Count {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}{}", self.0, self.1, if self.0 == 1 { "" } else { "s" })
+    }
+}
+
 pub struct Nanos(pub u64);
 
 impl fmt::Display for Nanos {

@@ -3,13 +3,15 @@ account for what a block of code allocates; ctypes over the C API (include/tenso
 
 The library is found in this process when it was preloaded (`tensormalloc python ...`,
 LD_PRELOAD) and then counts every large malloc. Without the preload, `import tensormalloc` loads
-nothing (`loaded()` is False, `stats()` all zeros) until `load()`, or `tensormalloc.numpy` /
-`.torch` / `.cupy` / `.numba`'s `enable()`, which load it by path (`library_path()`): it then
-counts only what those hooks hand it. TENSORMALLOC_LIB names a library to load on first use.
+nothing (`loaded()` is False, `stats()` all zeros, with one warning saying how to load it) until
+`load()`, or `tensormalloc.numpy` / `.torch` / `.cupy` / `.numba`'s `enable()`, which load it by
+path (`library_path()`): it then counts only what those hooks hand it. TENSORMALLOC_LIB names a
+library to load on first use. The four hook modules are attributes of the package, imported on
+first touch (PEP 562), so `import tensormalloc` never imports numpy or torch.
 
     import tensormalloc
     with tensormalloc.scope("epoch") as s:
-        train_one_epoch()
+        blocks = [bytearray(64 << 20) for _ in range(3)]
     print(s.peak_bytes, s.live_bytes)      # large host blocks and CUDA blocks only
     print(tensormalloc.stats()["host_hits"])
     tensormalloc.trim()
@@ -20,7 +22,22 @@ import warnings
 from pathlib import Path
 
 __all__ = ["library_path", "load", "loaded", "loaded_by", "loaded_path", "version", "stats", "trim",
-           "set_enabled", "scope", "ScopeResult"]
+           "set_enabled", "scope", "ScopeResult"]  # the hooks are left out: `import *` must not shadow numpy
+
+# The hooks, reachable as `tensormalloc.numpy` after `import tensormalloc`; imported on first
+# touch, so importing the package imports none of numpy, torch, cupy or numba.
+_HOOKS = ("numpy", "torch", "cupy", "numba", "plot")
+
+
+def __getattr__(name):
+    if name in _HOOKS:
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")  # also binds it as an attribute
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_HOOKS))
 
 _u64 = ctypes.c_uint64
 _HERE = Path(__file__).resolve().parent
@@ -153,13 +170,26 @@ def version():
 
 STATS_FIELDS = tuple(name for name, _ in _Stats._fields_ if name != "size")
 _warned_path_zeros = False
+_warned_not_loaded = False
+NOT_LOADED = ("tensormalloc: the library is not loaded in this process, so stats() and scope() count nothing "
+              "(all zeros); run the program under it (`tensormalloc python script.py`, i.e. LD_PRELOAD), or call "
+              "tensormalloc.numpy.enable() (or tensormalloc.load()) to have numpy's arrays served and counted")
+
+
+def _warn_not_loaded():
+    """Once per process: figures of zero from an absent library must not read as 'nothing allocated'."""
+    global _warned_not_loaded
+    if not _warned_not_loaded:
+        _warned_not_loaded = True
+        warnings.warn(NOT_LOADED, RuntimeWarning, stacklevel=3)
 
 
 def stats():
-    """Every counter of tm_stats_t as a dict; the same keys, all zero, when the library is not
-    loaded (see `loaded()`)."""
+    """Every counter of tm_stats_t as a dict; the same keys, all zero (and one warning per
+    process), when the library is not loaded (see `loaded()`)."""
     lib = _get()
     if not lib:
+        _warn_not_loaded()
         return dict.fromkeys(STATS_FIELDS, 0)
     s = _Stats(size=ctypes.sizeof(_Stats))
     lib.tm_get_stats(ctypes.byref(s))
@@ -204,7 +234,8 @@ class ScopeResult:
 
 
 class scope:
-    """`with tensormalloc.scope("name") as s:` counts this thread's large and CUDA allocations."""
+    """`with tensormalloc.scope("name") as s:` counts this thread's large and CUDA allocations
+    (nothing, and one warning per process, when the library is not loaded)."""
 
     def __init__(self, name):
         self.result = ScopeResult(name)
@@ -212,7 +243,9 @@ class scope:
 
     def __enter__(self):
         self._lib = _get()  # the copy that opened the scope closes it, even if load() runs inside
-        if self._lib is not None:
+        if self._lib is None:
+            _warn_not_loaded()
+        else:
             if self._lib.tm_scope_begin(self.result.name.encode()[:47]) < 0:
                 raise RuntimeError("tensormalloc: at most 16 nested scopes")
         return self.result

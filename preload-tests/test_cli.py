@@ -1,0 +1,106 @@
+"""The Python package as a Python user meets it, from the source tree (PYTHONPATH=python): the
+hook modules reachable after `import tensormalloc` without importing numpy until touched, one
+warning when figures are zero because the library is not loaded, `tensormalloc --help` listing
+every setting of the library's own table, and `tensormalloc plot` (bins named by range, stepped
+lines). The installed package: test_package.py."""
+import re
+import sys
+
+from conftest import LIB, ROOT, compile_c, ok, run
+
+PY = str(ROOT / ".venv" / "bin" / "python")
+ENV = {"PYTHONPATH": str(ROOT / "python")}
+
+
+def test_hook_modules_are_attributes_imported_on_first_touch():
+    code = r"""
+import sys, tensormalloc
+assert "numpy" not in sys.modules and "tensormalloc.numpy" not in sys.modules
+assert {"numpy", "torch", "cupy", "numba"} <= set(dir(tensormalloc))
+tensormalloc.numpy.enable()                      # the first thing a numpy user types
+import numpy as np
+a = np.ones(8_000_000)
+print(tensormalloc.numpy.handler_name(a), tensormalloc.loaded_by(), "torch" in sys.modules,
+      tensormalloc.torch.__name__, tensormalloc.cupy.__name__, tensormalloc.numba.__name__)
+try:
+    tensormalloc.nonesuch
+except AttributeError as e:
+    print("AttributeError", "nonesuch" in str(e))
+"""
+    out = ok(run([PY, "-c", code], preload=False, env=ENV))
+    assert out.stdout.split() == ["tensormalloc", "path", "False", "tensormalloc.torch", "tensormalloc.cupy",
+                                  "tensormalloc.numba", "AttributeError", "True"], out
+
+
+def test_stats_and_scope_warn_once_when_the_library_is_not_loaded():
+    code = r"""
+import warnings, tensormalloc
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    s = tensormalloc.stats()
+    with tensormalloc.scope("epoch") as r:
+        pass
+    tensormalloc.stats()
+assert not any(s.values()) and r.allocated_bytes == 0
+print(len(w))
+print(w[0].category.__name__, w[0].message)
+"""
+    out = ok(run([PY, "-c", code], preload=False, env=ENV))
+    count, message = out.stdout.split("\n", 1)
+    assert count == "1", out.stdout
+    assert message.startswith("RuntimeWarning") and "not loaded" in message
+    assert "tensormalloc python" in message and "tensormalloc.numpy.enable()" in message, message
+    # A scope alone warns too (once), and a loaded library never does.
+    code = "import tensormalloc\nwith tensormalloc.scope('x'): pass\nwith tensormalloc.scope('y'): pass\n"
+    out = ok(run([PY, "-W", "default", "-c", code], preload=False, env=ENV))
+    assert out.stderr.count("RuntimeWarning") == 1, out.stderr
+    code = "import tensormalloc\ntensormalloc.stats()\nwith tensormalloc.scope('x'): pass\n"
+    out = ok(run([PY, "-W", "default", "-c", code], env=ENV))
+    assert "Warning" not in out.stderr, out.stderr
+
+
+def settings_of_the_library():
+    """(name, default) of every option, as config.rs's table has them."""
+    src = (ROOT / "src" / "config.rs").read_text()
+    table = src[src.index("pub static OPTIONS"):src.index("\n];", src.index("pub static OPTIONS"))]
+    return re.findall(r'name: "(\w+)",\s*default: "([^"]*)"', table)
+
+
+def test_help_lists_every_setting_with_its_default_and_the_commands():
+    out = ok(run([PY, "-m", "tensormalloc", "--help"], preload=False, env=ENV))
+    settings = settings_of_the_library()
+    assert len(settings) >= 17
+    for name, default in settings:
+        assert f"  {name}={default}\n" in out.stdout, (name, default)
+    for words in ("TENSORMALLOC_STATS=1 tensormalloc", "TENSORMALLOC_TRACE=trace.bin tensormalloc",
+                  "tensormalloc plot trace.bin", "tensormalloc --path"):
+        assert words in out.stdout, words
+    bare = run([PY, "-m", "tensormalloc"], preload=False, env=ENV)
+    assert bare.returncode == 2 and "--help" in bare.stderr
+    # `--` runs a program named like a subcommand; a missing one is 127 as before.
+    assert run([PY, "-m", "tensormalloc", "--", "plot-no-such"], preload=False, env=ENV).returncode == 127
+    out = ok(run([PY, "-m", "tensormalloc", "--", "sh", "-c", "echo $LD_PRELOAD"], preload=False,
+                 env={**ENV, "TENSORMALLOC_LIB": str(LIB)}))
+    assert out.stdout.strip() == str(LIB)
+    # The source tree's (and the C install's) shell launcher points to the report, trace and settings.
+    out = ok(run([str(ROOT / "scripts" / "tensormalloc"), "--help"], preload=False))
+    assert "TENSORMALLOC_STATS=1" in out.stdout and "tensormalloc --help" in out.stdout, out.stdout
+
+
+def test_plot_command_labels_bins_by_range_and_steps_its_lines(tmp_path):
+    trace = tmp_path / "trace.bin"
+    ok(run([compile_c("leaky")], env={"TENSORMALLOC_TRACE": str(trace)}))
+    png = tmp_path / "out.png"
+    out = ok(run([PY, "-m", "tensormalloc", "plot", str(trace), str(png)], preload=False, env=ENV))
+    assert "allocs=8 frees=5" in out.stdout and png.stat().st_size > 10_000, out.stdout
+    assert run([PY, "-m", "tensormalloc", "plot"], preload=False, env=ENV).returncode == 2
+    missing = run([PY, "-m", "tensormalloc", "plot", str(tmp_path / "none.bin")], preload=False, env=ENV)
+    assert missing.returncode == 1 and "cannot read" in missing.stderr and "Traceback" not in missing.stderr, missing
+    sys.path.insert(0, str(ROOT / "python"))
+    from tensormalloc import plot
+    labels, counts = plot.size_bins([80 * 2**20, 80 * 2**20, 16 * 2**20, 32 * 2**20])
+    assert labels == ["16M-32M", "32M-64M", "64M-128M"] and counts == [1, 1, 2], (labels, counts)
+    fig = plot.draw(plot.load(trace), tmp_path / "again.png")
+    lines = fig.axes[0].get_lines()
+    assert lines and all(line.get_drawstyle() == "steps-post" for line in lines)
+    assert [t.get_text() for t in fig.axes[1].get_xticklabels()][-1] == "64M-128M"
