@@ -125,7 +125,7 @@ def main():
 
 def render(results, meta):
     lines = [f"Date {meta['date']}; {meta['machine']}; numpy {meta['numpy']}; medians of {meta['reps']} runs.", ""]
-    lines.append("| workload | allocator | ms/iter | vs glibc | faults/iter | peak RSS MB | held after idle MB |")
+    lines.append("| workload | allocator | ms/iter | speed vs glibc (above 1x is faster) | faults/iter | peak RSS MB | held after idle MB |")
     lines.append("|---|---|---|---|---|---|---|")
     for w, per in results.items():
         base = per.get("glibc", {}).get("ms")

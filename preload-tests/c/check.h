@@ -39,6 +39,20 @@ static inline int tm_stats(tm_stats_t *s) {
     return get ? get(s) : -1;
 }
 
+/* A field ("RssAnon", "VmLck", ...) of /proc/self/status in kB. */
+static inline long status_kb(const char *field) {
+    FILE *f = fopen("/proc/self/status", "r");
+    CHECK(f);
+    char line[256], want[64];
+    snprintf(want, sizeof want, "%s: %%ld kB", field);
+    long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, want, &kb) == 1) break;
+    fclose(f);
+    CHECK(kb >= 0);
+    return kb;
+}
+
 /* A field ("Rss", "LazyFree", ...) in kB of the /proc/self/smaps entry holding addr: 0 when the
  * entry lacks it, -1 when addr is not mapped. */
 static inline long smaps_kb(uintptr_t addr, const char *field) {

@@ -17,18 +17,6 @@
 #define SIZE (64 * MB)
 #define FORKS 21
 
-static long rss_anon_kb(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    CHECK(f);
-    char line[256];
-    long kb = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "RssAnon: %ld kB", &kb) == 1) break;
-    fclose(f);
-    CHECK(kb >= 0);
-    return kb;
-}
-
 static void sleep_ms(long ms) {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
@@ -43,10 +31,10 @@ static double now_ms(void) {
 /* RssAnon once it is at most limit_kb, polling for up to 2 s: a block the background thread
  * is releasing when tm_trim() runs is unmapped only when its madvise returns. */
 static long settled_rss_kb(long limit_kb) {
-    long kb = rss_anon_kb();
+    long kb = status_kb("RssAnon");
     for (int i = 0; i < 400 && kb > limit_kb; i++) {
         sleep_ms(5);
-        kb = rss_anon_kb();
+        kb = status_kb("RssAnon");
     }
     return kb;
 }
@@ -56,7 +44,7 @@ static long baseline_kb;
 /* The child: its figures go back through the pipe; exit 0 when everything worked. */
 static void child(int fd, int own) {
     long fig[3];
-    fig[0] = rss_anon_kb();
+    fig[0] = status_kb("RssAnon");
     size_t (*trim)(void) = (size_t (*)(void))dlsym(RTLD_DEFAULT, "tm_trim");
     tm_stats_t s;
     int ours = tm_stats(&s) == 0 && s.enabled;
@@ -97,7 +85,7 @@ int main(int argc, char **argv) {
     double window_ms = 2.0 * release_ms < 20 ? 20 : 2.0 * release_ms;
     long worst[3] = {-1, -1, -1};
     int failed = 0;
-    baseline_kb = rss_anon_kb();
+    baseline_kb = status_kb("RssAnon");
     for (int r = 0; r < rounds; r++) {
         unsigned char *p[BLOCKS];
         for (int i = 0; i < BLOCKS; i++) {

@@ -58,17 +58,6 @@ static int all_zero(const unsigned char *p, size_t n, size_t *at) {
     return 1;
 }
 
-static long vm_lck_kb(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    CHECK(f);
-    char line[256];
-    long kb = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmLck: %ld kB", &kb) == 1) break;
-    fclose(f);
-    return kb;
-}
-
 /* Every mapping overlapping [p, p+n) is private read-write, not executable, with default fork
  * and dump advice and not locked. One pass over smaps. */
 static void check_plain_mappings(const void *p, size_t n, const char *what) {
@@ -215,7 +204,7 @@ static void round_(enum next kind) {
     }
     for (int i = 0; i < ntaint; i++) free(t[i]);
     if (!strcmp(mode, "mlock")) {
-        long kb = vm_lck_kb();
+        long kb = status_kb("VmLck");
         if (kb > 1024) FAIL("VmLck is %ld kB with no locked block live (freed blocks stay locked)", kb);
     }
     if (kind == NEXT_MALLOC) child_allocates();
@@ -292,7 +281,7 @@ int main(int argc, char **argv) {
     tm_stats_t s;
     int ours = tm_stats(&s) == 0 && s.enabled;
     if (!strcmp(mode, "mlock")) {
-        long kb = vm_lck_kb();
+        long kb = status_kb("VmLck");
         if (kb > 1024) FAIL("VmLck is %ld kB at the end with nothing live", kb);
         if (ours) madv_free_after_locked_block();
     }
