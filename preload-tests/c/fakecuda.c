@@ -7,7 +7,9 @@
  * whole allocation across processes, pointer queries, stream-ordered frees, managed memory, a VMM
  * subset, and "kernels" (fakecuda_launch_memset) queued until the next synchronization, so a pool
  * that reuses a block before the work on it finished, or hands out a block of a dead context, is
- * caught. Thread-safe with one mutex; static tables only (no malloc). */
+ * caught. Knobs to widen races: FAKECUDA_ALLOC_DELAY_US makes every cuMemAlloc take that long
+ * (outside the lock, as on a busy GPU); FAKECUDA_REUSE_CONTEXTS=1 gives a new context the handle
+ * of the most recently destroyed one. Thread-safe with one mutex; static tables only (no malloc). */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -81,6 +83,9 @@ static int nqueued;
 static uint64_t next_serial = 1;
 static struct fakecuda_counters counters;
 static int initialized, ndevices;
+static unsigned alloc_delay_us;
+static int reuse_contexts;
+static CUcontext last_destroyed;
 static size_t capacity;
 static unsigned long next_stream = 1;
 /* Each device's allocations lie in its own reserved address range, as under unified addressing:
@@ -100,6 +105,10 @@ static void configure(void) {
     ndevices = n < 1 ? 1 : n > MAX_DEV ? MAX_DEV : n;
     v = getenv("FAKECUDA_DEVICE_MEM");
     capacity = v ? strtoull(v, NULL, 10) : (1UL << 30);
+    v = getenv("FAKECUDA_ALLOC_DELAY_US");
+    alloc_delay_us = v ? (unsigned)strtoul(v, NULL, 10) : 0;
+    v = getenv("FAKECUDA_REUSE_CONTEXTS");
+    reuse_contexts = v && *v == '1';
     for (int d = 0; d < MAX_DEV; d++) ctxs[d] = (struct fake_ctx){CTX_INACTIVE, d, 1, 0};
     region_size = ((2 * capacity + (1UL << 30)) + PLACE_ALIGN - 1) & ~(PLACE_ALIGN - 1);
     for (int d = 0; d < ndevices; d++) {
@@ -218,6 +227,7 @@ static CUresult alloc_mem(CUdeviceptr *out, size_t size, int k) {
     if (!out || !size) return CUDA_ERROR_INVALID_VALUE;
     CUresult e = need_ctx();
     if (e) return e;
+    if (k == K_DEVICE && alloc_delay_us) usleep(alloc_delay_us);
     pthread_mutex_lock(&lock);
     CUcontext c = current();
     if ((e = usable(c))) goto out;
@@ -388,7 +398,7 @@ static CUresult s_cuCtxCreate_v2(CUcontext *pctx, unsigned flags, CUdevice d) {
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (depth == STACK_DEPTH) return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&lock);
-    CUcontext c = NULL;
+    CUcontext c = reuse_contexts && last_destroyed && last_destroyed->state == CTX_DESTROYED ? last_destroyed : NULL;
     for (int pass = 0; pass < 2 && !c; pass++) /* never-used slots first, so stale handles stay destroyed */
         for (int i = MAX_DEV; i < MAX_CTX && !c; i++)
             if (ctxs[i].state == (pass ? CTX_DESTROYED : CTX_FREE)) c = &ctxs[i];
@@ -409,6 +419,7 @@ static CUresult s_cuCtxDestroy_v2(CUcontext c) {
     if (!e) {
         kill_allocations(c);
         c->state = CTX_DESTROYED;
+        last_destroyed = c;
     }
     pthread_mutex_unlock(&lock);
     if (!e && depth && stack[depth - 1] == c) depth--; /* current on this thread: popped */

@@ -30,9 +30,15 @@
 // the layer makes it an id no other pool and no runtime allocation has.
 //
 // Note [Context lifetime]
-// A device reset or context destroy frees every allocation of that context behind our back.
+// A device reset, a context destroy, or the last release of a primary context frees every
+// allocation of that context behind our back.
 // `forget_all` drops every segment and live block without asking the runtime to free anything;
-// `generation` tells a caller who mapped a segment before the reset not to add it.
+// `generation` tells a caller who mapped a segment before the reset not to add it. The driver may
+// give a later context the dead one's handle (the primary context's never changes), so segments
+// belong to a context instance: the layer forgets them when that instance ends (a destroy, a
+// reset, a primary context released to zero), before the handle can name another. The pool
+// records its owner under its own lock, bound by its first segment (`bind`) and checked at every
+// hand-out (`serves`): two contexts racing their first allocation never share a pool.
 
 use super::table::{AddrMap, Slab, NONE};
 use crate::host::registry::TableSource;
@@ -148,6 +154,8 @@ pub struct DevicePool {
     /// The last buffer id handed out (Note [Buffer ids]); never reset.
     last_buffer_id: u64,
     generation: u64,
+    /// The context the segments live in; 0 until the first one (Note [Context lifetime]).
+    owner: u64,
     bins: [[u32; BINS]; 2],
     pending_free_bytes: u64,
     other_tag_free_bytes: u64,
@@ -179,6 +187,7 @@ impl DevicePool {
             span: (u64::MAX, 0),
             last_buffer_id: 0,
             generation: 0,
+            owner: 0,
             bins: [[NONE; BINS]; 2],
             pending_free_bytes: 0,
             other_tag_free_bytes: 0,
@@ -385,6 +394,26 @@ impl DevicePool {
         Some(b.addr)
     }
 
+    /// The context this pool's segments live in; 0 before the first.
+    pub fn owner(&self) -> u64 {
+        self.owner
+    }
+
+    /// Whether a request made in context `ctx` may take a block here (Note [Context lifetime]).
+    /// No context yet (0) on either side: the runtime binds one at the segment's allocation.
+    pub fn serves(&self, ctx: u64) -> bool {
+        self.owner == 0 || self.owner == ctx
+    }
+
+    /// Binds the pool to `ctx`, the context a new segment was allocated in; false when it
+    /// belongs to another (the caller gives the segment back).
+    pub fn bind(&mut self, ctx: u64) -> bool {
+        if self.owner == 0 {
+            self.owner = ctx;
+        }
+        self.owner == ctx
+    }
+
     /// Records a segment the caller mapped after `NeedSegment`.
     pub fn add_segment(&mut self, addr: u64, len: u64, small: bool) -> bool {
         let block = Block { addr, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0, exported: false, buffer_id: 0 };
@@ -497,6 +526,7 @@ impl DevicePool {
         self.stats.live_bytes = 0;
         self.stats.resets += 1;
         self.generation += 1;
+        self.owner = 0;
     }
 
     /// Merges free block `i` (not linked) with free neighbours of the same tag; returns the

@@ -178,6 +178,8 @@ fn served(symbol: &[u8], d: &DriverFns) -> Option<(*mut c_void, Option<usize>)> 
         b"cuMemCreate" => row!(cuMemCreate, d.mem_create),
         b"cuMemFreeAsync" => row!(cuMemFreeAsync, d.mem_free_async),
         b"cuMemFreeAsync_ptsz" => row!(cuMemFreeAsync_ptsz, d.mem_free_async_ptsz),
+        b"cuDevicePrimaryCtxRelease_v2" => row!(cuDevicePrimaryCtxRelease_v2, d.primary_release),
+        b"cuDevicePrimaryCtxRelease" => row!(cuDevicePrimaryCtxRelease, d.primary_release_v1),
         b"cuDevicePrimaryCtxReset_v2" => row!(cuDevicePrimaryCtxReset_v2, d.primary_reset),
         b"cuDevicePrimaryCtxReset" => row!(cuDevicePrimaryCtxReset, d.primary_reset_v1),
         b"cuCtxDestroy_v2" => row!(cuCtxDestroy_v2, d.ctx_destroy),
@@ -204,6 +206,7 @@ fn versioned(base: &[u8], cuda_version: c_int, per_thread: bool) -> Option<&'sta
         b"cuMemAllocHost" => at(3020, b"cuMemAllocHost_v2", b"cuMemAllocHost"),
         b"cuMemGetAddressRange" => at(3020, b"cuMemGetAddressRange_v2", b"cuMemGetAddressRange"),
         b"cuCtxDestroy" => at(4000, b"cuCtxDestroy_v2", b"cuCtxDestroy"),
+        b"cuDevicePrimaryCtxRelease" => at(11000, b"cuDevicePrimaryCtxRelease_v2", b"cuDevicePrimaryCtxRelease"),
         b"cuDevicePrimaryCtxReset" => at(11000, b"cuDevicePrimaryCtxReset_v2", b"cuDevicePrimaryCtxReset"),
         b"cuGetProcAddress" => at(12000, b"cuGetProcAddress_v2", b"cuGetProcAddress"),
         b"cuMemFreeAsync" => Some(if per_thread { b"cuMemFreeAsync_ptsz" } else { b"cuMemFreeAsync" }),
@@ -309,6 +312,32 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset(device: c_int) -> c_int {
     real(|d| d.primary_reset_v1).map_or(NO_DRIVER, |f| primary_reset(device, f))
+}
+
+/// Note [Context lifetime] (device/pool.rs): the last release destroys the primary context and
+/// every allocation in it, though its handle stays the same.
+unsafe fn primary_release(device: c_int, release: unsafe extern "C" fn(c_int) -> c_int) -> c_int {
+    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return release(device) };
+    let before = DEVICE.primary_context(device);
+    let rc = release(device);
+    if rc == 0 {
+        DEVICE.primary_released(device, before);
+    }
+    rc
+}
+
+/// # Safety
+/// As cuDevicePrimaryCtxRelease_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(device: c_int) -> c_int {
+    real(|d| d.primary_release).map_or(NO_DRIVER, |f| primary_release(device, f))
+}
+
+/// # Safety
+/// As cuDevicePrimaryCtxRelease.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(device: c_int) -> c_int {
+    real(|d| d.primary_release_v1).map_or(NO_DRIVER, |f| primary_release(device, f))
 }
 
 unsafe fn ctx_destroy(ctx: *mut c_void, destroy: unsafe extern "C" fn(*mut c_void) -> c_int) -> c_int {
