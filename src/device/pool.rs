@@ -40,6 +40,20 @@
 // records its owner under its own lock, bound by its first segment (`bind`) and checked at every
 // hand-out (`serves`): two contexts racing their first allocation never share a pool.
 
+//
+// Note [Frees that bypass us]
+// A plugin loaded with RTLD_DEEPBIND and linked with -lcuda binds its cuMemFree_v2 to the driver
+// itself, past our symbols (its allocations are the driver's, untouched by us). Freeing a block
+// the pool gave the main program, it reaches the driver, which frees only a pointer that is an
+// allocation's base, our segment's, with every block in it. So a split pool never hands out a
+// segment's base unless the block is the whole segment: a request is carved from the tail of a
+// free block that starts a segment, and a free head is taken only with room left before the
+// carved block. The driver then refuses such a free with invalid value, as it does for any
+// pointer inside an allocation, and no live neighbour dies. A whole-segment block (binned
+// blocks, large ones) freed that way frees exactly itself, as without us; the pool's record of it
+// stays live and is never reused. Cost: no device memory; at most one block's room per segment
+// for requests that divide a segment exactly (three 512 KiB blocks per 2 MiB segment, not four).
+
 use super::table::{AddrMap, Slab, NONE};
 use crate::host::registry::TableSource;
 
@@ -288,6 +302,11 @@ impl DevicePool {
         if b.size < need || !(b.tag == SYNCED || b.tag == tag) {
             return false;
         }
+        // Note [Frees that bypass us]: a segment's base goes out only as the whole segment, or
+        // with room left before the block carved from its tail.
+        if b.seg_prev == NONE && b.seg_next != NONE && b.size - need < ROUND {
+            return false;
+        }
         match self.strategy {
             Strategy::Binned => b.size == need,
             Strategy::Split => b.size <= MAX_SPLIT || b.size - need <= HUGE_WASTE,
@@ -364,6 +383,9 @@ impl DevicePool {
         self.unlink(i);
         let b = *self.blocks.get(i);
         let rest = b.size - need;
+        if b.seg_prev == NONE && self.strategy == Strategy::Split && b.size <= MAX_SPLIT && rest >= ROUND {
+            return self.take_tail(i, need, now_ns);
+        }
         let split = self.strategy == Strategy::Split
             && b.size <= MAX_SPLIT
             && if b.small { rest >= ROUND } else { rest > SMALL_LIMIT };
@@ -379,6 +401,50 @@ impl DevicePool {
                 self.link(t);
             }
         }
+        self.hand_out(i, now_ns)
+    }
+
+    /// Note [Frees that bypass us]: free block `i` (unlinked) is its segment's base: the request
+    /// is carved from its tail and the head stays free.
+    fn take_tail(&mut self, i: u32, need: u64, now_ns: u64) -> Option<u64> {
+        let b = *self.blocks.get(i);
+        let rest = b.size - need;
+        let tail = Block { addr: b.addr + rest, size: need, seg_prev: i, seg_next: b.seg_next, allocated: false, ..b };
+        let Some(t) = self.blocks.insert(tail) else {
+            self.link(i);
+            return None;
+        };
+        if b.seg_next != NONE {
+            self.blocks.get_mut(b.seg_next).seg_prev = t;
+        }
+        let r = self.blocks.get_mut(i);
+        r.size = rest;
+        r.seg_next = t;
+        self.link(i);
+        match self.hand_out(t, now_ns) {
+            Some(addr) => Some(addr),
+            None => {
+                // The live map is full: merge the tail back and leave the block as it was.
+                self.unlink(t);
+                self.unlink(i);
+                let next = self.blocks.get(t).seg_next;
+                if next != NONE {
+                    self.blocks.get_mut(next).seg_prev = i;
+                }
+                let r = self.blocks.get_mut(i);
+                r.size = b.size;
+                r.seg_next = next;
+                self.blocks.remove(t);
+                self.link(i);
+                None
+            }
+        }
+    }
+
+    /// Marks block `i` (unlinked, split as wanted) live and hands it out; `None` when the live
+    /// map is full (the block is linked back).
+    fn hand_out(&mut self, i: u32, now_ns: u64) -> Option<u64> {
+        let b = *self.blocks.get(i);
         if !self.live.insert(b.addr, i) {
             self.link(i);
             return None;
