@@ -847,6 +847,14 @@ static CUresult s_cuMemUnmap(CUdeviceptr p, size_t size) {
 
 /* ---------- cuGetProcAddress: a static table, never dlsym ---------- */
 
+/* NVIDIA's runtime asks for private tables after its lookups; the stand-in has none. */
+static CUresult s_cuGetExportTable(const void **table, const void *id) {
+    (void)id;
+    if (table) *table = NULL;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+
 
 struct proc { const char *name; void *fn; };
 static CUresult s_cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags);
@@ -863,6 +871,7 @@ static const struct proc procs[] = {
     P("cuGetErrorString", s_cuGetErrorString),
     P("cuGetErrorName", s_cuGetErrorName),
     P("cuGetProcAddress", s_cuGetProcAddress_v2), /* the CUDA 12 version has the status argument */
+    P("cuGetExportTable", s_cuGetExportTable),
     P("cuDevicePrimaryCtxRetain", s_cuDevicePrimaryCtxRetain),
     P("cuDevicePrimaryCtxRelease", s_cuDevicePrimaryCtxRelease_v2),
     P("cuDevicePrimaryCtxReset", s_cuDevicePrimaryCtxReset_v2),
@@ -904,8 +913,21 @@ static const struct proc procs[] = {
     P("cuMemUnmap", s_cuMemUnmap),
 };
 
+/* Every lookup, in order, for tests (fakecuda_proc_log): a program's runtime asks for hundreds. */
+#define MAX_LOOKUPS 2048
+static struct lookup { char name[64]; int version; cuuint64_t flags; } lookups[MAX_LOOKUPS];
+static int nlookups;
+
 static CUresult s_cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, CUdriverProcAddressQueryResult *status) {
-    (void)version, (void)flags;
+    if (symbol) {
+        pthread_mutex_lock(&lock);
+        if (nlookups < MAX_LOOKUPS) {
+            struct lookup *l = &lookups[nlookups++];
+            snprintf(l->name, sizeof l->name, "%s", symbol);
+            l->version = version, l->flags = flags;
+        }
+        pthread_mutex_unlock(&lock);
+    }
     if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
         if (strcmp(procs[i].name, symbol) == 0) {
@@ -928,6 +950,7 @@ static CUresult s_cuGetProcAddress(const char *symbol, void **pfn, int version, 
 #define EXPORT(name, impl, params, args) CUresult name params { return impl args; }
 EXPORT(cuInit, s_cuInit, (unsigned f), (f))
 EXPORT(cuDriverGetVersion, s_cuDriverGetVersion, (int *v), (v))
+EXPORT(cuGetExportTable, s_cuGetExportTable, (const void **t, const void *id), (t, id))
 EXPORT(cuDeviceGet, s_cuDeviceGet, (CUdevice *d, int o), (d, o))
 EXPORT(cuDeviceGetCount, s_cuDeviceGetCount, (int *n), (n))
 EXPORT(cuDeviceGetName, s_cuDeviceGetName, (char *s, int n, CUdevice d), (s, n, d))
@@ -1013,6 +1036,20 @@ int fakecuda_launch_memset(void *p, int value, size_t n) {
     else enqueue((struct op){0, i, allocs[i].serial, p, n, value});
     pthread_mutex_unlock(&lock);
     return e;
+}
+
+/* The driver's own answer to a lookup, and lookup number i (name, version, flags) as made; the
+ * count of lookups made. */
+int fakecuda_get_proc_address(const char *symbol, void **pfn, int version, unsigned long long flags) {
+    return s_cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}
+
+int fakecuda_proc_log(int i, const char **name, int *version, unsigned long long *flags) {
+    pthread_mutex_lock(&lock);
+    int n = nlookups;
+    if (i >= 0 && i < n) *name = lookups[i].name, *version = lookups[i].version, *flags = lookups[i].flags;
+    pthread_mutex_unlock(&lock);
+    return n;
 }
 
 /* Reads one byte of live memory of any context (0), or answers 700 where a read would fault. */

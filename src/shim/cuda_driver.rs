@@ -234,7 +234,8 @@ pub(crate) unsafe fn substitute_proc(symbol: *const core::ffi::c_char, pfn: *mut
     let Some(d) = driver() else { return };
     let base = core::ffi::CStr::from_ptr(symbol).to_bytes();
     let per_thread = flags == PER_THREAD_DEFAULT_STREAM || d.mem_free_async_ptsz.is_some_and(|f| f as usize == *pfn as usize);
-    if let Some((ours, _)) = versioned(base, cuda_version, per_thread).and_then(|name| served(name, d)) {
+    // Only where our wrapper has the driver's export of that name to forward to.
+    if let Some((ours, Some(_))) = versioned(base, cuda_version, per_thread).and_then(|name| served(name, d)) {
         *pfn = ours;
     }
 }
