@@ -51,8 +51,10 @@
 // carved block. The driver then refuses such a free with invalid value, as it does for any
 // pointer inside an allocation, and no live neighbour dies. A whole-segment block (binned
 // blocks, large ones) freed that way frees exactly itself, as without us; the pool's record of it
-// stays live and is never reused. Cost: no device memory; at most one block's room per segment
-// for requests that divide a segment exactly (three 512 KiB blocks per 2 MiB segment, not four).
+// stays live, so the pool never hands it out again (if the driver reuses the address, a free of
+// that new allocation through us is taken for the old block's: a limit, for programs that free
+// the pool's blocks past it). Cost: no device memory; at most one block's room per segment for
+// requests that divide a segment exactly (three 512 KiB blocks per 2 MiB segment, not four).
 
 use super::table::{AddrMap, Slab, NONE};
 use crate::host::registry::TableSource;
