@@ -3,6 +3,8 @@ stand-in runtime libcudart.so.12 over it, and its -DPLT_CALLS variant whose entr
 another through the PLT) and compiles scenario programs against them. Not NVIDIA's libraries:
 each source's first line says it is a simulator."""
 import subprocess
+import sys
+import zipfile
 
 from conftest import BUILD, C_DIR, ROOT
 
@@ -49,6 +51,19 @@ def cuda_program(name="cuda_pool", plt_calls=False):
     return str(out)
 
 
+def cuda_plugin(name="cuda_plugin"):
+    """Compiles preload-tests/c/NAME.c as a shared library linked with -lcuda (the stand-in, found
+    by its rpath), for a program to dlopen; returns its path."""
+    lib = fake_cuda()
+    out = BUILD / f"lib{name}.so"
+    src = C_DIR / f"{name}.c"
+    if not out.exists() or out.stat().st_mtime < max(src.stat().st_mtime, (lib / "libcuda.so.1").stat().st_mtime):
+        tmp = out.with_name(f".{out.name}.tmp")
+        subprocess.run([*CFLAGS, "-o", str(tmp), str(src), f"-L{lib}", "-lcuda", f"-Wl,-rpath,{lib}"], check=True)
+        tmp.replace(out)
+    return str(out)
+
+
 def unlinked_program(name):
     """Compiles preload-tests/c/NAME.c without linking the simulators (it dlopens libcuda.so.1
     when it chooses, found by the rpath); returns the binary's path."""
@@ -77,3 +92,43 @@ def static_runtime_program():
         subprocess.run(cmd, check=True)
         tmp.replace(out)
     return str(out)
+
+
+# NVIDIA's runtime as the Python registry ships it (NOTES.md: its lookup sequence over a stand-in).
+REAL_RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
+
+
+def real_runtime_program():
+    """c/cudart_real.c linked with NVIDIA's libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel
+    (downloaded once with pip into target/preload-tests/wheels), beside the stand-in libcuda.so.1
+    in one directory the binary's rpath names. Returns the binary's path, or None with the reason
+    when the registry cannot be reached."""
+    lib = fake_cuda()
+    real = BUILD / "nvidia-cudart"
+    runtime = real / "libcudart.so.12"
+    if not runtime.exists():
+        wheels = BUILD / "wheels"
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), REAL_RUNTIME],
+                             capture_output=True, text=True, timeout=600)
+        found = sorted(wheels.glob("nvidia_cuda_runtime_cu12-*.whl"))
+        if got.returncode != 0 or not found:
+            return None, f"pip download {REAL_RUNTIME} failed: {(got.stderr or got.stdout).strip()[-300:]}"
+        real.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(found[-1]) as z:
+            tmp = real / ".libcudart.so.12.tmp"
+            tmp.write_bytes(z.read("nvidia/cuda_runtime/lib/libcudart.so.12"))
+            tmp.replace(runtime)
+    driver = real / "libcuda.so.1"
+    if not driver.is_symlink():
+        driver.unlink(missing_ok=True)
+        driver.symlink_to(lib / "libcuda.so.1")
+    out = BUILD / "cudart_real"
+    src = C_DIR / "cudart_real.c"
+    deps = [src, C_DIR / "check.h", runtime, lib / "libcuda.so.1"]
+    if not out.exists() or out.stat().st_mtime < max(d.stat().st_mtime for d in deps):
+        tmp = out.with_name(f".{out.name}.tmp")
+        cmd = ["gcc", "-O1", "-g", "-Wall", "-pthread", "-o", str(tmp), str(src), "-ldl", f"-L{real}", "-l:libcudart.so.12",
+               f"-L{lib}", "-lcuda", "-Wl,--disable-new-dtags", f"-Wl,-rpath,{real}"]
+        subprocess.run(cmd, check=True)
+        tmp.replace(out)
+    return str(out), None

@@ -1,7 +1,9 @@
 """Issue 18: programs' mistakes and context-less frees get the driver's answers under the pool, and
 the pool's segments are never freed by a program's call; a pooled block has a buffer id of its
 own, new at every reuse; memory the pool caches is given back when an allocation it does not
-serve (another context, the runtime's stream-ordered pool, managed memory, VMM) runs out. Each scenario of c/cuda_misuse.c runs
+serve (another context, the runtime's stream-ordered pool, managed memory, VMM) runs out; a
+plugin loaded with RTLD_DEEPBIND that frees the program's blocks past us kills no other block.
+Each scenario of c/cuda_misuse.c runs
 over the stand-in driver and runtime (simulators, c/fakecuda.c and c/fakecudart.c) without
 tensormalloc, and under it in every pool mode and in pass-through."""
 import json
@@ -9,11 +11,11 @@ import json
 import pytest
 
 from conftest import ok, run
-from cudasim import cuda_program
+from cudasim import cuda_plugin, cuda_program
 from test_cuda_correct import MODES, POOLED
 
 SCENARIOS = ["double-free", "double-free-driver", "interior-free", "double-free-host", "double-free-async",
-             "free-host-thread", "free-no-context", "buffer-ids", "oom-async", "oom-other-context",
+             "free-host-thread", "free-no-context", "buffer-ids", "deepbind-free", "oom-async", "oom-other-context",
              "oom-managed", "oom-vmm"]
 # The scenarios that free a pointer the pool does not hold live, and the kind their line names.
 REFUSED = {"double-free": "device", "double-free-driver": "device", "interior-free": "device",
@@ -22,6 +24,8 @@ REFUSED = {"double-free": "device", "double-free-driver": "device", "interior-fr
 
 def scenario(name, env=None, preload=True, stats=None):
     env = dict(env or {})
+    if name == "deepbind-free":
+        env["CUDA_PLUGIN"] = cuda_plugin()
     if stats:
         env["TENSORMALLOC_STATS"] = f"json:{stats}"
     return run([cuda_program("cuda_misuse"), name], env=env, preload=preload, timeout=120)
@@ -39,6 +43,10 @@ def test_under_the_preload(name, mode, tmp_path):
     stats = tmp_path / "stats.json"
     out = ok(scenario(name, MODES[mode], stats=stats))
     assert f"{name} ok" in out.stdout
+    if name == "deepbind-free" and mode in ("split", "sync-reuse"):
+        # The plugin's free reached the driver past us (Note [Frees that bypass us]): it refused
+        # the block that shares a segment and freed the one that is a whole segment.
+        assert "plugin frees 1 0" in out.stdout, out.stdout
     if mode in POOLED:
         report = json.loads(stats.read_text())
         requests = sum(p["requests"] for p in report["cuda"]) + report["pinned"]["requests"]

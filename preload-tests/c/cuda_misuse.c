@@ -8,6 +8,10 @@
  *   free-host-thread                   cudaFreeHost on a thread that made no CUDA call succeeds
  *   free-no-context                    the driver's frees on a thread with no current context: 201
  *   buffer-ids                         CU_POINTER_ATTRIBUTE_BUFFER_ID: distinct per block, new at reuse
+ *   deepbind-free                      a plugin loaded with RTLD_DEEPBIND and linked with -lcuda
+ *                                      (CUDA_PLUGIN, c/cuda_plugin.c) allocates and frees its own
+ *                                      memory, then frees blocks the program got: each is freed or
+ *                                      refused (1), and no other block dies with it
  *   oom-async, oom-other-context,      600 MiB freed of the device's 1 GiB: 700 MiB from the
  *   oom-managed, oom-vmm               runtime's stream-ordered pool, in another context, managed,
  *                                      or a VMM handle (cuMemCreate), fit
@@ -276,6 +280,38 @@ static void oom_elsewhere(int where) {
     CHECK(cudaFree(b) == 0);
 }
 
+static void deepbind_free(void) {
+    const char *path = getenv("CUDA_PLUGIN");
+    CHECK(path);
+    void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    CHECK(cudaMalloc(&a, 1 * MB) == 0 && cudaMalloc(&b, 1 * MB) == 0 && cudaMalloc(&c, 64 * MB) == 0);
+    kernel_works(a, 1 * MB, 0xD1);
+    kernel_works(b, 1 * MB, 0xD2);
+    kernel_works(c, 64 * MB, 0xD3);
+    void *lib = dlopen(path, RTLD_NOW | RTLD_DEEPBIND);
+    CHECK(lib);
+    int (*plugin_alloc)(CUdeviceptr *, size_t) = (int (*)(CUdeviceptr *, size_t))dlsym(lib, "plugin_alloc");
+    int (*plugin_free)(CUdeviceptr) = (int (*)(CUdeviceptr))dlsym(lib, "plugin_free");
+    CHECK(plugin_alloc && plugin_free);
+    CUdeviceptr own = 0;
+    CHECK(plugin_alloc(&own, 1 * MB) == 0);
+    kernel_works((void *)(uintptr_t)own, 1 * MB, 0xD4);
+    CHECK(plugin_free(own) == 0);
+    /* The program's blocks freed inside the plugin: the driver's own free, past any preload. */
+    int rc_a = plugin_free(DEV(a)), rc_c = plugin_free(DEV(c));
+    CHECK((rc_a == 0 || rc_a == INVALID_VALUE) && (rc_c == 0 || rc_c == INVALID_VALUE));
+    printf("plugin frees %d %d\n", rc_a, rc_c);
+    CHECK(holds(b, 1 * MB, 0xD2));
+    kernel_works(b, 1 * MB, 0xD5);
+    CHECK(cudaFree(b) == 0);
+    for (int i = 0; i < 4; i++) {
+        CHECK(cudaMalloc(&d, 1 * MB) == 0);
+        kernel_works(d, 1 * MB, 0xD6 + i);
+        CHECK(cudaFree(d) == 0);
+    }
+    CHECK(cudaGetLastError() == 0);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc >= 2);
     const char *s = argv[1];
@@ -287,6 +323,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "free-host-thread")) free_host_thread();
     else if (!strcmp(s, "free-no-context")) free_no_context();
     else if (!strcmp(s, "buffer-ids")) buffer_ids();
+    else if (!strcmp(s, "deepbind-free")) deepbind_free();
     else if (!strcmp(s, "oom-async")) oom_elsewhere(ELSEWHERE_ASYNC);
     else if (!strcmp(s, "oom-other-context")) oom_elsewhere(ELSEWHERE_CONTEXT);
     else if (!strcmp(s, "oom-managed")) oom_elsewhere(ELSEWHERE_MANAGED);

@@ -7,7 +7,9 @@
  * whole allocation across processes, pointer queries, stream-ordered frees, managed memory, a VMM
  * subset, and "kernels" (fakecuda_launch_memset) queued until the next synchronization, so a pool
  * that reuses a block before the work on it finished, or hands out a block of a dead context, is
- * caught. Thread-safe with one mutex; static tables only (no malloc). */
+ * caught. Knobs to widen races: FAKECUDA_ALLOC_DELAY_US makes every cuMemAlloc take that long
+ * (outside the lock, as on a busy GPU); FAKECUDA_REUSE_CONTEXTS=1 gives a new context the handle
+ * of the most recently destroyed one. Thread-safe with one mutex; static tables only (no malloc). */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -81,6 +83,9 @@ static int nqueued;
 static uint64_t next_serial = 1;
 static struct fakecuda_counters counters;
 static int initialized, ndevices;
+static unsigned alloc_delay_us;
+static int reuse_contexts;
+static CUcontext last_destroyed;
 static size_t capacity;
 static unsigned long next_stream = 1;
 /* Each device's allocations lie in its own reserved address range, as under unified addressing:
@@ -100,6 +105,10 @@ static void configure(void) {
     ndevices = n < 1 ? 1 : n > MAX_DEV ? MAX_DEV : n;
     v = getenv("FAKECUDA_DEVICE_MEM");
     capacity = v ? strtoull(v, NULL, 10) : (1UL << 30);
+    v = getenv("FAKECUDA_ALLOC_DELAY_US");
+    alloc_delay_us = v ? (unsigned)strtoul(v, NULL, 10) : 0;
+    v = getenv("FAKECUDA_REUSE_CONTEXTS");
+    reuse_contexts = v && *v == '1';
     for (int d = 0; d < MAX_DEV; d++) ctxs[d] = (struct fake_ctx){CTX_INACTIVE, d, 1, 0};
     region_size = ((2 * capacity + (1UL << 30)) + PLACE_ALIGN - 1) & ~(PLACE_ALIGN - 1);
     for (int d = 0; d < ndevices; d++) {
@@ -218,6 +227,7 @@ static CUresult alloc_mem(CUdeviceptr *out, size_t size, int k) {
     if (!out || !size) return CUDA_ERROR_INVALID_VALUE;
     CUresult e = need_ctx();
     if (e) return e;
+    if (k == K_DEVICE && alloc_delay_us) usleep(alloc_delay_us);
     pthread_mutex_lock(&lock);
     CUcontext c = current();
     if ((e = usable(c))) goto out;
@@ -388,7 +398,7 @@ static CUresult s_cuCtxCreate_v2(CUcontext *pctx, unsigned flags, CUdevice d) {
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (depth == STACK_DEPTH) return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&lock);
-    CUcontext c = NULL;
+    CUcontext c = reuse_contexts && last_destroyed && last_destroyed->state == CTX_DESTROYED ? last_destroyed : NULL;
     for (int pass = 0; pass < 2 && !c; pass++) /* never-used slots first, so stale handles stay destroyed */
         for (int i = MAX_DEV; i < MAX_CTX && !c; i++)
             if (ctxs[i].state == (pass ? CTX_DESTROYED : CTX_FREE)) c = &ctxs[i];
@@ -409,6 +419,7 @@ static CUresult s_cuCtxDestroy_v2(CUcontext c) {
     if (!e) {
         kill_allocations(c);
         c->state = CTX_DESTROYED;
+        last_destroyed = c;
     }
     pthread_mutex_unlock(&lock);
     if (!e && depth && stack[depth - 1] == c) depth--; /* current on this thread: popped */
@@ -836,6 +847,14 @@ static CUresult s_cuMemUnmap(CUdeviceptr p, size_t size) {
 
 /* ---------- cuGetProcAddress: a static table, never dlsym ---------- */
 
+/* NVIDIA's runtime asks for private tables after its lookups; the stand-in has none. */
+static CUresult s_cuGetExportTable(const void **table, const void *id) {
+    (void)id;
+    if (table) *table = NULL;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+
 
 struct proc { const char *name; void *fn; };
 static CUresult s_cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags);
@@ -852,6 +871,7 @@ static const struct proc procs[] = {
     P("cuGetErrorString", s_cuGetErrorString),
     P("cuGetErrorName", s_cuGetErrorName),
     P("cuGetProcAddress", s_cuGetProcAddress_v2), /* the CUDA 12 version has the status argument */
+    P("cuGetExportTable", s_cuGetExportTable),
     P("cuDevicePrimaryCtxRetain", s_cuDevicePrimaryCtxRetain),
     P("cuDevicePrimaryCtxRelease", s_cuDevicePrimaryCtxRelease_v2),
     P("cuDevicePrimaryCtxReset", s_cuDevicePrimaryCtxReset_v2),
@@ -893,8 +913,21 @@ static const struct proc procs[] = {
     P("cuMemUnmap", s_cuMemUnmap),
 };
 
+/* Every lookup, in order, for tests (fakecuda_proc_log): a program's runtime asks for hundreds. */
+#define MAX_LOOKUPS 2048
+static struct lookup { char name[64]; int version; cuuint64_t flags; } lookups[MAX_LOOKUPS];
+static int nlookups;
+
 static CUresult s_cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, CUdriverProcAddressQueryResult *status) {
-    (void)version, (void)flags;
+    if (symbol) {
+        pthread_mutex_lock(&lock);
+        if (nlookups < MAX_LOOKUPS) {
+            struct lookup *l = &lookups[nlookups++];
+            snprintf(l->name, sizeof l->name, "%s", symbol);
+            l->version = version, l->flags = flags;
+        }
+        pthread_mutex_unlock(&lock);
+    }
     if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
         if (strcmp(procs[i].name, symbol) == 0) {
@@ -917,6 +950,7 @@ static CUresult s_cuGetProcAddress(const char *symbol, void **pfn, int version, 
 #define EXPORT(name, impl, params, args) CUresult name params { return impl args; }
 EXPORT(cuInit, s_cuInit, (unsigned f), (f))
 EXPORT(cuDriverGetVersion, s_cuDriverGetVersion, (int *v), (v))
+EXPORT(cuGetExportTable, s_cuGetExportTable, (const void **t, const void *id), (t, id))
 EXPORT(cuDeviceGet, s_cuDeviceGet, (CUdevice *d, int o), (d, o))
 EXPORT(cuDeviceGetCount, s_cuDeviceGetCount, (int *n), (n))
 EXPORT(cuDeviceGetName, s_cuDeviceGetName, (char *s, int n, CUdevice d), (s, n, d))
@@ -1002,6 +1036,20 @@ int fakecuda_launch_memset(void *p, int value, size_t n) {
     else enqueue((struct op){0, i, allocs[i].serial, p, n, value});
     pthread_mutex_unlock(&lock);
     return e;
+}
+
+/* The driver's own answer to a lookup, and lookup number i (name, version, flags) as made; the
+ * count of lookups made. */
+int fakecuda_get_proc_address(const char *symbol, void **pfn, int version, unsigned long long flags) {
+    return s_cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}
+
+int fakecuda_proc_log(int i, const char **name, int *version, unsigned long long *flags) {
+    pthread_mutex_lock(&lock);
+    int n = nlookups;
+    if (i >= 0 && i < n) *name = lookups[i].name, *version = lookups[i].version, *flags = lookups[i].flags;
+    pthread_mutex_unlock(&lock);
+    return n;
 }
 
 /* Reads one byte of live memory of any context (0), or answers 700 where a read would fault. */

@@ -4,7 +4,8 @@
 //! a pointer we never handed out goes to the runtime unchanged, and one inside our memory that
 //! is no live block is refused as the runtime refuses a stranger's. Each pool belongs to the
 //! context its segments live in (Note [Context lifetime] in pool.rs): a request made under
-//! another context passes through, and a reset or destroy of that context empties the pool.
+//! another context passes through, and a reset, destroy or last release of that context empties
+//! the pool.
 
 use super::pinned::PinnedCache;
 use super::pool::{stream_tag, Alloc, BlockView, DevicePool, Strategy, PENDING, SYNCED};
@@ -23,8 +24,6 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     runtime: R,
     table_source: TableSource,
     pools: [Lock<DevicePool>; MAX_DEVICES],
-    /// The context each pool's segments live in; 0 until its first segment (or unknown).
-    contexts: [AtomicU64; MAX_DEVICES],
     pinned: Lock<PinnedCache>,
     mode: AtomicU8,
     sync_on_free: AtomicBool,
@@ -95,7 +94,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             runtime,
             table_source,
             pools: [const { Lock::new(DevicePool::new()) }; MAX_DEVICES],
-            contexts: [const { AtomicU64::new(0) }; MAX_DEVICES],
             pinned: Lock::new(PinnedCache::new()),
             mode: AtomicU8::new(MODE_SPLIT),
             sync_on_free: AtomicBool::new(true),
@@ -170,31 +168,30 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         self.with_device(device, || self.alloc_on(device, size, stream_tag(stream)))
     }
 
-    /// The pool of `device` if it may serve the current context: a block of another context's
-    /// segment would be unusable here.
-    fn pool_for_current_context(&self, device: i32) -> Option<&Lock<DevicePool>> {
-        let pool = self.pool(device)?;
-        let owner = self.context_of(device);
-        // No context current yet (a thread's first call): the runtime is about to bind one;
-        // let it, by passing this one request through.
-        if owner != 0 && self.runtime.current_context() != owner {
-            return None;
-        }
-        Some(pool)
-    }
-
+    /// The context `device`'s pool is bound to (Note [Context lifetime]); 0 when none.
     fn context_of(&self, device: i32) -> u64 {
-        usize::try_from(device).ok().and_then(|d| self.contexts.get(d)).map_or(0, |c| c.load(Relaxed))
+        usize::try_from(device).ok().and_then(|d| self.pools.get(d)).map_or(0, |p| p.lock().owner())
     }
 
     /// Serves a request from `device`'s pool, which must be the current device.
     fn alloc_on(&self, device: i32, size: usize, tag: u64) -> Result<usize, DeviceError> {
-        let Some(pool) = self.pool_for_current_context(device) else { return self.passthrough_malloc(device, size) };
+        let Some(pool) = self.pool(device) else { return self.passthrough_malloc(device, size) };
+        // Note [Context lifetime]: a block of another context's segment would be unusable here.
+        // No context current yet (a thread's first call): the runtime binds one at the segment's
+        // allocation, or, when the pool has an owner already, at this request passed through.
+        let mut ctx = self.runtime.current_context();
         let mut released = false;
         let mut mapped = false;
         for _ in 0..MAX_STEPS {
             let now = crate::sys::clock::now_ns();
-            let decision = pool.lock().alloc(size as u64, tag, now);
+            let decision = {
+                let mut p = pool.lock();
+                if p.serves(ctx) {
+                    p.alloc(size as u64, tag, now)
+                } else {
+                    Alloc::Untracked
+                }
+            };
             match decision {
                 Alloc::Hit { addr, size } => {
                     crate::scopes::on_alloc(size);
@@ -221,11 +218,15 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     match self.runtime_malloc(len as usize) {
                         Ok(addr) => {
                             mapped = true;
-                            self.bind_context(device);
+                            // The runtime may have made a context current for this very call.
+                            if ctx == 0 {
+                                ctx = self.runtime.current_context();
+                            }
                             let added = {
                                 let mut p = pool.lock();
                                 // A reset meanwhile freed this segment with its context: drop it.
-                                p.generation() != generation || p.add_segment(addr as u64, len, small)
+                                // Another context bound the pool meanwhile: give it back.
+                                p.generation() != generation || (p.bind(ctx) && p.add_segment(addr as u64, len, small))
                             };
                             if !added {
                                 self.runtime_free(addr)?;
@@ -285,14 +286,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// `give_back` for the current device.
     pub fn give_back_current(&self) -> u64 {
         self.runtime.current_device().map_or(0, |d| self.give_back(d))
-    }
-
-    /// Records the context the runtime just allocated a segment in, if the pool has none yet.
-    fn bind_context(&self, device: i32) {
-        let Some(slot) = usize::try_from(device).ok().and_then(|d| self.contexts.get(d)) else { return };
-        if slot.load(Relaxed) == 0 {
-            let _ = slot.compare_exchange(0, self.runtime.current_context(), Relaxed, Relaxed);
-        }
     }
 
     /// Synchronizes (so every free block is reusable and whole segments can be freed), then
@@ -485,12 +478,28 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Note [Context lifetime]: context `ctx` was (or is about to be) destroyed: every pool
     /// whose segments live in it, and its pinned blocks, are forgotten.
     pub fn forget_context(&self, ctx: u64) {
-        for (d, slot) in self.contexts.iter().enumerate() {
-            if ctx != 0 && slot.load(Relaxed) == ctx {
-                self.forget_pool(d);
+        for pool in self.pools.iter() {
+            let mut pool = pool.lock();
+            if ctx != 0 && pool.is_ready() && pool.owner() == ctx {
+                pool.forget_all();
             }
         }
         self.pinned.lock().forget(Some(ctx));
+    }
+
+    /// `device`'s primary context as the driver knows it (taken before a release of it).
+    pub fn primary_context(&self, device: i32) -> PrimaryContext {
+        self.runtime.primary_context(device)
+    }
+
+    /// Note [Context lifetime]: `device`'s primary context, `before` a release of it, may have
+    /// reached zero references; if it is inactive now, its blocks are forgotten.
+    pub fn primary_released(&self, device: i32, before: PrimaryContext) {
+        if let PrimaryContext::Active(ctx) = before {
+            if self.runtime.primary_context(device) == PrimaryContext::Inactive {
+                self.forget_context(ctx);
+            }
+        }
     }
 
     /// Note [Context lifetime]: `device`'s primary context is being reset (cudaDeviceReset,
@@ -521,9 +530,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             if pool.is_ready() {
                 pool.forget_all();
             }
-        }
-        if let Some(slot) = self.contexts.get(device) {
-            slot.store(0, Relaxed);
         }
     }
 

@@ -154,6 +154,29 @@ fn a_reset_forgets_cached_and_live_blocks() {
 }
 
 #[test]
+fn a_primary_context_released_to_zero_forgets_its_blocks() {
+    let l = layer(Config::default(), &[4 * GB]);
+    let cached = l.malloc(64 * MB).unwrap();
+    let live = l.malloc(8 * MB).unwrap();
+    l.free(cached).unwrap();
+    let pinned = l.host_alloc(MB, 0).unwrap();
+    l.host_free(pinned).unwrap();
+    let before = l.primary_context(0);
+    assert_eq!(before, PrimaryContext::Active(SimRuntime::primary_handle(0)));
+    l.primary_released(0, before);
+    assert_eq!(l.malloc(64 * MB).unwrap(), cached, "a release that leaves a reference keeps the cache");
+    l.free(cached).unwrap();
+    // The last reference: the context and its allocations die, the handle stays.
+    l.runtime().destroy_context(SimRuntime::primary_handle(0));
+    l.primary_released(0, before);
+    let fresh = l.malloc(64 * MB).unwrap();
+    assert!(l.runtime().is_live(fresh), "a block of the released context was handed out");
+    assert_eq!(l.free(live), Ok(Freed::NotOurs), "a block live across the release is the runtime's to answer for");
+    l.host_alloc(MB, 0).unwrap();
+    assert_eq!(l.runtime().host_allocs(), 2, "the pinned block of the released context was handed out");
+}
+
+#[test]
 fn destroying_a_user_context_forgets_only_its_pool() {
     let l = layer(Config::default(), &[4 * GB, 4 * GB]);
     let ctx = 0x9000;

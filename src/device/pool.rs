@@ -30,9 +30,31 @@
 // the layer makes it an id no other pool and no runtime allocation has.
 //
 // Note [Context lifetime]
-// A device reset or context destroy frees every allocation of that context behind our back.
+// A device reset, a context destroy, or the last release of a primary context frees every
+// allocation of that context behind our back.
 // `forget_all` drops every segment and live block without asking the runtime to free anything;
-// `generation` tells a caller who mapped a segment before the reset not to add it.
+// `generation` tells a caller who mapped a segment before the reset not to add it. The driver may
+// give a later context the dead one's handle (the primary context's never changes), so segments
+// belong to a context instance: the layer forgets them when that instance ends (a destroy, a
+// reset, a primary context released to zero), before the handle can name another. The pool
+// records its owner under its own lock, bound by its first segment (`bind`) and checked at every
+// hand-out (`serves`): two contexts racing their first allocation never share a pool.
+
+//
+// Note [Frees that bypass us]
+// A plugin loaded with RTLD_DEEPBIND and linked with -lcuda binds its cuMemFree_v2 to the driver
+// itself, past our symbols (its allocations are the driver's, untouched by us). Freeing a block
+// the pool gave the main program, it reaches the driver, which frees only a pointer that is an
+// allocation's base, our segment's, with every block in it. So a split pool never hands out a
+// segment's base unless the block is the whole segment: a request is carved from the tail of a
+// free block that starts a segment, and a free head is taken only with room left before the
+// carved block. The driver then refuses such a free with invalid value, as it does for any
+// pointer inside an allocation, and no live neighbour dies. A whole-segment block (binned
+// blocks, large ones) freed that way frees exactly itself, as without us; the pool's record of it
+// stays live, so the pool never hands it out again (if the driver reuses the address, a free of
+// that new allocation through us is taken for the old block's: a limit, for programs that free
+// the pool's blocks past it). Cost: no device memory; at most one block's room per segment for
+// requests that divide a segment exactly (three 512 KiB blocks per 2 MiB segment, not four).
 
 use super::table::{AddrMap, Slab, NONE};
 use crate::host::registry::TableSource;
@@ -148,6 +170,8 @@ pub struct DevicePool {
     /// The last buffer id handed out (Note [Buffer ids]); never reset.
     last_buffer_id: u64,
     generation: u64,
+    /// The context the segments live in; 0 until the first one (Note [Context lifetime]).
+    owner: u64,
     bins: [[u32; BINS]; 2],
     pending_free_bytes: u64,
     other_tag_free_bytes: u64,
@@ -179,6 +203,7 @@ impl DevicePool {
             span: (u64::MAX, 0),
             last_buffer_id: 0,
             generation: 0,
+            owner: 0,
             bins: [[NONE; BINS]; 2],
             pending_free_bytes: 0,
             other_tag_free_bytes: 0,
@@ -275,114 +300,24 @@ impl DevicePool {
         Alloc::NeedSegment { len, small }
     }
 
-    fn usable(&self, b: &Block, need: u64, tag: u64) -> bool {
-        if b.size < need || !(b.tag == SYNCED || b.tag == tag) {
-            return false;
-        }
-        match self.strategy {
-            Strategy::Binned => b.size == need,
-            Strategy::Split => b.size <= MAX_SPLIT || b.size - need <= HUGE_WASTE,
-        }
+    /// The context this pool's segments live in; 0 before the first.
+    pub fn owner(&self) -> u64 {
+        self.owner
     }
 
-    fn find_fit(&self, need: u64, small: bool, tag: u64) -> Option<u32> {
-        let lists = self.bins.get(usize::from(small))?;
-        for head in lists.iter().skip(bin_of(need)) {
-            let mut best: Option<(u64, u64, u32)> = None;
-            let mut i = *head;
-            while i != NONE {
-                let b = self.blocks.get(i);
-                if self.usable(b, need, tag) && best.is_none_or(|(s, a, _)| (b.size, b.addr) < (s, a)) {
-                    best = Some((b.size, b.addr, i));
-                }
-                i = b.bin_next;
-            }
-            if let Some((_, _, index)) = best {
-                return Some(index);
-            }
-        }
-        None
+    /// Whether a request made in context `ctx` may take a block here (Note [Context lifetime]).
+    /// No context yet (0) on either side: the runtime binds one at the segment's allocation.
+    pub fn serves(&self, ctx: u64) -> bool {
+        self.owner == 0 || self.owner == ctx
     }
 
-    fn bin_head(&self, small: bool, bin: usize) -> u32 {
-        self.bins.get(usize::from(small)).and_then(|l| l.get(bin)).copied().unwrap_or(NONE)
-    }
-
-    fn unlink(&mut self, i: u32) {
-        let b = *self.blocks.get(i);
-        if b.bin_prev != NONE {
-            self.blocks.get_mut(b.bin_prev).bin_next = b.bin_next;
-        } else if let Some(head) = self.bins.get_mut(usize::from(b.small)).and_then(|l| l.get_mut(bin_of(b.size))) {
-            *head = b.bin_next;
+    /// Binds the pool to `ctx`, the context a new segment was allocated in; false when it
+    /// belongs to another (the caller gives the segment back).
+    pub fn bind(&mut self, ctx: u64) -> bool {
+        if self.owner == 0 {
+            self.owner = ctx;
         }
-        if b.bin_next != NONE {
-            self.blocks.get_mut(b.bin_next).bin_prev = b.bin_prev;
-        }
-        self.account_free(&b, false);
-    }
-
-    fn link(&mut self, i: u32) {
-        let b = *self.blocks.get(i);
-        let Some(head) = self.bins.get_mut(usize::from(b.small)).and_then(|l| l.get_mut(bin_of(b.size))) else { return };
-        let old = *head;
-        *head = i;
-        {
-            let r = self.blocks.get_mut(i);
-            r.bin_prev = NONE;
-            r.bin_next = old;
-        }
-        if old != NONE {
-            self.blocks.get_mut(old).bin_prev = i;
-        }
-        self.account_free(&b, true);
-    }
-
-    fn account_free(&mut self, b: &Block, adding: bool) {
-        let counter = match b.tag {
-            SYNCED => return,
-            PENDING => &mut self.pending_free_bytes,
-            _ => &mut self.other_tag_free_bytes,
-        };
-        if adding {
-            *counter += b.size;
-        } else {
-            *counter -= b.size;
-        }
-    }
-
-    /// Hands out free block `i` for `need` bytes, splitting off the rest when worthwhile.
-    fn take(&mut self, i: u32, need: u64, now_ns: u64) -> Option<u64> {
-        self.unlink(i);
-        let b = *self.blocks.get(i);
-        let rest = b.size - need;
-        let split = self.strategy == Strategy::Split
-            && b.size <= MAX_SPLIT
-            && if b.small { rest >= ROUND } else { rest > SMALL_LIMIT };
-        if split {
-            let tail = Block { addr: b.addr + need, size: rest, seg_prev: i, seg_next: b.seg_next, allocated: false, ..b };
-            if let Some(t) = self.blocks.insert(tail) {
-                if b.seg_next != NONE {
-                    self.blocks.get_mut(b.seg_next).seg_prev = t;
-                }
-                let r = self.blocks.get_mut(i);
-                r.size = need;
-                r.seg_next = t;
-                self.link(t);
-            }
-        }
-        if !self.live.insert(b.addr, i) {
-            self.link(i);
-            return None;
-        }
-        self.last_buffer_id += 1;
-        let r = self.blocks.get_mut(i);
-        r.allocated = true;
-        r.born_ns = now_ns;
-        r.buffer_id = self.last_buffer_id;
-        let size = r.size;
-        self.stats.live_bytes += size;
-        self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(self.stats.live_bytes);
-        Some(b.addr)
+        self.owner == ctx
     }
 
     /// Records a segment the caller mapped after `NeedSegment`.
@@ -497,46 +432,7 @@ impl DevicePool {
         self.stats.live_bytes = 0;
         self.stats.resets += 1;
         self.generation += 1;
-    }
-
-    /// Merges free block `i` (not linked) with free neighbours of the same tag; returns the
-    /// surviving block, unlinked.
-    fn merge_neighbours(&mut self, mut i: u32) -> u32 {
-        if self.strategy != Strategy::Split {
-            return i;
-        }
-        let tag = self.blocks.get(i).tag;
-        let next = self.blocks.get(i).seg_next;
-        if next != NONE {
-            let n = *self.blocks.get(next);
-            if !n.allocated && n.tag == tag {
-                self.unlink(next);
-                let r = self.blocks.get_mut(i);
-                r.size += n.size;
-                r.seg_next = n.seg_next;
-                if n.seg_next != NONE {
-                    self.blocks.get_mut(n.seg_next).seg_prev = i;
-                }
-                self.blocks.remove(next);
-            }
-        }
-        let prev = self.blocks.get(i).seg_prev;
-        if prev != NONE {
-            let p = *self.blocks.get(prev);
-            if !p.allocated && p.tag == tag {
-                self.unlink(prev);
-                let b = *self.blocks.get(i);
-                let r = self.blocks.get_mut(prev);
-                r.size += b.size;
-                r.seg_next = b.seg_next;
-                if b.seg_next != NONE {
-                    self.blocks.get_mut(b.seg_next).seg_prev = prev;
-                }
-                self.blocks.remove(i);
-                i = prev;
-            }
-        }
-        i
+        self.owner = 0;
     }
 
     /// The caller synchronized the device: every free block becomes reusable by anyone.
@@ -609,6 +505,9 @@ impl Default for DevicePool {
         Self::new()
     }
 }
+
+#[path = "pool_blocks.rs"]
+mod blocks;
 
 #[cfg(test)]
 #[path = "pool_invariants.rs"]

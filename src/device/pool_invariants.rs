@@ -1,6 +1,6 @@
 //! The device pool's structural invariants, checked by the tests after every step: free lists
 //! well formed and merged, bytes accounted, every free block's segment known, exported blocks
-//! never cached.
+//! never cached, no live block at a segment's base with neighbours.
 
 use super::*;
 
@@ -51,6 +51,10 @@ impl DevicePool {
                     let mut head = i;
                     while self.blocks.get(head).seg_prev != NONE {
                         head = self.blocks.get(head).seg_prev;
+                    }
+                    if head != i && self.blocks.get(head).allocated {
+                        // Note [Frees that bypass us].
+                        return Err(format!("live block {:?} at its segment's base has neighbours", self.blocks.get(head)));
                     }
                     if self.segments.get(self.blocks.get(head).addr) != Some(head) {
                         return Err(format!("segment of free block {:?} is not in the segment map", self.blocks.get(i)));

@@ -65,16 +65,16 @@ fn split_pool_reuses_splits_and_merges() {
     assert_eq!(h.pool.stats.segments_mapped, 1, "one 20 MB segment");
     let b = h.alloc(4 * MB, SYNCED).unwrap();
     assert_eq!(h.pool.stats.segments_mapped, 1, "split from the same segment");
-    assert_eq!(b, a + 4 * MB);
+    assert_eq!(b + 4 * MB, a, "carved from the segment's tail (Note [Frees that bypass us])");
     h.pool.free(a, SYNCED).unwrap();
     h.pool.free(b, SYNCED).unwrap();
     h.pool.check_invariants().unwrap();
     let c = h.alloc(18 * MB, SYNCED).unwrap();
-    assert_eq!(c, a, "merged back into one 20 MB block");
+    assert_eq!(c + 18 * MB, a + 4 * MB, "merged back into one 20 MB block");
     assert_eq!(h.pool.stats.hits, 2);
     let small = h.alloc(1000, SYNCED).unwrap();
     let small2 = h.alloc(1000, SYNCED).unwrap();
-    assert_eq!(small2, small + 1024);
+    assert_eq!(small2 + 1024, small);
     assert_eq!(h.pool.stats.segments_mapped, 2, "small blocks come from their own 2 MB segment");
     h.pool.check_invariants().unwrap();
 }
@@ -188,4 +188,39 @@ fn random_programs_keep_blocks_disjoint_and_accounted() {
             assert_eq!(h.pool.stats.reserved_bytes, h.mapped);
         }
     }
+}
+
+#[test]
+fn the_first_segment_binds_the_pool_to_its_context() {
+    let mut h = Harness::new(Strategy::Split, 1 << 40);
+    assert!(h.pool.serves(0) && h.pool.serves(0x10), "no owner yet: anyone may map the first segment");
+    assert!(h.pool.bind(0x10) && h.pool.add_segment(0x7000_0000_0000, 20 * MB, false));
+    assert!(!h.pool.serves(0x20) && !h.pool.serves(0), "a block here is unusable in another context");
+    assert!(!h.pool.bind(0x20), "a segment a racing context mapped is refused");
+    assert!(h.pool.bind(0x10));
+    h.pool.forget_all();
+    assert_eq!(h.pool.owner(), 0, "the context ended: the next one may own the pool");
+    assert!(h.pool.serves(0x20) && h.pool.bind(0x20));
+    h.pool.check_invariants().unwrap();
+}
+
+#[test]
+fn a_segment_base_goes_out_only_as_the_whole_segment() {
+    // Note [Frees that bypass us]: the driver frees a block pointer only at a segment's base.
+    let mut h = Harness::new(Strategy::Split, 1 << 40);
+    let blocks: Vec<u64> = (0..4).map(|_| h.alloc(512 * 1024, SYNCED).unwrap()).collect();
+    assert_eq!(h.pool.stats.segments_mapped, 2, "the head of a 2 MiB segment is not handed out beside live blocks");
+    for &b in &blocks {
+        assert!(!h.pool.has_segment(b), "block {b:#x} sits at a segment's base");
+    }
+    for b in blocks {
+        h.pool.free(b, SYNCED).unwrap();
+        h.pool.check_invariants().unwrap();
+    }
+    let big = h.alloc(64 * MB, SYNCED).unwrap();
+    assert!(h.pool.has_segment(big), "a whole segment goes out at its base");
+    h.pool.free(big, SYNCED).unwrap();
+    let part = h.alloc(40 * MB, SYNCED).unwrap();
+    assert_eq!(part, big + 24 * MB, "a cached segment is cut from its tail");
+    h.pool.check_invariants().unwrap();
 }

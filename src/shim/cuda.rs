@@ -1,74 +1,19 @@
 //! The CUDA runtime entry points we interpose, and the PyTorch pluggable-allocator pair. Each is
 //! a few lines over `DEVICE` (the pool) and `sys::cuda::real()` (the runtime, for pointers that
 //! are not ours and for pass-through). A call re-entered from inside the runtime on the same
-//! thread goes straight to the real function (`sys::reentry`).
+//! thread goes straight to the real function (`sys::reentry`). Whether the pool serves a call,
+//! and the answer to a free, are `route_cuda`'s; `cudaGetDriverEntryPoint*` is in `lookup.rs`.
 
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
-use crate::device::layer::{Export, Freed};
-use crate::sys::cuda::{real, CudaFns};
+use crate::device::layer::Freed;
+use crate::route_cuda::{self as route, answer_free, export_checked, warn_refused, FreeOf};
+use crate::sys::cuda::real;
 use crate::sys::reentry;
 use crate::DEVICE;
 use core::ffi::{c_int, c_uint, c_void};
-use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 const NO_RUNTIME: c_int = CUDA_ERROR_INITIALIZATION;
 
-/// The pool may serve this runtime call: it is on and a context is current.
-fn ready(rt: &CudaFns) -> bool {
-    super::cuda_driver::pool_on() && context_bound(rt)
-}
-
-/// Whether a context is current, after binding one if none was: a thread's first runtime call
-/// has none yet, and `cudaFree(NULL)`, the runtime's own idiom for it, binds the primary context
-/// of the current device and does nothing else.
-fn context_bound(rt: &CudaFns) -> bool {
-    if crate::sys::cuda_driver::current_context() != 0 {
-        return true;
-    }
-    // SAFETY: cudaFree(NULL) is defined to do nothing but initialize.
-    unsafe { (rt.free)(core::ptr::null_mut()) };
-    crate::sys::cuda_driver::current_context() != 0
-}
-
-/// The memory a free names, for the one line a refused free prints per kind.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum FreeOf {
-    Device,
-    Pinned,
-}
-
-/// The answer to a free the pool was asked first (runtime and driver entry points alike): ours
-/// for a pooled pointer, the real function's for any other, and for a pointer inside our memory
-/// that is no live block, the runtime's answer for a pointer it never handed out (Note
-/// [Unexpected frees] in device/layer.rs).
-pub(super) fn answer_free(call: &str, ptr: usize, of: FreeOf, freed: Result<Freed, DeviceError>, real_free: impl FnOnce() -> c_int) -> c_int {
-    match freed {
-        Ok(Freed::Pooled) => CUDA_SUCCESS,
-        Ok(Freed::NotOurs) => real_free(),
-        Ok(Freed::Refused) => {
-            warn_refused(call, ptr, of);
-            CUDA_ERROR_INVALID_VALUE
-        }
-        Err(e) => e.code(),
-    }
-}
-
-static WARNED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
-
-/// One stderr line per kind of memory, as glibc names the pointer of a bad free.
-fn warn_refused(call: &str, ptr: usize, of: FreeOf) {
-    let (slot, what, kind) = match of {
-        FreeOf::Device => (0, "the device pool", "device"),
-        FreeOf::Pinned => (1, "the pinned cache", "pinned"),
-    };
-    if WARNED.get(slot).is_none_or(|w| w.swap(true, Relaxed)) {
-        return;
-    }
-    crate::warn_line!(
-        "{}({:#x}): not a live block of {} (a double free, or a pointer inside a block); refused with invalid value, nothing freed (said once for {} memory)",
-        call, ptr, what, kind
-    );
-}
 
 /// # Safety
 /// `ptr` is writable, as cudaMalloc requires.
@@ -79,7 +24,7 @@ pub unsafe extern "C" fn cudaMalloc(ptr: *mut *mut c_void, size: usize) -> c_int
     if ptr.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if size == 0 || !ready(rt) {
+    if size == 0 || !route::runtime_ready(rt) {
         return (rt.malloc)(ptr, size);
     }
     match DEVICE.malloc(size) {
@@ -119,7 +64,7 @@ pub unsafe extern "C" fn cudaFree(ptr: *mut c_void) -> c_int {
 pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return (rt.mem_get_info)(free, total) };
-    if free.is_null() || total.is_null() || !ready(rt) {
+    if free.is_null() || total.is_null() || !route::runtime_ready(rt) {
         return (rt.mem_get_info)(free, total);
     }
     match DEVICE.mem_info() {
@@ -138,7 +83,7 @@ pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> 
 pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return (rt.host_alloc)(ptr, size, flags) };
-    if ptr.is_null() || size == 0 || !ready(rt) {
+    if ptr.is_null() || size == 0 || !route::runtime_ready(rt) {
         return (rt.host_alloc)(ptr, size, flags);
     }
     match DEVICE.host_alloc(size, flags) {
@@ -172,8 +117,8 @@ pub unsafe extern "C" fn cudaFreeHost(ptr: *mut c_void) -> c_int {
     }
     // The runtime binds a context before it frees, on a thread that made no CUDA call too; so
     // do we, for the synchronization a pooled free makes (with the pool off, the runtime does).
-    if super::cuda_driver::pool_on() {
-        context_bound(rt);
+    if route::pool_on() {
+        route::context_bound(rt);
     }
     answer_free("cudaFreeHost", ptr as usize, FreeOf::Pinned, DEVICE.host_free(ptr as usize), || (rt.free_host)(ptr))
 }
@@ -218,24 +163,6 @@ pub unsafe extern "C" fn cudaIpcGetMemHandle(handle: *mut c_void, ptr: *mut c_vo
     }
 }
 
-/// Shared by the runtime's and the driver's IPC entry points: `Err` after one stderr line when
-/// a handle of `addr` would name other blocks' memory.
-pub(crate) fn export_checked(call: &str, addr: usize) -> Result<(), ()> {
-    if crate::globals().is_none() {
-        return Ok(());
-    }
-    match DEVICE.export(addr) {
-        Export::NotOurs | Export::Whole => Ok(()),
-        Export::Shared { addr: block, size } => {
-            crate::warn_line!(
-                "{}({:#x}): the pooled block at {:#x} ({} bytes) shares its cudaMalloc segment with other blocks, and an IPC handle names the whole segment; refused (cudaErrorInvalidValue). IPC of pooled memory works with TENSORMALLOC_CUDA_POOL=binned (one segment per block) or none",
-                call, addr, block, size
-            );
-            Err(())
-        }
-    }
-}
-
 /// A pooled pointer returns to our pool, reusable on `stream` at once and by others after a
 /// synchronization (Note [Safe reuse]); anything else is the runtime's.
 ///
@@ -267,34 +194,6 @@ unsafe fn free_async_via(ptr: *mut c_void, stream: *mut c_void, real_free: crate
     answer_free("cudaFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, stream as usize)), || real_free(ptr, stream))
 }
 
-/// The runtime's way to a driver entry point: ours for those the pool serves, as
-/// cuGetProcAddress gives (the runtime asks at its own CUDA version).
-///
-/// # Safety
-/// As cudaGetDriverEntryPoint (CUDA 12's form; CUDA 11's has no status pointer, which the
-/// runtime of such a program then does not read either).
-#[no_mangle]
-pub unsafe extern "C" fn cudaGetDriverEntryPoint(symbol: *const core::ffi::c_char, pfn: *mut *mut c_void, flags: u64, status: *mut c_int) -> c_int {
-    let Some(get) = real().and_then(|rt| rt.get_driver_entry_point) else { return NO_RUNTIME };
-    let rc = get(symbol, pfn, flags, status);
-    if rc == CUDA_SUCCESS {
-        super::cuda_driver::substitute_proc(symbol, pfn, c_int::MAX, flags);
-    }
-    rc
-}
-
-/// # Safety
-/// As cudaGetDriverEntryPointByVersion.
-#[no_mangle]
-pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion(symbol: *const core::ffi::c_char, pfn: *mut *mut c_void, cuda_version: c_uint, flags: u64, status: *mut c_int) -> c_int {
-    let Some(get) = real().and_then(|rt| rt.get_driver_entry_point_by_version) else { return NO_RUNTIME };
-    let rc = get(symbol, pfn, cuda_version, flags, status);
-    if rc == CUDA_SUCCESS {
-        super::cuda_driver::substitute_proc(symbol, pfn, c_int::try_from(cuda_version).unwrap_or(c_int::MAX), flags);
-    }
-    rc
-}
-
 /// PyTorch's CUDAPluggableAllocator `alloc`: `torch.cuda.memory.CUDAPluggableAllocator(
 /// "libtensormalloc.so", "tm_cuda_alloc", "tm_cuda_free")`. Reuse is stream-aware: a block freed
 /// on a stream is reused on that stream with no synchronization.
@@ -308,7 +207,7 @@ pub unsafe extern "C" fn tm_cuda_alloc(size: isize, device: c_int, stream: *mut 
         return core::ptr::null_mut();
     }
     if let Some(rt) = real() {
-        context_bound(rt);
+        route::context_bound(rt);
     }
     DEVICE.malloc_on_stream(size, device, stream as usize).map_or(core::ptr::null_mut(), |a| a as *mut c_void)
 }

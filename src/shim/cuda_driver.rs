@@ -1,17 +1,17 @@
 //! The CUDA driver entry points the pool serves or must know, on every path a program reaches
-//! them by: linked with -lcuda (these symbols), found by name (`served_symbol`, behind our
-//! `dlsym`), or through `cuGetProcAddress` (which both runtimes use, and which hands out these
-//! same functions). Allocations come from the pool; context resets and destroys empty it; IPC
+//! them by: linked with -lcuda (these symbols); found by name or through `cuGetProcAddress`,
+//! which both runtimes use (`lookup.rs` hands out these same functions). Whether the pool serves
+//! a call, and the answer to a free, are `route_cuda`'s. Allocations come from the pool; context resets and destroys empty it; IPC
 //! handles and pointer-range queries answer for our blocks. Anything not ours goes to the real
 //! driver unchanged, and so does a call re-entered from inside a runtime call of ours (a
 //! runtime-level miss is never pooled a second time).
 
-use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
+use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
 
 /// The driver's out-of-memory code (the runtime's cudaErrorMemoryAllocation has the same value).
 const CUDA_ERROR_OUT_OF_MEMORY: c_int = CUDA_ERROR_MEMORY_ALLOCATION;
-use super::cuda::{answer_free, FreeOf};
 use crate::device::layer::Range;
+use crate::route_cuda::{answer_free, export_checked, pool_on, pool_ready, pooling, without_context, FreeOf};
 use crate::sys::cuda_driver::{driver, DriverFns};
 use crate::sys::reentry;
 use crate::DEVICE;
@@ -29,29 +29,6 @@ fn blockwise(attribute: c_int) -> bool {
 
 fn real<T>(pick: impl FnOnce(&DriverFns) -> Option<T>) -> Option<T> {
     driver().and_then(pick)
-}
-
-fn pooling() -> bool {
-    crate::globals().is_some()
-}
-
-/// The pool is on: our init ran and neither TENSORMALLOC_DISABLE nor TENSORMALLOC_CUDA_POOL=none
-/// turned it off. With it off, lookups hand out the driver's own entry points (a profiler sees
-/// those) and allocations pass through.
-pub(super) fn pool_on() -> bool {
-    crate::globals().is_some() && DEVICE.enabled()
-}
-
-/// The pool may serve an allocation: it is on and a context is current (a driver allocation
-/// with none fails, and the driver should say so).
-fn pool_ready() -> bool {
-    pool_on() && crate::sys::cuda_driver::current_context() != 0
-}
-
-/// The driver's frees need a current context: with none, a pointer of ours gets the driver's
-/// answer (invalid context) and stays as it was; any other goes to the driver, which answers.
-fn without_context(addr: usize) -> Option<c_int> {
-    (crate::sys::cuda_driver::current_context() == 0 && DEVICE.holds(addr)).then_some(CUDA_ERROR_INVALID_CONTEXT)
 }
 
 /// # Safety
@@ -156,138 +133,6 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> c_int {
     answer_free("cuMemFreeHost", p as usize, FreeOf::Pinned, DEVICE.host_free(p as usize), || free(p))
 }
 
-/// Our entry point for an exported driver symbol we serve, and the address of the real one it
-/// stands in for.
-fn served(symbol: &[u8], d: &DriverFns) -> Option<(*mut c_void, Option<usize>)> {
-    macro_rules! row {
-        ($ours:expr, $real:expr) => {
-            Some(($ours as *mut c_void, $real.map(|f| f as usize)))
-        };
-    }
-    match symbol {
-        b"cuMemAlloc_v2" => row!(cuMemAlloc_v2, d.mem_alloc),
-        b"cuMemAllocPitch_v2" => row!(cuMemAllocPitch_v2, d.mem_alloc_pitch),
-        b"cuMemFree_v2" => row!(cuMemFree_v2, d.mem_free),
-        b"cuMemGetInfo_v2" => row!(cuMemGetInfo_v2, d.mem_get_info),
-        b"cuMemHostAlloc" => row!(cuMemHostAlloc, d.mem_host_alloc),
-        b"cuMemAllocHost_v2" => row!(cuMemAllocHost_v2, d.mem_alloc_host),
-        b"cuMemFreeHost" => row!(cuMemFreeHost, d.mem_free_host),
-        b"cuMemAllocAsync" => row!(cuMemAllocAsync, d.mem_alloc_async),
-        b"cuMemAllocAsync_ptsz" => row!(cuMemAllocAsync_ptsz, d.mem_alloc_async_ptsz),
-        b"cuMemAllocManaged" => row!(cuMemAllocManaged, d.mem_alloc_managed),
-        b"cuMemCreate" => row!(cuMemCreate, d.mem_create),
-        b"cuMemFreeAsync" => row!(cuMemFreeAsync, d.mem_free_async),
-        b"cuMemFreeAsync_ptsz" => row!(cuMemFreeAsync_ptsz, d.mem_free_async_ptsz),
-        b"cuDevicePrimaryCtxReset_v2" => row!(cuDevicePrimaryCtxReset_v2, d.primary_reset),
-        b"cuDevicePrimaryCtxReset" => row!(cuDevicePrimaryCtxReset, d.primary_reset_v1),
-        b"cuCtxDestroy_v2" => row!(cuCtxDestroy_v2, d.ctx_destroy),
-        b"cuCtxDestroy" => row!(cuCtxDestroy, d.ctx_destroy_v1),
-        b"cuIpcGetMemHandle" => row!(cuIpcGetMemHandle, d.ipc_get_mem_handle),
-        b"cuMemGetAddressRange_v2" => row!(cuMemGetAddressRange_v2, d.address_range),
-        b"cuPointerGetAttribute" => row!(cuPointerGetAttribute, d.pointer_get_attribute),
-        b"cuPointerGetAttributes" => row!(cuPointerGetAttributes, d.pointer_get_attributes),
-        b"cuGetProcAddress" => row!(cuGetProcAddress, d.get_proc_address),
-        b"cuGetProcAddress_v2" => row!(cuGetProcAddress_v2, d.get_proc_address_v2),
-        _ => None,
-    }
-}
-
-/// The exported name `cuGetProcAddress` hands out for `base` at `cuda_version`: the version
-/// thresholds of the driver's own table for the entry points we serve.
-fn versioned(base: &[u8], cuda_version: c_int, per_thread: bool) -> Option<&'static [u8]> {
-    let at = |since: c_int, new: &'static [u8], old: &'static [u8]| Some(if cuda_version >= since { new } else { old });
-    match base {
-        b"cuMemAlloc" => at(3020, b"cuMemAlloc_v2", b"cuMemAlloc"),
-        b"cuMemAllocPitch" => at(3020, b"cuMemAllocPitch_v2", b"cuMemAllocPitch"),
-        b"cuMemFree" => at(3020, b"cuMemFree_v2", b"cuMemFree"),
-        b"cuMemGetInfo" => at(3020, b"cuMemGetInfo_v2", b"cuMemGetInfo"),
-        b"cuMemAllocHost" => at(3020, b"cuMemAllocHost_v2", b"cuMemAllocHost"),
-        b"cuMemGetAddressRange" => at(3020, b"cuMemGetAddressRange_v2", b"cuMemGetAddressRange"),
-        b"cuCtxDestroy" => at(4000, b"cuCtxDestroy_v2", b"cuCtxDestroy"),
-        b"cuDevicePrimaryCtxReset" => at(11000, b"cuDevicePrimaryCtxReset_v2", b"cuDevicePrimaryCtxReset"),
-        b"cuGetProcAddress" => at(12000, b"cuGetProcAddress_v2", b"cuGetProcAddress"),
-        b"cuMemFreeAsync" => Some(if per_thread { b"cuMemFreeAsync_ptsz" } else { b"cuMemFreeAsync" }),
-        b"cuMemAllocAsync" => Some(if per_thread { b"cuMemAllocAsync_ptsz" } else { b"cuMemAllocAsync" }),
-        b"cuMemAllocManaged" => Some(b"cuMemAllocManaged"),
-        b"cuMemCreate" => Some(b"cuMemCreate"),
-        b"cuMemHostAlloc" => Some(b"cuMemHostAlloc"),
-        b"cuMemFreeHost" => Some(b"cuMemFreeHost"),
-        b"cuIpcGetMemHandle" => Some(b"cuIpcGetMemHandle"),
-        b"cuPointerGetAttribute" => Some(b"cuPointerGetAttribute"),
-        b"cuPointerGetAttributes" => Some(b"cuPointerGetAttributes"),
-        _ => None,
-    }
-}
-
-const PER_THREAD_DEFAULT_STREAM: u64 = 2;
-
-/// After a successful lookup of `symbol` that produced `*pfn`: ours in its place when we serve
-/// that entry point at that version. `flags` are cuGetProcAddress's (the runtime's
-/// cudaGetDriverEntryPoint flags have the same values).
-pub(crate) unsafe fn substitute_proc(symbol: *const core::ffi::c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) {
-    if symbol.is_null() || pfn.is_null() || (*pfn).is_null() || !pool_on() {
-        return;
-    }
-    let Some(d) = driver() else { return };
-    let base = core::ffi::CStr::from_ptr(symbol).to_bytes();
-    let per_thread = flags == PER_THREAD_DEFAULT_STREAM || d.mem_free_async_ptsz.is_some_and(|f| f as usize == *pfn as usize);
-    if let Some((ours, _)) = versioned(base, cuda_version, per_thread).and_then(|name| served(name, d)) {
-        *pfn = ours;
-    }
-}
-
-/// # Safety
-/// As cuGetProcAddress (CUDA 11.3 to 11.8's form).
-#[no_mangle]
-pub unsafe extern "C" fn cuGetProcAddress(symbol: *const core::ffi::c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64) -> c_int {
-    let Some(get) = real(|d| d.get_proc_address) else { return NO_DRIVER };
-    let rc = get(symbol, pfn, cuda_version, flags);
-    if rc == CUDA_SUCCESS {
-        substitute_proc(symbol, pfn, cuda_version, flags);
-    }
-    rc
-}
-
-/// # Safety
-/// As cuGetProcAddress_v2 (CUDA 12's, with the query result).
-#[no_mangle]
-pub unsafe extern "C" fn cuGetProcAddress_v2(symbol: *const core::ffi::c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: u64, status: *mut c_int) -> c_int {
-    let Some(get) = real(|d| d.get_proc_address_v2) else { return NO_DRIVER };
-    let rc = get(symbol, pfn, cuda_version, flags, status);
-    if rc == CUDA_SUCCESS {
-        substitute_proc(symbol, pfn, cuda_version, flags);
-    }
-    rc
-}
-
-/// Decides a `dlsym(handle, name)` (called by our exported dlsym, `shim::dlsym`): ours when
-/// `name` is a driver entry point we serve and `handle` resolves it to the very driver we bind;
-/// null to let glibc's dlsym answer (every other lookup, `RTLD_DEFAULT` and `RTLD_NEXT`
-/// included: by symbol those already reach ours, or deliberately the next definition).
-/// Allocation-free; before our init or with the pool off it never serves.
-#[cfg(target_arch = "x86_64")]
-pub(crate) extern "C" fn served_symbol(handle: *mut c_void, name: *const core::ffi::c_char) -> *mut c_void {
-    let real_dlsym = crate::sys::dlsym::resolve(super::dlsym::dlsym as *const ());
-    let none = core::ptr::null_mut();
-    if name.is_null() || handle.is_null() || handle == libc::RTLD_NEXT {
-        return none;
-    }
-    // SAFETY: dlsym's name is a C string.
-    let symbol = unsafe { core::ffi::CStr::from_ptr(name) }.to_bytes();
-    if !symbol.starts_with(b"cu") || !pool_on() {
-        return none;
-    }
-    let Some(d) = driver() else { return none };
-    let Some((ours, Some(real_addr))) = served(symbol, d) else { return none };
-    // SAFETY: glibc's dlsym with the caller's handle and name.
-    let found = unsafe { real_dlsym(handle, name) };
-    if found as usize == real_addr {
-        ours
-    } else {
-        none
-    }
-}
-
 /// Note [Context lifetime] (device/pool.rs).
 unsafe fn primary_reset(device: c_int, reset: unsafe extern "C" fn(c_int) -> c_int) -> c_int {
     let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return reset(device) };
@@ -309,6 +154,32 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset(device: c_int) -> c_int {
     real(|d| d.primary_reset_v1).map_or(NO_DRIVER, |f| primary_reset(device, f))
+}
+
+/// Note [Context lifetime] (device/pool.rs): the last release destroys the primary context and
+/// every allocation in it, though its handle stays the same.
+unsafe fn primary_release(device: c_int, release: unsafe extern "C" fn(c_int) -> c_int) -> c_int {
+    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return release(device) };
+    let before = DEVICE.primary_context(device);
+    let rc = release(device);
+    if rc == 0 {
+        DEVICE.primary_released(device, before);
+    }
+    rc
+}
+
+/// # Safety
+/// As cuDevicePrimaryCtxRelease_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(device: c_int) -> c_int {
+    real(|d| d.primary_release).map_or(NO_DRIVER, |f| primary_release(device, f))
+}
+
+/// # Safety
+/// As cuDevicePrimaryCtxRelease.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(device: c_int) -> c_int {
+    real(|d| d.primary_release_v1).map_or(NO_DRIVER, |f| primary_release(device, f))
 }
 
 unsafe fn ctx_destroy(ctx: *mut c_void, destroy: unsafe extern "C" fn(*mut c_void) -> c_int) -> c_int {
@@ -341,7 +212,7 @@ pub unsafe extern "C" fn cuCtxDestroy(ctx: *mut c_void) -> c_int {
 pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut c_void, ptr: u64) -> c_int {
     let Some(get) = real(|d| d.ipc_get_mem_handle) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return get(handle, ptr) };
-    match super::cuda::export_checked("cuIpcGetMemHandle", ptr as usize) {
+    match export_checked("cuIpcGetMemHandle", ptr as usize) {
         Ok(()) => get(handle, ptr),
         Err(()) => CUDA_ERROR_INVALID_VALUE,
     }

@@ -6,8 +6,8 @@
 mod cuda;
 #[cfg(not(any(test, feature = "no-interpose")))]
 mod cuda_driver;
-#[cfg(all(target_arch = "x86_64", not(any(test, feature = "no-interpose"))))]
-mod dlsym;
+#[cfg(not(any(test, feature = "no-interpose")))]
+mod lookup;
 #[cfg(not(any(test, feature = "no-interpose")))]
 mod cxx;
 #[cfg(all(target_arch = "x86_64", not(any(test, feature = "no-interpose"))))]

@@ -1,0 +1,209 @@
+//! The pool's free lists and carving: finding a fit, taking a block (split, carved from the tail
+//! at a segment's base: Note [Frees that bypass us] in pool.rs), and merging free neighbours.
+//! Bookkeeping only, under the pool's lock; never calls CUDA.
+
+use super::*;
+
+impl DevicePool {
+    pub(super) fn usable(&self, b: &Block, need: u64, tag: u64) -> bool {
+        if b.size < need || !(b.tag == SYNCED || b.tag == tag) {
+            return false;
+        }
+        // Note [Frees that bypass us]: a segment's base goes out only as the whole segment, or
+        // with room left before the block carved from its tail.
+        if b.seg_prev == NONE && b.seg_next != NONE && b.size - need < ROUND {
+            return false;
+        }
+        match self.strategy {
+            Strategy::Binned => b.size == need,
+            Strategy::Split => b.size <= MAX_SPLIT || b.size - need <= HUGE_WASTE,
+        }
+    }
+
+    pub(super) fn find_fit(&self, need: u64, small: bool, tag: u64) -> Option<u32> {
+        let lists = self.bins.get(usize::from(small))?;
+        for head in lists.iter().skip(bin_of(need)) {
+            let mut best: Option<(u64, u64, u32)> = None;
+            let mut i = *head;
+            while i != NONE {
+                let b = self.blocks.get(i);
+                if self.usable(b, need, tag) && best.is_none_or(|(s, a, _)| (b.size, b.addr) < (s, a)) {
+                    best = Some((b.size, b.addr, i));
+                }
+                i = b.bin_next;
+            }
+            if let Some((_, _, index)) = best {
+                return Some(index);
+            }
+        }
+        None
+    }
+
+    pub(super) fn bin_head(&self, small: bool, bin: usize) -> u32 {
+        self.bins.get(usize::from(small)).and_then(|l| l.get(bin)).copied().unwrap_or(NONE)
+    }
+
+    pub(super) fn unlink(&mut self, i: u32) {
+        let b = *self.blocks.get(i);
+        if b.bin_prev != NONE {
+            self.blocks.get_mut(b.bin_prev).bin_next = b.bin_next;
+        } else if let Some(head) = self.bins.get_mut(usize::from(b.small)).and_then(|l| l.get_mut(bin_of(b.size))) {
+            *head = b.bin_next;
+        }
+        if b.bin_next != NONE {
+            self.blocks.get_mut(b.bin_next).bin_prev = b.bin_prev;
+        }
+        self.account_free(&b, false);
+    }
+
+    pub(super) fn link(&mut self, i: u32) {
+        let b = *self.blocks.get(i);
+        let Some(head) = self.bins.get_mut(usize::from(b.small)).and_then(|l| l.get_mut(bin_of(b.size))) else { return };
+        let old = *head;
+        *head = i;
+        {
+            let r = self.blocks.get_mut(i);
+            r.bin_prev = NONE;
+            r.bin_next = old;
+        }
+        if old != NONE {
+            self.blocks.get_mut(old).bin_prev = i;
+        }
+        self.account_free(&b, true);
+    }
+
+    pub(super) fn account_free(&mut self, b: &Block, adding: bool) {
+        let counter = match b.tag {
+            SYNCED => return,
+            PENDING => &mut self.pending_free_bytes,
+            _ => &mut self.other_tag_free_bytes,
+        };
+        if adding {
+            *counter += b.size;
+        } else {
+            *counter -= b.size;
+        }
+    }
+
+    /// Hands out free block `i` for `need` bytes, splitting off the rest when worthwhile.
+    pub(super) fn take(&mut self, i: u32, need: u64, now_ns: u64) -> Option<u64> {
+        self.unlink(i);
+        let b = *self.blocks.get(i);
+        let rest = b.size - need;
+        if b.seg_prev == NONE && self.strategy == Strategy::Split && b.size <= MAX_SPLIT && rest >= ROUND {
+            return self.take_tail(i, need, now_ns);
+        }
+        let split = self.strategy == Strategy::Split
+            && b.size <= MAX_SPLIT
+            && if b.small { rest >= ROUND } else { rest > SMALL_LIMIT };
+        if split {
+            let tail = Block { addr: b.addr + need, size: rest, seg_prev: i, seg_next: b.seg_next, allocated: false, ..b };
+            if let Some(t) = self.blocks.insert(tail) {
+                if b.seg_next != NONE {
+                    self.blocks.get_mut(b.seg_next).seg_prev = t;
+                }
+                let r = self.blocks.get_mut(i);
+                r.size = need;
+                r.seg_next = t;
+                self.link(t);
+            }
+        }
+        self.hand_out(i, now_ns)
+    }
+
+    /// Note [Frees that bypass us]: free block `i` (unlinked) is its segment's base: the request
+    /// is carved from its tail and the head stays free.
+    pub(super) fn take_tail(&mut self, i: u32, need: u64, now_ns: u64) -> Option<u64> {
+        let b = *self.blocks.get(i);
+        let rest = b.size - need;
+        let tail = Block { addr: b.addr + rest, size: need, seg_prev: i, seg_next: b.seg_next, allocated: false, ..b };
+        let Some(t) = self.blocks.insert(tail) else {
+            self.link(i);
+            return None;
+        };
+        if b.seg_next != NONE {
+            self.blocks.get_mut(b.seg_next).seg_prev = t;
+        }
+        let r = self.blocks.get_mut(i);
+        r.size = rest;
+        r.seg_next = t;
+        self.link(i);
+        match self.hand_out(t, now_ns) {
+            Some(addr) => Some(addr),
+            None => {
+                // The live map is full: merge the tail back and leave the block as it was.
+                self.unlink(t);
+                self.unlink(i);
+                let next = self.blocks.get(t).seg_next;
+                if next != NONE {
+                    self.blocks.get_mut(next).seg_prev = i;
+                }
+                let r = self.blocks.get_mut(i);
+                r.size = b.size;
+                r.seg_next = next;
+                self.blocks.remove(t);
+                self.link(i);
+                None
+            }
+        }
+    }
+
+    /// Marks block `i` (unlinked, split as wanted) live and hands it out; `None` when the live
+    /// map is full (the block is linked back).
+    pub(super) fn hand_out(&mut self, i: u32, now_ns: u64) -> Option<u64> {
+        let b = *self.blocks.get(i);
+        if !self.live.insert(b.addr, i) {
+            self.link(i);
+            return None;
+        }
+        self.last_buffer_id += 1;
+        let r = self.blocks.get_mut(i);
+        r.allocated = true;
+        r.born_ns = now_ns;
+        r.buffer_id = self.last_buffer_id;
+        let size = r.size;
+        self.stats.live_bytes += size;
+        self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(self.stats.live_bytes);
+        Some(b.addr)
+    }
+
+    /// Merges free block `i` (not linked) with free neighbours of the same tag; returns the
+    /// surviving block, unlinked.
+    pub(super) fn merge_neighbours(&mut self, mut i: u32) -> u32 {
+        if self.strategy != Strategy::Split {
+            return i;
+        }
+        let tag = self.blocks.get(i).tag;
+        let next = self.blocks.get(i).seg_next;
+        if next != NONE {
+            let n = *self.blocks.get(next);
+            if !n.allocated && n.tag == tag {
+                self.unlink(next);
+                let r = self.blocks.get_mut(i);
+                r.size += n.size;
+                r.seg_next = n.seg_next;
+                if n.seg_next != NONE {
+                    self.blocks.get_mut(n.seg_next).seg_prev = i;
+                }
+                self.blocks.remove(next);
+            }
+        }
+        let prev = self.blocks.get(i).seg_prev;
+        if prev != NONE {
+            let p = *self.blocks.get(prev);
+            if !p.allocated && p.tag == tag {
+                self.unlink(prev);
+                let b = *self.blocks.get(i);
+                let r = self.blocks.get_mut(prev);
+                r.size += b.size;
+                r.seg_next = b.seg_next;
+                if b.seg_next != NONE {
+                    self.blocks.get_mut(b.seg_next).seg_prev = prev;
+                }
+                self.blocks.remove(i);
+                i = prev;
+            }
+        }
+        i
+    }
+}
