@@ -15,10 +15,6 @@ pub mod report;
 // Its callers, the malloc shims, are not built for tests and the no-interpose harnesses.
 #[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]
 mod route;
-// CUDA's route (route/cuda.rs): its callers are the CUDA shims, built only into the library.
-#[cfg(not(any(test, feature = "no-interpose")))]
-#[path = "route/cuda.rs"]
-mod route_cuda;
 pub mod scopes;
 #[cfg(any(test, feature = "no-interpose"))]
 pub mod sim;

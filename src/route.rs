@@ -12,6 +12,9 @@ use crate::sys::next::{CallocFn, FreeFn, MallocFn, NextAllocator, ReallocFn};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
 
 pub(crate) mod cxx;
+// Its callers are the CUDA shims, built only into the library.
+#[cfg(not(any(test, feature = "no-interpose")))]
+pub(crate) mod cuda;
 
 const PAGE: usize = 4096;
 /// malloc's guaranteed alignment on x86-64 (and glibc's MALLOC_ALIGNMENT).

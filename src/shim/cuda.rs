@@ -2,11 +2,11 @@
 //! a few lines over `DEVICE` (the pool) and `sys::cuda::real()` (the runtime, for pointers that
 //! are not ours and for pass-through). A call re-entered from inside the runtime on the same
 //! thread goes straight to the real function (`sys::reentry`). Whether the pool serves a call,
-//! and the answer to a free, are `route_cuda`'s; `cudaGetDriverEntryPoint*` is in `lookup.rs`.
+//! and the answer to a free, are `route::cuda`'s; `cudaGetDriverEntryPoint*` is in `lookup.rs`.
 
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
 use crate::device::layer::Freed;
-use crate::route_cuda::{self as route, answer_free, export_checked, warn_refused, FreeOf};
+use crate::route::cuda::{self as route, answer_free, export_checked, warn_refused, FreeOf};
 use crate::sys::cuda::real;
 use crate::sys::reentry;
 use crate::DEVICE;

@@ -1,7 +1,7 @@
 //! The CUDA driver entry points the pool serves or must know, on every path a program reaches
 //! them by: linked with -lcuda (these symbols); found by name or through `cuGetProcAddress`,
 //! which both runtimes use (`lookup.rs` hands out these same functions). Whether the pool serves
-//! a call, and the answer to a free, are `route_cuda`'s. Allocations come from the pool; context resets and destroys empty it; IPC
+//! a call, and the answer to a free, are `route::cuda`'s. Allocations come from the pool; context resets and destroys empty it; IPC
 //! handles and pointer-range queries answer for our blocks. Anything not ours goes to the real
 //! driver unchanged, and so does a call re-entered from inside a runtime call of ours (a
 //! runtime-level miss is never pooled a second time).
@@ -11,7 +11,7 @@ use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_
 /// The driver's out-of-memory code (the runtime's cudaErrorMemoryAllocation has the same value).
 const CUDA_ERROR_OUT_OF_MEMORY: c_int = CUDA_ERROR_MEMORY_ALLOCATION;
 use crate::device::layer::Range;
-use crate::route_cuda::{answer_free, export_checked, pool_on, pool_ready, pooling, without_context, FreeOf};
+use crate::route::cuda::{answer_free, export_checked, pool_on, pool_ready, pooling, without_context, FreeOf};
 use crate::sys::cuda_driver::{driver, DriverFns};
 use crate::sys::reentry;
 use crate::DEVICE;

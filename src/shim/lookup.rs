@@ -8,7 +8,7 @@
 
 use super::cuda_driver::*;
 use crate::backing::{CUDA_ERROR_INITIALIZATION, CUDA_SUCCESS};
-use crate::route_cuda::pool_on;
+use crate::route::cuda::pool_on;
 use crate::sys::cuda_driver::{driver, DriverFns};
 use core::ffi::{c_char, c_int, c_uint, c_void};
 
