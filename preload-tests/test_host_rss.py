@@ -76,3 +76,18 @@ def test_the_release_setting_fixes_the_choice(cgroup, mode):
     figures, _ = idle_usage(cgroup(limit), True, {"TENSORMALLOC_RELEASE": mode})
     left = figures["idle"] - figures["live"]
     assert (left < 24 * MIB) if mode == "dontneed" else (left > 64 * MIB), figures
+
+
+def test_the_trace_carries_the_lazily_freed_bytes_for_the_plot(tmp_path):
+    # No cgroup needed: the program reads its own (the root one here), and has room.
+    trace = tmp_path / "trace.bin"
+    ok(run([compile_c("cgroup_idle"), "40", "600"], preload=LIB,
+           env={"TENSORMALLOC_RELEASE_MS": "100", "TENSORMALLOC_RELEASE": "free", "TENSORMALLOC_TRACE": str(trace)}))
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+    from tensormalloc import plot
+    d = plot.series(plot.load(trace))
+    assert max(d["lazily_freed"]) == 96 * MIB, "both freed 48 MiB blocks, MADV_FREE'd, in a sample"
+    assert all(lazy <= cached for lazy, cached in zip(d["lazily_freed"], d["cached"]))
+    plot.draw(plot.load(trace), tmp_path / "trace.png")
+    assert (tmp_path / "trace.png").stat().st_size > 10_000

@@ -7,7 +7,8 @@
 //! File: the 8 bytes "TMTRACE1", then events of 32 bytes, little-endian:
 //! u64 time_ns, u64 size (bytes; RSS for samples), u64 extra (address; cached bytes for samples),
 //! u8 kind (0 host, 1 device, 2 sample), u8 op (0 alloc, 1 free), u8 outcome (0 hit, 1 miss,
-//! 2 grown), u8 device, u32 reserved.
+//! 2 grown), u8 device, u32 pages (samples: the cached bytes lazily freed, MADV_FREE'd and still
+//! counted in RSS, in 4 KiB pages; 0 otherwise).
 
 use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
@@ -33,7 +34,7 @@ struct Event {
     op: u8,
     outcome: u8,
     device: u8,
-    reserved: u32,
+    pages: u32,
 }
 
 static ON: AtomicBool = AtomicBool::new(false);
@@ -79,6 +80,10 @@ pub fn start(path: &[u8]) -> bool {
 
 /// Claims a slot and fills it; drops the event when the ring is full.
 pub fn record(kind: u8, op: u8, outcome: u8, device: u8, size: u64, extra: u64) {
+    record_with_pages(kind, op, outcome, device, size, extra, 0);
+}
+
+fn record_with_pages(kind: u8, op: u8, outcome: u8, device: u8, size: u64, extra: u64, pages: u32) {
     if !enabled() {
         return;
     }
@@ -96,7 +101,7 @@ pub fn record(kind: u8, op: u8, outcome: u8, device: u8, size: u64, extra: u64) 
         }
     }
     let slot = (index % CAPACITY) as usize;
-    let event = Event { time_ns: crate::sys::clock::now_ns(), size, extra, kind, op, outcome, device, reserved: 0 };
+    let event = Event { time_ns: crate::sys::clock::now_ns(), size, extra, kind, op, outcome, device, pages };
     // SAFETY: the ring has CAPACITY slots; slot < CAPACITY; this index is ours alone until
     // its sequence number is published below.
     unsafe {
@@ -112,7 +117,9 @@ pub fn flush() {
         return;
     }
     let _writer = WRITER.lock();
-    record(KIND_SAMPLE, OP_ALLOC, HIT, 0, resident_bytes(), crate::HOST.cached().1 as u64);
+    let (_, lazily_freed) = crate::HOST.cached_resident();
+    let pages = u32::try_from(lazily_freed / 4096).unwrap_or(u32::MAX);
+    record_with_pages(KIND_SAMPLE, OP_ALLOC, HIT, 0, resident_bytes(), crate::HOST.cached().1 as u64, pages);
     let fd = FD.load(Ordering::Acquire);
     let events = EVENTS.load(Ordering::Acquire);
     let seqs = SEQS.load(Ordering::Acquire);

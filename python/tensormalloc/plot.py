@@ -6,15 +6,15 @@ and resident bytes over time, and a histogram of request sizes; prints a one-lin
 
 Every line is a step: a level holds from one event or sample until the next (live bytes change
 at allocations and frees; cached and resident bytes are known only at the 100 ms samples, so
-they are drawn as held between samples, not ramped). The trace's samples carry RSS and cached
-bytes only: cached memory already released with MADV_FREE but still resident is not in the
-trace, so it is not drawn apart."""
+they are drawn as held between samples, not ramped). Of the cached bytes, those released with
+MADV_FREE but still counted in RSS until the kernel needs them (lazily freed) are drawn as their
+own band: RSS minus that band is what the process really holds."""
 import sys
 
 import numpy as np
 
 EVENT = np.dtype([("time_ns", "<u8"), ("size", "<u8"), ("extra", "<u8"), ("kind", "u1"), ("op", "u1"),
-                  ("outcome", "u1"), ("device", "u1"), ("reserved", "<u4")])
+                  ("outcome", "u1"), ("device", "u1"), ("pages", "<u4")])
 HOST, DEVICE, SAMPLE = 0, 1, 2
 ALLOC, FREE = 0, 1
 USAGE = "usage: tensormalloc plot TRACE [OUT.png]   (TRACE: a file written under TENSORMALLOC_TRACE=TRACE)"
@@ -35,7 +35,7 @@ def series(events):
     t0 = events["time_ns"][0] if len(events) else 0
     live = {HOST: 0, DEVICE: 0}
     sizes = {}
-    out = {"t": [], "host": [], "device": [], "sample_t": [], "rss": [], "cached": []}
+    out = {"t": [], "host": [], "device": [], "sample_t": [], "rss": [], "cached": [], "lazily_freed": []}
     for e in events:
         t = (int(e["time_ns"]) - int(t0)) / 1e9
         kind = int(e["kind"])
@@ -43,6 +43,7 @@ def series(events):
             out["sample_t"].append(t)
             out["rss"].append(int(e["size"]))
             out["cached"].append(int(e["extra"]))
+            out["lazily_freed"].append(int(e["pages"]) * 4096)
             continue
         key = (kind, int(e["device"]), int(e["extra"]))
         if int(e["op"]) == ALLOC:
@@ -100,6 +101,10 @@ def draw(events, out_png):
         ax1.plot(d["t"], np.array(d["device"]) / mib, label="live device", **steps)
     ax1.plot(d["sample_t"], np.array(d["cached"]) / mib, marker="o", ms=2, label="cached host (sampled)", **steps)
     ax1.plot(d["sample_t"], np.array(d["rss"]) / mib, label="resident, RSS (sampled)", **steps)
+    if any(d["lazily_freed"]):
+        lazy = np.array(d["lazily_freed"]) / mib
+        ax1.fill_between(d["sample_t"], 0, lazy, step="post", alpha=0.3,
+                         label="cached, lazily freed (MADV_FREE: in RSS until the kernel needs it)")
     ax1.set_xlabel("seconds")
     ax1.set_ylabel("MiB")
     ax1.legend(fontsize=8)
