@@ -3,6 +3,17 @@
 //! tests and replay benchmarks. Implementations must never allocate through the malloc family
 //! (they run on the malloc/free paths) and must not take locks the caller might hold.
 
+/// Supplies zeroed memory for the host registry's and the device layer's fixed tables: never
+/// freed, never through the malloc family (`sys::os_pages::map_table`; `sim::leak_table`).
+pub type TableSource = fn(usize) -> Option<usize>;
+
+/// Every block the library hands out itself (the host layer's and the bootstrap arena's) starts
+/// on a multiple of this, so free's fast path tells the next allocator's pointers from ours by
+/// their low bits alone. Larger than a page because jemalloc, tcmalloc and mimalloc put objects
+/// of 4 KiB and more on page boundaries: with a page, a fifth of their frees in a mixed-size
+/// churn took the slow path, on a branch no predictor can learn (BENCHMARKS.md, "The small path").
+pub const BLOCK_ALIGN: usize = 64 << 10;
+
 /// Anonymous page memory (mmap and friends). Addresses are plain integers so a simulation can
 /// hand out addresses that are never dereferenced.
 pub trait PageMemory {

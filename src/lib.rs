@@ -11,6 +11,7 @@ pub mod config;
 pub mod device;
 pub mod host;
 pub mod leaks;
+pub mod ranges;
 pub mod report;
 // Its callers, the malloc shims, are not built for tests and the no-interpose harnesses.
 #[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]
@@ -52,12 +53,6 @@ const RUNNING: u8 = 1;
 const DONE: u8 = 2;
 const FAILED: u8 = 3;
 
-/// Every block the library hands out itself (the host layer's and the bootstrap arena's) starts
-/// on a multiple of this, so free's fast path tells the next allocator's pointers from ours by
-/// their low bits alone. Larger than a page because jemalloc, tcmalloc and mimalloc put objects
-/// of 4 KiB and more on page boundaries: with a page, a fifth of their frees in a mixed-size
-/// churn took the slow path, on a branch no predictor can learn (BENCHMARKS.md, "The small path").
-pub const BLOCK_ALIGN: usize = 64 << 10;
 
 /// The device layer over the program's own CUDA driver (bound on first use).
 pub(crate) static DEVICE: device::layer::DeviceLayer<sys::cuda_driver::CudaDriver> =
@@ -96,12 +91,33 @@ fn init_slow() -> Option<&'static Globals> {
     };
     sys::memory::read_commit_limit();
     HOST.configure(&config, sys::memory::usable_bytes());
+    sys::reaper::set_work(background_pass);
     DEVICE.configure(&config);
     route::configure(&config, &next);
     // SAFETY: only this thread writes, and only before publishing DONE.
     unsafe { (*GLOBALS.0.get()).write(Globals { config, next }) };
     INIT_STATE.store(DONE, Ordering::Release);
     globals()
+}
+
+/// The trace is flushed at least this often.
+const TRACE_FLUSH_NS: u64 = 100_000_000;
+
+/// One pass of the background thread (sys::reaper): idle blocks released and expired, deferred
+/// unmaps done, the trace flushed. Returns when the next pass is due.
+fn background_pass() -> Option<u64> {
+    let deadline = HOST.reap();
+    if !trace::enabled() {
+        return deadline;
+    }
+    trace::flush();
+    Some(deadline.unwrap_or(u64::MAX).min(sys::clock::now_ns().saturating_add(TRACE_FLUSH_NS)))
+}
+
+/// What the trace samples: the host cache's bytes, and of them those lazily freed.
+fn trace_sample() -> (u64, u64) {
+    let (_, lazily_freed) = HOST.cached_resident();
+    (HOST.cached().1 as u64, lazily_freed as u64)
 }
 
 fn read_config() -> Config {
@@ -122,7 +138,7 @@ fn read_config() -> Config {
 extern "C" fn on_load() {
     if let Some(g) = globals() {
         install_fork_handlers();
-        if !g.config.trace_path().is_empty() && trace::start(g.config.trace_path()) {
+        if !g.config.trace_path().is_empty() && trace::start(g.config.trace_path(), trace_sample) {
             sys::reaper::start_now();
         }
     }

@@ -52,8 +52,13 @@ pub fn enabled() -> bool {
     ON.load(Ordering::Relaxed)
 }
 
-/// Opens the file and maps the ring; called once at init. False (and a warning) on failure.
-pub fn start(path: &[u8]) -> bool {
+/// What a memory sample records besides RSS: (cached bytes, of them lazily freed); given at start.
+static SAMPLER: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Opens the file and maps the ring; called once at init, with what to sample. False (and a
+/// warning) on failure.
+pub fn start(path: &[u8], sampler: fn() -> (u64, u64)) -> bool {
+    SAMPLER.store(sampler as *mut (), Ordering::Release);
     let mut cpath = [0u8; crate::config::STATS_PATH_MAX + 1];
     let Some(dst) = cpath.get_mut(..path.len()) else { return false };
     dst.copy_from_slice(path);
@@ -117,9 +122,15 @@ pub fn flush() {
         return;
     }
     let _writer = WRITER.lock();
-    let (_, lazily_freed) = crate::HOST.cached_resident();
+    let sampler = SAMPLER.load(Ordering::Acquire);
+    let (cached, lazily_freed) = if sampler.is_null() {
+        (0, 0)
+    } else {
+        // SAFETY: set by start to a `fn() -> (u64, u64)`.
+        unsafe { core::mem::transmute::<*mut (), fn() -> (u64, u64)>(sampler)() }
+    };
     let pages = u32::try_from(lazily_freed / 4096).unwrap_or(u32::MAX);
-    record_with_pages(KIND_SAMPLE, OP_ALLOC, HIT, 0, resident_bytes(), crate::HOST.cached().1 as u64, pages);
+    record_with_pages(KIND_SAMPLE, OP_ALLOC, HIT, 0, resident_bytes(), cached, pages);
     let fd = FD.load(Ordering::Acquire);
     let events = EVENTS.load(Ordering::Acquire);
     let seqs = SEQS.load(Ordering::Acquire);

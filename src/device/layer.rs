@@ -11,7 +11,7 @@ use super::pinned::PinnedCache;
 use super::pool::{stream_tag, Alloc, BlockView, DevicePool, Strategy, PENDING, SYNCED};
 use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INVALID_VALUE};
 use crate::config::{Config, CudaPool, CudaSync, DeviceLimit};
-use crate::host::registry::TableSource;
+use crate::backing::TableSource;
 use crate::stats::{timed, Counter, DevicePhases};
 use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};

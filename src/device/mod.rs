@@ -1,6 +1,7 @@
 //! The device layer: a caching pool per CUDA device (`pool`) over fixed tables that never touch
 //! the malloc family (`table`), the cache of pinned host memory (`pinned`), and the glue that
-//! drives them over a `DeviceMemory` with every CUDA call made outside the locks (`layer`).
+//! drives them over a `DeviceRuntime` (backing.rs) with every CUDA call made outside the locks
+//! (`layer`).
 //
 // Policy summary (see pool.rs for the rules in full):
 // - split (default): requests under 1 MiB come from 2 MiB segments, larger ones from 20 MiB

@@ -5,8 +5,8 @@
 //! only, like the pool.
 
 use super::table::{AddrMap, Slab};
-use crate::host::cache::{Range, RangeList};
-use crate::host::registry::TableSource;
+use crate::ranges::{Range, RangeList};
+use crate::backing::TableSource;
 
 const SLOTS: usize = 64;
 const LIVE_CAPACITY: u32 = 1 << 16;

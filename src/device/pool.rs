@@ -57,7 +57,7 @@
 // requests that divide a segment exactly (three 512 KiB blocks per 2 MiB segment, not four).
 
 use super::table::{AddrMap, Slab, NONE};
-use crate::host::registry::TableSource;
+use crate::backing::TableSource;
 
 pub const SYNCED: u64 = 0;
 pub const PENDING: u64 = 1;

@@ -2,7 +2,7 @@
 //! a slab of records addressed by index, and an address -> index hash map with linear probing
 //! and backward-shift deletion (no tombstones, so it never needs rebuilding).
 
-use crate::host::registry::TableSource;
+use crate::backing::TableSource;
 
 pub const NONE: u32 = u32::MAX;
 

@@ -6,7 +6,7 @@
 //
 // Note [Hot stays hot]
 // A block reused soon after its free is handed out untouched: no madvise, so no faults and no
-// re-dirtying cost (NOTES.md: rewriting MADV_FREE'd pages costs 2.5x a plain rewrite). Only a
+// re-dirtying cost (rewriting MADV_FREE'd pages costs 2.5x a plain rewrite: 3.6 ms against 1.45 ms for 80 MB). Only a
 // block idle for `release_after_ns` is released, and only one idle for `expire_after_ns` is
 // unmapped. A block being released is marked Releasing and is not handed out until the
 // madvise call has returned (a child forked meanwhile inherits none of the cache: Note [Plain
@@ -77,63 +77,12 @@
 // parent's thread had taken off the list but not yet unmapped.
 
 use crate::config::MAX_CACHE_BLOCKS;
+use crate::ranges::{Range, RangeList};
 
 /// Unmaps waiting for the background thread (Note [Deferred unmaps]).
 pub const MAX_DEFERRED: usize = 32;
 /// The length of one window over which the live peak is taken (Note [Bounds follow the working set]).
 pub const PEAK_WINDOW_NS: u64 = 10_000_000_000;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Range {
-    pub addr: usize,
-    pub len: usize,
-}
-
-/// A fixed-capacity list of ranges, so outcomes never allocate.
-#[derive(Clone, Copy, Debug)]
-pub struct RangeList {
-    items: [Range; MAX_CACHE_BLOCKS + 1],
-    count: usize,
-}
-
-impl RangeList {
-    pub const fn new() -> Self {
-        RangeList { items: [Range { addr: 0, len: 0 }; MAX_CACHE_BLOCKS + 1], count: 0 }
-    }
-    pub fn push(&mut self, r: Range) {
-        if let Some(slot) = self.items.get_mut(self.count) {
-            *slot = r;
-            self.count += 1;
-        }
-    }
-    /// Adds a range after every range in the list; when the list is full, the last range
-    /// grows to cover it (and what lies between): a cover, never less.
-    pub fn push_covering(&mut self, r: Range) {
-        if self.count < self.items.len() {
-            self.push(r);
-        } else if let Some(last) = self.items.last_mut() {
-            last.len = (r.addr + r.len).max(last.addr + last.len) - last.addr;
-        }
-    }
-    pub fn iter(&self) -> impl Iterator<Item = &Range> {
-        self.items.iter().take(self.count)
-    }
-    pub fn len(&self) -> usize {
-        self.count
-    }
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-    pub fn total_bytes(&self) -> usize {
-        self.iter().map(|r| r.len).sum()
-    }
-}
-
-impl Default for RangeList {
-    fn default() -> Self {
-        Self::new()
-    }
-}
 
 /// Whether calloc should zero `len` reused bytes by discarding their pages rather than writing
 /// zeros, given `resident` of `probes` probed pages (None: unknown). Discarding costs about the

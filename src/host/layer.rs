@@ -9,8 +9,8 @@
 // fewer than half the probes are resident, the program touched it sparsely, and MADV_DONTNEED
 // (cost ~ resident pages; untouched pages then cost nothing) beats writing zeros over all of it
 // (which also faults in every page never touched). A mostly resident block is memset: dropping
-// its pages would make the program fault each one in again (NOTES.md: 16 ms against 1.2 ms for
-// 80 MB). Measured in BENCHMARKS.md ("calloc"): sparse 64 MiB from 2.2 ms to microseconds,
+// its pages would make the program fault each one in again (MADV_DONTNEED then a rewrite: 16 ms
+// against 1.2 ms for 80 MB). Measured in BENCHMARKS.md ("calloc"): sparse 64 MiB from 2.2 ms to microseconds,
 // dense unchanged.
 
 //
@@ -58,12 +58,14 @@
 // as before. `free` and `dontneed` fix the choice. The report and `stats()` split the cache into
 // resident (hot) and lazily freed bytes so RSS can be read against them.
 
-use super::cache::{BlockCache, CacheLimits, Live, Part, Parts, Range, RangeList};
-use super::registry::{Owner, Registry, TableSource};
+use super::cache::{BlockCache, CacheLimits, Live, Part, Parts};
+use super::registry::{Owner, Registry};
+use crate::backing::TableSource;
+use crate::ranges::{Range, RangeList};
 use crate::backing::{Moved, PageMemory};
 use crate::config::{Config, HugePages, Release, MAX_CACHE_BLOCKS};
 use crate::stats::{HostStats, PhaseTimer};
-use crate::BLOCK_ALIGN;
+use crate::backing::BLOCK_ALIGN;
 use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 

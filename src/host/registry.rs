@@ -70,8 +70,7 @@ fn filter_bit(addr: usize) -> (&'static AtomicU64, u64) {
     (unsafe { EVER_OVERLAPPED.get_unchecked(granule / 64) }, 1 << (granule % 64))
 }
 
-/// Supplies zeroed memory for leaves; never freed.
-pub type TableSource = fn(usize) -> Option<usize>;
+use crate::backing::TableSource;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Owner {

@@ -4,7 +4,8 @@
 //! Each decides exactly as its twin in `route` (which other targets export) and goes to the same
 //! slow path with the arguments in their registers. x86 loads are acquire loads, as those ask.
 
-use crate::{route, BLOCK_ALIGN};
+use crate::backing::BLOCK_ALIGN;
+use crate::route;
 use core::ffi::c_void;
 
 /// `size < LARGE_FROM`: the next allocator's malloc; otherwise (large, or init not done) the

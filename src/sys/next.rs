@@ -110,7 +110,7 @@ pub fn is_bootstrap(p: *const c_void) -> bool {
 /// `align` is a power of two. Memory is zero (the arena is never reused), so calloc is
 /// satisfied too.
 pub fn bootstrap_alloc(size: usize, align: usize) -> *mut c_void {
-    let align = align.max(crate::BLOCK_ALIGN);
+    let align = align.max(crate::backing::BLOCK_ALIGN);
     let mut used = ARENA_USED.load(Ordering::Relaxed);
     loop {
         let user = match (arena_base() + used + HEADER).checked_add(align - 1) {
@@ -156,7 +156,7 @@ mod tests {
     fn arena_blocks_start_on_block_align_until_it_runs_out() {
         let mut blocks = 0;
         loop {
-            let align = if blocks % 3 == 2 { 4 * crate::BLOCK_ALIGN } else { 16 };
+            let align = if blocks % 3 == 2 { 4 * crate::backing::BLOCK_ALIGN } else { 16 };
             let size = 1 + blocks * 1000;
             let p = bootstrap_alloc(size, align);
             if p.is_null() {
@@ -164,7 +164,7 @@ mod tests {
                 assert_eq!(unsafe { *libc::__errno_location() }, libc::ENOMEM);
                 break;
             }
-            assert_eq!(p as usize % align.max(crate::BLOCK_ALIGN), 0, "free's fast path needs it");
+            assert_eq!(p as usize % align.max(crate::backing::BLOCK_ALIGN), 0, "free's fast path needs it");
             assert!(is_bootstrap(p) && is_bootstrap((p as usize + size - 1) as *const c_void));
             // SAFETY: p came from bootstrap_alloc.
             assert_eq!(unsafe { bootstrap_size(p) }, size);
@@ -175,7 +175,7 @@ mod tests {
             }
             blocks += 1;
         }
-        assert!(blocks >= BOOTSTRAP_BYTES / crate::BLOCK_ALIGN / 2, "only {blocks} blocks");
+        assert!(blocks >= BOOTSTRAP_BYTES / crate::backing::BLOCK_ALIGN / 2, "only {blocks} blocks");
         assert!(!is_bootstrap(core::ptr::null()) && !is_bootstrap((arena_base() + BOOTSTRAP_BYTES) as *const c_void));
     }
 }

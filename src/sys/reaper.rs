@@ -2,9 +2,10 @@
 //! releases and expires idle blocks even when the program makes no further allocation call. It
 //! sleeps on a futex until the cache's next deadline, or indefinitely while nothing is due.
 //! It also unmaps blocks the host layer deferred (Note [Deferred unmaps]). If no thread can be
-//! created (seccomp, thread limits), the allocation paths reap instead and unmap inline.
+//! created (seccomp, thread limits), the allocation paths reap instead and unmap inline. What a
+//! pass does is given at init (`set_work`): this file knows nothing above `sys`.
 
-use core::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 const NOT_STARTED: u8 = 0;
 const RUNNING: u8 = 1;
@@ -15,6 +16,24 @@ static STATE: AtomicU8 = AtomicU8::new(NOT_STARTED);
 static WAKE_SEQ: AtomicU32 = AtomicU32::new(0);
 /// When the sleeping reaper will wake by itself; u64::MAX while it sleeps with no deadline.
 static SLEEPING_UNTIL: AtomicU64 = AtomicU64::new(u64::MAX);
+/// One pass of the work (`set_work`): returns when the next is due (monotonic ns); None: only
+/// when woken.
+static WORK: AtomicPtr<()> = AtomicPtr::new(no_work as *mut ());
+
+fn no_work() -> Option<u64> {
+    None
+}
+
+/// What each pass does (lib.rs: the host layer's reaping, the trace's flush), set at init before
+/// the thread can start.
+pub fn set_work(work: fn() -> Option<u64>) {
+    WORK.store(work as *mut (), Ordering::Release);
+}
+
+fn work() -> Option<u64> {
+    // SAFETY: WORK only ever holds a `fn() -> Option<u64>` (no_work or set_work's argument).
+    unsafe { core::mem::transmute::<*mut (), fn() -> Option<u64>>(WORK.load(Ordering::Acquire))() }
+}
 
 /// Called (outside every lock) after a block entered the host cache; `deadline_ns` is when it
 /// is first due (its release).
@@ -43,13 +62,10 @@ pub fn start_now() {
     }
 }
 
-/// The trace is flushed at least this often.
-const TRACE_FLUSH_NS: u64 = 100_000_000;
-
 /// The fallback when no thread could be made: reap on the allocation paths.
 fn reap_inline() {
     if super::clock::now_ns() >= SLEEPING_UNTIL.load(Ordering::Acquire) || SLEEPING_UNTIL.load(Ordering::Acquire) == u64::MAX {
-        let next = crate::HOST.reap().unwrap_or(u64::MAX);
+        let next = work().unwrap_or(u64::MAX);
         SLEEPING_UNTIL.store(next, Ordering::Release);
     }
 }
@@ -97,12 +113,8 @@ extern "C" fn reaper_main(_: *mut libc::c_void) -> *mut libc::c_void {
     loop {
         // Read the sequence before reaping: a block cached after this point wakes us.
         let seq = WAKE_SEQ.load(Ordering::Acquire);
-        let mut deadline = crate::HOST.reap();
+        let deadline = work();
         let now = super::clock::now_ns();
-        if crate::trace::enabled() {
-            crate::trace::flush();
-            deadline = Some(deadline.unwrap_or(u64::MAX).min(now + TRACE_FLUSH_NS));
-        }
         SLEEPING_UNTIL.store(deadline.unwrap_or(u64::MAX), Ordering::Release);
         let timeout = deadline.map(|d| {
             let ns = d.saturating_sub(now).max(1_000_000); // at least 1 ms between passes

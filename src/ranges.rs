@@ -1,0 +1,57 @@
+//! Address ranges and fixed-capacity lists of them: what the host cache and the pinned cache hand
+//! back for their callers to unmap or release outside their locks. A list never allocates; its
+//! capacity is one more than the most blocks a cache holds.
+
+use crate::config::MAX_CACHE_BLOCKS;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Range {
+    pub addr: usize,
+    pub len: usize,
+}
+
+/// A fixed-capacity list of ranges, so outcomes never allocate.
+#[derive(Clone, Copy, Debug)]
+pub struct RangeList {
+    items: [Range; MAX_CACHE_BLOCKS + 1],
+    count: usize,
+}
+
+impl RangeList {
+    pub const fn new() -> Self {
+        RangeList { items: [Range { addr: 0, len: 0 }; MAX_CACHE_BLOCKS + 1], count: 0 }
+    }
+    pub fn push(&mut self, r: Range) {
+        if let Some(slot) = self.items.get_mut(self.count) {
+            *slot = r;
+            self.count += 1;
+        }
+    }
+    /// Adds a range after every range in the list; when the list is full, the last range
+    /// grows to cover it (and what lies between): a cover, never less.
+    pub fn push_covering(&mut self, r: Range) {
+        if self.count < self.items.len() {
+            self.push(r);
+        } else if let Some(last) = self.items.last_mut() {
+            last.len = (r.addr + r.len).max(last.addr + last.len) - last.addr;
+        }
+    }
+    pub fn iter(&self) -> impl Iterator<Item = &Range> {
+        self.items.iter().take(self.count)
+    }
+    pub fn len(&self) -> usize {
+        self.count
+    }
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+    pub fn total_bytes(&self) -> usize {
+        self.iter().map(|r| r.len).sum()
+    }
+}
+
+impl Default for RangeList {
+    fn default() -> Self {
+        Self::new()
+    }
+}
