@@ -51,6 +51,23 @@ def cuda_program(name="cuda_pool", plt_calls=False):
     return str(out)
 
 
+def gpu_program_over_standins(name):
+    """Compiles preload-tests/gpu/NAME.c, a program scripts/gpu-check builds with nvcc for a real
+    GPU, with -DSTANDIN against the simulators instead (its own declarations, the simulator's
+    memset "kernel" as the work); returns the binary's path."""
+    lib = fake_cuda()
+    out = BUILD / f"gpu-{name}"
+    src = ROOT / "preload-tests" / "gpu" / f"{name}.c"
+    deps = [src, lib / "libcuda.so.1", lib / "libcudart.so.12"]
+    if not out.exists() or out.stat().st_mtime < max(d.stat().st_mtime for d in deps):
+        tmp = out.with_name(f".{out.name}.tmp")
+        cmd = ["gcc", "-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-DSTANDIN", "-pthread", "-o", str(tmp), str(src),
+               f"-L{lib}", "-lcudart", "-lcuda", f"-Wl,-rpath,{lib}"]
+        subprocess.run(cmd, check=True)
+        tmp.replace(out)
+    return str(out)
+
+
 def cuda_plugin(name="cuda_plugin"):
     """Compiles preload-tests/c/NAME.c as a shared library linked with -lcuda (the stand-in, found
     by its rpath), for a program to dlopen; returns its path."""

@@ -1,7 +1,8 @@
 //! CUDA's route, as `route` is malloc's: the one decision "does the pool serve this call" for
 //! the runtime's and the driver's entry points alike, and the answers a pooled free or IPC
-//! export gives. Called by the shims only; calls the device layer (`DEVICE`) and the sys layer's
-//! context query, never a shim.
+//! export gives; each entry point's routing in `runtime`, `driver` and `lookup` (a shim is one
+//! call into them). Called by the shims only; calls the device layer (`DEVICE`) and the sys
+//! layer (the real functions, the context query), never a shim.
 
 use crate::backing::{DeviceError, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
 use crate::device::layer::{Export, Freed};
@@ -10,39 +11,43 @@ use crate::DEVICE;
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
+pub mod driver;
+pub mod lookup;
+pub mod runtime;
+
 /// Our init ran: the pool may be asked (it answers for its pointers even when off).
-pub fn pooling() -> bool {
+fn pooling() -> bool {
     crate::globals().is_some()
 }
 
 /// The pool is on: our init ran and neither TENSORMALLOC_DISABLE nor TENSORMALLOC_CUDA_POOL=none
 /// turned it off. With it off, lookups hand out the driver's own entry points (a profiler sees
 /// those) and allocations pass through.
-pub fn pool_on() -> bool {
+fn pool_on() -> bool {
     crate::globals().is_some() && DEVICE.enabled()
 }
 
 /// The pool may serve an allocation: it is on and a context is current (a driver allocation
 /// with none fails, and the driver should say so).
-pub fn pool_ready() -> bool {
+fn pool_ready() -> bool {
     pool_on() && crate::sys::cuda_driver::current_context() != 0
 }
 
 /// The driver's frees need a current context: with none, a pointer of ours gets the driver's
 /// answer (invalid context) and stays as it was; any other goes to the driver, which answers.
-pub fn without_context(addr: usize) -> Option<c_int> {
+fn without_context(addr: usize) -> Option<c_int> {
     (crate::sys::cuda_driver::current_context() == 0 && DEVICE.holds(addr)).then_some(CUDA_ERROR_INVALID_CONTEXT)
 }
 
 /// The pool may serve this runtime call: it is on and a context is current.
-pub fn runtime_ready(rt: &CudaFns) -> bool {
+fn runtime_ready(rt: &CudaFns) -> bool {
     pool_on() && context_bound(rt)
 }
 
 /// Whether a context is current, after binding one if none was: a thread's first runtime call
 /// has none yet, and `cudaFree(NULL)`, the runtime's own idiom for it, binds the primary context
 /// of the current device and does nothing else.
-pub fn context_bound(rt: &CudaFns) -> bool {
+fn context_bound(rt: &CudaFns) -> bool {
     if crate::sys::cuda_driver::current_context() != 0 {
         return true;
     }
@@ -53,7 +58,7 @@ pub fn context_bound(rt: &CudaFns) -> bool {
 
 /// The memory a free names, for the one line a refused free prints per kind.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum FreeOf {
+enum FreeOf {
     Device,
     Pinned,
 }
@@ -62,7 +67,7 @@ pub enum FreeOf {
 /// for a pooled pointer, the real function's for any other, and for a pointer inside our memory
 /// that is no live block, the runtime's answer for a pointer it never handed out (Note
 /// [Unexpected frees] in device/layer.rs).
-pub fn answer_free(call: &str, ptr: usize, of: FreeOf, freed: Result<Freed, DeviceError>, real_free: impl FnOnce() -> c_int) -> c_int {
+fn answer_free(call: &str, ptr: usize, of: FreeOf, freed: Result<Freed, DeviceError>, real_free: impl FnOnce() -> c_int) -> c_int {
     match freed {
         Ok(Freed::Pooled) => CUDA_SUCCESS,
         Ok(Freed::NotOurs) => real_free(),
@@ -77,7 +82,7 @@ pub fn answer_free(call: &str, ptr: usize, of: FreeOf, freed: Result<Freed, Devi
 static WARNED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
 
 /// One stderr line per kind of memory, as glibc names the pointer of a bad free.
-pub fn warn_refused(call: &str, ptr: usize, of: FreeOf) {
+fn warn_refused(call: &str, ptr: usize, of: FreeOf) {
     let (slot, what, kind) = match of {
         FreeOf::Device => (0, "the device pool", "device"),
         FreeOf::Pinned => (1, "the pinned cache", "pinned"),
@@ -93,7 +98,7 @@ pub fn warn_refused(call: &str, ptr: usize, of: FreeOf) {
 
 /// Shared by the runtime's and the driver's IPC entry points: `Err` after one stderr line when
 /// a handle of `addr` would name other blocks' memory.
-pub fn export_checked(call: &str, addr: usize) -> Result<(), ()> {
+fn export_checked(call: &str, addr: usize) -> Result<(), ()> {
     if crate::globals().is_none() {
         return Ok(());
     }

@@ -1,80 +1,26 @@
 //! The CUDA driver entry points the pool serves or must know, on every path a program reaches
 //! them by: linked with -lcuda (these symbols); found by name or through `cuGetProcAddress`,
-//! which both runtimes use (`lookup.rs` hands out these same functions). Whether the pool serves
-//! a call, and the answer to a free, are `route::cuda`'s. Allocations come from the pool; context resets and destroys empty it; IPC
-//! handles and pointer-range queries answer for our blocks. Anything not ours goes to the real
-//! driver unchanged, and so does a call re-entered from inside a runtime call of ours (a
-//! runtime-level miss is never pooled a second time).
+//! which both runtimes use (`lookup.rs` hands out these same functions). Each is one call into
+//! `route::cuda::driver`, which decides whether the pool serves it and answers; a closure names
+//! the driver's function a call stands for where one route serves several spellings.
 
-use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
-
-/// The driver's out-of-memory code (the runtime's cudaErrorMemoryAllocation has the same value).
-const CUDA_ERROR_OUT_OF_MEMORY: c_int = CUDA_ERROR_MEMORY_ALLOCATION;
-use crate::device::layer::Range;
-use crate::route::cuda::{answer_free, export_checked, pool_on, pool_ready, pooling, without_context, FreeOf};
-use crate::sys::cuda_driver::{driver, DriverFns};
-use crate::sys::reentry;
-use crate::DEVICE;
+use crate::route::cuda::driver as route;
 use core::ffi::{c_int, c_uint, c_void};
-
-const NO_DRIVER: c_int = CUDA_ERROR_INITIALIZATION;
-const RANGE_START_ADDR: c_int = 11;
-const RANGE_SIZE: c_int = 12;
-const BUFFER_ID: c_int = 7;
-
-/// The pointer attributes a pooled block answers for itself: its range, and its buffer id.
-fn blockwise(attribute: c_int) -> bool {
-    matches!(attribute, RANGE_START_ADDR | RANGE_SIZE | BUFFER_ID)
-}
-
-fn real<T>(pick: impl FnOnce(&DriverFns) -> Option<T>) -> Option<T> {
-    driver().and_then(pick)
-}
 
 /// # Safety
 /// As cuMemAlloc_v2.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, size: usize) -> c_int {
-    let Some(alloc) = real(|d| d.mem_alloc) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| size != 0 && !dptr.is_null() && pool_ready()) else { return alloc(dptr, size) };
-    pooled_alloc(size, dptr, || alloc(dptr, size))
+    route::mem_alloc(dptr, size)
 }
 
-/// Serves `size` bytes from the pool into `*dptr`; when the pool cannot (out of memory after
-/// giving its cache back, or a context it cannot use), the driver answers instead.
-unsafe fn pooled_alloc(size: usize, dptr: *mut u64, driver_answer: impl FnOnce() -> c_int) -> c_int {
-    match DEVICE.malloc(size) {
-        Ok(addr) => {
-            *dptr = addr as u64;
-            CUDA_SUCCESS
-        }
-        Err(DeviceError::CapReached) => CUDA_ERROR_MEMORY_ALLOCATION,
-        Err(_) => {
-            DEVICE.passthrough.add(1);
-            driver_answer()
-        }
-    }
-}
-
-/// A pitched block from the pool: rows padded to 512 bytes, the texture pitch alignment of
-/// every CUDA device (the driver's own pitch may differ; any pitch at least the width is valid).
+/// A pitched block from the pool: rows padded to 512 bytes.
 ///
 /// # Safety
 /// As cuMemAllocPitch_v2.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocPitch_v2(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint) -> c_int {
-    let Some(alloc) = real(|d| d.mem_alloc_pitch) else { return NO_DRIVER };
-    let row = width.checked_next_multiple_of(512).filter(|_| width > 0 && height > 0 && matches!(element_bytes, 4 | 8 | 16));
-    let bytes = row.and_then(|r| r.checked_mul(height));
-    let Some(_entered) = reentry::enter().filter(|_| bytes.is_some() && !dptr.is_null() && !pitch.is_null() && pool_ready()) else {
-        return alloc(dptr, pitch, width, height, element_bytes);
-    };
-    let (Some(row), Some(bytes)) = (row, bytes) else { return alloc(dptr, pitch, width, height, element_bytes) };
-    let rc = pooled_alloc(bytes, dptr, || alloc(dptr, pitch, width, height, element_bytes));
-    if rc == CUDA_SUCCESS && DEVICE.range(*dptr as usize) != Range::NotOurs {
-        *pitch = row;
-    }
-    rc
+    route::mem_alloc_pitch(dptr, pitch, width, height, element_bytes)
 }
 
 /// Our cached bytes count as free.
@@ -83,125 +29,74 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(dptr: *mut u64, pitch: *mut usize, w
 /// As cuMemGetInfo_v2.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> c_int {
-    let Some(get) = real(|d| d.mem_get_info) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| !free.is_null() && !total.is_null() && pool_ready()) else { return get(free, total) };
-    match DEVICE.mem_info() {
-        Ok((f, t)) => {
-            *free = f;
-            *total = t;
-            CUDA_SUCCESS
-        }
-        Err(_) => get(free, total),
-    }
+    route::mem_get_info(free, total)
 }
 
 /// # Safety
 /// As cuMemHostAlloc.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> c_int {
-    let Some(alloc) = real(|d| d.mem_host_alloc) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| size != 0 && !pp.is_null() && pool_ready()) else { return alloc(pp, size, flags) };
-    match DEVICE.host_alloc(size, flags) {
-        Ok(addr) => {
-            *pp = addr as *mut c_void;
-            CUDA_SUCCESS
-        }
-        Err(_) => alloc(pp, size, flags),
-    }
+    route::mem_host_alloc(pp, size, flags)
 }
 
 /// # Safety
 /// As cuMemAllocHost_v2 (cuMemHostAlloc with no flags).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> c_int {
-    match real(|d| d.mem_alloc_host) {
-        Some(alloc) if reentry::enter().is_none() => alloc(pp, size),
-        Some(_) => cuMemHostAlloc(pp, size, 0),
-        None => NO_DRIVER,
-    }
+    route::mem_alloc_host(pp, size)
 }
 
 /// # Safety
 /// As cuMemFreeHost.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> c_int {
-    let Some(free) = real(|d| d.mem_free_host) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling() && !p.is_null()) else { return free(p) };
-    if let Some(rc) = without_context(p as usize) {
-        return rc;
-    }
-    answer_free("cuMemFreeHost", p as usize, FreeOf::Pinned, DEVICE.host_free(p as usize), || free(p))
+    route::mem_free_host(p)
 }
 
 /// Note [Context lifetime] (device/pool.rs).
-unsafe fn primary_reset(device: c_int, reset: unsafe extern "C" fn(c_int) -> c_int) -> c_int {
-    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return reset(device) };
-    DEVICE.forget_primary(device);
-    let rc = reset(device);
-    DEVICE.forget_primary(device);
-    rc
-}
-
+///
 /// # Safety
 /// As cuDevicePrimaryCtxReset_v2.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(device: c_int) -> c_int {
-    real(|d| d.primary_reset).map_or(NO_DRIVER, |f| primary_reset(device, f))
+    route::primary_reset(device, |d| d.primary_reset)
 }
 
 /// # Safety
 /// As cuDevicePrimaryCtxReset.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset(device: c_int) -> c_int {
-    real(|d| d.primary_reset_v1).map_or(NO_DRIVER, |f| primary_reset(device, f))
+    route::primary_reset(device, |d| d.primary_reset_v1)
 }
 
-/// Note [Context lifetime] (device/pool.rs): the last release destroys the primary context and
-/// every allocation in it, though its handle stays the same.
-unsafe fn primary_release(device: c_int, release: unsafe extern "C" fn(c_int) -> c_int) -> c_int {
-    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return release(device) };
-    let before = DEVICE.primary_context(device);
-    let rc = release(device);
-    if rc == 0 {
-        DEVICE.primary_released(device, before);
-    }
-    rc
-}
-
+/// Note [Context lifetime] (device/pool.rs): the last release destroys the primary context.
+///
 /// # Safety
 /// As cuDevicePrimaryCtxRelease_v2.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(device: c_int) -> c_int {
-    real(|d| d.primary_release).map_or(NO_DRIVER, |f| primary_release(device, f))
+    route::primary_release(device, |d| d.primary_release)
 }
 
 /// # Safety
 /// As cuDevicePrimaryCtxRelease.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(device: c_int) -> c_int {
-    real(|d| d.primary_release_v1).map_or(NO_DRIVER, |f| primary_release(device, f))
-}
-
-unsafe fn ctx_destroy(ctx: *mut c_void, destroy: unsafe extern "C" fn(*mut c_void) -> c_int) -> c_int {
-    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return destroy(ctx) };
-    DEVICE.forget_context(ctx as u64);
-    let rc = destroy(ctx);
-    DEVICE.forget_context(ctx as u64);
-    rc
+    route::primary_release(device, |d| d.primary_release_v1)
 }
 
 /// # Safety
 /// As cuCtxDestroy_v2.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: *mut c_void) -> c_int {
-    real(|d| d.ctx_destroy).map_or(NO_DRIVER, |f| ctx_destroy(ctx, f))
+    route::ctx_destroy(ctx, |d| d.ctx_destroy)
 }
 
 /// # Safety
 /// As cuCtxDestroy.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxDestroy(ctx: *mut c_void) -> c_int {
-    real(|d| d.ctx_destroy_v1).map_or(NO_DRIVER, |f| ctx_destroy(ctx, f))
+    route::ctx_destroy(ctx, |d| d.ctx_destroy_v1)
 }
 
 /// Note [IPC] (device/pool.rs).
@@ -210,12 +105,7 @@ pub unsafe extern "C" fn cuCtxDestroy(ctx: *mut c_void) -> c_int {
 /// As cuIpcGetMemHandle: `handle` points to a CUipcMemHandle.
 #[no_mangle]
 pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut c_void, ptr: u64) -> c_int {
-    let Some(get) = real(|d| d.ipc_get_mem_handle) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return get(handle, ptr) };
-    match export_checked("cuIpcGetMemHandle", ptr as usize) {
-        Ok(()) => get(handle, ptr),
-        Err(()) => CUDA_ERROR_INVALID_VALUE,
-    }
+    route::ipc_get_mem_handle(handle, ptr)
 }
 
 /// Our block's start and size for a pooled pointer, not the segment the driver sees.
@@ -224,181 +114,74 @@ pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut c_void, ptr: u64) -> c_i
 /// As cuMemGetAddressRange_v2: each output may be null.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, ptr: u64) -> c_int {
-    let Some(get) = real(|d| d.address_range) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return get(base, size, ptr) };
-    let (mut b, mut s) = (0u64, 0usize);
-    let rc = get(&mut b, &mut s, ptr);
-    if rc == CUDA_SUCCESS {
-        match DEVICE.range(ptr as usize) {
-            Range::NotOurs => {}
-            Range::Live(start, len, _) => (b, s) = (start, len as usize),
-            // Memory we cached after its free: as the driver answers after a free.
-            Range::Freed => return CUDA_ERROR_NOT_FOUND,
-        }
-    }
-    if rc == CUDA_SUCCESS {
-        if !base.is_null() {
-            *base = b;
-        }
-        if !size.is_null() {
-            *size = s;
-        }
-    }
-    rc
+    route::address_range(base, size, ptr)
 }
 
-/// The range and buffer-id attributes answer for our block (Note [Buffer ids] in
-/// device/pool.rs); every other attribute is the driver's.
+/// The range and buffer-id attributes answer for our block (Note [Buffer ids] in device/pool.rs).
 ///
 /// # Safety
 /// As cuPointerGetAttribute.
 #[no_mangle]
 pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: u64) -> c_int {
-    let Some(get) = real(|d| d.pointer_get_attribute) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling() && blockwise(attribute)) else { return get(data, attribute, ptr) };
-    let rc = get(data, attribute, ptr);
-    if rc != CUDA_SUCCESS || data.is_null() {
-        return rc;
-    }
-    match DEVICE.range(ptr as usize) {
-        Range::NotOurs => rc,
-        Range::Live(start, len, id) => {
-            write_blockwise(data, attribute, (start, len, id));
-            rc
-        }
-        Range::Freed => CUDA_ERROR_INVALID_VALUE,
-    }
+    route::pointer_get_attribute(data, attribute, ptr)
 }
 
 /// # Safety
 /// As cuPointerGetAttributes: `attributes` and `data` hold `count` entries.
 #[no_mangle]
 pub unsafe extern "C" fn cuPointerGetAttributes(count: c_uint, attributes: *mut c_int, data: *mut *mut c_void, ptr: u64) -> c_int {
-    let Some(get) = real(|d| d.pointer_get_attributes) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return get(count, attributes, data, ptr) };
-    let rc = get(count, attributes, data, ptr);
-    if rc != CUDA_SUCCESS || attributes.is_null() || data.is_null() {
-        return rc;
-    }
-    let range = DEVICE.range(ptr as usize);
-    let block = match range {
-        Range::NotOurs => return rc,
-        Range::Live(start, len, id) => (start, len, id),
-        // No allocation there any more: zeros, as the driver writes for unknown memory.
-        Range::Freed => (0, 0, 0),
-    };
-    for i in 0..count as usize {
-        let (attribute, out) = (*attributes.add(i), *data.add(i));
-        if !out.is_null() && blockwise(attribute) {
-            write_blockwise(out, attribute, block);
-        }
-    }
-    rc
+    route::pointer_get_attributes(count, attributes, data, ptr)
 }
 
-/// RANGE_START_ADDR is a CUdeviceptr, RANGE_SIZE a size_t, BUFFER_ID an unsigned long long:
-/// all 8 bytes here. `block` is (start, size, buffer id).
-unsafe fn write_blockwise(out: *mut c_void, attribute: c_int, block: (u64, u64, u64)) {
-    *(out as *mut u64) = match attribute {
-        RANGE_START_ADDR => block.0,
-        RANGE_SIZE => block.1,
-        _ => block.2,
-    };
-}
-
-/// A pooled block freed through the driver (the same allocation as cudaMalloc's): back to the
-/// pool, with cudaFree's synchronization.
+/// A pooled block freed through the driver: back to the pool, with cudaFree's synchronization.
 ///
 /// # Safety
 /// As cuMemFree_v2.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(ptr: u64) -> c_int {
-    let Some(free) = real(|d| d.mem_free) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling() && ptr != 0) else { return free(ptr) };
-    if let Some(rc) = without_context(ptr as usize) {
-        return rc;
-    }
-    answer_free("cuMemFree_v2", ptr as usize, FreeOf::Device, DEVICE.free(ptr as usize), || free(ptr))
-}
-
-unsafe fn mem_free_async(ptr: u64, stream: *mut c_void, free: unsafe extern "C" fn(u64, *mut c_void) -> c_int) -> c_int {
-    let Some(_entered) = reentry::enter().filter(|_| pooling() && ptr != 0) else { return free(ptr, stream) };
-    if let Some(rc) = without_context(ptr as usize) {
-        return rc;
-    }
-    answer_free("cuMemFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, stream as usize)), || free(ptr, stream))
+    route::mem_free(ptr)
 }
 
 /// # Safety
 /// As cuMemFreeAsync.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeAsync(ptr: u64, stream: *mut c_void) -> c_int {
-    real(|d| d.mem_free_async).map_or(NO_DRIVER, |f| mem_free_async(ptr, stream, f))
+    route::mem_free_async(ptr, stream, |d| d.mem_free_async)
 }
 
 /// # Safety
 /// As cuMemFreeAsync_ptsz.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(ptr: u64, stream: *mut c_void) -> c_int {
-    real(|d| d.mem_free_async_ptsz).map_or(NO_DRIVER, |f| mem_free_async(ptr, stream, f))
+    route::mem_free_async(ptr, stream, |d| d.mem_free_async_ptsz)
 }
 
-/// An allocation the pool does not serve (the runtime's
-/// stream-ordered pool, managed memory, VMM) cannot have the memory our pool caches. Out of
-/// memory, the cache of `device` (the current one when `None`) is given back and the call made
-/// once more; the driver's answer stands otherwise.
-unsafe fn with_cache_given_back(device: Option<i32>, alloc: impl Fn() -> c_int) -> c_int {
-    let rc = alloc();
-    if rc != CUDA_ERROR_OUT_OF_MEMORY || !pool_on() {
-        return rc;
-    }
-    let Some(_entered) = reentry::enter() else { return rc };
-    if device.map_or_else(|| DEVICE.give_back_current(), |d| DEVICE.give_back(d)) == 0 {
-        return rc;
-    }
-    alloc()
-}
-
+/// Out of memory, the pool's cache is given back and the call made once more (so for the next three).
+///
 /// # Safety
 /// As cuMemAllocAsync.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, size: usize, stream: *mut c_void) -> c_int {
-    real(|d| d.mem_alloc_async).map_or(NO_DRIVER, |f| with_cache_given_back(None, || f(dptr, size, stream)))
+    route::mem_alloc_async(dptr, size, stream, |d| d.mem_alloc_async)
 }
 
 /// # Safety
 /// As cuMemAllocAsync_ptsz.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut u64, size: usize, stream: *mut c_void) -> c_int {
-    real(|d| d.mem_alloc_async_ptsz).map_or(NO_DRIVER, |f| with_cache_given_back(None, || f(dptr, size, stream)))
+    route::mem_alloc_async(dptr, size, stream, |d| d.mem_alloc_async_ptsz)
 }
 
 /// # Safety
 /// As cuMemAllocManaged.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut u64, size: usize, flags: c_uint) -> c_int {
-    real(|d| d.mem_alloc_managed).map_or(NO_DRIVER, |f| with_cache_given_back(None, || f(dptr, size, flags)))
+    route::mem_alloc_managed(dptr, size, flags)
 }
-
-/// The head of CUmemAllocationProp: its type, the handle types, and where the memory lives.
-#[repr(C)]
-struct AllocationPropHead {
-    kind: c_int,
-    handle_types: c_int,
-    location_kind: c_int,
-    location_id: c_int,
-}
-
-const LOCATION_DEVICE: c_int = 1;
 
 /// # Safety
 /// As cuMemCreate: `prop` is null or points to a CUmemAllocationProp.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) -> c_int {
-    let Some(create) = real(|d| d.mem_create) else { return NO_DRIVER };
-    let head = prop.cast::<AllocationPropHead>();
-    // SAFETY: a non-null prop is a CUmemAllocationProp, which starts with these four ints.
-    let device = (!head.is_null()).then(|| unsafe { ((*head).location_kind, (*head).location_id) });
-    let device = device.filter(|&(kind, _)| kind == LOCATION_DEVICE).map(|(_, id)| id);
-    with_cache_given_back(device, || create(handle, size, prop, flags))
+    route::mem_create(handle, size, prop, flags)
 }

@@ -1,0 +1,346 @@
+//! The driver's calls (`shim::cuda_driver`'s entry points, one call each), routed: allocations
+//! from the pool; context resets, releases and destroys empty it; IPC handles and pointer-range
+//! queries answer for our blocks; an allocation the pool does not serve gets the pool's cache back
+//! when it runs out of memory. Anything not ours goes to the real driver unchanged, and so does a
+//! call re-entered from inside a runtime call of ours (a runtime-level miss is never pooled a
+//! second time). With no driver to reach, the answer is "not initialized".
+
+use super::{answer_free, export_checked, pool_on, pool_ready, pooling, without_context, FreeOf};
+use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
+use crate::device::layer::Range;
+use crate::sys::cuda_driver::{driver, DriverFns};
+use crate::sys::reentry;
+use crate::DEVICE;
+use core::ffi::{c_int, c_uint, c_void};
+
+const NO_DRIVER: c_int = CUDA_ERROR_INITIALIZATION;
+/// The driver's out-of-memory code (the runtime's cudaErrorMemoryAllocation has the same value).
+const CUDA_ERROR_OUT_OF_MEMORY: c_int = CUDA_ERROR_MEMORY_ALLOCATION;
+const RANGE_START_ADDR: c_int = 11;
+const RANGE_SIZE: c_int = 12;
+const BUFFER_ID: c_int = 7;
+
+/// Which of the driver's real functions a call stands for, where one entry point of ours serves
+/// several spellings (cuCtxDestroy and cuCtxDestroy_v2, cuMemFreeAsync and its _ptsz form).
+pub type Spelling<T> = fn(&DriverFns) -> Option<T>;
+
+fn real<T>(pick: impl FnOnce(&DriverFns) -> Option<T>) -> Option<T> {
+    driver().and_then(pick)
+}
+
+/// The pointer attributes a pooled block answers for itself: its range, and its buffer id.
+fn blockwise(attribute: c_int) -> bool {
+    matches!(attribute, RANGE_START_ADDR | RANGE_SIZE | BUFFER_ID)
+}
+
+/// # Safety
+/// As cuMemAlloc_v2.
+pub unsafe fn mem_alloc(dptr: *mut u64, size: usize) -> c_int {
+    let Some(alloc) = real(|d| d.mem_alloc) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| size != 0 && !dptr.is_null() && pool_ready()) else { return alloc(dptr, size) };
+    pooled_alloc(size, dptr, || alloc(dptr, size))
+}
+
+/// Serves `size` bytes from the pool into `*dptr`; when the pool cannot (out of memory after
+/// giving its cache back, or a context it cannot use), the driver answers instead.
+unsafe fn pooled_alloc(size: usize, dptr: *mut u64, driver_answer: impl FnOnce() -> c_int) -> c_int {
+    match DEVICE.malloc(size) {
+        Ok(addr) => {
+            *dptr = addr as u64;
+            CUDA_SUCCESS
+        }
+        Err(DeviceError::CapReached) => CUDA_ERROR_MEMORY_ALLOCATION,
+        Err(_) => {
+            DEVICE.passthrough.add(1);
+            driver_answer()
+        }
+    }
+}
+
+/// A pitched block from the pool: rows padded to 512 bytes, the texture pitch alignment of
+/// every CUDA device (the driver's own pitch may differ; any pitch at least the width is valid).
+///
+/// # Safety
+/// As cuMemAllocPitch_v2.
+pub unsafe fn mem_alloc_pitch(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint) -> c_int {
+    let Some(alloc) = real(|d| d.mem_alloc_pitch) else { return NO_DRIVER };
+    let row = width.checked_next_multiple_of(512).filter(|_| width > 0 && height > 0 && matches!(element_bytes, 4 | 8 | 16));
+    let bytes = row.and_then(|r| r.checked_mul(height));
+    let Some(_entered) = reentry::enter().filter(|_| bytes.is_some() && !dptr.is_null() && !pitch.is_null() && pool_ready()) else {
+        return alloc(dptr, pitch, width, height, element_bytes);
+    };
+    let (Some(row), Some(bytes)) = (row, bytes) else { return alloc(dptr, pitch, width, height, element_bytes) };
+    let rc = pooled_alloc(bytes, dptr, || alloc(dptr, pitch, width, height, element_bytes));
+    if rc == CUDA_SUCCESS && DEVICE.range(*dptr as usize) != Range::NotOurs {
+        *pitch = row;
+    }
+    rc
+}
+
+/// Our cached bytes count as free.
+///
+/// # Safety
+/// As cuMemGetInfo_v2.
+pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> c_int {
+    let Some(get) = real(|d| d.mem_get_info) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| !free.is_null() && !total.is_null() && pool_ready()) else { return get(free, total) };
+    match DEVICE.mem_info() {
+        Ok((f, t)) => {
+            *free = f;
+            *total = t;
+            CUDA_SUCCESS
+        }
+        Err(_) => get(free, total),
+    }
+}
+
+/// # Safety
+/// As cuMemHostAlloc.
+pub unsafe fn mem_host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> c_int {
+    let Some(alloc) = real(|d| d.mem_host_alloc) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| size != 0 && !pp.is_null() && pool_ready()) else { return alloc(pp, size, flags) };
+    match DEVICE.host_alloc(size, flags) {
+        Ok(addr) => {
+            *pp = addr as *mut c_void;
+            CUDA_SUCCESS
+        }
+        Err(_) => alloc(pp, size, flags),
+    }
+}
+
+/// cuMemHostAlloc with no flags; re-entered, the driver's own.
+///
+/// # Safety
+/// As cuMemAllocHost_v2.
+pub unsafe fn mem_alloc_host(pp: *mut *mut c_void, size: usize) -> c_int {
+    match real(|d| d.mem_alloc_host) {
+        Some(alloc) if reentry::enter().is_none() => alloc(pp, size),
+        Some(_) => mem_host_alloc(pp, size, 0),
+        None => NO_DRIVER,
+    }
+}
+
+/// # Safety
+/// As cuMemFreeHost.
+pub unsafe fn mem_free_host(p: *mut c_void) -> c_int {
+    let Some(free) = real(|d| d.mem_free_host) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| pooling() && !p.is_null()) else { return free(p) };
+    if let Some(rc) = without_context(p as usize) {
+        return rc;
+    }
+    answer_free("cuMemFreeHost", p as usize, FreeOf::Pinned, DEVICE.host_free(p as usize), || free(p))
+}
+
+/// Note [Context lifetime] (device/pool.rs): the reset frees every allocation of the primary
+/// context; the pool forgets them (before, and again after).
+///
+/// # Safety
+/// As cuDevicePrimaryCtxReset(_v2).
+pub unsafe fn primary_reset(device: c_int, spelling: Spelling<unsafe extern "C" fn(c_int) -> c_int>) -> c_int {
+    let Some(reset) = real(spelling) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return reset(device) };
+    DEVICE.forget_primary(device);
+    let rc = reset(device);
+    DEVICE.forget_primary(device);
+    rc
+}
+
+/// Note [Context lifetime] (device/pool.rs): the last release destroys the primary context and
+/// every allocation in it, though its handle stays the same.
+///
+/// # Safety
+/// As cuDevicePrimaryCtxRelease(_v2).
+pub unsafe fn primary_release(device: c_int, spelling: Spelling<unsafe extern "C" fn(c_int) -> c_int>) -> c_int {
+    let Some(release) = real(spelling) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return release(device) };
+    let before = DEVICE.primary_context(device);
+    let rc = release(device);
+    if rc == 0 {
+        DEVICE.primary_released(device, before);
+    }
+    rc
+}
+
+/// # Safety
+/// As cuCtxDestroy(_v2).
+pub unsafe fn ctx_destroy(ctx: *mut c_void, spelling: Spelling<unsafe extern "C" fn(*mut c_void) -> c_int>) -> c_int {
+    let Some(destroy) = real(spelling) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return destroy(ctx) };
+    DEVICE.forget_context(ctx as u64);
+    let rc = destroy(ctx);
+    DEVICE.forget_context(ctx as u64);
+    rc
+}
+
+/// Note [IPC] (device/pool.rs).
+///
+/// # Safety
+/// As cuIpcGetMemHandle: `handle` points to a CUipcMemHandle.
+pub unsafe fn ipc_get_mem_handle(handle: *mut c_void, ptr: u64) -> c_int {
+    let Some(get) = real(|d| d.ipc_get_mem_handle) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return get(handle, ptr) };
+    match export_checked("cuIpcGetMemHandle", ptr as usize) {
+        Ok(()) => get(handle, ptr),
+        Err(()) => CUDA_ERROR_INVALID_VALUE,
+    }
+}
+
+/// Our block's start and size for a pooled pointer, not the segment the driver sees.
+///
+/// # Safety
+/// As cuMemGetAddressRange_v2: each output may be null.
+pub unsafe fn address_range(base: *mut u64, size: *mut usize, ptr: u64) -> c_int {
+    let Some(get) = real(|d| d.address_range) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return get(base, size, ptr) };
+    let (mut b, mut s) = (0u64, 0usize);
+    let rc = get(&mut b, &mut s, ptr);
+    if rc == CUDA_SUCCESS {
+        match DEVICE.range(ptr as usize) {
+            Range::NotOurs => {}
+            Range::Live(start, len, _) => (b, s) = (start, len as usize),
+            // Memory we cached after its free: as the driver answers after a free.
+            Range::Freed => return CUDA_ERROR_NOT_FOUND,
+        }
+    }
+    if rc == CUDA_SUCCESS {
+        if !base.is_null() {
+            *base = b;
+        }
+        if !size.is_null() {
+            *size = s;
+        }
+    }
+    rc
+}
+
+/// The range and buffer-id attributes answer for our block (Note [Buffer ids] in
+/// device/pool.rs); every other attribute is the driver's.
+///
+/// # Safety
+/// As cuPointerGetAttribute.
+pub unsafe fn pointer_get_attribute(data: *mut c_void, attribute: c_int, ptr: u64) -> c_int {
+    let Some(get) = real(|d| d.pointer_get_attribute) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| pooling() && blockwise(attribute)) else { return get(data, attribute, ptr) };
+    let rc = get(data, attribute, ptr);
+    if rc != CUDA_SUCCESS || data.is_null() {
+        return rc;
+    }
+    match DEVICE.range(ptr as usize) {
+        Range::NotOurs => rc,
+        Range::Live(start, len, id) => {
+            write_blockwise(data, attribute, (start, len, id));
+            rc
+        }
+        Range::Freed => CUDA_ERROR_INVALID_VALUE,
+    }
+}
+
+/// # Safety
+/// As cuPointerGetAttributes: `attributes` and `data` hold `count` entries.
+pub unsafe fn pointer_get_attributes(count: c_uint, attributes: *mut c_int, data: *mut *mut c_void, ptr: u64) -> c_int {
+    let Some(get) = real(|d| d.pointer_get_attributes) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return get(count, attributes, data, ptr) };
+    let rc = get(count, attributes, data, ptr);
+    if rc != CUDA_SUCCESS || attributes.is_null() || data.is_null() {
+        return rc;
+    }
+    let range = DEVICE.range(ptr as usize);
+    let block = match range {
+        Range::NotOurs => return rc,
+        Range::Live(start, len, id) => (start, len, id),
+        // No allocation there any more: zeros, as the driver writes for unknown memory.
+        Range::Freed => (0, 0, 0),
+    };
+    for i in 0..count as usize {
+        let (attribute, out) = (*attributes.add(i), *data.add(i));
+        if !out.is_null() && blockwise(attribute) {
+            write_blockwise(out, attribute, block);
+        }
+    }
+    rc
+}
+
+/// RANGE_START_ADDR is a CUdeviceptr, RANGE_SIZE a size_t, BUFFER_ID an unsigned long long:
+/// all 8 bytes here. `block` is (start, size, buffer id).
+unsafe fn write_blockwise(out: *mut c_void, attribute: c_int, block: (u64, u64, u64)) {
+    *(out as *mut u64) = match attribute {
+        RANGE_START_ADDR => block.0,
+        RANGE_SIZE => block.1,
+        _ => block.2,
+    };
+}
+
+/// A pooled block freed through the driver (the same allocation as cudaMalloc's): back to the
+/// pool, with cudaFree's synchronization.
+///
+/// # Safety
+/// As cuMemFree_v2.
+pub unsafe fn mem_free(ptr: u64) -> c_int {
+    let Some(free) = real(|d| d.mem_free) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| pooling() && ptr != 0) else { return free(ptr) };
+    if let Some(rc) = without_context(ptr as usize) {
+        return rc;
+    }
+    answer_free("cuMemFree_v2", ptr as usize, FreeOf::Device, DEVICE.free(ptr as usize), || free(ptr))
+}
+
+/// # Safety
+/// As cuMemFreeAsync(_ptsz).
+pub unsafe fn mem_free_async(ptr: u64, stream: *mut c_void, spelling: Spelling<unsafe extern "C" fn(u64, *mut c_void) -> c_int>) -> c_int {
+    let Some(free) = real(spelling) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| pooling() && ptr != 0) else { return free(ptr, stream) };
+    if let Some(rc) = without_context(ptr as usize) {
+        return rc;
+    }
+    answer_free("cuMemFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, stream as usize)), || free(ptr, stream))
+}
+
+/// An allocation the pool does not serve (the runtime's stream-ordered pool, managed memory,
+/// VMM) cannot have the memory our pool caches. Out of memory, the cache of `device` (the
+/// current one when `None`) is given back and the call made once more; the driver's answer
+/// stands otherwise.
+unsafe fn with_cache_given_back(device: Option<i32>, alloc: impl Fn() -> c_int) -> c_int {
+    let rc = alloc();
+    if rc != CUDA_ERROR_OUT_OF_MEMORY || !pool_on() {
+        return rc;
+    }
+    let Some(_entered) = reentry::enter() else { return rc };
+    if device.map_or_else(|| DEVICE.give_back_current(), |d| DEVICE.give_back(d)) == 0 {
+        return rc;
+    }
+    alloc()
+}
+
+/// # Safety
+/// As cuMemAllocAsync(_ptsz).
+pub unsafe fn mem_alloc_async(dptr: *mut u64, size: usize, stream: *mut c_void, spelling: Spelling<crate::sys::cuda_driver::MemAllocAsyncFn>) -> c_int {
+    real(spelling).map_or(NO_DRIVER, |f| with_cache_given_back(None, || f(dptr, size, stream)))
+}
+
+/// # Safety
+/// As cuMemAllocManaged.
+pub unsafe fn mem_alloc_managed(dptr: *mut u64, size: usize, flags: c_uint) -> c_int {
+    real(|d| d.mem_alloc_managed).map_or(NO_DRIVER, |f| with_cache_given_back(None, || f(dptr, size, flags)))
+}
+
+/// The head of CUmemAllocationProp: its type, the handle types, and where the memory lives.
+#[repr(C)]
+struct AllocationPropHead {
+    kind: c_int,
+    handle_types: c_int,
+    location_kind: c_int,
+    location_id: c_int,
+}
+
+const LOCATION_DEVICE: c_int = 1;
+
+/// # Safety
+/// As cuMemCreate: `prop` is null or points to a CUmemAllocationProp.
+pub unsafe fn mem_create(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) -> c_int {
+    let Some(create) = real(|d| d.mem_create) else { return NO_DRIVER };
+    let head = prop.cast::<AllocationPropHead>();
+    // SAFETY: a non-null prop is a CUmemAllocationProp, which starts with these four ints.
+    let device = (!head.is_null()).then(|| unsafe { ((*head).location_kind, (*head).location_id) });
+    let device = device.filter(|&(kind, _)| kind == LOCATION_DEVICE).map(|(_, id)| id);
+    with_cache_given_back(device, || create(handle, size, prop, flags))
+}

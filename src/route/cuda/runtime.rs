@@ -1,0 +1,210 @@
+//! The runtime's calls (`shim::cuda`'s entry points, one call each), routed: each over `DEVICE`
+//! (the pool) and `sys::cuda::real()` (the runtime, for pointers that are not ours and for
+//! pass-through). A call re-entered from inside the runtime on the same thread goes straight to
+//! the real function (`sys::reentry`); with no runtime to reach, the answer is "not initialized".
+
+use super::{answer_free, context_bound, export_checked, runtime_ready, warn_refused, FreeOf};
+use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
+use crate::device::layer::Freed;
+use crate::sys::cuda::{real, CudaFns, FreeAsyncFn};
+use crate::sys::reentry;
+use crate::DEVICE;
+use core::ffi::{c_int, c_uint, c_void};
+
+const NO_RUNTIME: c_int = CUDA_ERROR_INITIALIZATION;
+
+/// # Safety
+/// As cudaMalloc: `ptr` is writable.
+pub unsafe fn malloc(ptr: *mut *mut c_void, size: usize) -> c_int {
+    let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(_entered) = reentry::enter() else { return (rt.malloc)(ptr, size) };
+    if ptr.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if size == 0 || !runtime_ready(rt) {
+        return (rt.malloc)(ptr, size);
+    }
+    match DEVICE.malloc(size) {
+        Ok(addr) => {
+            *ptr = addr as *mut c_void;
+            CUDA_SUCCESS
+        }
+        Err(DeviceError::CapReached) => {
+            *ptr = core::ptr::null_mut();
+            DeviceError::CapReached.code()
+        }
+        // The device refused even after our cache was given back, or the context cannot serve
+        // the pool (reset a moment ago: the runtime brings it back at its next call): let the
+        // runtime answer, so *ptr and its last error are exactly what it would leave.
+        Err(_) => {
+            DEVICE.passthrough.add(1);
+            (rt.malloc)(ptr, size)
+        }
+    }
+}
+
+/// # Safety
+/// As cudaFree.
+pub unsafe fn free(ptr: *mut c_void) -> c_int {
+    let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(_entered) = reentry::enter() else { return (rt.free)(ptr) };
+    if ptr.is_null() || crate::globals().is_none() {
+        return (rt.free)(ptr);
+    }
+    answer_free("cudaFree", ptr as usize, FreeOf::Device, DEVICE.free(ptr as usize), || (rt.free)(ptr))
+}
+
+/// Our cached bytes count as free.
+///
+/// # Safety
+/// As cudaMemGetInfo.
+pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> c_int {
+    let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(_entered) = reentry::enter() else { return (rt.mem_get_info)(free, total) };
+    if free.is_null() || total.is_null() || !runtime_ready(rt) {
+        return (rt.mem_get_info)(free, total);
+    }
+    match DEVICE.mem_info() {
+        Ok((f, t)) => {
+            *free = f;
+            *total = t;
+            CUDA_SUCCESS
+        }
+        Err(e) => e.code(),
+    }
+}
+
+/// # Safety
+/// As cudaHostAlloc.
+pub unsafe fn host_alloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> c_int {
+    let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(_entered) = reentry::enter() else { return (rt.host_alloc)(ptr, size, flags) };
+    if ptr.is_null() || size == 0 || !runtime_ready(rt) {
+        return (rt.host_alloc)(ptr, size, flags);
+    }
+    match DEVICE.host_alloc(size, flags) {
+        Ok(addr) => {
+            *ptr = addr as *mut c_void;
+            CUDA_SUCCESS
+        }
+        Err(e) => e.code(),
+    }
+}
+
+/// cudaHostAlloc with default flags; re-entered (the runtime's cudaHostAlloc calling it), the
+/// runtime's own.
+///
+/// # Safety
+/// As cudaMallocHost.
+pub unsafe fn malloc_host(ptr: *mut *mut c_void, size: usize) -> c_int {
+    match real() {
+        Some(rt) if reentry::enter().is_none() => (rt.malloc_host)(ptr, size),
+        _ => host_alloc(ptr, size, 0),
+    }
+}
+
+/// # Safety
+/// As cudaFreeHost.
+pub unsafe fn free_host(ptr: *mut c_void) -> c_int {
+    let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(_entered) = reentry::enter() else { return (rt.free_host)(ptr) };
+    if ptr.is_null() || crate::globals().is_none() {
+        return (rt.free_host)(ptr);
+    }
+    // The runtime binds a context before it frees, on a thread that made no CUDA call too; so
+    // do we, for the synchronization a pooled free makes (with the pool off, the runtime does).
+    if super::pool_on() {
+        context_bound(rt);
+    }
+    answer_free("cudaFreeHost", ptr as usize, FreeOf::Pinned, DEVICE.host_free(ptr as usize), || (rt.free_host)(ptr))
+}
+
+/// Note [Context lifetime]: the reset frees every allocation of the current device's primary
+/// context, our cached segments and the blocks still live among them; the pool forgets them all
+/// (before, and again after, in case another thread mapped one meanwhile).
+///
+/// # Safety
+/// As cudaDeviceReset.
+pub unsafe fn device_reset() -> c_int {
+    let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(reset) = rt.device_reset else { return NO_RUNTIME };
+    let Some(_entered) = reentry::enter() else { return reset() };
+    let mut current: c_int = 0;
+    let device = ((rt.get_device)(&mut current) == CUDA_SUCCESS).then_some(current);
+    if let Some(d) = device {
+        DEVICE.forget_primary(d);
+    }
+    let rc = reset();
+    if let Some(d) = device {
+        DEVICE.forget_primary(d);
+    }
+    rc
+}
+
+/// Note [IPC]: a handle names a whole runtime allocation. A pooled block that is its own segment
+/// gets the runtime's handle (and its segment never returns to the cache); a block sharing a
+/// segment is refused, since the peer would map its neighbours.
+///
+/// # Safety
+/// As cudaIpcGetMemHandle: `handle` points to a cudaIpcMemHandle_t.
+pub unsafe fn ipc_get_mem_handle(handle: *mut c_void, ptr: *mut c_void) -> c_int {
+    let Some(rt) = real() else { return NO_RUNTIME };
+    let Some(get) = rt.ipc_get_mem_handle else { return NO_RUNTIME };
+    let Some(_entered) = reentry::enter() else { return get(handle, ptr) };
+    match export_checked("cudaIpcGetMemHandle", ptr as usize) {
+        Ok(()) => get(handle, ptr),
+        Err(()) => CUDA_ERROR_INVALID_VALUE,
+    }
+}
+
+/// A pooled pointer returns to our pool, reusable on `stream` at once and by others after a
+/// synchronization (Note [Safe reuse]); anything else is the runtime's. `spelling` picks the
+/// runtime's function the call stands for (cudaFreeAsync or its _ptsz form).
+///
+/// # Safety
+/// As cudaFreeAsync.
+pub unsafe fn free_async(ptr: *mut c_void, stream: *mut c_void, spelling: fn(&CudaFns) -> Option<FreeAsyncFn>) -> c_int {
+    let Some(real_free) = real().and_then(spelling) else { return NO_RUNTIME };
+    let Some(_entered) = reentry::enter() else { return real_free(ptr, stream) };
+    if ptr.is_null() || crate::globals().is_none() {
+        return real_free(ptr, stream);
+    }
+    answer_free("cudaFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, stream as usize)), || real_free(ptr, stream))
+}
+
+/// PyTorch's CUDAPluggableAllocator `alloc`: reuse is stream-aware, a block freed on a stream is
+/// reused on that stream with no synchronization. Null when the pool cannot serve it.
+///
+/// # Safety
+/// Called by PyTorch with a valid device and stream.
+pub unsafe fn pluggable_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    let size = usize::try_from(size).unwrap_or(0);
+    if crate::globals().is_none() || size == 0 {
+        return core::ptr::null_mut();
+    }
+    if let Some(rt) = real() {
+        context_bound(rt);
+    }
+    DEVICE.malloc_on_stream(size, device, stream as usize).map_or(core::ptr::null_mut(), |a| a as *mut c_void)
+}
+
+/// PyTorch's CUDAPluggableAllocator `free`: ours back to the pool, anything else to the runtime
+/// (or, with none, the driver).
+///
+/// # Safety
+/// `ptr` came from `pluggable_alloc`.
+pub unsafe fn pluggable_free(ptr: *mut c_void, device: c_int, stream: *mut c_void) {
+    if ptr.is_null() {
+        return;
+    }
+    match DEVICE.free_on_stream(ptr as usize, device, stream as usize) {
+        Freed::Pooled => return,
+        Freed::Refused => return warn_refused("tm_cuda_free", ptr as usize, FreeOf::Device),
+        Freed::NotOurs => {}
+    }
+    if let Some(rt) = real() {
+        (rt.free)(ptr);
+    } else if let Some(free) = crate::sys::cuda_driver::driver().and_then(|d| d.mem_free) {
+        free(ptr as u64);
+    }
+}
