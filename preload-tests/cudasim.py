@@ -6,7 +6,7 @@ import subprocess
 import sys
 import zipfile
 
-from conftest import BUILD, C_DIR, ROOT
+from conftest import BUILD, C_DIR, ROOT, run
 
 CFLAGS = ["gcc", "-std=c11", "-O1", "-g", "-Wall", "-shared", "-fPIC"]
 
@@ -149,3 +149,12 @@ def real_runtime_program():
         subprocess.run(cmd, check=True)
         tmp.replace(out)
     return str(out), None
+
+
+def run_scenario(program, name, env=None, preload=True, stats=None, plt_calls=False):
+    """Runs one scenario of a stand-in CUDA program (`PROGRAM NAME`), with the JSON report
+    written to `stats` when given."""
+    env = dict(env or {})
+    if stats:
+        env["TENSORMALLOC_STATS"] = f"json:{stats}"
+    return run([cuda_program(program, plt_calls=plt_calls), name], env=env, preload=preload, timeout=120)

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from conftest import ok, run
-from cudasim import cuda_program
+from conftest import ok
+from cudasim import run_scenario
 from test_cuda_correct import MODES, POOLED
 
 SCENARIOS = ["release", "release-v1", "release-proc", "release-dlsym", "release-shared", "destroy-reuse", "race"]
@@ -17,10 +17,7 @@ KNOBS = {"destroy-reuse": {"FAKECUDA_REUSE_CONTEXTS": "1"}, "race": {"FAKECUDA_A
 
 
 def scenario(name, env=None, preload=True, stats=None):
-    env = {**KNOBS.get(name, {}), **(env or {})}
-    if stats:
-        env["TENSORMALLOC_STATS"] = f"json:{stats}"
-    return run([cuda_program("cuda_context"), name], env=env, preload=preload, timeout=120)
+    return run_scenario("cuda_context", name, {**KNOBS.get(name, {}), **(env or {})}, preload, stats)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from conftest import ok, run
-from cudasim import cuda_program
+from conftest import ok
+from cudasim import run_scenario
 
 MODES = {
     "split": {},
@@ -22,11 +22,7 @@ SCENARIOS = ["reset", "reset-live", "primary-reset", "primary-reset-live", "ctx-
 
 
 def scenario(name, env=None, preload=True, stats=None):
-    plt = name == "reentrant"
-    env = dict(env or {})
-    if stats:
-        env["TENSORMALLOC_STATS"] = f"json:{stats}"
-    return run([cuda_program("cuda_correct", plt_calls=plt), name], env=env, preload=preload, timeout=120)
+    return run_scenario("cuda_correct", name, env, preload, stats, plt_calls=name == "reentrant")
 
 
 @pytest.mark.parametrize("name", SCENARIOS + ["reentrant"])

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from conftest import ok, run
-from cudasim import cuda_plugin, cuda_program
+from conftest import ok
+from cudasim import cuda_plugin, run_scenario
 from test_cuda_correct import MODES, POOLED
 
 SCENARIOS = ["double-free", "double-free-driver", "interior-free", "double-free-host", "double-free-async",
@@ -26,9 +26,7 @@ def scenario(name, env=None, preload=True, stats=None):
     env = dict(env or {})
     if name == "deepbind-free":
         env["CUDA_PLUGIN"] = cuda_plugin()
-    if stats:
-        env["TENSORMALLOC_STATS"] = f"json:{stats}"
-    return run([cuda_program("cuda_misuse"), name], env=env, preload=preload, timeout=120)
+    return run_scenario("cuda_misuse", name, env, preload, stats)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
