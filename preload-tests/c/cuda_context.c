@@ -13,6 +13,7 @@
  *                                (FAKECUDA_ALLOC_DELAY_US): each only ever gets blocks it can use */
 #include <pthread.h>
 #include "check.h"
+#include "standin.h"
 
 typedef unsigned long long CUdeviceptr;
 typedef struct fake_ctx *CUcontext;
@@ -31,20 +32,12 @@ int cuMemAlloc_v2(CUdeviceptr *, size_t);
 int cuMemFree_v2(CUdeviceptr);
 int cuMemAllocHost_v2(void **, size_t);
 int cuMemFreeHost(void *);
-int fakecuda_launch_memset(void *, int, size_t);
-int fakecuda_read_byte(const void *, unsigned char *);
 
 #define PTR(d) ((void *)(uintptr_t)(d))
 
-static int holds(const void *p, size_t n, int value) {
-    unsigned char a = 0, b = 0, c = 0;
-    return fakecuda_read_byte(p, &a) == 0 && fakecuda_read_byte((const char *)p + n / 2, &b) == 0 &&
-           fakecuda_read_byte((const char *)p + n - 1, &c) == 0 && a == value && b == value && c == value;
-}
-
 /* A "kernel" over the block in the current context: refused for a block of a dead context or of
  * another context. */
-static void kernel_works(CUdeviceptr d, size_t n, int value) {
+static void driver_kernel_works(CUdeviceptr d, size_t n, int value) {
     CHECK(fakecuda_launch_memset(PTR(d), value, n) == 0);
     CHECK(cuCtxSynchronize() == 0);
     CHECK(holds(PTR(d), n, value));
@@ -71,9 +64,9 @@ struct blocks { CUdeviceptr live; };
 static struct blocks fill_caches(void) {
     CUdeviceptr a = 0, b = 0, live = 0;
     CHECK(cuMemAlloc_v2(&a, 1 * MB) == 0 && cuMemAlloc_v2(&live, 1 * MB) == 0 && cuMemAlloc_v2(&b, 64 * MB) == 0);
-    kernel_works(a, 1 * MB, 0x11);
-    kernel_works(b, 64 * MB, 0x12);
-    kernel_works(live, 1 * MB, 0x13);
+    driver_kernel_works(a, 1 * MB, 0x11);
+    driver_kernel_works(b, 64 * MB, 0x12);
+    driver_kernel_works(live, 1 * MB, 0x13);
     CHECK(cuMemFree_v2(a) == 0 && cuMemFree_v2(b) == 0);
     void *h = NULL;
     CHECK(cuMemAllocHost_v2(&h, 1 * MB) == 0);
@@ -88,7 +81,7 @@ static void fresh_blocks_work(void) {
     size_t sizes[4] = {1 * MB, 1 * MB, 64 * MB, 512 * 1024};
     for (int i = 0; i < 4; i++) {
         CHECK(cuMemAlloc_v2(&d[i], sizes[i]) == 0);
-        kernel_works(d[i], sizes[i], 0x21 + i);
+        driver_kernel_works(d[i], sizes[i], 0x21 + i);
     }
     for (int i = 0; i < 4; i++) CHECK(cuMemFree_v2(d[i]) == 0);
     void *h = NULL;
@@ -137,7 +130,7 @@ static void release_shared(void) {
     struct blocks k = fill_caches();
     CHECK(cuDevicePrimaryCtxRelease_v2(0) == 0);
     CHECK(primary_active() == 1);
-    kernel_works(k.live, 1 * MB, 0x31);
+    driver_kernel_works(k.live, 1 * MB, 0x31);
     fresh_blocks_work();
     CHECK(cuMemFree_v2(k.live) == 0);
     CHECK(cuDevicePrimaryCtxRelease_v2(0) == 0);
@@ -169,7 +162,7 @@ static void *racer(void *arg) {
         CUdeviceptr d[3] = {0};
         for (int i = 0; i < 3; i++) {
             CHECK(cuMemAlloc_v2(&d[i], 8 * MB) == 0);
-            kernel_works(d[i], 8 * MB, 0x40 + i);
+            driver_kernel_works(d[i], 8 * MB, 0x40 + i);
         }
         for (int i = 0; i < 3; i++) CHECK(cuMemFree_v2(d[i]) == 0);
     }

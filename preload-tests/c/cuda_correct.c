@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "check.h"
+#include "standin.h"
 
 typedef unsigned long long CUdeviceptr;
 typedef struct fake_ctx *CUcontext;
@@ -57,8 +58,6 @@ int cuMemMap(CUdeviceptr, size_t, size_t, unsigned long long, unsigned long long
 int cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
 int cuMemUnmap(CUdeviceptr, size_t);
 
-int fakecuda_launch_memset(void *, int, size_t);
-int fakecuda_read_byte(const void *, unsigned char *);
 
 enum { CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
        CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11, CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12 };
@@ -67,22 +66,6 @@ enum { cudaMemoryTypeDevice = 2, cudaMemoryTypeManaged = 3 };
 #define DEV(p) ((CUdeviceptr)(uintptr_t)(p))
 
 /* The byte at p, read without faulting (a dead block answers 700). */
-static int byte_at(const void *p) {
-    unsigned char b = 0;
-    return fakecuda_read_byte(p, &b) == 0 ? b : -1;
-}
-
-static int holds(const void *p, size_t n, int value) {
-    return byte_at(p) == value && byte_at((const char *)p + n / 2) == value && byte_at((const char *)p + n - 1) == value;
-}
-
-/* A kernel writing value over [p, p+n), synchronized, read back. */
-static void kernel_works(void *p, size_t n, int value) {
-    CHECK(fakecuda_launch_memset(p, value, n) == 0);
-    CHECK(cudaDeviceSynchronize() == 0);
-    CHECK(holds(p, n, value));
-}
-
 /* ---------- context lifetime ---------- */
 
 static void reset_scenario(int by_driver, int keep_live) {

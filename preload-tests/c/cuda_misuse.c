@@ -18,6 +18,7 @@
  * and in every case the blocks still live, and the ones allocated after, stay usable. */
 #include <pthread.h>
 #include "check.h"
+#include "standin.h"
 
 typedef unsigned long long CUdeviceptr;
 typedef void *CUstream;
@@ -37,26 +38,9 @@ int cuMemFree_v2(CUdeviceptr);
 int cuMemFreeAsync(CUdeviceptr, CUstream);
 int cuMemAllocHost_v2(void **, size_t);
 int cuMemFreeHost(void *);
-int fakecuda_launch_memset(void *, int, size_t);
-int fakecuda_read_byte(const void *, unsigned char *);
 
 #define DEV(p) ((CUdeviceptr)(uintptr_t)(p))
 enum { INVALID_VALUE = 1, INVALID_CONTEXT = 201 };
-
-static int byte_at(const void *p) {
-    unsigned char b = 0;
-    return fakecuda_read_byte(p, &b) == 0 ? b : -1;
-}
-
-static int holds(const void *p, size_t n, int value) {
-    return byte_at(p) == value && byte_at((const char *)p + n / 2) == value && byte_at((const char *)p + n - 1) == value;
-}
-
-static void kernel_works(void *p, size_t n, int value) {
-    CHECK(fakecuda_launch_memset(p, value, n) == 0);
-    CHECK(cudaDeviceSynchronize() == 0);
-    CHECK(holds(p, n, value));
-}
 
 /* A free the driver refuses: invalid value, and the runtime's last error cleared for the next. */
 static void refused(int rc) {
