@@ -9,15 +9,7 @@ const BUF: usize = 512;
 
 /// min(physical memory, the cgroup's memory limit); physical memory when there is no limit.
 pub fn usable_bytes() -> u64 {
-    // SAFETY: sysinfo fills the struct we own.
-    let phys = unsafe {
-        let mut info: libc::sysinfo = core::mem::zeroed();
-        if libc::sysinfo(&mut info) == 0 {
-            (info.totalram as u64).saturating_mul(u64::from(info.mem_unit.max(1)))
-        } else {
-            u64::MAX
-        }
-    };
+    let phys = system_memory().map_or(u64::MAX, |(ram, _)| ram);
     let mut cgroup = [0u8; BUF];
     let Some(n) = read_file(b"/proc/self/cgroup\0", &mut cgroup) else { return phys };
     let text = cgroup.get(..n).unwrap_or(&[]);
@@ -39,14 +31,36 @@ static COMMIT_LIMIT: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// Reads the commit limit once (init): a system setting, unlike RLIMIT_AS, rarely changes.
 pub fn read_commit_limit() {
-    let mut mode = [0u8; 8];
-    if read_file(b"/proc/sys/vm/overcommit_memory\0", &mut mode).is_some_and(|n| mode.get(..n).is_some_and(|m| m.starts_with(b"2"))) {
-        let mut meminfo = [0u8; 4096];
-        if let Some(n) = read_file(b"/proc/meminfo\0", &mut meminfo) {
-            let kib = meminfo_kib(meminfo.get(..n).unwrap_or(&[]), b"CommitLimit:");
-            COMMIT_LIMIT.store(kib.map_or(u64::MAX, |k| k.saturating_mul(1024)), Ordering::Relaxed);
-        }
+    if overcommit_mode() == Some(b'2') {
+        let kib = with_meminfo(|text| meminfo_kib(text, b"CommitLimit:")).flatten();
+        COMMIT_LIMIT.store(kib.map_or(u64::MAX, |k| k.saturating_mul(1024)), Ordering::Relaxed);
     }
+}
+
+/// `vm.overcommit_memory`'s digit (b'0' heuristic, b'1' always, b'2' strict); None if unreadable.
+fn overcommit_mode() -> Option<u8> {
+    let mut mode = [0u8; 8];
+    let n = read_file(b"/proc/sys/vm/overcommit_memory\0", &mut mode)?;
+    mode.get(..n)?.first().copied()
+}
+
+/// Physical memory and swap in bytes (sysinfo).
+fn system_memory() -> Option<(u64, u64)> {
+    // SAFETY: sysinfo fills the struct we own.
+    unsafe {
+        let mut info: libc::sysinfo = core::mem::zeroed();
+        (libc::sysinfo(&mut info) == 0).then(|| {
+            let unit = u64::from(info.mem_unit.max(1));
+            ((info.totalram as u64).saturating_mul(unit), (info.totalswap as u64).saturating_mul(unit))
+        })
+    }
+}
+
+/// `f` over the text of /proc/meminfo, read into a stack buffer; None if unreadable.
+fn with_meminfo<R>(f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+    let mut meminfo = [0u8; 4096];
+    let n = read_file(b"/proc/meminfo\0", &mut meminfo)?;
+    Some(f(meminfo.get(..n).unwrap_or(&[])))
 }
 
 /// The most address space this process may map: `RLIMIT_AS` now (one system call: a program
@@ -69,20 +83,11 @@ pub fn address_space_bytes() -> u64 {
 /// address-space limit, or, under the kernel's default heuristic overcommit, physical memory
 /// and swap (a larger request is refused whatever we hold). Read when a mapping has failed.
 pub fn largest_possible_mapping() -> u64 {
-    let mut mode = [0u8; 8];
-    let heuristic = read_file(b"/proc/sys/vm/overcommit_memory\0", &mut mode).is_none_or(|n| mode.get(..n).is_some_and(|m| m.starts_with(b"0")));
-    let mut largest = address_space_bytes();
-    if heuristic {
-        // SAFETY: sysinfo fills the struct we own.
-        unsafe {
-            let mut info: libc::sysinfo = core::mem::zeroed();
-            if libc::sysinfo(&mut info) == 0 {
-                let unit = u64::from(info.mem_unit.max(1));
-                largest = largest.min((info.totalram as u64).saturating_add(info.totalswap as u64).saturating_mul(unit));
-            }
-        }
+    let largest = address_space_bytes();
+    match (overcommit_mode(), system_memory()) {
+        (None | Some(b'0'), Some((ram, swap))) => largest.min(ram.saturating_add(swap)),
+        _ => largest,
     }
-    largest
 }
 
 /// A `Name:   123 kB` line of /proc/meminfo, in KiB.
@@ -101,14 +106,12 @@ pub fn meminfo_kib(text: &[u8], name: &[u8]) -> Option<u64> {
 /// Read by the background thread before it releases idle blocks (Note [What RSS shows] in
 /// host/layer.rs): a few small reads, off the allocation paths.
 pub fn near_limit() -> bool {
-    let mut meminfo = [0u8; 4096];
-    if let Some(n) = read_file(b"/proc/meminfo\0", &mut meminfo) {
-        let text = meminfo.get(..n).unwrap_or(&[]);
-        if let (Some(available), Some(total)) = (meminfo_kib(text, b"MemAvailable:"), meminfo_kib(text, b"MemTotal:")) {
-            if short_of(total.saturating_sub(available), total.saturating_mul(7) / 8) {
-                return true;
-            }
-        }
+    let system_short = with_meminfo(|text| match (meminfo_kib(text, b"MemAvailable:"), meminfo_kib(text, b"MemTotal:")) {
+        (Some(available), Some(total)) => total.saturating_sub(available) >= total.saturating_mul(7) / 8,
+        _ => false,
+    });
+    if system_short == Some(true) {
+        return true;
     }
     let mut cgroup = [0u8; BUF];
     let Some(n) = read_file(b"/proc/self/cgroup\0", &mut cgroup) else { return false };
@@ -118,24 +121,21 @@ pub fn near_limit() -> bool {
         [b"memory.max".as_slice(), b"memory.high"].iter().any(|f| near(current, read_limit(b"/sys/fs/cgroup", dir, f)))
     };
     let v1 = |dir: &[u8]| near(read_limit(b"/sys/fs/cgroup/memory", dir, b"memory.usage_in_bytes"), read_limit(b"/sys/fs/cgroup/memory", dir, b"memory.limit_in_bytes"));
-    cgroup_path(text, b"").is_some_and(|p| any_up_the_tree(p, v2)) || cgroup_path(text, b"memory").is_some_and(|p| any_up_the_tree(p, v1))
+    cgroup_path(text, b"").is_some_and(|p| up_the_tree(p, v2)) || cgroup_path(text, b"memory").is_some_and(|p| up_the_tree(p, v1))
 }
 
 /// Usage at three quarters of a limit or more: near it. u64::MAX stands for "unreadable" or
 /// "no limit".
 pub fn near(usage: u64, limit: u64) -> bool {
-    usage != u64::MAX && limit != u64::MAX && short_of(usage, limit / 4 * 3)
+    usage != u64::MAX && limit != u64::MAX && usage >= limit / 4 * 3
 }
 
-fn short_of(used: u64, threshold: u64) -> bool {
-    used >= threshold
-}
-
-/// Whether `test` holds for `path` or one of its ancestors.
-fn any_up_the_tree(path: &[u8], test: impl Fn(&[u8]) -> bool) -> bool {
+/// Visits `path` and each of its ancestors, stopping at the first for which `visit` is true;
+/// whether one was.
+fn up_the_tree(path: &[u8], mut visit: impl FnMut(&[u8]) -> bool) -> bool {
     let mut at = path;
     loop {
-        if test(at) {
+        if visit(at) {
             return true;
         }
         match at.iter().rposition(|&b| b == b'/') {
@@ -165,14 +165,11 @@ pub fn parse_limit(text: &[u8]) -> Option<u64> {
 /// The smallest limit on `path` and each of its ancestors under `root`.
 fn limit_up_the_tree(root: &[u8], path: &[u8], file: &[u8]) -> u64 {
     let mut limit = u64::MAX;
-    let mut at = path;
-    loop {
-        limit = limit.min(read_limit(root, at, file));
-        match at.iter().rposition(|&b| b == b'/') {
-            Some(slash) if !at.is_empty() => at = at.get(..slash).unwrap_or(&[]),
-            _ => return limit,
-        }
-    }
+    up_the_tree(path, |dir| {
+        limit = limit.min(read_limit(root, dir, file));
+        false
+    });
+    limit
 }
 
 /// `root` + `dir` + "/" + `file`, read and parsed; u64::MAX when absent or `max`.
