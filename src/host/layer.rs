@@ -33,16 +33,15 @@
 // Cached blocks take address space and, under strict overcommit, commit charge, whether or not
 // their pages were released. glibc unmaps a large block at free, so a program under `ulimit -v`
 // that frees 1 GiB can map 900 MiB next; with the block cached it could not. Three rules keep us
-// out of the way: (1) the cache's ceiling is an eighth of RLIMIT_AS (or the commit limit),
-// read at every large free (one getrlimit: Python's resource.setrlimit comes at any time); (2)
-// when the next allocator fails with ENOMEM while the cache holds something, the cache is
-// emptied and the call made once more (route.rs installs the retrying entry points once such a
-// limit is seen, so the fast paths are unchanged otherwise), as for our own mappings, and blocks
-// leaving the cache are unmapped at once rather than by the background thread; (3)
-// the cache is emptied for a failed request only when the request could then succeed: a
-// 64 TiB request that no limit could ever allow leaves the cache alone. Mappings the program
-// makes itself (mmap, thread stacks) we never see: rule 1 is what leaves them room.
-
+// out of the way. (1) Under such a limit the cache's ceiling is an eighth of it, and blocks
+// leaving the cache are unmapped at once rather than by the background thread; the limit is read
+// at every large free (one getrlimit: Python's resource.setrlimit comes at any time). (2) When
+// the next allocator fails with ENOMEM while the cache holds something, the cache is emptied and
+// the call made once more, as for our own mappings (route.rs installs the entry points that do
+// this once a limit is seen, so the fast paths are unchanged otherwise). (3) The cache is
+// emptied for a failed request only when the request could then succeed: a 64 TiB request that
+// no limit could ever allow leaves the cache alone. Mappings the program makes itself (mmap,
+// thread stacks) we never see: rule 1 is what leaves them room.
 //
 // Note [What RSS shows]
 // A cached block's pages are resident while it is hot (reused soon, Note [Hot stays hot]). After
