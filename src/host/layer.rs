@@ -27,7 +27,6 @@
 // so whatever the background thread was doing at the fork (releasing blocks, unmaps in flight),
 // the child starts with an empty cache and leaks nothing, and fork() copies no page tables for
 // idle memory. The child forgets the parent's cache records with no system call.
-
 //
 // Note [Room for others]
 // Cached blocks take address space and, under strict overcommit, commit charge, whether or not
