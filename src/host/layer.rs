@@ -12,7 +12,6 @@
 // its pages would make the program fault each one in again (MADV_DONTNEED then a rewrite: 16 ms
 // against 1.2 ms for 80 MB). Measured in BENCHMARKS.md ("calloc"): sparse 64 MiB from 2.2 ms to microseconds,
 // dense unchanged.
-
 //
 // Note [Plain memory]
 // A block we hand out is plain memory whatever its previous owner did to its pages: read-write
