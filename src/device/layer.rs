@@ -41,7 +41,7 @@ const MODE_NONE: u8 = 2;
 
 /// Where a free went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Freed {
+pub enum FreeAnswer {
     Pooled,
     /// Not ours: the caller passes it to the runtime unchanged.
     NotOurs,
@@ -73,13 +73,13 @@ pub enum Export {
 
 /// A pointer query about an address (cuMemGetAddressRange, RANGE_START_ADDR/SIZE).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Range {
+pub enum RangeAnswer {
     /// Not inside one of our segments: the runtime's answer stands.
     NotOurs,
     /// Inside this live block: (start, size, buffer id: Note [Buffer ids] in pool.rs).
     Live(u64, u64, u64),
     /// Inside cached (freed) memory of ours: no allocation there, as after the runtime's free.
-    Freed,
+    Free,
 }
 
 /// Note [Buffer ids]: a pool's number for a block as an id of its own: above any id the runtime
@@ -327,17 +327,17 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     /// cudaFree of a pointer: back into its device's pool, whatever device is current.
-    pub fn free(&self, addr: usize) -> Result<Freed, DeviceError> {
+    pub fn free(&self, addr: usize) -> Result<FreeAnswer, DeviceError> {
         let Some(device) = self.owning_device(addr) else { return Ok(self.not_live(addr)) };
         timed(&self.phases.free, || self.free_ours(addr, device))
     }
 
     /// Note [Unexpected frees]: the answer for a free of `addr`, which is no live block of ours.
-    fn not_live(&self, addr: usize) -> Freed {
+    fn not_live(&self, addr: usize) -> FreeAnswer {
         if self.in_segment(addr) {
-            Freed::Refused
+            FreeAnswer::Refused
         } else {
-            Freed::NotOurs
+            FreeAnswer::NotOurs
         }
     }
 
@@ -372,7 +372,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         }
     }
 
-    fn free_ours(&self, addr: usize, device: usize) -> Result<Freed, DeviceError> {
+    fn free_ours(&self, addr: usize, device: usize) -> Result<FreeAnswer, DeviceError> {
         let synced = self.sync_on_free.load(Relaxed);
         if synced {
             // Note [Safe reuse]: the device that ran the block's kernels is the one to wait for.
@@ -391,10 +391,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         match freed {
             Some(f) => {
                 self.after_free(device, addr, f)?;
-                Ok(Freed::Pooled)
+                Ok(FreeAnswer::Pooled)
             }
             // Freed by another thread meanwhile: a double free (Note [Unexpected frees]).
-            None => Ok(Freed::Refused),
+            None => Ok(FreeAnswer::Refused),
         }
     }
 
@@ -409,13 +409,13 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     /// The pluggable allocator's free: reusable at once on the same stream.
-    pub fn free_on_stream(&self, addr: usize, device: i32, stream: usize) -> Freed {
+    pub fn free_on_stream(&self, addr: usize, device: i32, stream: usize) -> FreeAnswer {
         timed(&self.phases.free, || self.free_on_stream_untimed(addr, usize::try_from(device).ok(), stream))
     }
 
     /// `device` is a hint (the caller's word, or an owner just looked up): the owning pool is
     /// looked up again when it is absent or wrong.
-    fn free_on_stream_untimed(&self, addr: usize, device: Option<usize>, stream: usize) -> Freed {
+    fn free_on_stream_untimed(&self, addr: usize, device: Option<usize>, stream: usize) -> FreeAnswer {
         let index = device.filter(|&d| self.pools.get(d).is_some_and(|p| p.lock().owns(addr as u64)));
         let Some(d) = index.or_else(|| self.owning_device(addr)) else { return self.not_live(addr) };
         match self.pools.get(d).and_then(|p| p.lock().free(addr as u64, stream_tag(stream))) {
@@ -423,16 +423,16 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 // An exported segment that cannot be given back stays with the runtime's
                 // context until it ends; it is out of our pool either way.
                 let _ = self.after_free(d, addr, f);
-                Freed::Pooled
+                FreeAnswer::Pooled
             }
             // Freed by another thread meanwhile.
-            None => Freed::Refused,
+            None => FreeAnswer::Refused,
         }
     }
 
     /// cudaFreeAsync / cuMemFreeAsync of a pointer: back into its pool, reusable on `stream`
     /// at once and by anyone else after a device synchronization (Note [Safe reuse]).
-    pub fn free_async(&self, addr: usize, stream: usize) -> Freed {
+    pub fn free_async(&self, addr: usize, stream: usize) -> FreeAnswer {
         let Some(d) = self.owning_device(addr) else { return self.not_live(addr) };
         timed(&self.phases.free, || self.free_on_stream_untimed(addr, Some(d), stream))
     }
@@ -458,11 +458,11 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// cuMemGetAddressRange / RANGE_START_ADDR / RANGE_SIZE / BUFFER_ID: the block, not our
     /// segment.
-    pub fn range(&self, addr: usize) -> Range {
+    pub fn range(&self, addr: usize) -> RangeAnswer {
         match self.locate(addr) {
-            None => Range::NotOurs,
-            Some((d, b)) if b.allocated => Range::Live(b.addr, b.size, buffer_id(d, b.buffer_id)),
-            Some(_) => Range::Freed,
+            None => RangeAnswer::NotOurs,
+            Some((d, b)) if b.allocated => RangeAnswer::Live(b.addr, b.size, buffer_id(d, b.buffer_id)),
+            Some(_) => RangeAnswer::Free,
         }
     }
 

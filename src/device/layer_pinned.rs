@@ -2,7 +2,7 @@
 //! every runtime call outside the cache's lock, as in the device half (layer.rs). A pinned block
 //! freed into the cache and freed again is refused (Note [Unexpected frees] in layer.rs).
 
-use super::{DeviceLayer, Freed};
+use super::{DeviceLayer, FreeAnswer};
 use crate::backing::{DeviceError, DeviceRuntime};
 use crate::device::pinned::PinnedFree;
 use core::sync::atomic::Ordering::Relaxed;
@@ -44,12 +44,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     /// cudaFreeHost: into the cache when it is ours.
-    pub fn host_free(&self, addr: usize) -> Result<Freed, DeviceError> {
+    pub fn host_free(&self, addr: usize) -> Result<FreeAnswer, DeviceError> {
         {
             let pinned = self.pinned.lock();
             if !pinned.owns(addr as u64) {
                 // Note [Unexpected frees]: a cached block is still pinned, for the next request.
-                return Ok(if pinned.is_cached(addr as u64) { Freed::Refused } else { Freed::NotOurs });
+                return Ok(if pinned.is_cached(addr as u64) { FreeAnswer::Refused } else { FreeAnswer::NotOurs });
             }
         }
         if self.sync_on_free.load(Relaxed) {
@@ -59,7 +59,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let outcome = self.pinned.lock().free(addr as u64);
         match outcome {
             // Freed by another thread meanwhile.
-            PinnedFree::NotOurs => return Ok(Freed::Refused),
+            PinnedFree::NotOurs => return Ok(FreeAnswer::Refused),
             PinnedFree::Refused => self.runtime.host_free(addr)?,
             PinnedFree::Cached { evicted } => {
                 for r in evicted.iter() {
@@ -67,7 +67,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 }
             }
         }
-        Ok(Freed::Pooled)
+        Ok(FreeAnswer::Pooled)
     }
 
     /// Pinned figures: (requests, hits, cached bytes, peak cached bytes).

@@ -2,7 +2,7 @@
 //! last error, the cap, two devices, pinned memory, foreign pointers, pass-through.
 
 use super::*;
-use crate::device::layer::{Export, Range};
+use crate::device::layer::{Export, RangeAnswer};
 use crate::config::Config;
 use crate::sim::leak_table;
 use crate::sim::SimRuntime;
@@ -20,7 +20,7 @@ fn layer(config: Config, capacities: &[usize]) -> Box<DeviceLayer<SimRuntime>> {
 fn freed_blocks_are_reused_without_runtime_calls() {
     let l = layer(Config::default(), &[8 * GB]);
     let a = l.malloc(64 * MB).unwrap();
-    assert_eq!(l.free(a), Ok(Freed::Pooled));
+    assert_eq!(l.free(a), Ok(FreeAnswer::Pooled));
     let b = l.malloc(64 * MB).unwrap();
     assert_eq!(a, b);
     let d = l.runtime().device(0);
@@ -83,7 +83,7 @@ fn blocks_return_to_their_own_device() {
     let a = l.malloc(64 * MB).unwrap();
     l.runtime().set_device(1).unwrap();
     let b = l.malloc(64 * MB).unwrap();
-    assert_eq!(l.free(a), Ok(Freed::Pooled), "device 0's block freed while device 1 is current");
+    assert_eq!(l.free(a), Ok(FreeAnswer::Pooled), "device 0's block freed while device 1 is current");
     assert_eq!(l.malloc(64 * MB).unwrap_or(0) != a, true, "device 1 does not get device 0's block");
     l.runtime().set_device(0).unwrap();
     assert_eq!(l.malloc(64 * MB).unwrap(), a);
@@ -94,10 +94,10 @@ fn blocks_return_to_their_own_device() {
 #[test]
 fn foreign_pointers_and_pass_through() {
     let l = layer(Config::default(), &[4 * GB]);
-    assert_eq!(l.free(0xdead_0000), Ok(Freed::NotOurs));
+    assert_eq!(l.free(0xdead_0000), Ok(FreeAnswer::NotOurs));
     let l = layer(Config { cuda_pool: crate::config::CudaPool::None, ..Config::default() }, &[4 * GB]);
     let a = l.malloc(64 * MB).unwrap();
-    assert_eq!(l.free(a), Ok(Freed::NotOurs), "pool off: the runtime frees it");
+    assert_eq!(l.free(a), Ok(FreeAnswer::NotOurs), "pool off: the runtime frees it");
     assert_eq!(l.runtime().device(0).mallocs, 1);
     let l = layer(Config { disabled: true, ..Config::default() }, &[4 * GB]);
     l.malloc(64 * MB).unwrap();
@@ -108,7 +108,7 @@ fn foreign_pointers_and_pass_through() {
 fn stream_frees_are_reused_on_that_stream_without_sync() {
     let l = layer(Config::default(), &[4 * GB]);
     let a = l.malloc_on_stream(64 * MB, 0, 0x77).unwrap();
-    assert_eq!(l.free_on_stream(a, 0, 0x77), Freed::Pooled);
+    assert_eq!(l.free_on_stream(a, 0, 0x77), FreeAnswer::Pooled);
     assert_eq!(l.malloc_on_stream(64 * MB, 0, 0x77).unwrap(), a);
     assert_eq!(l.runtime().device(0).syncs, 0);
 }
@@ -117,10 +117,10 @@ fn stream_frees_are_reused_on_that_stream_without_sync() {
 fn pinned_memory_is_cached_and_trimmed() {
     let l = layer(Config::default(), &[4 * GB]);
     let p = l.host_alloc(100 * MB, 0).unwrap();
-    assert_eq!(l.host_free(p), Ok(Freed::Pooled));
+    assert_eq!(l.host_free(p), Ok(FreeAnswer::Pooled));
     assert_eq!(l.host_alloc(100 * MB, 0).unwrap(), p);
     assert_eq!(l.runtime().host_allocs(), 1);
-    assert_eq!(l.host_free(0x1234_0000), Ok(Freed::NotOurs));
+    assert_eq!(l.host_free(0x1234_0000), Ok(FreeAnswer::NotOurs));
     l.host_free(p).unwrap();
     assert!(l.trim() >= 100 * MB as u64);
     assert_eq!(l.runtime().pinned_bytes(), 0);
@@ -143,7 +143,7 @@ fn a_reset_forgets_cached_and_live_blocks() {
         reset_primary(&l, 0);
         let fresh = l.malloc(64 * MB).unwrap();
         assert!(l.runtime().is_live(fresh), "a block of the reset context was handed out");
-        assert_eq!(l.free(live), Ok(Freed::NotOurs), "a block live across the reset is the runtime's to answer for");
+        assert_eq!(l.free(live), Ok(FreeAnswer::NotOurs), "a block live across the reset is the runtime's to answer for");
         let mut resets = 0;
         l.for_each_pool(|_, p| {
             resets += p.stats.resets;
@@ -171,7 +171,7 @@ fn a_primary_context_released_to_zero_forgets_its_blocks() {
     l.primary_released(0, before);
     let fresh = l.malloc(64 * MB).unwrap();
     assert!(l.runtime().is_live(fresh), "a block of the released context was handed out");
-    assert_eq!(l.free(live), Ok(Freed::NotOurs), "a block live across the release is the runtime's to answer for");
+    assert_eq!(l.free(live), Ok(FreeAnswer::NotOurs), "a block live across the release is the runtime's to answer for");
     l.host_alloc(MB, 0).unwrap();
     assert_eq!(l.runtime().host_allocs(), 2, "the pinned block of the released context was handed out");
 }
@@ -191,7 +191,7 @@ fn destroying_a_user_context_forgets_only_its_pool() {
     // The primary context is not the pool's: no block of the user context's segment.
     let p = l.malloc(64 * MB).unwrap();
     assert_ne!(p, a, "device 0's pool belongs to the user context");
-    assert_eq!(l.free(p), Ok(Freed::NotOurs), "served by the runtime, outside the pool");
+    assert_eq!(l.free(p), Ok(FreeAnswer::NotOurs), "served by the runtime, outside the pool");
     l.forget_context(ctx);
     l.runtime().destroy_context(ctx);
     let b = l.malloc(64 * MB).unwrap();
@@ -240,24 +240,24 @@ fn ranges_are_our_blocks_not_the_segment() {
     let l = layer(Config::default(), &[4 * GB]);
     let a = l.malloc(MB).unwrap();
     let b = l.malloc(MB).unwrap();
-    assert!(matches!(l.range(b), Range::Live(s, n, _) if (s, n) == (b as u64, MB as u64)));
-    assert!(matches!(l.range(b + MB - 1), Range::Live(s, n, _) if (s, n) == (b as u64, MB as u64)));
-    assert!(matches!(l.range(a + 5), Range::Live(s, n, _) if (s, n) == (a as u64, MB as u64)));
+    assert!(matches!(l.range(b), RangeAnswer::Live(s, n, _) if (s, n) == (b as u64, MB as u64)));
+    assert!(matches!(l.range(b + MB - 1), RangeAnswer::Live(s, n, _) if (s, n) == (b as u64, MB as u64)));
+    assert!(matches!(l.range(a + 5), RangeAnswer::Live(s, n, _) if (s, n) == (a as u64, MB as u64)));
     l.free(b).unwrap();
-    assert_eq!(l.range(b + 10), Range::Freed);
-    assert_eq!(l.range(0xdead_0000), Range::NotOurs);
+    assert_eq!(l.range(b + 10), RangeAnswer::Free);
+    assert_eq!(l.range(0xdead_0000), RangeAnswer::NotOurs);
 }
 
 #[test]
 fn async_frees_are_reused_after_a_sync_by_cudamalloc() {
     let l = layer(Config::default(), &[4 * GB]);
     let a = l.malloc(64 * MB).unwrap();
-    assert_eq!(l.free_async(a, 0x55), Freed::Pooled);
+    assert_eq!(l.free_async(a, 0x55), FreeAnswer::Pooled);
     let syncs = l.runtime().device(0).syncs;
     assert_eq!(l.malloc(64 * MB).unwrap(), a, "reused once the device is synchronized");
     assert_eq!(l.runtime().device(0).syncs, syncs + 1);
     assert_eq!(l.runtime().device(0).mallocs, 1, "no new segment for a block freed on a stream");
-    assert_eq!(l.free_async(0xdead_0000, 0x55), Freed::NotOurs);
+    assert_eq!(l.free_async(0xdead_0000, 0x55), FreeAnswer::NotOurs);
 }
 
 #[test]
@@ -269,7 +269,7 @@ fn pinned_blocks_of_a_reset_context_are_never_handed_out_again() {
     reset_primary(&l, 0);
     let q = l.host_alloc(100 * MB, 0).unwrap();
     assert_eq!(l.runtime().host_allocs(), 2, "pinned anew after the reset");
-    assert_eq!(l.host_free(q), Ok(Freed::Pooled));
+    assert_eq!(l.host_free(q), Ok(FreeAnswer::Pooled));
 }
 
 #[test]
@@ -281,20 +281,20 @@ fn frees_of_pointers_that_are_no_live_block_are_refused_and_free_nothing() {
         let a = l.malloc(MB).unwrap();
         let b = l.malloc(MB).unwrap();
         let big = l.malloc(64 * MB).unwrap();
-        assert_eq!(l.free(a), Ok(Freed::Pooled));
-        assert_eq!(l.free(a), Ok(Freed::Refused), "{pool:?}: double free");
-        assert_eq!(l.free_async(a, 7), Freed::Refused);
-        assert_eq!(l.free_on_stream(a, 0, 7), Freed::Refused);
-        assert_eq!(l.free(b + 4096), Ok(Freed::Refused), "inside a live block");
-        assert_eq!(l.free(big + 32 * MB), Ok(Freed::Refused), "inside a block of its own segment");
+        assert_eq!(l.free(a), Ok(FreeAnswer::Pooled));
+        assert_eq!(l.free(a), Ok(FreeAnswer::Refused), "{pool:?}: double free");
+        assert_eq!(l.free_async(a, 7), FreeAnswer::Refused);
+        assert_eq!(l.free_on_stream(a, 0, 7), FreeAnswer::Refused);
+        assert_eq!(l.free(b + 4096), Ok(FreeAnswer::Refused), "inside a live block");
+        assert_eq!(l.free(big + 32 * MB), Ok(FreeAnswer::Refused), "inside a block of its own segment");
         assert_eq!(l.runtime().device(0).frees, 0, "no segment went back to the runtime");
         assert!(l.runtime().is_live(b) && l.runtime().is_live(big));
         assert!(l.holds(a) && l.holds(b + 4096) && !l.holds(0x10));
-        assert_eq!(l.free(0x10), Ok(Freed::NotOurs), "not ours: the runtime answers");
+        assert_eq!(l.free(0x10), Ok(FreeAnswer::NotOurs), "not ours: the runtime answers");
         assert_eq!(l.malloc(MB).unwrap(), a, "the block freed once is handed out again");
         let p = l.host_alloc(MB, 0).unwrap();
-        assert_eq!(l.host_free(p), Ok(Freed::Pooled));
-        assert_eq!(l.host_free(p), Ok(Freed::Refused), "a cached pinned block freed again");
+        assert_eq!(l.host_free(p), Ok(FreeAnswer::Pooled));
+        assert_eq!(l.host_free(p), Ok(FreeAnswer::Refused), "a cached pinned block freed again");
         assert!(l.holds(p));
         assert_eq!(l.runtime().pinned_bytes(), MB.next_multiple_of(4096), "still pinned, for the next request");
         assert_eq!(l.host_alloc(MB, 0).unwrap(), p);
@@ -307,7 +307,7 @@ fn buffer_ids_are_distinct_per_block_and_new_at_every_reuse() {
     for pool in [crate::config::CudaPool::Split, crate::config::CudaPool::Binned] {
         let l = layer(Config { cuda_pool: pool, ..Config::default() }, &[4 * GB, 4 * GB]);
         let id = |addr: usize| match l.range(addr) {
-            Range::Live(_, _, id) => id,
+            RangeAnswer::Live(_, _, id) => id,
             other => panic!("{other:?}"),
         };
         let a = l.malloc(MB).unwrap();

@@ -5,7 +5,7 @@
 //! layer (the real functions, the context query), never a shim.
 
 use crate::backing::{DeviceError, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
-use crate::device::layer::{Export, Freed};
+use crate::device::layer::{Export, FreeAnswer};
 use crate::sys::cuda::CudaFns;
 use crate::DEVICE;
 use core::ffi::c_int;
@@ -67,11 +67,11 @@ enum FreeOf {
 /// for a pooled pointer, the real function's for any other, and for a pointer inside our memory
 /// that is no live block, the runtime's answer for a pointer it never handed out (Note
 /// [Unexpected frees] in device/layer.rs).
-fn answer_free(call: &str, ptr: usize, of: FreeOf, freed: Result<Freed, DeviceError>, real_free: impl FnOnce() -> c_int) -> c_int {
+fn answer_free(call: &str, ptr: usize, of: FreeOf, freed: Result<FreeAnswer, DeviceError>, real_free: impl FnOnce() -> c_int) -> c_int {
     match freed {
-        Ok(Freed::Pooled) => CUDA_SUCCESS,
-        Ok(Freed::NotOurs) => real_free(),
-        Ok(Freed::Refused) => {
+        Ok(FreeAnswer::Pooled) => CUDA_SUCCESS,
+        Ok(FreeAnswer::NotOurs) => real_free(),
+        Ok(FreeAnswer::Refused) => {
             warn_refused(call, ptr, of);
             CUDA_ERROR_INVALID_VALUE
         }

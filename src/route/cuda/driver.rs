@@ -7,7 +7,7 @@
 
 use super::{answer_free, export_checked, pool_on, pool_ready, pooling, without_context, FreeOf};
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
-use crate::device::layer::Range;
+use crate::device::layer::RangeAnswer;
 use crate::sys::cuda_driver::{driver, DriverFns};
 use crate::sys::reentry;
 use crate::DEVICE;
@@ -71,7 +71,7 @@ pub unsafe fn mem_alloc_pitch(dptr: *mut u64, pitch: *mut usize, width: usize, h
     };
     let (Some(row), Some(bytes)) = (row, bytes) else { return alloc(dptr, pitch, width, height, element_bytes) };
     let rc = pooled_alloc(bytes, dptr, || alloc(dptr, pitch, width, height, element_bytes));
-    if rc == CUDA_SUCCESS && DEVICE.range(*dptr as usize) != Range::NotOurs {
+    if rc == CUDA_SUCCESS && DEVICE.range(*dptr as usize) != RangeAnswer::NotOurs {
         *pitch = row;
     }
     rc
@@ -196,10 +196,10 @@ pub unsafe fn address_range(base: *mut u64, size: *mut usize, ptr: u64) -> c_int
     let rc = get(&mut b, &mut s, ptr);
     if rc == CUDA_SUCCESS {
         match DEVICE.range(ptr as usize) {
-            Range::NotOurs => {}
-            Range::Live(start, len, _) => (b, s) = (start, len as usize),
+            RangeAnswer::NotOurs => {}
+            RangeAnswer::Live(start, len, _) => (b, s) = (start, len as usize),
             // Memory we cached after its free: as the driver answers after a free.
-            Range::Freed => return CUDA_ERROR_NOT_FOUND,
+            RangeAnswer::Free => return CUDA_ERROR_NOT_FOUND,
         }
     }
     if rc == CUDA_SUCCESS {
@@ -226,12 +226,12 @@ pub unsafe fn pointer_get_attribute(data: *mut c_void, attribute: c_int, ptr: u6
         return rc;
     }
     match DEVICE.range(ptr as usize) {
-        Range::NotOurs => rc,
-        Range::Live(start, len, id) => {
+        RangeAnswer::NotOurs => rc,
+        RangeAnswer::Live(start, len, id) => {
             write_blockwise(data, attribute, (start, len, id));
             rc
         }
-        Range::Freed => CUDA_ERROR_INVALID_VALUE,
+        RangeAnswer::Free => CUDA_ERROR_INVALID_VALUE,
     }
 }
 
@@ -246,10 +246,10 @@ pub unsafe fn pointer_get_attributes(count: c_uint, attributes: *mut c_int, data
     }
     let range = DEVICE.range(ptr as usize);
     let block = match range {
-        Range::NotOurs => return rc,
-        Range::Live(start, len, id) => (start, len, id),
+        RangeAnswer::NotOurs => return rc,
+        RangeAnswer::Live(start, len, id) => (start, len, id),
         // No allocation there any more: zeros, as the driver writes for unknown memory.
-        Range::Freed => (0, 0, 0),
+        RangeAnswer::Free => (0, 0, 0),
     };
     for i in 0..count as usize {
         let (attribute, out) = (*attributes.add(i), *data.add(i));

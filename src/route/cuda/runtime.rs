@@ -5,7 +5,7 @@
 
 use super::{answer_free, context_bound, export_checked, runtime_ready, warn_refused, FreeOf};
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
-use crate::device::layer::Freed;
+use crate::device::layer::FreeAnswer;
 use crate::sys::cuda::{real, CudaFns, FreeAsyncFn};
 use crate::sys::reentry;
 use crate::DEVICE;
@@ -198,9 +198,9 @@ pub unsafe fn pluggable_free(ptr: *mut c_void, device: c_int, stream: *mut c_voi
         return;
     }
     match DEVICE.free_on_stream(ptr as usize, device, stream as usize) {
-        Freed::Pooled => return,
-        Freed::Refused => return warn_refused("tm_cuda_free", ptr as usize, FreeOf::Device),
-        Freed::NotOurs => {}
+        FreeAnswer::Pooled => return,
+        FreeAnswer::Refused => return warn_refused("tm_cuda_free", ptr as usize, FreeOf::Device),
+        FreeAnswer::NotOurs => {}
     }
     if let Some(rt) = real() {
         (rt.free)(ptr);
