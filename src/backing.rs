@@ -167,3 +167,6 @@ pub trait DeviceRuntime {
     /// or the driver cannot be reached.
     fn allocation_range(&self, addr: usize) -> Option<(usize, usize)>;
 }
+
+/// Devices the pool serves (more are passed through to the runtime).
+pub const MAX_DEVICES: usize = 16;

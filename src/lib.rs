@@ -9,6 +9,8 @@
 pub mod backing;
 pub mod config;
 pub mod device;
+pub mod history;
+pub mod holders;
 pub mod host;
 pub mod leaks;
 pub mod ranges;

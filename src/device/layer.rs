@@ -16,7 +16,7 @@ use crate::stats::{timed, Counter, DevicePhases};
 use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 
-pub const MAX_DEVICES: usize = 16;
+pub use crate::backing::MAX_DEVICES;
 /// Bounds the alloc loop: hit, sync, segment, release-and-retry, and a little slack.
 const MAX_STEPS: usize = 8;
 

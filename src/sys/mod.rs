@@ -3,6 +3,7 @@
 //! Nothing here allocates through the malloc family.
 
 pub mod bind;
+pub mod caller;
 pub mod clock;
 pub mod cuda;
 pub mod cuda_driver;

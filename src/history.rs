@@ -1,0 +1,120 @@
+//! The recent history of large allocations and frees, host and device: a ring of the last
+//! EVENTS events, always kept, for the snapshot's timeline (PyTorch's `device_traces`). The
+//! ring is .bss (resident only as it fills, 896 KiB when full); recording is one atomic add and
+//! seven stores, readers skip slots being rewritten (a per-slot sequence number).
+
+use core::sync::atomic::{fence, AtomicU64, Ordering::{Acquire, Relaxed, Release}};
+
+pub const ALLOC: u8 = 0;
+pub const FREE: u8 = 1;
+/// A device segment mapped by the pool (cudaMalloc of the runtime).
+pub const SEGMENT_MAP: u8 = 2;
+/// A device segment given back to the runtime.
+pub const SEGMENT_UNMAP: u8 = 3;
+/// A request that failed for want of memory.
+pub const OOM: u8 = 4;
+
+pub const EVENTS: usize = 1 << 14;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HistoryEvent {
+    pub time_ns: u64,
+    pub addr: u64,
+    pub size: u64,
+    /// The block's holder word (Note [Holders]); 0 for segments.
+    pub holder: u64,
+    pub stream: u64,
+    pub action: u8,
+    /// holders::PLACE_HOST, PLACE_PINNED or device_place(device).
+    pub place: u8,
+}
+
+struct Slot {
+    /// 1 + the index of the event the slot holds once complete; 0 while being written.
+    seq: AtomicU64,
+    time_ns: AtomicU64,
+    addr: AtomicU64,
+    size: AtomicU64,
+    holder: AtomicU64,
+    stream: AtomicU64,
+    kind: AtomicU64,
+}
+
+impl Slot {
+    const fn new() -> Self {
+        const Z: AtomicU64 = AtomicU64::new(0);
+        Slot { seq: Z, time_ns: Z, addr: Z, size: Z, holder: Z, stream: Z, kind: Z }
+    }
+}
+
+static SLOTS: [Slot; EVENTS] = [const { Slot::new() }; EVENTS];
+static HEAD: AtomicU64 = AtomicU64::new(0);
+
+pub fn record(e: &HistoryEvent) {
+    let index = HEAD.fetch_add(1, Relaxed);
+    let Some(s) = SLOTS.get(index as usize % EVENTS) else { return };
+    s.seq.store(0, Relaxed);
+    fence(Release);
+    s.time_ns.store(e.time_ns, Relaxed);
+    s.addr.store(e.addr, Relaxed);
+    s.size.store(e.size, Relaxed);
+    s.holder.store(e.holder, Relaxed);
+    s.stream.store(e.stream, Relaxed);
+    s.kind.store(u64::from(e.action) | u64::from(e.place) << 8, Relaxed);
+    s.seq.store(index + 1, Release);
+}
+
+/// Calls `f` for each event still in the ring, oldest first; events being written meanwhile are
+/// skipped.
+pub fn for_each(mut f: impl FnMut(&HistoryEvent)) {
+    let head = HEAD.load(Acquire);
+    for index in head.saturating_sub(EVENTS as u64)..head {
+        let Some(s) = SLOTS.get(index as usize % EVENTS) else { continue };
+        if s.seq.load(Acquire) != index + 1 {
+            continue;
+        }
+        let kind = s.kind.load(Relaxed);
+        let e = HistoryEvent {
+            time_ns: s.time_ns.load(Relaxed),
+            addr: s.addr.load(Relaxed),
+            size: s.size.load(Relaxed),
+            holder: s.holder.load(Relaxed),
+            stream: s.stream.load(Relaxed),
+            action: kind as u8,
+            place: (kind >> 8) as u8,
+        };
+        fence(Acquire);
+        if s.seq.load(Relaxed) == index + 1 {
+            f(&e);
+        }
+    }
+}
+
+/// Events recorded since the process started (those past EVENTS are gone from the ring).
+pub fn recorded() -> u64 {
+    HEAD.load(Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ring_keeps_the_latest_events_in_order() {
+        // The ring is the process's: other tests may record meanwhile, so look for ours only.
+        let mark = 0x7e57_0000_0000;
+        for i in 0..(EVENTS as u64 + 10) {
+            record(&HistoryEvent { time_ns: i, addr: mark + i, size: 1, action: FREE, place: 3, ..Default::default() });
+        }
+        let mut seen = vec![];
+        for_each(|e| {
+            if e.addr & !0xffff_ffff == mark {
+                seen.push(e.addr - mark);
+                assert_eq!((e.action, e.place, e.time_ns), (FREE, 3, e.addr - mark));
+            }
+        });
+        assert!(seen.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(seen.last(), Some(&(EVENTS as u64 + 9)));
+        assert!(seen.len() > EVENTS / 2 && seen.first() >= Some(&10));
+    }
+}

@@ -1,0 +1,334 @@
+//! Who holds the memory (Note [Holders]): for each holder (the shared object whose code asked,
+//! or a hook that names its library) and each place (host, pinned, every device), the live
+//! bytes, their peak and the live blocks. Lock-free counters, updated at each large allocation
+//! and free by the layers' recording points; read by the reports. Names are never resolved here:
+//! a holder is a key (sys/caller.rs names it at report time).
+
+use crate::backing::MAX_DEVICES;
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+// Note [Holders]
+// Every large host block, device block and pinned block carries one word: the return address
+// of the call into our entry point (bits 0..48) and its holder's id (bits 48..64). The holder is
+// the object that return address lies in (its load base is the key: `_dl_find_object`, lock-free
+// and allocation-free, asked once per call site and cached here), or, for hooks whose caller is
+// ctypes or a framework's plug-in point, a fixed key naming the library (HOOK_KEYS). At a free
+// the word tells which row to take the bytes from, so the rows always add up to the layers'
+// totals: the same bytes (mapped lengths for host blocks, block sizes for device blocks) go in
+// and out, from the same recording points. Names (dladdr) are looked up only for a report.
+
+/// Places: host blocks, pinned host blocks (cudaMallocHost), then one per device.
+pub const PLACE_HOST: u8 = 0;
+pub const PLACE_PINNED: u8 = 1;
+pub const PLACES: usize = 2 + MAX_DEVICES;
+
+/// The place of `device`'s blocks.
+pub const fn device_place(device: usize) -> u8 {
+    (2 + device) as u8
+}
+
+/// Holders the table names; further ones are counted as UNKNOWN.
+pub const MAX_HOLDERS: usize = 128;
+/// The holder of blocks whose caller is unknown, or new once the table is full.
+pub const UNKNOWN: u16 = 0;
+
+/// Keys of the hooks that name their library (below any load base, which is page-aligned and
+/// nonzero): tm_numpy_* (numpy's handler), tm_cuda_alloc_torch, and tm_cuda_alloc_as's tags.
+pub const HOOK_KEYS: [(u64, &str); 5] = [(1, "numpy"), (2, "torch"), (3, "cupy"), (4, "numba"), (5, "jax")];
+pub const KEY_NUMPY: u64 = 1;
+pub const KEY_TORCH: u64 = 2;
+/// Code in no loaded object (a JIT's): one holder for all of it.
+pub const KEY_ANONYMOUS: u64 = 15;
+
+const CALLER_BITS: u32 = 48;
+const CALLER_MASK: u64 = (1 << CALLER_BITS) - 1;
+const CALLER_CACHE: usize = 512;
+
+/// The holder id in a holder word.
+pub const fn id_of(word: u64) -> u16 {
+    (word >> CALLER_BITS) as u16
+}
+
+/// The return address in a holder word (0 when the caller is not known).
+pub const fn caller_of(word: u64) -> usize {
+    (word & CALLER_MASK) as usize
+}
+
+#[derive(Default)]
+struct Row {
+    live: AtomicU64,
+    peak: AtomicU64,
+    blocks: AtomicU64,
+}
+
+impl Row {
+    const fn new() -> Self {
+        Row { live: AtomicU64::new(0), peak: AtomicU64::new(0), blocks: AtomicU64::new(0) }
+    }
+}
+
+/// One holder's figures in one place.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HolderRow {
+    pub id: u16,
+    pub place: u8,
+    pub live_bytes: u64,
+    pub peak_bytes: u64,
+    pub blocks: u64,
+}
+
+pub struct Holders {
+    /// The key of each id (0: free; id UNKNOWN's stays 0).
+    keys: [AtomicU64; MAX_HOLDERS],
+    rows: [[Row; PLACES]; MAX_HOLDERS],
+    /// Return address -> id, direct-mapped: `caller | id << 48`, one load per lookup.
+    callers: [AtomicU64; CALLER_CACHE],
+}
+
+impl Default for Holders {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Holders {
+    pub const fn new() -> Self {
+        Holders {
+            keys: [const { AtomicU64::new(0) }; MAX_HOLDERS],
+            rows: [const { [const { Row::new() }; PLACES] }; MAX_HOLDERS],
+            callers: [const { AtomicU64::new(0) }; CALLER_CACHE],
+        }
+    }
+
+    /// The id of `key`, given one if new; UNKNOWN for key 0 or once every id is taken.
+    pub fn id_of_key(&self, key: u64) -> u16 {
+        if key == 0 {
+            return UNKNOWN;
+        }
+        let start = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize % (MAX_HOLDERS - 1);
+        for probe in 0..MAX_HOLDERS - 1 {
+            let id = 1 + (start + probe) % (MAX_HOLDERS - 1);
+            let Some(slot) = self.keys.get(id) else { break };
+            match slot.compare_exchange(0, key, Relaxed, Relaxed) {
+                Ok(_) => return id as u16,
+                Err(k) if k == key => return id as u16,
+                Err(_) => {}
+            }
+        }
+        UNKNOWN
+    }
+
+    /// The key of `id` (0 for UNKNOWN or an id never given).
+    pub fn key(&self, id: u16) -> u64 {
+        self.keys.get(usize::from(id)).map_or(0, |k| k.load(Relaxed))
+    }
+
+    /// The holder word of a block asked for from `caller`: `key_of` (the holder of a return
+    /// address) is asked once per call site.
+    pub fn word_for_caller(&self, caller: usize, key_of: impl FnOnce(usize) -> u64) -> u64 {
+        let caller = caller as u64 & CALLER_MASK;
+        if caller == 0 {
+            return 0;
+        }
+        let slot = self.callers.get((caller.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize % CALLER_CACHE);
+        if let Some(cached) = slot.map(|s| s.load(Relaxed)).filter(|&c| c & CALLER_MASK == caller) {
+            return cached;
+        }
+        let word = caller | u64::from(self.id_of_key(key_of(caller as usize))) << CALLER_BITS;
+        if let Some(s) = slot {
+            s.store(word, Relaxed);
+        }
+        word
+    }
+
+    /// The holder word of a block asked for by a hook naming its library (`key`), from `caller`.
+    pub fn word_for_key(&self, caller: usize, key: u64) -> u64 {
+        caller as u64 & CALLER_MASK | u64::from(self.id_of_key(key)) << CALLER_BITS
+    }
+
+    fn row(&self, word: u64, place: u8) -> Option<&Row> {
+        self.rows.get(usize::from(id_of(word)))?.get(usize::from(place))
+    }
+
+    pub fn on_alloc(&self, word: u64, place: u8, bytes: u64) {
+        if let Some(r) = self.row(word, place) {
+            let live = r.live.fetch_add(bytes, Relaxed).wrapping_add(bytes);
+            r.peak.fetch_max(live, Relaxed);
+            r.blocks.fetch_add(1, Relaxed);
+        }
+    }
+
+    pub fn on_free(&self, word: u64, place: u8, bytes: u64) {
+        if let Some(r) = self.row(word, place) {
+            r.live.fetch_sub(bytes, Relaxed);
+            r.blocks.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// A block of the holder changed length in place (a realloc that kept it).
+    pub fn on_resize(&self, word: u64, place: u8, old_bytes: u64, new_bytes: u64) {
+        if let Some(r) = self.row(word, place) {
+            if new_bytes >= old_bytes {
+                let live = r.live.fetch_add(new_bytes - old_bytes, Relaxed).wrapping_add(new_bytes - old_bytes);
+                r.peak.fetch_max(live, Relaxed);
+            } else {
+                r.live.fetch_sub(old_bytes - new_bytes, Relaxed);
+            }
+        }
+    }
+
+    /// Every row that has ever held memory, by id then place.
+    pub fn for_each_row(&self, mut f: impl FnMut(&HolderRow)) {
+        for (id, places) in self.rows.iter().enumerate() {
+            for (place, r) in places.iter().enumerate() {
+                let peak = r.peak.load(Relaxed);
+                if peak == 0 {
+                    continue;
+                }
+                f(&HolderRow { id: id as u16, place: place as u8, live_bytes: r.live.load(Relaxed), peak_bytes: peak, blocks: r.blocks.load(Relaxed) });
+            }
+        }
+    }
+
+}
+
+/// The process's table.
+pub static HOLDERS: Holders = Holders::new();
+
+/// Every row of the process's table.
+pub fn for_each_row(f: impl FnMut(&HolderRow)) {
+    HOLDERS.for_each_row(f);
+}
+
+/// The holder word of a block asked for from return address `caller`.
+pub fn word_for(caller: usize) -> u64 {
+    HOLDERS.word_for_caller(caller, |c| match crate::sys::caller::object_start(c) {
+        Some(start) => start as u64,
+        None => KEY_ANONYMOUS,
+    })
+}
+
+/// The holder word of a block asked for through a hook that names its library (a HOOK_KEYS key).
+pub fn word_for_hook(caller: usize, key: u64) -> u64 {
+    HOLDERS.word_for_key(caller, key)
+}
+
+/// What a report says of a holder word, borrowed from the loader (no allocation).
+pub struct Description<'a> {
+    /// Short: the object file's name without its directory, or the hook's library.
+    pub holder: &'a [u8],
+    /// The calling object's path (empty when unknown).
+    pub object: &'a [u8],
+    /// The calling function (empty when the object exports no symbol there).
+    pub symbol: &'a [u8],
+    /// The call's offset into `symbol` (into the object when there is no symbol).
+    pub offset: usize,
+}
+
+/// Describes a holder word for a report: its holder, and where the call came from.
+pub fn describe<T>(word: u64, f: impl FnOnce(&Description) -> T) -> T {
+    let key = HOLDERS.key(id_of(word));
+    let caller = caller_of(word);
+    let hook = hook_name(key).map(str::as_bytes);
+    crate::sys::caller::names(caller, |found| match found {
+        Some((object, symbol, symbol_addr)) => f(&Description {
+            holder: hook.unwrap_or_else(|| basename(object)),
+            object,
+            symbol,
+            offset: caller.wrapping_sub(if symbol_addr != 0 { symbol_addr } else { key as usize }),
+        }),
+        None => f(&Description { holder: hook.unwrap_or(b"unknown"), object: b"", symbol: b"", offset: 0 }),
+    })
+}
+
+/// The short name of holder `id` (its object's file name, or its hook's library).
+pub fn holder_name<T>(id: u16, f: impl FnOnce(&[u8]) -> T) -> T {
+    let key = HOLDERS.key(id);
+    if let Some(name) = hook_name(key) {
+        return f(name.as_bytes());
+    }
+    crate::sys::caller::names(key as usize, |found| match found {
+        Some((object, _, _)) => f(basename(object)),
+        None => f(if key == 0 { b"unknown" } else { b"(unloaded object)" }),
+    })
+}
+
+fn basename(path: &[u8]) -> &[u8] {
+    path.rsplit(|&c| c == b'/').next().unwrap_or(path)
+}
+
+/// The name of a hook's key.
+pub fn hook_name(key: u64) -> Option<&'static str> {
+    if key == KEY_ANONYMOUS {
+        return Some("(code in no object)");
+    }
+    HOOK_KEYS.iter().find(|(k, _)| *k == key).map(|(_, n)| *n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_follow_allocs_and_frees_and_keep_their_peak() {
+        let h = Holders::new();
+        let a = h.word_for_caller(0x40_1234, |_| 0x40_0000);
+        let b = h.word_for_caller(0x70_0010, |_| 0x70_0000);
+        assert_ne!(id_of(a), id_of(b));
+        assert_eq!(caller_of(a), 0x40_1234);
+        h.on_alloc(a, PLACE_HOST, 100);
+        h.on_alloc(a, PLACE_HOST, 50);
+        h.on_alloc(b, device_place(1), 7);
+        h.on_free(a, PLACE_HOST, 100);
+        let mut rows = vec![];
+        h.for_each_row(|r| rows.push(*r));
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].live_bytes, rows[0].peak_bytes, rows[0].blocks), (50, 150, 1));
+        assert_eq!(rows[0].id, id_of(a));
+        assert_eq!(h.key(id_of(a)), 0x40_0000);
+        assert_eq!((rows[1].place, rows[1].live_bytes), (device_place(1), 7));
+    }
+
+    #[test]
+    fn a_call_site_is_resolved_once_and_objects_share_an_id() {
+        let h = Holders::new();
+        let mut asked = 0;
+        let w1 = h.word_for_caller(0x40_1000, |_| {
+            asked += 1;
+            0x40_0000
+        });
+        let w2 = h.word_for_caller(0x40_1000, |_| {
+            asked += 1;
+            0x40_0000
+        });
+        let w3 = h.word_for_caller(0x40_2000, |_| 0x40_0000);
+        assert_eq!((w1, asked), (w2, 1));
+        assert_eq!(id_of(w1), id_of(w3));
+        assert_ne!(w1, w3);
+    }
+
+    #[test]
+    fn unknown_callers_and_a_full_table_go_to_unknown() {
+        let h = Holders::new();
+        assert_eq!(h.word_for_caller(0, |_| 5), 0);
+        assert_eq!(id_of(h.word_for_caller(0x1000, |_| 0)), UNKNOWN);
+        for key in 1..MAX_HOLDERS as u64 {
+            assert_ne!(h.id_of_key(key << 12), UNKNOWN);
+        }
+        assert_eq!(h.id_of_key(0xdead_0000), UNKNOWN);
+        assert_ne!(h.id_of_key(3 << 12), UNKNOWN, "known keys keep their ids");
+    }
+
+    #[test]
+    fn resizes_move_live_bytes_and_peak() {
+        let h = Holders::new();
+        let w = h.word_for_key(0x1234, KEY_NUMPY);
+        h.on_alloc(w, PLACE_HOST, 10);
+        h.on_resize(w, PLACE_HOST, 10, 40);
+        h.on_resize(w, PLACE_HOST, 40, 20);
+        let mut rows = vec![];
+        h.for_each_row(|r| rows.push(*r));
+        assert_eq!((rows[0].live_bytes, rows[0].peak_bytes, rows[0].blocks), (20, 40, 1));
+        assert_eq!(hook_name(h.key(rows[0].id)), Some("numpy"));
+    }
+}

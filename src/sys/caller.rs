@@ -1,0 +1,74 @@
+//! Who called, at the level of loaded objects: the load base of the object holding a code
+//! address (`_dl_find_object`, glibc 2.35+: lock-free, no allocation, safe on allocation paths)
+//! and, for reports only, the names dladdr gives (the loader's own strings, no allocation).
+//! Note [Holders] in holders.rs says what the answers are for.
+
+use core::ffi::{c_char, c_int, c_void, CStr};
+use core::sync::atomic::{AtomicUsize, Ordering::{Acquire, Release}};
+
+/// glibc's `struct dl_find_object`, with room to spare for fields later versions append.
+#[repr(C)]
+struct DlFindObject {
+    flags: u64,
+    map_start: *mut c_void,
+    map_end: *mut c_void,
+    link_map: *mut c_void,
+    eh_frame: *mut c_void,
+    reserved: [u64; 16],
+}
+
+type FindObjectFn = unsafe extern "C" fn(*mut c_void, *mut DlFindObject) -> c_int;
+
+const UNRESOLVED: usize = 0;
+const ABSENT: usize = 1;
+static FIND_OBJECT: AtomicUsize = AtomicUsize::new(UNRESOLVED);
+
+/// Resolves `_dl_find_object` (at init, where dlsym may run).
+pub fn init() {
+    // SAFETY: glibc's dlsym with a valid C string; not called on an allocation path.
+    let p = unsafe { crate::sys::dlsym::glibc()(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) };
+    FIND_OBJECT.store(if p.is_null() { ABSENT } else { p as usize }, Release);
+}
+
+/// Where the object holding code address `addr` starts; `None` when `addr` lies in no loaded
+/// object (a JIT's code), `Some(addr)` itself when glibc is too old to say (each call site then
+/// stands for itself).
+pub fn object_start(addr: usize) -> Option<usize> {
+    let f = FIND_OBJECT.load(Acquire);
+    if f == UNRESOLVED || f == ABSENT {
+        return Some(addr);
+    }
+    // SAFETY: FIND_OBJECT holds _dl_find_object (set once by init).
+    let find = unsafe { core::mem::transmute::<usize, FindObjectFn>(f) };
+    // SAFETY: an all-zero struct of plain fields and pointers is valid.
+    let mut found: DlFindObject = unsafe { core::mem::zeroed() };
+    // SAFETY: any address may be asked; the struct is ours and large enough.
+    (unsafe { find(addr as *mut c_void, &mut found) } == 0).then_some(found.map_start as usize)
+}
+
+/// What dladdr says of `addr`: the object's path (the program's own name for the main program,
+/// whose path the loader leaves empty) and the enclosing symbol with its address (empty and 0
+/// when unknown), given to `f` as `Some((object, symbol, symbol_addr))`; `None` when `addr`
+/// lies in no loaded object.
+pub fn names<T>(addr: usize, f: impl FnOnce(Option<(&[u8], &[u8], usize)>) -> T) -> T {
+    // SAFETY: dladdr fills the struct we own; it only reads the loader's tables.
+    let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+    if addr == 0 || unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 {
+        return f(None);
+    }
+    let text = |p: *const c_char| if p.is_null() { &b""[..] } else {
+        // SAFETY: dladdr's strings are NUL-terminated and live as long as the object is loaded.
+        unsafe { CStr::from_ptr(p) }.to_bytes()
+    };
+    let mut object = text(info.dli_fname);
+    if object.is_empty() {
+        // SAFETY: glibc's program_invocation_name, set before any code of ours runs.
+        object = text(unsafe { program_invocation_name });
+    }
+    let symbol_addr = if info.dli_sname.is_null() { 0 } else { info.dli_saddr as usize };
+    f(Some((object, text(info.dli_sname), symbol_addr)))
+}
+
+extern "C" {
+    static program_invocation_name: *const c_char;
+}
