@@ -11,6 +11,7 @@ pub mod config;
 pub mod device;
 pub mod history;
 pub mod holders;
+pub mod holders_report;
 pub mod host;
 pub mod leaks;
 pub mod ranges;

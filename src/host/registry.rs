@@ -35,7 +35,9 @@ const LEAF_GRANULES: usize = 1 << (LEAF_BITS + PAGE_SHIFT - GRANULE_SHIFT);
 
 /// A leaf: LEAF_ENTRIES entries, LEAF_ENTRIES birth times (for the leak report), LEAF_ENTRIES
 /// holder words (Note [Holders]), then one overlap count per granule.
-const LEAF_BYTES: usize = (3 * LEAF_ENTRIES + LEAF_GRANULES) * core::mem::size_of::<AtomicU64>();
+const LEAF_BYTES: usize = (GRANULES_AT + LEAF_GRANULES) * core::mem::size_of::<AtomicU64>();
+/// Where a leaf's overlap counts start, after its three arrays of LEAF_ENTRIES.
+const GRANULES_AT: usize = 3 * LEAF_ENTRIES;
 
 /// One bit per 2 MiB granule of the 47-bit user address space (8 MiB of .bss, resident only
 /// where touched), set for every granule a block of ours has ever overlapped and never
@@ -159,7 +161,7 @@ impl Registry {
         let leaf = self.leaf(addr, create)?;
         let index = (addr >> GRANULE_SHIFT) & (LEAF_GRANULES - 1);
         // SAFETY: as in slots(); the counts follow the three arrays of LEAF_ENTRIES.
-        Some(unsafe { &*leaf.add(3 * LEAF_ENTRIES + index) })
+        Some(unsafe { &*leaf.add(GRANULES_AT + index) })
     }
 
     /// The leaf covering `addr`, installed if `create`; `None` for addresses past ADDRESS_BITS.
@@ -319,7 +321,7 @@ impl Registry {
         }
         let index = (addr >> GRANULE_SHIFT) & (LEAF_GRANULES - 1);
         // SAFETY: as in granule().
-        unsafe { (*leaf.add(2 * LEAF_ENTRIES + index)).load(Ordering::Acquire) != 0 }
+        unsafe { (*leaf.add(GRANULES_AT + index)).load(Ordering::Acquire) != 0 }
     }
 
     /// The start of the block of ours (live or cached) that contains `addr`, if any. Cheap far
@@ -374,6 +376,8 @@ mod tests {
         assert!(reg.set_live(base, 8 << 20, born(42)));
         assert_eq!(reg.owner(base), Owner::Live { len: 8 << 20 });
         assert_eq!(reg.birth(base), born(42));
+        assert!(reg.may_contain(base) && reg.may_contain(base + (8 << 20) - 1));
+        assert!(!reg.may_contain(base + (64 << 20)));
         let mut seen = vec![];
         reg.for_each_live(|a, l, b| seen.push((a, l, b)));
         assert_eq!(seen, vec![(base, 8 << 20, born(42))]);
