@@ -14,6 +14,7 @@ pub mod holders;
 pub mod holders_report;
 pub mod host;
 pub mod leaks;
+pub mod oom_report;
 pub mod ranges;
 pub mod report;
 // Its callers, the malloc shims, are not built for tests and the no-interpose harnesses.

@@ -313,6 +313,8 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     )?;
     w.write_str("\"holders\":")?;
     crate::holders_report::write_json(w, &crate::holders_report::Table::gather())?;
+    w.write_str(",\"last_oom\":")?;
+    crate::oom_report::write_json(w)?;
     w.write_str(",")?;
     w.write_str("\"phases\":[")?;
     for (i, (indent, name, t)) in phase_rows().iter().enumerate() {

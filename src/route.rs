@@ -251,7 +251,13 @@ fn large(size: usize, align: usize, zeroed: bool, asker: u64) -> *mut c_void {
             arm_interior_check();
             a as *mut c_void
         }
-        None => enomem(),
+        None => {
+            // A request no limit could ever allow is a probe, not a shortage: no report.
+            if HOST.could_map(size) {
+                crate::oom_report::host_failed(size as u64);
+            }
+            enomem()
+        }
     }
 }
 

@@ -257,6 +257,23 @@ impl DevicePool {
         self.stats.reserved_bytes - self.stats.live_bytes
     }
 
+    /// The largest free block (0 with none): a request larger than it needs a new segment
+    /// however much is cached (fragmentation, for the out-of-memory report).
+    pub fn largest_free_bytes(&self) -> u64 {
+        let mut largest = 0;
+        self.segments.for_each(|_, first| {
+            let mut i = first;
+            while i != NONE {
+                let b = self.blocks.get(i);
+                if !b.allocated {
+                    largest = largest.max(b.size);
+                }
+                i = b.seg_next;
+            }
+        });
+        largest
+    }
+
     pub fn owns(&self, addr: u64) -> bool {
         self.live.get(addr).is_some()
     }

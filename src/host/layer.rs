@@ -575,6 +575,12 @@ impl<M: PageMemory> HostLayer<M> {
         true
     }
 
+    /// Whether a mapping of `len` bytes could succeed under the limits were nothing of ours
+    /// mapped (PageMemory::could_map).
+    pub fn could_map(&self, len: usize) -> bool {
+        self.memory.could_map(len)
+    }
+
     /// Whether the cache or the deferred list holds anything `make_room` could give back.
     pub fn holds_idle_memory(&self) -> bool {
         let cache = self.cache.lock();

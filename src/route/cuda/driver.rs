@@ -50,10 +50,17 @@ unsafe fn pooled_alloc(size: usize, dptr: *mut u64, asker: u64, driver_answer: i
             *dptr = addr as u64;
             CUDA_SUCCESS
         }
-        Err(DeviceError::CapReached) => CUDA_ERROR_MEMORY_ALLOCATION,
+        Err(DeviceError::CapReached) => {
+            DEVICE.report_failure(size, true);
+            CUDA_ERROR_MEMORY_ALLOCATION
+        }
         Err(_) => {
             DEVICE.passthrough.add(1);
-            driver_answer()
+            let rc = driver_answer();
+            if rc == CUDA_ERROR_MEMORY_ALLOCATION {
+                DEVICE.report_failure(size, false);
+            }
+            rc
         }
     }
 }

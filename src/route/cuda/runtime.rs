@@ -32,6 +32,7 @@ pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: u64) 
         }
         Err(DeviceError::CapReached) => {
             *ptr = core::ptr::null_mut();
+            DEVICE.report_failure(size, true);
             DeviceError::CapReached.code()
         }
         // The device refused even after our cache was given back, or the context cannot serve
@@ -39,7 +40,11 @@ pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: u64) 
         // runtime answer, so *ptr and its last error are exactly what it would leave.
         Err(_) => {
             DEVICE.passthrough.add(1);
-            (rt.malloc)(ptr, size)
+            let rc = (rt.malloc)(ptr, size);
+            if rc == DeviceError::OutOfMemory.code() {
+                DEVICE.report_failure(size, false);
+            }
+            rc
         }
     }
 }
@@ -186,7 +191,15 @@ pub unsafe extern "C" fn pluggable_alloc(size: isize, device: c_int, stream: *mu
     if let Some(rt) = real() {
         context_bound(rt);
     }
-    DEVICE.malloc_on_stream(size, device, stream as usize, holders::word_of_asker(asker)).map_or(core::ptr::null_mut(), |a| a as *mut c_void)
+    match DEVICE.malloc_on_stream(size, device, stream as usize, holders::word_of_asker(asker)) {
+        Ok(addr) => addr as *mut c_void,
+        Err(e) => {
+            if matches!(e, DeviceError::OutOfMemory | DeviceError::CapReached) {
+                DEVICE.report_failure(size, e == DeviceError::CapReached);
+            }
+            core::ptr::null_mut()
+        }
+    }
 }
 
 /// PyTorch's CUDAPluggableAllocator `free`: ours back to the pool, anything else to the runtime
