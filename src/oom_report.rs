@@ -126,8 +126,14 @@ pub fn write_report<W: Write>(w: &mut W, f: &Failure, cap_bytes: Option<u64>, le
         if f.largest_free_bytes > 0 && f.largest_free_bytes < f.request_bytes && f.cached_bytes >= f.request_bytes {
             writeln!(w, "    TENSORMALLOC_CUDA_POOL=binned: whole blocks per size class, no splitting (less fragmentation for few, large sizes)")?;
         }
-        writeln!(w, "    TENSORMALLOC_CUDA_POOL=none: no pool; every request goes to the driver as without tensormalloc")?;
-        writeln!(w, "    the holders above: free what they keep, or give their own pools' memory back (torch.cuda.empty_cache(), cupy's free_all_blocks())")?;
+        if f.cached_bytes > 0 {
+            writeln!(w, "    TENSORMALLOC_CUDA_POOL=none: no pool keeping {} that only this pool can reuse; every request goes to the driver", Bytes(f.cached_bytes))?;
+        }
+        let elsewhere = f.total_bytes.saturating_sub(f.free_bytes).saturating_sub(f.reserved_bytes);
+        if elsewhere > f.request_bytes {
+            writeln!(w, "    {} is held outside this pool: another allocator's own cache can give it back (torch.cuda.empty_cache(), cupy.get_default_memory_pool().free_all_blocks())", Bytes(elsewhere))?;
+        }
+        writeln!(w, "    the holders above: what they hold is live; free what they no longer need")?;
     } else {
         writeln!(w, "    TENSORMALLOC_CACHE_BYTES: a smaller cache leaves more room under a limit between failures (it was emptied before this one)")?;
         writeln!(w, "    raise the limit (ulimit -v, the container's memory), or free what the holders above keep")?;
@@ -175,6 +181,7 @@ mod tests {
         assert!(text.contains("largest free block 1.0 GiB (fragmented"), "{text}");
         assert!(text.contains("TENSORMALLOC_CUDA_LIMIT: the pool's cap (70.0 GiB)"), "{text}");
         assert!(text.contains("(3 more out-of-memory failures"), "{text}");
+        assert!(text.contains("TENSORMALLOC_CUDA_POOL=none: no pool keeping 10.0 GiB") && text.contains("9.0 GiB is held outside this pool"), "{text}");
         let host = Failure { place: 0, request_bytes: 1 << 30, total_bytes: u64::MAX, ..Default::default() };
         let mut w = StackWriter::<8192>::new();
         write_report(&mut w, &host, None, 0).unwrap();
