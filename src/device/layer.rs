@@ -519,13 +519,24 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Note [Context lifetime]: context `ctx` was (or is about to be) destroyed: every pool
     /// whose segments live in it, and its pinned blocks, are forgotten.
     pub fn forget_context(&self, ctx: u64) {
-        for pool in self.pools.iter() {
+        for (device, pool) in self.pools.iter().enumerate() {
             let mut pool = pool.lock();
             if ctx != 0 && pool.is_ready() && pool.owner() == ctx {
-                pool.forget_all();
+                Self::forget_blocks(device, &mut pool);
             }
         }
-        self.pinned.lock().forget(Some(ctx));
+        self.forget_pinned(Some(ctx));
+    }
+
+    /// Forgets every block of a pool whose context is gone: its live blocks leave the holders
+    /// table (Note [Holders]) as the runtime freed them.
+    fn forget_blocks(device: usize, pool: &mut DevicePool) {
+        pool.for_each_live(|_, size, birth| crate::holders::HOLDERS.on_free(birth.holder, device_place(device), size));
+        pool.forget_all();
+    }
+
+    fn forget_pinned(&self, ctx: Option<u64>) {
+        self.pinned.lock().forget(ctx, |b| crate::holders::HOLDERS.on_free(b.holder, crate::holders::PLACE_PINNED, b.len));
     }
 
     /// `device`'s primary context as the driver knows it (taken before a release of it).
@@ -559,7 +570,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 self.forget_pool(d);
             }
         }
-        self.pinned.lock().forget(match primary {
+        self.forget_pinned(match primary {
             PrimaryContext::Active(p) => Some(p),
             _ => None,
         });
@@ -569,7 +580,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         if let Some(pool) = self.pools.get(device) {
             let mut pool = pool.lock();
             if pool.is_ready() {
-                pool.forget_all();
+                Self::forget_blocks(device, &mut pool);
             }
         }
     }
