@@ -77,3 +77,13 @@ def test_calloc_zeroes_the_whole_usable_size(mode):
     malloc_usable_size reads zero."""
     out = ok(run_mode(mode, [compile_c("calloc_usable")]))
     assert "calloc usable ok" in out.stdout
+
+
+@pytest.mark.parametrize("preload", ["tensormalloc", "glibc"])
+def test_children_forked_while_blocks_move_map_their_own_memory_freely(preload):
+    """Note [Blocks in flight]: forks land while other threads take blocks from the cache and
+    give them back; each child maps and frees memory of its own (glibc's mmap, placed in the
+    holes uninherited blocks left). A child that kept a record of a block it did not inherit
+    took its own pointer for the inside of ours and aborted (the first fork or two, before)."""
+    out = ok(run([compile_c("fork_in_flight"), "300"], preload=PRELOAD if preload == "tensormalloc" else False, timeout=120))
+    assert "300 forks ok" in out.stdout, out

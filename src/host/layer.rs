@@ -56,6 +56,7 @@
 // resident (hot) and lazily freed bytes so RSS can be read against them.
 
 use super::cache::{BlockCache, CacheLimits, Live, Part, Parts};
+use super::in_flight::InFlight;
 use super::registry::{Birth, Owner, Registry};
 use crate::history;
 use crate::holders::PLACE_HOST;
@@ -97,6 +98,8 @@ pub struct HostLayer<M: PageMemory> {
     memory: M,
     registry: Registry,
     cache: Lock<BlockCache>,
+    /// Blocks between the cache and the program at this moment (Note [Blocks in flight]).
+    in_flight: InFlight,
     threshold_bytes: AtomicUsize,
     hugepages: AtomicU8,
     /// What the process may map (`limit_address_space`); u64::MAX without a limit.
@@ -159,6 +162,7 @@ impl<M: PageMemory> HostLayer<M> {
             memory,
             registry: Registry::new(table_source),
             cache: Lock::new(BlockCache::new(DEFAULTS)),
+            in_flight: InFlight::new(),
             threshold_bytes: AtomicUsize::new(Config::DEFAULT.threshold_bytes as usize),
             address_space_bytes: AtomicU64::new(u64::MAX),
             release: AtomicU8::new(0),
@@ -392,10 +396,13 @@ impl<M: PageMemory> HostLayer<M> {
         let (need, granule) = self.block_shape(size)?;
         let align = align.max(BLOCK_ALIGN);
         let hit_start = (self.clock)();
+        // Note [Blocks in flight]: a hit is named until it is readmitted for fork.
+        let in_flight = self.in_flight.claim(need >> 20);
         let taken = {
             let mut cache = self.cache.lock();
             let taken = cache.take(need, align);
             if let Some(t) = &taken {
+                in_flight.name(t.addr);
                 // The leaf exists: the block was recorded as cached.
                 let _ = self.registry.set_live(t.addr, t.len, Birth { ns: hit_start, ..birth });
                 if let Some(tail) = t.tail_kept {
@@ -405,7 +412,9 @@ impl<M: PageMemory> HostLayer<M> {
             }
             taken
         };
-        if let Some(t) = taken.filter(|t| self.readmit_or_drop(t.addr, t.len)) {
+        let taken = taken.filter(|t| self.readmit_or_drop(t.addr, t.len));
+        drop(in_flight);
+        if let Some(t) = taken {
             if t.tail_kept.is_some() {
                 self.stats.splits.add(1);
             }
@@ -591,6 +600,9 @@ impl<M: PageMemory> HostLayer<M> {
         // Live before this free: the bounds follow its peak, reached just before some free.
         let live = Live { bytes: self.stats.live.current() as usize, blocks: self.stats.live_blocks.current() as usize };
         self.record_free(addr, len, self.registry.birth(addr).holder);
+        // Note [Blocks in flight]: kept from children before its record leaves the live state.
+        let in_flight = self.in_flight.claim(addr >> 21);
+        in_flight.name(addr);
         if self.memory.reset_for_cache(addr, len) {
             self.cache_block(addr, len, false, start, live);
         } else {
@@ -599,6 +611,7 @@ impl<M: PageMemory> HostLayer<M> {
             self.unmap_all(&single(Range { addr, len }));
             self.stats.unresettable.add(1);
         }
+        drop(in_flight);
         self.stats.phases.free.record((self.clock)().saturating_sub(start));
     }
 
@@ -765,13 +778,15 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// In a forked child: the cached blocks were left out of it (Note [Plain memory]), so the
     /// cache, the blocks being released and the deferred unmaps are forgotten without a system
-    /// call. Ranges on the deferred list that the child did inherit (a shrunk block's tail) stay
-    /// mapped: unmapping them could unmap what the child mapped where an uninherited one was.
+    /// call, and so are the records of blocks in flight (Note [Blocks in flight]). Ranges on the
+    /// deferred list that the child did inherit (a shrunk block's tail) stay mapped: unmapping
+    /// them could unmap what the child mapped where an uninherited one was.
     pub fn forget_cache_in_child(&self) {
         let mut cache = self.cache.lock();
         for r in cache.forget_all().iter() {
             self.registry.clear(r.addr);
         }
+        self.in_flight.drain(|addr| self.registry.clear(addr));
         self.stats.cached.set(0);
         self.stats.deferred.set(0);
     }

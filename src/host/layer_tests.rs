@@ -661,3 +661,18 @@ fn the_holders_table_follows_allocs_resizes_and_frees_with_mapped_lengths() {
     assert_eq!(row(), (0, la + lb2, 0));
     assert_eq!(l.stats.live.current(), 0);
 }
+
+#[test]
+fn a_child_forgets_the_records_of_blocks_in_flight_at_the_fork() {
+    let l = layer(Config::default());
+    let a = l.alloc(8 * MB, PAGE, false, 0).unwrap();
+    let b = l.alloc(8 * MB, PAGE, false, 0).unwrap();
+    // A thread between the cache and the program when another forks (Note [Blocks in flight]).
+    let claim = l.in_flight.claim(0);
+    claim.name(a);
+    l.forget_cache_in_child();
+    assert_eq!(l.owner(a), registry::Owner::Foreign, "the child has no record of a block it may not have");
+    assert!(l.block_containing(a + 4096).is_none());
+    assert!(matches!(l.owner(b), registry::Owner::Live { .. }), "blocks not in flight stay the child's");
+    drop(claim);
+}

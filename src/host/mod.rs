@@ -2,5 +2,6 @@
 //! are ours (`registry`), and the glue that drives them over a `PageMemory` (`layer`).
 
 pub mod cache;
+pub mod in_flight;
 pub mod layer;
 pub mod registry;
