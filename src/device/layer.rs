@@ -191,14 +191,14 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         crate::scopes::on_alloc(size);
         crate::holders::HOLDERS.on_alloc(birth.holder, device_place(device), size);
         history::record(&HistoryEvent { time_ns: birth.ns, addr, size, holder: birth.holder, stream: tag, action: history::ALLOC, place: device_place(device) });
-        crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_ALLOC, outcome, device as u8, size, addr);
+        crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_ALLOC, outcome, device as u8, size, addr, birth.holder);
     }
 
     fn record_free(&self, device: usize, addr: u64, f: &super::pool::Freed, tag: u64) {
         crate::scopes::on_free(f.size);
         crate::holders::HOLDERS.on_free(f.holder, device_place(device), f.size);
         history::record(&HistoryEvent { time_ns: (self.clock)(), addr, size: f.size, holder: f.holder, stream: tag, action: history::FREE, place: device_place(device) });
-        crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_FREE, crate::trace::HIT, device as u8, f.size, addr);
+        crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_FREE, crate::trace::HIT, device as u8, f.size, addr, f.holder);
     }
 
     /// A segment mapped into or given back from `device`'s pool, or a request that found no

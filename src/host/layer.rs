@@ -356,7 +356,7 @@ impl<M: PageMemory> HostLayer<M> {
         crate::holders::HOLDERS.on_alloc(birth.holder, PLACE_HOST, len as u64);
         let event = HistoryEvent { time_ns: birth.ns, addr: addr as u64, size: len as u64, holder: birth.holder, action: history::ALLOC, ..Default::default() };
         history::record(&event);
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, outcome, 0, asked as u64, addr as u64);
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, outcome, 0, asked as u64, addr as u64, birth.holder);
     }
 
     fn record_free(&self, addr: usize, len: usize, holder: u64, now_ns: u64) {
@@ -366,7 +366,7 @@ impl<M: PageMemory> HostLayer<M> {
         crate::scopes::on_free(len as u64);
         crate::holders::HOLDERS.on_free(holder, PLACE_HOST, len as u64);
         history::record(&HistoryEvent { time_ns: now_ns, addr: addr as u64, size: len as u64, holder, action: history::FREE, ..Default::default() });
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64);
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64, holder);
     }
 
     /// A resize that kept the block (in place or by mremap): for the history and the trace, a
@@ -384,8 +384,8 @@ impl<M: PageMemory> HostLayer<M> {
         let now_ns = (self.clock)();
         history::record(&HistoryEvent { time_ns: now_ns, addr: addr as u64, size: len as u64, holder: birth.holder, action: history::FREE, ..Default::default() });
         history::record(&HistoryEvent { time_ns: now_ns, addr: moved as u64, size: need as u64, holder: birth.holder, action: history::ALLOC, ..Default::default() });
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64);
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, crate::trace::HIT, 0, asked as u64, moved as u64);
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64, birth.holder);
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, crate::trace::HIT, 0, asked as u64, moved as u64, birth.holder);
     }
 
     /// The block, its mapped length and how it was found (trace::HIT, GROWN or MISS).
