@@ -126,13 +126,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         self.pinned_limit_bytes.store(c.cuda_host_cache_bytes, Relaxed);
     }
 
-    /// After a request of `size` bytes failed for want of memory on the current device: the
-    /// out-of-memory report (oom_report.rs), with the pool's cap when it is what refused.
-    pub fn report_failure(&self, size: usize, cap_refused: bool) {
-        let Ok(device) = self.runtime.current_device() else { return };
-        let Some(index) = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES) else { return };
-        let cap = cap_refused.then(|| self.pools.get(index).map_or(u64::MAX, |p| p.lock().limit_bytes()));
-        crate::oom_report::device_failed(index, size as u64, cap);
+    /// The cap on what `device`'s pool reserves (u64::MAX: none).
+    pub fn cap_bytes(&self, device: usize) -> u64 {
+        self.pools.get(device).map_or(u64::MAX, |p| p.lock().limit_bytes())
     }
 
     pub fn runtime(&self) -> &R {
