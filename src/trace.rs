@@ -4,18 +4,27 @@
 //! 100 ms and at exit, off the allocation path. When the writer falls a whole ring behind, new
 //! events are dropped and counted, never blocked on.
 //!
-//! File: the 8 bytes "TMTRACE1", then events of 32 bytes, little-endian:
+//! File: the 8 bytes "TMTRACE2", then records of 32 bytes, little-endian:
 //! u64 time_ns, u64 size (bytes; RSS for samples), u64 extra (address; cached bytes for samples),
-//! u8 kind (0 host, 1 device, 2 sample), u8 op (0 alloc, 1 free), u8 outcome (0 hit, 1 miss,
-//! 2 grown), u8 device, u32 pages (samples: the cached bytes lazily freed, MADV_FREE'd and still
-//! counted in RSS, in 4 KiB pages; 0 otherwise).
+//! u8 kind (0 host, 1 device, 2 sample, 3 holder name), u8 op (0 alloc, 1 free), u8 outcome
+//! (0 hit, 1 miss, 2 grown), u8 device, u32 pages: for allocs and frees the block's holder id
+//! (Note [Holders]; 0: unknown), for samples the cached bytes lazily freed (MADV_FREE'd and still
+//! counted in RSS) in 4 KiB pages.
+//! A holder name (kind 3) is written by the writer, never on an allocation path, before the first
+//! record that carries its id: pages = the id, op = this chunk's index, outcome = the chunk
+//! count, device = the name bytes in this chunk (0 to 24), and the 24 bytes of time_ns, size and
+//! extra hold them in file order, zero-padded (a name of up to NAME_CHUNKS_MAX chunks, longer
+//! ones cut). "TMTRACE1" files (before holders) have no kind 3 and pages 0 in allocs and frees;
+//! the magic changed because their readers took every non-sample record for an alloc or a free.
 
+use crate::holders::MAX_HOLDERS;
 use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 
 pub const KIND_HOST: u8 = 0;
 pub const KIND_DEVICE: u8 = 1;
 pub const KIND_SAMPLE: u8 = 2;
+pub const KIND_NAME: u8 = 3;
 pub const OP_ALLOC: u8 = 0;
 pub const OP_FREE: u8 = 1;
 pub const HIT: u8 = 0;
@@ -23,6 +32,10 @@ pub const MISS: u8 = 1;
 pub const GROWN: u8 = 2;
 
 const CAPACITY: u64 = 1 << 18; // 8 MiB of events
+/// A holder name's bytes per record, and the most records one name takes.
+const NAME_CHUNK_BYTES: usize = 24;
+const NAME_CHUNKS_MAX: usize = 8;
+const MAGIC: &[u8; 8] = b"TMTRACE2";
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -45,8 +58,27 @@ static HEAD: AtomicU64 = AtomicU64::new(0);
 static TAIL: AtomicU64 = AtomicU64::new(0);
 static FD: AtomicI32 = AtomicI32::new(-1);
 pub static DROPPED: AtomicU64 = AtomicU64::new(0);
-/// Serializes writers (the reaper and the exit flush); never taken on allocation paths.
-static WRITER: Lock<()> = Lock::new(());
+/// Serializes writers (the reaper and the exit flush); never taken on allocation paths. Holds
+/// the holder ids already named in the file.
+static WRITER: Lock<Named> = Lock::new(Named::new());
+
+/// A set of holder ids.
+struct Named([u64; MAX_HOLDERS.div_ceil(64)]);
+
+impl Named {
+    const fn new() -> Self {
+        Named([0; MAX_HOLDERS.div_ceil(64)])
+    }
+
+    /// Adds `id`; true when it was not there (ids past the table are never added).
+    fn insert(&mut self, id: u32) -> bool {
+        let Some(word) = self.0.get_mut((id / 64) as usize) else { return false };
+        let bit = 1u64 << (id % 64);
+        let new = *word & bit == 0;
+        *word |= bit;
+        new
+    }
+}
 
 pub fn enabled() -> bool {
     ON.load(Ordering::Relaxed)
@@ -75,7 +107,7 @@ pub fn start(path: &[u8], sampler: fn() -> (u64, u64)) -> bool {
         unsafe { libc::close(fd) };
         return false;
     };
-    crate::sys::stderr::write_all(fd, b"TMTRACE1");
+    crate::sys::stderr::write_all(fd, MAGIC);
     EVENTS.store(events as *mut Event, Ordering::Release);
     SEQS.store(seqs as *mut AtomicU64, Ordering::Release);
     FD.store(fd, Ordering::Release);
@@ -83,9 +115,10 @@ pub fn start(path: &[u8], sampler: fn() -> (u64, u64)) -> bool {
     true
 }
 
-/// Claims a slot and fills it; drops the event when the ring is full.
-pub fn record(kind: u8, op: u8, outcome: u8, device: u8, size: u64, extra: u64) {
-    record_with_pages(kind, op, outcome, device, size, extra, 0);
+/// Claims a slot and fills it; drops the event when the ring is full. `holder` is the block's
+/// holder word: its id goes in `pages` (the writer names it).
+pub fn record(kind: u8, op: u8, outcome: u8, device: u8, size: u64, extra: u64, holder: u64) {
+    record_with_pages(kind, op, outcome, device, size, extra, u32::from(crate::holders::id_of(holder)));
 }
 
 fn record_with_pages(kind: u8, op: u8, outcome: u8, device: u8, size: u64, extra: u64, pages: u32) {
@@ -121,7 +154,7 @@ pub fn flush() {
     if !enabled() {
         return;
     }
-    let _writer = WRITER.lock();
+    let mut named = WRITER.lock();
     let sampler = SAMPLER.load(Ordering::Acquire);
     let (cached, lazily_freed) = if sampler.is_null() {
         (0, 0)
@@ -149,11 +182,54 @@ pub fn flush() {
         }
         let count = (end - tail) as usize;
         // SAFETY: slots [slot, slot + count) are complete events inside the ring.
-        let bytes = unsafe { core::slice::from_raw_parts(events.add(slot).cast::<u8>(), count * core::mem::size_of::<Event>()) };
-        crate::sys::stderr::write_all(fd, bytes);
+        let run = unsafe { core::slice::from_raw_parts(events.add(slot), count) };
+        new_holders(run, &mut named, |id| write_name(fd, id));
+        crate::sys::stderr::write_all(fd, as_bytes(run));
         tail = end;
         TAIL.store(tail, Ordering::Release);
     }
+}
+
+/// Calls `f` with each holder id that `run`'s allocs and frees carry and `named` lacks, once,
+/// adding it.
+fn new_holders(run: &[Event], named: &mut Named, mut f: impl FnMut(u16)) {
+    for e in run {
+        if (e.kind == KIND_HOST || e.kind == KIND_DEVICE) && named.insert(e.pages) {
+            f(e.pages as u16);
+        }
+    }
+}
+
+/// Writes holder `id`'s name records (the name is looked up here: dladdr, no allocation).
+fn write_name(fd: i32, id: u16) {
+    crate::holders::holder_name(id, |name| {
+        let mut records = [Event::default(); NAME_CHUNKS_MAX];
+        let count = name_records(id, name, &mut records);
+        crate::sys::stderr::write_all(fd, as_bytes(records.get(..count).unwrap_or(&[])));
+    });
+}
+
+/// Fills `out` with the name records of holder `id` (format at the top); returns how many.
+fn name_records(id: u16, name: &[u8], out: &mut [Event; NAME_CHUNKS_MAX]) -> usize {
+    let name = if name.is_empty() { &b"(no name)"[..] } else { name };
+    let count = name.len().div_ceil(NAME_CHUNK_BYTES).min(NAME_CHUNKS_MAX);
+    for (index, (record, chunk)) in out.iter_mut().zip(name.chunks(NAME_CHUNK_BYTES)).enumerate() {
+        let mut words = [0u64; 3];
+        for (i, &byte) in chunk.iter().enumerate() {
+            if let Some(word) = words.get_mut(i / 8) {
+                *word |= u64::from(byte) << (8 * (i % 8));
+            }
+        }
+        let [time_ns, size, extra] = words;
+        *record = Event { time_ns, size, extra, kind: KIND_NAME, op: index as u8, outcome: count as u8, device: chunk.len() as u8, pages: u32::from(id) };
+    }
+    count
+}
+
+/// The file bytes of a run of records.
+fn as_bytes(records: &[Event]) -> &[u8] {
+    // SAFETY: Event is repr(C), 32 bytes with no padding; the bytes live as long as `records`.
+    unsafe { core::slice::from_raw_parts(records.as_ptr().cast::<u8>(), core::mem::size_of_val(records)) }
 }
 
 /// In a forked child: stop tracing (the parent owns the file).
@@ -177,4 +253,66 @@ fn resident_bytes() -> u64 {
     let text = buf.get(..n.max(0) as usize).unwrap_or(&[]);
     let resident_pages = text.split(|&b| b == b' ').nth(1).and_then(crate::config::parse_u64).unwrap_or(0);
     resident_pages * 4096
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The name in a run of name records, as a reader puts it together from the file's bytes.
+    fn read_name(bytes: &[u8]) -> (u32, Vec<u8>) {
+        let mut name = vec![];
+        let mut id = u32::MAX;
+        for (index, record) in bytes.chunks(32).enumerate() {
+            let (kind, op, count, used) = (record[24], record[25], record[26], record[27]);
+            assert_eq!((kind, usize::from(op), usize::from(count)), (KIND_NAME, index, bytes.len() / 32));
+            id = u32::from_le_bytes(record[28..32].try_into().unwrap());
+            assert!(record[usize::from(used)..24].iter().all(|&b| b == 0), "padding is zero");
+            name.extend_from_slice(&record[..usize::from(used)]);
+        }
+        (id, name)
+    }
+
+    fn pack(id: u16, name: &[u8]) -> Vec<u8> {
+        let mut out = [Event::default(); NAME_CHUNKS_MAX];
+        let count = name_records(id, name, &mut out);
+        as_bytes(&out[..count]).to_vec()
+    }
+
+    #[test]
+    fn events_are_32_bytes() {
+        assert_eq!(core::mem::size_of::<Event>(), 32);
+    }
+
+    #[test]
+    fn names_pack_into_24_byte_chunks_in_file_order() {
+        assert_eq!(read_name(&pack(7, b"libframework.so")), (7, b"libframework.so".to_vec()));
+        let exact = [b'x'; 24];
+        assert_eq!(pack(1, &exact).len(), 32, "24 bytes fill one record");
+        assert_eq!(read_name(&pack(1, &exact)).1, exact);
+        let long: Vec<u8> = (0..100u8).map(|i| b'a' + i % 26).collect();
+        let bytes = pack(127, &long);
+        assert_eq!(bytes.len(), 5 * 32);
+        assert_eq!(read_name(&bytes), (127, long));
+        assert_eq!(read_name(&pack(0, b"")).1, b"(no name)");
+    }
+
+    #[test]
+    fn names_longer_than_the_records_allow_are_cut() {
+        let long = [b'n'; NAME_CHUNKS_MAX * NAME_CHUNK_BYTES + 5];
+        let bytes = pack(3, &long);
+        assert_eq!(bytes.len(), NAME_CHUNKS_MAX * 32);
+        assert_eq!(read_name(&bytes).1, &long[..NAME_CHUNKS_MAX * NAME_CHUNK_BYTES]);
+    }
+
+    #[test]
+    fn each_holder_is_named_once_and_samples_name_none() {
+        let event = |kind, pages| Event { kind, pages, ..Default::default() };
+        let mut named = Named::new();
+        let mut seen = vec![];
+        let run = [event(KIND_HOST, 5), event(KIND_SAMPLE, 9), event(KIND_DEVICE, 5), event(KIND_DEVICE, 0), event(KIND_HOST, 127)];
+        new_holders(&run, &mut named, |id| seen.push(id));
+        new_holders(&[event(KIND_HOST, 5), event(KIND_HOST, 6), event(KIND_HOST, 128)], &mut named, |id| seen.push(id));
+        assert_eq!(seen, [5, 0, 127, 6], "ids past the table are never named");
+    }
 }

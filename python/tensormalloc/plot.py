@@ -9,33 +9,75 @@ at allocations and frees; cached and resident bytes are known only at the 100 ms
 they are drawn as held between samples, not ramped). Of the cached bytes, those released with
 MADV_FREE but still counted in RSS until the kernel needs them (lazily freed) are drawn as their
 own band: RSS minus that band is what the process really holds."""
+"""Reads a TENSORMALLOC_TRACE file (format at the top of src/trace.rs) and draws it: memory over
+time, host and device each in its own panel, and a histogram of request sizes; prints a one-line
+summary.
+
+    tensormalloc plot trace.bin [out.png]      (scripts/plot-trace in the source tree; default
+                                                out: trace.bin.png; needs numpy and matplotlib)
+
+Live memory is drawn per holder (the shared object whose code asked for it, or a hook's library:
+Note [Holders] in src/holders.rs), stacked: the five holders with the highest peak each in its
+own colour, the rest summed as "others". Over the live host bytes the host cache's bytes are
+stacked in two hatched bands: cached and resident, and cached but released with MADV_FREE
+(lazily freed: counted in RSS until the kernel needs the pages); RSS is a line. So live, cached
+and released-but-resident memory never share a colour, and RSS minus the lazily freed band is
+what the process really holds.
+
+Every level is a step: it holds from one event or sample until the next (live bytes change at
+allocations and frees; cached and resident bytes are known only at the 100 ms samples, so they
+are drawn as held between samples, not ramped). Traces written before holders (TMTRACE1) draw
+one holder, "unknown"."""
 import sys
 
 import numpy as np
 
 EVENT = np.dtype([("time_ns", "<u8"), ("size", "<u8"), ("extra", "<u8"), ("kind", "u1"), ("op", "u1"),
                   ("outcome", "u1"), ("device", "u1"), ("pages", "<u4")])
-HOST, DEVICE, SAMPLE = 0, 1, 2
+HOST, DEVICE, SAMPLE, NAME = 0, 1, 2, 3
 ALLOC, FREE = 0, 1
+MAGICS = (b"TMTRACE1", b"TMTRACE2")  # 1: before holders (no names, holder id 0 everywhere)
+TOP_HOLDERS = 5
 USAGE = "usage: tensormalloc plot TRACE [OUT.png]   (TRACE: a file written under TENSORMALLOC_TRACE=TRACE)"
 
 
 def load(path):
+    """Every record of the file, name records included (holder_names reads them, the rest skip them)."""
     with open(path, "rb") as f:
         data = f.read()
-    if data[:8] != b"TMTRACE1":
+    if data[:8] not in MAGICS:
         raise SystemExit(f"{path}: not a tensormalloc trace")
     usable = (len(data) - 8) // EVENT.itemsize * EVENT.itemsize
     return np.frombuffer(data[8:8 + usable], dtype=EVENT)
 
 
+def holder_names(events):
+    """Holder id -> name, from the name records: the chunks of one id in index order, each
+    giving its first `device` bytes of the 24 in time_ns, size and extra."""
+    chunks = {}
+    for r in events[events["kind"] == NAME]:
+        chunks.setdefault(int(r["pages"]), {})[int(r["op"])] = r.tobytes()[:int(r["device"])]
+    return {i: b"".join(c[k] for k in sorted(c)).decode("utf-8", "replace") for i, c in chunks.items()}
+
+
+def holder_label(names, holder):
+    return names.get(holder, "unknown" if holder == 0 else f"holder {holder}")
+
+
 def series(events):
-    """Live host and device bytes after each event; cached and resident bytes at each sample."""
-    events = np.sort(events, order="time_ns")
+    """Live host and device bytes after each alloc and free (at times t, of kinds kind), and per
+    holder (holders[kind][id]: the times its live bytes changed and the levels; names[id]: its
+    name); cached and resident bytes at each sample. A free is charged to the holder of the alloc
+    it ends."""
+    names = holder_names(events)
+    events = np.sort(events[events["kind"] != NAME], order="time_ns", kind="stable")
     t0 = events["time_ns"][0] if len(events) else 0
     live = {HOST: 0, DEVICE: 0}
-    sizes = {}
-    out = {"t": [], "host": [], "device": [], "sample_t": [], "rss": [], "cached": [], "lazily_freed": []}
+    blocks = {}
+    holders = {HOST: {}, DEVICE: {}}
+    holder_live = {HOST: {}, DEVICE: {}}
+    out = {"t": [], "kind": [], "host": [], "device": [], "sample_t": [], "rss": [], "cached": [], "lazily_freed": [],
+           "holders": holders, "names": names}
     for e in events:
         t = (int(e["time_ns"]) - int(t0)) / 1e9
         kind = int(e["kind"])
@@ -45,16 +87,45 @@ def series(events):
             out["cached"].append(int(e["extra"]))
             out["lazily_freed"].append(int(e["pages"]) * 4096)
             continue
+        if kind not in live:
+            continue
         key = (kind, int(e["device"]), int(e["extra"]))
         if int(e["op"]) == ALLOC:
-            sizes[key] = int(e["size"])
-            live[kind] += int(e["size"])
+            size, holder = int(e["size"]), int(e["pages"])
+            blocks[key] = (size, holder)
         else:
-            live[kind] -= sizes.pop(key, 0)
+            size, holder = blocks.pop(key, (0, int(e["pages"])))
+            size = -size
+        live[kind] += size
+        level = holder_live[kind][holder] = holder_live[kind].get(holder, 0) + size
+        ts, levels = holders[kind].setdefault(holder, ([], []))
+        ts.append(t)
+        levels.append(level)
         out["t"].append(t)
+        out["kind"].append(kind)
         out["host"].append(live[HOST])
         out["device"].append(live[DEVICE])
     return out
+
+
+def step_at(ts, levels, grid):
+    """The step function through (ts, levels), 0 before the first point, at each time of grid."""
+    ts, levels = np.asarray(ts, dtype=float), np.asarray(levels, dtype=float)
+    if not len(ts):
+        return np.zeros(len(grid))
+    i = np.searchsorted(ts, grid, side="right") - 1
+    return np.where(i >= 0, levels[np.maximum(i, 0)], 0.0)
+
+
+def holder_bands(d, kind, grid, top=TOP_HOLDERS):
+    """[(label, live bytes at each time of grid)]: the `top` holders of `kind` with the highest
+    peak, highest first, then "others" (the rest summed) when there are more."""
+    by_peak = sorted(d["holders"][kind].items(), key=lambda item: (-max(item[1][1]), item[0]))
+    bands = [(holder_label(d["names"], h), step_at(ts, levels, grid)) for h, (ts, levels) in by_peak[:top]]
+    if len(by_peak) > top:
+        rest = sum(step_at(ts, levels, grid) for _, (ts, levels) in by_peak[top:])
+        bands.append((f"others ({len(by_peak) - top} holders)", rest))
+    return bands
 
 
 def human(n):
@@ -78,45 +149,94 @@ def size_bins(sizes):
 
 
 def summary(events):
-    allocs = events[(events["op"] == ALLOC) & (events["kind"] != SAMPLE)]
-    frees = events[(events["op"] == FREE) & (events["kind"] != SAMPLE)]
+    blocks = events[(events["kind"] == HOST) | (events["kind"] == DEVICE)]
+    allocs = blocks[blocks["op"] == ALLOC]
     hits = int(np.sum(allocs["outcome"] == 0))
-    return {"events": len(events), "allocs": len(allocs), "frees": len(frees), "hits": hits,
+    return {"events": int(np.sum(events["kind"] != NAME)), "allocs": len(allocs),
+            "frees": int(np.sum(blocks["op"] == FREE)), "hits": hits,
             "samples": int(np.sum(events["kind"] == SAMPLE)),
-            "bytes_requested": int(allocs["size"].sum()) if len(allocs) else 0}
+            "bytes_requested": int(allocs["size"].sum()) if len(allocs) else 0,
+            "holders": len(set(blocks["pages"].tolist()))}
+
+
+def _stack(ax, grid, bands, base=None):
+    """Stacked step areas from (label, values, style) bands, each over the ones before it (the
+    first over base); returns the top."""
+    base = np.zeros(len(grid)) if base is None else base
+    for label, values, style in bands:
+        top = base + values
+        ax.fill_between(grid, base, top, step="post", alpha=0.85, linewidth=0, label=label, **style)
+        base = top
+    return base
+
+
+def _holder_colors():
+    """label -> colour: a holder keeps its colour in both panels; "others" is grey, and none is
+    the cache's beige."""
+    import matplotlib
+    palette = [c for i, c in enumerate(matplotlib.colormaps["tab10"].colors) if i not in (5, 7)]
+    given = {}
+
+    def color(label):
+        if label.startswith("others"):
+            return "0.55"
+        return given.setdefault(label, palette[len(given) % len(palette)])
+    return color
+
+
+def _memory_axes(ax, title):
+    ax.set_title(title)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("MiB")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
 
 
 def draw(events, out_png):
-    """Writes the figure; returns the matplotlib Figure."""
+    """Writes the figure; returns the matplotlib Figure: its axes are host memory, then device
+    memory when the trace has device blocks, then the histogram of request sizes."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     s = summary(events)
     d = series(events)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    has_device = any(d["holders"][DEVICE])
+    fig, axes = plt.subplots(1, 3 if has_device else 2, figsize=(19 if has_device else 13, 6),
+                             gridspec_kw={"width_ratios": [3, 3, 2] if has_device else [3, 2]})
     mib = 2**20
-    steps = {"drawstyle": "steps-post"}
-    ax1.plot(d["t"], np.array(d["host"]) / mib, label="live host (large blocks)", **steps)
-    if any(d["device"]):
-        ax1.plot(d["t"], np.array(d["device"]) / mib, label="live device", **steps)
-    ax1.plot(d["sample_t"], np.array(d["cached"]) / mib, marker="o", ms=2, label="cached host (sampled)", **steps)
-    ax1.plot(d["sample_t"], np.array(d["rss"]) / mib, label="resident, RSS (sampled)", **steps)
-    if any(d["lazily_freed"]):
-        lazy = np.array(d["lazily_freed"]) / mib
-        ax1.fill_between(d["sample_t"], 0, lazy, step="post", alpha=0.3,
-                         label="cached, lazily freed (MADV_FREE: in RSS until the kernel needs it)")
-    ax1.set_xlabel("seconds")
-    ax1.set_ylabel("MiB")
-    ax1.legend(fontsize=8)
-    ax1.set_title("memory over time")
-    allocs = events[(events["op"] == ALLOC) & (events["kind"] != SAMPLE)]
+    color = _holder_colors()
+
+    def live_bands(kind, grid):
+        return [(f"live: {label}", v / mib, {"facecolor": color(label)}) for label, v in holder_bands(d, kind, grid)]
+
+    ax = axes[0]
+    grid = np.unique(np.concatenate([[0.0], [t for t, k in zip(d["t"], d["kind"]) if k == HOST], d["sample_t"]]))
+    cached = step_at(d["sample_t"], d["cached"], grid)
+    lazy = np.minimum(step_at(d["sample_t"], d["lazily_freed"], grid), cached)
+    top = _stack(ax, grid, live_bands(HOST, grid))
+    _stack(ax, grid, [("cached by tensormalloc, resident", (cached - lazy) / mib,
+                       {"facecolor": "#e3d3b4", "hatch": "//", "edgecolor": "0.4"}),
+                      ("cached, released with MADV_FREE (in RSS until the kernel needs it)", lazy / mib,
+                       {"facecolor": "#f4eee0", "hatch": "..", "edgecolor": "0.4"})], base=top)
+    ax.plot(d["sample_t"], np.array(d["rss"]) / mib, color="black", linewidth=1.2, label="resident, RSS (sampled)",
+            drawstyle="steps-post")
+    _memory_axes(ax, "host: live large blocks by holder, the cache over them, RSS")
+
+    if has_device:
+        ax = axes[1]
+        grid = np.unique(np.concatenate([[0.0], [t for t, k in zip(d["t"], d["kind"]) if k == DEVICE]]))
+        _stack(ax, grid, live_bands(DEVICE, grid))
+        _memory_axes(ax, "device: live blocks by holder (all devices)")
+
+    ax = axes[-1]
+    allocs = events[((events["kind"] == HOST) | (events["kind"] == DEVICE)) & (events["op"] == ALLOC)]
     labels, counts = size_bins(allocs["size"])
-    ax2.bar(range(len(labels)), counts)
-    ax2.set_xticks(range(len(labels)))
-    ax2.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
-    ax2.set_xlabel("request size (each bar: from one power of two up to the next)")
-    ax2.set_ylabel("requests")
-    ax2.set_title(f"{s['allocs']} requests, {100 * s['hits'] / max(s['allocs'], 1):.0f}% hits")
+    ax.bar(range(len(labels)), counts)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=8)
+    ax.set_xlabel("request size (each bar: from one power of two up to the next)")
+    ax.set_ylabel("requests")
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.set_title(f"{s['allocs']} requests, {100 * s['hits'] / max(s['allocs'], 1):.0f}% hits")
     fig.tight_layout()
     fig.savefig(out_png, dpi=100)
     return fig

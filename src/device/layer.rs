@@ -187,14 +187,14 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         crate::scopes::on_alloc(size);
         crate::holders::HOLDERS.on_alloc(birth.holder, device_place(device), size);
         history::record(history::ALLOC, device_place(device), addr, size, birth.holder, tag);
-        crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_ALLOC, outcome, device as u8, size, addr);
+        crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_ALLOC, outcome, device as u8, size, addr, birth.holder);
     }
 
     fn record_free(&self, device: usize, addr: u64, f: &super::pool::Freed, tag: u64) {
         crate::scopes::on_free(f.size);
         crate::holders::HOLDERS.on_free(f.holder, device_place(device), f.size);
         history::record(history::FREE, device_place(device), addr, f.size, f.holder, tag);
-        crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_FREE, crate::trace::HIT, device as u8, f.size, addr);
+        crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_FREE, crate::trace::HIT, device as u8, f.size, addr, f.holder);
     }
 
     /// A segment mapped into or given back from `device`'s pool, or a request that found no

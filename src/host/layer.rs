@@ -359,7 +359,7 @@ impl<M: PageMemory> HostLayer<M> {
         crate::scopes::on_alloc(len as u64);
         crate::holders::HOLDERS.on_alloc(birth.holder, PLACE_HOST, len as u64);
         history::record(history::ALLOC, PLACE_HOST, addr as u64, len as u64, birth.holder, 0);
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, outcome, 0, asked as u64, addr as u64);
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, outcome, 0, asked as u64, addr as u64, birth.holder);
     }
 
     fn record_free(&self, addr: usize, len: usize, holder: u64) {
@@ -369,7 +369,7 @@ impl<M: PageMemory> HostLayer<M> {
         crate::scopes::on_free(len as u64);
         crate::holders::HOLDERS.on_free(holder, PLACE_HOST, len as u64);
         history::record(history::FREE, PLACE_HOST, addr as u64, len as u64, holder, 0);
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64);
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64, holder);
     }
 
     /// A resize that kept the block (in place or by mremap): for the history and the trace, a
@@ -386,8 +386,8 @@ impl<M: PageMemory> HostLayer<M> {
         crate::holders::HOLDERS.on_resize(birth.holder, PLACE_HOST, len as u64, need as u64);
         history::record(history::FREE, PLACE_HOST, addr as u64, len as u64, birth.holder, 0);
         history::record(history::ALLOC, PLACE_HOST, moved as u64, need as u64, birth.holder, 0);
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64);
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, crate::trace::HIT, 0, asked as u64, moved as u64);
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64, birth.holder);
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, crate::trace::HIT, 0, asked as u64, moved as u64, birth.holder);
     }
 
     /// The block, its mapped length and how it was found (trace::HIT, GROWN or MISS).
