@@ -13,6 +13,7 @@ pub mod history;
 pub mod holders;
 pub mod host;
 pub mod leaks;
+pub mod pickle;
 pub mod ranges;
 pub mod report;
 // Its callers, the malloc shims, are not built for tests and the no-interpose harnesses.
@@ -21,6 +22,7 @@ mod route;
 pub mod scopes;
 #[cfg(any(test, feature = "no-interpose"))]
 pub mod sim;
+pub mod snapshot;
 pub mod stats;
 pub mod sys;
 pub mod trace;
@@ -177,6 +179,9 @@ extern "C" fn on_unload() {
         report::at_exit(&g.config);
         if g.config.leaks {
             leaks::report_at_exit();
+        }
+        if !g.config.snapshot_path().is_empty() {
+            snapshot::at_exit(g.config.snapshot_path());
         }
     }
 }
