@@ -100,7 +100,7 @@ struct Outcome {
 }
 
 fn replay(ops: &[Op], steps: usize, pool: CudaPool, limit: Option<usize>, capacity: usize) -> Outcome {
-    let layer = Box::leak(Box::new(DeviceLayer::new(SimRuntime::new(&[capacity]), map_table)));
+    let layer = Box::leak(Box::new(DeviceLayer::new(SimRuntime::new(&[capacity]), map_table, tensormalloc::sys::clock::now_ns)));
     let config = Config { cuda_pool: pool, cuda_limit: limit.map_or(DeviceLimit::Unlimited, |l| DeviceLimit::Bytes(l as u64)), ..Config::default() };
     layer.configure(&config);
     let max_id = ops.iter().map(|op| match op { Op::Alloc(i, _) | Op::Free(i) => *i }).max().unwrap_or(0);
@@ -112,7 +112,7 @@ fn replay(ops: &[Op], steps: usize, pool: CudaPool, limit: Option<usize>, capaci
         for op in ops {
             calls += 1;
             match *op {
-                Op::Alloc(i, bytes) => match layer.malloc(bytes) {
+                Op::Alloc(i, bytes) => match layer.malloc(bytes, 0) {
                     Ok(a) => {
                         addr[i] = a;
                         size[i] = bytes;

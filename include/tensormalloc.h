@@ -106,6 +106,23 @@ int tm_scope_begin(const char *name);      /* returns the depth, or -1 when 16 a
 int tm_scope_end(tm_scope_t *out);         /* closes the innermost; 0, or -1 if none open */
 int tm_scope_current(tm_scope_t *out);     /* reads the innermost without closing it */
 
+/* Who holds the memory: one row per holder (the shared object whose code asked for the block,
+ * or a hook's library: "numpy", "torch", "cupy", "numba") and place, for every large host block,
+ * device block and pinned block, then what tensormalloc keeps cached in each place (cached = 1).
+ * Live bytes add up to host_live_bytes and cuda_live_bytes of tm_stats_t. */
+typedef struct tm_holder_t {
+    char name[64];                  /* the object's file name, NUL-terminated */
+    int32_t place;                  /* -1 host, -2 pinned host memory, N >= 0 CUDA device N */
+    int32_t cached;                 /* 1: tensormalloc's own cache in that place */
+    uint64_t live_bytes;            /* held now (cached rows: cached now) */
+    uint64_t peak_bytes;            /* the most this holder held there at once */
+    uint64_t blocks;                /* live blocks */
+} tm_holder_t;
+
+/* Writes up to `capacity` rows, biggest first, and returns how many rows there are (call again
+ * with more room when that is more than `capacity`). `out` may be NULL when capacity is 0. */
+size_t tm_holders(tm_holder_t *out, size_t capacity);
+
 #ifdef __cplusplus
 }
 #endif

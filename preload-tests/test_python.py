@@ -101,3 +101,30 @@ print(bool(p), p == q, s["cuda_requests"], s["cuda_hits"], len(runtimes))
 """
     out = ok(run([PY, "-c", code], preload=False, env={**ENV, "LD_LIBRARY_PATH": str(fake_cuda())}))
     assert out.stdout.split() == ["True", "True", "2", "1", "0"], out.stdout + out.stderr
+
+
+def test_hooks_name_their_library_in_the_holders_table():
+    """tm_cuda_alloc_torch (tensormalloc.torch's pluggable allocator) and tm_cuda_alloc_as with
+    the CuPy and Numba hooks' numbers, over the stand-in driver: tensormalloc.holders() has a
+    row for each library with its exact bytes; a block the hook frees leaves its row."""
+    from cudasim import fake_cuda
+    code = r"""
+import ctypes, os, tensormalloc
+from tensormalloc import _cuda
+cuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_LAZY)
+ctx = ctypes.c_void_p()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+lib = _cuda.library()
+lib.tm_cuda_alloc_torch.restype = ctypes.c_void_p
+lib.tm_cuda_alloc_torch.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+t = lib.tm_cuda_alloc_torch(4 << 20, 0, None)
+c = lib.tm_cuda_alloc_as(8 << 20, 0, None, _cuda.CUPY)
+n = lib.tm_cuda_alloc_as(2 << 20, 0, None, _cuda.NUMBA)
+lib.tm_cuda_free(n, 2 << 20, 0, None)
+for r in tensormalloc.holders():
+    if not r["cached"]:
+        print(r["holder"], r["place"], r["live_bytes"] >> 20, r["peak_bytes"] >> 20, r["blocks"])
+"""
+    out = ok(run([PY, "-c", code], preload=False, env={**ENV, "LD_LIBRARY_PATH": str(fake_cuda())}))
+    assert out.stdout.splitlines() == ["cupy cuda:0 8 8 1", "torch cuda:0 4 4 1", "numba cuda:0 0 2 0"], out.stdout + out.stderr

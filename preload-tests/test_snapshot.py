@@ -164,7 +164,7 @@ def test_the_timeline_has_the_allocations_and_frees(taken):
     trace = snap["device_traces"][0]
     actions = [e["action"] for e in trace]
     assert actions.count("alloc") == 5 and actions.count("free_requested") == actions.count("free_completed") == 2
-    assert actions.count("segment_alloc") == 3
+    assert actions.count("segment_alloc") == len(snap["segments"]) == 2
     allocs = {e["addr"]: e for e in trace if e["action"] == "alloc"}
     (m1,) = taken[1]["mathlib_device"]
     assert frame_of(allocs[m1]) == ("libsnapmath.so", "mathlib_workspace")

@@ -42,8 +42,15 @@ struct Slot {
 
 impl Slot {
     const fn new() -> Self {
-        const Z: AtomicU64 = AtomicU64::new(0);
-        Slot { seq: Z, time_ns: Z, addr: Z, size: Z, holder: Z, stream: Z, kind: Z }
+        Slot {
+            seq: AtomicU64::new(0),
+            time_ns: AtomicU64::new(0),
+            addr: AtomicU64::new(0),
+            size: AtomicU64::new(0),
+            holder: AtomicU64::new(0),
+            stream: AtomicU64::new(0),
+            kind: AtomicU64::new(0),
+        }
     }
 }
 

@@ -67,6 +67,20 @@ impl Row {
     }
 }
 
+/// When a block was handed out, and to whom (a holder word).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Birth {
+    pub ns: u64,
+    pub holder: u64,
+}
+
+impl Birth {
+    /// Handed out at `ns` to an unknown holder.
+    pub const fn at(ns: u64) -> Self {
+        Birth { ns, holder: 0 }
+    }
+}
+
 /// One holder's figures in one place.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HolderRow {
@@ -200,6 +214,21 @@ pub fn for_each_row(f: impl FnMut(&HolderRow)) {
     HOLDERS.for_each_row(f);
 }
 
+/// Who asked, as the entry points pass it down: a return address, with a hook's key in bits
+/// 48..64 when a hook names its library (`asker_for_hook`). Resolved into a holder word only
+/// for a block that is served (small requests never pay for it).
+pub const fn asker_for_hook(caller: usize, key: u64) -> u64 {
+    caller as u64 & CALLER_MASK | key << CALLER_BITS
+}
+
+/// The holder word for an asker.
+pub fn word_of_asker(asker: u64) -> u64 {
+    match asker >> CALLER_BITS {
+        0 => word_for(asker as usize),
+        key => word_for_hook(asker as usize, key),
+    }
+}
+
 /// The holder word of a block asked for from return address `caller`.
 pub fn word_for(caller: usize) -> u64 {
     HOLDERS.word_for_caller(caller, |c| match crate::sys::caller::object_start(c) {
@@ -257,6 +286,12 @@ fn basename(path: &[u8]) -> &[u8] {
     path.rsplit(|&c| c == b'/').next().unwrap_or(path)
 }
 
+/// The key of a hook named by its number in the C API (`tm_cuda_alloc_as`): HOOK_KEYS' keys;
+/// anything else is no hook (0: the caller's own object).
+pub fn hook_key(hook: i32) -> u64 {
+    u64::try_from(hook).ok().filter(|k| HOOK_KEYS.iter().any(|(key, _)| key == k)).unwrap_or(0)
+}
+
 /// The name of a hook's key.
 pub fn hook_name(key: u64) -> Option<&'static str> {
     if key == KEY_ANONYMOUS {
@@ -283,10 +318,11 @@ mod tests {
         let mut rows = vec![];
         h.for_each_row(|r| rows.push(*r));
         assert_eq!(rows.len(), 2);
-        assert_eq!((rows[0].live_bytes, rows[0].peak_bytes, rows[0].blocks), (50, 150, 1));
-        assert_eq!(rows[0].id, id_of(a));
+        let ra = rows.iter().find(|r| r.id == id_of(a)).unwrap();
+        assert_eq!((ra.place, ra.live_bytes, ra.peak_bytes, ra.blocks), (PLACE_HOST, 50, 150, 1));
         assert_eq!(h.key(id_of(a)), 0x40_0000);
-        assert_eq!((rows[1].place, rows[1].live_bytes), (device_place(1), 7));
+        let rb = rows.iter().find(|r| r.id == id_of(b)).unwrap();
+        assert_eq!((rb.place, rb.live_bytes), (device_place(1), 7));
     }
 
     #[test]

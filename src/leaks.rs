@@ -92,7 +92,7 @@ impl LeakGroups {
 pub fn report_at_exit() {
     let now = crate::sys::clock::now_ns();
     let mut host = LeakGroups::default();
-    crate::HOST.for_each_live(|_, len, born| host.add(len as u64, born));
+    crate::HOST.for_each_live(|_, len, birth| host.add(len as u64, birth.ns));
     let mut w = crate::sys::stderr::StackWriter::<8192>::new();
     let _ = host.write(&mut w, "host (large blocks)", now);
     crate::DEVICE.for_each_pool(|device, pool| {

@@ -11,8 +11,10 @@ pub mod config;
 pub mod device;
 pub mod history;
 pub mod holders;
+pub mod holders_report;
 pub mod host;
 pub mod leaks;
+pub mod oom_report;
 pub mod pickle;
 pub mod ranges;
 pub mod report;
@@ -60,7 +62,7 @@ const FAILED: u8 = 3;
 
 /// The device layer over the program's own CUDA driver (bound on first use).
 pub(crate) static DEVICE: device::layer::DeviceLayer<sys::cuda_driver::CudaDriver> =
-    device::layer::DeviceLayer::new(sys::cuda_driver::CudaDriver, map_table);
+    device::layer::DeviceLayer::new(sys::cuda_driver::CudaDriver, map_table, sys::clock::now_ns);
 
 /// The host layer over the kernel's pages.
 pub(crate) static HOST: HostLayer<OsPages> = HostLayer::new(
@@ -94,6 +96,7 @@ fn init_slow() -> Option<&'static Globals> {
         return None;
     };
     sys::memory::read_commit_limit();
+    sys::caller::init();
     HOST.configure(&config, sys::memory::usable_bytes());
     sys::reaper::set_work(background_pass);
     DEVICE.configure(&config);

@@ -249,7 +249,7 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         )?;
     }
     writeln!(w, " {legend}")?;
-    Ok(())
+    crate::holders_report::write_text(w, &crate::holders_report::Table::gather())
 }
 
 pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
@@ -311,6 +311,11 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         "],\"pinned\":{{\"requests\":{},\"hits\":{},\"cached_bytes\":{},\"peak_cached_bytes\":{}}},",
         s.pinned_requests, s.pinned_hits, s.pinned_cached_bytes, s.pinned_peak_cached_bytes
     )?;
+    w.write_str("\"holders\":")?;
+    crate::holders_report::write_json(w, &crate::holders_report::Table::gather())?;
+    w.write_str(",\"last_oom\":")?;
+    crate::oom_report::write_json(w)?;
+    w.write_str(",")?;
     w.write_str("\"phases\":[")?;
     for (i, (indent, name, t)) in phase_rows().iter().enumerate() {
         if i > 0 {
@@ -328,10 +333,13 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     w.write_str("]}\n")
 }
 
+/// Room for the report: the counters, the phase table and up to MAX_ROWS holder rows.
+const REPORT_BYTES: usize = 16384;
+
 /// Writes the report where the configuration says, whatever `stats` is set to (tm_print_stats).
 pub fn write_report(config: &Config) {
     let snap = Snapshot::take();
-    let mut w = StackWriter::<8192>::new();
+    let mut w = StackWriter::<REPORT_BYTES>::new();
     if config.stats == StatsOutput::Json {
         let _ = write_json(&mut w, &snap);
         write_to_path(config.stats_path(), w.as_bytes());

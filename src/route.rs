@@ -4,7 +4,7 @@
 
 use crate::config::Config;
 use crate::host::registry::Owner;
-use crate::scopes;
+use crate::holders;
 use crate::sys::next::{bootstrap_alloc, bootstrap_size, is_bootstrap};
 use crate::backing::BLOCK_ALIGN;
 use crate::{globals, HOST};
@@ -244,27 +244,25 @@ unsafe extern "C" fn realloc_checked(p: *mut c_void, size: usize) -> *mut c_void
     unsafe { core::mem::transmute::<usize, ReallocFn>(UNCHECKED_REALLOC.load(Relaxed))(p, size) }
 }
 
-fn large(size: usize, align: usize, zeroed: bool) -> *mut c_void {
-    match HOST.alloc(size, align, zeroed) {
+/// A large block for `asker` (Note [Holders]: a return address, or a hook's).
+fn large(size: usize, align: usize, zeroed: bool, asker: u64) -> *mut c_void {
+    match HOST.alloc(size, align, zeroed, holders::word_of_asker(asker)) {
         Some(a) => {
             arm_interior_check();
-            account_alloc(a);
             a as *mut c_void
         }
-        None => enomem(),
-    }
-}
-
-/// Scoped accounting (scopes.rs) counts mapped lengths, so allocs and frees match exactly.
-fn account_alloc(addr: usize) {
-    if let Owner::Live { len } = HOST.owner(addr) {
-        scopes::on_alloc(len as u64);
+        None => {
+            // A request no limit could ever allow is a probe, not a shortage: no report.
+            if HOST.could_map(size) {
+                crate::oom_report::host_failed(size as u64);
+            }
+            enomem()
+        }
     }
 }
 
 fn free_large(p: *mut c_void, len: usize) {
     follow_address_limit();
-    scopes::on_free(len as u64);
     HOST.free(p as usize, len);
 }
 
@@ -290,16 +288,41 @@ pub fn malloc(size: usize) -> *mut c_void {
     malloc_slow(size)
 }
 
+/// malloc's slow path, with the caller's return address (Note [Holders]): on x86-64 the naked
+/// malloc jumps here, and this takes the address from the stack and jumps on.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+pub(crate) extern "C" fn malloc_slow(_size: usize) -> *mut c_void {
+    core::arch::naked_asm!("mov rsi, qword ptr [rsp]", "jmp {from}", from = sym malloc_from)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
 #[cold]
 #[inline(never)]
 pub(crate) extern "C" fn malloc_slow(size: usize) -> *mut c_void {
+    malloc_from(size, 0)
+}
+
+/// malloc for `asker` (its return address, or a hook's, Note [Holders]).
+#[inline(always)]
+pub fn malloc_as(size: usize, asker: u64) -> *mut c_void {
+    if size < small_below() {
+        // SAFETY: as in malloc.
+        return unsafe { core::mem::transmute::<usize, MallocFn>(NEXT_MALLOC.load(Relaxed))(size) };
+    }
+    malloc_from(size, asker)
+}
+
+#[cold]
+#[inline(never)]
+pub(crate) extern "C" fn malloc_from(size: usize, asker: u64) -> *mut c_void {
     if globals().is_none() {
         return bootstrap_alloc(size, MIN_ALIGN);
     }
     if size < LARGE_FROM.load(Relaxed) {
         return next_malloc(size);
     }
-    large(size, PAGE, false)
+    large(size, PAGE, false, asker)
 }
 
 /// # Safety
@@ -374,9 +397,35 @@ pub fn calloc(count: usize, size: usize) -> *mut c_void {
     }
 }
 
+/// calloc's slow path, with the caller's return address, as malloc_slow.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+pub(crate) extern "C" fn calloc_slow(_count: usize, _size: usize) -> *mut c_void {
+    core::arch::naked_asm!("mov rdx, qword ptr [rsp]", "jmp {from}", from = sym calloc_from)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
 #[cold]
 #[inline(never)]
 pub(crate) extern "C" fn calloc_slow(count: usize, size: usize) -> *mut c_void {
+    calloc_from(count, size, 0)
+}
+
+/// calloc for `asker`.
+#[inline(always)]
+pub fn calloc_as(count: usize, size: usize, asker: u64) -> *mut c_void {
+    match count.checked_mul(size) {
+        Some(total) if total < small_below() => {
+            // SAFETY: as in malloc.
+            unsafe { core::mem::transmute::<usize, CallocFn>(NEXT_CALLOC.load(Relaxed))(count, size) }
+        }
+        _ => calloc_from(count, size, asker),
+    }
+}
+
+#[cold]
+#[inline(never)]
+pub(crate) extern "C" fn calloc_from(count: usize, size: usize, asker: u64) -> *mut c_void {
     let Some(total) = count.checked_mul(size) else { return enomem() };
     if globals().is_none() {
         return bootstrap_alloc(total, MIN_ALIGN);
@@ -385,11 +434,13 @@ pub(crate) extern "C" fn calloc_slow(count: usize, size: usize) -> *mut c_void {
         // SAFETY: configure set NEXT_CALLOC (init is done); plain forwarding.
         return unsafe { core::mem::transmute::<usize, CallocFn>(NEXT_CALLOC.load(Relaxed))(count, size) };
     }
-    large(total, PAGE, true)
+    large(total, PAGE, true, asker)
 }
 
 /// # Safety
 /// `p` is null or a pointer from this process's malloc family (the C contract).
+// x86-64 exports shim::fast_paths::realloc instead.
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 #[inline(always)]
 pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     if plainly_foreign(p) && size < small_below() {
@@ -399,16 +450,48 @@ pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     unsafe { realloc_slow(p, size) }
 }
 
+/// realloc's slow path, with the caller's return address, as malloc_slow.
+///
+/// # Safety
+/// As for `realloc`.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+pub(crate) unsafe extern "C" fn realloc_slow(_p: *mut c_void, _size: usize) -> *mut c_void {
+    core::arch::naked_asm!("mov rdx, qword ptr [rsp]", "jmp {from}", from = sym realloc_from)
+}
+
+/// # Safety
+/// As for `realloc`.
+#[cfg(not(target_arch = "x86_64"))]
+#[cold]
+#[inline(never)]
+pub(crate) unsafe extern "C" fn realloc_slow(p: *mut c_void, size: usize) -> *mut c_void {
+    unsafe { realloc_from(p, size, 0) }
+}
+
+/// realloc for `asker`.
+///
+/// # Safety
+/// As for `realloc`.
+#[inline(always)]
+pub unsafe fn realloc_as(p: *mut c_void, size: usize, asker: u64) -> *mut c_void {
+    if plainly_foreign(p) && size < small_below() {
+        // SAFETY: as in realloc.
+        return unsafe { core::mem::transmute::<usize, ReallocFn>(NEXT_REALLOC.load(Relaxed))(p, size) };
+    }
+    unsafe { realloc_from(p, size, asker) }
+}
+
 /// # Safety
 /// As for `realloc`.
 #[cold]
 #[inline(never)]
-pub(crate) unsafe extern "C" fn realloc_slow(p: *mut c_void, size: usize) -> *mut c_void {
+pub(crate) unsafe extern "C" fn realloc_from(p: *mut c_void, size: usize, asker: u64) -> *mut c_void {
     if p.is_null() {
-        return malloc(size);
+        return malloc_as(size, asker);
     }
     if is_bootstrap(p) {
-        let q = malloc(size);
+        let q = malloc_as(size, asker);
         if !q.is_null() {
             // SAFETY: p is a live arena block of bootstrap_size(p) bytes; q has room for size.
             unsafe { core::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, bootstrap_size(p).min(size)) };
@@ -426,11 +509,7 @@ pub(crate) unsafe extern "C" fn realloc_slow(p: *mut c_void, size: usize) -> *mu
             }
             if size >= LARGE_FROM.load(Relaxed) {
                 return match HOST.resize(p as usize, len, size) {
-                    Some(a) => {
-                        scopes::on_free(len as u64);
-                        account_alloc(a);
-                        a as *mut c_void
-                    }
+                    Some(a) => a as *mut c_void,
                     None => enomem(),
                 };
             }
@@ -456,7 +535,7 @@ pub(crate) unsafe extern "C" fn realloc_slow(p: *mut c_void, size: usize) -> *mu
                 // SAFETY: as above; without malloc_usable_size we cannot know what to copy.
                 return unsafe { (g.next.realloc)(p, size) };
             };
-            let q = large(size, PAGE, false);
+            let q = large(size, PAGE, false, asker);
             if q.is_null() {
                 return q;
             }
@@ -473,17 +552,17 @@ pub(crate) unsafe extern "C" fn realloc_slow(p: *mut c_void, size: usize) -> *mu
 
 /// # Safety
 /// `p` is null or a pointer from this process's malloc family (the C contract).
-pub unsafe fn reallocarray(p: *mut c_void, count: usize, size: usize) -> *mut c_void {
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize, asker: u64) -> *mut c_void {
     match count.checked_mul(size) {
         // SAFETY: forwarded under the caller's contract.
-        Some(total) => unsafe { realloc(p, total) },
+        Some(total) => unsafe { realloc_as(p, total, asker) },
         None => enomem(),
     }
 }
 
 /// The shared core of posix_memalign, aligned_alloc, memalign, valloc and pvalloc; `align` is
 /// a power of two. Returns null with errno set on failure.
-fn aligned(align: usize, size: usize) -> *mut c_void {
+fn aligned(align: usize, size: usize, asker: u64) -> *mut c_void {
     let align = align.max(MIN_ALIGN);
     let Some(g) = globals() else { return bootstrap_alloc(size, align) };
     if size < LARGE_FROM.load(Relaxed) {
@@ -495,12 +574,12 @@ fn aligned(align: usize, size: usize) -> *mut c_void {
         }
         return p;
     }
-    large(size, align, false)
+    large(size, align, false, asker)
 }
 
 /// # Safety
 /// `p` is null or a pointer from this process's malloc family (the C contract).
-pub unsafe fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize, asker: u64) -> i32 {
     if out.is_null() {
         return libc::EINVAL;
     }
@@ -508,7 +587,7 @@ pub unsafe fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -
         return libc::EINVAL;
     }
     let saved = errno();
-    let p = aligned(align, size);
+    let p = aligned(align, size, asker);
     if p.is_null() {
         let e = errno();
         set_errno(saved);
@@ -521,21 +600,21 @@ pub unsafe fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -
 
 /// memalign and aligned_alloc as glibc 2.36 has them: an alignment that is not a power of two
 /// is rounded up to one; one too large to round fails with EINVAL.
-pub fn memalign(align: usize, size: usize) -> *mut c_void {
+pub extern "C" fn memalign(align: usize, size: usize, asker: u64) -> *mut c_void {
     let Some(align) = align.max(1).checked_next_power_of_two() else {
         set_errno(libc::EINVAL);
         return core::ptr::null_mut();
     };
-    aligned(align, size)
+    aligned(align, size, asker)
 }
 
-pub fn valloc(size: usize) -> *mut c_void {
-    aligned(PAGE, size)
+pub extern "C" fn valloc(size: usize, asker: u64) -> *mut c_void {
+    aligned(PAGE, size, asker)
 }
 
-pub fn pvalloc(size: usize) -> *mut c_void {
+pub extern "C" fn pvalloc(size: usize, asker: u64) -> *mut c_void {
     match size.max(1).checked_add(PAGE - 1) {
-        Some(s) => aligned(PAGE, s & !(PAGE - 1)),
+        Some(s) => aligned(PAGE, s & !(PAGE - 1), asker),
         None => enomem(),
     }
 }

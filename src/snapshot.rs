@@ -126,20 +126,6 @@ impl Collected<'_> {
     fn events(&self) -> &[HistoryEvent] {
         self.events.get(..self.nevents).unwrap_or(&[])
     }
-
-    /// Host and pinned blocks carry no holder word here: take the one of the latest
-    /// allocation the timeline has at their address.
-    fn holders_from_history(&mut self) {
-        let (segs, blks, events) = (self.segs.get(..self.nsegs).unwrap_or(&[]), &mut *self.blks, self.events.get(..self.nevents).unwrap_or(&[]));
-        for s in segs.iter().filter(|s| s.place == PLACE_HOST || s.place == PLACE_PINNED) {
-            for b in blks.get_mut(s.first..s.first + s.count).unwrap_or(&mut []) {
-                if b.state == ACTIVE && b.holder == 0 {
-                    let alloc = events.iter().rev().find(|e| e.action == history::ALLOC && e.place == s.place && e.addr == b.addr);
-                    b.holder = alloc.map_or(0, |e| e.holder);
-                }
-            }
-        }
-    }
 }
 
 /// How many segments and blocks there are now (the scratch is sized from it, with room for
@@ -153,7 +139,7 @@ fn count() -> (usize, usize) {
         })
     });
     crate::HOST.for_each_live(|_, _, _| segs += 1);
-    crate::DEVICE.for_each_pinned(|_, _, _| segs += 1);
+    crate::DEVICE.for_each_pinned(|_, _| segs += 1);
     (segs, blocks.saturating_add(segs))
 }
 
@@ -170,13 +156,13 @@ fn collect(c: &mut Collected, cut_ns: u64) {
             c.push_segment(place, s.addr, s.small, blocks);
         });
     });
-    crate::HOST.for_each_live(|addr, len, _| {
-        let b = Blk { addr: addr as u64, size: len as u64, state: ACTIVE, holder: 0 };
+    crate::HOST.for_each_live(|addr, len, birth| {
+        let b = Blk { addr: addr as u64, size: len as u64, state: ACTIVE, holder: birth.holder };
         c.push_segment(PLACE_HOST, b.addr, false, core::iter::once(b));
     });
-    crate::DEVICE.for_each_pinned(|addr, len, live| {
-        let b = Blk { addr, size: len, state: if live { ACTIVE } else { INACTIVE }, holder: 0 };
-        c.push_segment(PLACE_PINNED, addr, false, core::iter::once(b));
+    crate::DEVICE.for_each_pinned(|p, live| {
+        let b = Blk { addr: p.addr, size: p.len, state: if live { ACTIVE } else { INACTIVE }, holder: if live { p.holder } else { 0 } };
+        c.push_segment(PLACE_PINNED, p.addr, false, core::iter::once(b));
     });
     history::for_each(|e| {
         if e.time_ns <= cut_ns {
@@ -186,7 +172,6 @@ fn collect(c: &mut Collected, cut_ns: u64) {
             }
         }
     });
-    c.holders_from_history();
     if let Some(segs) = c.segs.get_mut(..c.nsegs) {
         segs.sort_unstable_by_key(|s| (s.place, s.addr));
     }
@@ -608,19 +593,6 @@ mod tests {
         assert_eq!((c.nsegs, c.nblks), (2, 3));
         c.push_segment(0, 0x7000, false, [b(0x7000, 4096, ACTIVE)].into_iter());
         assert_eq!((c.nsegs, c.nblks), (2, 3));
-    }
-
-    #[test]
-    fn host_blocks_take_their_holder_from_the_latest_allocation() {
-        let mut segs = [Seg::default(); 2];
-        let mut blks = [Blk::default(); 2];
-        let ev = |addr, holder, action| HistoryEvent { addr, holder, action, place: PLACE_HOST, ..Default::default() };
-        let mut events = [ev(0x5000, 7, history::ALLOC), ev(0x5000, 7, history::FREE), ev(0x5000, 9, history::ALLOC)];
-        let mut c = Collected { segs: &mut segs, nsegs: 0, blks: &mut blks, nblks: 0, events: &mut events, nevents: 3, truncated: false };
-        c.push_segment(PLACE_HOST, 0x5000, false, core::iter::once(Blk { addr: 0x5000, size: 4096, state: ACTIVE, holder: 0 }));
-        c.push_segment(PLACE_HOST, 0x8000, false, core::iter::once(Blk { addr: 0x8000, size: 4096, state: ACTIVE, holder: 0 }));
-        c.holders_from_history();
-        assert_eq!((c.blks[0].holder, c.blks[1].holder), (9, 0));
     }
 
     #[test]

@@ -18,8 +18,8 @@ int main(int argc, char **argv) {
     void *f1 = framework_device(3 * MB);         /* carved from a 20 MiB segment */
     void *f2 = framework_device(512 * 1024);     /* a small block: a 2 MiB segment */
     void *f3 = framework_device(700 * 1024);     /* beside it */
-    void *m1 = mathlib_workspace(12 * MB);       /* a segment of its own */
-    void *m2 = mathlib_workspace(MB + 1000);     /* from the framework's 20 MiB segment */
+    void *m1 = mathlib_workspace(12 * MB);       /* carved from the framework's 20 MiB segment */
+    void *m2 = mathlib_workspace(MB + 1000);     /* and so is this one */
     CHECK(f1 && f2 && f3 && m1 && m2);
     framework_device_free(f2);
     mathlib_workspace_free(m2);

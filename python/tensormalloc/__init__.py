@@ -21,8 +21,8 @@ import os
 import warnings
 from pathlib import Path
 
-__all__ = ["library_path", "load", "loaded", "loaded_by", "loaded_path", "version", "stats", "trim",
-           "set_enabled", "snapshot", "scope", "ScopeResult"]  # the hooks are left out: `import *` must not shadow numpy
+__all__ = ["library_path", "load", "loaded", "loaded_by", "loaded_path", "version", "stats", "holders",
+           "trim", "set_enabled", "snapshot", "scope", "ScopeResult"]  # the hooks are left out: `import *` must not shadow numpy
 
 # The hooks, reachable as `tensormalloc.numpy` after `import tensormalloc`; imported on first
 # touch, so importing the package imports none of numpy, torch, cupy or numba.
@@ -57,6 +57,11 @@ class _Stats(ctypes.Structure):
             "host_cached_resident_bytes", "host_cached_lazyfree_bytes")]
 
 
+class _Holder(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 64), ("place", ctypes.c_int32), ("cached", ctypes.c_int32),
+                ("live_bytes", _u64), ("peak_bytes", _u64), ("blocks", _u64)]
+
+
 class _Scope(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char * 48), ("depth", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
                 ("allocations", _u64), ("frees", _u64), ("allocated_bytes", _u64), ("freed_bytes", _u64),
@@ -83,6 +88,9 @@ def _bind(lib):
     lib.tm_trim.restype = ctypes.c_size_t
     lib.tm_version.restype = ctypes.c_char_p
     lib.tm_scope_begin.argtypes = [ctypes.c_char_p]
+    if hasattr(lib, "tm_holders"):
+        lib.tm_holders.argtypes = [ctypes.POINTER(_Holder), ctypes.c_size_t]
+        lib.tm_holders.restype = ctypes.c_size_t
     lib.tm_scope_end.argtypes = [ctypes.POINTER(_Scope)]
     lib.tm_scope_current.argtypes = [ctypes.POINTER(_Scope)]
     return lib
@@ -201,6 +209,29 @@ def stats():
                       "tensormalloc.numpy.enable() (or .torch/.cupy/.numba) hands it, and nothing has been yet; "
                       "run under `tensormalloc python ...` to count every large allocation", stacklevel=2)
     return out
+
+
+def holders():
+    """Who holds the memory: one dict per holder and place, biggest first, for every large host
+    block, CUDA block and pinned block: `holder` (the shared object whose code asked, e.g.
+    "_multiarray_umath.cpython-311-x86_64-linux-gnu.so", or a hook's library: "numpy", "torch",
+    "cupy", "numba"), `place` ("host", "pinned" or "cuda:N"), `live_bytes`, `peak_bytes`,
+    `blocks`, and `cached` (True for the rows of what tensormalloc keeps cached in that place).
+    Empty when the library is not loaded."""
+    lib = _get()
+    if not lib:
+        _warn_not_loaded()
+        return []
+    capacity = 64
+    while True:
+        rows = (_Holder * capacity)()
+        n = lib.tm_holders(rows, capacity)
+        if n <= capacity:
+            break
+        capacity = n
+    place = lambda p: "host" if p == -1 else "pinned" if p == -2 else f"cuda:{p}"
+    return [{"holder": r.name.decode(errors="replace"), "place": place(r.place), "live_bytes": r.live_bytes,
+             "peak_bytes": r.peak_bytes, "blocks": r.blocks, "cached": bool(r.cached)} for r in rows[:n]]
 
 
 def trim():

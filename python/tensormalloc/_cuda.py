@@ -15,9 +15,17 @@ def library():
     lib = tensormalloc.load()
     lib.tm_cuda_alloc.restype = ctypes.c_void_p
     lib.tm_cuda_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    # The same, naming the hook's library for the holders table (tensormalloc.holders()).
+    lib.tm_cuda_alloc_as.restype = ctypes.c_void_p
+    lib.tm_cuda_alloc_as.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     lib.tm_cuda_free.restype = None
     lib.tm_cuda_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
     return lib
+
+
+# tm_cuda_alloc_as's hook numbers (src/holders.rs HOOK_KEYS).
+CUPY = 3
+NUMBA = 4
 
 
 def require(module, what):

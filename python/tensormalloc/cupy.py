@@ -26,7 +26,7 @@ def malloc(size):
     if size == 0:
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, device_id=device), 0)
     stream = cupy.cuda.get_current_stream().ptr
-    ptr = lib.tm_cuda_alloc(size, device, ctypes.c_void_p(stream))
+    ptr = lib.tm_cuda_alloc_as(size, device, ctypes.c_void_p(stream), _cuda.CUPY)
     if not ptr:
         free, total = cupy.cuda.runtime.memGetInfo()
         raise cupy.cuda.memory.OutOfMemoryError(size, total - free, total)

@@ -41,7 +41,7 @@ def manager_class():
 
         def memalloc(self, size):
             device = self.context.device.id
-            ptr = self._lib.tm_cuda_alloc(size, device, None) if size else 0
+            ptr = self._lib.tm_cuda_alloc_as(size, device, None, _cuda.NUMBA) if size else 0
             if size and not ptr:
                 raise driver.CudaAPIError(2, f"tensormalloc: out of device memory for {size} bytes")  # CUDA_ERROR_OUT_OF_MEMORY
             handle = driver.binding.CUdeviceptr(ptr) if _nv_binding(driver) else ctypes.c_uint64(ptr)

@@ -17,6 +17,6 @@ def enable():
     _cuda.library()
     # PyTorch dlopens the file it is given: give it the copy already in this process (the
     # preloaded one, or the one tensormalloc loaded), so there is one pool, not two.
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(loaded_path(), "tm_cuda_alloc", "tm_cuda_free")
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(loaded_path(), "tm_cuda_alloc_torch", "tm_cuda_free")
     torch.cuda.memory.change_current_allocator(alloc)
     _allocator = alloc

@@ -13,6 +13,8 @@ use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INVA
 use crate::config::{Config, CudaPool, CudaSync, DeviceLimit};
 use crate::backing::TableSource;
 use crate::stats::{timed, Counter, DevicePhases};
+use crate::history::{self, HistoryEvent};
+use crate::holders::{device_place, Birth};
 use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 
@@ -23,6 +25,8 @@ const MAX_STEPS: usize = 8;
 pub struct DeviceLayer<R: DeviceRuntime> {
     runtime: R,
     table_source: TableSource,
+    /// Nanoseconds on a monotonic clock (sys::clock, or a test's).
+    clock: fn() -> u64,
     pools: [Lock<DevicePool>; MAX_DEVICES],
     pinned: Lock<PinnedCache>,
     mode: AtomicU8,
@@ -89,10 +93,11 @@ fn buffer_id(device: usize, number: u64) -> u64 {
 }
 
 impl<R: DeviceRuntime> DeviceLayer<R> {
-    pub const fn new(runtime: R, table_source: TableSource) -> Self {
+    pub const fn new(runtime: R, table_source: TableSource, clock: fn() -> u64) -> Self {
         DeviceLayer {
             runtime,
             table_source,
+            clock,
             pools: [const { Lock::new(DevicePool::new()) }; MAX_DEVICES],
             pinned: Lock::new(PinnedCache::new()),
             mode: AtomicU8::new(MODE_SPLIT),
@@ -119,6 +124,15 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             DeviceLimit::Percent(p) => self.limit_percent.store(p, Relaxed),
         }
         self.pinned_limit_bytes.store(c.cuda_host_cache_bytes, Relaxed);
+    }
+
+    /// After a request of `size` bytes failed for want of memory on the current device: the
+    /// out-of-memory report (oom_report.rs), with the pool's cap when it is what refused.
+    pub fn report_failure(&self, size: usize, cap_refused: bool) {
+        let Ok(device) = self.runtime.current_device() else { return };
+        let Some(index) = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES) else { return };
+        let cap = cap_refused.then(|| self.pools.get(index).map_or(u64::MAX, |p| p.lock().limit_bytes()));
+        crate::oom_report::device_failed(index, size as u64, cap);
     }
 
     pub fn runtime(&self) -> &R {
@@ -151,21 +165,46 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         pool.lock().init(strategy, limit, self.table_source).then_some(pool)
     }
 
-    /// cudaMalloc: a block of `size` bytes on the current device.
-    pub fn malloc(&self, size: usize) -> Result<usize, DeviceError> {
+    /// cudaMalloc: a block of `size` bytes on the current device, for `holder` (a holder word,
+    /// Note [Holders]).
+    pub fn malloc(&self, size: usize, holder: u64) -> Result<usize, DeviceError> {
         timed(&self.phases.malloc, || {
             let device = self.runtime.current_device()?;
-            self.alloc_on(device, size, SYNCED)
+            self.alloc_on(device, size, SYNCED, holder)
         })
     }
 
     /// The pluggable allocator's alloc: `device` may differ from the current one.
-    pub fn malloc_on_stream(&self, size: usize, device: i32, stream: usize) -> Result<usize, DeviceError> {
-        timed(&self.phases.malloc, || self.malloc_on_stream_untimed(size, device, stream))
+    pub fn malloc_on_stream(&self, size: usize, device: i32, stream: usize, holder: u64) -> Result<usize, DeviceError> {
+        timed(&self.phases.malloc, || self.malloc_on_stream_untimed(size, device, stream, holder))
     }
 
-    fn malloc_on_stream_untimed(&self, size: usize, device: i32, stream: usize) -> Result<usize, DeviceError> {
-        self.with_device(device, || self.alloc_on(device, size, stream_tag(stream)))
+    fn malloc_on_stream_untimed(&self, size: usize, device: i32, stream: usize, holder: u64) -> Result<usize, DeviceError> {
+        self.with_device(device, || self.alloc_on(device, size, stream_tag(stream), holder))
+    }
+
+    // Note [One recording point] (host/layer.rs): the device layer's figures for a block (scopes,
+    // the holders table, the history ring, the trace) change here, with the pool's block size;
+    // the pool's own counters change in the pool.
+
+    fn record_alloc(&self, device: usize, addr: u64, size: u64, outcome: u8, birth: Birth, tag: u64) {
+        crate::scopes::on_alloc(size);
+        crate::holders::HOLDERS.on_alloc(birth.holder, device_place(device), size);
+        history::record(&HistoryEvent { time_ns: birth.ns, addr, size, holder: birth.holder, stream: tag, action: history::ALLOC, place: device_place(device) });
+        crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_ALLOC, outcome, device as u8, size, addr);
+    }
+
+    fn record_free(&self, device: usize, addr: u64, f: &super::pool::Freed, tag: u64) {
+        crate::scopes::on_free(f.size);
+        crate::holders::HOLDERS.on_free(f.holder, device_place(device), f.size);
+        history::record(&HistoryEvent { time_ns: (self.clock)(), addr, size: f.size, holder: f.holder, stream: tag, action: history::FREE, place: device_place(device) });
+        crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_FREE, crate::trace::HIT, device as u8, f.size, addr);
+    }
+
+    /// A segment mapped into or given back from `device`'s pool, or a request that found no
+    /// memory (history::SEGMENT_MAP, SEGMENT_UNMAP, OOM).
+    fn record_event(&self, device: usize, action: u8, addr: u64, size: u64) {
+        history::record(&HistoryEvent { time_ns: (self.clock)(), addr, size, action, place: device_place(device), ..Default::default() });
     }
 
     /// The context `device`'s pool is bound to (Note [Context lifetime]); 0 when none.
@@ -174,7 +213,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     /// Serves a request from `device`'s pool, which must be the current device.
-    fn alloc_on(&self, device: i32, size: usize, tag: u64) -> Result<usize, DeviceError> {
+    fn alloc_on(&self, device: i32, size: usize, tag: u64, holder: u64) -> Result<usize, DeviceError> {
         let Some(pool) = self.pool(device) else { return self.passthrough_malloc(device, size) };
         // Note [Context lifetime]: a block of another context's segment would be unusable here.
         // No context current yet (a thread's first call): the runtime binds one at the segment's
@@ -183,20 +222,19 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let mut released = false;
         let mut mapped = false;
         for _ in 0..MAX_STEPS {
-            let now = crate::sys::clock::now_ns();
+            let birth = Birth { ns: (self.clock)(), holder };
             let decision = {
                 let mut p = pool.lock();
                 if p.serves(ctx) {
-                    p.alloc(size as u64, tag, now)
+                    p.alloc(size as u64, tag, birth)
                 } else {
                     Alloc::Untracked
                 }
             };
             match decision {
                 Alloc::Hit { addr, size } => {
-                    crate::scopes::on_alloc(size);
                     let outcome = if mapped { crate::trace::MISS } else { crate::trace::HIT };
-                    crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_ALLOC, outcome, device as u8, size, addr);
+                    self.record_alloc(device as usize, addr, size, outcome, birth, tag);
                     return Ok(addr as usize);
                 }
                 Alloc::Untracked => return self.passthrough_malloc(device, size),
@@ -232,6 +270,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                                 self.runtime_free(addr)?;
                                 return self.passthrough_malloc(device, size);
                             }
+                            self.record_event(device as usize, history::SEGMENT_MAP, addr as u64, len);
                         }
                         Err(DeviceError::OutOfMemory) if !released => {
                             // The failed call left an error for cudaGetLastError; we recover.
@@ -243,6 +282,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                         Err(e) => {
                             if e == DeviceError::OutOfMemory {
                                 pool.lock().stats.oom_failures += 1;
+                                self.record_event(device as usize, history::OOM, 0, size as u64);
                             }
                             return Err(e);
                         }
@@ -297,8 +337,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         loop {
             let mut batch = [(0u64, 0u64); 32];
             let n = pool.lock().release_free_segments(max_bytes.saturating_sub(total), &mut batch);
+            let device = self.pools.iter().position(|p| core::ptr::eq(p, pool)).unwrap_or(0);
             for &(addr, len) in batch.iter().take(n) {
                 self.runtime_free(addr as usize)?;
+                self.record_event(device, history::SEGMENT_UNMAP, addr, len);
                 total += len;
             }
             if n < batch.len() || total >= max_bytes {
@@ -390,7 +432,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         };
         match freed {
             Some(f) => {
-                self.after_free(device, addr, f)?;
+                self.after_free(device, addr, f, if synced { SYNCED } else { PENDING })?;
                 Ok(FreeAnswer::Pooled)
             }
             // Freed by another thread meanwhile: a double free (Note [Unexpected frees]).
@@ -398,9 +440,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         }
     }
 
-    fn after_free(&self, device: usize, addr: usize, f: super::pool::Freed) -> Result<(), DeviceError> {
-        crate::scopes::on_free(f.size);
-        crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_FREE, crate::trace::HIT, device as u8, f.size, addr as u64);
+    fn after_free(&self, device: usize, addr: usize, f: super::pool::Freed, tag: u64) -> Result<(), DeviceError> {
+        self.record_free(device, addr as u64, &f, tag);
         match f.release {
             // Note [IPC]: an exported segment goes back to the runtime, on its own device.
             Some((base, _)) => self.with_device(device as i32, || self.runtime_free(base as usize)),
@@ -422,7 +463,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             Some(f) => {
                 // An exported segment that cannot be given back stays with the runtime's
                 // context until it ends; it is out of our pool either way.
-                let _ = self.after_free(d, addr, f);
+                let _ = self.after_free(d, addr, f, stream_tag(stream));
                 FreeAnswer::Pooled
             }
             // Freed by another thread meanwhile.

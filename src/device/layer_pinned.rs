@@ -4,18 +4,22 @@
 
 use super::{DeviceLayer, FreeAnswer};
 use crate::backing::{DeviceError, DeviceRuntime};
-use crate::device::pinned::PinnedFree;
+use crate::device::pinned::{PinnedBlock, PinnedFree};
+use crate::history::{self, HistoryEvent};
+use crate::holders::PLACE_PINNED;
 use core::sync::atomic::Ordering::Relaxed;
 
 impl<R: DeviceRuntime> DeviceLayer<R> {
-    /// cudaHostAlloc / cudaMallocHost through the pinned cache.
-    pub fn host_alloc(&self, size: usize, flags: u32) -> Result<usize, DeviceError> {
+    /// cudaHostAlloc / cudaMallocHost through the pinned cache, for `holder` (Note [Holders]).
+    pub fn host_alloc(&self, size: usize, flags: u32, holder: u64) -> Result<usize, DeviceError> {
         if !self.enabled() || !self.pinned.lock().init(self.pinned_limit_bytes.load(Relaxed), self.table_source) {
             return self.runtime.host_alloc(size, flags);
         }
         let ctx = self.runtime.current_context();
-        if let Some(addr) = self.pinned.lock().take(size as u64, flags, ctx) {
-            return Ok(addr as usize);
+        let taken = self.pinned.lock().take(size as u64, flags, ctx, holder);
+        if let Some(b) = taken {
+            self.record_pinned(history::ALLOC, &b);
+            return Ok(b.addr as usize);
         }
         let len = self.pinned.lock().len_for(size as u64) as usize;
         let addr = match self.runtime.host_alloc(len, flags) {
@@ -29,10 +33,22 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         };
         // The runtime may have made a context current for this very call.
         let ctx = if ctx == 0 { self.runtime.current_context() } else { ctx };
-        if !self.pinned.lock().add_live(addr as u64, len as u64, flags, ctx) {
+        if self.pinned.lock().add_live(addr as u64, len as u64, flags, ctx, holder) {
+            self.record_pinned(history::ALLOC, &PinnedBlock::live(addr as u64, len as u64, flags, ctx, holder));
+        } else {
             self.passthrough.add(1);
         }
         Ok(addr)
+    }
+
+    /// Note [One recording point] for pinned blocks: their figures change here.
+    fn record_pinned(&self, action: u8, b: &PinnedBlock) {
+        if action == history::ALLOC {
+            crate::holders::HOLDERS.on_alloc(b.holder, PLACE_PINNED, b.len);
+        } else {
+            crate::holders::HOLDERS.on_free(b.holder, PLACE_PINNED, b.len);
+        }
+        history::record(&HistoryEvent { time_ns: (self.clock)(), addr: b.addr, size: b.len, holder: b.holder, action, place: PLACE_PINNED, ..Default::default() });
     }
 
     fn trim_pinned(&self) {
@@ -56,7 +72,14 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             // Copies from or to this memory may still be queued (Note [Safe reuse]).
             self.synchronize()?;
         }
-        let outcome = self.pinned.lock().free(addr as u64);
+        let (outcome, block) = {
+            let mut pinned = self.pinned.lock();
+            let block = pinned.live_block(addr as u64);
+            (pinned.free(addr as u64), block)
+        };
+        if let (false, Some(b)) = (matches!(outcome, PinnedFree::NotOurs), block) {
+            self.record_pinned(history::FREE, &b);
+        }
         match outcome {
             // Freed by another thread meanwhile.
             PinnedFree::NotOurs => return Ok(FreeAnswer::Refused),
@@ -70,9 +93,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         Ok(FreeAnswer::Pooled)
     }
 
-    /// Calls `f(addr, len, live)` for every pinned block of ours, live or cached, under the
-    /// cache's lock (`f` must not call CUDA or write).
-    pub fn for_each_pinned(&self, f: impl FnMut(u64, u64, bool)) {
+    /// Calls `f(block, live)` for every pinned block of ours, live or cached, under the cache's
+    /// lock (`f` must not call CUDA or write).
+    pub fn for_each_pinned(&self, f: impl FnMut(&crate::device::pinned::PinnedBlock, bool)) {
         self.pinned.lock().for_each(f);
     }
 

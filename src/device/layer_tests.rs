@@ -11,7 +11,7 @@ const MB: usize = 1 << 20;
 const GB: usize = 1 << 30;
 
 fn layer(config: Config, capacities: &[usize]) -> Box<DeviceLayer<SimRuntime>> {
-    let l = Box::new(DeviceLayer::new(SimRuntime::new(capacities), leak_table));
+    let l = Box::new(DeviceLayer::new(SimRuntime::new(capacities), leak_table, crate::sys::clock::now_ns));
     l.configure(&config);
     l
 }
@@ -19,9 +19,9 @@ fn layer(config: Config, capacities: &[usize]) -> Box<DeviceLayer<SimRuntime>> {
 #[test]
 fn freed_blocks_are_reused_without_runtime_calls() {
     let l = layer(Config::default(), &[8 * GB]);
-    let a = l.malloc(64 * MB).unwrap();
+    let a = l.malloc(64 * MB, 0).unwrap();
     assert_eq!(l.free(a), Ok(FreeAnswer::Pooled));
-    let b = l.malloc(64 * MB).unwrap();
+    let b = l.malloc(64 * MB, 0).unwrap();
     assert_eq!(a, b);
     let d = l.runtime().device(0);
     assert_eq!((d.mallocs, d.frees), (1, 0));
@@ -31,37 +31,37 @@ fn freed_blocks_are_reused_without_runtime_calls() {
 #[test]
 fn deferred_mode_syncs_only_at_reuse() {
     let l = layer(Config { cuda_sync: crate::config::CudaSync::Reuse, ..Config::default() }, &[8 * GB]);
-    let a = l.malloc(64 * MB).unwrap();
+    let a = l.malloc(64 * MB, 0).unwrap();
     l.free(a).unwrap();
     assert_eq!(l.runtime().device(0).syncs, 0);
-    assert_eq!(l.malloc(64 * MB).unwrap(), a);
+    assert_eq!(l.malloc(64 * MB, 0).unwrap(), a);
     assert_eq!(l.runtime().device(0).syncs, 1);
 }
 
 #[test]
 fn out_of_memory_gives_back_cache_and_leaves_no_error() {
     let l = layer(Config::default(), &[1 * GB]);
-    let a = l.malloc(600 * MB).unwrap();
+    let a = l.malloc(600 * MB, 0).unwrap();
     l.free(a).unwrap();
-    let b = l.malloc(700 * MB).expect("cache given back, then retried");
+    let b = l.malloc(700 * MB, 0).expect("cache given back, then retried");
     assert_eq!(l.runtime().last_error(), 0, "no stale error after a recovered OOM");
     let mut retries = 0;
     l.for_each_pool(|_, p| retries += p.stats.oom_retries);
     assert_eq!(retries, 1);
-    assert_eq!(l.malloc(900 * MB), Err(DeviceError::OutOfMemory));
+    assert_eq!(l.malloc(900 * MB, 0), Err(DeviceError::OutOfMemory));
     l.free(b).unwrap();
 }
 
 #[test]
 fn cap_in_bytes_and_percent() {
     let l = layer(Config { cuda_limit: DeviceLimit::Bytes(256 * MB as u64), ..Config::default() }, &[8 * GB]);
-    let a = l.malloc(200 * MB).unwrap();
-    assert_eq!(l.malloc(100 * MB), Err(DeviceError::CapReached));
+    let a = l.malloc(200 * MB, 0).unwrap();
+    assert_eq!(l.malloc(100 * MB, 0), Err(DeviceError::CapReached));
     l.free(a).unwrap();
-    assert!(l.malloc(100 * MB).is_ok(), "freed segment given back under the cap");
+    assert!(l.malloc(100 * MB, 0).is_ok(), "freed segment given back under the cap");
     let l = layer(Config { cuda_limit: DeviceLimit::Percent(50), ..Config::default() }, &[1 * GB]);
-    assert!(l.malloc(400 * MB).is_ok());
-    assert_eq!(l.malloc(200 * MB), Err(DeviceError::CapReached));
+    assert!(l.malloc(400 * MB, 0).is_ok());
+    assert_eq!(l.malloc(200 * MB, 0), Err(DeviceError::CapReached));
     let (free, total) = l.mem_info().unwrap();
     assert_eq!(total, GB);
     assert!(free <= 512 * MB - 400 * MB, "free reflects the cap: {free}");
@@ -71,7 +71,7 @@ fn cap_in_bytes_and_percent() {
 fn mem_info_counts_cached_bytes_as_free() {
     let l = layer(Config::default(), &[4 * GB]);
     let (free0, _) = l.mem_info().unwrap();
-    let a = l.malloc(512 * MB).unwrap();
+    let a = l.malloc(512 * MB, 0).unwrap();
     l.free(a).unwrap();
     let (free1, _) = l.mem_info().unwrap();
     assert_eq!(free1, free0, "the cached 512 MB still count as free");
@@ -80,13 +80,13 @@ fn mem_info_counts_cached_bytes_as_free() {
 #[test]
 fn blocks_return_to_their_own_device() {
     let l = layer(Config::default(), &[4 * GB, 4 * GB]);
-    let a = l.malloc(64 * MB).unwrap();
+    let a = l.malloc(64 * MB, 0).unwrap();
     l.runtime().set_device(1).unwrap();
-    let b = l.malloc(64 * MB).unwrap();
+    let b = l.malloc(64 * MB, 0).unwrap();
     assert_eq!(l.free(a), Ok(FreeAnswer::Pooled), "device 0's block freed while device 1 is current");
-    assert_eq!(l.malloc(64 * MB).unwrap_or(0) != a, true, "device 1 does not get device 0's block");
+    assert_eq!(l.malloc(64 * MB, 0).unwrap_or(0) != a, true, "device 1 does not get device 0's block");
     l.runtime().set_device(0).unwrap();
-    assert_eq!(l.malloc(64 * MB).unwrap(), a);
+    assert_eq!(l.malloc(64 * MB, 0).unwrap(), a);
     assert_eq!(l.runtime().device(0).syncs, 1, "the owning device was synchronized");
     l.free(b).unwrap();
 }
@@ -96,29 +96,29 @@ fn foreign_pointers_and_pass_through() {
     let l = layer(Config::default(), &[4 * GB]);
     assert_eq!(l.free(0xdead_0000), Ok(FreeAnswer::NotOurs));
     let l = layer(Config { cuda_pool: crate::config::CudaPool::None, ..Config::default() }, &[4 * GB]);
-    let a = l.malloc(64 * MB).unwrap();
+    let a = l.malloc(64 * MB, 0).unwrap();
     assert_eq!(l.free(a), Ok(FreeAnswer::NotOurs), "pool off: the runtime frees it");
     assert_eq!(l.runtime().device(0).mallocs, 1);
     let l = layer(Config { disabled: true, ..Config::default() }, &[4 * GB]);
-    l.malloc(64 * MB).unwrap();
+    l.malloc(64 * MB, 0).unwrap();
     assert_eq!(l.passthrough.get(), 1);
 }
 
 #[test]
 fn stream_frees_are_reused_on_that_stream_without_sync() {
     let l = layer(Config::default(), &[4 * GB]);
-    let a = l.malloc_on_stream(64 * MB, 0, 0x77).unwrap();
+    let a = l.malloc_on_stream(64 * MB, 0, 0x77, 0).unwrap();
     assert_eq!(l.free_on_stream(a, 0, 0x77), FreeAnswer::Pooled);
-    assert_eq!(l.malloc_on_stream(64 * MB, 0, 0x77).unwrap(), a);
+    assert_eq!(l.malloc_on_stream(64 * MB, 0, 0x77, 0).unwrap(), a);
     assert_eq!(l.runtime().device(0).syncs, 0);
 }
 
 #[test]
 fn pinned_memory_is_cached_and_trimmed() {
     let l = layer(Config::default(), &[4 * GB]);
-    let p = l.host_alloc(100 * MB, 0).unwrap();
+    let p = l.host_alloc(100 * MB, 0, 0).unwrap();
     assert_eq!(l.host_free(p), Ok(FreeAnswer::Pooled));
-    assert_eq!(l.host_alloc(100 * MB, 0).unwrap(), p);
+    assert_eq!(l.host_alloc(100 * MB, 0, 0).unwrap(), p);
     assert_eq!(l.runtime().host_allocs(), 1);
     assert_eq!(l.host_free(0x1234_0000), Ok(FreeAnswer::NotOurs));
     l.host_free(p).unwrap();
@@ -137,11 +137,11 @@ fn reset_primary(l: &DeviceLayer<SimRuntime>, device: i32) {
 fn a_reset_forgets_cached_and_live_blocks() {
     for config in [Config::default(), Config { cuda_pool: crate::config::CudaPool::Binned, ..Config::default() }, Config { cuda_sync: crate::config::CudaSync::Reuse, ..Config::default() }] {
         let l = layer(config, &[4 * GB]);
-        let cached = l.malloc(64 * MB).unwrap();
-        let live = l.malloc(8 * MB).unwrap();
+        let cached = l.malloc(64 * MB, 0).unwrap();
+        let live = l.malloc(8 * MB, 0).unwrap();
         l.free(cached).unwrap();
         reset_primary(&l, 0);
-        let fresh = l.malloc(64 * MB).unwrap();
+        let fresh = l.malloc(64 * MB, 0).unwrap();
         assert!(l.runtime().is_live(fresh), "a block of the reset context was handed out");
         assert_eq!(l.free(live), Ok(FreeAnswer::NotOurs), "a block live across the reset is the runtime's to answer for");
         let mut resets = 0;
@@ -156,23 +156,23 @@ fn a_reset_forgets_cached_and_live_blocks() {
 #[test]
 fn a_primary_context_released_to_zero_forgets_its_blocks() {
     let l = layer(Config::default(), &[4 * GB]);
-    let cached = l.malloc(64 * MB).unwrap();
-    let live = l.malloc(8 * MB).unwrap();
+    let cached = l.malloc(64 * MB, 0).unwrap();
+    let live = l.malloc(8 * MB, 0).unwrap();
     l.free(cached).unwrap();
-    let pinned = l.host_alloc(MB, 0).unwrap();
+    let pinned = l.host_alloc(MB, 0, 0).unwrap();
     l.host_free(pinned).unwrap();
     let before = l.primary_context(0);
     assert_eq!(before, PrimaryContext::Active(SimRuntime::primary_handle(0)));
     l.primary_released(0, before);
-    assert_eq!(l.malloc(64 * MB).unwrap(), cached, "a release that leaves a reference keeps the cache");
+    assert_eq!(l.malloc(64 * MB, 0).unwrap(), cached, "a release that leaves a reference keeps the cache");
     l.free(cached).unwrap();
     // The last reference: the context and its allocations die, the handle stays.
     l.runtime().destroy_context(SimRuntime::primary_handle(0));
     l.primary_released(0, before);
-    let fresh = l.malloc(64 * MB).unwrap();
+    let fresh = l.malloc(64 * MB, 0).unwrap();
     assert!(l.runtime().is_live(fresh), "a block of the released context was handed out");
     assert_eq!(l.free(live), Ok(FreeAnswer::NotOurs), "a block live across the release is the runtime's to answer for");
-    l.host_alloc(MB, 0).unwrap();
+    l.host_alloc(MB, 0, 0).unwrap();
     assert_eq!(l.runtime().host_allocs(), 2, "the pinned block of the released context was handed out");
 }
 
@@ -181,29 +181,29 @@ fn destroying_a_user_context_forgets_only_its_pool() {
     let l = layer(Config::default(), &[4 * GB, 4 * GB]);
     let ctx = 0x9000;
     l.runtime().set_context(Some(ctx));
-    let a = l.malloc(64 * MB).unwrap();
+    let a = l.malloc(64 * MB, 0).unwrap();
     l.free(a).unwrap();
     l.runtime().set_context(None);
     l.runtime().set_device(1).unwrap();
-    let other = l.malloc(64 * MB).unwrap();
+    let other = l.malloc(64 * MB, 0).unwrap();
     l.free(other).unwrap();
     l.runtime().set_device(0).unwrap();
     // The primary context is not the pool's: no block of the user context's segment.
-    let p = l.malloc(64 * MB).unwrap();
+    let p = l.malloc(64 * MB, 0).unwrap();
     assert_ne!(p, a, "device 0's pool belongs to the user context");
     assert_eq!(l.free(p), Ok(FreeAnswer::NotOurs), "served by the runtime, outside the pool");
     l.forget_context(ctx);
     l.runtime().destroy_context(ctx);
-    let b = l.malloc(64 * MB).unwrap();
+    let b = l.malloc(64 * MB, 0).unwrap();
     assert!(l.runtime().is_live(b));
     l.runtime().set_device(1).unwrap();
-    assert_eq!(l.malloc(64 * MB).unwrap(), other, "device 1's pool kept its cache");
+    assert_eq!(l.malloc(64 * MB, 0).unwrap(), other, "device 1's pool kept its cache");
 }
 
 #[test]
 fn a_reset_while_a_segment_is_being_mapped_drops_that_segment() {
     let l = layer(Config::default(), &[4 * GB]);
-    let a = l.malloc(64 * MB).unwrap();
+    let a = l.malloc(64 * MB, 0).unwrap();
     l.free(a).unwrap();
     let generation = l.pools[0].lock().generation();
     reset_primary(&l, 0);
@@ -213,17 +213,17 @@ fn a_reset_while_a_segment_is_being_mapped_drops_that_segment() {
 #[test]
 fn ipc_export_names_whole_segments_only_and_they_leave_the_pool() {
     let l = layer(Config::default(), &[4 * GB]);
-    let small_a = l.malloc(MB).unwrap();
-    let small_b = l.malloc(MB).unwrap();
+    let small_a = l.malloc(MB, 0).unwrap();
+    let small_b = l.malloc(MB, 0).unwrap();
     assert_eq!(l.export(small_b), Export::Shared { addr: small_b as u64, size: MB as u64 });
     assert_eq!(l.export(small_b + 100), Export::Shared { addr: small_b as u64, size: MB as u64 }, "interior pointer");
-    let big = l.malloc(64 * MB).unwrap();
+    let big = l.malloc(64 * MB, 0).unwrap();
     assert_eq!(l.export(big), Export::Whole);
     assert_eq!(l.export(0xdead_0000), Export::NotOurs);
     let mallocs = l.runtime().device(0).mallocs;
     l.free(big).unwrap();
     assert!(!l.runtime().is_live(big), "an exported segment goes back to the runtime at its free");
-    let again = l.malloc(64 * MB).unwrap();
+    let again = l.malloc(64 * MB, 0).unwrap();
     assert_eq!(l.runtime().device(0).mallocs, mallocs + 1, "and is never reused from the cache");
     l.free(again).unwrap();
     l.free(small_a).unwrap();
@@ -231,15 +231,15 @@ fn ipc_export_names_whole_segments_only_and_they_leave_the_pool() {
     l.for_each_pool(|_, p| p.check_invariants().unwrap());
     // Binned: every block is its segment.
     let l = layer(Config { cuda_pool: crate::config::CudaPool::Binned, ..Config::default() }, &[4 * GB]);
-    let a = l.malloc(MB).unwrap();
+    let a = l.malloc(MB, 0).unwrap();
     assert_eq!(l.export(a), Export::Whole);
 }
 
 #[test]
 fn ranges_are_our_blocks_not_the_segment() {
     let l = layer(Config::default(), &[4 * GB]);
-    let a = l.malloc(MB).unwrap();
-    let b = l.malloc(MB).unwrap();
+    let a = l.malloc(MB, 0).unwrap();
+    let b = l.malloc(MB, 0).unwrap();
     assert!(matches!(l.range(b), RangeAnswer::Live(s, n, _) if (s, n) == (b as u64, MB as u64)));
     assert!(matches!(l.range(b + MB - 1), RangeAnswer::Live(s, n, _) if (s, n) == (b as u64, MB as u64)));
     assert!(matches!(l.range(a + 5), RangeAnswer::Live(s, n, _) if (s, n) == (a as u64, MB as u64)));
@@ -251,10 +251,10 @@ fn ranges_are_our_blocks_not_the_segment() {
 #[test]
 fn async_frees_are_reused_after_a_sync_by_cudamalloc() {
     let l = layer(Config::default(), &[4 * GB]);
-    let a = l.malloc(64 * MB).unwrap();
+    let a = l.malloc(64 * MB, 0).unwrap();
     assert_eq!(l.free_async(a, 0x55), FreeAnswer::Pooled);
     let syncs = l.runtime().device(0).syncs;
-    assert_eq!(l.malloc(64 * MB).unwrap(), a, "reused once the device is synchronized");
+    assert_eq!(l.malloc(64 * MB, 0).unwrap(), a, "reused once the device is synchronized");
     assert_eq!(l.runtime().device(0).syncs, syncs + 1);
     assert_eq!(l.runtime().device(0).mallocs, 1, "no new segment for a block freed on a stream");
     assert_eq!(l.free_async(0xdead_0000, 0x55), FreeAnswer::NotOurs);
@@ -263,11 +263,11 @@ fn async_frees_are_reused_after_a_sync_by_cudamalloc() {
 #[test]
 fn pinned_blocks_of_a_reset_context_are_never_handed_out_again() {
     let l = layer(Config::default(), &[4 * GB]);
-    l.malloc(MB).unwrap(); // the primary context exists now
-    let p = l.host_alloc(100 * MB, 0).unwrap();
+    l.malloc(MB, 0).unwrap(); // the primary context exists now
+    let p = l.host_alloc(100 * MB, 0, 0).unwrap();
     l.host_free(p).unwrap();
     reset_primary(&l, 0);
-    let q = l.host_alloc(100 * MB, 0).unwrap();
+    let q = l.host_alloc(100 * MB, 0, 0).unwrap();
     assert_eq!(l.runtime().host_allocs(), 2, "pinned anew after the reset");
     assert_eq!(l.host_free(q), Ok(FreeAnswer::Pooled));
 }
@@ -278,9 +278,9 @@ fn frees_of_pointers_that_are_no_live_block_are_refused_and_free_nothing() {
     // pointer inside a live block, a cached pinned block freed again.
     for pool in [crate::config::CudaPool::Split, crate::config::CudaPool::Binned] {
         let l = layer(Config { cuda_pool: pool, ..Config::default() }, &[8 * GB]);
-        let a = l.malloc(MB).unwrap();
-        let b = l.malloc(MB).unwrap();
-        let big = l.malloc(64 * MB).unwrap();
+        let a = l.malloc(MB, 0).unwrap();
+        let b = l.malloc(MB, 0).unwrap();
+        let big = l.malloc(64 * MB, 0).unwrap();
         assert_eq!(l.free(a), Ok(FreeAnswer::Pooled));
         assert_eq!(l.free(a), Ok(FreeAnswer::Refused), "{pool:?}: double free");
         assert_eq!(l.free_async(a, 7), FreeAnswer::Refused);
@@ -291,13 +291,13 @@ fn frees_of_pointers_that_are_no_live_block_are_refused_and_free_nothing() {
         assert!(l.runtime().is_live(b) && l.runtime().is_live(big));
         assert!(l.holds(a) && l.holds(b + 4096) && !l.holds(0x10));
         assert_eq!(l.free(0x10), Ok(FreeAnswer::NotOurs), "not ours: the runtime answers");
-        assert_eq!(l.malloc(MB).unwrap(), a, "the block freed once is handed out again");
-        let p = l.host_alloc(MB, 0).unwrap();
+        assert_eq!(l.malloc(MB, 0).unwrap(), a, "the block freed once is handed out again");
+        let p = l.host_alloc(MB, 0, 0).unwrap();
         assert_eq!(l.host_free(p), Ok(FreeAnswer::Pooled));
         assert_eq!(l.host_free(p), Ok(FreeAnswer::Refused), "a cached pinned block freed again");
         assert!(l.holds(p));
         assert_eq!(l.runtime().pinned_bytes(), MB.next_multiple_of(4096), "still pinned, for the next request");
-        assert_eq!(l.host_alloc(MB, 0).unwrap(), p);
+        assert_eq!(l.host_alloc(MB, 0, 0).unwrap(), p);
     }
 }
 
@@ -310,16 +310,16 @@ fn buffer_ids_are_distinct_per_block_and_new_at_every_reuse() {
             RangeAnswer::Live(_, _, id) => id,
             other => panic!("{other:?}"),
         };
-        let a = l.malloc(MB).unwrap();
-        let b = l.malloc(MB).unwrap();
+        let a = l.malloc(MB, 0).unwrap();
+        let b = l.malloc(MB, 0).unwrap();
         let (ida, idb) = (id(a), id(b));
         assert_ne!(ida, idb, "{pool:?}: two live blocks");
         assert_eq!(id(b + 100), idb, "any address inside the block");
         l.free(a).unwrap();
-        assert_eq!(l.malloc(MB).unwrap(), a);
+        assert_eq!(l.malloc(MB, 0).unwrap(), a);
         assert!(id(a) != ida && id(a) != idb, "a reused block has a new id");
         l.runtime().set_device(1).unwrap();
-        let c = l.malloc(MB).unwrap();
+        let c = l.malloc(MB, 0).unwrap();
         assert!(![ida, idb, id(a)].contains(&id(c)), "another device's pool");
         assert!(id(c) > 1 << 62, "far from the runtime's own ids");
     }
@@ -328,16 +328,16 @@ fn buffer_ids_are_distinct_per_block_and_new_at_every_reuse() {
 #[test]
 fn out_of_memory_outside_the_pool_gets_its_cache_back_once() {
     let l = layer(Config::default(), &[1 * GB]);
-    let a = l.malloc(600 * MB).unwrap();
+    let a = l.malloc(600 * MB, 0).unwrap();
     l.free(a).unwrap();
     l.runtime().set_context(Some(0x77)); // a user context on the device: not the pool's
-    let b = l.malloc(700 * MB).expect("the pool's segment given back in its own context, then retried");
+    let b = l.malloc(700 * MB, 0).expect("the pool's segment given back in its own context, then retried");
     assert_eq!(l.runtime().last_error(), 0, "no stale error after a recovered OOM");
-    assert_eq!(l.malloc(700 * MB), Err(DeviceError::OutOfMemory), "nothing cached: the runtime's answer");
+    assert_eq!(l.malloc(700 * MB, 0), Err(DeviceError::OutOfMemory), "nothing cached: the runtime's answer");
     l.runtime().set_context(None);
     l.runtime().free(b).unwrap();
     // The runtime's stream-ordered pool asks for the current device's cache back.
-    let c = l.malloc(600 * MB).unwrap();
+    let c = l.malloc(600 * MB, 0).unwrap();
     l.free(c).unwrap();
     assert_eq!(l.give_back_current(), 600 * MB as u64);
     assert_eq!(l.give_back_current(), 0);

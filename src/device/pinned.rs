@@ -12,14 +12,22 @@ const SLOTS: usize = 64;
 const LIVE_CAPACITY: u32 = 1 << 16;
 const MAP_CAPACITY: usize = 1 << 17;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PinnedBlock {
     pub addr: u64,
     pub len: u64,
     pub flags: u32,
     /// The CUDA context current when it was pinned (0: unknown).
     pub ctx: u64,
+    /// Its holder word while live (Note [Holders]).
+    pub holder: u64,
     freed_seq: u64,
+}
+
+impl PinnedBlock {
+    pub const fn live(addr: u64, len: u64, flags: u32, ctx: u64, holder: u64) -> Self {
+        PinnedBlock { addr, len, flags, ctx, holder, freed_seq: 0 }
+    }
 }
 
 /// Size classes: whole pages, then four classes per power of two.
@@ -81,12 +89,12 @@ impl PinnedCache {
         self.cached_bytes
     }
 
-    /// A cached block of `size`'s class with the same flags and context, if any.
-    pub fn take(&mut self, size: u64, flags: u32, ctx: u64) -> Option<u64> {
+    /// A cached block of `size`'s class with the same flags and context, if any, now `holder`'s.
+    pub fn take(&mut self, size: u64, flags: u32, ctx: u64, holder: u64) -> Option<PinnedBlock> {
         self.requests += 1;
         let len = pinned_class(size);
         let index = self.free.iter().position(|s| s.is_some_and(|b| b.len == len && b.flags == flags && b.ctx == ctx))?;
-        let block = self.free.get(index).copied().flatten()?;
+        let block = PinnedBlock { holder, ..self.free.get(index).copied().flatten()? };
         // Untrackable (tables full): leave it cached and let the caller allocate fresh.
         if !self.track(block) {
             return None;
@@ -96,7 +104,7 @@ impl PinnedCache {
         }
         self.cached_bytes -= block.len;
         self.hits += 1;
-        Some(block.addr)
+        Some(block)
     }
 
     /// The length to pin for a request that missed.
@@ -105,8 +113,13 @@ impl PinnedCache {
     }
 
     /// Records a freshly pinned block; false when the tables are full (leave it untracked).
-    pub fn add_live(&mut self, addr: u64, len: u64, flags: u32, ctx: u64) -> bool {
-        self.track(PinnedBlock { addr, len, flags, ctx, freed_seq: 0 })
+    pub fn add_live(&mut self, addr: u64, len: u64, flags: u32, ctx: u64, holder: u64) -> bool {
+        self.track(PinnedBlock::live(addr, len, flags, ctx, holder))
+    }
+
+    /// The live block starting at `addr`.
+    pub fn live_block(&self, addr: u64) -> Option<PinnedBlock> {
+        self.live.get(addr).map(|i| *self.live_records.get(i))
     }
 
     /// Note [Context lifetime]: forgets every block, cached or live, of context `ctx` (every
@@ -186,11 +199,11 @@ impl PinnedCache {
         PinnedFree::Cached { evicted }
     }
 
-    /// Calls `f(addr, len, live)` for every block, live then cached (the memory snapshot).
-    pub fn for_each(&self, mut f: impl FnMut(u64, u64, bool)) {
-        self.live.for_each(|addr, i| f(addr, self.live_records.get(i).len, true));
+    /// Calls `f(block, live)` for every block, live then cached (the memory snapshot).
+    pub fn for_each(&self, mut f: impl FnMut(&PinnedBlock, bool)) {
+        self.live.for_each(|_, i| f(self.live_records.get(i), true));
         for b in self.free.iter().flatten() {
-            f(b.addr, b.len, false);
+            f(b, false);
         }
     }
 
@@ -224,32 +237,32 @@ mod tests {
     fn reuses_same_class_and_flags_and_bounds_bytes() {
         let mut c = Box::new(PinnedCache::new());
         assert!(c.init(64 << 20, leak_table));
-        assert_eq!(c.take(10 << 20, 0, 7), None);
+        assert_eq!(c.take(10 << 20, 0, 7, 0), None);
         let len = c.len_for(10 << 20);
         assert_eq!(len, 10 << 20);
-        assert!(c.add_live(0x1000_0000, len, 0, 7));
+        assert!(c.add_live(0x1000_0000, len, 0, 7, 0));
         assert!(matches!(c.free(0x1000_0000), PinnedFree::Cached { evicted } if evicted.is_empty()));
         assert!(c.is_cached(0x1000_0000) && !c.owns(0x1000_0000));
         assert!(matches!(c.free(0x1000_0000), PinnedFree::NotOurs), "double free is not ours");
-        assert_eq!(c.take(9 << 20, 1, 7), None, "other flags");
-        assert_eq!(c.take(9 << 20, 0, 8), None, "other context");
-        assert_eq!(c.take((9 << 20) + 1, 0, 7), Some(0x1000_0000), "same class");
+        assert_eq!(c.take(9 << 20, 1, 7, 0), None, "other flags");
+        assert_eq!(c.take(9 << 20, 0, 8, 0), None, "other context");
+        assert_eq!(c.take((9 << 20) + 1, 0, 7, 0).map(|b| b.addr), Some(0x1000_0000), "same class");
         assert_eq!(c.hits, 1);
         // Over the byte limit the oldest blocks go.
         c.free(0x1000_0000);
-        c.add_live(0x2000_0000, c.len_for(40 << 20), 0, 7);
-        c.add_live(0x3000_0000, c.len_for(40 << 20), 0, 7);
+        c.add_live(0x2000_0000, c.len_for(40 << 20), 0, 7, 0);
+        c.add_live(0x3000_0000, c.len_for(40 << 20), 0, 7, 0);
         assert!(matches!(c.free(0x2000_0000), PinnedFree::Cached { .. }));
         let PinnedFree::Cached { evicted } = c.free(0x3000_0000) else { panic!() };
         let evicted: Vec<_> = evicted.iter().map(|r| (r.addr, r.len)).collect();
         assert_eq!(evicted, vec![(0x1000_0000, 10 << 20), (0x2000_0000, 40 << 20)]);
-        c.add_live(0x4000_0000, c.len_for(100 << 20), 0, 7);
+        c.add_live(0x4000_0000, c.len_for(100 << 20), 0, 7, 0);
         assert!(matches!(c.free(0x4000_0000), PinnedFree::Refused));
         assert_eq!(c.cached_bytes(), 40 << 20);
-        assert!(c.add_live(0x5000_0000, 4096, 0, 7));
+        assert!(c.add_live(0x5000_0000, 4096, 0, 7, 9 << 48));
         let mut seen = vec![];
-        c.for_each(|a, l, live| seen.push((a, l, live)));
-        assert_eq!(seen, vec![(0x5000_0000, 4096, true), (0x3000_0000, 40 << 20, false)]);
+        c.for_each(|b, live| seen.push((b.addr, b.len, b.holder, live)));
+        assert_eq!(seen, vec![(0x5000_0000, 4096, 9 << 48, true), (0x3000_0000, 40 << 20, 0, false)]);
         let mut out = [(0, 0); 64];
         assert_eq!(c.drain(&mut out), 1);
         assert_eq!(c.cached_bytes(), 0);
@@ -260,15 +273,15 @@ mod tests {
         let mut c = Box::new(PinnedCache::new());
         assert!(c.init(1 << 30, leak_table));
         for (i, ctx) in [(1u64, 7u64), (2, 7), (3, 8), (4, 8)] {
-            assert!(c.add_live(i << 28, 1 << 20, 0, ctx));
+            assert!(c.add_live(i << 28, 1 << 20, 0, ctx, 0));
         }
         c.free(1 << 28);
         c.free(3 << 28);
         c.forget(Some(7));
         assert!(!c.owns(2 << 28), "live block of the reset context is no longer ours");
         assert!(c.owns(4 << 28));
-        assert_eq!(c.take(1 << 20, 0, 7), None, "its cached block is never handed out");
-        assert_eq!(c.take(1 << 20, 0, 8), Some(3 << 28));
+        assert_eq!(c.take(1 << 20, 0, 7, 0), None, "its cached block is never handed out");
+        assert_eq!(c.take(1 << 20, 0, 8, 0).map(|b| b.addr), Some(3 << 28));
         c.forget(None);
         assert!(!c.owns(4 << 28) && !c.owns(3 << 28));
         assert_eq!(c.cached_bytes(), 0);

@@ -58,6 +58,7 @@
 
 use super::table::{AddrMap, Slab, NONE};
 use crate::backing::TableSource;
+pub use crate::holders::Birth;
 
 pub const SYNCED: u64 = 0;
 pub const PENDING: u64 = 1;
@@ -100,6 +101,8 @@ struct Block {
     small: bool,
     tag: u64,
     born_ns: u64,
+    /// Its holder word while live (Note [Holders]).
+    holder: u64,
     /// An IPC handle names this block (a whole segment): on free the segment goes back to the
     /// runtime instead of the cache (Note [IPC]).
     exported: bool,
@@ -122,6 +125,8 @@ pub enum Alloc {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Freed {
     pub size: u64,
+    /// The block's holder word (Note [Holders]).
+    pub holder: u64,
     /// A segment that left the pool (Note [IPC]): the caller gives it back to the runtime.
     pub release: Option<(u64, u64)>,
 }
@@ -252,6 +257,23 @@ impl DevicePool {
         self.stats.reserved_bytes - self.stats.live_bytes
     }
 
+    /// The largest free block (0 with none): a request larger than it needs a new segment
+    /// however much is cached (fragmentation, for the out-of-memory report).
+    pub fn largest_free_bytes(&self) -> u64 {
+        let mut largest = 0;
+        self.segments.for_each(|_, first| {
+            let mut i = first;
+            while i != NONE {
+                let b = self.blocks.get(i);
+                if !b.allocated {
+                    largest = largest.max(b.size);
+                }
+                i = b.seg_next;
+            }
+        });
+        largest
+    }
+
     pub fn owns(&self, addr: u64) -> bool {
         self.live.get(addr).is_some()
     }
@@ -278,12 +300,12 @@ impl DevicePool {
         self.stats.reserved_bytes.saturating_add(len) <= self.limit_bytes
     }
 
-    pub fn alloc(&mut self, size: u64, tag: u64, now_ns: u64) -> Alloc {
+    pub fn alloc(&mut self, size: u64, tag: u64, birth: Birth) -> Alloc {
         self.stats.requests += 1;
         let need = self.rounded(size);
         let small = self.strategy == Strategy::Split && need < SMALL_LIMIT;
         if let Some(index) = self.find_fit(need, small, tag) {
-            if let Some(addr) = self.take(index, need, now_ns) {
+            if let Some(addr) = self.take(index, need, birth) {
                 if !core::mem::take(&mut self.serving_miss) {
                     self.stats.hits += 1;
                 }
@@ -322,7 +344,7 @@ impl DevicePool {
 
     /// Records a segment the caller mapped after `NeedSegment`.
     pub fn add_segment(&mut self, addr: u64, len: u64, small: bool) -> bool {
-        let block = Block { addr, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0, exported: false, buffer_id: 0 };
+        let block = Block { addr, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0, holder: 0, exported: false, buffer_id: 0 };
         let Some(i) = self.blocks.insert(block) else { return false };
         if !self.segments.insert(addr, i) {
             self.blocks.remove(i);
@@ -353,11 +375,11 @@ impl DevicePool {
             self.blocks.remove(i);
             self.stats.reserved_bytes -= b.size;
             self.stats.segments_released += 1;
-            return Some(Freed { size: b.size, release: Some((b.addr, b.size)) });
+            return Some(Freed { size: b.size, holder: b.holder, release: Some((b.addr, b.size)) });
         }
         let merged = self.merge_neighbours(i);
         self.link(merged);
-        Some(Freed { size: b.size, release: None })
+        Some(Freed { size: b.size, holder: b.holder, release: None })
     }
 
     /// The block of segment `segment_base` that contains `addr`; `None` when that segment is

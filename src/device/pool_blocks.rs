@@ -86,12 +86,12 @@ impl DevicePool {
     }
 
     /// Hands out free block `i` for `need` bytes, splitting off the rest when worthwhile.
-    pub(super) fn take(&mut self, i: u32, need: u64, now_ns: u64) -> Option<u64> {
+    pub(super) fn take(&mut self, i: u32, need: u64, birth: Birth) -> Option<u64> {
         self.unlink(i);
         let b = *self.blocks.get(i);
         let rest = b.size - need;
         if b.seg_prev == NONE && self.strategy == Strategy::Split && b.size <= MAX_SPLIT && rest >= ROUND {
-            return self.take_tail(i, need, now_ns);
+            return self.take_tail(i, need, birth);
         }
         let split = self.strategy == Strategy::Split
             && b.size <= MAX_SPLIT
@@ -108,12 +108,12 @@ impl DevicePool {
                 self.link(t);
             }
         }
-        self.hand_out(i, now_ns)
+        self.hand_out(i, birth)
     }
 
     /// Note [Frees that bypass us]: free block `i` (unlinked) is its segment's base: the request
     /// is carved from its tail and the head stays free.
-    pub(super) fn take_tail(&mut self, i: u32, need: u64, now_ns: u64) -> Option<u64> {
+    pub(super) fn take_tail(&mut self, i: u32, need: u64, birth: Birth) -> Option<u64> {
         let b = *self.blocks.get(i);
         let rest = b.size - need;
         let tail = Block { addr: b.addr + rest, size: need, seg_prev: i, seg_next: b.seg_next, allocated: false, ..b };
@@ -128,7 +128,7 @@ impl DevicePool {
         r.size = rest;
         r.seg_next = t;
         self.link(i);
-        match self.hand_out(t, now_ns) {
+        match self.hand_out(t, birth) {
             Some(addr) => Some(addr),
             None => {
                 // The live map is full: merge the tail back and leave the block as it was.
@@ -150,7 +150,7 @@ impl DevicePool {
 
     /// Marks block `i` (unlinked, split as wanted) live and hands it out; `None` when the live
     /// map is full (the block is linked back).
-    pub(super) fn hand_out(&mut self, i: u32, now_ns: u64) -> Option<u64> {
+    pub(super) fn hand_out(&mut self, i: u32, birth: Birth) -> Option<u64> {
         let b = *self.blocks.get(i);
         if !self.live.insert(b.addr, i) {
             self.link(i);
@@ -159,7 +159,8 @@ impl DevicePool {
         self.last_buffer_id += 1;
         let r = self.blocks.get_mut(i);
         r.allocated = true;
-        r.born_ns = now_ns;
+        r.born_ns = birth.ns;
+        r.holder = birth.holder;
         r.buffer_id = self.last_buffer_id;
         let size = r.size;
         self.stats.live_bytes += size;

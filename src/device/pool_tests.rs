@@ -24,7 +24,7 @@ impl Harness {
     /// What the glue does: follow the pool's requests until it hits or fails.
     fn alloc(&mut self, size: u64, tag: u64) -> Option<u64> {
         for _ in 0..4 {
-            match self.pool.alloc(size, tag, 0) {
+            match self.pool.alloc(size, tag, Birth::at(0)) {
                 Alloc::Hit { addr, size: got } => {
                     assert!(got >= size);
                     return Some(addr);
@@ -110,9 +110,9 @@ fn pending_blocks_need_a_sync_before_reuse() {
     let mut h = Harness::new(Strategy::Split, 1 << 40);
     let a = h.alloc(32 * MB, SYNCED).unwrap();
     h.pool.free(a, PENDING);
-    assert_eq!(h.pool.alloc(32 * MB, SYNCED, 0), Alloc::NeedSync);
+    assert_eq!(h.pool.alloc(32 * MB, SYNCED, Birth::at(0)), Alloc::NeedSync);
     h.pool.mark_all_synced();
-    assert_eq!(h.pool.alloc(32 * MB, SYNCED, 0), Alloc::Hit { addr: a, size: 32 * MB });
+    assert_eq!(h.pool.alloc(32 * MB, SYNCED, Birth::at(0)), Alloc::Hit { addr: a, size: 32 * MB });
     h.pool.check_invariants().unwrap();
 }
 
@@ -123,9 +123,9 @@ fn stream_blocks_are_reused_on_their_stream_without_sync() {
     let s2 = stream_tag(0x5678);
     let a = h.alloc(32 * MB, s1).unwrap();
     h.pool.free(a, s1);
-    assert_eq!(h.pool.alloc(32 * MB, s1, 0), Alloc::Hit { addr: a, size: 32 * MB });
+    assert_eq!(h.pool.alloc(32 * MB, s1, Birth::at(0)), Alloc::Hit { addr: a, size: 32 * MB });
     h.pool.free(a, s1);
-    assert!(matches!(h.pool.alloc(32 * MB, s2, 0), Alloc::NeedSegment { .. }), "another stream maps fresh memory");
+    assert!(matches!(h.pool.alloc(32 * MB, s2, Birth::at(0)), Alloc::NeedSegment { .. }), "another stream maps fresh memory");
     assert_eq!(stream_tag(0), 2);
     h.pool.check_invariants().unwrap();
 }

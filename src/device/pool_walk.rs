@@ -42,15 +42,10 @@ impl<'a> WalkSegment<'a> {
                 size: b.size,
                 allocated: b.allocated,
                 pending: !b.allocated && b.tag == PENDING,
-                holder: if b.allocated { holder_of(b) } else { 0 },
+                holder: if b.allocated { b.holder } else { 0 },
             })
         })
     }
-}
-
-/// The holder word the pool keeps for a live block. Stub until the pool records holders.
-fn holder_of(_b: &Block) -> u64 {
-    0
 }
 
 impl DevicePool {
@@ -72,13 +67,13 @@ mod tests {
     fn segments_are_tiled_by_their_blocks() {
         let mut pool = Box::new(DevicePool::new());
         assert!(pool.init(Strategy::Split, u64::MAX, leak_table));
-        assert!(matches!(pool.alloc(3 << 20, SYNCED, 0), Alloc::NeedSegment { len, small: false } if len == 20 << 20));
+        assert!(matches!(pool.alloc(3 << 20, SYNCED, Birth::default()), Alloc::NeedSegment { len, small: false } if len == 20 << 20));
         assert!(pool.add_segment(0x7000_0000_0000, 20 << 20, false));
-        let Alloc::Hit { addr: a, .. } = pool.alloc(3 << 20, SYNCED, 0) else { panic!() };
-        let Alloc::Hit { addr: b, .. } = pool.alloc(1 << 20, SYNCED, 0) else { panic!() };
-        assert!(matches!(pool.alloc(1000, SYNCED, 0), Alloc::NeedSegment { small: true, .. }));
+        let Alloc::Hit { addr: a, .. } = pool.alloc(3 << 20, SYNCED, Birth::default()) else { panic!() };
+        let Alloc::Hit { addr: b, .. } = pool.alloc(1 << 20, SYNCED, Birth { ns: 5, holder: 7 << 48 | 0x1234 }) else { panic!() };
+        assert!(matches!(pool.alloc(1000, SYNCED, Birth::default()), Alloc::NeedSegment { small: true, .. }));
         assert!(pool.add_segment(0x7100_0000_0000, 2 << 20, true));
-        let Alloc::Hit { .. } = pool.alloc(1000, SYNCED, 0) else { panic!() };
+        let Alloc::Hit { .. } = pool.alloc(1000, SYNCED, Birth::default()) else { panic!() };
         pool.free(a, PENDING).unwrap();
         let mut seen = vec![];
         pool.for_each_segment(|s| seen.push((s.addr, s.small, s.blocks().collect::<Vec<_>>())));
@@ -91,8 +86,8 @@ mod tests {
         let (_, small, big) = &seen[0];
         assert!(!small);
         assert_eq!(big.iter().map(|b| b.size).sum::<u64>(), 20 << 20);
-        let live: Vec<_> = big.iter().filter(|b| b.allocated).map(|b| (b.addr, b.size)).collect();
-        assert_eq!(live, vec![(b, 1 << 20)]);
+        let live: Vec<_> = big.iter().filter(|b| b.allocated).map(|b| (b.addr, b.size, b.holder)).collect();
+        assert_eq!(live, vec![(b, 1 << 20, 7 << 48 | 0x1234)]);
         let freed = big.iter().find(|b| b.addr == a).unwrap();
         assert!(freed.pending && !freed.allocated && freed.holder == 0);
         let (_, small, little) = &seen[1];

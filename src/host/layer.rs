@@ -56,7 +56,9 @@
 // resident (hot) and lazily freed bytes so RSS can be read against them.
 
 use super::cache::{BlockCache, CacheLimits, Live, Part, Parts};
-use super::registry::{Owner, Registry};
+use super::registry::{Birth, Owner, Registry};
+use crate::history::{self, HistoryEvent};
+use crate::holders::PLACE_HOST;
 use crate::backing::TableSource;
 use crate::ranges::{Range, RangeList};
 use crate::backing::{Moved, PageMemory};
@@ -330,18 +332,64 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     /// A large block of at least `size` bytes starting at a multiple of `align` (a power of
-    /// two); zero-filled when `zeroed`. `None` means out of memory.
-    pub fn alloc(&self, size: usize, align: usize, zeroed: bool) -> Option<usize> {
+    /// two); zero-filled when `zeroed`; `holder` is its holder word (Note [Holders]). `None`
+    /// means out of memory.
+    pub fn alloc(&self, size: usize, align: usize, zeroed: bool, holder: u64) -> Option<usize> {
         let start = (self.clock)();
-        let out = self.alloc_untimed(size, align, zeroed);
+        let birth = Birth { ns: start, holder };
+        let out = self.alloc_untimed(size, align, zeroed, birth);
         self.stats.phases.alloc.record((self.clock)().saturating_sub(start));
-        let (addr, outcome) = out?;
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, outcome, 0, size as u64, addr as u64);
+        let (addr, len, outcome) = out?;
+        self.record_alloc(addr, len, size, outcome, birth);
         Some(addr)
     }
 
-    /// The block and how it was found (trace::HIT, GROWN or MISS).
-    fn alloc_untimed(&self, size: usize, align: usize, zeroed: bool) -> Option<(usize, u8)> {
+    // Note [One recording point]
+    // Every figure that follows a live block (the live gauges, scopes, the holders table, the
+    // history ring, the trace) changes in record_alloc, record_free and record_resize, with the
+    // block's mapped length, so they all add up to one another.
+
+    fn record_alloc(&self, addr: usize, len: usize, asked: usize, outcome: u8, birth: Birth) {
+        self.stats.live.add(len as u64);
+        self.stats.live_blocks.add(1);
+        crate::scopes::on_alloc(len as u64);
+        crate::holders::HOLDERS.on_alloc(birth.holder, PLACE_HOST, len as u64);
+        let event = HistoryEvent { time_ns: birth.ns, addr: addr as u64, size: len as u64, holder: birth.holder, action: history::ALLOC, ..Default::default() };
+        history::record(&event);
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, outcome, 0, asked as u64, addr as u64);
+    }
+
+    fn record_free(&self, addr: usize, len: usize, holder: u64, now_ns: u64) {
+        self.stats.frees.add(1);
+        self.stats.live.sub(len as u64);
+        self.stats.live_blocks.sub(1);
+        crate::scopes::on_free(len as u64);
+        crate::holders::HOLDERS.on_free(holder, PLACE_HOST, len as u64);
+        history::record(&HistoryEvent { time_ns: now_ns, addr: addr as u64, size: len as u64, holder, action: history::FREE, ..Default::default() });
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64);
+    }
+
+    /// A resize that kept the block (in place or by mremap): for the history and the trace, a
+    /// free of the old block and an alloc of the new one; the copying fallback records through
+    /// alloc and free.
+    fn record_resize(&self, (addr, len): (usize, usize), (moved, need): (usize, usize), asked: usize, birth: Birth) {
+        if need >= len {
+            self.stats.live.add((need - len) as u64);
+        } else {
+            self.stats.live.sub((len - need) as u64);
+        }
+        crate::scopes::on_free(len as u64);
+        crate::scopes::on_alloc(need as u64);
+        crate::holders::HOLDERS.on_resize(birth.holder, PLACE_HOST, len as u64, need as u64);
+        let now_ns = (self.clock)();
+        history::record(&HistoryEvent { time_ns: now_ns, addr: addr as u64, size: len as u64, holder: birth.holder, action: history::FREE, ..Default::default() });
+        history::record(&HistoryEvent { time_ns: now_ns, addr: moved as u64, size: need as u64, holder: birth.holder, action: history::ALLOC, ..Default::default() });
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64);
+        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, crate::trace::HIT, 0, asked as u64, moved as u64);
+    }
+
+    /// The block, its mapped length and how it was found (trace::HIT, GROWN or MISS).
+    fn alloc_untimed(&self, size: usize, align: usize, zeroed: bool, birth: Birth) -> Option<(usize, usize, u8)> {
         self.stats.requests.add(1);
         let (need, granule) = self.block_shape(size)?;
         let align = align.max(BLOCK_ALIGN);
@@ -351,7 +399,7 @@ impl<M: PageMemory> HostLayer<M> {
             let taken = cache.take(need, align);
             if let Some(t) = &taken {
                 // The leaf exists: the block was recorded as cached.
-                let _ = self.registry.set_live(t.addr, t.len, hit_start);
+                let _ = self.registry.set_live(t.addr, t.len, Birth { ns: hit_start, ..birth });
                 if let Some(tail) = t.tail_kept {
                     let _ = self.registry.set_cached(tail.addr, tail.len);
                 }
@@ -371,39 +419,33 @@ impl<M: PageMemory> HostLayer<M> {
             if t.was_released {
                 self.stats.hits_after_release.add(1);
             }
-            self.stats.live.add(t.len as u64);
-            self.stats.live_blocks.add(1);
             self.stats.phases.alloc_hit.record((self.clock)().saturating_sub(hit_start));
-            return Some((t.addr, crate::trace::HIT));
+            return Some((t.addr, t.len, crate::trace::HIT));
         }
 
-        if let Some((addr, dirty)) = self.gather_cached(need, align.max(granule), hit_start) {
+        if let Some((addr, dirty)) = self.gather_cached(need, align.max(granule), Birth { ns: hit_start, ..birth }) {
             if zeroed {
                 // Only the moved parts may hold data; the rest of the mapping is fresh.
                 for part in dirty.iter() {
                     self.zero_reused(part.addr, (addr + size).saturating_sub(part.addr).min(part.len), part.len);
                 }
             }
-            self.stats.live.add(need as u64);
-            self.stats.live_blocks.add(1);
-            return Some((addr, crate::trace::GROWN));
+            return Some((addr, need, crate::trace::GROWN));
         }
         self.stats.misses.add(1);
         let addr = self.timed(&self.stats.phases.alloc_map, || self.map_fresh(need, align.max(granule)))?;
-        if !self.registry.set_live(addr, need, hit_start) {
+        if !self.registry.set_live(addr, need, Birth { ns: hit_start, ..birth }) {
             self.memory.unmap(addr, need);
             self.stats.map_failures.add(1);
             return None;
         }
-        self.stats.live.add(need as u64);
-        self.stats.live_blocks.add(1);
-        Some((addr, crate::trace::MISS))
+        Some((addr, need, crate::trace::MISS))
     }
 
     /// A miss that cached blocks can still serve together: their pages move into a fresh
     /// mapping of the needed size, so only what they do not cover faults in (Note [Gathering
     /// pages]). Returns the block and the ranges in it that may hold data.
-    fn gather_cached(&self, need: usize, align: usize, born_ns: u64) -> Option<(usize, RangeList)> {
+    fn gather_cached(&self, need: usize, align: usize, birth: Birth) -> Option<(usize, RangeList)> {
         let parts = {
             let mut cache = self.cache.lock();
             let parts = cache.take_parts(need);
@@ -419,11 +461,11 @@ impl<M: PageMemory> HostLayer<M> {
         if parts.is_empty() {
             return None;
         }
-        self.timed(&self.stats.phases.alloc_grow, || self.move_into_new_mapping(&parts, need, align, born_ns))
+        self.timed(&self.stats.phases.alloc_grow, || self.move_into_new_mapping(&parts, need, align, birth))
     }
 
     /// The second half of `gather_cached`, outside the lock: a new mapping, the parts moved in.
-    fn move_into_new_mapping(&self, parts: &Parts, need: usize, align: usize, born_ns: u64) -> Option<(usize, RangeList)> {
+    fn move_into_new_mapping(&self, parts: &Parts, need: usize, align: usize, birth: Birth) -> Option<(usize, RangeList)> {
         let Some(dest) = self.map_recordable(need, align) else {
             for part in parts.iter() {
                 self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), Live::default());
@@ -461,7 +503,7 @@ impl<M: PageMemory> HostLayer<M> {
             return None;
         }
         // Cannot fail: the spare leaf was reserved.
-        if !self.registry.set_live(dest, need, born_ns) {
+        if !self.registry.set_live(dest, need, birth) {
             self.memory.unmap(dest, need);
             return None;
         }
@@ -533,6 +575,12 @@ impl<M: PageMemory> HostLayer<M> {
         true
     }
 
+    /// Whether a mapping of `len` bytes could succeed under the limits were nothing of ours
+    /// mapped (PageMemory::could_map).
+    pub fn could_map(&self, len: usize) -> bool {
+        self.memory.could_map(len)
+    }
+
     /// Whether the cache or the deferred list holds anything `make_room` could give back.
     pub fn holds_idle_memory(&self) -> bool {
         let cache = self.cache.lock();
@@ -542,12 +590,9 @@ impl<M: PageMemory> HostLayer<M> {
     /// Takes back a live block (`owner` said `Live { len }`).
     pub fn free(&self, addr: usize, len: usize) {
         let start = (self.clock)();
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64);
-        self.stats.frees.add(1);
         // Live before this free: the bounds follow its peak, reached just before some free.
         let live = Live { bytes: self.stats.live.current() as usize, blocks: self.stats.live_blocks.current() as usize };
-        self.stats.live.sub(len as u64);
-        self.stats.live_blocks.sub(1);
+        self.record_free(addr, len, self.registry.birth(addr).holder, start);
         if self.memory.reset_for_cache(addr, len) {
             self.cache_block(addr, len, false, start, live);
         } else {
@@ -602,30 +647,24 @@ impl<M: PageMemory> HostLayer<M> {
         out
     }
 
-    /// For the trace, a resize that kept the block (in place or by mremap) is a free of the old
-    /// block and an alloc of the new one; the copying fallback records through alloc and free.
-    fn trace_resized(addr: usize, len: usize, moved: usize, new_size: usize) {
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64);
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, crate::trace::HIT, 0, new_size as u64, moved as u64);
-    }
-
     fn resize_untimed(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
         let (need, granule) = self.block_shape(new_size)?;
-        let born = self.registry.born_ns(addr);
+        let born = self.registry.birth(addr);
         if need <= len {
             let spare = len - need;
             let unmaps = {
                 let mut cache = self.cache.lock();
                 (spare > len / 100 * cache.waste_percent()).then(|| {
                     let _ = self.registry.set_live(addr, need, born);
-                    self.stats.live.sub(spare as u64);
                     self.defer_unmaps(&mut cache, &single(Range { addr: addr + need, len: spare }))
                 })
             };
+            // Kept whole when the spare was too small to give back.
+            let kept = if unmaps.is_some() { need } else { len };
             if let Some(unmaps) = unmaps {
                 self.finish_unmaps(unmaps);
             }
-            Self::trace_resized(addr, len, addr, new_size);
+            self.record_resize((addr, len), (addr, kept), new_size, born);
             return Some(addr);
         }
         if self.registry.reserve_spare() {
@@ -636,15 +675,14 @@ impl<M: PageMemory> HostLayer<M> {
                 // Cannot fail: the spare leaf was reserved above.
                 let _ = self.registry.set_live(moved, need, born);
                 self.stats.remaps.add(1);
-                self.stats.live.add((need - len) as u64);
-                Self::trace_resized(addr, len, moved, new_size);
+                self.record_resize((addr, len), (moved, need), new_size, born);
                 return Some(moved);
             }
             let _ = self.registry.set_live(addr, len, born);
         }
         // mremap refuses ranges that span several mappings (a program may have madvised part
         // of the block): copy instead.
-        let fresh = self.alloc(new_size, PAGE, false)?;
+        let fresh = self.alloc(new_size, PAGE, false, born.holder)?;
         self.memory.copy(fresh, addr, len);
         self.free(addr, len);
         Some(fresh)
@@ -711,8 +749,8 @@ impl<M: PageMemory> HostLayer<M> {
         deadline
     }
 
-    /// Every live block: (address, mapped length, birth time); for the leak report.
-    pub fn for_each_live(&self, f: impl FnMut(usize, usize, u64)) {
+    /// Every live block: (address, mapped length, birth); for the reports.
+    pub fn for_each_live(&self, f: impl FnMut(usize, usize, Birth)) {
         self.registry.for_each_live(f);
     }
 

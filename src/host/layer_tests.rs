@@ -60,7 +60,7 @@ fn check(l: &HostLayer<SimPages>) {
 #[test]
 fn hot_reuse_makes_no_system_calls() {
     let l = layer(Config::default());
-    let a = l.alloc(80 * 1000 * 1000, 4096, false).unwrap();
+    let a = l.alloc(80 * 1000 * 1000, 4096, false, 0).unwrap();
     let len = match l.owner(a) {
         Owner::Live { len } => len,
         other => panic!("{other:?}"),
@@ -70,7 +70,7 @@ fn hot_reuse_makes_no_system_calls() {
     l.free(a, len);
     assert_eq!(l.owner(a), Owner::Cached);
     let before = l.memory.calls();
-    let b = l.alloc(80 * 1000 * 1000, 4096, false).unwrap();
+    let b = l.alloc(80 * 1000 * 1000, 4096, false, 0).unwrap();
     assert_eq!(a, b);
     let after = l.memory.calls();
     assert_eq!((after.maps, after.unmaps, after.releases), (before.maps, before.unmaps, before.releases));
@@ -86,24 +86,24 @@ fn calloc_reads_zero_on_every_path_and_costs_what_was_touched() {
     let zeroed = || l.memory.calls().zeroed_bytes;
     let discarded = || l.memory.calls().discarded_bytes;
     // Fresh: already zero, nothing written.
-    let a = l.alloc(8 * MB, 4096, true).unwrap();
+    let a = l.alloc(8 * MB, 4096, true, 0).unwrap();
     assert!(l.memory.reads_zero(a, 8 * MB));
     assert_eq!((zeroed(), discarded()), (0, 0), "fresh mappings are already zero");
     // Dense use, then calloc again: resident, so zeros are written (dropping the pages would
     // make every one fault again).
     l.memory.write(a, 8 * MB);
     l.free(a, 8 * MB);
-    let b = l.alloc(8 * MB - 100, 4096, true).unwrap();
+    let b = l.alloc(8 * MB - 100, 4096, true, 0).unwrap();
     assert_eq!(b, a);
     assert!(l.memory.reads_zero(b, 8 * MB), "the whole usable size reads zero");
     assert_eq!((zeroed(), discarded()), ((8 * MB) as u64, 0));
     // Sparse use (two pages) of a block not zeroed by writing: the pages are discarded,
     // nothing written.
-    let s = l.alloc(32 * MB, 4096, true).unwrap();
+    let s = l.alloc(32 * MB, 4096, true, 0).unwrap();
     l.memory.write(s, 4096);
     l.memory.write(s + 20 * MB, 4096);
     l.free(s, 32 * MB);
-    let s2 = l.alloc(32 * MB, 4096, true).unwrap();
+    let s2 = l.alloc(32 * MB, 4096, true, 0).unwrap();
     assert_eq!(s2, s);
     assert!(l.memory.reads_zero(s2, 32 * MB));
     assert_eq!((zeroed(), discarded()), ((8 * MB) as u64, 32 * MB as u64));
@@ -112,7 +112,7 @@ fn calloc_reads_zero_on_every_path_and_costs_what_was_touched() {
     // A block zeroed by writing is resident: used sparsely, it is written again.
     l.memory.write(b, 4096);
     l.free(b, 8 * MB);
-    let c = l.alloc(8 * MB, 4096, true).unwrap();
+    let c = l.alloc(8 * MB, 4096, true, 0).unwrap();
     assert!(l.memory.reads_zero(c, 8 * MB));
     assert_eq!(zeroed(), 2 * (8 * MB) as u64);
     // Released (MADV_FREE keeps contents until the kernel takes the pages): still zeroed.
@@ -121,22 +121,22 @@ fn calloc_reads_zero_on_every_path_and_costs_what_was_touched() {
     advance(100 * MS);
     l.reap();
     assert_eq!(l.memory.calls().releases, 2, "c and s2");
-    let d = l.alloc(8 * MB, 4096, true).unwrap();
+    let d = l.alloc(8 * MB, 4096, true, 0).unwrap();
     assert_eq!((d, l.stats.hits_after_release.get()), (c, 1));
     assert!(l.memory.reads_zero(d, 8 * MB));
     // A split: the kept tail of a zeroed block is known zero; the head was written.
     l.memory.write(d, 4096);
     l.free(d, 8 * MB);
-    let e = l.alloc(64 * MB, 4096, true).unwrap(); // grown from d: only d's 8 MB may hold data
+    let e = l.alloc(64 * MB, 4096, true, 0).unwrap(); // grown from d: only d's 8 MB may hold data
     assert!(l.memory.reads_zero(e, 64 * MB));
     assert_eq!(l.stats.grows.get(), 1);
     let before = (zeroed(), discarded());
     l.memory.write(e, 64 * MB);
     l.free(e, 64 * MB);
-    let f = l.alloc(16 * MB, 4096, true).unwrap();
+    let f = l.alloc(16 * MB, 4096, true, 0).unwrap();
     assert!(l.memory.reads_zero(f, live_len(&l, f)));
     assert_eq!(zeroed(), before.0 + live_len(&l, f) as u64, "only what is handed out is zeroed");
-    let g = l.alloc(40 * MB, 4096, true).unwrap();
+    let g = l.alloc(40 * MB, 4096, true, 0).unwrap();
     assert_eq!(g, f + 16 * MB, "the tail");
     assert!(l.memory.reads_zero(g, 40 * MB));
     // A request short of the block it is served from: the rest up to the usable size reads
@@ -144,7 +144,7 @@ fn calloc_reads_zero_on_every_path_and_costs_what_was_touched() {
     l.memory.write(g, 40 * MB);
     l.free(g, live_len(&l, g));
     let cost = (zeroed(), discarded());
-    let g = l.alloc(38 * MB + 1, 4096, true).unwrap();
+    let g = l.alloc(38 * MB + 1, 4096, true, 0).unwrap();
     let len = live_len(&l, g);
     assert!(len > 40 * MB, "served from the whole 48 MB tail");
     assert!(l.memory.reads_zero(g, len));
@@ -157,14 +157,14 @@ fn calloc_reads_zero_on_every_path_and_costs_what_was_touched() {
     advance(100 * MS);
     l.reap();
     let cost = (zeroed(), discarded());
-    let g = l.alloc(40 * MB, 4096, true).unwrap();
+    let g = l.alloc(40 * MB, 4096, true, 0).unwrap();
     assert!(l.memory.reads_zero(g, 40 * MB));
     assert_eq!((zeroed(), discarded()), cost, "known zero: nothing to do");
     // A kernel that refuses madvise: zeros are written instead.
     l.memory.fail_discards();
     l.memory.write(g, 4096);
     l.free(g, live_len(&l, g));
-    let h = l.alloc(48 * MB, 4096, true).unwrap();
+    let h = l.alloc(48 * MB, 4096, true, 0).unwrap();
     assert!(l.memory.reads_zero(h, 48 * MB));
     l.free(f, live_len(&l, f));
     l.free(h, live_len(&l, h));
@@ -177,21 +177,21 @@ fn calloc_reads_zero_on_every_path_and_costs_what_was_touched() {
 #[test]
 fn blocks_handed_out_are_plain_memory() {
     let l = layer(Config::default());
-    let a = l.alloc(40 * MB, 4096, false).unwrap();
+    let a = l.alloc(40 * MB, 4096, false, 0).unwrap();
     l.memory.write(a, 40 * MB);
     l.memory.alter(a, 40 * MB); // read-only, locked, MADV_DONTFORK: whatever it was
     l.free(a, 40 * MB);
     assert!(l.memory.hidden_from_children(a, 40 * MB), "cached blocks stay out of forked children");
-    let b = l.alloc(40 * MB, 4096, true).unwrap();
+    let b = l.alloc(40 * MB, 4096, true, 0).unwrap();
     assert_eq!(b, a, "reused");
     assert!(l.memory.is_plain(b, 40 * MB) && l.memory.reads_zero(b, 40 * MB));
     // Gathered from two altered blocks: plain too.
-    let c = l.alloc(24 * MB, 4096, false).unwrap();
+    let c = l.alloc(24 * MB, 4096, false, 0).unwrap();
     l.memory.alter(b + 8 * MB, PAGE);
     l.memory.alter(c, PAGE);
     l.free(b, 40 * MB);
     l.free(c, 24 * MB);
-    let d = l.alloc(64 * MB, 4096, false).unwrap();
+    let d = l.alloc(64 * MB, 4096, false, 0).unwrap();
     assert!(l.memory.is_plain(d, live_len(&l, d)));
     l.free(d, live_len(&l, d));
     // A forked child: the cache (blocks being released included) is forgotten, nothing unmapped.
@@ -203,7 +203,7 @@ fn blocks_handed_out_are_plain_memory() {
     assert_eq!(l.stats.cached.current(), 0);
     // A block that cannot be restored (sealed, or partly unmapped by the program) is unmapped.
     let l = layer(Config::default());
-    let e = l.alloc(8 * MB, 4096, false).unwrap();
+    let e = l.alloc(8 * MB, 4096, false, 0).unwrap();
     l.memory.fail_resets();
     l.free(e, 8 * MB);
     assert_eq!((l.cached(), l.stats.unresettable.get()), ((0, 0), 1));
@@ -216,8 +216,8 @@ fn blocks_handed_out_are_plain_memory() {
 #[test]
 fn evictions_leave_the_callers_path() {
     let l = layer_with(Config { cache_blocks: Some(1), ..Config::default() }, yes);
-    let a = l.alloc(8 * MB, 4096, false).unwrap();
-    let b = l.alloc(16 * MB, 4096, false).unwrap();
+    let a = l.alloc(8 * MB, 4096, false, 0).unwrap();
+    let b = l.alloc(16 * MB, 4096, false, 0).unwrap();
     l.free(a, 8 * MB);
     let unmaps = l.memory.calls().unmaps;
     l.free(b, 16 * MB); // evicts a
@@ -226,7 +226,7 @@ fn evictions_leave_the_callers_path() {
     assert_eq!(l.owner(a), Owner::Foreign);
     assert!(l.memory.is_mapped(a, 8 * MB));
     check(&l);
-    let c = l.alloc(8 * MB, 4096, false).unwrap();
+    let c = l.alloc(8 * MB, 4096, false, 0).unwrap();
     assert_ne!(c, a, "a deferred block is never handed out");
     assert_eq!(c, b, "the cached block serves it (split)");
     l.reap();
@@ -234,22 +234,22 @@ fn evictions_leave_the_callers_path() {
     assert!(!l.memory.is_mapped(a, 8 * MB));
     check(&l);
     // Memory short: a failed map unmaps the deferred list and the cache, then retries.
-    let d = l.alloc(8 * MB, 4096, false).unwrap();
+    let d = l.alloc(8 * MB, 4096, false, 0).unwrap();
     assert_eq!(d, c + 8 * MB, "the rest of b");
-    let x = l.alloc(8 * MB, 4096, false).unwrap();
+    let x = l.alloc(8 * MB, 4096, false, 0).unwrap();
     l.free(c, live_len(&l, c));
     l.free(x, 8 * MB); // evicts c (not next to x)
     assert_eq!(l.deferred_bytes(), 8 * MB);
     l.memory.fail_next_maps(2); // growing x, then the fresh mapping
-    let e = l.alloc(32 * MB, 4096, false).expect("retried after unmapping");
+    let e = l.alloc(32 * MB, 4096, false, 0).expect("retried after unmapping");
     assert_eq!((l.deferred_bytes(), l.cached()), (0, (0, 0)));
     l.free(e, 32 * MB);
     l.free(d, 8 * MB);
     check(&l);
     // No background thread: inline, as before.
     let l = layer(Config { cache_blocks: Some(1), ..Config::default() });
-    let a = l.alloc(8 * MB, 4096, false).unwrap();
-    let b = l.alloc(8 * MB, 4096, false).unwrap();
+    let a = l.alloc(8 * MB, 4096, false, 0).unwrap();
+    let b = l.alloc(8 * MB, 4096, false, 0).unwrap();
     l.free(a, 8 * MB);
     l.free(b, 8 * MB);
     assert_eq!((l.deferred_bytes(), l.memory.is_mapped(a, 8 * MB)), (0, false));
@@ -261,13 +261,13 @@ fn evictions_leave_the_callers_path() {
 #[test]
 fn the_bound_follows_the_working_set() {
     let l = layer(Config::default());
-    let blocks: Vec<usize> = (0..64).map(|_| l.alloc(40 * MB, 4096, false).unwrap()).collect();
+    let blocks: Vec<usize> = (0..64).map(|_| l.alloc(40 * MB, 4096, false, 0).unwrap()).collect();
     for &b in &blocks {
         l.free(b, 40 * MB);
     }
     assert_eq!(l.cached(), (64, 64 * 40 * MB));
     assert_eq!(l.stats.unmapped_blocks.get(), 0);
-    let again: Vec<usize> = (0..64).map(|_| l.alloc(40 * MB, 4096, false).unwrap()).collect();
+    let again: Vec<usize> = (0..64).map(|_| l.alloc(40 * MB, 4096, false, 0).unwrap()).collect();
     assert_eq!(l.stats.hits.get(), 64);
     for &b in &again {
         l.free(b, 40 * MB);
@@ -275,7 +275,7 @@ fn the_bound_follows_the_working_set() {
     check(&l);
     // A bound the user set stays exact.
     let l = layer(Config { cache_bytes: Some(1 << 30), ..Config::default() });
-    for b in (0..64).map(|_| l.alloc(40 * MB, 4096, false).unwrap()).collect::<Vec<_>>() {
+    for b in (0..64).map(|_| l.alloc(40 * MB, 4096, false, 0).unwrap()).collect::<Vec<_>>() {
         l.free(b, 40 * MB);
     }
     assert_eq!(l.cached().1, 25 * 40 * MB);
@@ -285,7 +285,7 @@ fn the_bound_follows_the_working_set() {
 #[test]
 fn idle_blocks_are_released_then_unmapped() {
     let l = layer(Config { release_ms: 100, expire_ms: 1000, ..Config::default() });
-    let a = l.alloc(16 * MB, 4096, false).unwrap();
+    let a = l.alloc(16 * MB, 4096, false, 0).unwrap();
     l.free(a, 16 * MB);
     assert_eq!(l.reap(), Some(fake_clock() + 100 * MS));
     advance(100 * MS);
@@ -294,7 +294,7 @@ fn idle_blocks_are_released_then_unmapped() {
     assert_eq!(l.stats.released_bytes.get(), 16 * MB as u64);
     check(&l);
     // Reuse after release is a hit (no fault cost to map it again).
-    let b = l.alloc(16 * MB, 4096, false).unwrap();
+    let b = l.alloc(16 * MB, 4096, false, 0).unwrap();
     assert_eq!(b, a);
     assert_eq!(l.stats.hits_after_release.get(), 1);
     l.free(b, 16 * MB);
@@ -311,8 +311,8 @@ fn idle_blocks_are_released_then_unmapped() {
 #[test]
 fn idle_blocks_leave_rss_at_once_near_a_limit() {
     let l = layer(Config { release_ms: 100, expire_ms: 10_000, ..Config::default() });
-    let a = l.alloc(16 * MB, 4096, false).unwrap();
-    let b = l.alloc(32 * MB, 4096, false).unwrap();
+    let a = l.alloc(16 * MB, 4096, false, 0).unwrap();
+    let b = l.alloc(32 * MB, 4096, false, 0).unwrap();
     l.memory.write(a, 16 * MB);
     l.memory.write(b, 32 * MB);
     l.free(a, 16 * MB);
@@ -328,7 +328,7 @@ fn idle_blocks_leave_rss_at_once_near_a_limit() {
     assert!(l.memory.reads_zero(b, 32 * MB));
     assert!(!l.memory.is_mapped(a, 16 * MB), "the lazily freed block is unmapped, not left in RSS");
     assert_eq!(l.cached_resident(), (0, 0));
-    let c = l.alloc(32 * MB, 4096, true).unwrap();
+    let c = l.alloc(32 * MB, 4096, true, 0).unwrap();
     assert_eq!(c, b);
     assert_eq!(l.memory.calls().zeroed_bytes, 0, "known zero: calloc writes nothing");
     l.free(c, 32 * MB);
@@ -337,7 +337,7 @@ fn idle_blocks_leave_rss_at_once_near_a_limit() {
     for (mode, near, dropped) in [(Release::DontNeed, false, true), (Release::Free, true, false)] {
         let l = layer(Config { release_ms: 100, release: mode, ..Config::default() });
         l.memory.set_near_limit(near);
-        let a = l.alloc(16 * MB, 4096, false).unwrap();
+        let a = l.alloc(16 * MB, 4096, false, 0).unwrap();
         l.free(a, 16 * MB);
         advance(100 * MS);
         l.reap();
@@ -355,8 +355,8 @@ fn the_cache_gives_way_under_an_address_space_limit() {
     let l = layer_with(Config::default(), yes);
     l.limit_address_space(1 << 30);
     assert_eq!(l.bounds().1, 128 * MB);
-    let big = l.alloc(256 * MB, 4096, false).unwrap();
-    let small = l.alloc(64 * MB, 4096, false).unwrap();
+    let big = l.alloc(256 * MB, 4096, false, 0).unwrap();
+    let small = l.alloc(64 * MB, 4096, false, 0).unwrap();
     l.free(big, 256 * MB);
     assert!(!l.memory.is_mapped(big, 256 * MB), "over the ceiling: unmapped at once, not deferred");
     assert_eq!(l.deferred_bytes(), 0);
@@ -365,7 +365,7 @@ fn the_cache_gives_way_under_an_address_space_limit() {
     // A request no limit could ever allow leaves the cache alone.
     l.memory.set_largest_mapping(1 << 30);
     l.memory.fail_next_maps(2); // the gather's mapping, then the fresh one
-    assert!(l.alloc(2 << 30, 4096, false).is_none());
+    assert!(l.alloc(2 << 30, 4096, false, 0).is_none());
     assert_eq!(l.cached(), (1, 64 * MB));
     assert!(!l.make_room(2 << 30));
     // One that could: the cache is emptied and the call tried once more.
@@ -378,13 +378,13 @@ fn the_cache_gives_way_under_an_address_space_limit() {
 #[test]
 fn out_of_memory_empties_the_cache_then_fails_cleanly() {
     let l = layer(Config::default());
-    let a = l.alloc(64 * MB, 4096, false).unwrap();
+    let a = l.alloc(64 * MB, 4096, false, 0).unwrap();
     l.free(a, 64 * MB);
     l.memory.fail_next_maps(2); // gathering a into 128 MB, then a fresh mapping
-    let b = l.alloc(128 * MB, 4096, false).expect("retried after trimming");
+    let b = l.alloc(128 * MB, 4096, false, 0).expect("retried after trimming");
     assert_eq!(l.cached(), (0, 0));
     l.memory.fail_next_maps(2);
-    assert_eq!(l.alloc(256 * MB, 4096, false), None);
+    assert_eq!(l.alloc(256 * MB, 4096, false, 0), None);
     assert_eq!(l.stats.map_failures.get(), 1);
     l.free(b, 128 * MB);
     check(&l);
@@ -395,7 +395,7 @@ fn large_alignments_are_honoured() {
     let l = layer(Config::default());
     for shift in 12..=27 {
         let align = 1usize << shift;
-        let a = l.alloc(5 * MB, align, false).unwrap();
+        let a = l.alloc(5 * MB, align, false, 0).unwrap();
         assert_eq!(a % align, 0, "align {align}");
         let Owner::Live { len } = l.owner(a) else { panic!() };
         l.free(a, len);
@@ -406,7 +406,7 @@ fn large_alignments_are_honoured() {
 #[test]
 fn resize_in_place_by_moving_pages_and_shrink() {
     let l = layer(Config::default());
-    let a = l.alloc(8 * MB, 4096, false).unwrap();
+    let a = l.alloc(8 * MB, 4096, false, 0).unwrap();
     assert_eq!(l.resize(a, 8 * MB, 7 * MB), Some(a), "fits: unchanged");
     let b = l.resize(a, 8 * MB, 64 * MB).unwrap();
     assert_eq!(l.memory.calls().copied_bytes, 0, "mremap, not a copy");
@@ -425,9 +425,9 @@ fn resize_in_place_by_moving_pages_and_shrink() {
 #[test]
 fn resized_blocks_keep_block_alignment() {
     let l = layer(Config { hugepages: HugePages::Never, threshold_bytes: 4096, ..Config::default() });
-    let a = l.alloc(100_000, 4096, false).unwrap();
+    let a = l.alloc(100_000, 4096, false, 0).unwrap();
     assert_eq!(l.owner(a), Owner::Live { len: 2 * BLOCK_ALIGN }, "length rounded to BLOCK_ALIGN");
-    let last = l.alloc(100_000, 4096, false).unwrap();
+    let last = l.alloc(100_000, 4096, false, 0).unwrap();
     let b = l.resize(last, 2 * BLOCK_ALIGN, 300_000).unwrap();
     assert_eq!((b, l.owner(b)), (last, Owner::Live { len: 5 * BLOCK_ALIGN }), "the newest mapping grows in place");
     let c = l.resize(a, 2 * BLOCK_ALIGN, 300_000).unwrap();
@@ -442,7 +442,7 @@ fn resized_blocks_keep_block_alignment() {
 #[test]
 fn cache_off_unmaps_at_once() {
     let l = layer(Config { cache_blocks: Some(0), ..Config::default() });
-    let a = l.alloc(8 * MB, 4096, false).unwrap();
+    let a = l.alloc(8 * MB, 4096, false, 0).unwrap();
     l.free(a, 8 * MB);
     assert_eq!(l.memory.mapped_bytes(), 0);
     assert_eq!(l.owner(a), Owner::Foreign);
@@ -481,7 +481,7 @@ fn random_programs_match_the_shadow_model() {
                     let size = if next() % 3 == 0 { 4096 + (next() % (4 * MB as u64)) as usize } else { 4 * MB + (next() % (96 * MB as u64)) as usize };
                     let align = 1usize << (12 + next() % 10);
                     let zeroed = next() % 3 == 0;
-                    let a = l.alloc(size, align, zeroed).unwrap();
+                    let a = l.alloc(size, align, zeroed, 0).unwrap();
                     let Owner::Live { len } = l.owner(a) else { panic!("not live") };
                     if zeroed {
                         assert!(l.memory.reads_zero(a, len), "calloc handed out a block that does not read zero to its usable size");
@@ -574,7 +574,7 @@ fn churn_faults_in_no_more_than_the_live_peak() {
                 if slot[i] != 0 {
                     l.free(slot[i], live_len(&l, slot[i]));
                 }
-                slot[i] = l.alloc(size, 16, false).unwrap();
+                slot[i] = l.alloc(size, 16, false, 0).unwrap();
                 l.memory.write(slot[i], size);
                 peak = peak.max(l.stats.live.current() as usize);
                 advance(MS / 4);
@@ -602,15 +602,15 @@ fn gathering_survives_refused_moves() {
     for zeroed in [false, true] {
         let l = Box::new(HostLayer::new(SimPages::adjacent(), leak_table, fake_clock, Background { on_cached: nothing_due, running: no, wake: nothing }));
         l.configure(&Config::default(), 64 << 30);
-        let a = l.alloc(8 * MB, 4096, false).unwrap();
-        let b = l.alloc(8 * MB, 4096, false).unwrap();
+        let a = l.alloc(8 * MB, 4096, false, 0).unwrap();
+        let b = l.alloc(8 * MB, 4096, false, 0).unwrap();
         assert_eq!(b, a + 8 * MB, "back to back");
         l.memory.write(a, 16 * MB);
         l.free(a, 8 * MB);
         l.free(b, 8 * MB);
         assert_eq!(l.cached(), (1, 16 * MB), "merged");
         let faulted = l.memory.calls().faulted_bytes;
-        let c = l.alloc(32 * MB, 4096, zeroed).unwrap();
+        let c = l.alloc(32 * MB, 4096, zeroed, 0).unwrap();
         assert_eq!((l.stats.grows.get(), l.cached()), (1, (0, 0)), "both halves moved");
         assert!(!zeroed || l.memory.reads_zero(c, 32 * MB));
         l.memory.write(c, 32 * MB);
@@ -620,12 +620,12 @@ fn gathering_survives_refused_moves() {
 
         let l = Box::new(HostLayer::new(SimPages::adjacent(), leak_table, fake_clock, Background { on_cached: nothing_due, running: no, wake: nothing }));
         l.configure(&Config::default(), 64 << 30);
-        let a = l.alloc(8 * MB, 4096, false).unwrap();
-        let b = l.alloc(8 * MB, 4096, false).unwrap();
+        let a = l.alloc(8 * MB, 4096, false, 0).unwrap();
+        let b = l.alloc(8 * MB, 4096, false, 0).unwrap();
         l.free(a, 8 * MB);
         l.free(b, 8 * MB);
         l.memory.lose_destinations();
-        let c = l.alloc(32 * MB, 4096, zeroed).unwrap();
+        let c = l.alloc(32 * MB, 4096, zeroed, 0).unwrap();
         assert_eq!((l.stats.grows.get(), l.stats.misses.get()), (0, 3), "served fresh");
         assert_eq!(l.cached(), (1, 16 * MB), "the parts are cached again");
         assert!(!zeroed || l.memory.reads_zero(c, 32 * MB));

@@ -33,9 +33,11 @@ const PAGE: usize = 1 << PAGE_SHIFT;
 const GRANULE_SHIFT: u32 = 21;
 const LEAF_GRANULES: usize = 1 << (LEAF_BITS + PAGE_SHIFT - GRANULE_SHIFT);
 
-/// A leaf: LEAF_ENTRIES entries, LEAF_ENTRIES birth times (for the leak report), then one
-/// overlap count per granule.
-const LEAF_BYTES: usize = (2 * LEAF_ENTRIES + LEAF_GRANULES) * core::mem::size_of::<AtomicU64>();
+/// A leaf: LEAF_ENTRIES entries, LEAF_ENTRIES birth times (for the leak report), LEAF_ENTRIES
+/// holder words (Note [Holders]), then one overlap count per granule.
+const LEAF_BYTES: usize = (GRANULES_AT + LEAF_GRANULES) * core::mem::size_of::<AtomicU64>();
+/// Where a leaf's overlap counts start, after its three arrays of LEAF_ENTRIES.
+const GRANULES_AT: usize = 3 * LEAF_ENTRIES;
 
 /// One bit per 2 MiB granule of the 47-bit user address space (8 MiB of .bss, resident only
 /// where touched), set for every granule a block of ours has ever overlapped and never
@@ -71,6 +73,7 @@ fn filter_bit(addr: usize) -> (&'static AtomicU64, u64) {
 }
 
 use crate::backing::TableSource;
+pub use crate::holders::Birth;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Owner {
@@ -138,10 +141,11 @@ impl Registry {
 
     /// The entry for `addr` and its birth-time slot.
     fn slot(&self, addr: usize, create: bool) -> Option<&AtomicU64> {
-        self.slots(addr, create).map(|(entry, _)| entry)
+        self.slots(addr, create).map(|(entry, _, _)| entry)
     }
 
-    fn slots(&self, addr: usize, create: bool) -> Option<(&AtomicU64, &AtomicU64)> {
+    /// The entry, birth time and holder of the block starting at `addr`.
+    fn slots(&self, addr: usize, create: bool) -> Option<(&AtomicU64, &AtomicU64, &AtomicU64)> {
         if addr & (PAGE - 1) != 0 {
             return None;
         }
@@ -149,15 +153,15 @@ impl Registry {
         let index = (addr >> PAGE_SHIFT) & (LEAF_ENTRIES - 1);
         // SAFETY: leaf points to LEAF_BYTES of zero-initialised AtomicU64s that live forever,
         // and index < LEAF_ENTRIES.
-        Some(unsafe { (&*leaf.add(index), &*leaf.add(LEAF_ENTRIES + index)) })
+        Some(unsafe { (&*leaf.add(index), &*leaf.add(LEAF_ENTRIES + index), &*leaf.add(2 * LEAF_ENTRIES + index)) })
     }
 
     /// The overlap count of the granule holding `addr` (any address).
     fn granule(&self, addr: usize, create: bool) -> Option<&AtomicU64> {
         let leaf = self.leaf(addr, create)?;
         let index = (addr >> GRANULE_SHIFT) & (LEAF_GRANULES - 1);
-        // SAFETY: as in slots(); the counts follow the two arrays of LEAF_ENTRIES.
-        Some(unsafe { &*leaf.add(2 * LEAF_ENTRIES + index) })
+        // SAFETY: as in slots(); the counts follow the three arrays of LEAF_ENTRIES.
+        Some(unsafe { &*leaf.add(GRANULES_AT + index) })
     }
 
     /// The leaf covering `addr`, installed if `create`; `None` for addresses past ADDRESS_BITS.
@@ -197,10 +201,11 @@ impl Registry {
     /// Records a live block; false when no table memory could be had (the caller then gives
     /// the block back and fails the request).
     #[must_use]
-    pub fn set_live(&self, addr: usize, len: usize, born_ns: u64) -> bool {
+    pub fn set_live(&self, addr: usize, len: usize, birth: Birth) -> bool {
         match self.slots(addr, true) {
-            Some((entry, born)) => {
-                born.store(born_ns, Ordering::Relaxed);
+            Some((entry, born, holder)) => {
+                born.store(birth.ns, Ordering::Relaxed);
+                holder.store(birth.holder, Ordering::Relaxed);
                 self.write(addr, entry, len as u64 | LIVE);
                 true
             }
@@ -208,14 +213,14 @@ impl Registry {
         }
     }
 
-    /// When the live block at `addr` was handed out (0 if unknown).
-    pub fn born_ns(&self, addr: usize) -> u64 {
-        self.slots(addr, false).map_or(0, |(_, born)| born.load(Ordering::Relaxed))
+    /// When the live block at `addr` was handed out, and to whom (zeros if unknown).
+    pub fn birth(&self, addr: usize) -> Birth {
+        self.slots(addr, false).map_or(Birth::default(), |(_, born, holder)| Birth { ns: born.load(Ordering::Relaxed), holder: holder.load(Ordering::Relaxed) })
     }
 
-    /// Calls `f(addr, len, born_ns)` for every live block: a walk of every table, for the
-    /// leak report at exit (not for hot paths).
-    pub fn for_each_live(&self, mut f: impl FnMut(usize, usize, u64)) {
+    /// Calls `f(addr, len, birth)` for every live block: a walk of every table, for the
+    /// reports (not for hot paths).
+    pub fn for_each_live(&self, mut f: impl FnMut(usize, usize, Birth)) {
         let Some(root) = self.root(false) else { return };
         for r in 0..ROOT_ENTRIES {
             // SAFETY: r < ROOT_ENTRIES; the root table lives forever.
@@ -229,8 +234,8 @@ impl Registry {
                 if entry & STATE_MASK == LIVE {
                     let addr = ((r << LEAF_BITS) | i) << PAGE_SHIFT;
                     // SAFETY: as above.
-                    let born = unsafe { (*leaf.add(LEAF_ENTRIES + i)).load(Ordering::Relaxed) };
-                    f(addr, (entry & !STATE_MASK) as usize, born);
+                    let (ns, holder) = unsafe { ((*leaf.add(LEAF_ENTRIES + i)).load(Ordering::Relaxed), (*leaf.add(2 * LEAF_ENTRIES + i)).load(Ordering::Relaxed)) };
+                    f(addr, (entry & !STATE_MASK) as usize, Birth { ns, holder });
                 }
             }
         }
@@ -316,7 +321,7 @@ impl Registry {
         }
         let index = (addr >> GRANULE_SHIFT) & (LEAF_GRANULES - 1);
         // SAFETY: as in granule().
-        unsafe { (*leaf.add(2 * LEAF_ENTRIES + index)).load(Ordering::Acquire) != 0 }
+        unsafe { (*leaf.add(GRANULES_AT + index)).load(Ordering::Acquire) != 0 }
     }
 
     /// The start of the block of ours (live or cached) that contains `addr`, if any. Cheap far
@@ -359,17 +364,23 @@ mod tests {
     use super::*;
     use crate::sim::leak_table as leak_zeroed;
 
+    fn born(ns: u64) -> Birth {
+        Birth { ns, holder: 7 << 48 }
+    }
+
     #[test]
     fn only_block_starts_match() {
         let reg = Box::new(Registry::new(leak_zeroed));
         let base = 0x7f00_0000_0000usize;
         assert_eq!(reg.owner(base), Owner::Foreign);
-        assert!(reg.set_live(base, 8 << 20, 42));
+        assert!(reg.set_live(base, 8 << 20, born(42)));
         assert_eq!(reg.owner(base), Owner::Live { len: 8 << 20 });
-        assert_eq!(reg.born_ns(base), 42);
+        assert_eq!(reg.birth(base), born(42));
+        assert!(reg.may_contain(base) && reg.may_contain(base + (8 << 20) - 1));
+        assert!(!reg.may_contain(base + (64 << 20)));
         let mut seen = vec![];
         reg.for_each_live(|a, l, b| seen.push((a, l, b)));
-        assert_eq!(seen, vec![(base, 8 << 20, 42)]);
+        assert_eq!(seen, vec![(base, 8 << 20, born(42))]);
         assert_eq!(reg.owner(base + 16), Owner::Foreign);
         assert_eq!(reg.owner(base + 4096), Owner::Foreign);
         assert_eq!(reg.owner(usize::MAX & !4095), Owner::Foreign);
@@ -387,7 +398,7 @@ mod tests {
         // An address range no other test uses (the filter is shared by all registries).
         let a = 0x6a00_0000_0000usize + 3 * PAGE;
         assert!(!ever_overlapped(a) && !ever_overlapped(a + 5 * mib));
-        assert!(reg.set_live(a, 5 * mib, 1));
+        assert!(reg.set_live(a, 5 * mib, born(1)));
         for addr in [a, a + 1, a + 2 * mib, a + 5 * mib - 1, a & !(2 * mib - 1)] {
             assert!(ever_overlapped(addr), "{addr:#x}");
         }
@@ -405,7 +416,7 @@ mod tests {
         // Two blocks, the second crossing a leaf (1 GiB) boundary, with a gap between them.
         let a = 0x7f00_0000_0000usize + 3 * PAGE;
         let b = 0x7f00_4000_0000usize - 5 * mib;
-        assert!(reg.set_live(a, 8 * mib, 1));
+        assert!(reg.set_live(a, 8 * mib, born(1)));
         assert!(reg.set_cached(b, 12 * mib));
         for (addr, want) in [
             (a, Some(a)),
@@ -426,7 +437,7 @@ mod tests {
             assert_eq!(reg.block_containing(addr), want, "{addr:#x}");
         }
         // Shrinking, splitting and clearing move the tail and the granule counts along.
-        assert!(reg.set_live(a, 2 * mib, 1));
+        assert!(reg.set_live(a, 2 * mib, born(1)));
         assert!(reg.set_cached(a + 2 * mib, 6 * mib));
         assert_eq!(reg.block_containing(a + 2 * mib - 1), Some(a));
         assert_eq!(reg.block_containing(a + 2 * mib), Some(a + 2 * mib));
@@ -449,8 +460,8 @@ mod tests {
     fn one_page_blocks_have_no_tail() {
         let reg = Box::new(Registry::new(leak_zeroed));
         let base = 0x7f00_0000_0000usize;
-        assert!(reg.set_live(base, PAGE, 1));
-        assert!(reg.set_live(base + PAGE, PAGE, 1));
+        assert!(reg.set_live(base, PAGE, born(1)));
+        assert!(reg.set_live(base + PAGE, PAGE, born(1)));
         assert_eq!(reg.block_containing(base + 100), Some(base));
         assert_eq!(reg.block_containing(base + PAGE + 100), Some(base + PAGE));
         assert_eq!(reg.block_containing(base + 2 * PAGE), None);

@@ -29,7 +29,7 @@ pub(crate) struct NewOutcome {
 /// The throwing forms' slow path: init not done, next operator not resolved, or a large request.
 /// `fallback` (ours) stands in for a next operator the process does not have.
 #[inline(always)]
-fn throwing_new_slow<F: Copy>(op: &NextOp<F>, size: usize, align: usize, fallback: usize) -> NewOutcome {
+fn throwing_new_slow<F: Copy>(op: &NextOp<F>, size: usize, align: usize, fallback: usize, asker: u64) -> NewOutcome {
     if globals().is_none() {
         // Init under way (a call from another thread while dlsym runs): the arena, as malloc does.
         let ptr = bootstrap_alloc(size, align.max(MIN_ALIGN));
@@ -40,24 +40,24 @@ fn throwing_new_slow<F: Copy>(op: &NextOp<F>, size: usize, align: usize, fallbac
         Some(f) => unsafe { core::mem::transmute_copy::<F, usize>(&f) },
         None => fallback,
     };
-    let ptr = if size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two() { large(size, align.max(PAGE), false) } else { core::ptr::null_mut() };
+    let ptr = if size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two() { large(size, align.max(PAGE), false, asker) } else { core::ptr::null_mut() };
     NewOutcome { ptr, next }
 }
 
-pub(crate) extern "C" fn new_slow(size: usize) -> NewOutcome {
-    throwing_new_slow(&crate::sys::next_cxx::NEW, size, MIN_ALIGN, new_or_abort as *const () as usize)
+pub(crate) extern "C" fn new_slow(size: usize, asker: u64) -> NewOutcome {
+    throwing_new_slow(&crate::sys::next_cxx::NEW, size, MIN_ALIGN, new_or_abort as *const () as usize, asker)
 }
 
-pub(crate) extern "C" fn new_array_slow(size: usize) -> NewOutcome {
-    throwing_new_slow(&crate::sys::next_cxx::NEW_ARRAY, size, MIN_ALIGN, new_or_abort as *const () as usize)
+pub(crate) extern "C" fn new_array_slow(size: usize, asker: u64) -> NewOutcome {
+    throwing_new_slow(&crate::sys::next_cxx::NEW_ARRAY, size, MIN_ALIGN, new_or_abort as *const () as usize, asker)
 }
 
-pub(crate) extern "C" fn new_aligned_slow(size: usize, align: usize) -> NewOutcome {
-    throwing_new_slow(&crate::sys::next_cxx::NEW_ALIGNED, size, align, new_aligned_or_abort as *const () as usize)
+pub(crate) extern "C" fn new_aligned_slow(size: usize, align: usize, asker: u64) -> NewOutcome {
+    throwing_new_slow(&crate::sys::next_cxx::NEW_ALIGNED, size, align, new_aligned_or_abort as *const () as usize, asker)
 }
 
-pub(crate) extern "C" fn new_array_aligned_slow(size: usize, align: usize) -> NewOutcome {
-    throwing_new_slow(&crate::sys::next_cxx::NEW_ARRAY_ALIGNED, size, align, new_aligned_or_abort as *const () as usize)
+pub(crate) extern "C" fn new_array_aligned_slow(size: usize, align: usize, asker: u64) -> NewOutcome {
+    throwing_new_slow(&crate::sys::next_cxx::NEW_ARRAY_ALIGNED, size, align, new_aligned_or_abort as *const () as usize, asker)
 }
 
 /// Throwing new in a process with no C++ runtime after us (nothing to throw with): malloc, and
@@ -67,7 +67,7 @@ extern "C" fn new_or_abort(size: usize) -> *mut c_void {
 }
 
 extern "C" fn new_aligned_or_abort(size: usize, align: usize) -> *mut c_void {
-    or_abort(if align.is_power_of_two() { aligned(align, size) } else { core::ptr::null_mut() }, size)
+    or_abort(if align.is_power_of_two() { aligned(align, size, 0) } else { core::ptr::null_mut() }, size)
 }
 
 fn or_abort(p: *mut c_void, size: usize) -> *mut c_void {
@@ -81,7 +81,7 @@ fn or_abort(p: *mut c_void, size: usize) -> *mut c_void {
 
 /// `operator new(size_t, const std::nothrow_t&)` and its array form.
 #[inline(always)]
-pub fn new_nothrow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void) -> *mut c_void {
+pub fn new_nothrow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void, asker: u64) -> *mut c_void {
     if size < small_below() {
         if let Some(f) = op.get() {
             if op.is_plain() {
@@ -95,17 +95,17 @@ pub fn new_nothrow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void) -
             return unsafe { f(size, tag) };
         }
     }
-    new_nothrow_slow(op, size, tag)
+    new_nothrow_slow(op, size, tag, asker)
 }
 
 #[cold]
 #[inline(never)]
-fn new_nothrow_slow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void) -> *mut c_void {
+fn new_nothrow_slow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void, asker: u64) -> *mut c_void {
     if globals().is_none() {
         return bootstrap_alloc(size, MIN_ALIGN);
     }
     if size >= LARGE_FROM.load(Relaxed) {
-        let p = large(size, PAGE, false);
+        let p = large(size, PAGE, false, asker);
         if !p.is_null() {
             return p;
         }
@@ -119,24 +119,24 @@ fn new_nothrow_slow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void) 
 
 /// `operator new(size_t, std::align_val_t, const std::nothrow_t&)` and its array form.
 #[inline(always)]
-pub fn new_aligned_nothrow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align: usize, tag: *const c_void) -> *mut c_void {
+pub fn new_aligned_nothrow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align: usize, tag: *const c_void, asker: u64) -> *mut c_void {
     if size < small_below() {
         if let Some(f) = op.get() {
             // SAFETY: as in new_nothrow.
             return unsafe { f(size, align, tag) };
         }
     }
-    new_aligned_nothrow_slow(op, size, align, tag)
+    new_aligned_nothrow_slow(op, size, align, tag, asker)
 }
 
 #[cold]
 #[inline(never)]
-fn new_aligned_nothrow_slow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align: usize, tag: *const c_void) -> *mut c_void {
+fn new_aligned_nothrow_slow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align: usize, tag: *const c_void, asker: u64) -> *mut c_void {
     if globals().is_none() {
         return bootstrap_alloc(size, align.max(MIN_ALIGN));
     }
     if size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two() {
-        let p = large(size, align.max(PAGE), false);
+        let p = large(size, align.max(PAGE), false, asker);
         if !p.is_null() {
             return p;
         }
@@ -144,7 +144,7 @@ fn new_aligned_nothrow_slow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align
     match op.resolve() {
         // SAFETY: as in new_nothrow.
         Some(f) => unsafe { f(size, align, tag) },
-        None if align.is_power_of_two() => aligned(align, size),
+        None if align.is_power_of_two() => aligned(align, size, asker),
         None => core::ptr::null_mut(),
     }
 }

@@ -29,6 +29,17 @@ pub unsafe extern "C" fn tm_get_stats(out: *mut Snapshot) -> c_int {
     0
 }
 
+/// The holders table (Note [Holders]): up to `capacity` rows into `out`, biggest first, the
+/// caches last among equals. Returns how many rows there are (more than `capacity` when `out`
+/// was too short; call again with room for them). `out` may be null when `capacity` is 0.
+///
+/// # Safety
+/// `out` points to `capacity` writable `tm_holder_t`.
+#[no_mangle]
+pub unsafe extern "C" fn tm_holders(out: *mut crate::holders_report::CHolderRow, capacity: usize) -> usize {
+    crate::holders_report::fill_c_rows(out, capacity)
+}
+
 /// Gives every cached block (host, device and pinned) back now; returns the bytes released.
 #[no_mangle]
 pub extern "C" fn tm_trim() -> usize {

@@ -2,15 +2,15 @@
 //! one call into `route::cuda::runtime`, which decides whether the pool serves it and answers.
 //! `cudaGetDriverEntryPoint*` is in `lookup.rs`.
 
+use crate::holders;
 use crate::route::cuda::runtime as route;
 use core::ffi::{c_int, c_uint, c_void};
 
-/// # Safety
-/// `ptr` is writable, as cudaMalloc requires.
-#[no_mangle]
-pub unsafe extern "C" fn cudaMalloc(ptr: *mut *mut c_void, size: usize) -> c_int {
-    route::malloc(ptr, size)
-}
+with_caller!(
+    /// # Safety
+    /// `ptr` is writable, as cudaMalloc requires.
+    fn cudaMalloc(ptr: *mut *mut c_void, size: usize) -> c_int, "rdx" => route::malloc
+);
 
 /// # Safety
 /// As cudaFree.
@@ -26,19 +26,17 @@ pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> 
     route::mem_get_info(free, total)
 }
 
-/// # Safety
-/// As cudaHostAlloc.
-#[no_mangle]
-pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> c_int {
-    route::host_alloc(ptr, size, flags)
-}
+with_caller!(
+    /// # Safety
+    /// As cudaHostAlloc.
+    fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> c_int, "rcx" => route::host_alloc
+);
 
-/// # Safety
-/// As cudaMallocHost (cudaHostAlloc with default flags).
-#[no_mangle]
-pub unsafe extern "C" fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> c_int {
-    route::malloc_host(ptr, size)
-}
+with_caller!(
+    /// # Safety
+    /// As cudaMallocHost (cudaHostAlloc with default flags).
+    fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> c_int, "rdx" => route::malloc_host
+);
 
 /// # Safety
 /// As cudaFreeHost.
@@ -81,15 +79,34 @@ pub unsafe extern "C" fn cudaFreeAsync_ptsz(ptr: *mut c_void, stream: *mut c_voi
     route::free_async(ptr, stream, |rt| rt.free_async_ptsz)
 }
 
-/// PyTorch's CUDAPluggableAllocator `alloc`: `torch.cuda.memory.CUDAPluggableAllocator(
-/// "libtensormalloc.so", "tm_cuda_alloc", "tm_cuda_free")`. Reuse is stream-aware: a block freed
-/// on a stream is reused on that stream with no synchronization.
+with_caller!(
+    /// PyTorch's CUDAPluggableAllocator `alloc`: `torch.cuda.memory.CUDAPluggableAllocator(
+    /// "libtensormalloc.so", "tm_cuda_alloc", "tm_cuda_free")`. Reuse is stream-aware: a block freed
+    /// on a stream is reused on that stream with no synchronization.
+    ///
+    /// # Safety
+    /// Called by PyTorch with a valid device and stream.
+    fn tm_cuda_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void, "rcx" => route::pluggable_alloc
+);
+
+/// `tm_cuda_alloc` for PyTorch's pluggable allocator (tensormalloc.torch): its blocks are torch's
+/// in the holders table.
 ///
 /// # Safety
-/// Called by PyTorch with a valid device and stream.
+/// As tm_cuda_alloc.
 #[no_mangle]
-pub unsafe extern "C" fn tm_cuda_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
-    route::pluggable_alloc(size, device, stream)
+pub unsafe extern "C" fn tm_cuda_alloc_torch(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    route::pluggable_alloc(size, device, stream, holders::asker_for_hook(0, holders::KEY_TORCH))
+}
+
+/// `tm_cuda_alloc` for a hook that names its library (`hook`: 1 numpy, 2 torch, 3 cupy, 4 numba,
+/// 5 jax; others count as the caller's own), as the Python package's CuPy and Numba hooks do.
+///
+/// # Safety
+/// As tm_cuda_alloc.
+#[no_mangle]
+pub unsafe extern "C" fn tm_cuda_alloc_as(size: isize, device: c_int, stream: *mut c_void, hook: c_int) -> *mut c_void {
+    route::pluggable_alloc(size, device, stream, holders::asker_for_hook(0, holders::hook_key(hook)))
 }
 
 /// PyTorch's CUDAPluggableAllocator `free`.

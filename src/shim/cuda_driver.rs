@@ -7,21 +7,19 @@
 use crate::route::cuda::driver as route;
 use core::ffi::{c_int, c_uint, c_void};
 
-/// # Safety
-/// As cuMemAlloc_v2.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, size: usize) -> c_int {
-    route::mem_alloc(dptr, size)
-}
+with_caller!(
+    /// # Safety
+    /// As cuMemAlloc_v2.
+    fn cuMemAlloc_v2(dptr: *mut u64, size: usize) -> c_int, "rdx" => route::mem_alloc
+);
 
-/// A pitched block from the pool: rows padded to 512 bytes.
-///
-/// # Safety
-/// As cuMemAllocPitch_v2.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocPitch_v2(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint) -> c_int {
-    route::mem_alloc_pitch(dptr, pitch, width, height, element_bytes)
-}
+with_caller!(
+    /// A pitched block from the pool: rows padded to 512 bytes.
+    ///
+    /// # Safety
+    /// As cuMemAllocPitch_v2.
+    fn cuMemAllocPitch_v2(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint) -> c_int, "r9" => route::mem_alloc_pitch
+);
 
 /// Our cached bytes count as free.
 ///
@@ -32,19 +30,17 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     route::mem_get_info(free, total)
 }
 
-/// # Safety
-/// As cuMemHostAlloc.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> c_int {
-    route::mem_host_alloc(pp, size, flags)
-}
+with_caller!(
+    /// # Safety
+    /// As cuMemHostAlloc.
+    fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> c_int, "rcx" => route::mem_host_alloc
+);
 
-/// # Safety
-/// As cuMemAllocHost_v2 (cuMemHostAlloc with no flags).
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> c_int {
-    route::mem_alloc_host(pp, size)
-}
+with_caller!(
+    /// # Safety
+    /// As cuMemAllocHost_v2 (cuMemHostAlloc with no flags).
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> c_int, "rdx" => route::mem_alloc_host
+);
 
 /// # Safety
 /// As cuMemFreeHost.

@@ -39,7 +39,9 @@ macro_rules! throwing_new {
                 "ret",
                 "5:",
                 "jmp qword ptr [rip + {slot}]",
+                // The slow path takes the caller's return address (Note [Holders]).
                 "2:",
+                "mov rsi, qword ptr [rsp]",
                 "push rdi",
                 "call {slow}",
                 "pop rdi",
@@ -68,6 +70,7 @@ macro_rules! throwing_new {
                 "jae 2f",
                 "jmp rax",
                 "2:",
+                "mov rdx, qword ptr [rsp]",
                 "push rdi",
                 "push rsi",
                 "sub rsp, 8",
@@ -99,24 +102,25 @@ throwing_new!(_ZnwmSt11align_val_t, next::NEW_ALIGNED, route::new_aligned_slow, 
 #[cfg(target_arch = "x86_64")]
 throwing_new!(_ZnamSt11align_val_t, next::NEW_ARRAY_ALIGNED, route::new_array_aligned_slow, aligned);
 
-#[no_mangle]
-pub extern "C" fn _ZnwmRKSt9nothrow_t(size: usize, tag: *const c_void) -> *mut c_void {
-    route::new_nothrow(&next::NEW_NOTHROW, size, tag)
+with_caller!(fn _ZnwmRKSt9nothrow_t(size: usize, tag: *const c_void) -> *mut c_void, "rdx" => new_nothrow);
+with_caller!(fn _ZnamRKSt9nothrow_t(size: usize, tag: *const c_void) -> *mut c_void, "rdx" => new_array_nothrow);
+with_caller!(fn _ZnwmSt11align_val_tRKSt9nothrow_t(size: usize, align: usize, tag: *const c_void) -> *mut c_void, "rcx" => new_aligned_nothrow);
+with_caller!(fn _ZnamSt11align_val_tRKSt9nothrow_t(size: usize, align: usize, tag: *const c_void) -> *mut c_void, "rcx" => new_array_aligned_nothrow);
+
+extern "C" fn new_nothrow(size: usize, tag: *const c_void, asker: u64) -> *mut c_void {
+    route::new_nothrow(&next::NEW_NOTHROW, size, tag, asker)
 }
 
-#[no_mangle]
-pub extern "C" fn _ZnamRKSt9nothrow_t(size: usize, tag: *const c_void) -> *mut c_void {
-    route::new_nothrow(&next::NEW_ARRAY_NOTHROW, size, tag)
+extern "C" fn new_array_nothrow(size: usize, tag: *const c_void, asker: u64) -> *mut c_void {
+    route::new_nothrow(&next::NEW_ARRAY_NOTHROW, size, tag, asker)
 }
 
-#[no_mangle]
-pub extern "C" fn _ZnwmSt11align_val_tRKSt9nothrow_t(size: usize, align: usize, tag: *const c_void) -> *mut c_void {
-    route::new_aligned_nothrow(&next::NEW_ALIGNED_NOTHROW, size, align, tag)
+extern "C" fn new_aligned_nothrow(size: usize, align: usize, tag: *const c_void, asker: u64) -> *mut c_void {
+    route::new_aligned_nothrow(&next::NEW_ALIGNED_NOTHROW, size, align, tag, asker)
 }
 
-#[no_mangle]
-pub extern "C" fn _ZnamSt11align_val_tRKSt9nothrow_t(size: usize, align: usize, tag: *const c_void) -> *mut c_void {
-    route::new_aligned_nothrow(&next::NEW_ARRAY_ALIGNED_NOTHROW, size, align, tag)
+extern "C" fn new_array_aligned_nothrow(size: usize, align: usize, tag: *const c_void, asker: u64) -> *mut c_void {
+    route::new_aligned_nothrow(&next::NEW_ARRAY_ALIGNED_NOTHROW, size, align, tag, asker)
 }
 
 #[no_mangle]

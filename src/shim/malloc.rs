@@ -1,5 +1,6 @@
 //! The malloc family, exported under its C names. Each shim is one call into `route`; on
-//! x86-64 the four hot ones are `fast_paths`' instead.
+//! x86-64 the four hot ones are `fast_paths`' instead, and those that allocate hand their
+//! caller on (`with_caller!`, Note [Holders]).
 
 use crate::route;
 use core::ffi::c_void;
@@ -30,37 +31,12 @@ pub extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     unsafe { route::realloc(p, size) }
 }
 
-#[no_mangle]
-pub extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize) -> *mut c_void {
-    // SAFETY: the caller holds the C contract for the pointer.
-    unsafe { route::reallocarray(p, count, size) }
-}
-
-#[no_mangle]
-pub extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32 {
-    // SAFETY: the caller holds the C contract for the pointer.
-    unsafe { route::posix_memalign(out, align, size) }
-}
-
-#[no_mangle]
-pub extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
-    route::memalign(align, size)
-}
-
-#[no_mangle]
-pub extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
-    route::memalign(align, size)
-}
-
-#[no_mangle]
-pub extern "C" fn valloc(size: usize) -> *mut c_void {
-    route::valloc(size)
-}
-
-#[no_mangle]
-pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
-    route::pvalloc(size)
-}
+with_caller!(fn reallocarray(p: *mut c_void, count: usize, size: usize) -> *mut c_void, "rcx" => route::reallocarray);
+with_caller!(fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32, "rcx" => route::posix_memalign);
+with_caller!(fn aligned_alloc(align: usize, size: usize) -> *mut c_void, "rdx" => route::memalign);
+with_caller!(fn memalign(align: usize, size: usize) -> *mut c_void, "rdx" => route::memalign);
+with_caller!(fn valloc(size: usize) -> *mut c_void, "rsi" => route::valloc);
+with_caller!(fn pvalloc(size: usize) -> *mut c_void, "rsi" => route::pvalloc);
 
 #[no_mangle]
 pub extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {

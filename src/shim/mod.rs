@@ -2,6 +2,31 @@
 //! feature build none of them, so test harnesses never interpose on themselves. `numpy` (the
 //! NEP 49 handler) and `api` interpose on nothing and are always built.
 
+/// An exported function that hands its own return address on (Note [Holders]): on x86-64 a
+/// naked function that loads it into `$reg`, the register after its arguments, and tail-jumps to
+/// `$target`, which takes it as its last parameter; elsewhere the caller is unknown (0).
+#[cfg_attr(any(test, feature = "no-interpose"), allow(unused_macros))]
+macro_rules! with_caller {
+    ($(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty, $reg:literal => $target:path) => {
+        $(#[$meta])*
+        #[cfg(target_arch = "x86_64")]
+        #[unsafe(naked)]
+        #[no_mangle]
+        #[allow(unused_variables)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            core::arch::naked_asm!(concat!("mov ", $reg, ", qword ptr [rsp]"), "jmp {target}", target = sym $target)
+        }
+        $(#[$meta])*
+        #[cfg(not(target_arch = "x86_64"))]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            #[allow(unused_unsafe)]
+            // SAFETY: the caller's contract is the target's.
+            unsafe { $target($($arg,)* 0) }
+        }
+    };
+}
+
 #[cfg(not(any(test, feature = "no-interpose")))]
 mod cuda;
 #[cfg(not(any(test, feature = "no-interpose")))]

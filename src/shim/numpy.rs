@@ -7,6 +7,9 @@ use crate::config::HugePages;
 use crate::route;
 use core::ffi::c_void;
 
+/// Blocks numpy asks for through the handler are numpy's (Note [Holders]).
+const NUMPY: u64 = crate::holders::asker_for_hook(0, crate::holders::KEY_NUMPY);
+
 /// numpy's `PyDataMemAllocator` (numpy/ndarraytypes.h, version 1): a context and four functions.
 #[repr(C)]
 pub struct DataMemAllocator {
@@ -85,7 +88,7 @@ fn advise_hugepages(p: *mut c_void, size: usize) {
 /// Called by numpy as its allocator's malloc.
 #[no_mangle]
 pub unsafe extern "C" fn tm_numpy_malloc(_ctx: *mut c_void, size: usize) -> *mut c_void {
-    let p = route::malloc(size);
+    let p = route::malloc_as(size, NUMPY);
     advise_hugepages(p, size);
     p
 }
@@ -96,7 +99,7 @@ pub unsafe extern "C" fn tm_numpy_malloc(_ctx: *mut c_void, size: usize) -> *mut
 /// Called by numpy as its allocator's calloc.
 #[no_mangle]
 pub unsafe extern "C" fn tm_numpy_calloc(_ctx: *mut c_void, count: usize, size: usize) -> *mut c_void {
-    let p = route::calloc(count, size);
+    let p = route::calloc_as(count, size, NUMPY);
     advise_hugepages(p, count.saturating_mul(size));
     p
 }
@@ -108,7 +111,7 @@ pub unsafe extern "C" fn tm_numpy_calloc(_ctx: *mut c_void, count: usize, size: 
 #[no_mangle]
 pub unsafe extern "C" fn tm_numpy_realloc(_ctx: *mut c_void, p: *mut c_void, size: usize) -> *mut c_void {
     // SAFETY: the caller holds the C contract for the pointer.
-    let q = unsafe { route::realloc(p, size) };
+    let q = unsafe { route::realloc_as(p, size, NUMPY) };
     advise_hugepages(q, size);
     q
 }

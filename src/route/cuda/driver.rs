@@ -9,6 +9,7 @@ use super::{answer_free, export_checked, pool_on, pool_ready, pooling, without_c
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
 use crate::device::layer::RangeAnswer;
 use crate::sys::cuda_driver::{driver, DriverFns};
+use crate::holders;
 use crate::sys::reentry;
 use crate::DEVICE;
 use core::ffi::{c_int, c_uint, c_void};
@@ -35,24 +36,31 @@ fn blockwise(attribute: c_int) -> bool {
 
 /// # Safety
 /// As cuMemAlloc_v2.
-pub unsafe fn mem_alloc(dptr: *mut u64, size: usize) -> c_int {
+pub unsafe extern "C" fn mem_alloc(dptr: *mut u64, size: usize, asker: u64) -> c_int {
     let Some(alloc) = real(|d| d.mem_alloc) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| size != 0 && !dptr.is_null() && pool_ready()) else { return alloc(dptr, size) };
-    pooled_alloc(size, dptr, || alloc(dptr, size))
+    pooled_alloc(size, dptr, asker, || alloc(dptr, size))
 }
 
 /// Serves `size` bytes from the pool into `*dptr`; when the pool cannot (out of memory after
 /// giving its cache back, or a context it cannot use), the driver answers instead.
-unsafe fn pooled_alloc(size: usize, dptr: *mut u64, driver_answer: impl FnOnce() -> c_int) -> c_int {
-    match DEVICE.malloc(size) {
+unsafe fn pooled_alloc(size: usize, dptr: *mut u64, asker: u64, driver_answer: impl FnOnce() -> c_int) -> c_int {
+    match DEVICE.malloc(size, holders::word_of_asker(asker)) {
         Ok(addr) => {
             *dptr = addr as u64;
             CUDA_SUCCESS
         }
-        Err(DeviceError::CapReached) => CUDA_ERROR_MEMORY_ALLOCATION,
+        Err(DeviceError::CapReached) => {
+            DEVICE.report_failure(size, true);
+            CUDA_ERROR_MEMORY_ALLOCATION
+        }
         Err(_) => {
             DEVICE.passthrough.add(1);
-            driver_answer()
+            let rc = driver_answer();
+            if rc == CUDA_ERROR_MEMORY_ALLOCATION {
+                DEVICE.report_failure(size, false);
+            }
+            rc
         }
     }
 }
@@ -62,7 +70,7 @@ unsafe fn pooled_alloc(size: usize, dptr: *mut u64, driver_answer: impl FnOnce()
 ///
 /// # Safety
 /// As cuMemAllocPitch_v2.
-pub unsafe fn mem_alloc_pitch(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint) -> c_int {
+pub unsafe extern "C" fn mem_alloc_pitch(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint, asker: u64) -> c_int {
     let Some(alloc) = real(|d| d.mem_alloc_pitch) else { return NO_DRIVER };
     let row = width.checked_next_multiple_of(512).filter(|_| width > 0 && height > 0 && matches!(element_bytes, 4 | 8 | 16));
     let bytes = row.and_then(|r| r.checked_mul(height));
@@ -70,7 +78,7 @@ pub unsafe fn mem_alloc_pitch(dptr: *mut u64, pitch: *mut usize, width: usize, h
         return alloc(dptr, pitch, width, height, element_bytes);
     };
     let (Some(row), Some(bytes)) = (row, bytes) else { return alloc(dptr, pitch, width, height, element_bytes) };
-    let rc = pooled_alloc(bytes, dptr, || alloc(dptr, pitch, width, height, element_bytes));
+    let rc = pooled_alloc(bytes, dptr, asker, || alloc(dptr, pitch, width, height, element_bytes));
     if rc == CUDA_SUCCESS && DEVICE.range(*dptr as usize) != RangeAnswer::NotOurs {
         *pitch = row;
     }
@@ -96,10 +104,10 @@ pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> c_int {
 
 /// # Safety
 /// As cuMemHostAlloc.
-pub unsafe fn mem_host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> c_int {
+pub unsafe extern "C" fn mem_host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint, asker: u64) -> c_int {
     let Some(alloc) = real(|d| d.mem_host_alloc) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| size != 0 && !pp.is_null() && pool_ready()) else { return alloc(pp, size, flags) };
-    match DEVICE.host_alloc(size, flags) {
+    match DEVICE.host_alloc(size, flags, holders::word_of_asker(asker)) {
         Ok(addr) => {
             *pp = addr as *mut c_void;
             CUDA_SUCCESS
@@ -112,10 +120,10 @@ pub unsafe fn mem_host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -
 ///
 /// # Safety
 /// As cuMemAllocHost_v2.
-pub unsafe fn mem_alloc_host(pp: *mut *mut c_void, size: usize) -> c_int {
+pub unsafe extern "C" fn mem_alloc_host(pp: *mut *mut c_void, size: usize, asker: u64) -> c_int {
     match real(|d| d.mem_alloc_host) {
         Some(alloc) if reentry::enter().is_none() => alloc(pp, size),
-        Some(_) => mem_host_alloc(pp, size, 0),
+        Some(_) => mem_host_alloc(pp, size, 0, asker),
         None => NO_DRIVER,
     }
 }

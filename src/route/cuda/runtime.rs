@@ -7,6 +7,7 @@ use super::{answer_free, context_bound, export_checked, runtime_ready, warn_refu
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
 use crate::device::layer::FreeAnswer;
 use crate::sys::cuda::{real, CudaFns, FreeAsyncFn};
+use crate::holders;
 use crate::sys::reentry;
 use crate::DEVICE;
 use core::ffi::{c_int, c_uint, c_void};
@@ -15,7 +16,7 @@ const NO_RUNTIME: c_int = CUDA_ERROR_INITIALIZATION;
 
 /// # Safety
 /// As cudaMalloc: `ptr` is writable.
-pub unsafe fn malloc(ptr: *mut *mut c_void, size: usize) -> c_int {
+pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: u64) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return (rt.malloc)(ptr, size) };
     if ptr.is_null() {
@@ -24,13 +25,14 @@ pub unsafe fn malloc(ptr: *mut *mut c_void, size: usize) -> c_int {
     if size == 0 || !runtime_ready(rt) {
         return (rt.malloc)(ptr, size);
     }
-    match DEVICE.malloc(size) {
+    match DEVICE.malloc(size, holders::word_of_asker(asker)) {
         Ok(addr) => {
             *ptr = addr as *mut c_void;
             CUDA_SUCCESS
         }
         Err(DeviceError::CapReached) => {
             *ptr = core::ptr::null_mut();
+            DEVICE.report_failure(size, true);
             DeviceError::CapReached.code()
         }
         // The device refused even after our cache was given back, or the context cannot serve
@@ -38,7 +40,11 @@ pub unsafe fn malloc(ptr: *mut *mut c_void, size: usize) -> c_int {
         // runtime answer, so *ptr and its last error are exactly what it would leave.
         Err(_) => {
             DEVICE.passthrough.add(1);
-            (rt.malloc)(ptr, size)
+            let rc = (rt.malloc)(ptr, size);
+            if rc == DeviceError::OutOfMemory.code() {
+                DEVICE.report_failure(size, false);
+            }
+            rc
         }
     }
 }
@@ -76,13 +82,13 @@ pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> c_int {
 
 /// # Safety
 /// As cudaHostAlloc.
-pub unsafe fn host_alloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> c_int {
+pub unsafe extern "C" fn host_alloc(ptr: *mut *mut c_void, size: usize, flags: c_uint, asker: u64) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return (rt.host_alloc)(ptr, size, flags) };
     if ptr.is_null() || size == 0 || !runtime_ready(rt) {
         return (rt.host_alloc)(ptr, size, flags);
     }
-    match DEVICE.host_alloc(size, flags) {
+    match DEVICE.host_alloc(size, flags, holders::word_of_asker(asker)) {
         Ok(addr) => {
             *ptr = addr as *mut c_void;
             CUDA_SUCCESS
@@ -96,10 +102,10 @@ pub unsafe fn host_alloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> c
 ///
 /// # Safety
 /// As cudaMallocHost.
-pub unsafe fn malloc_host(ptr: *mut *mut c_void, size: usize) -> c_int {
+pub unsafe extern "C" fn malloc_host(ptr: *mut *mut c_void, size: usize, asker: u64) -> c_int {
     match real() {
         Some(rt) if reentry::enter().is_none() => (rt.malloc_host)(ptr, size),
-        _ => host_alloc(ptr, size, 0),
+        _ => host_alloc(ptr, size, 0, asker),
     }
 }
 
@@ -177,7 +183,7 @@ pub unsafe fn free_async(ptr: *mut c_void, stream: *mut c_void, spelling: fn(&Cu
 ///
 /// # Safety
 /// Called by PyTorch with a valid device and stream.
-pub unsafe fn pluggable_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+pub unsafe extern "C" fn pluggable_alloc(size: isize, device: c_int, stream: *mut c_void, asker: u64) -> *mut c_void {
     let size = usize::try_from(size).unwrap_or(0);
     if crate::globals().is_none() || size == 0 {
         return core::ptr::null_mut();
@@ -185,7 +191,15 @@ pub unsafe fn pluggable_alloc(size: isize, device: c_int, stream: *mut c_void) -
     if let Some(rt) = real() {
         context_bound(rt);
     }
-    DEVICE.malloc_on_stream(size, device, stream as usize).map_or(core::ptr::null_mut(), |a| a as *mut c_void)
+    match DEVICE.malloc_on_stream(size, device, stream as usize, holders::word_of_asker(asker)) {
+        Ok(addr) => addr as *mut c_void,
+        Err(e) => {
+            if matches!(e, DeviceError::OutOfMemory | DeviceError::CapReached) {
+                DEVICE.report_failure(size, e == DeviceError::CapReached);
+            }
+            core::ptr::null_mut()
+        }
+    }
 }
 
 /// PyTorch's CUDAPluggableAllocator `free`: ours back to the pool, anything else to the runtime

@@ -1,0 +1,126 @@
+"""Who holds the memory (issue 20): two shared objects of the test's own (c/holders/: one standing
+for a framework, one for a math library) allocate host, device and pinned memory over the
+stand-in CUDA driver; the holders table names both with exact bytes that add up to the stats,
+and an out-of-memory on the device or under RLIMIT_AS prints the report, allocates nothing while
+doing so, and the program goes on."""
+import json
+import subprocess
+
+import pytest
+
+from conftest import BUILD, C_DIR, LIB, ROOT, ok, run
+from cudasim import fake_cuda
+
+MIB = 1 << 20
+SRC = C_DIR / "holders"
+
+
+def _cc(out, srcs, extra):
+    deps = [*srcs, ROOT / "include" / "tensormalloc.h"]
+    if not out.exists() or out.stat().st_mtime < max(d.stat().st_mtime for d in deps):
+        tmp = out.with_name(f".{out.name}.tmp")
+        subprocess.run(["gcc", "-O1", "-g", "-Wall", "-fno-builtin", "-fno-optimize-sibling-calls", f"-I{ROOT / 'include'}",
+                        "-o", str(tmp), *map(str, srcs), *extra], check=True)
+        tmp.replace(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def program():
+    cuda = fake_cuda()
+    out = BUILD / "holders"
+    out.mkdir(parents=True, exist_ok=True)
+    link = [f"-L{cuda}", "-lcudart", "-lcuda", f"-Wl,-rpath,{cuda}"]
+    _cc(out / "libframework.so", [SRC / "framework.c"], ["-shared", "-fPIC", *link])
+    _cc(out / "libmathlib.so", [SRC / "mathlib.c"], ["-shared", "-fPIC", *link])
+    _cc(out / "libspy.so", [SRC / "spy.c"], ["-shared", "-fPIC"])
+    main = _cc(out / "main", [SRC / "main.c"], [f"-L{out}", "-lframework", "-lmathlib", f"-Wl,-rpath,{out}", "-ldl", *link])
+    return out, str(main)
+
+
+def rows(stdout):
+    """(holder, place, cached) -> (live, peak, blocks) from the program's ROW lines."""
+    table = {}
+    for line in stdout.splitlines():
+        if line.startswith("ROW "):
+            name, place, cached, live, peak, blocks = line[4:].rsplit(" ", 5)
+            table[(name, int(place), int(cached))] = (int(live), int(peak), int(blocks))
+    return table
+
+
+def test_the_table_names_both_libraries_with_exact_bytes(program):
+    _, main = program
+    out = ok(run([main, "table"]))
+    table = rows(out.stdout)
+    for line in out.stdout.splitlines():
+        if line.startswith("EXPECT "):
+            _, name, place, live, peak = line.split()
+            assert table[(name, int(place), 0)] == (int(live), int(peak), 1), (line, table)
+    assert table[("libframework.so", 0, 0)] == (64 * MIB, 64 * MIB, 1), table  # cudaMalloc, device 0
+    assert table[("libmathlib.so", 0, 0)] == (32 * MIB, 32 * MIB, 1), table  # cuMemAlloc
+    assert table[("libmathlib.so", -2, 0)] == (4 * MIB, 4 * MIB, 1), table  # cudaMallocHost
+    host_live, cuda_live = map(int, next(l for l in out.stdout.splitlines() if l.startswith("STATS ")).split()[1:])
+    assert sum(v[0] for (n, p, c), v in table.items() if p == -1 and not c) == host_live, table
+    assert sum(v[0] for (n, p, c), v in table.items() if p >= 0 and not c) == cuda_live, table
+    assert table[("(cached by tensormalloc)", -1, 1)][0] == 8 * MIB, table  # f1, freed into the cache
+
+
+def test_the_exit_report_and_json_carry_the_table(program, tmp_path):
+    _, main = program
+    out = ok(run([main, "table"], env={"TENSORMALLOC_STATS": "1"}))
+    assert "Who holds the memory" in out.stderr, out.stderr
+    lines = [l for l in out.stderr.splitlines() if l.startswith("  lib")]
+    names = {(l.split()[0], l.split()[1]) for l in lines}
+    assert {("libframework.so", "host"), ("libmathlib.so", "host"), ("libframework.so", "cuda:0"),
+            ("libmathlib.so", "cuda:0"), ("libmathlib.so", "pinned")} <= names, out.stderr
+    path = tmp_path / "stats.json"
+    ok(run([main, "table"], env={"TENSORMALLOC_STATS": f"json:{path}"}))
+    report = json.loads(path.read_text())
+    by = {(h["holder"], h["place"], h["cached"]): h for h in report["holders"]}
+    # At exit every block of the program is still live but f1, freed: the peaks stay.
+    assert by[("libframework.so", "cuda:0", False)]["live_bytes"] == 64 * MIB
+    assert by[("libmathlib.so", "pinned", False)]["peak_bytes"] == 4 * MIB
+    assert sum(h["live_bytes"] for h in report["holders"] if h["place"] == "host" and not h["cached"]) == report["host"]["live_bytes"]
+    assert report["last_oom"] is None
+
+
+def test_a_device_out_of_memory_prints_the_report_once_and_the_program_goes_on(program, tmp_path):
+    _, main = program
+    path = tmp_path / "stats.json"
+    out = ok(run([main, "oom_device"], env={"FAKECUDA_DEVICE_MEM": str(256 * MIB), "TENSORMALLOC_STATS": f"json:{path}"}))
+    assert "continued after rc 2, 2" in out.stdout and "then allocated yes" in out.stdout, out
+    err = out.stderr.splitlines()
+    assert err[0] == "tensormalloc: out of memory on cuda:0: a request of 200.0 MiB failed after the pool gave its cached segments back and tried again", out.stderr
+    assert err[1].startswith("  device: 256.0 MiB total, ") and "in use outside this pool" in err[1], out.stderr
+    assert err[2].startswith("  pool: 192.0 MiB reserved, 192.0 MiB live, 0 B cached; largest free block 0 B"), out.stderr
+    assert err[3] == " Who holds the memory (large blocks; peak is the holder's own):", out.stderr
+    table = [l.split() for l in err[5:7]]
+    assert [(t[0], t[1], t[2], t[3]) for t in table] == [("libframework.so", "cuda:0", "128.0", "MiB"), ("libmathlib.so", "cuda:0", "64.0", "MiB")], out.stderr
+    assert "  What would help:" in err and any("the holders above" in l for l in err), out.stderr
+    assert sum(l.startswith("tensormalloc: out of memory") for l in err) == 1, "the second failure is not reported again"
+    last = json.loads(path.read_text())["last_oom"]
+    assert last["place"] == "cuda:0" and last["request_bytes"] == 220 * MIB and last["total_bytes"] == 256 * MIB, last
+
+
+def test_without_the_library_the_failures_are_the_drivers_alone(program):
+    _, main = program
+    out = ok(run([main, "oom_device"], preload=False, env={"FAKECUDA_DEVICE_MEM": str(256 * MIB)}))
+    assert "continued after rc 2, 2" in out.stdout and out.stderr == "", out
+
+
+def test_a_host_mapping_refused_under_rlimit_as_reports_without_allocating(program):
+    out_dir, main = program
+    out = ok(run([main, "oom_host"], preload=f"{LIB}:{out_dir / 'libspy.so'}"))
+    assert "second block refused; allocations during the report: 0" in out.stdout, out
+    assert "after the free: served" in out.stdout, out
+    err = out.stderr
+    assert "tensormalloc: out of memory: a large host block of 128.0 MiB could not be mapped" in err, err
+    assert "  address-space limit (RLIMIT_AS or the commit limit): " in err, err
+    assert any(l.split()[:2] == ["libframework.so", "host"] for l in err.splitlines()), err
+    assert err.count("tensormalloc: out of memory") == 1, err
+
+
+def test_glibc_alone_refuses_the_same_block(program):
+    out_dir, main = program
+    out = ok(run([main, "oom_host"], preload=str(out_dir / "libspy.so")))
+    assert "second block refused" in out.stdout and "after the free: served" in out.stdout, out

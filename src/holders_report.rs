@@ -1,0 +1,304 @@
+//! The holders table as people read it: per holder and place, live bytes, peak and blocks, then
+//! what tensormalloc keeps cached in each place, biggest first. Text (the exit report, the
+//! out-of-memory report), JSON, and rows for `tm_holders`. Gathered into a fixed array and
+//! written through `fmt::Write`: no allocation (it must work at out of memory).
+
+use crate::holders::{self, HolderRow, PLACE_HOST, PLACE_PINNED};
+use crate::units::Bytes;
+use crate::{DEVICE, HOST};
+use core::fmt::{self, Write};
+
+/// Rows kept, biggest first; the rest are summed into one "(others)" row.
+pub const MAX_ROWS: usize = 48;
+
+/// The id of the rows that are tensormalloc's own cache, not a holder's.
+pub const CACHED: u16 = u16::MAX;
+/// The id of the row that sums what did not fit.
+pub const OTHERS: u16 = u16::MAX - 1;
+
+/// The table: rows by live bytes (then cached), largest first.
+pub struct Table {
+    rows: [HolderRow; MAX_ROWS],
+    len: usize,
+}
+
+impl Table {
+    /// The process's holders now, and the caches of every place that has one.
+    pub fn gather() -> Table {
+        let mut t = Table { rows: [HolderRow::default(); MAX_ROWS], len: 0 };
+        holders::for_each_row(|r| t.add(*r));
+        let (blocks, bytes) = HOST.cached();
+        if bytes > 0 {
+            t.add(HolderRow { id: CACHED, place: PLACE_HOST, live_bytes: bytes as u64, peak_bytes: HOST.stats.cached.peak(), blocks: blocks as u64 });
+        }
+        let (_, _, pinned_cached, pinned_peak) = DEVICE.pinned_figures();
+        if pinned_cached > 0 {
+            t.add(HolderRow { id: CACHED, place: PLACE_PINNED, live_bytes: pinned_cached, peak_bytes: pinned_peak, blocks: 0 });
+        }
+        DEVICE.for_each_pool(|device, pool| {
+            let cached = pool.cached_bytes();
+            if cached > 0 {
+                t.add(HolderRow { id: CACHED, place: holders::device_place(device), live_bytes: cached, peak_bytes: 0, blocks: 0 });
+            }
+        });
+        t
+    }
+
+    /// Inserts `r` in order among the first MAX_ROWS - 1 rows; what does not fit is summed
+    /// into the last row, OTHERS.
+    pub fn add(&mut self, r: HolderRow) {
+        let kept = self.len.min(MAX_ROWS - 1);
+        let at = self.rows.iter().take(kept).position(|x| r.live_bytes > x.live_bytes).unwrap_or(kept);
+        let spilled = if kept < MAX_ROWS - 1 {
+            None
+        } else if at < kept {
+            self.rows.get(kept - 1).copied()
+        } else {
+            Some(r)
+        };
+        if spilled != Some(r) {
+            self.rows.copy_within(at..kept.saturating_sub(usize::from(spilled.is_some())), at + 1);
+            if let Some(slot) = self.rows.get_mut(at) {
+                *slot = r;
+            }
+        }
+        match spilled {
+            None => self.len += 1,
+            Some(small) => {
+                if self.len < MAX_ROWS {
+                    self.len = MAX_ROWS;
+                    if let Some(o) = self.rows.get_mut(MAX_ROWS - 1) {
+                        *o = HolderRow { id: OTHERS, ..HolderRow::default() };
+                    }
+                }
+                if let Some(o) = self.rows.get_mut(MAX_ROWS - 1) {
+                    o.live_bytes += small.live_bytes;
+                    o.peak_bytes += small.peak_bytes;
+                    o.blocks += small.blocks;
+                }
+            }
+        }
+    }
+
+    pub fn rows(&self) -> &[HolderRow] {
+        self.rows.get(..self.len).unwrap_or(&[])
+    }
+}
+
+/// Calls `f` with the name of a row's holder.
+pub fn row_name<T>(r: &HolderRow, f: impl FnOnce(&[u8]) -> T) -> T {
+    match r.id {
+        CACHED => f(b"(cached by tensormalloc)"),
+        OTHERS => f(b"(others)"),
+        id => holders::holder_name(id, f),
+    }
+}
+
+/// "host", "pinned", or "cuda:N".
+pub struct PlaceName(pub u8);
+
+impl fmt::Display for PlaceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            PLACE_HOST => f.write_str("host"),
+            PLACE_PINNED => f.write_str("pinned"),
+            d => write!(f, "cuda:{}", d - 2),
+        }
+    }
+}
+
+/// Bytes shown as text, lossily (names are file names, normally ASCII).
+struct Name<'a>(&'a [u8]);
+
+impl fmt::Display for Name<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for chunk in self.0.utf8_chunks() {
+            f.pad(chunk.valid())?;
+            if !chunk.invalid().is_empty() {
+                f.write_str("?")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// JSON string contents: quotes, backslashes and control characters escaped.
+struct JsonText<'a>(&'a [u8]);
+
+impl fmt::Display for JsonText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for chunk in self.0.utf8_chunks() {
+            for c in chunk.valid().chars() {
+                match c {
+                    '"' => f.write_str("\\\"")?,
+                    '\\' => f.write_str("\\\\")?,
+                    c if (c as u32) < 0x20 => write!(f, "\\u{:04x}", c as u32)?,
+                    c => f.write_char(c)?,
+                }
+            }
+            if !chunk.invalid().is_empty() {
+                f.write_str("?")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The table as text, one row per holder and place; nothing when no large block was ever held.
+pub fn write_text<W: Write>(w: &mut W, t: &Table) -> fmt::Result {
+    if t.rows().is_empty() {
+        return Ok(());
+    }
+    writeln!(w, " Who holds the memory (large blocks; peak is the holder's own):")?;
+    writeln!(w, "  {:<36} {:<8} {:>12} {:>12} {:>8}", "holder", "place", "live", "peak", "blocks")?;
+    for r in t.rows() {
+        row_name(r, |name| {
+            let name = StackName::from(name);
+            writeln!(w, "  {:<36} {:<8} {:>12} {:>12} {:>8}", name.as_str(), Padded(PlaceName(r.place)), Padded(Bytes(r.live_bytes)), Padded(Bytes(r.peak_bytes)), r.blocks)
+        })?;
+    }
+    Ok(())
+}
+
+/// The table as a JSON array of {holder, place, live_bytes, peak_bytes, blocks, cached}.
+pub fn write_json<W: Write>(w: &mut W, t: &Table) -> fmt::Result {
+    w.write_str("[")?;
+    for (i, r) in t.rows().iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        row_name(r, |name| {
+            write!(
+                w,
+                "{sep}{{\"holder\":\"{}\",\"place\":\"{}\",\"live_bytes\":{},\"peak_bytes\":{},\"blocks\":{},\"cached\":{}}}",
+                JsonText(name),
+                PlaceName(r.place),
+                r.live_bytes,
+                r.peak_bytes,
+                r.blocks,
+                r.id == CACHED
+            )
+        })?;
+    }
+    w.write_str("]")
+}
+
+/// `tm_holder_t` in include/tensormalloc.h.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CHolderRow {
+    /// The holder's short name, NUL-terminated (cut to fit).
+    pub name: [u8; 64],
+    /// -1 host, -2 pinned host memory, N >= 0 device N.
+    pub place: i32,
+    /// 1 for the rows of tensormalloc's own cache (live_bytes is then the bytes cached).
+    pub cached: i32,
+    pub live_bytes: u64,
+    pub peak_bytes: u64,
+    pub blocks: u64,
+}
+
+/// Writes up to `capacity` rows of the table to `out`; returns how many rows there are.
+///
+/// # Safety
+/// `out` points to `capacity` writable rows (or `capacity` is 0).
+pub unsafe fn fill_c_rows(out: *mut CHolderRow, capacity: usize) -> usize {
+    let t = Table::gather();
+    for (i, r) in t.rows().iter().enumerate().take(if out.is_null() { 0 } else { capacity }) {
+        let mut name = [0u8; 64];
+        row_name(r, |n| {
+            let len = n.len().min(63);
+            if let (Some(dst), Some(src)) = (name.get_mut(..len), n.get(..len)) {
+                dst.copy_from_slice(src);
+            }
+        });
+        let place = match r.place {
+            PLACE_HOST => -1,
+            PLACE_PINNED => -2,
+            d => i32::from(d) - 2,
+        };
+        let row = CHolderRow { name, place, cached: i32::from(r.id == CACHED), live_bytes: r.live_bytes, peak_bytes: r.peak_bytes, blocks: r.blocks };
+        // SAFETY: i < capacity, and out has room for capacity rows.
+        unsafe { out.add(i).write(row) };
+    }
+    t.rows().len()
+}
+
+/// A name cut to fit a column, held on the stack.
+struct StackName {
+    buf: [u8; 36],
+    len: usize,
+}
+
+impl StackName {
+    fn from(name: &[u8]) -> Self {
+        let mut s = StackName { buf: [0; 36], len: 0 };
+        let mut w = crate::sys::stderr::StackWriter::<36>::new();
+        let _ = write!(w, "{}", Name(name));
+        let bytes = w.as_bytes();
+        s.len = bytes.len().min(36);
+        if let (Some(dst), Some(src)) = (s.buf.get_mut(..s.len), bytes.get(..s.len)) {
+            dst.copy_from_slice(src);
+        }
+        s
+    }
+
+    fn as_str(&self) -> &str {
+        let bytes = self.buf.get(..self.len).unwrap_or(&[]);
+        match core::str::from_utf8(bytes) {
+            Ok(s) => s,
+            // Cut inside a character: up to the cut.
+            Err(e) => core::str::from_utf8(bytes.get(..e.valid_up_to()).unwrap_or(&[])).unwrap_or(""),
+        }
+    }
+}
+
+/// Formats a value into a stack buffer first, so width and alignment apply to the whole of it.
+struct Padded<T: fmt::Display>(T);
+
+impl<T: fmt::Display> fmt::Display for Padded<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut w = crate::sys::stderr::StackWriter::<40>::new();
+        let _ = write!(w, "{}", self.0);
+        f.pad(core::str::from_utf8(w.as_bytes()).unwrap_or(""))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: u16, live: u64) -> HolderRow {
+        HolderRow { id, place: 0, live_bytes: live, peak_bytes: live, blocks: 1 }
+    }
+
+    #[test]
+    fn rows_are_kept_largest_first_and_the_rest_summed() {
+        let mut t = Table { rows: [HolderRow::default(); MAX_ROWS], len: 0 };
+        for i in 0..(MAX_ROWS as u64 + 5) {
+            t.add(row(i as u16 + 1, 100 + i));
+        }
+        let rows = t.rows();
+        assert_eq!(rows.len(), MAX_ROWS);
+        assert_eq!(rows[0].live_bytes, 100 + MAX_ROWS as u64 + 4);
+        assert!(rows[..MAX_ROWS - 1].windows(2).all(|w| w[0].live_bytes >= w[1].live_bytes));
+        let others = rows[MAX_ROWS - 1];
+        assert_eq!(others.id, OTHERS);
+        let total: u64 = (0..(MAX_ROWS as u64 + 5)).map(|i| 100 + i).sum();
+        assert_eq!(rows.iter().map(|r| r.live_bytes).sum::<u64>(), total, "nothing lost");
+        assert_eq!(rows.iter().map(|r| r.blocks).sum::<u64>(), MAX_ROWS as u64 + 5);
+    }
+
+    #[test]
+    fn text_and_json_name_places_and_escape_names() {
+        let mut t = Table { rows: [HolderRow::default(); MAX_ROWS], len: 0 };
+        t.add(HolderRow { id: CACHED, place: 3, live_bytes: 5 << 20, peak_bytes: 0, blocks: 0 });
+        let mut w = crate::sys::stderr::StackWriter::<4096>::new();
+        write_text(&mut w, &t).unwrap();
+        let text = std::str::from_utf8(w.as_bytes()).unwrap();
+        assert!(text.contains("(cached by tensormalloc)") && text.contains("cuda:1") && text.contains("5.0 MiB"), "{text}");
+        let mut w = crate::sys::stderr::StackWriter::<4096>::new();
+        write_json(&mut w, &t).unwrap();
+        let json = std::str::from_utf8(w.as_bytes()).unwrap();
+        assert!(json.contains("\"place\":\"cuda:1\"") && json.contains("\"cached\":true"), "{json}");
+        assert_eq!(JsonText(b"a\"b\\\n").to_string(), "a\\\"b\\\\\\u000a");
+    }
+}

@@ -1,0 +1,191 @@
+//! The out-of-memory report: when a device allocation finally fails (after the pool gave its
+//! cache back and retried) or a large host mapping fails that some limit could have allowed,
+//! one report on stderr: the request, what the device or the limits say, the pool's figures,
+//! the largest free block against the request, the holders table, and the settings that would
+//! help. Written from stack buffers with write(2): nothing here allocates (out of memory is when
+//! it must work). At most one report per 10 seconds; the ones left out are counted in the next.
+//! The last failure's figures also go into the JSON stats (`last_oom`).
+
+use crate::holders_report::{self, PlaceName, Table};
+use crate::sys::stderr::StackWriter;
+use crate::units::Bytes;
+use crate::{DEVICE, HOST};
+use core::fmt::{self, Write};
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+const EVERY_NS: u64 = 10_000_000_000;
+static LAST_REPORT_NS: AtomicU64 = AtomicU64::new(0);
+static LEFT_OUT: AtomicU64 = AtomicU64::new(0);
+
+/// The last failure, for the JSON stats: place + 1 (0: none yet), request, then the figures.
+static LAST: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+
+/// What the report says of a failure, gathered before writing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Failure {
+    pub place: u8,
+    pub request_bytes: u64,
+    /// Device: the driver's total and free memory (0, 0 when it cannot say). Host: the
+    /// address-space limit (u64::MAX when none) and 0.
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// Device: the pool's reserved, live and cached bytes; host: live large blocks and the cache.
+    pub reserved_bytes: u64,
+    pub live_bytes: u64,
+    pub cached_bytes: u64,
+    /// The largest free block the pool holds (fragmentation).
+    pub largest_free_bytes: u64,
+}
+
+impl Failure {
+    fn store(&self) {
+        let fields = [u64::from(self.place) + 1, self.request_bytes, self.total_bytes, self.free_bytes, self.reserved_bytes, self.live_bytes, self.cached_bytes, self.largest_free_bytes];
+        for (slot, v) in LAST.iter().zip(fields) {
+            slot.store(v, Relaxed);
+        }
+    }
+
+    /// The last failure recorded, if any.
+    pub fn last() -> Option<Failure> {
+        let v: [u64; 8] = core::array::from_fn(|i| LAST.get(i).map_or(0, |a| a.load(Relaxed)));
+        let [place, request_bytes, total_bytes, free_bytes, reserved_bytes, live_bytes, cached_bytes, largest_free_bytes] = v;
+        (place != 0).then(|| Failure { place: (place - 1) as u8, request_bytes, total_bytes, free_bytes, reserved_bytes, live_bytes, cached_bytes, largest_free_bytes })
+    }
+}
+
+/// A device allocation of `request_bytes` on `device` failed for good; `cap_bytes` is the pool's
+/// cap when the cap refused it.
+pub fn device_failed(device: usize, request_bytes: u64, cap_bytes: Option<u64>) {
+    let mut f = Failure { place: crate::holders::device_place(device), request_bytes, ..Default::default() };
+    if let Ok((free, total)) = DEVICE.mem_info() {
+        (f.total_bytes, f.free_bytes) = (total as u64, free as u64);
+    }
+    DEVICE.for_each_pool(|d, pool| {
+        if d == device {
+            (f.reserved_bytes, f.live_bytes) = (pool.stats.reserved_bytes, pool.stats.live_bytes);
+            f.cached_bytes = pool.cached_bytes();
+            f.largest_free_bytes = pool.largest_free_bytes();
+        }
+    });
+    report(&f, cap_bytes);
+}
+
+/// A large host mapping of `request_bytes` failed although the limits could allow it.
+pub fn host_failed(request_bytes: u64) {
+    let (_, cached) = HOST.cached();
+    let f = Failure {
+        place: crate::holders::PLACE_HOST,
+        request_bytes,
+        total_bytes: crate::sys::memory::address_space_bytes(),
+        live_bytes: HOST.stats.live.current(),
+        cached_bytes: cached as u64,
+        ..Default::default()
+    };
+    report(&f, None);
+}
+
+fn report(f: &Failure, cap_bytes: Option<u64>) {
+    f.store();
+    let now = crate::sys::clock::now_ns();
+    let last = LAST_REPORT_NS.load(Relaxed);
+    if last != 0 && now.saturating_sub(last) < EVERY_NS || LAST_REPORT_NS.compare_exchange(last, now.max(1), Relaxed, Relaxed).is_err() {
+        LEFT_OUT.fetch_add(1, Relaxed);
+        return;
+    }
+    let mut w = StackWriter::<12288>::new();
+    let _ = write_report(&mut w, f, cap_bytes, LEFT_OUT.swap(0, Relaxed));
+    w.flush_to(2);
+}
+
+/// The report's text.
+pub fn write_report<W: Write>(w: &mut W, f: &Failure, cap_bytes: Option<u64>, left_out: u64) -> fmt::Result {
+    let place = PlaceName(f.place);
+    if f.place >= 2 {
+        writeln!(w, "tensormalloc: out of memory on {place}: a request of {} failed after the pool gave its cached segments back and tried again", Bytes(f.request_bytes))?;
+        if f.total_bytes > 0 {
+            let elsewhere = f.total_bytes.saturating_sub(f.free_bytes).saturating_sub(f.reserved_bytes);
+            writeln!(w, "  device: {} total, {} free (the driver's figures); {} in use outside this pool (the CUDA context, other allocators, other processes)", Bytes(f.total_bytes), Bytes(f.free_bytes), Bytes(elsewhere))?;
+        }
+        writeln!(w, "  pool: {} reserved, {} live, {} cached; largest free block {}{}", Bytes(f.reserved_bytes), Bytes(f.live_bytes), Bytes(f.cached_bytes), Bytes(f.largest_free_bytes), fragmentation(f))?;
+    } else {
+        writeln!(w, "tensormalloc: out of memory: a large host block of {} could not be mapped, even after the cache was emptied", Bytes(f.request_bytes))?;
+        if f.total_bytes != u64::MAX {
+            writeln!(w, "  address-space limit (RLIMIT_AS or the commit limit): {}", Bytes(f.total_bytes))?;
+        }
+        writeln!(w, "  large host blocks: {} live, {} cached", Bytes(f.live_bytes), Bytes(f.cached_bytes))?;
+    }
+    if left_out > 0 {
+        writeln!(w, "  ({left_out} more out-of-memory failures since the last report were not reported)")?;
+    }
+    holders_report::write_text(w, &Table::gather())?;
+    writeln!(w, "  What would help:")?;
+    if f.place >= 2 {
+        if let Some(cap) = cap_bytes {
+            writeln!(w, "    TENSORMALLOC_CUDA_LIMIT: the pool's cap ({}) refused this; raise it, or 0 for none", Bytes(cap))?;
+        }
+        if f.largest_free_bytes > 0 && f.largest_free_bytes < f.request_bytes && f.cached_bytes >= f.request_bytes {
+            writeln!(w, "    TENSORMALLOC_CUDA_POOL=binned: whole blocks per size class, no splitting (less fragmentation for few, large sizes)")?;
+        }
+        if f.cached_bytes > 0 {
+            writeln!(w, "    TENSORMALLOC_CUDA_POOL=none: no pool keeping {} that only this pool can reuse; every request goes to the driver", Bytes(f.cached_bytes))?;
+        }
+        let elsewhere = f.total_bytes.saturating_sub(f.free_bytes).saturating_sub(f.reserved_bytes);
+        if elsewhere > f.request_bytes {
+            writeln!(w, "    {} is held outside this pool: another allocator's own cache can give it back (torch.cuda.empty_cache(), cupy.get_default_memory_pool().free_all_blocks())", Bytes(elsewhere))?;
+        }
+        writeln!(w, "    the holders above: what they hold is live; free what they no longer need")?;
+    } else {
+        writeln!(w, "    TENSORMALLOC_CACHE_BYTES: a smaller cache leaves more room under a limit between failures (it was emptied before this one)")?;
+        writeln!(w, "    raise the limit (ulimit -v, the container's memory), or free what the holders above keep")?;
+    }
+    Ok(())
+}
+
+fn fragmentation(f: &Failure) -> &'static str {
+    if f.cached_bytes >= f.request_bytes && f.largest_free_bytes < f.request_bytes {
+        " (fragmented: enough is cached, but no free block is as large as the request)"
+    } else {
+        ""
+    }
+}
+
+/// The last failure as a JSON object, or `null`.
+pub fn write_json<W: Write>(w: &mut W) -> fmt::Result {
+    let Some(f) = Failure::last() else { return w.write_str("null") };
+    write!(
+        w,
+        "{{\"place\":\"{}\",\"request_bytes\":{},\"total_bytes\":{},\"free_bytes\":{},\"reserved_bytes\":{},\"live_bytes\":{},\"cached_bytes\":{},\"largest_free_bytes\":{}}}",
+        PlaceName(f.place),
+        f.request_bytes,
+        f.total_bytes,
+        f.free_bytes,
+        f.reserved_bytes,
+        f.live_bytes,
+        f.cached_bytes,
+        f.largest_free_bytes
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_names_fragmentation_and_the_cap() {
+        let f = Failure { place: 2, request_bytes: 4 << 30, total_bytes: 80 << 30, free_bytes: 1 << 30, reserved_bytes: 70 << 30, live_bytes: 60 << 30, cached_bytes: 10 << 30, largest_free_bytes: 1 << 30 };
+        let mut w = StackWriter::<8192>::new();
+        write_report(&mut w, &f, Some(70 << 30), 3).unwrap();
+        let text = std::str::from_utf8(w.as_bytes()).unwrap();
+        assert!(text.starts_with("tensormalloc: out of memory on cuda:0: a request of 4.0 GiB failed"), "{text}");
+        assert!(text.contains("9.0 GiB in use outside this pool"), "{text}");
+        assert!(text.contains("largest free block 1.0 GiB (fragmented"), "{text}");
+        assert!(text.contains("TENSORMALLOC_CUDA_LIMIT: the pool's cap (70.0 GiB)"), "{text}");
+        assert!(text.contains("(3 more out-of-memory failures"), "{text}");
+        assert!(text.contains("TENSORMALLOC_CUDA_POOL=none: no pool keeping 10.0 GiB") && text.contains("9.0 GiB is held outside this pool"), "{text}");
+        let host = Failure { place: 0, request_bytes: 1 << 30, total_bytes: u64::MAX, ..Default::default() };
+        let mut w = StackWriter::<8192>::new();
+        write_report(&mut w, &host, None, 0).unwrap();
+        let text = std::str::from_utf8(w.as_bytes()).unwrap();
+        assert!(text.contains("large host block of 1.0 GiB") && !text.contains("address-space limit"), "{text}");
+    }
+}
