@@ -65,6 +65,13 @@ impl Row {
     const fn new() -> Self {
         Row { live: AtomicU64::new(0), peak: AtomicU64::new(0), blocks: AtomicU64::new(0) }
     }
+
+    /// A read first: below the peak (the steady state) costs no locked instruction.
+    fn raise_peak(&self, live: u64) {
+        if live > self.peak.load(Relaxed) {
+            self.peak.fetch_max(live, Relaxed);
+        }
+    }
 }
 
 /// When a block was handed out, and to whom (a holder word).
@@ -167,7 +174,7 @@ impl Holders {
     pub fn on_alloc(&self, word: u64, place: u8, bytes: u64) {
         if let Some(r) = self.row(word, place) {
             let live = r.live.fetch_add(bytes, Relaxed).wrapping_add(bytes);
-            r.peak.fetch_max(live, Relaxed);
+            r.raise_peak(live);
             r.blocks.fetch_add(1, Relaxed);
         }
     }
@@ -184,7 +191,7 @@ impl Holders {
         if let Some(r) = self.row(word, place) {
             if new_bytes >= old_bytes {
                 let live = r.live.fetch_add(new_bytes - old_bytes, Relaxed).wrapping_add(new_bytes - old_bytes);
-                r.peak.fetch_max(live, Relaxed);
+                r.raise_peak(live);
             } else {
                 r.live.fetch_sub(old_bytes - new_bytes, Relaxed);
             }

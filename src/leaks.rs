@@ -97,7 +97,7 @@ pub fn report_at_exit() {
     let _ = host.write(&mut w, "host (large blocks)", now);
     crate::DEVICE.for_each_pool(|device, pool| {
         let mut dev = LeakGroups::default();
-        pool.for_each_live(|_, size, born| dev.add(size, born));
+        pool.for_each_live(|_, size, birth| dev.add(size, birth.ns));
         let mut name = crate::sys::stderr::StackWriter::<32>::new();
         let _ = write!(name, "cuda device {device}");
         let _ = dev.write(&mut w, core::str::from_utf8(name.as_bytes()).unwrap_or("cuda"), now);

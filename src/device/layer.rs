@@ -13,7 +13,7 @@ use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INVA
 use crate::config::{Config, CudaPool, CudaSync, DeviceLimit};
 use crate::backing::TableSource;
 use crate::stats::{timed, Counter, DevicePhases};
-use crate::history::{self, HistoryEvent};
+use crate::history;
 use crate::holders::{device_place, Birth};
 use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
@@ -126,13 +126,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         self.pinned_limit_bytes.store(c.cuda_host_cache_bytes, Relaxed);
     }
 
-    /// After a request of `size` bytes failed for want of memory on the current device: the
-    /// out-of-memory report (oom_report.rs), with the pool's cap when it is what refused.
-    pub fn report_failure(&self, size: usize, cap_refused: bool) {
-        let Ok(device) = self.runtime.current_device() else { return };
-        let Some(index) = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES) else { return };
-        let cap = cap_refused.then(|| self.pools.get(index).map_or(u64::MAX, |p| p.lock().limit_bytes()));
-        crate::oom_report::device_failed(index, size as u64, cap);
+    /// The cap on what `device`'s pool reserves (u64::MAX: none).
+    pub fn cap_bytes(&self, device: usize) -> u64 {
+        self.pools.get(device).map_or(u64::MAX, |p| p.lock().limit_bytes())
     }
 
     pub fn runtime(&self) -> &R {
@@ -190,21 +186,21 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     fn record_alloc(&self, device: usize, addr: u64, size: u64, outcome: u8, birth: Birth, tag: u64) {
         crate::scopes::on_alloc(size);
         crate::holders::HOLDERS.on_alloc(birth.holder, device_place(device), size);
-        history::record(&HistoryEvent { time_ns: birth.ns, addr, size, holder: birth.holder, stream: tag, action: history::ALLOC, place: device_place(device) });
+        history::record(history::ALLOC, device_place(device), addr, size, birth.holder, tag);
         crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_ALLOC, outcome, device as u8, size, addr);
     }
 
     fn record_free(&self, device: usize, addr: u64, f: &super::pool::Freed, tag: u64) {
         crate::scopes::on_free(f.size);
         crate::holders::HOLDERS.on_free(f.holder, device_place(device), f.size);
-        history::record(&HistoryEvent { time_ns: (self.clock)(), addr, size: f.size, holder: f.holder, stream: tag, action: history::FREE, place: device_place(device) });
+        history::record(history::FREE, device_place(device), addr, f.size, f.holder, tag);
         crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_FREE, crate::trace::HIT, device as u8, f.size, addr);
     }
 
     /// A segment mapped into or given back from `device`'s pool, or a request that found no
     /// memory (history::SEGMENT_MAP, SEGMENT_UNMAP, OOM).
     fn record_event(&self, device: usize, action: u8, addr: u64, size: u64) {
-        history::record(&HistoryEvent { time_ns: (self.clock)(), addr, size, action, place: device_place(device), ..Default::default() });
+        history::record(action, device_place(device), addr, size, 0, 0);
     }
 
     /// The context `device`'s pool is bound to (Note [Context lifetime]); 0 when none.
@@ -519,13 +515,24 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Note [Context lifetime]: context `ctx` was (or is about to be) destroyed: every pool
     /// whose segments live in it, and its pinned blocks, are forgotten.
     pub fn forget_context(&self, ctx: u64) {
-        for pool in self.pools.iter() {
+        for (device, pool) in self.pools.iter().enumerate() {
             let mut pool = pool.lock();
             if ctx != 0 && pool.is_ready() && pool.owner() == ctx {
-                pool.forget_all();
+                Self::forget_blocks(device, &mut pool);
             }
         }
-        self.pinned.lock().forget(Some(ctx));
+        self.forget_pinned(Some(ctx));
+    }
+
+    /// Forgets every block of a pool whose context is gone: its live blocks leave the holders
+    /// table (Note [Holders]) as the runtime freed them.
+    fn forget_blocks(device: usize, pool: &mut DevicePool) {
+        pool.for_each_live(|_, size, birth| crate::holders::HOLDERS.on_free(birth.holder, device_place(device), size));
+        pool.forget_all();
+    }
+
+    fn forget_pinned(&self, ctx: Option<u64>) {
+        self.pinned.lock().forget(ctx, |b| crate::holders::HOLDERS.on_free(b.holder, crate::holders::PLACE_PINNED, b.len));
     }
 
     /// `device`'s primary context as the driver knows it (taken before a release of it).
@@ -559,7 +566,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 self.forget_pool(d);
             }
         }
-        self.pinned.lock().forget(match primary {
+        self.forget_pinned(match primary {
             PrimaryContext::Active(p) => Some(p),
             _ => None,
         });
@@ -569,7 +576,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         if let Some(pool) = self.pools.get(device) {
             let mut pool = pool.lock();
             if pool.is_ready() {
-                pool.forget_all();
+                Self::forget_blocks(device, &mut pool);
             }
         }
     }

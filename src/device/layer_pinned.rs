@@ -5,7 +5,7 @@
 use super::{DeviceLayer, FreeAnswer};
 use crate::backing::{DeviceError, DeviceRuntime};
 use crate::device::pinned::{PinnedBlock, PinnedFree};
-use crate::history::{self, HistoryEvent};
+use crate::history;
 use crate::holders::PLACE_PINNED;
 use core::sync::atomic::Ordering::Relaxed;
 
@@ -48,7 +48,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         } else {
             crate::holders::HOLDERS.on_free(b.holder, PLACE_PINNED, b.len);
         }
-        history::record(&HistoryEvent { time_ns: (self.clock)(), addr: b.addr, size: b.len, holder: b.holder, action, place: PLACE_PINNED, ..Default::default() });
+        history::record(action, PLACE_PINNED, b.addr, b.len, b.holder, 0);
     }
 
     fn trim_pinned(&self) {

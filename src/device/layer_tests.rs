@@ -343,3 +343,33 @@ fn out_of_memory_outside_the_pool_gets_its_cache_back_once() {
     assert_eq!(l.give_back_current(), 0);
     assert_eq!(l.runtime().device(0).used, 0);
 }
+
+/// The holders table's row of `word` on device 0: (live, peak, blocks).
+fn holder_row(word: u64) -> (u64, u64, u64) {
+    let mut out = (0, 0, 0);
+    crate::holders::HOLDERS.for_each_row(|r| {
+        if r.id == crate::holders::id_of(word) && r.place == crate::holders::device_place(0) {
+            out = (r.live_bytes, r.peak_bytes, r.blocks);
+        }
+    });
+    out
+}
+
+#[test]
+fn the_holders_table_follows_blocks_and_forgets_them_with_their_context() {
+    let l = layer(Config::default(), &[GB]);
+    // A key of this test's own: the table is the process's, shared with other tests.
+    let w = crate::holders::HOLDERS.word_for_key(0x1234, 0x5151_0000);
+    let a = l.malloc(MB, w).unwrap();
+    let b = l.malloc(3 * MB, w).unwrap();
+    let size = |p: usize| match l.range(p) {
+        RangeAnswer::Live(_, n, _) => n,
+        other => panic!("{other:?}"),
+    };
+    let (sa, sb) = (size(a), size(b));
+    assert_eq!(holder_row(w), (sa + sb, sa + sb, 2));
+    l.free(a).unwrap();
+    assert_eq!(holder_row(w), (sb, sa + sb, 1));
+    reset_primary(&l, 0);
+    assert_eq!(holder_row(w), (0, sa + sb, 0), "a reset freed the block with its context");
+}

@@ -124,7 +124,8 @@ impl PinnedCache {
 
     /// Note [Context lifetime]: forgets every block, cached or live, of context `ctx` (every
     /// block when `None`): the runtime freed them. A live one freed later is not ours.
-    pub fn forget(&mut self, ctx: Option<u64>) {
+    /// `on_live` sees each live block forgotten.
+    pub fn forget(&mut self, ctx: Option<u64>, mut on_live: impl FnMut(&PinnedBlock)) {
         let doomed = |b: &PinnedBlock| ctx.is_none_or(|c| b.ctx == c || b.ctx == 0);
         for slot in self.free.iter_mut() {
             if let Some(b) = *slot {
@@ -147,6 +148,7 @@ impl PinnedCache {
             });
             for &addr in batch.iter().take(n) {
                 if let Some(i) = self.live.remove(addr) {
+                    on_live(self.live_records.get(i));
                     self.live_records.remove(i);
                 }
             }
@@ -277,12 +279,12 @@ mod tests {
         }
         c.free(1 << 28);
         c.free(3 << 28);
-        c.forget(Some(7));
+        c.forget(Some(7), |_| {});
         assert!(!c.owns(2 << 28), "live block of the reset context is no longer ours");
         assert!(c.owns(4 << 28));
         assert_eq!(c.take(1 << 20, 0, 7, 0), None, "its cached block is never handed out");
         assert_eq!(c.take(1 << 20, 0, 8, 0).map(|b| b.addr), Some(3 << 28));
-        c.forget(None);
+        c.forget(None, |_| {});
         assert!(!c.owns(4 << 28) && !c.owns(3 << 28));
         assert_eq!(c.cached_bytes(), 0);
     }

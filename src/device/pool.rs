@@ -514,10 +514,10 @@ impl DevicePool {
     }
 
     /// Calls `f(addr, size, born_ns)` for every live block (the leak report).
-    pub fn for_each_live(&self, mut f: impl FnMut(u64, u64, u64)) {
+    pub fn for_each_live(&self, mut f: impl FnMut(u64, u64, Birth)) {
         self.live.for_each(|addr, index| {
             let b = self.blocks.get(index);
-            f(addr, b.size, b.born_ns);
+            f(addr, b.size, Birth { ns: b.born_ns, holder: b.holder });
         });
     }
 }

@@ -57,7 +57,7 @@
 
 use super::cache::{BlockCache, CacheLimits, Live, Part, Parts};
 use super::registry::{Birth, Owner, Registry};
-use crate::history::{self, HistoryEvent};
+use crate::history;
 use crate::holders::PLACE_HOST;
 use crate::backing::TableSource;
 use crate::ranges::{Range, RangeList};
@@ -354,18 +354,17 @@ impl<M: PageMemory> HostLayer<M> {
         self.stats.live_blocks.add(1);
         crate::scopes::on_alloc(len as u64);
         crate::holders::HOLDERS.on_alloc(birth.holder, PLACE_HOST, len as u64);
-        let event = HistoryEvent { time_ns: birth.ns, addr: addr as u64, size: len as u64, holder: birth.holder, action: history::ALLOC, ..Default::default() };
-        history::record(&event);
+        history::record(history::ALLOC, PLACE_HOST, addr as u64, len as u64, birth.holder, 0);
         crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, outcome, 0, asked as u64, addr as u64);
     }
 
-    fn record_free(&self, addr: usize, len: usize, holder: u64, now_ns: u64) {
+    fn record_free(&self, addr: usize, len: usize, holder: u64) {
         self.stats.frees.add(1);
         self.stats.live.sub(len as u64);
         self.stats.live_blocks.sub(1);
         crate::scopes::on_free(len as u64);
         crate::holders::HOLDERS.on_free(holder, PLACE_HOST, len as u64);
-        history::record(&HistoryEvent { time_ns: now_ns, addr: addr as u64, size: len as u64, holder, action: history::FREE, ..Default::default() });
+        history::record(history::FREE, PLACE_HOST, addr as u64, len as u64, holder, 0);
         crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64);
     }
 
@@ -381,9 +380,8 @@ impl<M: PageMemory> HostLayer<M> {
         crate::scopes::on_free(len as u64);
         crate::scopes::on_alloc(need as u64);
         crate::holders::HOLDERS.on_resize(birth.holder, PLACE_HOST, len as u64, need as u64);
-        let now_ns = (self.clock)();
-        history::record(&HistoryEvent { time_ns: now_ns, addr: addr as u64, size: len as u64, holder: birth.holder, action: history::FREE, ..Default::default() });
-        history::record(&HistoryEvent { time_ns: now_ns, addr: moved as u64, size: need as u64, holder: birth.holder, action: history::ALLOC, ..Default::default() });
+        history::record(history::FREE, PLACE_HOST, addr as u64, len as u64, birth.holder, 0);
+        history::record(history::ALLOC, PLACE_HOST, moved as u64, need as u64, birth.holder, 0);
         crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64);
         crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, crate::trace::HIT, 0, asked as u64, moved as u64);
     }
@@ -592,7 +590,7 @@ impl<M: PageMemory> HostLayer<M> {
         let start = (self.clock)();
         // Live before this free: the bounds follow its peak, reached just before some free.
         let live = Live { bytes: self.stats.live.current() as usize, blocks: self.stats.live_blocks.current() as usize };
-        self.record_free(addr, len, self.registry.birth(addr).holder, start);
+        self.record_free(addr, len, self.registry.birth(addr).holder);
         if self.memory.reset_for_cache(addr, len) {
             self.cache_block(addr, len, false, start, live);
         } else {

@@ -634,3 +634,30 @@ fn gathering_survives_refused_moves() {
         check(&l);
     }
 }
+
+#[test]
+fn the_holders_table_follows_allocs_resizes_and_frees_with_mapped_lengths() {
+    let l = layer(Config::default());
+    // A key of this test's own: the table is the process's, shared with other tests.
+    let w = crate::holders::HOLDERS.word_for_key(0x4321, 0x4242_0000);
+    let row = || {
+        let mut out = (0, 0, 0);
+        crate::holders::HOLDERS.for_each_row(|r| {
+            if r.id == crate::holders::id_of(w) && r.place == crate::holders::PLACE_HOST {
+                out = (r.live_bytes, r.peak_bytes, r.blocks);
+            }
+        });
+        out
+    };
+    let a = l.alloc(8 * MB, PAGE, false, w).unwrap();
+    let b = l.alloc(16 * MB - 100, PAGE, false, w).unwrap();
+    let (la, lb) = (live_len(&l, a) as u64, live_len(&l, b) as u64);
+    assert_eq!(row(), (la + lb, la + lb, 2));
+    let b = l.resize(b, lb as usize, 40 * MB).unwrap();
+    let lb2 = live_len(&l, b) as u64;
+    assert_eq!(row(), (la + lb2, la + lb2, 2), "a grown block counts its new length");
+    l.free(a, la as usize);
+    l.free(b, lb2 as usize);
+    assert_eq!(row(), (0, la + lb2, 0));
+    assert_eq!(l.stats.live.current(), 0);
+}

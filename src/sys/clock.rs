@@ -1,5 +1,14 @@
 //! Monotonic time in nanoseconds: the one clock the policy is fed.
 
+/// As `now_ns`, from CLOCK_MONOTONIC_COARSE: a few milliseconds' resolution for a seventh of the
+/// cost (4 ns here), for timestamps that only order and place events on a timeline.
+pub fn coarse_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: as in now_ns.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
 /// Nanoseconds since an arbitrary fixed point (CLOCK_MONOTONIC); never goes back.
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

@@ -51,14 +51,14 @@ unsafe fn pooled_alloc(size: usize, dptr: *mut u64, asker: u64, driver_answer: i
             CUDA_SUCCESS
         }
         Err(DeviceError::CapReached) => {
-            DEVICE.report_failure(size, true);
+            super::report_out_of_memory(size, true);
             CUDA_ERROR_MEMORY_ALLOCATION
         }
         Err(_) => {
             DEVICE.passthrough.add(1);
             let rc = driver_answer();
             if rc == CUDA_ERROR_MEMORY_ALLOCATION {
-                DEVICE.report_failure(size, false);
+                super::report_out_of_memory(size, false);
             }
             rc
         }

@@ -32,7 +32,7 @@ pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: u64) 
         }
         Err(DeviceError::CapReached) => {
             *ptr = core::ptr::null_mut();
-            DEVICE.report_failure(size, true);
+            super::report_out_of_memory(size, true);
             DeviceError::CapReached.code()
         }
         // The device refused even after our cache was given back, or the context cannot serve
@@ -42,7 +42,7 @@ pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: u64) 
             DEVICE.passthrough.add(1);
             let rc = (rt.malloc)(ptr, size);
             if rc == DeviceError::OutOfMemory.code() {
-                DEVICE.report_failure(size, false);
+                super::report_out_of_memory(size, false);
             }
             rc
         }
@@ -195,7 +195,7 @@ pub unsafe extern "C" fn pluggable_alloc(size: isize, device: c_int, stream: *mu
         Ok(addr) => addr as *mut c_void,
         Err(e) => {
             if matches!(e, DeviceError::OutOfMemory | DeviceError::CapReached) {
-                DEVICE.report_failure(size, e == DeviceError::CapReached);
+                super::report_out_of_memory(size, e == DeviceError::CapReached);
             }
             core::ptr::null_mut()
         }
