@@ -37,7 +37,7 @@ use core::ffi::c_int;
 //   viewer merges with their neighbours); an 'oom' carries `device_free` instead of addr, as
 //   PyTorch's does (`trace` prints `e['device_free']`).
 // - Opcodes: protocol 2 and its memo (pickle.rs); the viewer's own unpickler reads those.
-// - Events newer than the moment collection starts are left out: the viewer replays the trace
+// - Events recorded after collection starts are left out: the viewer replays the trace
 //   backwards from the segments, and an event for a segment the snapshot lacks would break it.
 // Host memory goes to a second file, PATH.host.pickle, in the same format: device 0 there is the
 // large host blocks (each its own mapping: one segment, one block), device 1 pinned memory
@@ -143,7 +143,8 @@ fn count() -> (usize, usize) {
     (segs, blocks.saturating_add(segs))
 }
 
-fn collect(c: &mut Collected, cut_ns: u64) {
+/// Fills `c`, leaving out the events recorded after the ring held `head_at_cut`.
+fn collect(c: &mut Collected, head_at_cut: u64) {
     crate::DEVICE.for_each_pool(|device, pool| {
         let place = crate::holders::device_place(device);
         pool.for_each_segment(|s| {
@@ -165,13 +166,15 @@ fn collect(c: &mut Collected, cut_ns: u64) {
         c.push_segment(PLACE_PINNED, p.addr, false, core::iter::once(b));
     });
     history::for_each(|e| {
-        if e.time_ns <= cut_ns {
-            if let Some(slot) = c.events.get_mut(c.nevents) {
-                *slot = *e;
-                c.nevents += 1;
-            }
+        if let Some(slot) = c.events.get_mut(c.nevents) {
+            *slot = *e;
+            c.nevents += 1;
         }
     });
+    // The ring's order is the events' order, and those recorded since `head_at_cut` are the last
+    // ones read (fewer when some were still being written: then older ones go too, never a
+    // newer one stays).
+    c.nevents = c.nevents.saturating_sub(history::recorded().saturating_sub(head_at_cut) as usize);
     if let Some(segs) = c.segs.get_mut(..c.nsegs) {
         segs.sort_unstable_by_key(|s| (s.place, s.addr));
     }
@@ -539,7 +542,7 @@ pub fn write(path: &[u8]) -> Result<(), c_int> {
     main.get_mut(..path.len()).ok_or(libc::ENAMETOOLONG)?.copy_from_slice(path);
     host.get_mut(..path.len()).ok_or(libc::ENAMETOOLONG)?.copy_from_slice(path);
     host.get_mut(path.len()..path.len() + HOST_SUFFIX.len()).ok_or(libc::ENAMETOOLONG)?.copy_from_slice(HOST_SUFFIX);
-    let cut_ns = crate::sys::clock::now_ns();
+    let head_at_cut = history::recorded();
     let wall_offset_ns = clock_ns(libc::CLOCK_REALTIME).wrapping_sub(clock_ns(libc::CLOCK_MONOTONIC));
     let (segs, blocks) = count();
     // Room for what may be added while we map (other threads go on).
@@ -548,7 +551,7 @@ pub fn write(path: &[u8]) -> Result<(), c_int> {
     let len = bytes.div_ceil(PAGE) * PAGE;
     let mut scratch = Scratch { addr: OsPages.map(len, PAGE).ok_or(libc::ENOMEM)?, len };
     let mut c = scratch.collected(seg_cap, blk_cap, ev_cap);
-    collect(&mut c, cut_ns);
+    collect(&mut c, head_at_cut);
     write_file(&main, File::Devices, &c, wall_offset_ns).and_then(|_| write_file(&host, File::Host, &c, wall_offset_ns))
 }
 
