@@ -79,6 +79,14 @@ int tm_is_enabled(void);
 /* Writes the report now: to stderr, or as JSON to the path in TENSORMALLOC_STATS=json:PATH. */
 void tm_print_stats(void);
 
+/* Writes a memory snapshot in the format of PyTorch's (torch.cuda.memory._dump_snapshot), for
+ * `python -m torch.cuda._memory_viz stats|segments|trace_plot PATH` and pytorch.org/memory_viz:
+ * the device pools' segments and blocks, who holds each block (the calling library and
+ * function), and the recent allocations and frees. Host memory (large blocks, pinned blocks)
+ * goes to PATH.host.pickle in the same format. Returns 0, or a negative errno (-ENOENT: the
+ * directory does not exist, -EACCES, ...). TENSORMALLOC_SNAPSHOT_AT_EXIT=PATH writes one at exit. */
+int tm_snapshot(const char *path);
+
 /* Scoped accounting, per thread: every large host block (at or above the threshold) and every
  * device block this thread allocates or frees inside the scope counts in it and in every scope
  * around it. Scopes nest up to 16 deep. */

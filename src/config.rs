@@ -79,6 +79,8 @@ pub struct Config {
     pub stats_path: [u8; STATS_PATH_MAX],
     /// TENSORMALLOC_TRACE's path; empty: no trace.
     pub trace_path: [u8; STATS_PATH_MAX],
+    /// TENSORMALLOC_SNAPSHOT_AT_EXIT's path; empty: no snapshot at exit.
+    pub snapshot_path: [u8; STATS_PATH_MAX],
     pub leaks: bool,
     pub check_free: bool,
     pub cuda_pool: CudaPool,
@@ -116,6 +118,7 @@ impl Config {
             stats: StatsOutput::Off,
             stats_path: [0; STATS_PATH_MAX],
             trace_path: [0; STATS_PATH_MAX],
+            snapshot_path: [0; STATS_PATH_MAX],
             leaks: false,
             check_free: true,
             cuda_pool: CudaPool::Split,
@@ -297,6 +300,19 @@ pub static OPTIONS: &[OptionSpec] = &[
         },
     },
     OptionSpec {
+        name: "TENSORMALLOC_SNAPSHOT_AT_EXIT",
+        default: "off",
+        doc: "PATH: at exit, write the device pools' segments and blocks, who holds them, and the recent allocations and frees to PATH as a PyTorch memory snapshot (python -m torch.cuda._memory_viz, pytorch.org/memory_viz), and the host's to PATH.host.pickle",
+        apply: |c, v| {
+            if v.is_empty() || v.len() >= STATS_PATH_MAX {
+                return Err("not a path of 1 to 255 bytes".into());
+            }
+            c.snapshot_path = [0; STATS_PATH_MAX];
+            c.snapshot_path.get_mut(..v.len()).ok_or("path too long")?.copy_from_slice(v);
+            Ok(())
+        },
+    },
+    OptionSpec {
         name: "TENSORMALLOC_LEAKS",
         default: "0",
         doc: "1: at exit, list large host and device blocks still live",
@@ -427,6 +443,10 @@ impl Config {
 
     pub fn trace_path(&self) -> &[u8] {
         until_nul(&self.trace_path)
+    }
+
+    pub fn snapshot_path(&self) -> &[u8] {
+        until_nul(&self.snapshot_path)
     }
 }
 

@@ -15,6 +15,7 @@ pub mod holders_report;
 pub mod host;
 pub mod leaks;
 pub mod oom_report;
+pub mod pickle;
 pub mod ranges;
 pub mod report;
 // Its callers, the malloc shims, are not built for tests and the no-interpose harnesses.
@@ -23,6 +24,7 @@ mod route;
 pub mod scopes;
 #[cfg(any(test, feature = "no-interpose"))]
 pub mod sim;
+pub mod snapshot;
 pub mod stats;
 pub mod sys;
 pub mod trace;
@@ -180,6 +182,9 @@ extern "C" fn on_unload() {
         report::at_exit(&g.config);
         if g.config.leaks {
             leaks::report_at_exit();
+        }
+        if !g.config.snapshot_path().is_empty() {
+            snapshot::at_exit(g.config.snapshot_path());
         }
     }
 }

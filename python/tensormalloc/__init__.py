@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 
 __all__ = ["library_path", "load", "loaded", "loaded_by", "loaded_path", "version", "stats", "holders",
-           "trim", "set_enabled", "scope", "ScopeResult"]  # the hooks are left out: `import *` must not shadow numpy
+           "trim", "set_enabled", "snapshot", "scope", "ScopeResult"]  # the hooks are left out: `import *` must not shadow numpy
 
 # The hooks, reachable as `tensormalloc.numpy` after `import tensormalloc`; imported on first
 # touch, so importing the package imports none of numpy, torch, cupy or numba.
@@ -244,6 +244,26 @@ def set_enabled(on):
     """Turns caching on or off; returns the previous setting."""
     lib = _get()
     return bool(lib.tm_set_enabled(1 if on else 0)) if lib else False
+
+
+def snapshot(path):
+    """Writes a memory snapshot in PyTorch's format to `path` (read it with `python -m
+    torch.cuda._memory_viz stats PATH`, or drop it on pytorch.org/memory_viz): the device pools'
+    segments and blocks, the library and function holding each block, and the recent
+    allocations and frees. Host memory (large and pinned blocks) goes to `path + ".host.pickle"`.
+    Returns the two paths; raises OSError when a file cannot be written, RuntimeError when the
+    library is not loaded."""
+    lib = _get()
+    if lib is None:
+        raise RuntimeError(NOT_LOADED)
+    fn = lib.tm_snapshot
+    fn.argtypes = [ctypes.c_char_p]
+    fn.restype = ctypes.c_int
+    path = os.fspath(path)
+    rc = fn(os.fsencode(path))
+    if rc != 0:
+        raise OSError(-rc, os.strerror(-rc), path)
+    return path, path + (".host.pickle" if isinstance(path, str) else b".host.pickle")
 
 
 class ScopeResult:

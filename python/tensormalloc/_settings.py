@@ -26,6 +26,8 @@ SETTINGS = (
      "1: print a report to stderr at exit; json:PATH: write it as JSON to PATH"),
     ("TENSORMALLOC_TRACE", "off",
      "PATH: record large allocations and frees (and memory samples) to PATH, for tensormalloc plot (scripts/plot-trace)"),
+    ("TENSORMALLOC_SNAPSHOT_AT_EXIT", "off",
+     "PATH: at exit, write the device pools' segments and blocks, who holds them, and the recent allocations and frees to PATH as a PyTorch memory snapshot (python -m torch.cuda._memory_viz, pytorch.org/memory_viz), and the host's to PATH.host.pickle"),
     ("TENSORMALLOC_LEAKS", "0",
      "1: at exit, list large host and device blocks still live"),
     ("TENSORMALLOC_CUDA_POOL", "split",

@@ -93,6 +93,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         Ok(FreeAnswer::Pooled)
     }
 
+    /// Calls `f(block, live)` for every pinned block of ours, live or cached, under the cache's
+    /// lock (`f` must not call CUDA or write).
+    pub fn for_each_pinned(&self, f: impl FnMut(&crate::device::pinned::PinnedBlock, bool)) {
+        self.pinned.lock().for_each(f);
+    }
+
     /// Pinned figures: (requests, hits, cached bytes, peak cached bytes).
     pub fn pinned_figures(&self) -> (u64, u64, u64, u64) {
         let c = self.pinned.lock();

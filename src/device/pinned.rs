@@ -201,6 +201,14 @@ impl PinnedCache {
         PinnedFree::Cached { evicted }
     }
 
+    /// Calls `f(block, live)` for every block, live then cached (the memory snapshot).
+    pub fn for_each(&self, mut f: impl FnMut(&PinnedBlock, bool)) {
+        self.live.for_each(|_, i| f(self.live_records.get(i), true));
+        for b in self.free.iter().flatten() {
+            f(b, false);
+        }
+    }
+
     /// Empties the cache into `out`; returns how many were written.
     pub fn drain(&mut self, out: &mut [(u64, u64)]) -> usize {
         let mut n = 0;
@@ -253,6 +261,10 @@ mod tests {
         c.add_live(0x4000_0000, c.len_for(100 << 20), 0, 7, 0);
         assert!(matches!(c.free(0x4000_0000), PinnedFree::Refused));
         assert_eq!(c.cached_bytes(), 40 << 20);
+        assert!(c.add_live(0x5000_0000, 4096, 0, 7, 9 << 48));
+        let mut seen = vec![];
+        c.for_each(|b, live| seen.push((b.addr, b.len, b.holder, live)));
+        assert_eq!(seen, vec![(0x5000_0000, 4096, 9 << 48, true), (0x3000_0000, 40 << 20, 0, false)]);
         let mut out = [(0, 0); 64];
         assert_eq!(c.drain(&mut out), 1);
         assert_eq!(c.cached_bytes(), 0);

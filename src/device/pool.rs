@@ -531,6 +531,9 @@ impl Default for DevicePool {
 #[path = "pool_blocks.rs"]
 mod blocks;
 
+#[path = "pool_walk.rs"]
+pub mod walk;
+
 #[cfg(test)]
 #[path = "pool_invariants.rs"]
 mod invariants;

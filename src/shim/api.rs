@@ -75,6 +75,25 @@ pub extern "C" fn tm_print_stats() {
     }
 }
 
+/// Writes the memory snapshot (Note [Snapshot format] in snapshot.rs) to `path`, and the host's
+/// to `path` + ".host.pickle". Returns 0, or a negative errno (-EINVAL for a NULL path).
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn tm_snapshot(path: *const c_char) -> c_int {
+    if path.is_null() {
+        return -libc::EINVAL;
+    }
+    if crate::globals().is_none() {
+        return -libc::EAGAIN;
+    }
+    match crate::snapshot::write(core::ffi::CStr::from_ptr(path).to_bytes()) {
+        Ok(()) => 0,
+        Err(e) => -e,
+    }
+}
+
 /// Opens a named scope on this thread (`name` may be NULL); returns its depth, or -1 when
 /// 16 scopes are already open.
 ///
