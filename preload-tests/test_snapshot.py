@@ -1,5 +1,6 @@
 """Memory snapshots in PyTorch's format (Note [Snapshot format] in src/snapshot.rs), read by
-PyTorch's own reader, torch.cuda._memory_viz, from the .venv that scripts/setup makes: a program
+PyTorch's own reader, torch/cuda/_memory_viz.py out of the torch wheel (scripts/memory-viz, which
+scripts/setup runs; it needs no torch): a program
 over the stand-in CUDA runtime whose two libraries of the test's own (a framework and a math
 library) allocate device, pinned and large host memory. Every block is checked field by field
 against what PyTorch writes, the reader's figures against tm_get_stats', and the frames against
@@ -17,7 +18,15 @@ from conftest import BUILD, C_DIR, ROOT, ok, run
 from cudasim import CFLAGS, fake_cuda
 
 PY = str(ROOT / ".venv" / "bin" / "python")
-VIZ = [PY, "-m", "torch.cuda._memory_viz"]
+VIZ_FILE = ROOT / ".venv" / "share" / "torch-memory-viz" / "_memory_viz.py"
+VIZ = [PY, str(VIZ_FILE)]
+# Loads the reader as a module, as `from torch.cuda import _memory_viz as v` would.
+LOAD_VIZ = f"""
+import importlib.util
+spec = importlib.util.spec_from_file_location("_memory_viz", {str(VIZ_FILE)!r})
+v = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(v)
+"""
 MB = 1 << 20
 
 SEGMENT_KEYS = {"device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
@@ -128,9 +137,10 @@ def taken(tmp_path_factory):
     return path, figures
 
 
-def test_torch_reads_it():
-    out = subprocess.run([PY, "-c", "import torch.cuda._memory_viz"], capture_output=True, text=True)
-    assert out.returncode == 0, f"torch is not in .venv: run scripts/setup\n{out.stderr[-500:]}"
+def test_the_reader_is_pytorchs_own():
+    assert VIZ_FILE.is_file(), "PyTorch's _memory_viz.py is missing: run scripts/setup"
+    text = VIZ_FILE.read_text()
+    assert "def segsum(data):" in text and "def trace_plot(" in text and "torch.cuda.memory._snapshot()" in text
 
 
 def test_device_blocks_are_as_pytorch_writes_them(taken):
@@ -220,7 +230,7 @@ def test_segments_flamegraph_input_names_both_libraries(taken):
     path, figures = taken
     code = f"""
 import pickle
-from torch.cuda import _memory_viz as v
+{LOAD_VIZ}
 snap = pickle.load(open({str(path)!r}, "rb"))
 print(v.segments(snap, format_flamegraph=lambda lines: lines), end="")
 print(v.memory(snap, format_flamegraph=lambda lines: lines), end="")
