@@ -4,6 +4,7 @@ stand-in CUDA driver; the holders table names both with exact bytes that add up 
 and an out-of-memory on the device or under RLIMIT_AS prints the report, allocates nothing while
 doing so, and the program goes on."""
 import json
+import pickle
 import subprocess
 
 import pytest
@@ -100,6 +101,17 @@ def test_a_device_out_of_memory_prints_the_report_once_and_the_program_goes_on(p
     assert sum(l.startswith("tensormalloc: out of memory") for l in err) == 1, "the second failure is not reported again"
     last = json.loads(path.read_text())["last_oom"]
     assert last["place"] == "cuda:0" and last["request_bytes"] == 220 * MIB and last["total_bytes"] == 256 * MIB, last
+
+
+def test_a_snapshot_after_the_failure_carries_it_in_the_timeline(program, tmp_path):
+    """The snapshot's timeline has the failed requests as PyTorch writes them: 'oom' events with
+    the size asked for and the driver's free memory then (`device_free`)."""
+    _, main = program
+    snap = tmp_path / "snap.pickle"
+    ok(run([main, "oom_device"], env={"FAKECUDA_DEVICE_MEM": str(256 * MIB), "TENSORMALLOC_SNAPSHOT_AT_EXIT": str(snap)}))
+    events = pickle.loads(snap.read_bytes())["device_traces"][0]
+    ooms = [(e["size"], e["device_free"]) for e in events if e["action"] == "oom"]
+    assert ooms == [(200 * MIB, 64 * MIB), (220 * MIB, 64 * MIB)], events
 
 
 def test_without_the_library_the_failures_are_the_drivers_alone(program):

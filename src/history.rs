@@ -13,7 +13,7 @@ pub const FREE: u8 = 1;
 pub const SEGMENT_MAP: u8 = 2;
 /// A device segment given back to the runtime.
 pub const SEGMENT_UNMAP: u8 = 3;
-/// A request that failed for want of memory.
+/// A request that failed for want of memory; the event's `addr` is the device's free bytes then.
 pub const OOM: u8 = 4;
 
 pub const EVENTS: usize = 1 << 14;

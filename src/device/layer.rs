@@ -197,10 +197,17 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_FREE, crate::trace::HIT, device as u8, f.size, addr, f.holder);
     }
 
-    /// A segment mapped into or given back from `device`'s pool, or a request that found no
-    /// memory (history::SEGMENT_MAP, SEGMENT_UNMAP, OOM).
+    /// A segment mapped into or given back from `device`'s pool (history::SEGMENT_MAP,
+    /// SEGMENT_UNMAP).
     fn record_event(&self, device: usize, action: u8, addr: u64, size: u64) {
         history::record(action, device_place(device), addr, size, 0, 0);
+    }
+
+    /// A request of `size` bytes on `device` (current) that failed for good: in the history,
+    /// with the driver's free bytes where an event's address goes (PyTorch's `device_free`).
+    fn record_oom(&self, device: usize, size: usize) {
+        let free = self.runtime.mem_info().map_or(0, |(free, _)| free as u64);
+        history::record(history::OOM, device_place(device), free, size as u64, 0, 0);
     }
 
     /// The context `device`'s pool is bound to (Note [Context lifetime]); 0 when none.
@@ -242,6 +249,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     if !pool.lock().fits_cap(len) {
                         if released {
                             pool.lock().stats.oom_failures += 1;
+                            self.record_oom(device as usize, size);
                             return Err(DeviceError::CapReached);
                         }
                         self.release_cached(pool, u64::MAX)?;
@@ -278,7 +286,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                         Err(e) => {
                             if e == DeviceError::OutOfMemory {
                                 pool.lock().stats.oom_failures += 1;
-                                self.record_event(device as usize, history::OOM, 0, size as u64);
+                                self.record_oom(device as usize, size);
                             }
                             return Err(e);
                         }
@@ -524,10 +532,16 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         self.forget_pinned(Some(ctx));
     }
 
-    /// Forgets every block of a pool whose context is gone: its live blocks leave the holders
-    /// table (Note [Holders]) as the runtime freed them.
+    /// Forgets every block of a pool whose context is gone, as the runtime freed them: its live
+    /// blocks leave the holders table (Note [Holders]), and the history frees them and unmaps
+    /// their segments (the snapshot's timeline must not keep them).
     fn forget_blocks(device: usize, pool: &mut DevicePool) {
-        pool.for_each_live(|_, size, birth| crate::holders::HOLDERS.on_free(birth.holder, device_place(device), size));
+        let place = device_place(device);
+        pool.for_each_live(|addr, size, birth| {
+            crate::holders::HOLDERS.on_free(birth.holder, place, size);
+            history::record(history::FREE, place, addr, size, birth.holder, 0);
+        });
+        pool.for_each_segment(|seg| history::record(history::SEGMENT_UNMAP, place, seg.addr, seg.blocks().map(|b| b.size).sum(), 0, 0));
         pool.forget_all();
     }
 
