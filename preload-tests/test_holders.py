@@ -26,17 +26,23 @@ def _cc(out, srcs, extra):
     return out
 
 
-@pytest.fixture(scope="module")
-def program():
+def holder_program(name, src, extra=()):
+    """BUILD/holders/NAME from SRC, linked with the two holder libraries (built here too:
+    libframework.so and libmathlib.so over the stand-in CUDA runtime and driver)."""
     cuda = fake_cuda()
     out = BUILD / "holders"
     out.mkdir(parents=True, exist_ok=True)
     link = [f"-L{cuda}", "-lcudart", "-lcuda", f"-Wl,-rpath,{cuda}"]
     _cc(out / "libframework.so", [SRC / "framework.c"], ["-shared", "-fPIC", *link])
     _cc(out / "libmathlib.so", [SRC / "mathlib.c"], ["-shared", "-fPIC", *link])
-    _cc(out / "libspy.so", [SRC / "spy.c"], ["-shared", "-fPIC"])
-    main = _cc(out / "main", [SRC / "main.c"], [f"-L{out}", "-lframework", "-lmathlib", f"-Wl,-rpath,{out}", "-ldl", *link])
-    return out, str(main)
+    return _cc(out / name, [src], [f"-L{out}", "-lframework", "-lmathlib", f"-Wl,-rpath,{out}", *extra, *link])
+
+
+@pytest.fixture(scope="module")
+def program():
+    main = holder_program("main", SRC / "main.c", ["-ldl"])
+    _cc(main.parent / "libspy.so", [SRC / "spy.c"], ["-shared", "-fPIC"])
+    return main.parent, str(main)
 
 
 def rows(stdout):

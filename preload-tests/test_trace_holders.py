@@ -9,9 +9,8 @@ import sys
 
 import pytest
 
-from conftest import BUILD, C_DIR, ROOT, ok, run
-from cudasim import fake_cuda
-from test_holders import SRC, _cc
+from conftest import C_DIR, ROOT, ok, run
+from test_holders import holder_program
 
 sys.path.insert(0, str(ROOT / "python"))
 from tensormalloc import plot  # noqa: E402
@@ -26,14 +25,7 @@ DEVICE_STEPS = {"libframework.so": [64, 0], "libmathlib.so": [32]}
 
 @pytest.fixture(scope="module")
 def program():
-    cuda = fake_cuda()
-    out = BUILD / "holders"
-    out.mkdir(parents=True, exist_ok=True)
-    link = [f"-L{cuda}", "-lcudart", "-lcuda", f"-Wl,-rpath,{cuda}"]
-    _cc(out / "libframework.so", [SRC / "framework.c"], ["-shared", "-fPIC", *link])
-    _cc(out / "libmathlib.so", [SRC / "mathlib.c"], ["-shared", "-fPIC", *link])
-    return str(_cc(out / "trace_holders", [C_DIR / "trace_holders.c"],
-                   [f"-L{out}", "-lframework", "-lmathlib", f"-Wl,-rpath,{out}", *link]))
+    return str(holder_program("trace_holders", C_DIR / "trace_holders.c"))
 
 
 @pytest.fixture(scope="module")
