@@ -257,8 +257,6 @@ pub struct Description<'a> {
     pub object: &'a [u8],
     /// The calling function (empty when the object exports no symbol there).
     pub symbol: &'a [u8],
-    /// The call's offset into `symbol` (into the object when there is no symbol).
-    pub offset: usize,
 }
 
 /// Describes a holder word for a report: its holder, and where the call came from.
@@ -267,13 +265,8 @@ pub fn describe<T>(word: u64, f: impl FnOnce(&Description) -> T) -> T {
     let caller = caller_of(word);
     let hook = hook_name(key).map(str::as_bytes);
     crate::sys::caller::names(caller, |found| match found {
-        Some((object, symbol, symbol_addr)) => f(&Description {
-            holder: hook.unwrap_or_else(|| basename(object)),
-            object,
-            symbol,
-            offset: caller.wrapping_sub(if symbol_addr != 0 { symbol_addr } else { key as usize }),
-        }),
-        None => f(&Description { holder: hook.unwrap_or(b"unknown"), object: b"", symbol: b"", offset: 0 }),
+        Some((object, symbol)) => f(&Description { holder: hook.unwrap_or_else(|| basename(object)), object, symbol }),
+        None => f(&Description { holder: hook.unwrap_or(b"unknown"), object: b"", symbol: b"" }),
     })
 }
 
@@ -284,7 +277,7 @@ pub fn holder_name<T>(id: u16, f: impl FnOnce(&[u8]) -> T) -> T {
         return f(name.as_bytes());
     }
     crate::sys::caller::names(key as usize, |found| match found {
-        Some((object, _, _)) => f(basename(object)),
+        Some((object, _)) => f(basename(object)),
         None => f(if key == 0 { b"unknown" } else { b"(unloaded object)" }),
     })
 }

@@ -47,10 +47,9 @@ pub fn object_start(addr: usize) -> Option<usize> {
 }
 
 /// What dladdr says of `addr`: the object's path (the program's own name for the main program,
-/// whose path the loader leaves empty) and the enclosing symbol with its address (empty and 0
-/// when unknown), given to `f` as `Some((object, symbol, symbol_addr))`; `None` when `addr`
-/// lies in no loaded object.
-pub fn names<T>(addr: usize, f: impl FnOnce(Option<(&[u8], &[u8], usize)>) -> T) -> T {
+/// whose path the loader leaves empty) and the enclosing symbol (empty when unknown), given to
+/// `f` as `Some((object, symbol))`; `None` when `addr` lies in no loaded object.
+pub fn names<T>(addr: usize, f: impl FnOnce(Option<(&[u8], &[u8])>) -> T) -> T {
     // SAFETY: dladdr fills the struct we own; it only reads the loader's tables.
     let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
     if addr == 0 || unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 {
@@ -65,8 +64,7 @@ pub fn names<T>(addr: usize, f: impl FnOnce(Option<(&[u8], &[u8], usize)>) -> T)
         // SAFETY: glibc's program_invocation_name, set before any code of ours runs.
         object = text(unsafe { program_invocation_name });
     }
-    let symbol_addr = if info.dli_sname.is_null() { 0 } else { info.dli_saddr as usize };
-    f(Some((object, text(info.dli_sname), symbol_addr)))
+    f(Some((object, text(info.dli_sname))))
 }
 
 extern "C" {
