@@ -120,6 +120,15 @@ def test_a_snapshot_after_the_failure_carries_it_in_the_timeline(program, tmp_pa
     assert ooms == [(200 * MIB, 64 * MIB), (220 * MIB, 64 * MIB)], events
 
 
+def test_the_report_can_be_silenced_and_the_failure_is_still_recorded(program, tmp_path):
+    _, main = program
+    path = tmp_path / "stats.json"
+    env = {"FAKECUDA_DEVICE_MEM": str(256 * MIB), "TENSORMALLOC_OOM_REPORT": "0", "TENSORMALLOC_STATS": f"json:{path}"}
+    out = ok(run([main, "oom_device"], env=env))
+    assert "continued after rc 2, 2" in out.stdout and out.stderr == "", out
+    assert json.loads(path.read_text())["last_oom"]["request_bytes"] == 220 * MIB
+
+
 def test_without_the_library_the_failures_are_the_drivers_alone(program):
     _, main = program
     out = ok(run([main, "oom_device"], preload=False, env={"FAKECUDA_DEVICE_MEM": str(256 * MIB)}))

@@ -82,6 +82,8 @@ pub struct Config {
     /// TENSORMALLOC_SNAPSHOT_AT_EXIT's path; empty: no snapshot at exit.
     pub snapshot_path: [u8; STATS_PATH_MAX],
     pub leaks: bool,
+    /// Print the out-of-memory report (oom_report.rs).
+    pub oom_report: bool,
     pub check_free: bool,
     pub cuda_pool: CudaPool,
     pub cuda_limit: DeviceLimit,
@@ -120,6 +122,7 @@ impl Config {
             trace_path: [0; STATS_PATH_MAX],
             snapshot_path: [0; STATS_PATH_MAX],
             leaks: false,
+            oom_report: true,
             check_free: true,
             cuda_pool: CudaPool::Split,
             cuda_limit: DeviceLimit::Unlimited,
@@ -318,6 +321,15 @@ pub static OPTIONS: &[OptionSpec] = &[
         doc: "1: at exit, list large host and device blocks still live",
         apply: |c, v| {
             c.leaks = parse_bool(v)?;
+            Ok(())
+        },
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_OOM_REPORT",
+        default: "1",
+        doc: "1: when memory runs out for good (a device allocation after the pool gave its cache back, a host mapping a limit could allow), print who holds it to stderr, at most once per 10 s; 0: stay silent (the JSON stats keep last_oom)",
+        apply: |c, v| {
+            c.oom_report = parse_bool(v)?;
             Ok(())
         },
     },

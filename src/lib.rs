@@ -97,6 +97,7 @@ fn init_slow() -> Option<&'static Globals> {
     };
     sys::memory::read_commit_limit();
     sys::caller::init();
+    oom_report::set_printing(config.oom_report);
     HOST.configure(&config, sys::memory::usable_bytes());
     sys::reaper::set_work(background_pass);
     DEVICE.configure(&config);

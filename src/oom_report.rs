@@ -11,9 +11,16 @@ use crate::sys::stderr::StackWriter;
 use crate::units::Bytes;
 use crate::{DEVICE, HOST};
 use core::fmt::{self, Write};
-use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+/// Whether failures are printed (they are recorded for the JSON stats either way).
+pub fn set_printing(on: bool) {
+    PRINT.store(on, Relaxed);
+}
 
 const EVERY_NS: u64 = 10_000_000_000;
+/// TENSORMALLOC_OOM_REPORT (set at init).
+static PRINT: AtomicBool = AtomicBool::new(true);
 static LAST_REPORT_NS: AtomicU64 = AtomicU64::new(0);
 static LEFT_OUT: AtomicU64 = AtomicU64::new(0);
 
@@ -86,6 +93,9 @@ pub fn host_failed(request_bytes: u64) {
 
 fn report(f: &Failure, cap_bytes: Option<u64>) {
     f.store();
+    if !PRINT.load(Relaxed) {
+        return;
+    }
     let now = crate::sys::clock::now_ns();
     let last = LAST_REPORT_NS.load(Relaxed);
     if last != 0 && now.saturating_sub(last) < EVERY_NS || LAST_REPORT_NS.compare_exchange(last, now.max(1), Relaxed, Relaxed).is_err() {

@@ -30,6 +30,8 @@ SETTINGS = (
      "PATH: at exit, write the device pools' segments and blocks, who holds them, and the recent allocations and frees to PATH as a PyTorch memory snapshot (python -m torch.cuda._memory_viz, pytorch.org/memory_viz), and the host's to PATH.host.pickle"),
     ("TENSORMALLOC_LEAKS", "0",
      "1: at exit, list large host and device blocks still live"),
+    ("TENSORMALLOC_OOM_REPORT", "1",
+     "1: when memory runs out for good (a device allocation after the pool gave its cache back, a host mapping a limit could allow), print who holds it to stderr, at most once per 10 s; 0: stay silent (the JSON stats keep last_oom)"),
     ("TENSORMALLOC_CUDA_POOL", "split",
      "device pool strategy: split (blocks split and merged), binned (size classes), none (pass through)"),
     ("TENSORMALLOC_CUDA_LIMIT", "0",
