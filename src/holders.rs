@@ -16,6 +16,9 @@ use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 // the word tells which row to take the bytes from, so the rows always add up to the layers'
 // totals: the same bytes (mapped lengths for host blocks, block sizes for device blocks) go in
 // and out, from the same recording points. Names (dladdr) are looked up only for a report.
+// A call site keeps its holder for the process's life: code unloaded and other code loaded over
+// its addresses is counted under the first holder's row, named by whatever object starts at the
+// first one's base then ("(unloaded object)" when none does).
 
 /// Places: host blocks, pinned host blocks (cudaMallocHost), then one per device.
 pub const PLACE_HOST: u8 = 0;
