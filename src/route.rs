@@ -279,13 +279,10 @@ fn small_below() -> usize {
     LARGE_FROM.load(Acquire)
 }
 
+/// malloc from a caller not known (non-x86 exports, our own fallbacks): a holder word of 0.
 #[inline(always)]
 pub fn malloc(size: usize) -> *mut c_void {
-    if size < small_below() {
-        // SAFETY: LARGE_FROM > 0 means NEXT_MALLOC holds the next allocator's malloc.
-        return unsafe { core::mem::transmute::<usize, MallocFn>(NEXT_MALLOC.load(Relaxed))(size) };
-    }
-    malloc_slow(size)
+    malloc_as(size, 0)
 }
 
 /// malloc's slow path, with the caller's return address (Note [Holders]): on x86-64 the naked
@@ -296,18 +293,11 @@ pub(crate) extern "C" fn malloc_slow(_size: usize) -> *mut c_void {
     core::arch::naked_asm!("mov rsi, qword ptr [rsp]", "jmp {from}", from = sym malloc_from)
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-#[cold]
-#[inline(never)]
-pub(crate) extern "C" fn malloc_slow(size: usize) -> *mut c_void {
-    malloc_from(size, 0)
-}
-
 /// malloc for `asker` (its return address, or a hook's, Note [Holders]).
 #[inline(always)]
 pub fn malloc_as(size: usize, asker: u64) -> *mut c_void {
     if size < small_below() {
-        // SAFETY: as in malloc.
+        // SAFETY: LARGE_FROM > 0 means NEXT_MALLOC holds the next allocator's malloc.
         return unsafe { core::mem::transmute::<usize, MallocFn>(NEXT_MALLOC.load(Relaxed))(size) };
     }
     malloc_from(size, asker)
@@ -388,13 +378,7 @@ unsafe fn free_foreign(p: *mut c_void) {
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 #[inline(always)]
 pub fn calloc(count: usize, size: usize) -> *mut c_void {
-    match count.checked_mul(size) {
-        Some(total) if total < small_below() => {
-            // SAFETY: as in malloc.
-            unsafe { core::mem::transmute::<usize, CallocFn>(NEXT_CALLOC.load(Relaxed))(count, size) }
-        }
-        _ => calloc_slow(count, size),
-    }
+    calloc_as(count, size, 0)
 }
 
 /// calloc's slow path, with the caller's return address, as malloc_slow.
@@ -404,19 +388,12 @@ pub(crate) extern "C" fn calloc_slow(_count: usize, _size: usize) -> *mut c_void
     core::arch::naked_asm!("mov rdx, qword ptr [rsp]", "jmp {from}", from = sym calloc_from)
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-#[cold]
-#[inline(never)]
-pub(crate) extern "C" fn calloc_slow(count: usize, size: usize) -> *mut c_void {
-    calloc_from(count, size, 0)
-}
-
 /// calloc for `asker`.
 #[inline(always)]
 pub fn calloc_as(count: usize, size: usize, asker: u64) -> *mut c_void {
     match count.checked_mul(size) {
         Some(total) if total < small_below() => {
-            // SAFETY: as in malloc.
+            // SAFETY: as in malloc_as.
             unsafe { core::mem::transmute::<usize, CallocFn>(NEXT_CALLOC.load(Relaxed))(count, size) }
         }
         _ => calloc_from(count, size, asker),
@@ -443,11 +420,8 @@ pub(crate) extern "C" fn calloc_from(count: usize, size: usize, asker: u64) -> *
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 #[inline(always)]
 pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
-    if plainly_foreign(p) && size < small_below() {
-        // SAFETY: a small pointer of the next allocator staying small: its own realloc.
-        return unsafe { core::mem::transmute::<usize, ReallocFn>(NEXT_REALLOC.load(Relaxed))(p, size) };
-    }
-    unsafe { realloc_slow(p, size) }
+    // SAFETY: the caller's contract.
+    unsafe { realloc_as(p, size, 0) }
 }
 
 /// realloc's slow path, with the caller's return address, as malloc_slow.
@@ -460,15 +434,6 @@ pub(crate) unsafe extern "C" fn realloc_slow(_p: *mut c_void, _size: usize) -> *
     core::arch::naked_asm!("mov rdx, qword ptr [rsp]", "jmp {from}", from = sym realloc_from)
 }
 
-/// # Safety
-/// As for `realloc`.
-#[cfg(not(target_arch = "x86_64"))]
-#[cold]
-#[inline(never)]
-pub(crate) unsafe extern "C" fn realloc_slow(p: *mut c_void, size: usize) -> *mut c_void {
-    unsafe { realloc_from(p, size, 0) }
-}
-
 /// realloc for `asker`.
 ///
 /// # Safety
@@ -476,7 +441,7 @@ pub(crate) unsafe extern "C" fn realloc_slow(p: *mut c_void, size: usize) -> *mu
 #[inline(always)]
 pub unsafe fn realloc_as(p: *mut c_void, size: usize, asker: u64) -> *mut c_void {
     if plainly_foreign(p) && size < small_below() {
-        // SAFETY: as in realloc.
+        // SAFETY: a small pointer of the next allocator staying small: its own realloc.
         return unsafe { core::mem::transmute::<usize, ReallocFn>(NEXT_REALLOC.load(Relaxed))(p, size) };
     }
     unsafe { realloc_from(p, size, asker) }

@@ -4,7 +4,7 @@
 //! pointers back to us and forwards the rest to the matching next operator. No next operator: the
 //! malloc family's semantics, and a throwing new that fails aborts with one line.
 
-use super::{aligned, free_large, invalid_pointer, large, malloc, owner, plainly_foreign, refuse_interior, refuse_interior_slow, small_below};
+use super::{aligned, free_large, invalid_pointer, large, malloc, malloc_as, owner, plainly_foreign, refuse_interior, refuse_interior_slow, small_below};
 use super::{LARGE_FROM, MIN_ALIGN, PAGE};
 use crate::host::registry::Owner;
 use crate::sys::next::{bootstrap_alloc, is_bootstrap};
@@ -113,7 +113,7 @@ fn new_nothrow_slow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void, 
     match op.resolve() {
         // SAFETY: as in new_nothrow; it returns NULL when it cannot serve either.
         Some(f) => unsafe { f(size, tag) },
-        None => malloc(size),
+        None => malloc_as(size, asker),
     }
 }
 
