@@ -252,7 +252,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                             self.record_oom(device as usize, size);
                             return Err(DeviceError::CapReached);
                         }
-                        self.release_cached(pool, u64::MAX)?;
+                        self.release_cached(device as usize, pool, u64::MAX)?;
                         released = true;
                         continue;
                     }
@@ -280,7 +280,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                             // The failed call left an error for cudaGetLastError; we recover.
                             self.runtime.clear_last_error();
                             pool.lock().stats.oom_retries += 1;
-                            self.release_cached(pool, u64::MAX)?;
+                            self.release_cached(device as usize, pool, u64::MAX)?;
                             released = true;
                         }
                         Err(e) => {
@@ -320,7 +320,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 return 0;
             }
         }
-        let released = self.with_device(device, || self.release_cached(pool, u64::MAX)).unwrap_or(0);
+        let released = self.with_device(device, || self.release_cached(device as usize, pool, u64::MAX)).unwrap_or(0);
         if released > 0 {
             pool.lock().stats.oom_retries += 1;
         }
@@ -334,14 +334,13 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// Synchronizes (so every free block is reusable and whole segments can be freed), then
     /// gives fully free segments of the current device back to the runtime.
-    fn release_cached(&self, pool: &Lock<DevicePool>, max_bytes: u64) -> Result<u64, DeviceError> {
+    fn release_cached(&self, device: usize, pool: &Lock<DevicePool>, max_bytes: u64) -> Result<u64, DeviceError> {
         self.synchronize()?;
         pool.lock().mark_all_synced();
         let mut total = 0;
         loop {
             let mut batch = [(0u64, 0u64); 32];
             let n = pool.lock().release_free_segments(max_bytes.saturating_sub(total), &mut batch);
-            let device = self.pools.iter().position(|p| core::ptr::eq(p, pool)).unwrap_or(0);
             for &(addr, len) in batch.iter().take(n) {
                 self.runtime_free(addr as usize)?;
                 self.record_event(device, history::SEGMENT_UNMAP, addr, len);
@@ -526,7 +525,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         for (device, pool) in self.pools.iter().enumerate() {
             let mut pool = pool.lock();
             if ctx != 0 && pool.is_ready() && pool.owner() == ctx {
-                Self::forget_blocks(device, &mut pool);
+                self.forget_blocks(device, &mut pool);
             }
         }
         self.forget_pinned(Some(ctx));
@@ -535,13 +534,13 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Forgets every block of a pool whose context is gone, as the runtime freed them: its live
     /// blocks leave the holders table (Note [Holders]), and the history frees them and unmaps
     /// their segments (the snapshot's timeline must not keep them).
-    fn forget_blocks(device: usize, pool: &mut DevicePool) {
+    fn forget_blocks(&self, device: usize, pool: &mut DevicePool) {
         let place = device_place(device);
         pool.for_each_live(|addr, size, birth| {
             crate::holders::HOLDERS.on_free(birth.holder, place, size);
             history::record(history::FREE, place, addr, size, birth.holder, 0);
         });
-        pool.for_each_segment(|seg| history::record(history::SEGMENT_UNMAP, place, seg.addr, seg.blocks().map(|b| b.size).sum(), 0, 0));
+        pool.for_each_segment(|seg| self.record_event(device, history::SEGMENT_UNMAP, seg.addr, seg.blocks().map(|b| b.size).sum()));
         pool.forget_all();
     }
 
@@ -590,7 +589,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         if let Some(pool) = self.pools.get(device) {
             let mut pool = pool.lock();
             if pool.is_ready() {
-                Self::forget_blocks(device, &mut pool);
+                self.forget_blocks(device, &mut pool);
             }
         }
     }
@@ -630,7 +629,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let mut total = 0;
         for (device, pool) in self.pools.iter().enumerate() {
             if pool.lock().is_ready() {
-                total += self.with_device(device as i32, || self.release_cached(pool, u64::MAX)).unwrap_or(0);
+                total += self.with_device(device as i32, || self.release_cached(device, pool, u64::MAX)).unwrap_or(0);
             }
         }
         let mut out = [(0u64, 0u64); 64];
