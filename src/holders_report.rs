@@ -113,7 +113,7 @@ struct Name<'a>(&'a [u8]);
 impl fmt::Display for Name<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for chunk in self.0.utf8_chunks() {
-            f.pad(chunk.valid())?;
+            f.write_str(chunk.valid())?;
             if !chunk.invalid().is_empty() {
                 f.write_str("?")?;
             }
@@ -153,8 +153,7 @@ pub fn write_text<W: Write>(w: &mut W, t: &Table) -> fmt::Result {
     writeln!(w, "  {:<36} {:<8} {:>12} {:>12} {:>8}", "holder", "place", "live", "peak", "blocks")?;
     for r in t.rows() {
         row_name(r, |name| {
-            let name = StackName::from(name);
-            writeln!(w, "  {:<36} {:<8} {:>12} {:>12} {:>8}", name.as_str(), Padded(PlaceName(r.place)), Padded(Bytes(r.live_bytes)), Padded(Bytes(r.peak_bytes)), r.blocks)
+            writeln!(w, "  {:<36.36} {:<8} {:>12} {:>12} {:>8}", Padded(Name(name)), Padded(PlaceName(r.place)), Padded(Bytes(r.live_bytes)), Padded(Bytes(r.peak_bytes)), r.blocks)
         })?;
     }
     Ok(())
@@ -222,43 +221,17 @@ pub unsafe fn fill_c_rows(out: *mut CHolderRow, capacity: usize) -> usize {
     t.rows().len()
 }
 
-/// A name cut to fit a column, held on the stack.
-struct StackName {
-    buf: [u8; 36],
-    len: usize,
-}
-
-impl StackName {
-    fn from(name: &[u8]) -> Self {
-        let mut s = StackName { buf: [0; 36], len: 0 };
-        let mut w = crate::sys::stderr::StackWriter::<36>::new();
-        let _ = write!(w, "{}", Name(name));
-        let bytes = w.as_bytes();
-        s.len = bytes.len().min(36);
-        if let (Some(dst), Some(src)) = (s.buf.get_mut(..s.len), bytes.get(..s.len)) {
-            dst.copy_from_slice(src);
-        }
-        s
-    }
-
-    fn as_str(&self) -> &str {
-        let bytes = self.buf.get(..self.len).unwrap_or(&[]);
-        match core::str::from_utf8(bytes) {
-            Ok(s) => s,
-            // Cut inside a character: up to the cut.
-            Err(e) => core::str::from_utf8(bytes.get(..e.valid_up_to()).unwrap_or(&[])).unwrap_or(""),
-        }
-    }
-}
-
-/// Formats a value into a stack buffer first, so width and alignment apply to the whole of it.
+/// Formats a value into a stack buffer first, so width, alignment and a cut (precision) apply to
+/// the whole of it; what the buffer cannot hold is cut, at a character boundary.
 struct Padded<T: fmt::Display>(T);
 
 impl<T: fmt::Display> fmt::Display for Padded<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut w = crate::sys::stderr::StackWriter::<40>::new();
         let _ = write!(w, "{}", self.0);
-        f.pad(core::str::from_utf8(w.as_bytes()).unwrap_or(""))
+        let bytes = w.as_bytes();
+        let valid = core::str::from_utf8(bytes).map_or_else(|e| bytes.get(..e.valid_up_to()).unwrap_or(&[]), str::as_bytes);
+        f.pad(core::str::from_utf8(valid).unwrap_or(""))
     }
 }
 
@@ -300,5 +273,9 @@ mod tests {
         let json = std::str::from_utf8(w.as_bytes()).unwrap();
         assert!(json.contains("\"place\":\"cuda:1\"") && json.contains("\"cached\":true"), "{json}");
         assert_eq!(JsonText(b"a\"b\\\n").to_string(), "a\\\"b\\\\\\u000a");
+        let long = [b'x'; 50];
+        assert_eq!(format!("{:<36.36}|", Padded(Name(&long))), format!("{}|", "x".repeat(36)));
+        let wide = "é".repeat(30);
+        assert_eq!(format!("{:<36.36}|", Padded(Name(wide.as_bytes()))), format!("{}{}|", "é".repeat(20), " ".repeat(16)), "cut at a character");
     }
 }
