@@ -45,6 +45,16 @@ pub struct Failure {
 }
 
 impl Failure {
+    /// Enough is cached for the request, but no free block is as large.
+    fn fragmented(&self) -> bool {
+        self.cached_bytes >= self.request_bytes && self.largest_free_bytes < self.request_bytes
+    }
+
+    /// Device memory in use that is not the pool's: total - free - reserved.
+    fn outside_pool_bytes(&self) -> u64 {
+        self.total_bytes.saturating_sub(self.free_bytes).saturating_sub(self.reserved_bytes)
+    }
+
     fn store(&self) {
         let fields = [u64::from(self.place) + 1, self.request_bytes, self.total_bytes, self.free_bytes, self.reserved_bytes, self.live_bytes, self.cached_bytes, self.largest_free_bytes];
         for (slot, v) in LAST.iter().zip(fields) {
@@ -113,8 +123,7 @@ pub fn write_report<W: Write>(w: &mut W, f: &Failure, cap_bytes: Option<u64>, le
     if f.place >= 2 {
         writeln!(w, "tensormalloc: out of memory on {place}: a request of {} failed after the pool gave its cached segments back and tried again", Bytes(f.request_bytes))?;
         if f.total_bytes > 0 {
-            let elsewhere = f.total_bytes.saturating_sub(f.free_bytes).saturating_sub(f.reserved_bytes);
-            writeln!(w, "  device: {} total, {} free (the driver's figures); {} in use outside this pool (the CUDA context, other allocators, other processes)", Bytes(f.total_bytes), Bytes(f.free_bytes), Bytes(elsewhere))?;
+            writeln!(w, "  device: {} total, {} free (the driver's figures); {} in use outside this pool (the CUDA context, other allocators, other processes)", Bytes(f.total_bytes), Bytes(f.free_bytes), Bytes(f.outside_pool_bytes()))?;
         }
         writeln!(w, "  pool: {} reserved, {} live, {} cached; largest free block {}{}", Bytes(f.reserved_bytes), Bytes(f.live_bytes), Bytes(f.cached_bytes), Bytes(f.largest_free_bytes), fragmentation(f))?;
     } else {
@@ -133,13 +142,13 @@ pub fn write_report<W: Write>(w: &mut W, f: &Failure, cap_bytes: Option<u64>, le
         if let Some(cap) = cap_bytes {
             writeln!(w, "    TENSORMALLOC_CUDA_LIMIT: the pool's cap ({}) refused this; raise it, or 0 for none", Bytes(cap))?;
         }
-        if f.largest_free_bytes > 0 && f.largest_free_bytes < f.request_bytes && f.cached_bytes >= f.request_bytes {
+        if f.largest_free_bytes > 0 && f.fragmented() {
             writeln!(w, "    TENSORMALLOC_CUDA_POOL=binned: whole blocks per size class, no splitting (less fragmentation for few, large sizes)")?;
         }
         if f.cached_bytes > 0 {
             writeln!(w, "    TENSORMALLOC_CUDA_POOL=none: no pool keeping {} that only this pool can reuse; every request goes to the driver", Bytes(f.cached_bytes))?;
         }
-        let elsewhere = f.total_bytes.saturating_sub(f.free_bytes).saturating_sub(f.reserved_bytes);
+        let elsewhere = f.outside_pool_bytes();
         if elsewhere > f.request_bytes {
             writeln!(w, "    {} is held outside this pool: another allocator's own cache can give it back (torch.cuda.empty_cache(), cupy.get_default_memory_pool().free_all_blocks())", Bytes(elsewhere))?;
         }
@@ -152,7 +161,7 @@ pub fn write_report<W: Write>(w: &mut W, f: &Failure, cap_bytes: Option<u64>, le
 }
 
 fn fragmentation(f: &Failure) -> &'static str {
-    if f.cached_bytes >= f.request_bytes && f.largest_free_bytes < f.request_bytes {
+    if f.fragmented() {
         " (fragmented: enough is cached, but no free block is as large as the request)"
     } else {
         ""
