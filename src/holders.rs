@@ -133,10 +133,13 @@ impl Holders {
         for probe in 0..MAX_HOLDERS - 1 {
             let id = 1 + (start + probe) % (MAX_HOLDERS - 1);
             let Some(slot) = self.keys.get(id) else { break };
-            match slot.compare_exchange(0, key, Relaxed, Relaxed) {
-                Ok(_) => return id as u16,
-                Err(k) if k == key => return id as u16,
-                Err(_) => {}
+            // A read first: a known key (every hook's allocation) takes no locked instruction.
+            let k = slot.load(Relaxed);
+            if k == key {
+                return id as u16;
+            }
+            if k == 0 && slot.compare_exchange(0, key, Relaxed, Relaxed).map_or_else(|theirs| theirs == key, |_| true) {
+                return id as u16;
             }
         }
         UNKNOWN
