@@ -10,7 +10,7 @@
 use std::time::Instant;
 use tensormalloc::backing::DeviceError;
 use tensormalloc::config::{Config, CudaPool, DeviceLimit};
-use tensormalloc::device::layer::DeviceLayer;
+use tensormalloc::device::device_layer::DeviceLayer;
 use tensormalloc::sim::SimRuntime;
 use tensormalloc::sys::os_pages::map_table;
 

@@ -47,7 +47,7 @@ pub trait PageMemory {
     }
     /// Makes a range the program freed ready to be cached: read-write, unlocked, default dump
     /// and fork advice whatever the program did to it, and left out of forked children (Note
-    /// [Plain memory] in host/layer.rs). False: it cannot be (part of it is no longer mapped,
+    /// [Plain memory] in host/host_layer.rs). False: it cannot be (part of it is no longer mapped,
     /// or it is sealed): it must never be handed out again.
     fn reset_for_cache(&self, addr: usize, len: usize) -> bool;
     /// A range leaving the cache for the program is inherited by forked children again. False:
@@ -58,7 +58,7 @@ pub trait PageMemory {
     /// it would lose the cache and gain nothing.
     fn could_map(&self, len: usize) -> bool;
     /// Whether the process's memory nears its cgroup's or the system's limit: idle pages should
-    /// leave RSS at once rather than lazily (Note [What RSS shows] in host/layer.rs).
+    /// leave RSS at once rather than lazily (Note [What RSS shows] in host/host_layer.rs).
     fn near_limit(&self) -> bool;
     /// Asks for transparent huge pages on the range.
     fn advise_huge(&self, addr: usize, len: usize);

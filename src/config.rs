@@ -25,7 +25,7 @@ pub enum HugePages {
     Never,
 }
 
-/// How an idle cached block gives its pages back (Note [What RSS shows] in host/layer.rs).
+/// How an idle cached block gives its pages back (Note [What RSS shows] in host/host_layer.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Release {
@@ -82,7 +82,7 @@ pub struct Config {
     /// TENSORMALLOC_SNAPSHOT_AT_EXIT's path; empty: no snapshot at exit.
     pub snapshot_path: [u8; STATS_PATH_MAX],
     pub leaks: bool,
-    /// Print the out-of-memory report (oom_report.rs).
+    /// Print the out-of-memory report (report/oom.rs).
     pub oom_report: bool,
     pub check_free: bool,
     pub cuda_pool: CudaPool,

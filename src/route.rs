@@ -2,15 +2,14 @@
 //! the bootstrap arena during init) and who owns a pointer. Implements the C contract around
 //! the layers: errno, overflow, alignment rules, realloc edge cases as glibc has them.
 
-use crate::config::Config;
 use crate::host::registry::Owner;
-use crate::holders;
+use crate::record::holders;
 use crate::sys::next::{bootstrap_alloc, bootstrap_size, is_bootstrap};
 use crate::backing::BLOCK_ALIGN;
-use crate::{globals, HOST};
+use crate::state::{Globals, HOST};
 use core::ffi::c_void;
-use crate::sys::next::{CallocFn, FreeFn, MallocFn, NextAllocator, ReallocFn};
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
+use crate::sys::next::{CallocFn, FreeFn, MallocFn, ReallocFn};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
 
 pub(crate) mod cxx;
 // Its callers are the CUDA shims, built only into the library.
@@ -22,15 +21,14 @@ const PAGE: usize = 4096;
 const MIN_ALIGN: usize = 16;
 
 /// Requests of at least this many bytes go to the host layer; smaller ones straight to the next
-/// allocator. 0 until init has resolved the next allocator (so every call takes the slow path,
-/// which initializes); `usize::MAX` when caching is off.
+/// allocator. 0 until `ready` has set the targets (so every call takes the slow path, which
+/// initializes); `usize::MAX` when caching is off.
 ///
 /// This static and the NEXT_* targets below are read by the fast paths: the inline functions
 /// of this file, and on x86-64 the exported entry points in `shim::fast_paths`, which read them
 /// with plain loads (x86 loads are acquire loads).
 pub(crate) static LARGE_FROM: AtomicUsize = AtomicUsize::new(0);
 static THRESHOLD: AtomicUsize = AtomicUsize::new(usize::MAX);
-static ENABLED: AtomicBool = AtomicBool::new(false);
 
 // The next allocator's entry points, copied out of `Globals` so the fast paths are one load and
 // a tail call. Set before LARGE_FROM becomes non-zero (release), read after it (acquire).
@@ -52,26 +50,51 @@ static UNCHECKED_REALLOC: AtomicUsize = AtomicUsize::new(0);
 /// TENSORMALLOC_CHECK_FREE is on and the checked entry points are not in place yet.
 static CHECK_PENDING: AtomicBool = AtomicBool::new(false);
 
-pub fn configure(config: &Config, next: &NextAllocator) {
-    OWN_MALLOC.store(next.malloc as usize, Relaxed);
-    OWN_CALLOC.store(next.calloc as usize, Relaxed);
-    OWN_REALLOC.store(next.realloc as usize, Relaxed);
+/// Whether the targets above are set: UNSET, SETTING (by one thread, once) or SET.
+static TARGETS: AtomicU8 = AtomicU8::new(UNSET);
+const UNSET: u8 = 0;
+const SETTING: u8 = 1;
+const SET: u8 = 2;
+
+/// The resolved state, with the fast-path targets set from it: the first slow call after init
+/// sets them. `None` while init, or the setting, is under way on another thread (or reentrantly):
+/// callers then use the bootstrap arena, as during init.
+#[inline]
+fn ready() -> Option<&'static Globals> {
+    let g = crate::state::globals()?;
+    if TARGETS.load(Acquire) == SET {
+        return Some(g);
+    }
+    set_targets(g)
+}
+
+#[cold]
+#[inline(never)]
+fn set_targets(g: &'static Globals) -> Option<&'static Globals> {
+    if TARGETS.compare_exchange(UNSET, SETTING, Acquire, Acquire).is_err() {
+        return (TARGETS.load(Acquire) == SET).then_some(g);
+    }
+    let next = &g.next;
     NEXT_MALLOC.store(next.malloc as usize, Relaxed);
     UNCHECKED_FREE.store(next.free as usize, Relaxed);
     UNCHECKED_REALLOC.store(next.realloc as usize, Relaxed);
     NEXT_FREE.store(next.free as *mut (), Release);
     NEXT_REALLOC.store(next.realloc as usize, Relaxed);
-    CHECK_PENDING.store(config.check_free, Relaxed);
+    CHECK_PENDING.store(g.config.check_free, Relaxed);
     NEXT_CALLOC.store(next.calloc as usize, Relaxed);
     follow_address_limit();
-    THRESHOLD.store(config.threshold_bytes as usize, Relaxed);
-    set_enabled(!config.disabled);
+    THRESHOLD.store(g.config.threshold_bytes as usize, Relaxed);
+    set_large_from(HOST.is_enabled());
+    TARGETS.store(SET, Release);
+    Some(g)
 }
 
-// The next allocator's own entry points, behind the ones that make room.
-static OWN_MALLOC: AtomicUsize = AtomicUsize::new(0);
-static OWN_CALLOC: AtomicUsize = AtomicUsize::new(0);
-static OWN_REALLOC: AtomicUsize = AtomicUsize::new(0);
+/// The next allocator itself, behind the entry points that make room in front of it (those are
+/// installed after init, so this is always `Some` where they call it).
+fn next_allocator() -> Option<&'static crate::sys::next::NextAllocator> {
+    crate::state::globals().map(|g| &g.next)
+}
+
 /// An address-space or commit limit has been seen: the entry points that make room are in place.
 static LIMITED: AtomicBool = AtomicBool::new(false);
 /// The address-space limit last seen (u64::MAX: none).
@@ -92,7 +115,9 @@ fn follow_address_limit() {
         NEXT_CALLOC.store(calloc_making_room as *const () as usize, Release);
         UNCHECKED_REALLOC.store(realloc_making_room as *const () as usize, Release);
         // Unless the interior check took its place (it goes on through UNCHECKED_REALLOC).
-        let _ = NEXT_REALLOC.compare_exchange(OWN_REALLOC.load(Relaxed), realloc_making_room as *const () as usize, Release, Relaxed);
+        if let Some(next) = next_allocator() {
+            let _ = NEXT_REALLOC.compare_exchange(next.realloc as usize, realloc_making_room as *const () as usize, Release, Relaxed);
+        }
     }
 }
 
@@ -105,8 +130,7 @@ fn room_made_for(size: usize) -> bool {
 
 /// NEXT_MALLOC under an address-space limit.
 unsafe extern "C" fn malloc_making_room(size: usize) -> *mut c_void {
-    // SAFETY: set by configure to the next allocator's malloc before this was published.
-    let own = unsafe { core::mem::transmute::<usize, MallocFn>(OWN_MALLOC.load(Relaxed)) };
+    let Some(own) = next_allocator().map(|n| n.malloc) else { return enomem() };
     // SAFETY: plain forwarding.
     let p = unsafe { own(size) };
     if p.is_null() && room_made_for(size) {
@@ -118,8 +142,7 @@ unsafe extern "C" fn malloc_making_room(size: usize) -> *mut c_void {
 
 /// NEXT_CALLOC under an address-space limit.
 unsafe extern "C" fn calloc_making_room(count: usize, size: usize) -> *mut c_void {
-    // SAFETY: as in malloc_making_room.
-    let own = unsafe { core::mem::transmute::<usize, CallocFn>(OWN_CALLOC.load(Relaxed)) };
+    let Some(own) = next_allocator().map(|n| n.calloc) else { return enomem() };
     // SAFETY: plain forwarding.
     let p = unsafe { own(count, size) };
     if p.is_null() && room_made_for(count.saturating_mul(size)) {
@@ -132,8 +155,7 @@ unsafe extern "C" fn calloc_making_room(count: usize, size: usize) -> *mut c_voi
 /// The next allocator's realloc under an address-space limit (a failed realloc leaves the
 /// block as it was, so trying again is safe).
 unsafe extern "C" fn realloc_making_room(p: *mut c_void, size: usize) -> *mut c_void {
-    // SAFETY: as in malloc_making_room.
-    let own = unsafe { core::mem::transmute::<usize, ReallocFn>(OWN_REALLOC.load(Relaxed)) };
+    let Some(own) = next_allocator().map(|n| n.realloc) else { return enomem() };
     // SAFETY: plain forwarding under the caller's contract.
     let q = unsafe { own(p, size) };
     if q.is_null() && size != 0 && room_made_for(size) {
@@ -145,7 +167,7 @@ unsafe extern "C" fn realloc_making_room(p: *mut c_void, size: usize) -> *mut c_
 
 /// The next allocator's malloc, through the entry point that makes room when a limit is in force.
 fn next_malloc(size: usize) -> *mut c_void {
-    // SAFETY: only called after configure, which set NEXT_MALLOC.
+    // SAFETY: only called after ready(), which set NEXT_MALLOC.
     unsafe { core::mem::transmute::<usize, MallocFn>(NEXT_MALLOC.load(Relaxed))(size) }
 }
 
@@ -172,16 +194,23 @@ fn arm_interior_check_slow() {
 /// Turns the host cache on or off at run time; returns the previous setting. Blocks already
 /// handed out stay ours and are still taken back correctly.
 pub fn set_enabled(on: bool) -> bool {
-    let was = ENABLED.swap(on, Relaxed);
-    LARGE_FROM.store(if on { THRESHOLD.load(Relaxed) } else { usize::MAX }, Release);
-    if !on {
-        HOST.trim();
+    if ready().is_none() {
+        return HOST.is_enabled();
     }
+    let was = HOST.swap_enabled(on);
+    set_large_from(on);
     was
 }
 
 pub fn is_enabled() -> bool {
-    ENABLED.load(Relaxed)
+    HOST.is_enabled()
+}
+
+fn set_large_from(on: bool) {
+    LARGE_FROM.store(if on { THRESHOLD.load(Relaxed) } else { usize::MAX }, Release);
+    if !on {
+        HOST.trim();
+    }
 }
 
 fn set_errno(e: i32) {
@@ -233,7 +262,7 @@ fn refuse_interior_slow(what: &str, p: *mut c_void) {
 /// NEXT_FREE under TENSORMALLOC_CHECK_FREE=1.
 unsafe extern "C" fn free_checked(p: *mut c_void) {
     refuse_interior("free", p);
-    // SAFETY: set by configure before this function was published; p is not ours.
+    // SAFETY: set by ready() before this function was published; p is not ours.
     unsafe { core::mem::transmute::<usize, FreeFn>(UNCHECKED_FREE.load(Relaxed))(p) }
 }
 
@@ -254,7 +283,7 @@ fn large(size: usize, align: usize, zeroed: bool, asker: u64) -> *mut c_void {
         None => {
             // A request no limit could ever allow is a probe, not a shortage: no report.
             if HOST.could_map(size) {
-                crate::oom_report::host_failed(size as u64);
+                crate::report::oom::host_failed(size as u64);
             }
             enomem()
         }
@@ -306,7 +335,7 @@ pub fn malloc_as(size: usize, asker: u64) -> *mut c_void {
 #[cold]
 #[inline(never)]
 pub(crate) extern "C" fn malloc_from(size: usize, asker: u64) -> *mut c_void {
-    if globals().is_none() {
+    if ready().is_none() {
         return bootstrap_alloc(size, MIN_ALIGN);
     }
     if size < LARGE_FROM.load(Relaxed) {
@@ -344,7 +373,7 @@ pub(crate) unsafe extern "C" fn free_slow(p: *mut c_void) {
     }
     let next_free = UNCHECKED_FREE.load(Relaxed);
     if next_free != 0 {
-        // SAFETY: set by configure to the next allocator's free; p is not ours or the arena's.
+        // SAFETY: set by ready() to the next allocator's free; p is not ours or the arena's.
         return unsafe { core::mem::transmute::<usize, FreeFn>(next_free)(p) };
     }
     unsafe { free_foreign(p) }
@@ -363,12 +392,12 @@ unsafe fn free_near_ours(p: *mut c_void) {
     unsafe { free_foreign(p) }
 }
 
-/// The next allocator's free, through `globals()`: it resolves the next allocator if init has
+/// The next allocator's free, through `ready()`: it resolves the next allocator if init has
 /// not run yet.
 #[cold]
 #[inline(never)]
 unsafe fn free_foreign(p: *mut c_void) {
-    if let Some(g) = globals() {
+    if let Some(g) = ready() {
         // SAFETY: not ours and not the arena's: it came from the next allocator.
         unsafe { (g.next.free)(p) }
     }
@@ -404,11 +433,11 @@ pub fn calloc_as(count: usize, size: usize, asker: u64) -> *mut c_void {
 #[inline(never)]
 pub(crate) extern "C" fn calloc_from(count: usize, size: usize, asker: u64) -> *mut c_void {
     let Some(total) = count.checked_mul(size) else { return enomem() };
-    if globals().is_none() {
+    if ready().is_none() {
         return bootstrap_alloc(total, MIN_ALIGN);
     }
     if total < LARGE_FROM.load(Relaxed) {
-        // SAFETY: configure set NEXT_CALLOC (init is done); plain forwarding.
+        // SAFETY: ready() set NEXT_CALLOC; plain forwarding.
         return unsafe { core::mem::transmute::<usize, CallocFn>(NEXT_CALLOC.load(Relaxed))(count, size) };
     }
     large(total, PAGE, true, asker)
@@ -463,7 +492,7 @@ pub(crate) unsafe extern "C" fn realloc_from(p: *mut c_void, size: usize, asker:
         }
         return q;
     }
-    let Some(g) = globals() else { return enomem() };
+    let Some(g) = ready() else { return enomem() };
     match owner(p) {
         Owner::Cached => invalid_pointer("realloc", p),
         Owner::Live { len } => {
@@ -529,7 +558,7 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize,
 /// a power of two. Returns null with errno set on failure.
 fn aligned(align: usize, size: usize, asker: u64) -> *mut c_void {
     let align = align.max(MIN_ALIGN);
-    let Some(g) = globals() else { return bootstrap_alloc(size, align) };
+    let Some(g) = ready() else { return bootstrap_alloc(size, align) };
     if size < LARGE_FROM.load(Relaxed) {
         // SAFETY: align is a power of two and at least a pointer's size.
         let p = unsafe { g.next.alloc_aligned(align, size) };
@@ -597,7 +626,7 @@ pub unsafe fn usable_size(p: *mut c_void) -> usize {
     match owner(p) {
         Owner::Live { len } => len,
         Owner::Cached => 0,
-        Owner::Foreign => match globals().and_then(|g| g.next.usable_size) {
+        Owner::Foreign => match ready().and_then(|g| g.next.usable_size) {
             // SAFETY: p came from the next allocator.
             Some(f) => unsafe { f(p) },
             None => 0,

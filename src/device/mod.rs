@@ -1,9 +1,9 @@
 //! The device layer: a caching pool per CUDA device (`pool`) over fixed tables that never touch
-//! the malloc family (`table`), the cache of pinned host memory (`pinned`), and the glue that
-//! drives them over a `DeviceRuntime` (backing.rs) with every CUDA call made outside the locks
-//! (`layer`).
+//! the malloc family (`table`), pinned host memory served for the device (`pinned`), and the
+//! glue that drives them over a `DeviceRuntime` (backing.rs) with every CUDA call made outside
+//! the locks (`device_layer`).
 //
-// Policy summary (see pool.rs for the rules in full):
+// Policy summary (see device/pool/mod.rs for the rules in full):
 // - split (default): requests under 1 MiB come from 2 MiB segments, larger ones from 20 MiB
 //   segments (under 10 MiB) or segments of their own size rounded to 2 MiB; free blocks are
 //   split on reuse and merged with free neighbours on free. Huge free blocks (over 256 MiB)
@@ -11,9 +11,9 @@
 // - binned: sizes rounded to a quarter-power-of-two class, one segment per block, reused only
 //   by a request of the same class.
 // - Out of memory (or over the cap): fully free segments are given back, then the request is
-//   retried once. See Note [Safe reuse] in pool.rs for when a freed block may be reused.
+//   retried once. See Note [Safe reuse] in device/pool/mod.rs for when a freed block may be reused.
 
-pub mod layer;
+pub mod device_layer;
 pub mod pinned;
 pub mod pool;
 pub mod table;

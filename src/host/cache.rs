@@ -10,7 +10,7 @@
 // block idle for `release_after_ns` is released, and only one idle for `expire_after_ns` is
 // unmapped. A block being released is marked Releasing and is not handed out until the
 // madvise call has returned (a child forked meanwhile inherits none of the cache: Note [Plain
-// memory] in host/layer.rs).
+// memory] in host/host_layer.rs).
 //
 // Note [Bounds follow the working set]
 // A fixed bound (once 16 blocks, 1 GiB) is too small for 16 threads each with 80 MB temporaries:
@@ -70,7 +70,7 @@
 // them. The caller unmaps inline when no background thread runs, when the list is full, or
 // when memory is short.
 // The list lives under the cache lock, which the fork handlers hold across fork(). A forked
-// child forgets it with the cache (Note [Plain memory] in host/layer.rs): evicted blocks were
+// child forgets it with the cache (Note [Plain memory] in host/host_layer.rs): evicted blocks were
 // cached, so the child never inherited them, and unmapping their ranges there could unmap what
 // the child maps in their place. A shrunk block's tail on the list stays mapped in the child
 // (address space only: its pages are the parent's copy-on-write ones), as does a range the
@@ -479,7 +479,7 @@ impl BlockCache {
     /// Blocks whose idle time has passed a delay: expired ones leave the cache, hot ones
     /// become Releasing. `near_limit`: released blocks whose pages the kernel may still hold
     /// (MADV_FREE'd) expire as soon as they are due for release (Note [What RSS shows] in
-    /// host/layer.rs).
+    /// host/host_layer.rs).
     pub fn due(&mut self, now_ns: u64, near_limit: bool) -> Due {
         let mut due = Due::default();
         let limits = self.limits;
@@ -613,5 +613,4 @@ impl BlockCache {
 }
 
 #[cfg(test)]
-#[path = "cache_tests.rs"]
 mod tests;

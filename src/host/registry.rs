@@ -73,7 +73,7 @@ fn filter_bit(addr: usize) -> (&'static AtomicU64, u64) {
 }
 
 use crate::backing::TableSource;
-pub use crate::holders::Birth;
+pub use crate::record::holders::Birth;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Owner {

@@ -5,9 +5,9 @@
 //! layer (the real functions, the context query), never a shim.
 
 use crate::backing::{DeviceError, DeviceRuntime, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
-use crate::device::layer::{Export, FreeAnswer};
-use crate::sys::cuda::CudaFns;
-use crate::DEVICE;
+use crate::device::device_layer::{Export, FreeAnswer};
+use crate::sys::cuda_runtime::CudaFns;
+use crate::state::DEVICE;
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
@@ -17,14 +17,14 @@ pub mod runtime;
 
 /// Our init ran: the pool may be asked (it answers for its pointers even when off).
 fn pooling() -> bool {
-    crate::globals().is_some()
+    crate::state::globals().is_some()
 }
 
 /// The pool is on: our init ran and neither TENSORMALLOC_DISABLE nor TENSORMALLOC_CUDA_POOL=none
 /// turned it off. With it off, lookups hand out the driver's own entry points (a profiler sees
 /// those) and allocations pass through.
 fn pool_on() -> bool {
-    crate::globals().is_some() && DEVICE.enabled()
+    crate::state::globals().is_some() && DEVICE.enabled()
 }
 
 /// The pool may serve an allocation: it is on and a context is current (a driver allocation
@@ -66,7 +66,7 @@ enum FreeOf {
 /// The answer to a free the pool was asked first (runtime and driver entry points alike): ours
 /// for a pooled pointer, the real function's for any other, and for a pointer inside our memory
 /// that is no live block, the runtime's answer for a pointer it never handed out (Note
-/// [Unexpected frees] in device/layer.rs).
+/// [Unexpected frees] in device/device_layer.rs).
 fn answer_free(call: &str, ptr: usize, of: FreeOf, freed: Result<FreeAnswer, DeviceError>, real_free: impl FnOnce() -> c_int) -> c_int {
     match freed {
         Ok(FreeAnswer::Pooled) => CUDA_SUCCESS,
@@ -99,7 +99,7 @@ fn warn_refused(call: &str, ptr: usize, of: FreeOf) {
 /// Shared by the runtime's and the driver's IPC entry points: `Err` after one stderr line when
 /// a handle of `addr` would name other blocks' memory.
 fn export_checked(call: &str, addr: usize) -> Result<(), ()> {
-    if crate::globals().is_none() {
+    if crate::state::globals().is_none() {
         return Ok(());
     }
     match DEVICE.export(addr) {
@@ -120,5 +120,5 @@ pub(crate) fn report_out_of_memory(size: usize, cap_refused: bool) {
     let Ok(device) = DEVICE.runtime().current_device() else { return };
     let Some(index) = usize::try_from(device).ok().filter(|&d| d < crate::backing::MAX_DEVICES) else { return };
     let cap = cap_refused.then(|| DEVICE.cap_bytes(index));
-    crate::oom_report::device_failed(index, size as u64, cap);
+    crate::report::oom::device_failed(index, size as u64, cap);
 }

@@ -9,7 +9,7 @@ use super::{LARGE_FROM, MIN_ALIGN, PAGE};
 use crate::host::registry::Owner;
 use crate::sys::next::{bootstrap_alloc, is_bootstrap};
 use crate::sys::next_cxx::{NewAlignedNothrowFn, NewNothrowFn, NextOp};
-use crate::{globals, HOST};
+use crate::state::HOST;
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
@@ -30,7 +30,7 @@ pub(crate) struct NewOutcome {
 /// `fallback` (ours) stands in for a next operator the process does not have.
 #[inline(always)]
 fn throwing_new_slow<F: Copy>(op: &NextOp<F>, size: usize, align: usize, fallback: usize, asker: u64) -> NewOutcome {
-    if globals().is_none() {
+    if super::ready().is_none() {
         // Init under way (a call from another thread while dlsym runs): the arena, as malloc does.
         let ptr = bootstrap_alloc(size, align.max(MIN_ALIGN));
         return NewOutcome { ptr, next: fallback };
@@ -101,7 +101,7 @@ pub fn new_nothrow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void, a
 #[cold]
 #[inline(never)]
 fn new_nothrow_slow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void, asker: u64) -> *mut c_void {
-    if globals().is_none() {
+    if super::ready().is_none() {
         return bootstrap_alloc(size, MIN_ALIGN);
     }
     if size >= LARGE_FROM.load(Relaxed) {
@@ -132,7 +132,7 @@ pub fn new_aligned_nothrow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align:
 #[cold]
 #[inline(never)]
 fn new_aligned_nothrow_slow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align: usize, tag: *const c_void, asker: u64) -> *mut c_void {
-    if globals().is_none() {
+    if super::ready().is_none() {
         return bootstrap_alloc(size, align.max(MIN_ALIGN));
     }
     if size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two() {
@@ -176,7 +176,7 @@ pub unsafe fn delete<F: Copy>(op: &NextOp<F>, p: *mut c_void, forward: impl FnOn
 unsafe fn delete_slow<F: Copy>(op: &NextOp<F>, p: *mut c_void, forward: impl FnOnce(F)) {
     // No init yet (or under way): nothing of the next allocator's can have reached the program
     // through us, as in free_foreign.
-    if p.is_null() || is_bootstrap(p) || globals().is_none() {
+    if p.is_null() || is_bootstrap(p) || super::ready().is_none() {
         return;
     }
     if HOST.may_contain(p as usize) {

@@ -1,6 +1,6 @@
 //! The `tm_*` C API declared in include/tensormalloc.h.
 
-use crate::report::Snapshot;
+use crate::report::summary::Snapshot;
 use core::ffi::{c_char, c_int};
 
 #[no_mangle]
@@ -36,24 +36,24 @@ pub unsafe extern "C" fn tm_get_stats(out: *mut Snapshot) -> c_int {
 /// # Safety
 /// `out` points to `capacity` writable `tm_holder_t`.
 #[no_mangle]
-pub unsafe extern "C" fn tm_holders(out: *mut crate::holders_report::CHolderRow, capacity: usize) -> usize {
-    crate::holders_report::fill_c_rows(out, capacity)
+pub unsafe extern "C" fn tm_holders(out: *mut crate::report::holders::CHolderRow, capacity: usize) -> usize {
+    crate::report::holders::fill_c_rows(out, capacity)
 }
 
 /// Gives every cached block (host, device and pinned) back now; returns the bytes released.
 #[no_mangle]
 pub extern "C" fn tm_trim() -> usize {
-    if crate::globals().is_none() {
+    if crate::state::globals().is_none() {
         return 0;
     }
-    let device = if crate::sys::cuda_driver::is_bound() { crate::DEVICE.trim() } else { 0 };
-    crate::HOST.trim() + device as usize
+    let device = if crate::sys::cuda_driver::is_bound() { crate::state::DEVICE.trim() } else { 0 };
+    crate::state::HOST.trim() + device as usize
 }
 
 /// Turns caching on (1) or off (0) at run time; returns the previous setting.
 #[no_mangle]
 pub extern "C" fn tm_set_enabled(on: c_int) -> c_int {
-    if crate::globals().is_none() {
+    if crate::state::globals().is_none() {
         return 0;
     }
     c_int::from(crate::route::set_enabled(on != 0))
@@ -61,7 +61,7 @@ pub extern "C" fn tm_set_enabled(on: c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn tm_is_enabled() -> c_int {
-    if crate::globals().is_none() {
+    if crate::state::globals().is_none() {
         return 0;
     }
     c_int::from(crate::route::is_enabled())
@@ -70,12 +70,12 @@ pub extern "C" fn tm_is_enabled() -> c_int {
 /// Writes the exit report now, to stderr (or the JSON path of TENSORMALLOC_STATS).
 #[no_mangle]
 pub extern "C" fn tm_print_stats() {
-    if let Some(g) = crate::globals() {
-        crate::report::write_report(&g.config);
+    if let Some(g) = crate::state::globals() {
+        crate::report::summary::write_report(&g.config);
     }
 }
 
-/// Writes the memory snapshot (Note [Snapshot format] in snapshot.rs) to `path`, and the host's
+/// Writes the memory snapshot (Note [Snapshot format] in report/snapshot.rs) to `path`, and the host's
 /// to `path` + ".host.pickle". Returns 0, or a negative errno (-EINVAL for a NULL path).
 ///
 /// # Safety
@@ -85,10 +85,10 @@ pub unsafe extern "C" fn tm_snapshot(path: *const c_char) -> c_int {
     if path.is_null() {
         return -libc::EINVAL;
     }
-    if crate::globals().is_none() {
+    if crate::state::globals().is_none() {
         return -libc::EAGAIN;
     }
-    match crate::snapshot::write(core::ffi::CStr::from_ptr(path).to_bytes()) {
+    match crate::report::snapshot::write(core::ffi::CStr::from_ptr(path).to_bytes()) {
         Ok(()) => 0,
         Err(e) => -e,
     }
@@ -102,7 +102,7 @@ pub unsafe extern "C" fn tm_snapshot(path: *const c_char) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn tm_scope_begin(name: *const c_char) -> c_int {
     let bytes = if name.is_null() { &b""[..] } else { core::ffi::CStr::from_ptr(name).to_bytes() };
-    crate::scopes::begin(bytes).map_or(-1, |d| d as c_int)
+    crate::record::scopes::begin(bytes).map_or(-1, |d| d as c_int)
 }
 
 /// Closes this thread's innermost scope and writes its figures to `out` (may be NULL).
@@ -111,8 +111,8 @@ pub unsafe extern "C" fn tm_scope_begin(name: *const c_char) -> c_int {
 /// # Safety
 /// `out` is NULL or points to a writable `tm_scope_t`.
 #[no_mangle]
-pub unsafe extern "C" fn tm_scope_end(out: *mut crate::scopes::ScopeStats) -> c_int {
-    match crate::scopes::end() {
+pub unsafe extern "C" fn tm_scope_end(out: *mut crate::record::scopes::ScopeStats) -> c_int {
+    match crate::record::scopes::end() {
         Some(s) => {
             if !out.is_null() {
                 out.write(s);
@@ -128,8 +128,8 @@ pub unsafe extern "C" fn tm_scope_end(out: *mut crate::scopes::ScopeStats) -> c_
 /// # Safety
 /// `out` points to a writable `tm_scope_t`.
 #[no_mangle]
-pub unsafe extern "C" fn tm_scope_current(out: *mut crate::scopes::ScopeStats) -> c_int {
-    match (crate::scopes::current(), out.is_null()) {
+pub unsafe extern "C" fn tm_scope_current(out: *mut crate::record::scopes::ScopeStats) -> c_int {
+    match (crate::record::scopes::current(), out.is_null()) {
         (Some(s), false) => {
             out.write(s);
             0

@@ -1,6 +1,6 @@
 //! The CUDA driver entry points the pool serves or must know, on every path a program reaches
 //! them by: linked with -lcuda (these symbols); found by name or through `cuGetProcAddress`,
-//! which both runtimes use (`lookup.rs` hands out these same functions). Each is one call into
+//! which both runtimes use (`cuda_lookup.rs` hands out these same functions). Each is one call into
 //! `route::cuda::driver`, which decides whether the pool serves it and answers; a closure names
 //! the driver's function a call stands for where one route serves several spellings.
 
@@ -49,7 +49,7 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> c_int {
     route::mem_free_host(p)
 }
 
-/// Note [Context lifetime] (device/pool.rs).
+/// Note [Context lifetime] (device/pool/mod.rs).
 ///
 /// # Safety
 /// As cuDevicePrimaryCtxReset_v2.
@@ -65,7 +65,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset(device: c_int) -> c_int {
     route::primary_reset(device, |d| d.primary_reset_v1)
 }
 
-/// Note [Context lifetime] (device/pool.rs): the last release destroys the primary context.
+/// Note [Context lifetime] (device/pool/mod.rs): the last release destroys the primary context.
 ///
 /// # Safety
 /// As cuDevicePrimaryCtxRelease_v2.
@@ -95,7 +95,7 @@ pub unsafe extern "C" fn cuCtxDestroy(ctx: *mut c_void) -> c_int {
     route::ctx_destroy(ctx, |d| d.ctx_destroy_v1)
 }
 
-/// Note [IPC] (device/pool.rs).
+/// Note [IPC] (device/pool/mod.rs).
 ///
 /// # Safety
 /// As cuIpcGetMemHandle: `handle` points to a CUipcMemHandle.
@@ -113,7 +113,7 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usiz
     route::address_range(base, size, ptr)
 }
 
-/// The range and buffer-id attributes answer for our block (Note [Buffer ids] in device/pool.rs).
+/// The range and buffer-id attributes answer for our block (Note [Buffer ids] in device/pool/mod.rs).
 ///
 /// # Safety
 /// As cuPointerGetAttribute.

@@ -28,11 +28,11 @@ macro_rules! with_caller {
 }
 
 #[cfg(not(any(test, feature = "no-interpose")))]
-mod cuda;
+mod cuda_runtime;
 #[cfg(not(any(test, feature = "no-interpose")))]
 mod cuda_driver;
 #[cfg(not(any(test, feature = "no-interpose")))]
-mod lookup;
+mod cuda_lookup;
 #[cfg(not(any(test, feature = "no-interpose")))]
 mod cxx;
 #[cfg(all(target_arch = "x86_64", not(any(test, feature = "no-interpose"))))]
@@ -41,3 +41,5 @@ mod fast_paths;
 mod malloc;
 mod api;
 mod numpy;
+#[cfg(not(any(test, feature = "no-interpose")))]
+mod lifecycle;

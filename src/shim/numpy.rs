@@ -8,7 +8,7 @@ use crate::route;
 use core::ffi::c_void;
 
 /// Blocks numpy asks for through the handler are numpy's (Note [Holders]).
-const NUMPY: u64 = crate::holders::asker_for_hook(0, crate::holders::KEY_NUMPY);
+const NUMPY: u64 = crate::record::holders::asker_for_hook(0, crate::record::holders::KEY_NUMPY);
 
 /// numpy's `PyDataMemAllocator` (numpy/ndarraytypes.h, version 1): a context and four functions.
 #[repr(C)]
@@ -73,7 +73,7 @@ fn advise_hugepages(p: *mut c_void, size: usize) {
     if p.is_null() || size < HUGEPAGE_FROM {
         return;
     }
-    if crate::globals().is_some_and(|g| g.config.hugepages == HugePages::Never) {
+    if crate::state::globals().is_some_and(|g| g.config.hugepages == HugePages::Never) {
         return;
     }
     let off = 4096 - (p as usize) % 4096;

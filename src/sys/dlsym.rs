@@ -1,4 +1,4 @@
-//! The real `dlsym`, behind the one we export (in `shim::lookup`) so that a program or runtime that
+//! The real `dlsym`, behind the one we export (in `shim::cuda_lookup`) so that a program or runtime that
 //! takes libcuda's entry points by name gets ours. glibc's is found with `dlvsym`, which we do not
 //! interpose: glibc 2.34 and later version it GLIBC_2.34, older ones GLIBC_2.2.5 (libdl). Our
 //! export tail-jumps to the next `dlsym` in the chain for every symbol it does not serve, so the

@@ -2,7 +2,7 @@
 //! malloc family, so it may be taken on every allocation path. Critical sections are short (a few
 //! array scans): a waiter spins briefly, then sleeps in the kernel on a futex, so it never burns
 //! the CPU its holder needs (two threads on one CPU, a SCHED_FIFO waiter). Fork safety comes from
-//! holding it across fork (lib.rs installs the handlers).
+//! holding it across fork (`at_fork`; shim/lifecycle.rs installs the handlers).
 //
 // Note [A lock that parks]
 // The word is 0 (free), 1 (held, nobody asleep) or 2 (held, someone may be asleep), as in
@@ -129,6 +129,13 @@ impl<T> Drop for Guard<'_, T> {
     fn drop(&mut self) {
         self.lock.unlock();
     }
+}
+
+/// Registers fork handlers with the C library: `prepare` runs in the forking thread before
+/// fork, `parent` and `child` after it on each side (pthread_atfork).
+pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
+    // SAFETY: registers three functions with static lifetime.
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 pub mod bind;
 pub mod caller;
 pub mod clock;
-pub mod cuda;
+pub mod cuda_runtime;
 pub mod cuda_driver;
 pub mod dlsym;
 pub mod env;

@@ -7,11 +7,11 @@
 
 use super::{answer_free, export_checked, pool_on, pool_ready, pooling, without_context, FreeOf};
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
-use crate::device::layer::RangeAnswer;
+use crate::device::device_layer::RangeAnswer;
 use crate::sys::cuda_driver::{driver, DriverFns};
-use crate::holders;
+use crate::record::holders;
 use crate::sys::reentry;
-use crate::DEVICE;
+use crate::state::DEVICE;
 use core::ffi::{c_int, c_uint, c_void};
 
 const NO_DRIVER: c_int = CUDA_ERROR_INITIALIZATION;
@@ -139,7 +139,7 @@ pub unsafe fn mem_free_host(p: *mut c_void) -> c_int {
     answer_free("cuMemFreeHost", p as usize, FreeOf::Pinned, DEVICE.host_free(p as usize), || free(p))
 }
 
-/// Note [Context lifetime] (device/pool.rs): the reset frees every allocation of the primary
+/// Note [Context lifetime] (device/pool/mod.rs): the reset frees every allocation of the primary
 /// context; the pool forgets them (before, and again after).
 ///
 /// # Safety
@@ -153,7 +153,7 @@ pub unsafe fn primary_reset(device: c_int, spelling: Spelling<unsafe extern "C" 
     rc
 }
 
-/// Note [Context lifetime] (device/pool.rs): the last release destroys the primary context and
+/// Note [Context lifetime] (device/pool/mod.rs): the last release destroys the primary context and
 /// every allocation in it, though its handle stays the same.
 ///
 /// # Safety
@@ -180,7 +180,7 @@ pub unsafe fn ctx_destroy(ctx: *mut c_void, spelling: Spelling<unsafe extern "C"
     rc
 }
 
-/// Note [IPC] (device/pool.rs).
+/// Note [IPC] (device/pool/mod.rs).
 ///
 /// # Safety
 /// As cuIpcGetMemHandle: `handle` points to a CUipcMemHandle.
@@ -222,7 +222,7 @@ pub unsafe fn address_range(base: *mut u64, size: *mut usize, ptr: u64) -> c_int
 }
 
 /// The range and buffer-id attributes answer for our block (Note [Buffer ids] in
-/// device/pool.rs); every other attribute is the driver's.
+/// device/pool/mod.rs); every other attribute is the driver's.
 ///
 /// # Safety
 /// As cuPointerGetAttribute.

@@ -1,4 +1,4 @@
-//! The lookups that hand out driver entry points, routed (`shim::lookup`'s, one call each):
+//! The lookups that hand out driver entry points, routed (`shim::cuda_lookup`'s, one call each):
 //! the real lookup answers, then ours stands in where the pool serves that entry point at that
 //! version (`cuGetProcAddress(_v2)`, the runtime's `cudaGetDriverEntryPoint*`), and the exported
 //! dlsym's decision. Which function of ours stands for which exported name is the shim's table
@@ -82,14 +82,14 @@ pub unsafe fn get_proc_address_v2(symbol: *const c_char, pfn: *mut *mut c_void, 
 /// As cudaGetDriverEntryPoint (CUDA 12's form; CUDA 11's has no status pointer, which the
 /// runtime of such a program then does not read either).
 pub unsafe fn driver_entry_point(symbol: *const c_char, pfn: *mut *mut c_void, flags: u64, status: *mut c_int, served: Served) -> c_int {
-    let Some(get) = crate::sys::cuda::real().and_then(|rt| rt.get_driver_entry_point) else { return CUDA_ERROR_INITIALIZATION };
+    let Some(get) = crate::sys::cuda_runtime::real().and_then(|rt| rt.get_driver_entry_point) else { return CUDA_ERROR_INITIALIZATION };
     substituted(get(symbol, pfn, flags, status), symbol, pfn, c_int::MAX, flags, served)
 }
 
 /// # Safety
 /// As cudaGetDriverEntryPointByVersion.
 pub unsafe fn driver_entry_point_by_version(symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_uint, flags: u64, status: *mut c_int, served: Served) -> c_int {
-    let Some(get) = crate::sys::cuda::real().and_then(|rt| rt.get_driver_entry_point_by_version) else { return CUDA_ERROR_INITIALIZATION };
+    let Some(get) = crate::sys::cuda_runtime::real().and_then(|rt| rt.get_driver_entry_point_by_version) else { return CUDA_ERROR_INITIALIZATION };
     let rc = get(symbol, pfn, cuda_version, flags, status);
     substituted(rc, symbol, pfn, c_int::try_from(cuda_version).unwrap_or(c_int::MAX), flags, served)
 }

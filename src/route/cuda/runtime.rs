@@ -1,15 +1,15 @@
-//! The runtime's calls (`shim::cuda`'s entry points, one call each), routed: each over `DEVICE`
+//! The runtime's calls (`shim::cuda_runtime`'s entry points, one call each), routed: each over `DEVICE`
 //! (the pool) and `sys::cuda::real()` (the runtime, for pointers that are not ours and for
 //! pass-through). A call re-entered from inside the runtime on the same thread goes straight to
 //! the real function (`sys::reentry`); with no runtime to reach, the answer is "not initialized".
 
 use super::{answer_free, context_bound, export_checked, runtime_ready, warn_refused, FreeOf};
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
-use crate::device::layer::FreeAnswer;
-use crate::sys::cuda::{real, CudaFns, FreeAsyncFn};
-use crate::holders;
+use crate::device::device_layer::FreeAnswer;
+use crate::sys::cuda_runtime::{real, CudaFns, FreeAsyncFn};
+use crate::record::holders;
 use crate::sys::reentry;
-use crate::DEVICE;
+use crate::state::DEVICE;
 use core::ffi::{c_int, c_uint, c_void};
 
 const NO_RUNTIME: c_int = CUDA_ERROR_INITIALIZATION;
@@ -54,7 +54,7 @@ pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: u64) 
 pub unsafe fn free(ptr: *mut c_void) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return (rt.free)(ptr) };
-    if ptr.is_null() || crate::globals().is_none() {
+    if ptr.is_null() || crate::state::globals().is_none() {
         return (rt.free)(ptr);
     }
     answer_free("cudaFree", ptr as usize, FreeOf::Device, DEVICE.free(ptr as usize), || (rt.free)(ptr))
@@ -114,7 +114,7 @@ pub unsafe extern "C" fn malloc_host(ptr: *mut *mut c_void, size: usize, asker: 
 pub unsafe fn free_host(ptr: *mut c_void) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return (rt.free_host)(ptr) };
-    if ptr.is_null() || crate::globals().is_none() {
+    if ptr.is_null() || crate::state::globals().is_none() {
         return (rt.free_host)(ptr);
     }
     // The runtime binds a context before it frees, on a thread that made no CUDA call too; so
@@ -172,7 +172,7 @@ pub unsafe fn ipc_get_mem_handle(handle: *mut c_void, ptr: *mut c_void) -> c_int
 pub unsafe fn free_async(ptr: *mut c_void, stream: *mut c_void, spelling: fn(&CudaFns) -> Option<FreeAsyncFn>) -> c_int {
     let Some(real_free) = real().and_then(spelling) else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return real_free(ptr, stream) };
-    if ptr.is_null() || crate::globals().is_none() {
+    if ptr.is_null() || crate::state::globals().is_none() {
         return real_free(ptr, stream);
     }
     answer_free("cudaFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, stream as usize)), || real_free(ptr, stream))
@@ -185,7 +185,7 @@ pub unsafe fn free_async(ptr: *mut c_void, stream: *mut c_void, spelling: fn(&Cu
 /// Called by PyTorch with a valid device and stream.
 pub unsafe extern "C" fn pluggable_alloc(size: isize, device: c_int, stream: *mut c_void, asker: u64) -> *mut c_void {
     let size = usize::try_from(size).unwrap_or(0);
-    if crate::globals().is_none() || size == 0 {
+    if crate::state::globals().is_none() || size == 0 {
         return core::ptr::null_mut();
     }
     if let Some(rt) = real() {

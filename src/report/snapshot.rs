@@ -4,9 +4,9 @@
 //! own lock into a scratch mapping, then written with no lock held: no heap, no std formatting.
 
 use crate::backing::PageMemory;
-use crate::history::{self, HistoryEvent};
-use crate::holders::{PLACE_HOST, PLACE_PINNED};
-use crate::pickle::{FdSink, Pickler};
+use crate::record::history::{self, HistoryEvent};
+use crate::record::holders::{PLACE_HOST, PLACE_PINNED};
+use crate::report::pickle::{FdSink, Pickler};
 use crate::sys::os_pages::{OsPages, PAGE};
 use core::ffi::c_int;
 
@@ -132,21 +132,21 @@ impl Collected<'_> {
 /// growth meanwhile).
 fn count() -> (usize, usize) {
     let (mut segs, mut blocks) = (0usize, 0usize);
-    crate::DEVICE.for_each_pool(|_, pool| {
+    crate::state::DEVICE.for_each_pool(|_, pool| {
         pool.for_each_segment(|s| {
             segs += 1;
             blocks += s.blocks().count();
         })
     });
-    crate::HOST.for_each_live(|_, _, _| segs += 1);
-    crate::DEVICE.for_each_pinned(|_, _| segs += 1);
+    crate::state::HOST.for_each_live(|_, _, _| segs += 1);
+    crate::state::DEVICE.for_each_pinned(|_, _| segs += 1);
     (segs, blocks.saturating_add(segs))
 }
 
 /// Fills `c`, leaving out the events recorded after the ring held `head_at_cut`.
 fn collect(c: &mut Collected, head_at_cut: u64) {
-    crate::DEVICE.for_each_pool(|device, pool| {
-        let place = crate::holders::device_place(device);
+    crate::state::DEVICE.for_each_pool(|device, pool| {
+        let place = crate::record::holders::device_place(device);
         pool.for_each_segment(|s| {
             let blocks = s.blocks().map(|b| Blk {
                 addr: b.addr,
@@ -157,11 +157,11 @@ fn collect(c: &mut Collected, head_at_cut: u64) {
             c.push_segment(place, s.addr, s.small, blocks);
         });
     });
-    crate::HOST.for_each_live(|addr, len, birth| {
+    crate::state::HOST.for_each_live(|addr, len, birth| {
         let b = Blk { addr: addr as u64, size: len as u64, state: ACTIVE, holder: birth.holder };
         c.push_segment(PLACE_HOST, b.addr, false, core::iter::once(b));
     });
-    crate::DEVICE.for_each_pinned(|p, live| {
+    crate::state::DEVICE.for_each_pinned(|p, live| {
         let b = Blk { addr: p.addr, size: p.len, state: if live { ACTIVE } else { INACTIVE }, holder: if live { p.holder } else { 0 } };
         c.push_segment(PLACE_PINNED, p.addr, false, core::iter::once(b));
     });
@@ -304,7 +304,7 @@ impl Writer {
         self.p.mark();
         self.word(Word::Filename);
         let p = &mut self.p;
-        crate::holders::describe(holder, |d| {
+        crate::record::holders::describe(holder, |d| {
             p.str(d.object);
             p.memo_str(Word::Line as u8, Word::Line.text());
             p.uint(0);
@@ -414,7 +414,7 @@ fn write_file(cpath: &[u8], file: File, c: &Collected, wall_offset_ns: u64) -> R
     if fd < 0 {
         return Err(errno());
     }
-    let mut w = Writer { p: Pickler::new(FdSink::new(fd)), frames: [(0, 0); FRAME_CACHE], next_memo: crate::pickle::SHORT_MEMO as u32, wall_offset_ns };
+    let mut w = Writer { p: Pickler::new(FdSink::new(fd)), frames: [(0, 0); FRAME_CACHE], next_memo: crate::report::pickle::SHORT_MEMO as u32, wall_offset_ns };
     let devices = match file {
         File::Host => 2,
         File::Devices => {
@@ -602,8 +602,8 @@ mod tests {
     fn places_go_to_their_file() {
         assert_eq!(index_in(File::Host, PLACE_HOST), Some(0));
         assert_eq!(index_in(File::Host, PLACE_PINNED), Some(1));
-        assert_eq!(index_in(File::Host, crate::holders::device_place(0)), None);
-        assert_eq!(index_in(File::Devices, crate::holders::device_place(3)), Some(3));
+        assert_eq!(index_in(File::Host, crate::record::holders::device_place(0)), None);
+        assert_eq!(index_in(File::Devices, crate::record::holders::device_place(3)), Some(3));
         assert_eq!(index_in(File::Devices, PLACE_PINNED), None);
     }
 

@@ -3,18 +3,18 @@
 //! per-device spin lock. Outcomes that the program sees follow the runtime's: its error codes,
 //! a pointer we never handed out goes to the runtime unchanged, and one inside our memory that
 //! is no live block is refused as the runtime refuses a stranger's. Each pool belongs to the
-//! context its segments live in (Note [Context lifetime] in pool.rs): a request made under
+//! context its segments live in (Note [Context lifetime] in device/pool/mod.rs): a request made under
 //! another context passes through, and a reset, destroy or last release of that context empties
 //! the pool.
 
-use super::pinned::PinnedCache;
+use super::pinned::cache::PinnedCache;
 use super::pool::{stream_tag, Alloc, BlockView, DevicePool, Strategy, PENDING, SYNCED};
 use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INVALID_VALUE};
 use crate::config::{Config, CudaPool, CudaSync, DeviceLimit};
 use crate::backing::TableSource;
-use crate::stats::{timed, Counter, DevicePhases};
-use crate::history;
-use crate::holders::{device_place, Birth};
+use crate::record::stats::{timed, Counter, DevicePhases};
+use crate::record::history;
+use crate::record::holders::{device_place, Birth};
 use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 
@@ -23,17 +23,17 @@ pub use crate::backing::MAX_DEVICES;
 const MAX_STEPS: usize = 8;
 
 pub struct DeviceLayer<R: DeviceRuntime> {
-    runtime: R,
-    table_source: TableSource,
+    pub(super) runtime: R,
+    pub(super) table_source: TableSource,
     /// Nanoseconds on a monotonic clock (sys::clock, or a test's).
-    clock: fn() -> u64,
-    pools: [Lock<DevicePool>; MAX_DEVICES],
-    pinned: Lock<PinnedCache>,
-    mode: AtomicU8,
-    sync_on_free: AtomicBool,
-    limit_bytes: AtomicU64,
-    limit_percent: AtomicU64,
-    pinned_limit_bytes: AtomicU64,
+    pub(super) clock: fn() -> u64,
+    pub(super) pools: [Lock<DevicePool>; MAX_DEVICES],
+    pub(super) pinned: Lock<PinnedCache>,
+    pub(super) mode: AtomicU8,
+    pub(super) sync_on_free: AtomicBool,
+    pub(super) limit_bytes: AtomicU64,
+    pub(super) limit_percent: AtomicU64,
+    pub(super) pinned_limit_bytes: AtomicU64,
     /// Requests served straight by the runtime because our tables were full or the pool is off.
     pub passthrough: Counter,
     pub phases: DevicePhases,
@@ -63,7 +63,7 @@ pub enum FreeAnswer {
 // inside a segment needs the runtime's allocation range, asked only for addresses within the
 // span of some pool's segments. Pinned blocks freed into the cache are refused the same way.
 
-/// What an IPC handle of a pointer would name (Note [IPC] in pool.rs).
+/// What an IPC handle of a pointer would name (Note [IPC] in device/pool/mod.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Export {
     /// Not a pooled pointer: the runtime answers.
@@ -80,7 +80,7 @@ pub enum Export {
 pub enum RangeAnswer {
     /// Not inside one of our segments: the runtime's answer stands.
     NotOurs,
-    /// Inside this live block: (start, size, buffer id: Note [Buffer ids] in pool.rs).
+    /// Inside this live block: (start, size, buffer id: Note [Buffer ids] in device/pool/mod.rs).
     Live(u64, u64, u64),
     /// Inside cached (freed) memory of ours: no allocation there, as after the runtime's free.
     Free,
@@ -179,22 +179,22 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         self.with_device(device, || self.alloc_on(device, size, stream_tag(stream), holder))
     }
 
-    // Note [One recording point] (host/layer.rs): the device layer's figures for a block (scopes,
+    // Note [One recording point] (host/host_layer.rs): the device layer's figures for a block (scopes,
     // the holders table, the history ring, the trace) change here, with the pool's block size;
     // the pool's own counters change in the pool.
 
     fn record_alloc(&self, device: usize, addr: u64, size: u64, outcome: u8, birth: Birth, tag: u64) {
-        crate::scopes::on_alloc(size);
-        crate::holders::HOLDERS.on_alloc(birth.holder, device_place(device), size);
+        crate::record::scopes::on_alloc(size);
+        crate::record::holders::HOLDERS.on_alloc(birth.holder, device_place(device), size);
         history::record(history::ALLOC, device_place(device), addr, size, birth.holder, tag);
-        crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_ALLOC, outcome, device as u8, size, addr, birth.holder);
+        crate::record::trace::record(crate::record::trace::KIND_DEVICE, crate::record::trace::OP_ALLOC, outcome, device as u8, size, addr, birth.holder);
     }
 
     fn record_free(&self, device: usize, addr: u64, f: &super::pool::Freed, tag: u64) {
-        crate::scopes::on_free(f.size);
-        crate::holders::HOLDERS.on_free(f.holder, device_place(device), f.size);
+        crate::record::scopes::on_free(f.size);
+        crate::record::holders::HOLDERS.on_free(f.holder, device_place(device), f.size);
         history::record(history::FREE, device_place(device), addr, f.size, f.holder, tag);
-        crate::trace::record(crate::trace::KIND_DEVICE, crate::trace::OP_FREE, crate::trace::HIT, device as u8, f.size, addr, f.holder);
+        crate::record::trace::record(crate::record::trace::KIND_DEVICE, crate::record::trace::OP_FREE, crate::record::trace::HIT, device as u8, f.size, addr, f.holder);
     }
 
     /// A segment mapped into or given back from `device`'s pool (history::SEGMENT_MAP,
@@ -236,7 +236,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             };
             match decision {
                 Alloc::Hit { addr, size } => {
-                    let outcome = if mapped { crate::trace::MISS } else { crate::trace::HIT };
+                    let outcome = if mapped { crate::record::trace::MISS } else { crate::record::trace::HIT };
                     self.record_alloc(device as usize, addr, size, outcome, birth, tag);
                     return Ok(addr as usize);
                 }
@@ -367,7 +367,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         timed(&self.phases.free_runtime, || self.runtime.free(addr))
     }
 
-    fn synchronize(&self) -> Result<(), DeviceError> {
+    pub(super) fn synchronize(&self) -> Result<(), DeviceError> {
         timed(&self.phases.sync, || self.runtime.synchronize())
     }
 
@@ -537,7 +537,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     fn forget_blocks(&self, device: usize, pool: &mut DevicePool) {
         let place = device_place(device);
         pool.for_each_live(|addr, size, birth| {
-            crate::holders::HOLDERS.on_free(birth.holder, place, size);
+            crate::record::holders::HOLDERS.on_free(birth.holder, place, size);
             history::record(history::FREE, place, addr, size, birth.holder, 0);
         });
         pool.for_each_segment(|seg| self.record_event(device, history::SEGMENT_UNMAP, seg.addr, seg.blocks().map(|b| b.size).sum()));
@@ -545,7 +545,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     fn forget_pinned(&self, ctx: Option<u64>) {
-        self.pinned.lock().forget(ctx, |b| crate::holders::HOLDERS.on_free(b.holder, crate::holders::PLACE_PINNED, b.len));
+        self.pinned.lock().forget(ctx, |b| crate::record::holders::HOLDERS.on_free(b.holder, crate::record::holders::PLACE_PINNED, b.len));
     }
 
     /// `device`'s primary context as the driver knows it (taken before a release of it).
@@ -653,9 +653,5 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 }
 
-#[path = "layer_pinned.rs"]
-mod pinned_half;
-
 #[cfg(test)]
-#[path = "layer_tests.rs"]
 mod tests;

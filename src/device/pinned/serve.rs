@@ -1,12 +1,13 @@
-//! The device layer's pinned half: cudaHostAlloc / cudaFreeHost through the pinned cache, with
-//! every runtime call outside the cache's lock, as in the device half (layer.rs). A pinned block
-//! freed into the cache and freed again is refused (Note [Unexpected frees] in layer.rs).
+//! Pinned host memory served for the device: the device layer's cudaHostAlloc / cudaFreeHost
+//! through the pinned cache (cache.rs), with every runtime call outside the cache's lock, as for
+//! device blocks (device_layer.rs). A pinned block freed into the cache and freed again is
+//! refused (Note [Unexpected frees] in device_layer.rs).
 
-use super::{DeviceLayer, FreeAnswer};
+use crate::device::device_layer::{DeviceLayer, FreeAnswer};
 use crate::backing::{DeviceError, DeviceRuntime};
-use crate::device::pinned::{PinnedBlock, PinnedFree};
-use crate::history;
-use crate::holders::PLACE_PINNED;
+use crate::device::pinned::cache::{PinnedBlock, PinnedFree};
+use crate::record::history;
+use crate::record::holders::PLACE_PINNED;
 use core::sync::atomic::Ordering::Relaxed;
 
 impl<R: DeviceRuntime> DeviceLayer<R> {
@@ -44,9 +45,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Note [One recording point] for pinned blocks: their figures change here.
     fn record_pinned(&self, action: u8, b: &PinnedBlock) {
         if action == history::ALLOC {
-            crate::holders::HOLDERS.on_alloc(b.holder, PLACE_PINNED, b.len);
+            crate::record::holders::HOLDERS.on_alloc(b.holder, PLACE_PINNED, b.len);
         } else {
-            crate::holders::HOLDERS.on_free(b.holder, PLACE_PINNED, b.len);
+            crate::record::holders::HOLDERS.on_free(b.holder, PLACE_PINNED, b.len);
         }
         history::record(action, PLACE_PINNED, b.addr, b.len, b.holder, 0);
     }
@@ -95,7 +96,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// Calls `f(block, live)` for every pinned block of ours, live or cached, under the cache's
     /// lock (`f` must not call CUDA or write).
-    pub fn for_each_pinned(&self, f: impl FnMut(&crate::device::pinned::PinnedBlock, bool)) {
+    pub fn for_each_pinned(&self, f: impl FnMut(&crate::device::pinned::cache::PinnedBlock, bool)) {
         self.pinned.lock().for_each(f);
     }
 

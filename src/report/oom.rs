@@ -6,21 +6,14 @@
 //! it must work). At most one report per 10 seconds; the ones left out are counted in the next.
 //! The last failure's figures also go into the JSON stats (`last_oom`).
 
-use crate::holders_report::{self, PlaceName, Table};
+use crate::report::holders::{PlaceName, Table};
 use crate::sys::stderr::StackWriter;
-use crate::units::Bytes;
-use crate::{DEVICE, HOST};
+use crate::report::units::Bytes;
+use crate::state::{DEVICE, HOST};
 use core::fmt::{self, Write};
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-
-/// Whether failures are printed (they are recorded for the JSON stats either way).
-pub fn set_printing(on: bool) {
-    PRINT.store(on, Relaxed);
-}
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 const EVERY_NS: u64 = 10_000_000_000;
-/// TENSORMALLOC_OOM_REPORT (set at init).
-static PRINT: AtomicBool = AtomicBool::new(true);
 static LAST_REPORT_NS: AtomicU64 = AtomicU64::new(0);
 static LEFT_OUT: AtomicU64 = AtomicU64::new(0);
 
@@ -73,7 +66,7 @@ impl Failure {
 /// A device allocation of `request_bytes` on `device` failed for good; `cap_bytes` is the pool's
 /// cap when the cap refused it.
 pub fn device_failed(device: usize, request_bytes: u64, cap_bytes: Option<u64>) {
-    let mut f = Failure { place: crate::holders::device_place(device), request_bytes, ..Default::default() };
+    let mut f = Failure { place: crate::record::holders::device_place(device), request_bytes, ..Default::default() };
     if let Ok((free, total)) = DEVICE.mem_info() {
         (f.total_bytes, f.free_bytes) = (total as u64, free as u64);
     }
@@ -91,7 +84,7 @@ pub fn device_failed(device: usize, request_bytes: u64, cap_bytes: Option<u64>) 
 pub fn host_failed(request_bytes: u64) {
     let (_, cached) = HOST.cached();
     let f = Failure {
-        place: crate::holders::PLACE_HOST,
+        place: crate::record::holders::PLACE_HOST,
         request_bytes,
         total_bytes: crate::sys::memory::address_space_bytes(),
         live_bytes: HOST.stats.live.current(),
@@ -103,7 +96,8 @@ pub fn host_failed(request_bytes: u64) {
 
 fn report(f: &Failure, cap_bytes: Option<u64>) {
     f.store();
-    if !PRINT.load(Relaxed) {
+    // TENSORMALLOC_OOM_REPORT=0: recorded for the JSON stats, not printed.
+    if !crate::state::globals().is_some_and(|g| g.config.oom_report) {
         return;
     }
     let now = crate::sys::clock::now_ns();
@@ -136,7 +130,7 @@ pub fn write_report<W: Write>(w: &mut W, f: &Failure, cap_bytes: Option<u64>, le
     if left_out > 0 {
         writeln!(w, "  ({left_out} more out-of-memory failures since the last report were not reported)")?;
     }
-    holders_report::write_text(w, &Table::gather())?;
+    crate::report::holders::write_text(w, &Table::gather())?;
     writeln!(w, "  What would help:")?;
     if f.place >= 2 {
         if let Some(cap) = cap_bytes {

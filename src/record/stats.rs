@@ -1,6 +1,6 @@
 //! Counters and phase timers, as `{current, peak}` gauges and plain counts. All atomics with
 //! relaxed ordering: figures are for people, never for decisions. The report is formatted in
-//! `report.rs`.
+//! `report/summary.rs`.
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

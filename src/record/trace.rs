@@ -17,7 +17,7 @@
 //! ones cut). "TMTRACE1" files (before holders) have no kind 3 and pages 0 in allocs and frees;
 //! the magic changed because their readers took every non-sample record for an alloc or a free.
 
-use crate::holders::MAX_HOLDERS;
+use crate::record::holders::MAX_HOLDERS;
 use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 
@@ -118,7 +118,7 @@ pub fn start(path: &[u8], sampler: fn() -> (u64, u64)) -> bool {
 /// Claims a slot and fills it; drops the event when the ring is full. `holder` is the block's
 /// holder word: its id goes in `pages` (the writer names it).
 pub fn record(kind: u8, op: u8, outcome: u8, device: u8, size: u64, extra: u64, holder: u64) {
-    record_with_pages(kind, op, outcome, device, size, extra, u32::from(crate::holders::id_of(holder)));
+    record_with_pages(kind, op, outcome, device, size, extra, u32::from(crate::record::holders::id_of(holder)));
 }
 
 fn record_with_pages(kind: u8, op: u8, outcome: u8, device: u8, size: u64, extra: u64, pages: u32) {
@@ -202,7 +202,7 @@ fn new_holders(run: &[Event], named: &mut Named, mut f: impl FnMut(u16)) {
 
 /// Writes holder `id`'s name records (the name is looked up here: dladdr, no allocation).
 fn write_name(fd: i32, id: u16) {
-    crate::holders::holder_name(id, |name| {
+    crate::record::holders::holder_name(id, |name| {
         let mut records = [Event::default(); NAME_CHUNKS_MAX];
         let count = name_records(id, name, &mut records);
         crate::sys::stderr::write_all(fd, as_bytes(records.get(..count).unwrap_or(&[])));

@@ -1,8 +1,8 @@
 //! The CUDA runtime entry points we interpose, and the PyTorch pluggable-allocator pair: each is
 //! one call into `route::cuda::runtime`, which decides whether the pool serves it and answers.
-//! `cudaGetDriverEntryPoint*` is in `lookup.rs`.
+//! `cudaGetDriverEntryPoint*` is in `cuda_lookup.rs`.
 
-use crate::holders;
+use crate::record::holders;
 use crate::route::cuda::runtime as route;
 use core::ffi::{c_int, c_uint, c_void};
 

@@ -58,7 +58,7 @@
 
 use super::table::{AddrMap, Slab, NONE};
 use crate::backing::TableSource;
-pub use crate::holders::Birth;
+pub use crate::record::holders::Birth;
 
 pub const SYNCED: u64 = 0;
 pub const PENDING: u64 = 1;
@@ -528,16 +528,12 @@ impl Default for DevicePool {
     }
 }
 
-#[path = "pool_blocks.rs"]
 mod blocks;
 
-#[path = "pool_walk.rs"]
 pub mod walk;
 
 #[cfg(test)]
-#[path = "pool_invariants.rs"]
 mod invariants;
 
 #[cfg(test)]
-#[path = "pool_tests.rs"]
 mod tests;

@@ -1,10 +1,10 @@
 //! The pinned host memory cache (cudaMallocHost / cudaHostAlloc / cudaFreeHost): pinning costs
 //! milliseconds for large sizes, so freed blocks are kept, bounded in count and bytes, and
 //! reused by a request of the same size class, flags and context (pinned memory belongs to the
-//! context that allocated it: a reset frees it, Note [Context lifetime] in pool.rs). Bookkeeping
+//! context that allocated it: a reset frees it, Note [Context lifetime] in device/pool/mod.rs). Bookkeeping
 //! only, like the pool.
 
-use super::table::{AddrMap, Slab};
+use crate::device::table::{AddrMap, Slab};
 use crate::ranges::{Range, RangeList};
 use crate::backing::TableSource;
 

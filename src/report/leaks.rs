@@ -2,7 +2,7 @@
 //! exit, grouped by size, biggest total first, with counts, bytes in bytes and human units, and
 //! the age of the oldest block in each group. Fixed-size tables: no allocation at exit.
 
-use crate::units::{pad, Bytes, Count, Nanos};
+use crate::report::units::{pad, Bytes, Count, Nanos};
 use core::fmt::{self, Write};
 
 const GROUPS: usize = 32;
@@ -92,10 +92,10 @@ impl LeakGroups {
 pub fn report_at_exit() {
     let now = crate::sys::clock::now_ns();
     let mut host = LeakGroups::default();
-    crate::HOST.for_each_live(|_, len, birth| host.add(len as u64, birth.ns));
+    crate::state::HOST.for_each_live(|_, len, birth| host.add(len as u64, birth.ns));
     let mut w = crate::sys::stderr::StackWriter::<8192>::new();
     let _ = host.write(&mut w, "host (large blocks)", now);
-    crate::DEVICE.for_each_pool(|device, pool| {
+    crate::state::DEVICE.for_each_pool(|device, pool| {
         let mut dev = LeakGroups::default();
         pool.for_each_live(|_, size, birth| dev.add(size, birth.ns));
         let mut name = crate::sys::stderr::StackWriter::<32>::new();

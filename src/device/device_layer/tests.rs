@@ -2,7 +2,7 @@
 //! last error, the cap, two devices, pinned memory, foreign pointers, pass-through.
 
 use super::*;
-use crate::device::layer::{Export, RangeAnswer};
+use crate::device::device_layer::{Export, RangeAnswer};
 use crate::config::Config;
 use crate::sim::leak_table;
 use crate::sim::SimRuntime;
@@ -347,8 +347,8 @@ fn out_of_memory_outside_the_pool_gets_its_cache_back_once() {
 /// The holders table's row of `word` on device 0: (live, peak, blocks).
 fn holder_row(word: u64) -> (u64, u64, u64) {
     let mut out = (0, 0, 0);
-    crate::holders::HOLDERS.for_each_row(|r| {
-        if r.id == crate::holders::id_of(word) && r.place == crate::holders::device_place(0) {
+    crate::record::holders::HOLDERS.for_each_row(|r| {
+        if r.id == crate::record::holders::id_of(word) && r.place == crate::record::holders::device_place(0) {
             out = (r.live_bytes, r.peak_bytes, r.blocks);
         }
     });
@@ -359,7 +359,7 @@ fn holder_row(word: u64) -> (u64, u64, u64) {
 fn the_holders_table_follows_blocks_and_forgets_them_with_their_context() {
     let l = layer(Config::default(), &[GB]);
     // A key of this test's own: the table is the process's, shared with other tests.
-    let w = crate::holders::HOLDERS.word_for_key(0x1234, 0x5151_0000);
+    let w = crate::record::holders::HOLDERS.word_for_key(0x1234, 0x5151_0000);
     let a = l.malloc(MB, w).unwrap();
     let b = l.malloc(3 * MB, w).unwrap();
     let size = |p: usize| match l.range(p) {

@@ -3,9 +3,9 @@
 //! out-of-memory report), JSON, and rows for `tm_holders`. Gathered into a fixed array and
 //! written through `fmt::Write`: no allocation (it must work at out of memory).
 
-use crate::holders::{self, HolderRow, PLACE_HOST, PLACE_PINNED};
-use crate::units::Bytes;
-use crate::{DEVICE, HOST};
+use crate::record::holders::{self, HolderRow, PLACE_HOST, PLACE_PINNED};
+use crate::report::units::Bytes;
+use crate::state::{DEVICE, HOST};
 use core::fmt::{self, Write};
 
 /// Rows kept, biggest first; the rest are summed into one "(others)" row.

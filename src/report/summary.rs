@@ -3,10 +3,10 @@
 //! with write(2): no allocation, no lock but the cache's own brief one.
 
 use crate::config::{Config, StatsOutput};
-use crate::stats::PhaseTimer;
+use crate::record::stats::PhaseTimer;
 use crate::sys::stderr::StackWriter;
-use crate::units::{Bytes, Count, Nanos};
-use crate::{DEVICE, HOST};
+use crate::report::units::{Bytes, Count, Nanos};
+use crate::state::{DEVICE, HOST};
 use core::fmt::{self, Write};
 
 /// Bumped when fields are appended to `tm_stats_t`.
@@ -62,7 +62,7 @@ impl Snapshot {
         let mut snap = Snapshot {
             size: core::mem::size_of::<Snapshot>(),
             version: STATS_VERSION,
-            enabled: u32::from(crate::route::is_enabled()),
+            enabled: u32::from(crate::state::HOST.is_enabled()),
             threshold_bytes: HOST.threshold_bytes() as u64,
             host_requests: s.requests.get(),
             host_hits: s.hits.get(),
@@ -241,15 +241,15 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
             "",
             name,
             calls,
-            crate::units::pad(Nanos(ns)),
+            crate::report::units::pad(Nanos(ns)),
             percent(ns, total),
-            crate::units::pad(Nanos(avg)),
+            crate::report::units::pad(Nanos(avg)),
             indent = indent * 2,
             pad = pad
         )?;
     }
     writeln!(w, " {legend}")?;
-    crate::holders_report::write_text(w, &crate::holders_report::Table::gather())
+    crate::report::holders::write_text(w, &crate::report::holders::Table::gather())
 }
 
 pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
@@ -312,9 +312,9 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         s.pinned_requests, s.pinned_hits, s.pinned_cached_bytes, s.pinned_peak_cached_bytes
     )?;
     w.write_str("\"holders\":")?;
-    crate::holders_report::write_json(w, &crate::holders_report::Table::gather())?;
+    crate::report::holders::write_json(w, &crate::report::holders::Table::gather())?;
     w.write_str(",\"last_oom\":")?;
-    crate::oom_report::write_json(w)?;
+    crate::report::oom::write_json(w)?;
     w.write_str(",")?;
     w.write_str("\"phases\":[")?;
     for (i, (indent, name, t)) in phase_rows().iter().enumerate() {

@@ -58,16 +58,16 @@
 use super::cache::{BlockCache, CacheLimits, Live, Part, Parts};
 use super::in_flight::InFlight;
 use super::registry::{Birth, Owner, Registry};
-use crate::history;
-use crate::holders::PLACE_HOST;
+use crate::record::history;
+use crate::record::holders::PLACE_HOST;
 use crate::backing::TableSource;
 use crate::ranges::{Range, RangeList};
 use crate::backing::{Moved, PageMemory};
 use crate::config::{Config, HugePages, Release, MAX_CACHE_BLOCKS};
-use crate::stats::{HostStats, PhaseTimer};
+use crate::record::stats::{HostStats, PhaseTimer};
 use crate::backing::BLOCK_ALIGN;
 use crate::sys::lock::Lock;
-use core::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 
 pub const PAGE: usize = 4096;
 const HUGE_PAGE: usize = 2 << 20;
@@ -101,6 +101,8 @@ pub struct HostLayer<M: PageMemory> {
     /// Blocks between the cache and the program at this moment (Note [Blocks in flight]).
     in_flight: InFlight,
     threshold_bytes: AtomicUsize,
+    /// Large requests come here (TENSORMALLOC_DISABLE turns it off, tm_set_enabled at run time).
+    enabled: AtomicBool,
     hugepages: AtomicU8,
     /// What the process may map (`limit_address_space`); u64::MAX without a limit.
     address_space_bytes: AtomicU64,
@@ -164,6 +166,7 @@ impl<M: PageMemory> HostLayer<M> {
             cache: Lock::new(BlockCache::new(DEFAULTS)),
             in_flight: InFlight::new(),
             threshold_bytes: AtomicUsize::new(Config::DEFAULT.threshold_bytes as usize),
+            enabled: AtomicBool::new(false),
             address_space_bytes: AtomicU64::new(u64::MAX),
             release: AtomicU8::new(0),
             hugepages: AtomicU8::new(0),
@@ -173,10 +176,22 @@ impl<M: PageMemory> HostLayer<M> {
         }
     }
 
+    /// Whether large requests come here (the route sends them by this).
+    pub fn is_enabled(&self) -> bool {
+        self.enabled.load(Relaxed)
+    }
+
+    /// Turns the cache on or off for new requests; returns the previous setting. The caller
+    /// trims after turning it off, once requests no longer come.
+    pub fn swap_enabled(&self, on: bool) -> bool {
+        self.enabled.swap(on, Relaxed)
+    }
+
     /// `memory_bytes`: what the process may use (physical memory, or its cgroup's limit).
     /// The address-space limit comes later, from `limit_address_space`.
     pub fn configure(&self, config: &Config, memory_bytes: u64) {
         self.threshold_bytes.store(config.threshold_bytes as usize, Relaxed);
+        self.enabled.store(!config.disabled, Relaxed);
         self.hugepages.store(hugepages_code(config.hugepages), Relaxed);
         self.release.store(config.release as u8, Relaxed);
         self.cache.lock().set_limits(limits_from(config, memory_bytes, self.address_space_bytes.load(Relaxed)));
@@ -237,7 +252,7 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     fn timed<T>(&self, phase: &PhaseTimer, f: impl FnOnce() -> T) -> T {
-        crate::stats::timed_by(self.clock, phase, f)
+        crate::record::stats::timed_by(self.clock, phase, f)
     }
 
     fn unmap_all(&self, ranges: &RangeList) {
@@ -356,20 +371,20 @@ impl<M: PageMemory> HostLayer<M> {
     fn record_alloc(&self, addr: usize, len: usize, asked: usize, outcome: u8, birth: Birth) {
         self.stats.live.add(len as u64);
         self.stats.live_blocks.add(1);
-        crate::scopes::on_alloc(len as u64);
-        crate::holders::HOLDERS.on_alloc(birth.holder, PLACE_HOST, len as u64);
+        crate::record::scopes::on_alloc(len as u64);
+        crate::record::holders::HOLDERS.on_alloc(birth.holder, PLACE_HOST, len as u64);
         history::record(history::ALLOC, PLACE_HOST, addr as u64, len as u64, birth.holder, 0);
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, outcome, 0, asked as u64, addr as u64, birth.holder);
+        crate::record::trace::record(crate::record::trace::KIND_HOST, crate::record::trace::OP_ALLOC, outcome, 0, asked as u64, addr as u64, birth.holder);
     }
 
     fn record_free(&self, addr: usize, len: usize, holder: u64) {
         self.stats.frees.add(1);
         self.stats.live.sub(len as u64);
         self.stats.live_blocks.sub(1);
-        crate::scopes::on_free(len as u64);
-        crate::holders::HOLDERS.on_free(holder, PLACE_HOST, len as u64);
+        crate::record::scopes::on_free(len as u64);
+        crate::record::holders::HOLDERS.on_free(holder, PLACE_HOST, len as u64);
         history::record(history::FREE, PLACE_HOST, addr as u64, len as u64, holder, 0);
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64, holder);
+        crate::record::trace::record(crate::record::trace::KIND_HOST, crate::record::trace::OP_FREE, crate::record::trace::HIT, 0, len as u64, addr as u64, holder);
     }
 
     /// A resize that kept the block (in place or by mremap): for the history and the trace, a
@@ -381,13 +396,13 @@ impl<M: PageMemory> HostLayer<M> {
         } else {
             self.stats.live.sub((len - need) as u64);
         }
-        crate::scopes::on_free(len as u64);
-        crate::scopes::on_alloc(need as u64);
-        crate::holders::HOLDERS.on_resize(birth.holder, PLACE_HOST, len as u64, need as u64);
+        crate::record::scopes::on_free(len as u64);
+        crate::record::scopes::on_alloc(need as u64);
+        crate::record::holders::HOLDERS.on_resize(birth.holder, PLACE_HOST, len as u64, need as u64);
         history::record(history::FREE, PLACE_HOST, addr as u64, len as u64, birth.holder, 0);
         history::record(history::ALLOC, PLACE_HOST, moved as u64, need as u64, birth.holder, 0);
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_FREE, crate::trace::HIT, 0, len as u64, addr as u64, birth.holder);
-        crate::trace::record(crate::trace::KIND_HOST, crate::trace::OP_ALLOC, crate::trace::HIT, 0, asked as u64, moved as u64, birth.holder);
+        crate::record::trace::record(crate::record::trace::KIND_HOST, crate::record::trace::OP_FREE, crate::record::trace::HIT, 0, len as u64, addr as u64, birth.holder);
+        crate::record::trace::record(crate::record::trace::KIND_HOST, crate::record::trace::OP_ALLOC, crate::record::trace::HIT, 0, asked as u64, moved as u64, birth.holder);
     }
 
     /// The block, its mapped length and how it was found (trace::HIT, GROWN or MISS).
@@ -427,7 +442,7 @@ impl<M: PageMemory> HostLayer<M> {
                 self.stats.hits_after_release.add(1);
             }
             self.stats.phases.alloc_hit.record((self.clock)().saturating_sub(hit_start));
-            return Some((t.addr, t.len, crate::trace::HIT));
+            return Some((t.addr, t.len, crate::record::trace::HIT));
         }
 
         if let Some((addr, dirty)) = self.gather_cached(need, align.max(granule), Birth { ns: hit_start, ..birth }) {
@@ -437,7 +452,7 @@ impl<M: PageMemory> HostLayer<M> {
                     self.zero_reused(part.addr, (addr + size).saturating_sub(part.addr).min(part.len), part.len);
                 }
             }
-            return Some((addr, need, crate::trace::GROWN));
+            return Some((addr, need, crate::record::trace::GROWN));
         }
         self.stats.misses.add(1);
         let addr = self.timed(&self.stats.phases.alloc_map, || self.map_fresh(need, align.max(granule)))?;
@@ -446,7 +461,7 @@ impl<M: PageMemory> HostLayer<M> {
             self.stats.map_failures.add(1);
             return None;
         }
-        Some((addr, need, crate::trace::MISS))
+        Some((addr, need, crate::record::trace::MISS))
     }
 
     /// A miss that cached blocks can still serve together: their pages move into a fresh
@@ -837,5 +852,4 @@ fn push(mut list: RangeList, r: Range) -> RangeList {
 }
 
 #[cfg(test)]
-#[path = "layer_tests.rs"]
 mod tests;

@@ -1,5 +1,5 @@
 //! The pool's free lists and carving: finding a fit, taking a block (split, carved from the tail
-//! at a segment's base: Note [Frees that bypass us] in pool.rs), and merging free neighbours.
+//! at a segment's base: Note [Frees that bypass us] in device/pool/mod.rs), and merging free neighbours.
 //! Bookkeeping only, under the pool's lock; never calls CUDA.
 
 use super::*;

@@ -1,0 +1,26 @@
+//! Everything that turns records into words or files: the exit summary (`summary`), the
+//! out-of-memory report (`oom`), the holders table (`holders`), the leak report (`leaks`), the
+//! memory snapshot (`snapshot`, written by `pickle`), and byte and time units (`units`).
+//! Reports read the state and the records; nothing below them imports them, and they are asked
+//! for by the shims (the C API, the exit hook) and by the out-of-memory event's listener.
+
+use crate::config::Config;
+
+pub mod holders;
+pub mod leaks;
+pub mod oom;
+pub mod pickle;
+pub mod snapshot;
+pub mod summary;
+pub mod units;
+
+/// At unload or exit: the summary, the leak report and the snapshot, each if asked for.
+pub fn at_exit(config: &Config) {
+    summary::at_exit(config);
+    if config.leaks {
+        leaks::report_at_exit();
+    }
+    if !config.snapshot_path().is_empty() {
+        snapshot::at_exit(config.snapshot_path());
+    }
+}

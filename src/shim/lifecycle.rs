@@ -1,0 +1,89 @@
+//! The library's life in a process: what runs at load (init, the fork handlers, the trace), at
+//! fork (the host cache lock held across it), and at unload or exit (the reports), and the Rust
+//! allocator of this library's own code. Only in the real library, like every shim.
+
+use crate::record::trace;
+use crate::report;
+use crate::state::{globals, HOST};
+use crate::sys;
+
+/// Runs at load (before main): resolves everything and installs the fork handlers.
+extern "C" fn on_load() {
+    if let Some(g) = globals() {
+        sys::lock::at_fork(before_fork, after_fork_in_parent, after_fork_in_child);
+        if !g.config.trace_path().is_empty() && trace::start(g.config.trace_path(), trace_sample) {
+            sys::reaper::start_now();
+        }
+    }
+}
+
+/// What the trace samples: the host cache's bytes, and of them those lazily freed.
+fn trace_sample() -> (u64, u64) {
+    let (_, lazily_freed) = HOST.cached_resident();
+    (HOST.cached().1 as u64, lazily_freed as u64)
+}
+
+// Hold the host cache lock across fork(), so the child never inherits it mid-update from a
+// thread that does not exist there. The child forgets the cache, whose blocks it did not
+// inherit (Note [Plain memory]), and restarts its reaper on demand.
+extern "C" fn before_fork() {
+    HOST.lock_for_fork();
+}
+
+extern "C" fn after_fork_in_parent() {
+    // SAFETY: before_fork took the lock on this thread.
+    unsafe { HOST.unlock_after_fork() };
+}
+
+extern "C" fn after_fork_in_child() {
+    // SAFETY: the child is a copy of the thread that ran before_fork.
+    unsafe { HOST.unlock_after_fork() };
+    HOST.forget_cache_in_child();
+    sys::reaper::after_fork_in_child();
+    trace::stop_in_child();
+}
+
+/// Runs at unload or exit, after the program's atexit handlers: the reports asked for.
+extern "C" fn on_unload() {
+    if let Some(g) = globals() {
+        trace::flush();
+        report::at_exit(&g.config);
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
+#[used]
+#[link_section = ".fini_array"]
+static ON_UNLOAD: extern "C" fn() = on_unload;
+
+/// Rust code in this library allocates through the next allocator directly, never through our
+/// own shims: a stray allocation under our lock can then never re-enter the cache.
+mod rust_allocator {
+    use core::alloc::{GlobalAlloc, Layout};
+
+    struct NextOnly;
+
+    // SAFETY: forwards to a C allocator that honours the alignment it is asked for.
+    unsafe impl GlobalAlloc for NextOnly {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            match crate::state::globals() {
+                Some(g) => g.next.alloc_aligned(layout.align().max(16), layout.size()).cast(),
+                None => crate::sys::next::bootstrap_alloc(layout.size(), layout.align()).cast(),
+            }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
+            if crate::sys::next::is_bootstrap(ptr.cast()) {
+                return;
+            }
+            if let Some(g) = crate::state::globals() {
+                (g.next.free)(ptr.cast());
+            }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: NextOnly = NextOnly;
+}

@@ -1,0 +1,107 @@
+//! The one global state: what init resolved (`Globals`: the configuration and the next
+//! allocator), the host layer (`HOST`), the device layer (`DEVICE`), and the background pass.
+//! Initialized on first use, from any entry point, before main or after exit handlers began;
+//! calls the layers and sys below it, never the shims, routes or reports above.
+
+use core::cell::UnsafeCell;
+use core::mem::MaybeUninit;
+use core::sync::atomic::{AtomicU8, Ordering};
+
+use crate::config::Config;
+use crate::device::device_layer::DeviceLayer;
+use crate::host::host_layer::{Background, HostLayer};
+use crate::record::trace;
+use crate::sys::cuda_driver::CudaDriver;
+use crate::sys::next::NextAllocator;
+use crate::sys::os_pages::{map_table, OsPages};
+use crate::sys::{clock, reaper};
+
+/// What init resolved: read-only once `INIT_STATE` is `DONE`.
+pub struct Globals {
+    pub config: Config,
+    pub next: NextAllocator,
+}
+
+struct InitCell(UnsafeCell<MaybeUninit<Globals>>);
+// SAFETY: written once by the initializing thread before INIT_STATE becomes DONE (release),
+// read only after observing DONE (acquire).
+unsafe impl Sync for InitCell {}
+
+static GLOBALS: InitCell = InitCell(UnsafeCell::new(MaybeUninit::uninit()));
+static INIT_STATE: AtomicU8 = AtomicU8::new(UNINIT);
+const UNINIT: u8 = 0;
+const RUNNING: u8 = 1;
+const DONE: u8 = 2;
+const FAILED: u8 = 3;
+
+/// The device layer over the program's own CUDA driver (bound on first use).
+pub(crate) static DEVICE: DeviceLayer<CudaDriver> = DeviceLayer::new(CudaDriver, map_table, clock::now_ns);
+
+/// The host layer over the kernel's pages.
+pub(crate) static HOST: HostLayer<OsPages> = HostLayer::new(
+    OsPages,
+    map_table,
+    clock::now_ns,
+    Background { on_cached: reaper::on_block_cached, running: reaper::running, wake: reaper::wake },
+);
+
+/// The resolved state, initializing on first use. `None` while initialization is under way
+/// (a reentrant call from dlsym, or another thread meanwhile): callers use the bootstrap arena.
+#[inline]
+pub(crate) fn globals() -> Option<&'static Globals> {
+    if INIT_STATE.load(Ordering::Acquire) == DONE {
+        // SAFETY: DONE is stored only after GLOBALS was written.
+        return Some(unsafe { (*GLOBALS.0.get()).assume_init_ref() });
+    }
+    init_slow()
+}
+
+#[cold]
+fn init_slow() -> Option<&'static Globals> {
+    if INIT_STATE.compare_exchange(UNINIT, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return None;
+    }
+    let config = read_config();
+    // SAFETY: reentrant calls made by dlsym see RUNNING and use the bootstrap arena.
+    let Some(next) = (unsafe { NextAllocator::resolve() }) else {
+        crate::warn_line!("no next malloc found with dlsym(RTLD_NEXT); serving from a small static arena only");
+        INIT_STATE.store(FAILED, Ordering::Release);
+        return None;
+    };
+    crate::sys::memory::read_commit_limit();
+    crate::sys::caller::init();
+    HOST.configure(&config, crate::sys::memory::usable_bytes());
+    reaper::set_work(background_pass);
+    DEVICE.configure(&config);
+    // SAFETY: only this thread writes, and only before publishing DONE.
+    unsafe { (*GLOBALS.0.get()).write(Globals { config, next }) };
+    INIT_STATE.store(DONE, Ordering::Release);
+    globals()
+}
+
+/// The trace is flushed at least this often.
+const TRACE_FLUSH_NS: u64 = 100_000_000;
+
+/// One pass of the background thread (sys::reaper): idle blocks released and expired, deferred
+/// unmaps done, the trace flushed. Returns when the next pass is due.
+fn background_pass() -> Option<u64> {
+    let deadline = HOST.reap();
+    if !trace::enabled() {
+        return deadline;
+    }
+    trace::flush();
+    Some(deadline.unwrap_or(u64::MAX).min(clock::now_ns().saturating_add(TRACE_FLUSH_NS)))
+}
+
+fn read_config() -> Config {
+    let mut config = Config::default();
+    if crate::sys::env::is_secure_execution() {
+        return config;
+    }
+    crate::sys::env::for_each_with_prefix(b"TENSORMALLOC_", |name, value| {
+        if let Err(e) = config.apply(name, value) {
+            crate::warn_line!("{}", e);
+        }
+    });
+    config
+}
