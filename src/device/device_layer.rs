@@ -13,7 +13,7 @@ use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INVA
 use crate::config::{Config, CudaPool, CudaSync, DeviceLimit};
 use crate::backing::TableSource;
 use crate::record::stats::{timed, Counter, DevicePhases};
-use crate::record::history;
+use crate::record;
 use crate::record::holders::{device_place, Birth};
 use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
@@ -179,35 +179,25 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         self.with_device(device, || self.alloc_on(device, size, stream_tag(stream), holder))
     }
 
-    // Note [One recording point] (host/host_layer.rs): the device layer's figures for a block (scopes,
-    // the holders table, the history ring, the trace) change here, with the pool's block size;
-    // the pool's own counters change in the pool.
+    // Note [One recording point] (record/mod.rs): a block's event is recorded here, with the
+    // pool's block size; the pool's own counters change in the pool.
 
-    fn record_alloc(&self, device: usize, addr: u64, size: u64, outcome: u8, birth: Birth, tag: u64) {
-        crate::record::scopes::on_alloc(size);
-        crate::record::holders::HOLDERS.on_alloc(birth.holder, device_place(device), size);
-        history::record(history::ALLOC, device_place(device), addr, size, birth.holder, tag);
-        crate::record::trace::record(crate::record::trace::KIND_DEVICE, crate::record::trace::OP_ALLOC, outcome, device as u8, size, addr, birth.holder);
+    fn block(device: usize, addr: u64, bytes: u64, holder: u64, tag: u64) -> record::Block {
+        record::Block { place: device_place(device), addr, bytes, holder, stream: tag }
     }
 
-    fn record_free(&self, device: usize, addr: u64, f: &super::pool::Freed, tag: u64) {
-        crate::record::scopes::on_free(f.size);
-        crate::record::holders::HOLDERS.on_free(f.holder, device_place(device), f.size);
-        history::record(history::FREE, device_place(device), addr, f.size, f.holder, tag);
-        crate::record::trace::record(crate::record::trace::KIND_DEVICE, crate::record::trace::OP_FREE, crate::record::trace::HIT, device as u8, f.size, addr, f.holder);
-    }
-
-    /// A segment mapped into or given back from `device`'s pool (history::SEGMENT_MAP,
-    /// SEGMENT_UNMAP).
-    fn record_event(&self, device: usize, action: u8, addr: u64, size: u64) {
-        history::record(action, device_place(device), addr, size, 0, 0);
-    }
-
-    /// A request of `size` bytes on `device` (current) that failed for good: in the history,
-    /// with the driver's free bytes where an event's address goes (PyTorch's `device_free`).
-    fn record_oom(&self, device: usize, size: usize) {
-        let free = self.runtime.mem_info().map_or(0, |(free, _)| free as u64);
-        history::record(history::OOM, device_place(device), free, size as u64, 0, 0);
+    /// A request of `size` bytes on the current device failed for good (`cap_refused`: the cap
+    /// refused it): one event, with the driver's free and total memory asked once.
+    pub fn out_of_memory(&self, size: usize, cap_refused: bool) {
+        let Ok(device) = self.runtime.current_device() else { return };
+        let Some(index) = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES) else { return };
+        let mut e = record::OutOfMemory { place: device_place(index), request_bytes: size as u64, ..Default::default() };
+        if let Ok((free, total)) = self.runtime.mem_info() {
+            (e.free_bytes, e.total_bytes) = (free as u64, total as u64);
+            e.available_bytes = self.available(index, free, total) as u64;
+        }
+        e.cap_bytes = cap_refused.then(|| self.cap_bytes(index));
+        record::out_of_memory(&e);
     }
 
     /// The context `device`'s pool is bound to (Note [Context lifetime]); 0 when none.
@@ -236,8 +226,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             };
             match decision {
                 Alloc::Hit { addr, size } => {
-                    let outcome = if mapped { crate::record::trace::MISS } else { crate::record::trace::HIT };
-                    self.record_alloc(device as usize, addr, size, outcome, birth, tag);
+                    let found = if mapped { record::Found::Miss } else { record::Found::Hit };
+                    record::alloc(Self::block(device as usize, addr, size, birth.holder, tag), size, found);
                     return Ok(addr as usize);
                 }
                 Alloc::Untracked => return self.passthrough_malloc(device, size),
@@ -249,7 +239,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     if !pool.lock().fits_cap(len) {
                         if released {
                             pool.lock().stats.oom_failures += 1;
-                            self.record_oom(device as usize, size);
                             return Err(DeviceError::CapReached);
                         }
                         self.release_cached(device as usize, pool, u64::MAX)?;
@@ -274,7 +263,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                                 self.runtime_free(addr)?;
                                 return self.passthrough_malloc(device, size);
                             }
-                            self.record_event(device as usize, history::SEGMENT_MAP, addr as u64, len);
+                            record::segment(device_place(device as usize), addr as u64, len, true);
                         }
                         Err(DeviceError::OutOfMemory) if !released => {
                             // The failed call left an error for cudaGetLastError; we recover.
@@ -283,13 +272,16 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                             self.release_cached(device as usize, pool, u64::MAX)?;
                             released = true;
                         }
-                        Err(e) => {
-                            if e == DeviceError::OutOfMemory {
-                                pool.lock().stats.oom_failures += 1;
-                                self.record_oom(device as usize, size);
-                            }
-                            return Err(e);
+                        // Our cache is given back and no segment fits: the runtime answers the
+                        // request itself (its exact size may still fit), once.
+                        Err(DeviceError::OutOfMemory) => {
+                            pool.lock().stats.oom_failures += 1;
+                            // The segment's failure is not the program's: only the answer to its
+                            // own request may leave an error for cudaGetLastError.
+                            self.runtime.clear_last_error();
+                            return self.passthrough_malloc(device, size);
                         }
+                        Err(e) => return Err(e),
                     }
                 }
             }
@@ -343,7 +335,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             let n = pool.lock().release_free_segments(max_bytes.saturating_sub(total), &mut batch);
             for &(addr, len) in batch.iter().take(n) {
                 self.runtime_free(addr as usize)?;
-                self.record_event(device, history::SEGMENT_UNMAP, addr, len);
+                record::segment(device_place(device), addr, len, false);
                 total += len;
             }
             if n < batch.len() || total >= max_bytes {
@@ -444,7 +436,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     fn after_free(&self, device: usize, addr: usize, f: super::pool::Freed, tag: u64) -> Result<(), DeviceError> {
-        self.record_free(device, addr as u64, &f, tag);
+        record::free(Self::block(device, addr as u64, f.size, f.holder, tag));
         match f.release {
             // Note [IPC]: an exported segment goes back to the runtime, on its own device.
             Some((base, _)) => self.with_device(device as i32, || self.runtime_free(base as usize)),
@@ -535,17 +527,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// blocks leave the holders table (Note [Holders]), and the history frees them and unmaps
     /// their segments (the snapshot's timeline must not keep them).
     fn forget_blocks(&self, device: usize, pool: &mut DevicePool) {
-        let place = device_place(device);
-        pool.for_each_live(|addr, size, birth| {
-            crate::record::holders::HOLDERS.on_free(birth.holder, place, size);
-            history::record(history::FREE, place, addr, size, birth.holder, 0);
-        });
-        pool.for_each_segment(|seg| self.record_event(device, history::SEGMENT_UNMAP, seg.addr, seg.blocks().map(|b| b.size).sum()));
+        pool.for_each_live(|addr, size, birth| record::forgotten(Self::block(device, addr, size, birth.holder, 0)));
+        pool.for_each_segment(|seg| record::segment(device_place(device), seg.addr, seg.blocks().map(|b| b.size).sum(), false));
         pool.forget_all();
-    }
-
-    fn forget_pinned(&self, ctx: Option<u64>) {
-        self.pinned.lock().forget(ctx, |b| crate::record::holders::HOLDERS.on_free(b.holder, crate::record::holders::PLACE_PINNED, b.len));
     }
 
     /// `device`'s primary context as the driver knows it (taken before a release of it).
@@ -612,16 +596,23 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     pub fn mem_info(&self) -> Result<(usize, usize), DeviceError> {
         let (free, total) = self.runtime.mem_info()?;
         let device = self.runtime.current_device()?;
-        let Some(pool) = usize::try_from(device).ok().and_then(|d| self.pools.get(d)) else { return Ok((free, total)) };
+        let Ok(index) = usize::try_from(device) else { return Ok((free, total)) };
+        Ok((self.available(index, free, total), total))
+    }
+
+    /// What `device` has for the program when the driver says `free` of `total` are free: our
+    /// cached bytes count as free, and the cap applies.
+    fn available(&self, device: usize, free: usize, total: usize) -> usize {
+        let Some(pool) = self.pools.get(device) else { return free };
         let pool = pool.lock();
         if !pool.is_ready() {
-            return Ok((free, total));
+            return free;
         }
         let mut free = free as u64 + pool.cached_bytes();
         if pool.limit_bytes() != u64::MAX {
             free = free.min(pool.limit_bytes().saturating_sub(pool.stats.live_bytes));
         }
-        Ok((free.min(total as u64) as usize, total))
+        free.min(total as u64) as usize
     }
 
     /// Gives every cached device block and pinned block back; returns the bytes released.

@@ -58,14 +58,11 @@
 use super::cache::{BlockCache, CacheLimits, Live, Part, Parts};
 use super::in_flight::InFlight;
 use super::registry::{Birth, Owner, Registry};
-use crate::record::history;
-use crate::record::holders::PLACE_HOST;
-use crate::backing::TableSource;
-use crate::ranges::{Range, RangeList};
-use crate::backing::{Moved, PageMemory};
+use crate::backing::{Moved, PageMemory, TableSource, BLOCK_ALIGN};
 use crate::config::{Config, HugePages, Release, MAX_CACHE_BLOCKS};
+use crate::ranges::{Range, RangeList};
 use crate::record::stats::{HostStats, PhaseTimer};
-use crate::backing::BLOCK_ALIGN;
+use crate::record::{self, Block, Found};
 use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 
@@ -363,50 +360,36 @@ impl<M: PageMemory> HostLayer<M> {
         Some(addr)
     }
 
-    // Note [One recording point]
-    // Every figure that follows a live block (the live gauges, scopes, the holders table, the
-    // history ring, the trace) changes in record_alloc, record_free and record_resize, with the
-    // block's mapped length, so they all add up to one another.
+    // Note [One recording point] (record/mod.rs): a block's event is recorded in record_alloc,
+    // record_free and record_resize, with its mapped length; beside it, the live figures the
+    // cache's bounds follow.
 
-    fn record_alloc(&self, addr: usize, len: usize, asked: usize, outcome: u8, birth: Birth) {
+    fn record_alloc(&self, addr: usize, len: usize, asked: usize, found: Found, birth: Birth) {
         self.stats.live.add(len as u64);
         self.stats.live_blocks.add(1);
-        crate::record::scopes::on_alloc(len as u64);
-        crate::record::holders::HOLDERS.on_alloc(birth.holder, PLACE_HOST, len as u64);
-        history::record(history::ALLOC, PLACE_HOST, addr as u64, len as u64, birth.holder, 0);
-        crate::record::trace::record(crate::record::trace::KIND_HOST, crate::record::trace::OP_ALLOC, outcome, 0, asked as u64, addr as u64, birth.holder);
+        record::alloc(Block::host(addr as u64, len as u64, birth.holder), asked as u64, found);
     }
 
     fn record_free(&self, addr: usize, len: usize, holder: u64) {
         self.stats.frees.add(1);
         self.stats.live.sub(len as u64);
         self.stats.live_blocks.sub(1);
-        crate::record::scopes::on_free(len as u64);
-        crate::record::holders::HOLDERS.on_free(holder, PLACE_HOST, len as u64);
-        history::record(history::FREE, PLACE_HOST, addr as u64, len as u64, holder, 0);
-        crate::record::trace::record(crate::record::trace::KIND_HOST, crate::record::trace::OP_FREE, crate::record::trace::HIT, 0, len as u64, addr as u64, holder);
+        record::free(Block::host(addr as u64, len as u64, holder));
     }
 
-    /// A resize that kept the block (in place or by mremap): for the history and the trace, a
-    /// free of the old block and an alloc of the new one; the copying fallback records through
-    /// alloc and free.
+    /// A resize that kept the block (in place or by mremap); the copying fallback records
+    /// through alloc and free.
     fn record_resize(&self, (addr, len): (usize, usize), (moved, need): (usize, usize), asked: usize, birth: Birth) {
         if need >= len {
             self.stats.live.add((need - len) as u64);
         } else {
             self.stats.live.sub((len - need) as u64);
         }
-        crate::record::scopes::on_free(len as u64);
-        crate::record::scopes::on_alloc(need as u64);
-        crate::record::holders::HOLDERS.on_resize(birth.holder, PLACE_HOST, len as u64, need as u64);
-        history::record(history::FREE, PLACE_HOST, addr as u64, len as u64, birth.holder, 0);
-        history::record(history::ALLOC, PLACE_HOST, moved as u64, need as u64, birth.holder, 0);
-        crate::record::trace::record(crate::record::trace::KIND_HOST, crate::record::trace::OP_FREE, crate::record::trace::HIT, 0, len as u64, addr as u64, birth.holder);
-        crate::record::trace::record(crate::record::trace::KIND_HOST, crate::record::trace::OP_ALLOC, crate::record::trace::HIT, 0, asked as u64, moved as u64, birth.holder);
+        record::resize(Block::host(addr as u64, len as u64, birth.holder), Block::host(moved as u64, need as u64, birth.holder), asked as u64);
     }
 
-    /// The block, its mapped length and how it was found (trace::HIT, GROWN or MISS).
-    fn alloc_untimed(&self, size: usize, align: usize, zeroed: bool, birth: Birth) -> Option<(usize, usize, u8)> {
+    /// The block, its mapped length and how it was found.
+    fn alloc_untimed(&self, size: usize, align: usize, zeroed: bool, birth: Birth) -> Option<(usize, usize, Found)> {
         self.stats.requests.add(1);
         let (need, granule) = self.block_shape(size)?;
         let align = align.max(BLOCK_ALIGN);
@@ -442,7 +425,7 @@ impl<M: PageMemory> HostLayer<M> {
                 self.stats.hits_after_release.add(1);
             }
             self.stats.phases.alloc_hit.record((self.clock)().saturating_sub(hit_start));
-            return Some((t.addr, t.len, crate::record::trace::HIT));
+            return Some((t.addr, t.len, Found::Hit));
         }
 
         if let Some((addr, dirty)) = self.gather_cached(need, align.max(granule), Birth { ns: hit_start, ..birth }) {
@@ -452,7 +435,7 @@ impl<M: PageMemory> HostLayer<M> {
                     self.zero_reused(part.addr, (addr + size).saturating_sub(part.addr).min(part.len), part.len);
                 }
             }
-            return Some((addr, need, crate::record::trace::GROWN));
+            return Some((addr, need, Found::Grown));
         }
         self.stats.misses.add(1);
         let addr = self.timed(&self.stats.phases.alloc_map, || self.map_fresh(need, align.max(granule)))?;
@@ -461,7 +444,7 @@ impl<M: PageMemory> HostLayer<M> {
             self.stats.map_failures.add(1);
             return None;
         }
-        Some((addr, need, crate::record::trace::MISS))
+        Some((addr, need, Found::Miss))
     }
 
     /// A miss that cached blocks can still serve together: their pages move into a fresh

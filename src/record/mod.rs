@@ -1,10 +1,159 @@
-//! What happened to memory, recorded where it happens: counters (`stats`), per-thread scopes
-//! (`scopes`), who holds each block (`holders`), the ring of recent events for the snapshot
-//! (`history`) and the trace file's ring (`trace`). The layers call one function per event here
-//! (events.rs); nothing here calls a layer, a route or a report.
+//! What happened to memory, recorded where it happens. The layers call one function per event
+//! (`alloc`, `free`, `resize`, `forgotten`, `segment`, `out_of_memory`), once, from one place
+//! each; the event goes from here into the per-thread scopes (`scopes`), who holds each block
+//! (`holders`), the ring of recent events for the snapshot (`history`) and the trace file's ring
+//! (`trace`). Counters for people live in `stats`. Nothing here calls a layer, a route or a
+//! report: the out-of-memory report is a listener the shim side registers.
+//
+// Note [One recording point]
+// Every figure that follows a live block (scopes, the holders table, the history ring, the
+// trace) changes here, with the same length in and out (mapped lengths for host blocks, block
+// sizes for device and pinned blocks), so they add up to one another and to the layers' own
+// live figures. Those the policy decides by (the host cache's working set, the pool's reserved
+// and live bytes, its cap) stay with the layer that decides: the layer changes them beside its
+// one call here.
+
+use core::sync::atomic::{AtomicPtr, Ordering};
 
 pub mod history;
 pub mod holders;
 pub mod scopes;
 pub mod stats;
 pub mod trace;
+
+use holders::{HOLDERS, PLACE_HOST, PLACE_PINNED};
+
+/// A block as every record sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Block {
+    /// holders::PLACE_HOST, PLACE_PINNED or device_place(device).
+    pub place: u8,
+    pub addr: u64,
+    /// What the block takes: its mapped length (host) or its size (device, pinned).
+    pub bytes: u64,
+    /// Its holder word (Note [Holders]).
+    pub holder: u64,
+    /// The pool's stream tag; 0 for none.
+    pub stream: u64,
+}
+
+impl Block {
+    pub const fn host(addr: u64, bytes: u64, holder: u64) -> Self {
+        Block { place: PLACE_HOST, addr, bytes, holder, stream: 0 }
+    }
+}
+
+/// How a block was found, for the trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// Reused from a cache.
+    Hit,
+    /// Newly mapped (host) or carved from a new segment (device).
+    Miss,
+    /// Gathered from the pages of cached blocks (host, Note [Gathering pages]).
+    Grown,
+}
+
+impl Found {
+    const fn trace_outcome(self) -> u8 {
+        match self {
+            Found::Hit => trace::HIT,
+            Found::Miss => trace::MISS,
+            Found::Grown => trace::GROWN,
+        }
+    }
+}
+
+/// The trace's kind and device byte for a place; None for pinned blocks, which it does not follow.
+const fn trace_kind(place: u8) -> Option<(u8, u8)> {
+    match place {
+        PLACE_HOST => Some((trace::KIND_HOST, 0)),
+        PLACE_PINNED => None,
+        device => Some((trace::KIND_DEVICE, device - holders::device_place(0))),
+    }
+}
+
+/// A block handed out: `asked` bytes were requested (the trace keeps them), `found` says how.
+pub fn alloc(b: Block, asked: u64, found: Found) {
+    HOLDERS.on_alloc(b.holder, b.place, b.bytes);
+    history::record(history::ALLOC, b.place, b.addr, b.bytes, b.holder, b.stream);
+    if let Some((kind, device)) = trace_kind(b.place) {
+        scopes::on_alloc(b.bytes);
+        trace::record(kind, trace::OP_ALLOC, found.trace_outcome(), device, asked, b.addr, b.holder);
+    }
+}
+
+/// A block given back by the program.
+pub fn free(b: Block) {
+    HOLDERS.on_free(b.holder, b.place, b.bytes);
+    history::record(history::FREE, b.place, b.addr, b.bytes, b.holder, b.stream);
+    if let Some((kind, device)) = trace_kind(b.place) {
+        scopes::on_free(b.bytes);
+        trace::record(kind, trace::OP_FREE, trace::HIT, device, b.bytes, b.addr, b.holder);
+    }
+}
+
+/// A block that kept its holder through a resize (in place or moved by the kernel): for the
+/// history and the trace, a free of the old block and an alloc of the new one; `asked` as in
+/// `alloc`. (A copying resize records an alloc and a free.)
+pub fn resize(old: Block, new: Block, asked: u64) {
+    HOLDERS.on_resize(old.holder, old.place, old.bytes, new.bytes);
+    history::record(history::FREE, old.place, old.addr, old.bytes, old.holder, old.stream);
+    history::record(history::ALLOC, new.place, new.addr, new.bytes, new.holder, new.stream);
+    if let Some((kind, device)) = trace_kind(old.place) {
+        scopes::on_free(old.bytes);
+        scopes::on_alloc(new.bytes);
+        trace::record(kind, trace::OP_FREE, trace::HIT, device, old.bytes, old.addr, old.holder);
+        trace::record(kind, trace::OP_ALLOC, trace::HIT, device, asked, new.addr, new.holder);
+    }
+}
+
+/// A live block freed by someone else (its context destroyed or reset freed it): it leaves the
+/// holders table, and, unless pinned, the history's timeline (the snapshot must not keep it).
+/// No scope or trace event: the program did not free it.
+pub fn forgotten(b: Block) {
+    HOLDERS.on_free(b.holder, b.place, b.bytes);
+    if b.place != PLACE_PINNED {
+        history::record(history::FREE, b.place, b.addr, b.bytes, b.holder, b.stream);
+    }
+}
+
+/// A device segment mapped into a pool (`mapped`) or given back.
+pub fn segment(place: u8, addr: u64, bytes: u64, mapped: bool) {
+    let action = if mapped { history::SEGMENT_MAP } else { history::SEGMENT_UNMAP };
+    history::record(action, place, addr, bytes, 0, 0);
+}
+
+/// A request that failed for good for want of memory, with what the place could say of itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OutOfMemory {
+    pub place: u8,
+    pub request_bytes: u64,
+    /// Device: the driver's total and free memory (0, 0 when it cannot say). Host: the
+    /// address-space limit (u64::MAX when none) and 0.
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// Device: what cudaMemGetInfo answers the program (free plus our cache, under the cap).
+    pub available_bytes: u64,
+    /// The pool's cap, when the cap is what refused.
+    pub cap_bytes: Option<u64>,
+}
+
+/// Who hears of an out-of-memory event (the report, registered at load); a `fn(&OutOfMemory)`.
+static OUT_OF_MEMORY_LISTENER: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Sets who hears of out-of-memory events; called once at load.
+pub fn on_out_of_memory(listener: fn(&OutOfMemory)) {
+    OUT_OF_MEMORY_LISTENER.store(listener as *mut (), Ordering::Release);
+}
+
+/// A request that failed for good: into the history (with the free bytes where an event's
+/// address goes, PyTorch's `device_free`), then to the listener. Called with no lock held.
+pub fn out_of_memory(e: &OutOfMemory) {
+    history::record(history::OOM, e.place, e.free_bytes, e.request_bytes, 0, 0);
+    let listener = OUT_OF_MEMORY_LISTENER.load(Ordering::Acquire);
+    if !listener.is_null() {
+        // SAFETY: only `on_out_of_memory` stores here, a `fn(&OutOfMemory)`.
+        unsafe { core::mem::transmute::<*mut (), fn(&OutOfMemory)>(listener)(e) };
+    }
+}

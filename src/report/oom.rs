@@ -6,6 +6,8 @@
 //! it must work). At most one report per 10 seconds; the ones left out are counted in the next.
 //! The last failure's figures also go into the JSON stats (`last_oom`).
 
+use crate::record::holders::{device_place, PLACE_HOST};
+use crate::record::OutOfMemory;
 use crate::report::holders::{PlaceName, Table};
 use crate::sys::stderr::StackWriter;
 use crate::report::units::Bytes;
@@ -63,35 +65,24 @@ impl Failure {
     }
 }
 
-/// A device allocation of `request_bytes` on `device` failed for good; `cap_bytes` is the pool's
-/// cap when the cap refused it.
-pub fn device_failed(device: usize, request_bytes: u64, cap_bytes: Option<u64>) {
-    let mut f = Failure { place: crate::record::holders::device_place(device), request_bytes, ..Default::default() };
-    if let Ok((free, total)) = DEVICE.mem_info() {
-        (f.total_bytes, f.free_bytes) = (total as u64, free as u64);
+/// The out-of-memory event's listener (record::on_out_of_memory, registered at load): the
+/// event with its place's figures, recorded for the JSON stats and reported.
+pub fn on_out_of_memory(e: &OutOfMemory) {
+    let mut f = Failure { place: e.place, request_bytes: e.request_bytes, total_bytes: e.total_bytes, ..Default::default() };
+    if e.place == PLACE_HOST {
+        f.live_bytes = HOST.stats.live.current();
+        f.cached_bytes = HOST.cached().1 as u64;
+    } else {
+        f.free_bytes = e.available_bytes;
+        DEVICE.for_each_pool(|d, pool| {
+            if device_place(d) == e.place {
+                (f.reserved_bytes, f.live_bytes) = (pool.stats.reserved_bytes, pool.stats.live_bytes);
+                f.cached_bytes = pool.cached_bytes();
+                f.largest_free_bytes = pool.largest_free_bytes();
+            }
+        });
     }
-    DEVICE.for_each_pool(|d, pool| {
-        if d == device {
-            (f.reserved_bytes, f.live_bytes) = (pool.stats.reserved_bytes, pool.stats.live_bytes);
-            f.cached_bytes = pool.cached_bytes();
-            f.largest_free_bytes = pool.largest_free_bytes();
-        }
-    });
-    report(&f, cap_bytes);
-}
-
-/// A large host mapping of `request_bytes` failed although the limits could allow it.
-pub fn host_failed(request_bytes: u64) {
-    let (_, cached) = HOST.cached();
-    let f = Failure {
-        place: crate::record::holders::PLACE_HOST,
-        request_bytes,
-        total_bytes: crate::sys::memory::address_space_bytes(),
-        live_bytes: HOST.stats.live.current(),
-        cached_bytes: cached as u64,
-        ..Default::default()
-    };
-    report(&f, None);
+    report(&f, e.cap_bytes);
 }
 
 fn report(f: &Failure, cap_bytes: Option<u64>) {

@@ -4,7 +4,7 @@
 //! call into them). Called by the shims only; calls the device layer (`DEVICE`) and the sys
 //! layer (the real functions, the context query), never a shim.
 
-use crate::backing::{DeviceError, DeviceRuntime, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
+use crate::backing::{DeviceError, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
 use crate::device::device_layer::{Export, FreeAnswer};
 use crate::sys::cuda_runtime::CudaFns;
 use crate::state::DEVICE;
@@ -112,13 +112,4 @@ fn export_checked(call: &str, addr: usize) -> Result<(), ()> {
             Err(())
         }
     }
-}
-
-/// After a request of `size` bytes failed for want of memory on the current device: the
-/// out-of-memory report, with the pool's cap when it is what refused.
-pub(crate) fn report_out_of_memory(size: usize, cap_refused: bool) {
-    let Ok(device) = DEVICE.runtime().current_device() else { return };
-    let Some(index) = usize::try_from(device).ok().filter(|&d| d < crate::backing::MAX_DEVICES) else { return };
-    let cap = cap_refused.then(|| DEVICE.cap_bytes(index));
-    crate::report::oom::device_failed(index, size as u64, cap);
 }

@@ -10,6 +10,7 @@ use crate::sys;
 /// Runs at load (before main): resolves everything and installs the fork handlers.
 extern "C" fn on_load() {
     if let Some(g) = globals() {
+        crate::record::on_out_of_memory(report::oom::on_out_of_memory);
         sys::lock::at_fork(before_fork, after_fork_in_parent, after_fork_in_child);
         if !g.config.trace_path().is_empty() && trace::start(g.config.trace_path(), trace_sample) {
             sys::reaper::start_now();

@@ -6,8 +6,7 @@
 use crate::device::device_layer::{DeviceLayer, FreeAnswer};
 use crate::backing::{DeviceError, DeviceRuntime};
 use crate::device::pinned::cache::{PinnedBlock, PinnedFree};
-use crate::record::history;
-use crate::record::holders::PLACE_PINNED;
+use crate::record::{self, holders::PLACE_PINNED};
 use core::sync::atomic::Ordering::Relaxed;
 
 impl<R: DeviceRuntime> DeviceLayer<R> {
@@ -19,7 +18,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let ctx = self.runtime.current_context();
         let taken = self.pinned.lock().take(size as u64, flags, ctx, holder);
         if let Some(b) = taken {
-            self.record_pinned(history::ALLOC, &b);
+            record::alloc(recorded(&b), b.len, record::Found::Hit);
             return Ok(b.addr as usize);
         }
         let len = self.pinned.lock().len_for(size as u64) as usize;
@@ -35,21 +34,17 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         // The runtime may have made a context current for this very call.
         let ctx = if ctx == 0 { self.runtime.current_context() } else { ctx };
         if self.pinned.lock().add_live(addr as u64, len as u64, flags, ctx, holder) {
-            self.record_pinned(history::ALLOC, &PinnedBlock::live(addr as u64, len as u64, flags, ctx, holder));
+            record::alloc(recorded(&PinnedBlock::live(addr as u64, len as u64, flags, ctx, holder)), len as u64, record::Found::Miss);
         } else {
             self.passthrough.add(1);
         }
         Ok(addr)
     }
 
-    /// Note [One recording point] for pinned blocks: their figures change here.
-    fn record_pinned(&self, action: u8, b: &PinnedBlock) {
-        if action == history::ALLOC {
-            crate::record::holders::HOLDERS.on_alloc(b.holder, PLACE_PINNED, b.len);
-        } else {
-            crate::record::holders::HOLDERS.on_free(b.holder, PLACE_PINNED, b.len);
-        }
-        history::record(action, PLACE_PINNED, b.addr, b.len, b.holder, 0);
+    /// Note [Context lifetime]: the pinned blocks of context `ctx` (every one, for None) are
+    /// forgotten, as the runtime freed them.
+    pub(in crate::device) fn forget_pinned(&self, ctx: Option<u64>) {
+        self.pinned.lock().forget(ctx, |b| record::forgotten(recorded(b)));
     }
 
     fn trim_pinned(&self) {
@@ -79,7 +74,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             (pinned.free(addr as u64), block)
         };
         if let (false, Some(b)) = (matches!(outcome, PinnedFree::NotOurs), block) {
-            self.record_pinned(history::FREE, &b);
+            record::free(recorded(&b));
         }
         match outcome {
             // Freed by another thread meanwhile.
@@ -105,4 +100,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let c = self.pinned.lock();
         (c.requests, c.hits, c.cached_bytes(), c.peak_cached_bytes)
     }
+}
+
+/// A pinned block as the records see it.
+fn recorded(b: &PinnedBlock) -> record::Block {
+    record::Block { place: PLACE_PINNED, addr: b.addr, bytes: b.len, holder: b.holder, stream: 0 }
 }

@@ -50,15 +50,18 @@ unsafe fn pooled_alloc(size: usize, dptr: *mut u64, asker: u64, driver_answer: i
             *dptr = addr as u64;
             CUDA_SUCCESS
         }
-        Err(DeviceError::CapReached) => {
-            super::report_out_of_memory(size, true);
+        // The cap refused, or the driver itself refused this request after our cache was given
+        // back (the device layer passed it through, once): its answer is final.
+        Err(e @ (DeviceError::CapReached | DeviceError::OutOfMemory)) => {
+            DEVICE.out_of_memory(size, e == DeviceError::CapReached);
             CUDA_ERROR_MEMORY_ALLOCATION
         }
+        // The context cannot serve the pool: the driver answers.
         Err(_) => {
             DEVICE.passthrough.add(1);
             let rc = driver_answer();
             if rc == CUDA_ERROR_MEMORY_ALLOCATION {
-                super::report_out_of_memory(size, false);
+                DEVICE.out_of_memory(size, false);
             }
             rc
         }

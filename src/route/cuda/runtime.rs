@@ -30,19 +30,21 @@ pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: u64) 
             *ptr = addr as *mut c_void;
             CUDA_SUCCESS
         }
-        Err(DeviceError::CapReached) => {
+        // The cap refused, or the runtime itself refused this request after our cache was given
+        // back (the device layer passed it through, once): its answer is final.
+        Err(e @ (DeviceError::CapReached | DeviceError::OutOfMemory)) => {
             *ptr = core::ptr::null_mut();
-            super::report_out_of_memory(size, true);
-            DeviceError::CapReached.code()
+            DEVICE.out_of_memory(size, e == DeviceError::CapReached);
+            e.code()
         }
-        // The device refused even after our cache was given back, or the context cannot serve
-        // the pool (reset a moment ago: the runtime brings it back at its next call): let the
-        // runtime answer, so *ptr and its last error are exactly what it would leave.
+        // The context cannot serve the pool (reset a moment ago: the runtime brings it back at
+        // its next call): let the runtime answer, so *ptr and its last error are exactly what it
+        // would leave.
         Err(_) => {
             DEVICE.passthrough.add(1);
             let rc = (rt.malloc)(ptr, size);
             if rc == DeviceError::OutOfMemory.code() {
-                super::report_out_of_memory(size, false);
+                DEVICE.out_of_memory(size, false);
             }
             rc
         }
@@ -195,7 +197,7 @@ pub unsafe extern "C" fn pluggable_alloc(size: isize, device: c_int, stream: *mu
         Ok(addr) => addr as *mut c_void,
         Err(e) => {
             if matches!(e, DeviceError::OutOfMemory | DeviceError::CapReached) {
-                super::report_out_of_memory(size, e == DeviceError::CapReached);
+                DEVICE.out_of_memory(size, e == DeviceError::CapReached);
             }
             core::ptr::null_mut()
         }
