@@ -272,16 +272,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                             self.release_cached(device as usize, pool, u64::MAX)?;
                             released = true;
                         }
-                        // Our cache is given back and no segment fits: the runtime answers the
-                        // request itself (its exact size may still fit), once.
-                        Err(DeviceError::OutOfMemory) => {
-                            pool.lock().stats.oom_failures += 1;
-                            // The segment's failure is not the program's: only the answer to its
-                            // own request may leave an error for cudaGetLastError.
-                            self.runtime.clear_last_error();
-                            return self.passthrough_malloc(device, size);
+                        Err(e) => {
+                            if e == DeviceError::OutOfMemory {
+                                pool.lock().stats.oom_failures += 1;
+                            }
+                            return Err(e);
                         }
-                        Err(e) => return Err(e),
                     }
                 }
             }

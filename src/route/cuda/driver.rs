@@ -50,13 +50,12 @@ unsafe fn pooled_alloc(size: usize, dptr: *mut u64, asker: u64, driver_answer: i
             *dptr = addr as u64;
             CUDA_SUCCESS
         }
-        // The cap refused, or the driver itself refused this request after our cache was given
-        // back (the device layer passed it through, once): its answer is final.
-        Err(e @ (DeviceError::CapReached | DeviceError::OutOfMemory)) => {
-            DEVICE.out_of_memory(size, e == DeviceError::CapReached);
+        Err(DeviceError::CapReached) => {
+            DEVICE.out_of_memory(size, true);
             CUDA_ERROR_MEMORY_ALLOCATION
         }
-        // The context cannot serve the pool: the driver answers.
+        // The device refused even after our cache was given back, or the context cannot serve
+        // the pool: the driver answers.
         Err(_) => {
             DEVICE.passthrough.add(1);
             let rc = driver_answer();

@@ -30,16 +30,15 @@ pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: u64) 
             *ptr = addr as *mut c_void;
             CUDA_SUCCESS
         }
-        // The cap refused, or the runtime itself refused this request after our cache was given
-        // back (the device layer passed it through, once): its answer is final.
-        Err(e @ (DeviceError::CapReached | DeviceError::OutOfMemory)) => {
+        Err(DeviceError::CapReached) => {
             *ptr = core::ptr::null_mut();
-            DEVICE.out_of_memory(size, e == DeviceError::CapReached);
-            e.code()
+            DEVICE.out_of_memory(size, true);
+            DeviceError::CapReached.code()
         }
-        // The context cannot serve the pool (reset a moment ago: the runtime brings it back at
-        // its next call): let the runtime answer, so *ptr and its last error are exactly what it
-        // would leave.
+        // The device refused even after our cache was given back, or the context cannot serve
+        // the pool (reset a moment ago: the runtime brings it back at its next call): let the
+        // runtime answer, so *ptr and its last error are exactly what it would leave (the
+        // device layer's calls go to the driver, which keeps no last error for the runtime).
         Err(_) => {
             DEVICE.passthrough.add(1);
             let rc = (rt.malloc)(ptr, size);
