@@ -7,6 +7,7 @@ use crate::record::holders;
 use crate::sys::next::{bootstrap_alloc, bootstrap_size, is_bootstrap};
 use crate::backing::BLOCK_ALIGN;
 use crate::state::{Globals, HOST};
+use crate::sys::process::{abort, errno, set_errno};
 use core::ffi::c_void;
 use crate::sys::next::{CallocFn, FreeFn, MallocFn, ReallocFn};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
@@ -213,11 +214,6 @@ fn set_large_from(on: bool) {
     }
 }
 
-fn set_errno(e: i32) {
-    // SAFETY: errno is thread-local.
-    unsafe { *libc::__errno_location() = e };
-}
-
 fn enomem() -> *mut c_void {
     set_errno(libc::ENOMEM);
     core::ptr::null_mut()
@@ -235,8 +231,8 @@ fn owner(p: *mut c_void) -> Owner {
 #[cold]
 fn invalid_pointer(what: &str, p: *mut c_void) -> ! {
     crate::warn_line!("{}(): invalid pointer {:p} (double free or not from malloc); aborting", what, p);
-    // SAFETY: abort never returns; this is glibc's behaviour for a corrupted heap.
-    unsafe { libc::abort() }
+    // glibc's answer to a corrupted heap.
+    abort()
 }
 
 /// Aborts, as glibc does for a pointer it did not hand out, if `p` points inside one of our
@@ -254,8 +250,7 @@ fn refuse_interior(what: &str, p: *mut c_void) {
 fn refuse_interior_slow(what: &str, p: *mut c_void) {
     if let Some(start) = HOST.block_containing(p as usize) {
         crate::warn_line!("{}(): invalid pointer {:p} ({} bytes inside the large block at {:#x}); aborting", what, p, p as usize - start, start);
-        // SAFETY: as in invalid_pointer.
-        unsafe { libc::abort() }
+        abort()
     }
 }
 
@@ -633,9 +628,4 @@ pub unsafe fn usable_size(p: *mut c_void) -> usize {
             None => 0,
         },
     }
-}
-
-fn errno() -> i32 {
-    // SAFETY: errno is thread-local.
-    unsafe { *libc::__errno_location() }
 }

@@ -91,20 +91,14 @@ static SAMPLER: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
 /// warning) on failure.
 pub fn start(path: &[u8], sampler: fn() -> (u64, u64)) -> bool {
     SAMPLER.store(sampler as *mut (), Ordering::Release);
-    let mut cpath = [0u8; crate::config::STATS_PATH_MAX + 1];
-    let Some(dst) = cpath.get_mut(..path.len()) else { return false };
-    dst.copy_from_slice(path);
-    // SAFETY: cpath is NUL-terminated.
-    let fd = unsafe { libc::open(cpath.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC, 0o644) };
-    if fd < 0 {
+    let Ok(fd) = crate::sys::files::create_output(path) else {
         crate::warn_line!("TENSORMALLOC_TRACE: cannot open {}; no trace", core::str::from_utf8(path).unwrap_or("(path)"));
         return false;
-    }
+    };
     let events = crate::sys::os_pages::map_table(CAPACITY as usize * core::mem::size_of::<Event>());
     let seqs = crate::sys::os_pages::map_table(CAPACITY as usize * 8);
     let (Some(events), Some(seqs)) = (events, seqs) else {
-        // SAFETY: fd is ours.
-        unsafe { libc::close(fd) };
+        let _ = crate::sys::files::close(fd);
         return false;
     };
     crate::sys::stderr::write_all(fd, MAGIC);
@@ -163,7 +157,7 @@ pub fn flush() {
         unsafe { core::mem::transmute::<*mut (), fn() -> (u64, u64)>(sampler)() }
     };
     let pages = u32::try_from(lazily_freed / 4096).unwrap_or(u32::MAX);
-    record_with_pages(KIND_SAMPLE, OP_ALLOC, HIT, 0, resident_bytes(), cached, pages);
+    record_with_pages(KIND_SAMPLE, OP_ALLOC, HIT, 0, crate::sys::memory::resident_bytes(), cached, pages);
     let fd = FD.load(Ordering::Acquire);
     let events = EVENTS.load(Ordering::Acquire);
     let seqs = SEQS.load(Ordering::Acquire);
@@ -235,24 +229,6 @@ fn as_bytes(records: &[Event]) -> &[u8] {
 /// In a forked child: stop tracing (the parent owns the file).
 pub fn stop_in_child() {
     ON.store(false, Ordering::Release);
-}
-
-/// RSS from /proc/self/statm, without allocating.
-fn resident_bytes() -> u64 {
-    let mut buf = [0u8; 128];
-    // SAFETY: a read of a small proc file into our buffer.
-    let n = unsafe {
-        let fd = libc::open(c"/proc/self/statm".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return 0;
-        }
-        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-        libc::close(fd);
-        n
-    };
-    let text = buf.get(..n.max(0) as usize).unwrap_or(&[]);
-    let resident_pages = text.split(|&b| b == b' ').nth(1).and_then(crate::config::parse_u64).unwrap_or(0);
-    resident_pages * 4096
 }
 
 #[cfg(test)]

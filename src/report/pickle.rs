@@ -46,24 +46,13 @@ impl<const N: usize> FdSink<N> {
     }
 
     fn flush(&mut self) {
-        let mut rest = self.buf.get(..self.len).unwrap_or(&[]);
-        self.len = 0;
-        while !rest.is_empty() && self.error == 0 {
-            // SAFETY: the pointer and length describe a live slice.
-            let n = unsafe { libc::write(self.fd, rest.as_ptr().cast(), rest.len()) };
-            if n < 0 {
-                // SAFETY: errno is thread-local and always readable.
-                let errno = unsafe { *libc::__errno_location() };
-                if errno != libc::EINTR {
-                    self.error = errno;
-                }
-                continue;
+        let pending = self.buf.get(..self.len).unwrap_or(&[]);
+        if self.error == 0 {
+            if let Err(e) = crate::sys::files::write_all(self.fd, pending) {
+                self.error = e;
             }
-            if n == 0 {
-                self.error = libc::EIO;
-            }
-            rest = rest.get(n as usize..).unwrap_or(&[]);
         }
+        self.len = 0;
     }
 
     /// Writes what is buffered; the errno of the first failed write, if any.
@@ -303,25 +292,19 @@ mod tests {
 
     #[test]
     fn fd_sink_writes_through_a_small_buffer() {
-        let mut fds = [0; 2];
-        // SAFETY: a pipe of our own.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        let mut p = Pickler::new(FdSink::<7>::new(fds[1]));
+        let (read_end, write_end) = crate::sys::files::pipe();
+        let mut p = Pickler::new(FdSink::<7>::new(write_end));
         p.proto();
         p.str(b"0123456789");
         p.stop();
         assert_eq!(p.sink.finish(), Ok(()));
-        let mut got = [0u8; 64];
-        // SAFETY: reading into our buffer.
-        let n = unsafe { libc::read(fds[0], got.as_mut_ptr().cast(), got.len()) };
-        assert_eq!(&got[..n as usize], b"\x80\x02X\x0a\x00\x00\x000123456789.");
+        crate::sys::files::close(write_end).unwrap();
+        let mut got = vec![];
+        // SAFETY: the read end is ours, and the File takes it over.
+        std::io::Read::read_to_end(&mut unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(read_end) }, &mut got).unwrap();
+        assert_eq!(got, b"\x80\x02X\x0a\x00\x00\x000123456789.");
         let mut bad = FdSink::<4>::new(-1);
         bad.put(b"0123456789");
         assert_eq!(bad.finish(), Err(libc::EBADF));
-        // SAFETY: our descriptors.
-        unsafe {
-            libc::close(fds[0]);
-            libc::close(fds[1]);
-        }
     }
 }

@@ -408,12 +408,8 @@ fn index_in(file: File, place: u8) -> Option<u64> {
     }
 }
 
-fn write_file(cpath: &[u8], file: File, c: &Collected, wall_offset_ns: u64) -> Result<(), c_int> {
-    // SAFETY: cpath is NUL-terminated (built by `write`).
-    let fd = unsafe { libc::open(cpath.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC, 0o644) };
-    if fd < 0 {
-        return Err(errno());
-    }
+fn write_file(path: &[u8], file: File, c: &Collected, wall_offset_ns: u64) -> Result<(), c_int> {
+    let fd = crate::sys::files::create_output(path)?;
     let mut w = Writer { p: Pickler::new(FdSink::new(fd)), frames: [(0, 0); FRAME_CACHE], next_memo: crate::report::pickle::SHORT_MEMO as u32, wall_offset_ns };
     let devices = match file {
         File::Host => 2,
@@ -460,25 +456,8 @@ fn write_file(cpath: &[u8], file: File, c: &Collected, wall_offset_ns: u64) -> R
     w.p.setitems();
     w.p.stop();
     let written = w.p.sink.finish();
-    // SAFETY: fd is ours.
-    let closed = unsafe { libc::close(fd) };
-    written?;
-    if closed != 0 {
-        return Err(errno());
-    }
-    Ok(())
-}
-
-fn errno() -> c_int {
-    // SAFETY: errno is thread-local and always readable.
-    unsafe { *libc::__errno_location() }
-}
-
-fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec we own.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    let closed = crate::sys::files::close(fd);
+    written.and(closed)
 }
 
 /// The longest path `write` takes (PATH_MAX, with its NUL).
@@ -537,13 +516,13 @@ pub fn write(path: &[u8]) -> Result<(), c_int> {
     if path.len() >= PATH_BYTES {
         return Err(libc::ENAMETOOLONG);
     }
-    let mut main = [0u8; PATH_BYTES];
-    let mut host = [0u8; PATH_BYTES + HOST_SUFFIX.len()];
-    main.get_mut(..path.len()).ok_or(libc::ENAMETOOLONG)?.copy_from_slice(path);
-    host.get_mut(..path.len()).ok_or(libc::ENAMETOOLONG)?.copy_from_slice(path);
-    host.get_mut(path.len()..path.len() + HOST_SUFFIX.len()).ok_or(libc::ENAMETOOLONG)?.copy_from_slice(HOST_SUFFIX);
+    let main = path;
+    let mut host_path = [0u8; PATH_BYTES + HOST_SUFFIX.len()];
+    host_path.get_mut(..path.len()).ok_or(libc::ENAMETOOLONG)?.copy_from_slice(path);
+    host_path.get_mut(path.len()..path.len() + HOST_SUFFIX.len()).ok_or(libc::ENAMETOOLONG)?.copy_from_slice(HOST_SUFFIX);
+    let host = host_path.get(..path.len() + HOST_SUFFIX.len()).ok_or(libc::ENAMETOOLONG)?;
     let head_at_cut = history::recorded();
-    let wall_offset_ns = clock_ns(libc::CLOCK_REALTIME).wrapping_sub(clock_ns(libc::CLOCK_MONOTONIC));
+    let wall_offset_ns = crate::sys::clock::wall_offset_ns();
     let (segs, blocks) = count();
     // Room for what may be added while we map (other threads go on).
     let (seg_cap, blk_cap, ev_cap) = (segs + segs / 4 + 64, blocks + blocks / 4 + 256, history::EVENTS);
@@ -552,20 +531,14 @@ pub fn write(path: &[u8]) -> Result<(), c_int> {
     let mut scratch = Scratch { addr: OsPages.map(len, PAGE).ok_or(libc::ENOMEM)?, len };
     let mut c = scratch.collected(seg_cap, blk_cap, ev_cap);
     collect(&mut c, head_at_cut);
-    write_file(&main, File::Devices, &c, wall_offset_ns).and_then(|_| write_file(&host, File::Host, &c, wall_offset_ns))
+    write_file(main, File::Devices, &c, wall_offset_ns).and_then(|_| write_file(host, File::Host, &c, wall_offset_ns))
 }
 
 /// TENSORMALLOC_SNAPSHOT_AT_EXIT: writes the snapshot, or says in one line why it could not.
 pub fn at_exit(path: &[u8]) {
     if let Err(e) = write(path) {
         let mut text = [0u8; 128];
-        // SAFETY: strerror_r writes a NUL-terminated message of at most text.len() bytes.
-        let reason = if unsafe { libc::strerror_r(e, text.as_mut_ptr().cast(), text.len()) } == 0 {
-            let n = text.iter().position(|&b| b == 0).unwrap_or(0);
-            core::str::from_utf8(text.get(..n).unwrap_or(&[])).unwrap_or("error")
-        } else {
-            "error"
-        };
+        let reason = crate::sys::process::error_text(e, &mut text);
         crate::warn_line!(
             "TENSORMALLOC_SNAPSHOT_AT_EXIT={}: cannot write the memory snapshot ({}, errno {})",
             core::str::from_utf8(path).unwrap_or("(path)"),

@@ -357,18 +357,12 @@ pub fn at_exit(config: &Config) {
 }
 
 fn write_to_path(path: &[u8], bytes: &[u8]) {
-    let mut cpath = [0u8; crate::config::STATS_PATH_MAX + 1];
-    let Some(dst) = cpath.get_mut(..path.len()) else { return };
-    dst.copy_from_slice(path);
-    // SAFETY: cpath is NUL-terminated (the buffer is one longer than any accepted path).
-    let fd = unsafe { libc::open(cpath.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC, 0o644) };
-    if fd < 0 {
+    let Ok(fd) = crate::sys::files::create_output(path) else {
         crate::warn_line!("cannot write the stats to {}", core::str::from_utf8(path).unwrap_or("(path)"));
         return;
-    }
+    };
     crate::sys::stderr::write_all(fd, bytes);
-    // SAFETY: fd is ours.
-    unsafe { libc::close(fd) };
+    let _ = crate::sys::files::close(fd);
 }
 
 #[cfg(test)]

@@ -73,8 +73,7 @@ extern "C" fn new_aligned_or_abort(size: usize, align: usize) -> *mut c_void {
 fn or_abort(p: *mut c_void, size: usize) -> *mut c_void {
     if p.is_null() {
         crate::warn_line!("operator new({}): out of memory and no C++ runtime to throw std::bad_alloc; aborting", size);
-        // SAFETY: abort never returns.
-        unsafe { libc::abort() }
+        crate::sys::process::abort()
     }
     p
 }

@@ -76,10 +76,10 @@ fn advise_hugepages(p: *mut c_void, size: usize) {
     if crate::state::globals().is_some_and(|g| g.config.hugepages == HugePages::Never) {
         return;
     }
+    // [p + off, p + size) lies inside the block just handed out; MADV_HUGEPAGE changes no
+    // contents, and its failure (an old kernel, THP off) is harmless and ignored, as numpy does.
     let off = 4096 - (p as usize) % 4096;
-    // SAFETY: [p + off, p + size) lies inside the block just handed out; MADV_HUGEPAGE changes
-    // no contents, and its failure (an old kernel, THP off) is harmless and ignored, as numpy does.
-    unsafe { libc::madvise(p.cast::<u8>().add(off).cast(), size.saturating_sub(off), libc::MADV_HUGEPAGE) };
+    crate::backing::PageMemory::advise_huge(&crate::sys::os_pages::OsPages, p as usize + off, size.saturating_sub(off));
 }
 
 /// numpy's `malloc`: the malloc shim's route.

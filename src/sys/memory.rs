@@ -185,19 +185,16 @@ fn read_limit(root: &[u8], dir: &[u8], file: &[u8]) -> u64 {
     read_file(path.get(..len).unwrap_or(b"\0"), &mut buf).and_then(|n| parse_limit(buf.get(..n)?)).unwrap_or(u64::MAX)
 }
 
-/// Reads up to `buf.len()` bytes of a NUL-terminated path; the count read.
-fn read_file(path: &[u8], buf: &mut [u8]) -> Option<usize> {
-    // SAFETY: `path` is NUL-terminated; read writes at most buf.len() bytes into buf.
-    unsafe {
-        let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return None;
-        }
-        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-        libc::close(fd);
-        usize::try_from(n).ok()
-    }
+/// The process's resident set size, from /proc/self/statm (0 when it cannot be read).
+pub fn resident_bytes() -> u64 {
+    let mut buf = [0u8; 128];
+    let n = read_file(b"/proc/self/statm\0", &mut buf).unwrap_or(0);
+    let text = buf.get(..n).unwrap_or(&[]);
+    let resident_pages = text.split(|&b| b == b' ').nth(1).and_then(crate::config::parse_u64).unwrap_or(0);
+    resident_pages * 4096
 }
+
+use super::files::read_small as read_file;
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,6 @@
-//! Everything that names libc: memory mapping, the next allocator, the environment, stderr,
-//! locks and fork handlers, the clock. Policy code above never calls these directly.
+//! The only door to the OS: every libc call of the crate is made here (memory mapping, the next
+//! allocator, dlsym and the CUDA symbols, the environment, stderr and output files, errno,
+//! locks and fork handlers, the clock). Code above may name C types, never call libc.
 //! Nothing here allocates through the malloc family.
 
 pub mod bind;
@@ -9,6 +10,7 @@ pub mod cuda_runtime;
 pub mod cuda_driver;
 pub mod dlsym;
 pub mod env;
+pub mod files;
 pub mod lock;
 pub mod memory;
 pub mod next;
@@ -16,6 +18,7 @@ pub mod next;
 #[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]
 pub mod next_cxx;
 pub mod os_pages;
+pub mod process;
 pub mod reaper;
 pub mod reentry;
 pub mod stderr;

@@ -44,19 +44,8 @@ impl<const N: usize> fmt::Write for StackWriter<N> {
 }
 
 /// write(2) all of `bytes`, giving up quietly on a real error: diagnostics must never fail the host.
-pub fn write_all(fd: i32, mut bytes: &[u8]) {
-    while !bytes.is_empty() {
-        // SAFETY: the pointer and length describe a live slice.
-        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
-        if n < 0 {
-            // SAFETY: errno is thread-local and always readable.
-            if unsafe { *libc::__errno_location() } == libc::EINTR {
-                continue;
-            }
-            return;
-        }
-        bytes = bytes.get(n as usize..).unwrap_or(&[]);
-    }
+pub fn write_all(fd: i32, bytes: &[u8]) {
+    let _ = super::files::write_all(fd, bytes);
 }
 
 /// Writes one formatted line to stderr, prefixed with "tensormalloc: ", in a single write(2).

@@ -1,0 +1,110 @@
+//! The files we write (the stats, the trace, the snapshots) and the small ones we read (/proc,
+//! /sys): one way to open an output file, one write loop, one small read. No allocation: paths
+//! are made NUL-terminated in a stack buffer.
+
+use super::process::errno;
+
+/// The longest path accepted, without its NUL (PATH_MAX less one).
+pub const PATH_MAX_BYTES: usize = 4095;
+
+/// Creates or truncates the file at `path` (no NUL), write-only, closed on exec, mode 0644: how
+/// every output file is opened. The file descriptor, or an errno.
+pub fn create_output(path: &[u8]) -> Result<i32, i32> {
+    let mut cpath = [0u8; PATH_MAX_BYTES + 1];
+    if path.is_empty() {
+        return Err(libc::ENOENT);
+    }
+    if path.contains(&0) {
+        return Err(libc::EINVAL);
+    }
+    cpath.get_mut(..path.len()).ok_or(libc::ENAMETOOLONG)?.copy_from_slice(path);
+    // SAFETY: cpath is NUL-terminated (one byte longer than any path copied in).
+    let fd = unsafe { libc::open(cpath.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC, 0o644) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    Ok(fd)
+}
+
+/// close(2); the errno when it reports a failed write-back.
+pub fn close(fd: i32) -> Result<(), i32> {
+    // SAFETY: the caller owns fd and does not use it again.
+    if unsafe { libc::close(fd) } != 0 {
+        return Err(errno());
+    }
+    Ok(())
+}
+
+/// write(2) of all of `bytes`, retrying short writes and EINTR; the errno of a real failure
+/// (EIO when the file takes nothing).
+pub fn write_all(fd: i32, mut bytes: &[u8]) -> Result<(), i32> {
+    while !bytes.is_empty() {
+        // SAFETY: the pointer and length describe a live slice.
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if n < 0 {
+            match errno() {
+                libc::EINTR => continue,
+                e => return Err(e),
+            }
+        }
+        if n == 0 {
+            return Err(libc::EIO);
+        }
+        bytes = bytes.get(n as usize..).unwrap_or(&[]);
+    }
+    Ok(())
+}
+
+/// Reads up to `buf.len()` bytes of the file at `path` (NUL-terminated) with one read(2); the
+/// count read.
+pub fn read_small(path: &[u8], buf: &mut [u8]) -> Option<usize> {
+    if path.last() != Some(&0) {
+        return None;
+    }
+    // SAFETY: `path` is NUL-terminated; read writes at most buf.len() bytes into buf.
+    unsafe {
+        let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return None;
+        }
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        usize::try_from(n).ok()
+    }
+}
+
+/// A pipe's two ends (read, write), for tests of what a writer sends.
+#[cfg(test)]
+pub fn pipe() -> (i32, i32) {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe writes two descriptors into our array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    (fds[0], fds[1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_files_are_created_truncated_and_refuse_bad_paths() {
+        let dir = std::env::temp_dir().join(format!("tm-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out");
+        std::fs::write(&path, b"old contents, longer").unwrap();
+        let fd = create_output(path.to_str().unwrap().as_bytes()).unwrap();
+        write_all(fd, b"new").unwrap();
+        close(fd).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        let mut cpath = path.to_str().unwrap().as_bytes().to_vec();
+        cpath.push(0);
+        let mut buf = [0u8; 16];
+        assert_eq!(read_small(&cpath, &mut buf), Some(3));
+        assert_eq!(read_small(path.to_str().unwrap().as_bytes(), &mut buf), None, "no NUL: refused");
+        assert_eq!(create_output(b""), Err(libc::ENOENT));
+        assert_eq!(create_output(b"a\0b"), Err(libc::EINVAL));
+        assert_eq!(create_output(&[b'x'; PATH_MAX_BYTES + 1]), Err(libc::ENAMETOOLONG));
+        assert_eq!(create_output(dir.join("no/such/dir").to_str().unwrap().as_bytes()), Err(libc::ENOENT));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

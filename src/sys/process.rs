@@ -1,0 +1,41 @@
+//! The calling thread's errno, its text, and the abort glibc answers a corrupted heap with.
+
+/// The calling thread's errno.
+pub fn errno() -> i32 {
+    // SAFETY: errno is thread-local and always readable.
+    unsafe { *libc::__errno_location() }
+}
+
+pub fn set_errno(e: i32) {
+    // SAFETY: errno is thread-local and always writable.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// The C library's text for errno `e`, written into `buf` (no allocation); "error" when none.
+pub fn error_text(e: i32, buf: &mut [u8; 128]) -> &str {
+    // SAFETY: strerror_r (XSI) writes a NUL-terminated message of at most buf.len() bytes.
+    if unsafe { libc::strerror_r(e, buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return "error";
+    }
+    let n = buf.iter().position(|&b| b == 0).unwrap_or(0);
+    core::str::from_utf8(buf.get(..n).unwrap_or(&[])).unwrap_or("error")
+}
+
+/// Ends the process as glibc does on a bad free: SIGABRT.
+pub fn abort() -> ! {
+    // SAFETY: abort never returns.
+    unsafe { libc::abort() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_round_trips_and_has_text() {
+        set_errno(libc::ENOMEM);
+        assert_eq!(errno(), libc::ENOMEM);
+        let mut buf = [0u8; 128];
+        assert_eq!(error_text(libc::ENOENT, &mut buf), "No such file or directory");
+    }
+}
