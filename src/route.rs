@@ -3,7 +3,7 @@
 //! the layers: errno, overflow, alignment rules, realloc edge cases as glibc has them.
 
 use crate::host::registry::Owner;
-use crate::record::holders;
+use crate::record::holders::{self, Asker};
 use crate::sys::next::{bootstrap_alloc, bootstrap_size, is_bootstrap};
 use crate::backing::BLOCK_ALIGN;
 use crate::state::{Globals, HOST};
@@ -269,8 +269,8 @@ unsafe extern "C" fn realloc_checked(p: *mut c_void, size: usize) -> *mut c_void
 }
 
 /// A large block for `asker` (Note [Holders]: a return address, or a hook's).
-fn large(size: usize, align: usize, zeroed: bool, asker: u64) -> *mut c_void {
-    match HOST.alloc(size, align, zeroed, holders::word_of_asker(asker)) {
+fn large(size: usize, align: usize, zeroed: bool, asker: Asker) -> *mut c_void {
+    match HOST.alloc(size, align, zeroed, asker.holder()) {
         Some(a) => {
             arm_interior_check();
             a as *mut c_void
@@ -307,7 +307,7 @@ fn small_below() -> usize {
 /// malloc from a caller not known (non-x86 exports, our own fallbacks): a holder word of 0.
 #[inline(always)]
 pub fn malloc(size: usize) -> *mut c_void {
-    malloc_as(size, 0)
+    malloc_as(size, Asker::UNKNOWN)
 }
 
 /// malloc's slow path, with the caller's return address (Note [Holders]): on x86-64 the naked
@@ -320,7 +320,7 @@ pub(crate) extern "C" fn malloc_slow(_size: usize) -> *mut c_void {
 
 /// malloc for `asker` (its return address, or a hook's, Note [Holders]).
 #[inline(always)]
-pub fn malloc_as(size: usize, asker: u64) -> *mut c_void {
+pub fn malloc_as(size: usize, asker: Asker) -> *mut c_void {
     if size < small_below() {
         // SAFETY: LARGE_FROM > 0 means NEXT_MALLOC holds the next allocator's malloc.
         return unsafe { core::mem::transmute::<usize, MallocFn>(NEXT_MALLOC.load(Relaxed))(size) };
@@ -330,7 +330,7 @@ pub fn malloc_as(size: usize, asker: u64) -> *mut c_void {
 
 #[cold]
 #[inline(never)]
-pub(crate) extern "C" fn malloc_from(size: usize, asker: u64) -> *mut c_void {
+pub(crate) extern "C" fn malloc_from(size: usize, asker: Asker) -> *mut c_void {
     if ready().is_none() {
         return bootstrap_alloc(size, MIN_ALIGN);
     }
@@ -403,7 +403,7 @@ unsafe fn free_foreign(p: *mut c_void) {
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 #[inline(always)]
 pub fn calloc(count: usize, size: usize) -> *mut c_void {
-    calloc_as(count, size, 0)
+    calloc_as(count, size, Asker::UNKNOWN)
 }
 
 /// calloc's slow path, with the caller's return address, as malloc_slow.
@@ -415,7 +415,7 @@ pub(crate) extern "C" fn calloc_slow(_count: usize, _size: usize) -> *mut c_void
 
 /// calloc for `asker`.
 #[inline(always)]
-pub fn calloc_as(count: usize, size: usize, asker: u64) -> *mut c_void {
+pub fn calloc_as(count: usize, size: usize, asker: Asker) -> *mut c_void {
     match count.checked_mul(size) {
         Some(total) if total < small_below() => {
             // SAFETY: as in malloc_as.
@@ -427,7 +427,7 @@ pub fn calloc_as(count: usize, size: usize, asker: u64) -> *mut c_void {
 
 #[cold]
 #[inline(never)]
-pub(crate) extern "C" fn calloc_from(count: usize, size: usize, asker: u64) -> *mut c_void {
+pub(crate) extern "C" fn calloc_from(count: usize, size: usize, asker: Asker) -> *mut c_void {
     let Some(total) = count.checked_mul(size) else { return enomem() };
     if ready().is_none() {
         return bootstrap_alloc(total, MIN_ALIGN);
@@ -446,7 +446,7 @@ pub(crate) extern "C" fn calloc_from(count: usize, size: usize, asker: u64) -> *
 #[inline(always)]
 pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     // SAFETY: the caller's contract.
-    unsafe { realloc_as(p, size, 0) }
+    unsafe { realloc_as(p, size, Asker::UNKNOWN) }
 }
 
 /// realloc's slow path, with the caller's return address, as malloc_slow.
@@ -464,7 +464,7 @@ pub(crate) unsafe extern "C" fn realloc_slow(_p: *mut c_void, _size: usize) -> *
 /// # Safety
 /// As for `realloc`.
 #[inline(always)]
-pub unsafe fn realloc_as(p: *mut c_void, size: usize, asker: u64) -> *mut c_void {
+pub unsafe fn realloc_as(p: *mut c_void, size: usize, asker: Asker) -> *mut c_void {
     if plainly_foreign(p) && size < small_below() {
         // SAFETY: a small pointer of the next allocator staying small: its own realloc.
         return unsafe { core::mem::transmute::<usize, ReallocFn>(NEXT_REALLOC.load(Relaxed))(p, size) };
@@ -476,7 +476,7 @@ pub unsafe fn realloc_as(p: *mut c_void, size: usize, asker: u64) -> *mut c_void
 /// As for `realloc`.
 #[cold]
 #[inline(never)]
-pub(crate) unsafe extern "C" fn realloc_from(p: *mut c_void, size: usize, asker: u64) -> *mut c_void {
+pub(crate) unsafe extern "C" fn realloc_from(p: *mut c_void, size: usize, asker: Asker) -> *mut c_void {
     if p.is_null() {
         return malloc_as(size, asker);
     }
@@ -542,7 +542,7 @@ pub(crate) unsafe extern "C" fn realloc_from(p: *mut c_void, size: usize, asker:
 
 /// # Safety
 /// `p` is null or a pointer from this process's malloc family (the C contract).
-pub unsafe extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize, asker: u64) -> *mut c_void {
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize, asker: Asker) -> *mut c_void {
     match count.checked_mul(size) {
         // SAFETY: forwarded under the caller's contract.
         Some(total) => unsafe { realloc_as(p, total, asker) },
@@ -552,7 +552,7 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize,
 
 /// The shared core of posix_memalign, aligned_alloc, memalign, valloc and pvalloc; `align` is
 /// a power of two. Returns null with errno set on failure.
-fn aligned(align: usize, size: usize, asker: u64) -> *mut c_void {
+fn aligned(align: usize, size: usize, asker: Asker) -> *mut c_void {
     let align = align.max(MIN_ALIGN);
     let Some(g) = ready() else { return bootstrap_alloc(size, align) };
     if size < LARGE_FROM.load(Relaxed) {
@@ -569,7 +569,7 @@ fn aligned(align: usize, size: usize, asker: u64) -> *mut c_void {
 
 /// # Safety
 /// `p` is null or a pointer from this process's malloc family (the C contract).
-pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize, asker: u64) -> i32 {
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize, asker: Asker) -> i32 {
     if out.is_null() {
         return libc::EINVAL;
     }
@@ -590,7 +590,7 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
 
 /// memalign and aligned_alloc as glibc 2.36 has them: an alignment that is not a power of two
 /// is rounded up to one; one too large to round fails with EINVAL.
-pub extern "C" fn memalign(align: usize, size: usize, asker: u64) -> *mut c_void {
+pub extern "C" fn memalign(align: usize, size: usize, asker: Asker) -> *mut c_void {
     let Some(align) = align.max(1).checked_next_power_of_two() else {
         set_errno(libc::EINVAL);
         return core::ptr::null_mut();
@@ -598,11 +598,11 @@ pub extern "C" fn memalign(align: usize, size: usize, asker: u64) -> *mut c_void
     aligned(align, size, asker)
 }
 
-pub extern "C" fn valloc(size: usize, asker: u64) -> *mut c_void {
+pub extern "C" fn valloc(size: usize, asker: Asker) -> *mut c_void {
     aligned(PAGE, size, asker)
 }
 
-pub extern "C" fn pvalloc(size: usize, asker: u64) -> *mut c_void {
+pub extern "C" fn pvalloc(size: usize, asker: Asker) -> *mut c_void {
     match size.max(1).checked_add(PAGE - 1) {
         Some(s) => aligned(PAGE, s & !(PAGE - 1), asker),
         None => enomem(),

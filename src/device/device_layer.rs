@@ -22,6 +22,25 @@ pub use crate::backing::MAX_DEVICES;
 /// Bounds the alloc loop: hit, sync, segment, release-and-retry, and a little slack.
 const MAX_STEPS: usize = 8;
 
+/// One step of the alloc loop: the pool's decision, with what a new segment's step needs to know
+/// from the same lock (whether it fits the cap; the generation a reset would change).
+struct Step {
+    decision: Alloc,
+    fits_cap: bool,
+    generation: u64,
+}
+
+impl Step {
+    fn decide(p: &mut DevicePool, ctx: u64, size: usize, tag: u64, birth: Birth) -> Step {
+        let decision = if p.serves(ctx) { p.alloc(size as u64, tag, birth) } else { Alloc::Untracked };
+        let fits_cap = match decision {
+            Alloc::NeedSegment { len, .. } => p.fits_cap(len),
+            _ => true,
+        };
+        Step { decision, fits_cap, generation: p.generation() }
+    }
+}
+
 pub struct DeviceLayer<R: DeviceRuntime> {
     pub(super) runtime: R,
     pub(super) table_source: TableSource,
@@ -34,7 +53,9 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     pub(super) limit_bytes: AtomicU64,
     pub(super) limit_percent: AtomicU64,
     pub(super) pinned_limit_bytes: AtomicU64,
-    /// Requests served straight by the runtime because our tables were full or the pool is off.
+    /// Requests the layer handed to the runtime as they were: the pool off, another context's
+    /// request, or our tables full (a pool failure that the route then hands on is counted once,
+    /// as the pool's OOM failure, not here).
     pub passthrough: Counter,
     pub phases: DevicePhases,
 }
@@ -214,20 +235,20 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let mut ctx = self.runtime.current_context();
         let mut released = false;
         let mut mapped = false;
+        // The pool's answer taken under the lock that added a segment, for the next step.
+        let mut carried: Option<Step> = None;
         for _ in 0..MAX_STEPS {
-            let birth = Birth { ns: (self.clock)(), holder };
-            let decision = {
-                let mut p = pool.lock();
-                if p.serves(ctx) {
-                    p.alloc(size as u64, tag, birth)
-                } else {
-                    Alloc::Untracked
+            let step = match carried.take() {
+                Some(step) => step,
+                None => {
+                    let birth = Birth { ns: (self.clock)(), holder };
+                    Step::decide(&mut pool.lock(), ctx, size, tag, birth)
                 }
             };
-            match decision {
+            match step.decision {
                 Alloc::Hit { addr, size } => {
                     let found = if mapped { record::Found::Miss } else { record::Found::Hit };
-                    record::alloc(Self::block(device as usize, addr, size, birth.holder, tag), size, found);
+                    record::alloc(Self::block(device as usize, addr, size, holder, tag), size, found);
                     return Ok(addr as usize);
                 }
                 Alloc::Untracked => return self.passthrough_malloc(device, size),
@@ -236,7 +257,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     pool.lock().mark_all_synced();
                 }
                 Alloc::NeedSegment { len, small } => {
-                    if !pool.lock().fits_cap(len) {
+                    if !step.fits_cap {
                         if released {
                             pool.lock().stats.oom_failures += 1;
                             return Err(DeviceError::CapReached);
@@ -245,7 +266,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                         released = true;
                         continue;
                     }
-                    let generation = pool.lock().generation();
                     match self.runtime_malloc(len as usize) {
                         Ok(addr) => {
                             mapped = true;
@@ -253,11 +273,19 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                             if ctx == 0 {
                                 ctx = self.runtime.current_context();
                             }
+                            let birth = Birth { ns: (self.clock)(), holder };
                             let added = {
                                 let mut p = pool.lock();
                                 // A reset meanwhile freed this segment with its context: drop it.
                                 // Another context bound the pool meanwhile: give it back.
-                                p.generation() != generation || (p.bind(ctx) && p.add_segment(addr as u64, len, small))
+                                if p.generation() != step.generation {
+                                    true
+                                } else if p.bind(ctx) && p.add_segment(addr as u64, len, small) {
+                                    carried = Some(Step::decide(&mut p, ctx, size, tag, birth));
+                                    true
+                                } else {
+                                    false
+                                }
                             };
                             if !added {
                                 self.runtime_free(addr)?;

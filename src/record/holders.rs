@@ -152,7 +152,7 @@ impl Holders {
 
     /// The holder word of a block asked for from `caller`: `key_of` (the holder of a return
     /// address) is asked once per call site.
-    pub fn word_for_caller(&self, caller: usize, key_of: impl FnOnce(usize) -> u64) -> u64 {
+    pub fn holder_of_call(&self, caller: usize, key_of: impl FnOnce(usize) -> u64) -> u64 {
         let caller = caller as u64 & CALLER_MASK;
         if caller == 0 {
             return 0;
@@ -169,7 +169,7 @@ impl Holders {
     }
 
     /// The holder word of a block asked for by a hook naming its library (`key`), from `caller`.
-    pub fn word_for_key(&self, caller: usize, key: u64) -> u64 {
+    pub fn holder_of_hook(&self, caller: usize, key: u64) -> u64 {
         caller as u64 & CALLER_MASK | u64::from(self.id_of_key(key)) << CALLER_BITS
     }
 
@@ -227,32 +227,34 @@ pub fn for_each_row(f: impl FnMut(&HolderRow)) {
     HOLDERS.for_each_row(f);
 }
 
-/// Who asked, as the entry points pass it down: a return address, with a hook's key in bits
-/// 48..64 when a hook names its library (`asker_for_hook`). Resolved into a holder word only
-/// for a block that is served (small requests never pay for it).
-pub const fn asker_for_hook(caller: usize, key: u64) -> u64 {
-    caller as u64 & CALLER_MASK | key << CALLER_BITS
-}
+/// Who asked for a block, as the entry points pass it down: the return address of the call
+/// into us, with a hook's key (HOOK_KEYS) in bits 48..64 when a hook names its library. Its
+/// holder word (Note [Holders]) is worked out only for a block that is served: small requests
+/// never pay for it. A u64 in registers, so naked entry points can hand it on.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Asker(u64);
 
-/// The holder word for an asker.
-pub fn word_of_asker(asker: u64) -> u64 {
-    match asker >> CALLER_BITS {
-        0 => word_for(asker as usize),
-        key => word_for_hook(asker as usize, key),
+impl Asker {
+    /// A caller we do not know (our own fallbacks, non-x86 exports).
+    pub const UNKNOWN: Asker = Asker(0);
+
+    /// A block asked for through a hook that names its library by `key`, called from `caller`.
+    pub const fn hook(caller: usize, key: u64) -> Asker {
+        Asker(caller as u64 & CALLER_MASK | key << CALLER_BITS)
     }
-}
 
-/// The holder word of a block asked for from return address `caller`.
-pub fn word_for(caller: usize) -> u64 {
-    HOLDERS.word_for_caller(caller, |c| match crate::sys::caller::object_start(c) {
-        Some(start) => start as u64,
-        None => KEY_ANONYMOUS,
-    })
-}
-
-/// The holder word of a block asked for through a hook that names its library (a HOOK_KEYS key).
-pub fn word_for_hook(caller: usize, key: u64) -> u64 {
-    HOLDERS.word_for_key(caller, key)
+    /// The holder word of the block this asker is handed.
+    pub fn holder(self) -> u64 {
+        let caller = self.0 as usize;
+        match self.0 >> CALLER_BITS {
+            0 => HOLDERS.holder_of_call(caller, |c| match crate::sys::caller::object_start(c) {
+                Some(start) => start as u64,
+                None => KEY_ANONYMOUS,
+            }),
+            key => HOLDERS.holder_of_hook(caller, key),
+        }
+    }
 }
 
 /// What a report says of a holder word, borrowed from the loader (no allocation).
@@ -313,8 +315,8 @@ mod tests {
     #[test]
     fn rows_follow_allocs_and_frees_and_keep_their_peak() {
         let h = Holders::new();
-        let a = h.word_for_caller(0x40_1234, |_| 0x40_0000);
-        let b = h.word_for_caller(0x70_0010, |_| 0x70_0000);
+        let a = h.holder_of_call(0x40_1234, |_| 0x40_0000);
+        let b = h.holder_of_call(0x70_0010, |_| 0x70_0000);
         assert_ne!(id_of(a), id_of(b));
         assert_eq!(caller_of(a), 0x40_1234);
         h.on_alloc(a, PLACE_HOST, 100);
@@ -335,15 +337,15 @@ mod tests {
     fn a_call_site_is_resolved_once_and_objects_share_an_id() {
         let h = Holders::new();
         let mut asked = 0;
-        let w1 = h.word_for_caller(0x40_1000, |_| {
+        let w1 = h.holder_of_call(0x40_1000, |_| {
             asked += 1;
             0x40_0000
         });
-        let w2 = h.word_for_caller(0x40_1000, |_| {
+        let w2 = h.holder_of_call(0x40_1000, |_| {
             asked += 1;
             0x40_0000
         });
-        let w3 = h.word_for_caller(0x40_2000, |_| 0x40_0000);
+        let w3 = h.holder_of_call(0x40_2000, |_| 0x40_0000);
         assert_eq!((w1, asked), (w2, 1));
         assert_eq!(id_of(w1), id_of(w3));
         assert_ne!(w1, w3);
@@ -352,8 +354,8 @@ mod tests {
     #[test]
     fn unknown_callers_and_a_full_table_go_to_unknown() {
         let h = Holders::new();
-        assert_eq!(h.word_for_caller(0, |_| 5), 0);
-        assert_eq!(id_of(h.word_for_caller(0x1000, |_| 0)), UNKNOWN);
+        assert_eq!(h.holder_of_call(0, |_| 5), 0);
+        assert_eq!(id_of(h.holder_of_call(0x1000, |_| 0)), UNKNOWN);
         for key in 1..MAX_HOLDERS as u64 {
             assert_ne!(h.id_of_key(key << 12), UNKNOWN);
         }
@@ -364,7 +366,7 @@ mod tests {
     #[test]
     fn resizes_move_live_bytes_and_peak() {
         let h = Holders::new();
-        let w = h.word_for_key(0x1234, KEY_NUMPY);
+        let w = h.holder_of_hook(0x1234, KEY_NUMPY);
         h.on_alloc(w, PLACE_HOST, 10);
         h.on_resize(w, PLACE_HOST, 10, 40);
         h.on_resize(w, PLACE_HOST, 40, 20);

@@ -213,6 +213,10 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
             p.ipc_exports
         );
     });
+    let passed_through = DEVICE.passthrough.get();
+    if passed_through > 0 {
+        writeln!(w, " cuda requests passed through unpooled: {passed_through} (pool off, another context's request, or its tables full)")?;
+    }
     if s.pinned_requests > 0 {
         writeln!(
             w,
@@ -306,9 +310,10 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         });
     });
     result?;
+    write!(w, "],\"cuda_passed_through\":{},", DEVICE.passthrough.get())?;
     write!(
         w,
-        "],\"pinned\":{{\"requests\":{},\"hits\":{},\"cached_bytes\":{},\"peak_cached_bytes\":{}}},",
+        "\"pinned\":{{\"requests\":{},\"hits\":{},\"cached_bytes\":{},\"peak_cached_bytes\":{}}},",
         s.pinned_requests, s.pinned_hits, s.pinned_cached_bytes, s.pinned_peak_cached_bytes
     )?;
     w.write_str("\"holders\":")?;

@@ -16,7 +16,7 @@ pub mod lookup;
 pub mod runtime;
 
 /// Our init ran: the pool may be asked (it answers for its pointers even when off).
-fn pooling() -> bool {
+fn pool_answers() -> bool {
     crate::state::globals().is_some()
 }
 

@@ -4,6 +4,7 @@
 //! pointers back to us and forwards the rest to the matching next operator. No next operator: the
 //! malloc family's semantics, and a throwing new that fails aborts with one line.
 
+use crate::record::holders::Asker;
 use super::{aligned, free_large, invalid_pointer, large, malloc, malloc_as, owner, plainly_foreign, refuse_interior, refuse_interior_slow, small_below};
 use super::{LARGE_FROM, MIN_ALIGN, PAGE};
 use crate::host::registry::Owner;
@@ -29,7 +30,7 @@ pub(crate) struct NewOutcome {
 /// The throwing forms' slow path: init not done, next operator not resolved, or a large request.
 /// `fallback` (ours) stands in for a next operator the process does not have.
 #[inline(always)]
-fn throwing_new_slow<F: Copy>(op: &NextOp<F>, size: usize, align: usize, fallback: usize, asker: u64) -> NewOutcome {
+fn throwing_new_slow<F: Copy>(op: &NextOp<F>, size: usize, align: usize, fallback: usize, asker: Asker) -> NewOutcome {
     if super::ready().is_none() {
         // Init under way (a call from another thread while dlsym runs): the arena, as malloc does.
         let ptr = bootstrap_alloc(size, align.max(MIN_ALIGN));
@@ -44,19 +45,19 @@ fn throwing_new_slow<F: Copy>(op: &NextOp<F>, size: usize, align: usize, fallbac
     NewOutcome { ptr, next }
 }
 
-pub(crate) extern "C" fn new_slow(size: usize, asker: u64) -> NewOutcome {
+pub(crate) extern "C" fn new_slow(size: usize, asker: Asker) -> NewOutcome {
     throwing_new_slow(&crate::sys::next_cxx::NEW, size, MIN_ALIGN, new_or_abort as *const () as usize, asker)
 }
 
-pub(crate) extern "C" fn new_array_slow(size: usize, asker: u64) -> NewOutcome {
+pub(crate) extern "C" fn new_array_slow(size: usize, asker: Asker) -> NewOutcome {
     throwing_new_slow(&crate::sys::next_cxx::NEW_ARRAY, size, MIN_ALIGN, new_or_abort as *const () as usize, asker)
 }
 
-pub(crate) extern "C" fn new_aligned_slow(size: usize, align: usize, asker: u64) -> NewOutcome {
+pub(crate) extern "C" fn new_aligned_slow(size: usize, align: usize, asker: Asker) -> NewOutcome {
     throwing_new_slow(&crate::sys::next_cxx::NEW_ALIGNED, size, align, new_aligned_or_abort as *const () as usize, asker)
 }
 
-pub(crate) extern "C" fn new_array_aligned_slow(size: usize, align: usize, asker: u64) -> NewOutcome {
+pub(crate) extern "C" fn new_array_aligned_slow(size: usize, align: usize, asker: Asker) -> NewOutcome {
     throwing_new_slow(&crate::sys::next_cxx::NEW_ARRAY_ALIGNED, size, align, new_aligned_or_abort as *const () as usize, asker)
 }
 
@@ -67,7 +68,7 @@ extern "C" fn new_or_abort(size: usize) -> *mut c_void {
 }
 
 extern "C" fn new_aligned_or_abort(size: usize, align: usize) -> *mut c_void {
-    or_abort(if align.is_power_of_two() { aligned(align, size, 0) } else { core::ptr::null_mut() }, size)
+    or_abort(if align.is_power_of_two() { aligned(align, size, Asker::UNKNOWN) } else { core::ptr::null_mut() }, size)
 }
 
 fn or_abort(p: *mut c_void, size: usize) -> *mut c_void {
@@ -80,7 +81,7 @@ fn or_abort(p: *mut c_void, size: usize) -> *mut c_void {
 
 /// `operator new(size_t, const std::nothrow_t&)` and its array form.
 #[inline(always)]
-pub fn new_nothrow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void, asker: u64) -> *mut c_void {
+pub fn new_nothrow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void, asker: Asker) -> *mut c_void {
     if size < small_below() {
         if let Some(f) = op.get() {
             if op.is_plain() {
@@ -99,7 +100,7 @@ pub fn new_nothrow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void, a
 
 #[cold]
 #[inline(never)]
-fn new_nothrow_slow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void, asker: u64) -> *mut c_void {
+fn new_nothrow_slow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void, asker: Asker) -> *mut c_void {
     if super::ready().is_none() {
         return bootstrap_alloc(size, MIN_ALIGN);
     }
@@ -118,7 +119,7 @@ fn new_nothrow_slow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void, 
 
 /// `operator new(size_t, std::align_val_t, const std::nothrow_t&)` and its array form.
 #[inline(always)]
-pub fn new_aligned_nothrow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align: usize, tag: *const c_void, asker: u64) -> *mut c_void {
+pub fn new_aligned_nothrow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align: usize, tag: *const c_void, asker: Asker) -> *mut c_void {
     if size < small_below() {
         if let Some(f) = op.get() {
             // SAFETY: as in new_nothrow.
@@ -130,7 +131,7 @@ pub fn new_aligned_nothrow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align:
 
 #[cold]
 #[inline(never)]
-fn new_aligned_nothrow_slow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align: usize, tag: *const c_void, asker: u64) -> *mut c_void {
+fn new_aligned_nothrow_slow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align: usize, tag: *const c_void, asker: Asker) -> *mut c_void {
     if super::ready().is_none() {
         return bootstrap_alloc(size, align.max(MIN_ALIGN));
     }

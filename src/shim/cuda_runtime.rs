@@ -96,7 +96,7 @@ with_caller!(
 /// As tm_cuda_alloc.
 #[no_mangle]
 pub unsafe extern "C" fn tm_cuda_alloc_torch(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
-    route::pluggable_alloc(size, device, stream, holders::asker_for_hook(0, holders::KEY_TORCH))
+    route::pluggable_alloc(size, device, stream, holders::Asker::hook(0, holders::KEY_TORCH))
 }
 
 /// `tm_cuda_alloc` for a hook that names its library (`hook`: 1 numpy, 2 torch, 3 cupy, 4 numba,
@@ -106,7 +106,7 @@ pub unsafe extern "C" fn tm_cuda_alloc_torch(size: isize, device: c_int, stream:
 /// As tm_cuda_alloc.
 #[no_mangle]
 pub unsafe extern "C" fn tm_cuda_alloc_as(size: isize, device: c_int, stream: *mut c_void, hook: c_int) -> *mut c_void {
-    route::pluggable_alloc(size, device, stream, holders::asker_for_hook(0, holders::hook_key(hook)))
+    route::pluggable_alloc(size, device, stream, holders::Asker::hook(0, holders::hook_key(hook)))
 }
 
 /// PyTorch's CUDAPluggableAllocator `free`.

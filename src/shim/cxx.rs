@@ -4,6 +4,7 @@
 //! the four throwing news are naked (x86-64 only) so the next operator's exception never crosses us.
 #![allow(non_snake_case)]
 
+use crate::record::holders::Asker;
 use crate::route::cxx as route;
 use crate::sys::next_cxx as next;
 use core::ffi::c_void;
@@ -107,19 +108,19 @@ with_caller!(fn _ZnamRKSt9nothrow_t(size: usize, tag: *const c_void) -> *mut c_v
 with_caller!(fn _ZnwmSt11align_val_tRKSt9nothrow_t(size: usize, align: usize, tag: *const c_void) -> *mut c_void, "rcx" => new_aligned_nothrow);
 with_caller!(fn _ZnamSt11align_val_tRKSt9nothrow_t(size: usize, align: usize, tag: *const c_void) -> *mut c_void, "rcx" => new_array_aligned_nothrow);
 
-extern "C" fn new_nothrow(size: usize, tag: *const c_void, asker: u64) -> *mut c_void {
+extern "C" fn new_nothrow(size: usize, tag: *const c_void, asker: Asker) -> *mut c_void {
     route::new_nothrow(&next::NEW_NOTHROW, size, tag, asker)
 }
 
-extern "C" fn new_array_nothrow(size: usize, tag: *const c_void, asker: u64) -> *mut c_void {
+extern "C" fn new_array_nothrow(size: usize, tag: *const c_void, asker: Asker) -> *mut c_void {
     route::new_nothrow(&next::NEW_ARRAY_NOTHROW, size, tag, asker)
 }
 
-extern "C" fn new_aligned_nothrow(size: usize, align: usize, tag: *const c_void, asker: u64) -> *mut c_void {
+extern "C" fn new_aligned_nothrow(size: usize, align: usize, tag: *const c_void, asker: Asker) -> *mut c_void {
     route::new_aligned_nothrow(&next::NEW_ALIGNED_NOTHROW, size, align, tag, asker)
 }
 
-extern "C" fn new_array_aligned_nothrow(size: usize, align: usize, tag: *const c_void, asker: u64) -> *mut c_void {
+extern "C" fn new_array_aligned_nothrow(size: usize, align: usize, tag: *const c_void, asker: Asker) -> *mut c_void {
     route::new_aligned_nothrow(&next::NEW_ARRAY_ALIGNED_NOTHROW, size, align, tag, asker)
 }
 

@@ -22,7 +22,7 @@ macro_rules! with_caller {
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             #[allow(unused_unsafe)]
             // SAFETY: the caller's contract is the target's.
-            unsafe { $target($($arg,)* 0) }
+            unsafe { $target($($arg,)* crate::record::holders::Asker::UNKNOWN) }
         }
     };
 }

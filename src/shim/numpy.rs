@@ -8,7 +8,7 @@ use crate::route;
 use core::ffi::c_void;
 
 /// Blocks numpy asks for through the handler are numpy's (Note [Holders]).
-const NUMPY: u64 = crate::record::holders::asker_for_hook(0, crate::record::holders::KEY_NUMPY);
+const NUMPY: crate::record::holders::Asker = crate::record::holders::Asker::hook(0, crate::record::holders::KEY_NUMPY);
 
 /// numpy's `PyDataMemAllocator` (numpy/ndarraytypes.h, version 1): a context and four functions.
 #[repr(C)]

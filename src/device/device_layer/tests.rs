@@ -359,7 +359,7 @@ fn holder_row(word: u64) -> (u64, u64, u64) {
 fn the_holders_table_follows_blocks_and_forgets_them_with_their_context() {
     let l = layer(Config::default(), &[GB]);
     // A key of this test's own: the table is the process's, shared with other tests.
-    let w = crate::record::holders::HOLDERS.word_for_key(0x1234, 0x5151_0000);
+    let w = crate::record::holders::HOLDERS.holder_of_hook(0x1234, 0x5151_0000);
     let a = l.malloc(MB, w).unwrap();
     let b = l.malloc(3 * MB, w).unwrap();
     let size = |p: usize| match l.range(p) {

@@ -301,10 +301,12 @@ impl DevicePool {
     }
 
     pub fn alloc(&mut self, size: u64, tag: u64, birth: Birth) -> Alloc {
-        self.stats.requests += 1;
         let need = self.rounded(size);
         let small = self.strategy == Strategy::Split && need < SMALL_LIMIT;
         if let Some(index) = self.find_fit(need, small, tag) {
+            // A request is counted when the pool answers it (a block, or untracked), not at
+            // each step the caller takes before (a sync, a new segment).
+            self.stats.requests += 1;
             if let Some(addr) = self.take(index, need, birth) {
                 if !core::mem::take(&mut self.serving_miss) {
                     self.stats.hits += 1;
@@ -313,7 +315,6 @@ impl DevicePool {
             }
             return Alloc::Untracked;
         }
-        self.stats.requests -= 1; // counted again when the caller asks again
         let after_sync = if tag == SYNCED { self.pending_free_bytes + self.other_tag_free_bytes } else { self.pending_free_bytes };
         if after_sync >= need {
             return Alloc::NeedSync;

@@ -5,11 +5,11 @@
 //! call re-entered from inside a runtime call of ours (a runtime-level miss is never pooled a
 //! second time). With no driver to reach, the answer is "not initialized".
 
-use super::{answer_free, export_checked, pool_on, pool_ready, pooling, without_context, FreeOf};
+use crate::record::holders::Asker;
+use super::{answer_free, export_checked, pool_on, pool_ready, pool_answers, without_context, FreeOf};
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
 use crate::device::device_layer::RangeAnswer;
 use crate::sys::cuda_driver::{driver, DriverFns};
-use crate::record::holders;
 use crate::sys::reentry;
 use crate::state::DEVICE;
 use core::ffi::{c_int, c_uint, c_void};
@@ -36,7 +36,7 @@ fn blockwise(attribute: c_int) -> bool {
 
 /// # Safety
 /// As cuMemAlloc_v2.
-pub unsafe extern "C" fn mem_alloc(dptr: *mut u64, size: usize, asker: u64) -> c_int {
+pub unsafe extern "C" fn mem_alloc(dptr: *mut u64, size: usize, asker: Asker) -> c_int {
     let Some(alloc) = real(|d| d.mem_alloc) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| size != 0 && !dptr.is_null() && pool_ready()) else { return alloc(dptr, size) };
     pooled_alloc(size, dptr, asker, || alloc(dptr, size))
@@ -44,8 +44,8 @@ pub unsafe extern "C" fn mem_alloc(dptr: *mut u64, size: usize, asker: u64) -> c
 
 /// Serves `size` bytes from the pool into `*dptr`; when the pool cannot (out of memory after
 /// giving its cache back, or a context it cannot use), the driver answers instead.
-unsafe fn pooled_alloc(size: usize, dptr: *mut u64, asker: u64, driver_answer: impl FnOnce() -> c_int) -> c_int {
-    match DEVICE.malloc(size, holders::word_of_asker(asker)) {
+unsafe fn pooled_alloc(size: usize, dptr: *mut u64, asker: Asker, driver_answer: impl FnOnce() -> c_int) -> c_int {
+    match DEVICE.malloc(size, asker.holder()) {
         Ok(addr) => {
             *dptr = addr as u64;
             CUDA_SUCCESS
@@ -57,7 +57,6 @@ unsafe fn pooled_alloc(size: usize, dptr: *mut u64, asker: u64, driver_answer: i
         // The device refused even after our cache was given back, or the context cannot serve
         // the pool: the driver answers.
         Err(_) => {
-            DEVICE.passthrough.add(1);
             let rc = driver_answer();
             if rc == CUDA_ERROR_MEMORY_ALLOCATION {
                 DEVICE.out_of_memory(size, false);
@@ -72,7 +71,7 @@ unsafe fn pooled_alloc(size: usize, dptr: *mut u64, asker: u64, driver_answer: i
 ///
 /// # Safety
 /// As cuMemAllocPitch_v2.
-pub unsafe extern "C" fn mem_alloc_pitch(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint, asker: u64) -> c_int {
+pub unsafe extern "C" fn mem_alloc_pitch(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, element_bytes: c_uint, asker: Asker) -> c_int {
     let Some(alloc) = real(|d| d.mem_alloc_pitch) else { return NO_DRIVER };
     let row = width.checked_next_multiple_of(512).filter(|_| width > 0 && height > 0 && matches!(element_bytes, 4 | 8 | 16));
     let bytes = row.and_then(|r| r.checked_mul(height));
@@ -106,10 +105,10 @@ pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> c_int {
 
 /// # Safety
 /// As cuMemHostAlloc.
-pub unsafe extern "C" fn mem_host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint, asker: u64) -> c_int {
+pub unsafe extern "C" fn mem_host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint, asker: Asker) -> c_int {
     let Some(alloc) = real(|d| d.mem_host_alloc) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| size != 0 && !pp.is_null() && pool_ready()) else { return alloc(pp, size, flags) };
-    match DEVICE.host_alloc(size, flags, holders::word_of_asker(asker)) {
+    match DEVICE.host_alloc(size, flags, asker.holder()) {
         Ok(addr) => {
             *pp = addr as *mut c_void;
             CUDA_SUCCESS
@@ -122,7 +121,7 @@ pub unsafe extern "C" fn mem_host_alloc(pp: *mut *mut c_void, size: usize, flags
 ///
 /// # Safety
 /// As cuMemAllocHost_v2.
-pub unsafe extern "C" fn mem_alloc_host(pp: *mut *mut c_void, size: usize, asker: u64) -> c_int {
+pub unsafe extern "C" fn mem_alloc_host(pp: *mut *mut c_void, size: usize, asker: Asker) -> c_int {
     match real(|d| d.mem_alloc_host) {
         Some(alloc) if reentry::enter().is_none() => alloc(pp, size),
         Some(_) => mem_host_alloc(pp, size, 0, asker),
@@ -134,7 +133,7 @@ pub unsafe extern "C" fn mem_alloc_host(pp: *mut *mut c_void, size: usize, asker
 /// As cuMemFreeHost.
 pub unsafe fn mem_free_host(p: *mut c_void) -> c_int {
     let Some(free) = real(|d| d.mem_free_host) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling() && !p.is_null()) else { return free(p) };
+    let Some(_entered) = reentry::enter().filter(|_| pool_answers() && !p.is_null()) else { return free(p) };
     if let Some(rc) = without_context(p as usize) {
         return rc;
     }
@@ -148,7 +147,7 @@ pub unsafe fn mem_free_host(p: *mut c_void) -> c_int {
 /// As cuDevicePrimaryCtxReset(_v2).
 pub unsafe fn primary_reset(device: c_int, spelling: Spelling<unsafe extern "C" fn(c_int) -> c_int>) -> c_int {
     let Some(reset) = real(spelling) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return reset(device) };
+    let Some(_entered) = reentry::enter().filter(|_| pool_answers()) else { return reset(device) };
     DEVICE.forget_primary(device);
     let rc = reset(device);
     DEVICE.forget_primary(device);
@@ -162,7 +161,7 @@ pub unsafe fn primary_reset(device: c_int, spelling: Spelling<unsafe extern "C" 
 /// As cuDevicePrimaryCtxRelease(_v2).
 pub unsafe fn primary_release(device: c_int, spelling: Spelling<unsafe extern "C" fn(c_int) -> c_int>) -> c_int {
     let Some(release) = real(spelling) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return release(device) };
+    let Some(_entered) = reentry::enter().filter(|_| pool_answers()) else { return release(device) };
     let before = DEVICE.primary_context(device);
     let rc = release(device);
     if rc == 0 {
@@ -175,7 +174,7 @@ pub unsafe fn primary_release(device: c_int, spelling: Spelling<unsafe extern "C
 /// As cuCtxDestroy(_v2).
 pub unsafe fn ctx_destroy(ctx: *mut c_void, spelling: Spelling<unsafe extern "C" fn(*mut c_void) -> c_int>) -> c_int {
     let Some(destroy) = real(spelling) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return destroy(ctx) };
+    let Some(_entered) = reentry::enter().filter(|_| pool_answers()) else { return destroy(ctx) };
     DEVICE.forget_context(ctx as u64);
     let rc = destroy(ctx);
     DEVICE.forget_context(ctx as u64);
@@ -188,7 +187,7 @@ pub unsafe fn ctx_destroy(ctx: *mut c_void, spelling: Spelling<unsafe extern "C"
 /// As cuIpcGetMemHandle: `handle` points to a CUipcMemHandle.
 pub unsafe fn ipc_get_mem_handle(handle: *mut c_void, ptr: u64) -> c_int {
     let Some(get) = real(|d| d.ipc_get_mem_handle) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return get(handle, ptr) };
+    let Some(_entered) = reentry::enter().filter(|_| pool_answers()) else { return get(handle, ptr) };
     match export_checked("cuIpcGetMemHandle", ptr as usize) {
         Ok(()) => get(handle, ptr),
         Err(()) => CUDA_ERROR_INVALID_VALUE,
@@ -201,7 +200,7 @@ pub unsafe fn ipc_get_mem_handle(handle: *mut c_void, ptr: u64) -> c_int {
 /// As cuMemGetAddressRange_v2: each output may be null.
 pub unsafe fn address_range(base: *mut u64, size: *mut usize, ptr: u64) -> c_int {
     let Some(get) = real(|d| d.address_range) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return get(base, size, ptr) };
+    let Some(_entered) = reentry::enter().filter(|_| pool_answers()) else { return get(base, size, ptr) };
     let (mut b, mut s) = (0u64, 0usize);
     let rc = get(&mut b, &mut s, ptr);
     if rc == CUDA_SUCCESS {
@@ -230,7 +229,7 @@ pub unsafe fn address_range(base: *mut u64, size: *mut usize, ptr: u64) -> c_int
 /// As cuPointerGetAttribute.
 pub unsafe fn pointer_get_attribute(data: *mut c_void, attribute: c_int, ptr: u64) -> c_int {
     let Some(get) = real(|d| d.pointer_get_attribute) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling() && blockwise(attribute)) else { return get(data, attribute, ptr) };
+    let Some(_entered) = reentry::enter().filter(|_| pool_answers() && blockwise(attribute)) else { return get(data, attribute, ptr) };
     let rc = get(data, attribute, ptr);
     if rc != CUDA_SUCCESS || data.is_null() {
         return rc;
@@ -249,7 +248,7 @@ pub unsafe fn pointer_get_attribute(data: *mut c_void, attribute: c_int, ptr: u6
 /// As cuPointerGetAttributes: `attributes` and `data` hold `count` entries.
 pub unsafe fn pointer_get_attributes(count: c_uint, attributes: *mut c_int, data: *mut *mut c_void, ptr: u64) -> c_int {
     let Some(get) = real(|d| d.pointer_get_attributes) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling()) else { return get(count, attributes, data, ptr) };
+    let Some(_entered) = reentry::enter().filter(|_| pool_answers()) else { return get(count, attributes, data, ptr) };
     let rc = get(count, attributes, data, ptr);
     if rc != CUDA_SUCCESS || attributes.is_null() || data.is_null() {
         return rc;
@@ -287,7 +286,7 @@ unsafe fn write_blockwise(out: *mut c_void, attribute: c_int, block: (u64, u64, 
 /// As cuMemFree_v2.
 pub unsafe fn mem_free(ptr: u64) -> c_int {
     let Some(free) = real(|d| d.mem_free) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling() && ptr != 0) else { return free(ptr) };
+    let Some(_entered) = reentry::enter().filter(|_| pool_answers() && ptr != 0) else { return free(ptr) };
     if let Some(rc) = without_context(ptr as usize) {
         return rc;
     }
@@ -298,7 +297,7 @@ pub unsafe fn mem_free(ptr: u64) -> c_int {
 /// As cuMemFreeAsync(_ptsz).
 pub unsafe fn mem_free_async(ptr: u64, stream: *mut c_void, spelling: Spelling<unsafe extern "C" fn(u64, *mut c_void) -> c_int>) -> c_int {
     let Some(free) = real(spelling) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pooling() && ptr != 0) else { return free(ptr, stream) };
+    let Some(_entered) = reentry::enter().filter(|_| pool_answers() && ptr != 0) else { return free(ptr, stream) };
     if let Some(rc) = without_context(ptr as usize) {
         return rc;
     }

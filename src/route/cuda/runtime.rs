@@ -3,11 +3,11 @@
 //! pass-through). A call re-entered from inside the runtime on the same thread goes straight to
 //! the real function (`sys::reentry`); with no runtime to reach, the answer is "not initialized".
 
+use crate::record::holders::Asker;
 use super::{answer_free, context_bound, export_checked, runtime_ready, warn_refused, FreeOf};
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
 use crate::device::device_layer::FreeAnswer;
 use crate::sys::cuda_runtime::{real, CudaFns, FreeAsyncFn};
-use crate::record::holders;
 use crate::sys::reentry;
 use crate::state::DEVICE;
 use core::ffi::{c_int, c_uint, c_void};
@@ -16,7 +16,7 @@ const NO_RUNTIME: c_int = CUDA_ERROR_INITIALIZATION;
 
 /// # Safety
 /// As cudaMalloc: `ptr` is writable.
-pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: u64) -> c_int {
+pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: Asker) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return (rt.malloc)(ptr, size) };
     if ptr.is_null() {
@@ -25,7 +25,7 @@ pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: u64) 
     if size == 0 || !runtime_ready(rt) {
         return (rt.malloc)(ptr, size);
     }
-    match DEVICE.malloc(size, holders::word_of_asker(asker)) {
+    match DEVICE.malloc(size, asker.holder()) {
         Ok(addr) => {
             *ptr = addr as *mut c_void;
             CUDA_SUCCESS
@@ -40,7 +40,6 @@ pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: u64) 
         // runtime answer, so *ptr and its last error are exactly what it would leave (the
         // device layer's calls go to the driver, which keeps no last error for the runtime).
         Err(_) => {
-            DEVICE.passthrough.add(1);
             let rc = (rt.malloc)(ptr, size);
             if rc == DeviceError::OutOfMemory.code() {
                 DEVICE.out_of_memory(size, false);
@@ -83,13 +82,13 @@ pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> c_int {
 
 /// # Safety
 /// As cudaHostAlloc.
-pub unsafe extern "C" fn host_alloc(ptr: *mut *mut c_void, size: usize, flags: c_uint, asker: u64) -> c_int {
+pub unsafe extern "C" fn host_alloc(ptr: *mut *mut c_void, size: usize, flags: c_uint, asker: Asker) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return (rt.host_alloc)(ptr, size, flags) };
     if ptr.is_null() || size == 0 || !runtime_ready(rt) {
         return (rt.host_alloc)(ptr, size, flags);
     }
-    match DEVICE.host_alloc(size, flags, holders::word_of_asker(asker)) {
+    match DEVICE.host_alloc(size, flags, asker.holder()) {
         Ok(addr) => {
             *ptr = addr as *mut c_void;
             CUDA_SUCCESS
@@ -103,7 +102,7 @@ pub unsafe extern "C" fn host_alloc(ptr: *mut *mut c_void, size: usize, flags: c
 ///
 /// # Safety
 /// As cudaMallocHost.
-pub unsafe extern "C" fn malloc_host(ptr: *mut *mut c_void, size: usize, asker: u64) -> c_int {
+pub unsafe extern "C" fn malloc_host(ptr: *mut *mut c_void, size: usize, asker: Asker) -> c_int {
     match real() {
         Some(rt) if reentry::enter().is_none() => (rt.malloc_host)(ptr, size),
         _ => host_alloc(ptr, size, 0, asker),
@@ -184,7 +183,7 @@ pub unsafe fn free_async(ptr: *mut c_void, stream: *mut c_void, spelling: fn(&Cu
 ///
 /// # Safety
 /// Called by PyTorch with a valid device and stream.
-pub unsafe extern "C" fn pluggable_alloc(size: isize, device: c_int, stream: *mut c_void, asker: u64) -> *mut c_void {
+pub unsafe extern "C" fn pluggable_alloc(size: isize, device: c_int, stream: *mut c_void, asker: Asker) -> *mut c_void {
     let size = usize::try_from(size).unwrap_or(0);
     if crate::state::globals().is_none() || size == 0 {
         return core::ptr::null_mut();
@@ -192,7 +191,7 @@ pub unsafe extern "C" fn pluggable_alloc(size: isize, device: c_int, stream: *mu
     if let Some(rt) = real() {
         context_bound(rt);
     }
-    match DEVICE.malloc_on_stream(size, device, stream as usize, holders::word_of_asker(asker)) {
+    match DEVICE.malloc_on_stream(size, device, stream as usize, asker.holder()) {
         Ok(addr) => addr as *mut c_void,
         Err(e) => {
             if matches!(e, DeviceError::OutOfMemory | DeviceError::CapReached) {
