@@ -12,7 +12,7 @@ use super::pool::{stream_tag, Alloc, BlockView, DevicePool, Strategy, PENDING, S
 use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INVALID_VALUE};
 use crate::config::{Config, CudaPool, CudaSync, DeviceLimit};
 use crate::backing::TableSource;
-use crate::record::stats::{timed, Counter, DevicePhases};
+use crate::record::stats::{timed, DeviceStats};
 use crate::record;
 use crate::record::holders::{device_place, Birth};
 use crate::sys::lock::Lock;
@@ -53,11 +53,7 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     pub(super) limit_bytes: AtomicU64,
     pub(super) limit_percent: AtomicU64,
     pub(super) pinned_limit_bytes: AtomicU64,
-    /// Requests the layer handed to the runtime as they were: the pool off, another context's
-    /// request, or our tables full (a pool failure that the route then hands on is counted once,
-    /// as the pool's OOM failure, not here).
-    pub passthrough: Counter,
-    pub phases: DevicePhases,
+    pub stats: DeviceStats,
 }
 
 const MODE_SPLIT: u8 = 0;
@@ -126,8 +122,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             limit_bytes: AtomicU64::new(u64::MAX),
             limit_percent: AtomicU64::new(0),
             pinned_limit_bytes: AtomicU64::new(1 << 30),
-            passthrough: Counter::new(),
-            phases: DevicePhases::new(),
+            stats: DeviceStats::new(),
         }
     }
 
@@ -185,7 +180,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// cudaMalloc: a block of `size` bytes on the current device, for `holder` (a holder word,
     /// Note [Holders]).
     pub fn malloc(&self, size: usize, holder: u64) -> Result<usize, DeviceError> {
-        timed(&self.phases.malloc, || {
+        timed(&self.stats.phases.malloc, || {
             let device = self.runtime.current_device()?;
             self.alloc_on(device, size, SYNCED, holder)
         })
@@ -193,7 +188,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// The pluggable allocator's alloc: `device` may differ from the current one.
     pub fn malloc_on_stream(&self, size: usize, device: i32, stream: usize, holder: u64) -> Result<usize, DeviceError> {
-        timed(&self.phases.malloc, || self.malloc_on_stream_untimed(size, device, stream, holder))
+        timed(&self.stats.phases.malloc, || self.malloc_on_stream_untimed(size, device, stream, holder))
     }
 
     fn malloc_on_stream_untimed(&self, size: usize, device: i32, stream: usize, holder: u64) -> Result<usize, DeviceError> {
@@ -316,7 +311,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// A request the pool does not serve (another context, full tables): the runtime's, retried
     /// once after our cache on that device is given back when it is out of memory.
     fn passthrough_malloc(&self, device: i32, size: usize) -> Result<usize, DeviceError> {
-        self.passthrough.add(1);
+        self.stats.passthrough.add(1);
         match self.runtime_malloc(size) {
             Err(DeviceError::OutOfMemory) if self.give_back(device) > 0 => {
                 self.runtime.clear_last_error();
@@ -376,21 +371,21 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     fn runtime_malloc(&self, len: usize) -> Result<usize, DeviceError> {
-        timed(&self.phases.malloc_runtime, || self.runtime.malloc(len))
+        timed(&self.stats.phases.malloc_runtime, || self.runtime.malloc(len))
     }
 
     fn runtime_free(&self, addr: usize) -> Result<(), DeviceError> {
-        timed(&self.phases.free_runtime, || self.runtime.free(addr))
+        timed(&self.stats.phases.free_runtime, || self.runtime.free(addr))
     }
 
     pub(super) fn synchronize(&self) -> Result<(), DeviceError> {
-        timed(&self.phases.sync, || self.runtime.synchronize())
+        timed(&self.stats.phases.sync, || self.runtime.synchronize())
     }
 
     /// cudaFree of a pointer: back into its device's pool, whatever device is current.
     pub fn free(&self, addr: usize) -> Result<FreeAnswer, DeviceError> {
         let Some(device) = self.owning_device(addr) else { return Ok(self.not_live(addr)) };
-        timed(&self.phases.free, || self.free_ours(addr, device))
+        timed(&self.stats.phases.free, || self.free_ours(addr, device))
     }
 
     /// Note [Unexpected frees]: the answer for a free of `addr`, which is no live block of ours.
@@ -470,7 +465,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// The pluggable allocator's free: reusable at once on the same stream.
     pub fn free_on_stream(&self, addr: usize, device: i32, stream: usize) -> FreeAnswer {
-        timed(&self.phases.free, || self.free_on_stream_untimed(addr, usize::try_from(device).ok(), stream))
+        timed(&self.stats.phases.free, || self.free_on_stream_untimed(addr, usize::try_from(device).ok(), stream))
     }
 
     /// `device` is a hint (the caller's word, or an owner just looked up): the owning pool is
@@ -494,7 +489,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// at once and by anyone else after a device synchronization (Note [Safe reuse]).
     pub fn free_async(&self, addr: usize, stream: usize) -> FreeAnswer {
         let Some(d) = self.owning_device(addr) else { return self.not_live(addr) };
-        timed(&self.phases.free, || self.free_on_stream_untimed(addr, Some(d), stream))
+        timed(&self.stats.phases.free, || self.free_on_stream_untimed(addr, Some(d), stream))
     }
 
     /// The pool and block that contain `addr`, a block start or any address inside one of our

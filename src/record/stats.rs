@@ -1,6 +1,7 @@
-//! Counters and phase timers, as `{current, peak}` gauges and plain counts. All atomics with
-//! relaxed ordering: figures are for people, never for decisions. The report is formatted in
-//! `report/summary.rs`.
+//! Counters for people: a `Level` ({current, peak, total}: what is held now, its high-water mark
+//! and all that ever came in), a plain `Counter`, and phase timers; one stats type per kind of
+//! memory (`HostStats`, `DeviceStats`; each device pool keeps its own figures under its lock,
+//! device/pool). All atomics with relaxed ordering. The report is formatted in report/summary.rs.
 
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -24,23 +25,31 @@ impl Default for Counter {
     }
 }
 
-/// A level that goes up and down, with its high-water mark.
-pub struct Gauge {
+/// A level that goes up and down: what is held now, its high-water mark, and the total of
+/// everything added (what came in over the process's life; `set` adds nothing to it).
+pub struct Level {
     current: AtomicU64,
     peak: AtomicU64,
+    total: AtomicU64,
 }
 
-impl Gauge {
+impl Level {
     pub const fn new() -> Self {
-        Gauge { current: AtomicU64::new(0), peak: AtomicU64::new(0) }
+        Level { current: AtomicU64::new(0), peak: AtomicU64::new(0), total: AtomicU64::new(0) }
     }
     pub fn add(&self, n: u64) {
         let now = self.current.fetch_add(n, Relaxed).wrapping_add(n);
-        self.peak.fetch_max(now, Relaxed);
+        self.total.fetch_add(n, Relaxed);
+        // A read first: below the peak (the steady state) costs no locked instruction.
+        if now > self.peak.load(Relaxed) {
+            self.peak.fetch_max(now, Relaxed);
+        }
     }
     pub fn set(&self, n: u64) {
         self.current.store(n, Relaxed);
-        self.peak.fetch_max(n, Relaxed);
+        if n > self.peak.load(Relaxed) {
+            self.peak.fetch_max(n, Relaxed);
+        }
     }
     pub fn sub(&self, n: u64) {
         // Saturate: a racing reader must never see a wrapped figure.
@@ -52,9 +61,12 @@ impl Gauge {
     pub fn peak(&self) -> u64 {
         self.peak.load(Relaxed)
     }
+    pub fn total(&self) -> u64 {
+        self.total.load(Relaxed)
+    }
 }
 
-impl Default for Gauge {
+impl Default for Level {
     fn default() -> Self {
         Self::new()
     }
@@ -100,12 +112,12 @@ pub struct HostStats {
     pub remaps: Counter,
     /// Misses served by gathering the pages of cached blocks (Note [Gathering pages]).
     pub grows: Counter,
-    pub live: Gauge,
+    pub live: Level,
     /// Live large blocks (the cache's block bound follows its peak).
-    pub live_blocks: Gauge,
-    pub cached: Gauge,
+    pub live_blocks: Level,
+    pub cached: Level,
     /// Bytes evicted and waiting for the background thread to unmap them.
-    pub deferred: Gauge,
+    pub deferred: Level,
     /// calloc hits zeroed by discarding pages (MADV_DONTNEED) rather than by writing zeros.
     pub zeroed_by_discard: Counter,
     /// Freed blocks whose pages could not be made plain again (partly unmapped by the program,
@@ -131,6 +143,27 @@ pub struct HostPhases {
     pub realloc: PhaseTimer,
     pub release: PhaseTimer,
     pub expire: PhaseTimer,
+}
+
+/// The device layer's figures, all devices together (each pool's own are in device/pool).
+pub struct DeviceStats {
+    /// Requests the layer handed to the runtime as they were: the pool off, another context's
+    /// request, or our tables full (a pool failure that the route then hands on is counted once,
+    /// as the pool's OOM failure, not here).
+    pub passthrough: Counter,
+    pub phases: DevicePhases,
+}
+
+impl DeviceStats {
+    pub const fn new() -> Self {
+        DeviceStats { passthrough: Counter::new(), phases: DevicePhases::new() }
+    }
+}
+
+impl Default for DeviceStats {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// Per-phase timings of the CUDA paths, all devices together.
@@ -196,10 +229,10 @@ impl HostStats {
             map_failures: Counter::new(),
             remaps: Counter::new(),
             grows: Counter::new(),
-            live: Gauge::new(),
-            live_blocks: Gauge::new(),
-            cached: Gauge::new(),
-            deferred: Gauge::new(),
+            live: Level::new(),
+            live_blocks: Level::new(),
+            cached: Level::new(),
+            deferred: Level::new(),
             zeroed_by_discard: Counter::new(),
             unresettable: Counter::new(),
             retries_after_trim: Counter::new(),
@@ -217,5 +250,23 @@ impl HostStats {
                 expire: PhaseTimer::new(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_level_keeps_its_peak_and_the_total_that_came_in() {
+        let l = Level::new();
+        l.add(100);
+        l.sub(60);
+        l.add(30);
+        assert_eq!((l.current(), l.peak(), l.total()), (70, 100, 130));
+        l.sub(500);
+        assert_eq!(l.current(), 0, "saturates: a reader never sees a wrapped figure");
+        l.set(120);
+        assert_eq!((l.current(), l.peak(), l.total()), (120, 120, 130), "a set moves the peak, not the total");
     }
 }

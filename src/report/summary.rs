@@ -118,7 +118,7 @@ const DEVICE_ROWS: usize = 5;
 /// process that made no CUDA call).
 fn phase_rows() -> [PhaseRow<'static>; 16] {
     let p = &HOST.stats.phases;
-    let d = &DEVICE.phases;
+    let d = &DEVICE.stats.phases;
     [
         (0, "large alloc", &p.alloc),
         (1, "cache hit", &p.alloc_hit),
@@ -213,7 +213,7 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
             p.ipc_exports
         );
     });
-    let passed_through = DEVICE.passthrough.get();
+    let passed_through = DEVICE.stats.passthrough.get();
     if passed_through > 0 {
         writeln!(w, " cuda requests passed through unpooled: {passed_through} (pool off, another context's request, or its tables full)")?;
     }
@@ -230,7 +230,7 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     }
     let rows = phase_rows();
     let total: u64 = rows.iter().filter(|r| r.0 == 0).map(|r| r.2.total_ns.get()).sum();
-    let cuda_used = DEVICE.phases.malloc.calls.get() + DEVICE.phases.free.calls.get() > 0;
+    let cuda_used = DEVICE.stats.phases.malloc.calls.get() + DEVICE.stats.phases.free.calls.get() > 0;
     let shown = if cuda_used { rows.len() } else { rows.len() - DEVICE_ROWS };
     writeln!(w, " {:<30} {:>10} {:>10} {:>7} {:>10}", "Section", "ncalls", "time", "%tot", "avg")?;
     let legend = "%tot: share of the time spent inside tensormalloc's large-block and CUDA calls (the unindented rows sum to 100%), not of the run";
@@ -265,9 +265,10 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     )?;
     write!(
         w,
-        "\"live_bytes\":{},\"peak_live_bytes\":{},\"cached_bytes\":{},\"peak_cached_bytes\":{},\"cached_blocks\":{},\"cached_resident_bytes\":{},\"cached_lazyfree_bytes\":{},",
+        "\"live_bytes\":{},\"peak_live_bytes\":{},\"handed_out_bytes\":{},\"cached_bytes\":{},\"peak_cached_bytes\":{},\"cached_blocks\":{},\"cached_resident_bytes\":{},\"cached_lazyfree_bytes\":{},",
         s.host_live_bytes,
         s.host_peak_live_bytes,
+        HOST.stats.live.total(),
         s.host_cached_bytes,
         s.host_peak_cached_bytes,
         s.host_cached_blocks,
@@ -310,7 +311,7 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         });
     });
     result?;
-    write!(w, "],\"cuda_passed_through\":{},", DEVICE.passthrough.get())?;
+    write!(w, "],\"cuda_passed_through\":{},", DEVICE.stats.passthrough.get())?;
     write!(
         w,
         "\"pinned\":{{\"requests\":{},\"hits\":{},\"cached_bytes\":{},\"peak_cached_bytes\":{}}},",

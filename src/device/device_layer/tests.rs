@@ -101,7 +101,7 @@ fn foreign_pointers_and_pass_through() {
     assert_eq!(l.runtime().device(0).mallocs, 1);
     let l = layer(Config { disabled: true, ..Config::default() }, &[4 * GB]);
     l.malloc(64 * MB, 0).unwrap();
-    assert_eq!(l.passthrough.get(), 1);
+    assert_eq!(l.stats.passthrough.get(), 1);
 }
 
 #[test]

@@ -36,7 +36,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         if self.pinned.lock().add_live(addr as u64, len as u64, flags, ctx, holder) {
             record::alloc(recorded(&PinnedBlock::live(addr as u64, len as u64, flags, ctx, holder)), len as u64, record::Found::Miss);
         } else {
-            self.passthrough.add(1);
+            self.stats.passthrough.add(1);
         }
         Ok(addr)
     }
