@@ -1,4 +1,4 @@
-"""Memory snapshots in PyTorch's format (Note [Snapshot format] in src/snapshot.rs), read by
+"""Memory snapshots in PyTorch's format (Note [Snapshot format] in src/report/snapshot.rs), read by
 PyTorch's own reader, torch/cuda/_memory_viz.py out of the torch wheel (scripts/memory-viz, which
 scripts/setup runs; it needs no torch): a program
 over the stand-in CUDA runtime whose two libraries of the test's own (a framework and a math

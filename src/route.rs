@@ -629,3 +629,6 @@ pub unsafe fn usable_size(p: *mut c_void) -> usize {
         },
     }
 }
+
+#[cfg(test)]
+mod contract_tests;

@@ -23,7 +23,7 @@ def library():
     return lib
 
 
-# tm_cuda_alloc_as's hook numbers (src/holders.rs HOOK_KEYS).
+# tm_cuda_alloc_as's hook numbers (src/record/holders.rs HOOK_KEYS).
 CUPY = 3
 NUMBA = 4
 

@@ -1,4 +1,4 @@
-"""Reads a TENSORMALLOC_TRACE file (format at the top of src/trace.rs) and draws it: live, cached
+"""Reads a TENSORMALLOC_TRACE file (format at the top of src/record/trace.rs) and draws it: live, cached
 and resident bytes over time, and a histogram of request sizes; prints a one-line summary.
 
     tensormalloc plot trace.bin [out.png]      (scripts/plot-trace in the source tree; default
@@ -9,7 +9,7 @@ at allocations and frees; cached and resident bytes are known only at the 100 ms
 they are drawn as held between samples, not ramped). Of the cached bytes, those released with
 MADV_FREE but still counted in RSS until the kernel needs them (lazily freed) are drawn as their
 own band: RSS minus that band is what the process really holds."""
-"""Reads a TENSORMALLOC_TRACE file (format at the top of src/trace.rs) and draws it: memory over
+"""Reads a TENSORMALLOC_TRACE file (format at the top of src/record/trace.rs) and draws it: memory over
 time, host and device each in its own panel, and a histogram of request sizes; prints a one-line
 summary.
 
@@ -17,7 +17,7 @@ summary.
                                                 out: trace.bin.png; needs numpy and matplotlib)
 
 Live memory is drawn per holder (the shared object whose code asked for it, or a hook's library:
-Note [Holders] in src/holders.rs), stacked: the five holders with the highest peak each in its
+Note [Holders] in src/record/holders.rs), stacked: the five holders with the highest peak each in its
 own colour, the rest summed as "others". Over the live host bytes the host cache's bytes are
 stacked in two hatched bands: cached and resident, and cached but released with MADV_FREE
 (lazily freed: counted in RSS until the kernel needs the pages); RSS is a line. So live, cached
