@@ -4,6 +4,10 @@
 //! coarse clock read (CLOCK_MONOTONIC_COARSE: 4 ns where the precise clock costs 28 ns here, at a
 //! resolution of a few ms; the ring's order is the events' order) and seven stores. Readers
 //! skip slots being rewritten (a per-slot sequence number).
+//! Why a second ring beside the trace's: this one is always on and overwrites its oldest events
+//! (a snapshot wants the latest), the trace's exists only under TENSORMALLOC_TRACE and drops new
+//! events when its writer falls a ring behind (a file must not have holes in its middle); they
+//! keep different fields (streams and segments here; requested sizes, outcomes, samples there).
 
 use core::sync::atomic::{fence, AtomicU64, Ordering::{Acquire, Relaxed, Release}};
 

@@ -2,7 +2,7 @@
 //! allocations and frees, and memory samples. Allocation paths only claim a slot in a ring
 //! (one atomic add) and fill 32 bytes; the reaper thread writes the ring to the file every
 //! 100 ms and at exit, off the allocation path. When the writer falls a whole ring behind, new
-//! events are dropped and counted, never blocked on.
+//! events are dropped and counted, never blocked on. (Why not history.rs's ring: see its top.)
 //!
 //! File: the 8 bytes "TMTRACE2", then records of 32 bytes, little-endian:
 //! u64 time_ns, u64 size (bytes; RSS for samples), u64 extra (address; cached bytes for samples),
