@@ -60,6 +60,9 @@ pub trait PageMemory {
     /// Whether the process's memory nears its cgroup's or the system's limit: idle pages should
     /// leave RSS at once rather than lazily (Note [What RSS shows] in host/host_layer.rs).
     fn near_limit(&self) -> bool;
+    /// The process these mappings belong to: a forked child's differs from its parent's
+    /// (Note [Fork handlers that allocate] in host/host_layer.rs).
+    fn process_id(&self) -> u32;
     /// Asks for transparent huge pages on the range.
     fn advise_huge(&self, addr: usize, len: usize);
     /// Writes zeros over the range.

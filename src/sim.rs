@@ -67,6 +67,8 @@ struct PageState {
     largest_mapping: usize,
     /// Memory nears a limit (`near_limit`).
     near_limit: bool,
+    /// The process the mappings belong to (`process_id`); a test sets another for a fork's child.
+    process_id: u32,
     calls: PageCalls,
 }
 
@@ -123,6 +125,11 @@ impl SimPages {
     }
 
     /// Memory nears (or no longer nears) a limit, from now on.
+    /// From now on the pages answer as a forked child's (another process id).
+    pub fn become_child(&self) {
+        self.state.lock().unwrap().process_id += 1;
+    }
+
     pub fn set_near_limit(&self, near: bool) {
         self.state.lock().unwrap().near_limit = near;
     }
@@ -281,6 +288,10 @@ impl PageMemory for SimPages {
 
     fn near_limit(&self) -> bool {
         self.state.lock().unwrap().near_limit
+    }
+
+    fn process_id(&self) -> u32 {
+        self.state.lock().unwrap().process_id
     }
 
     fn could_map(&self, len: usize) -> bool {

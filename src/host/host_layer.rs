@@ -63,8 +63,8 @@ use crate::config::{Config, HugePages, Release, MAX_CACHE_BLOCKS};
 use crate::ranges::{Range, RangeList};
 use crate::record::stats::{HostStats, PhaseTimer};
 use crate::record::{self, Block, Found};
-use crate::sys::lock::Lock;
-use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use crate::sys::lock::{Guard, Lock};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 
 pub const PAGE: usize = 4096;
 const HUGE_PAGE: usize = 2 << 20;
@@ -105,10 +105,17 @@ pub struct HostLayer<M: PageMemory> {
     address_space_bytes: AtomicU64,
     /// How idle blocks give their pages back (`Release` as a code).
     release: AtomicU8,
+    /// The process that last held the cache across a fork, and the forked child that has
+    /// forgotten its parent's cache (Note [Fork handlers that allocate]).
+    fork_pid: AtomicU32,
+    forgotten_in: AtomicU32,
     clock: fn() -> u64,
     background: Background,
     pub stats: HostStats,
 }
+
+/// A process id no process has (fork_pid, forgotten_in before any fork).
+const NO_PROCESS: u32 = u32::MAX;
 
 /// The cache's limits: a bound the user set is exact; without one, bounds follow the live peak
 /// up to a ceiling of a quarter of `memory_bytes` (Note [Bounds follow the working set]) and an
@@ -166,6 +173,8 @@ impl<M: PageMemory> HostLayer<M> {
             enabled: AtomicBool::new(false),
             address_space_bytes: AtomicU64::new(u64::MAX),
             release: AtomicU8::new(0),
+            fork_pid: AtomicU32::new(NO_PROCESS),
+            forgotten_in: AtomicU32::new(NO_PROCESS),
             hugepages: AtomicU8::new(0),
             clock,
             background,
@@ -191,7 +200,7 @@ impl<M: PageMemory> HostLayer<M> {
         self.enabled.store(!config.disabled, Relaxed);
         self.hugepages.store(hugepages_code(config.hugepages), Relaxed);
         self.release.store(config.release as u8, Relaxed);
-        self.cache.lock().set_limits(limits_from(config, memory_bytes, self.address_space_bytes.load(Relaxed)));
+        self.cache().set_limits(limits_from(config, memory_bytes, self.address_space_bytes.load(Relaxed)));
     }
 
     /// The process may map no more than `bytes` (RLIMIT_AS, a strict commit limit; u64::MAX
@@ -199,7 +208,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// and nothing leaving the cache waits to be unmapped (Note [Room for others]).
     pub fn limit_address_space(&self, bytes: u64) {
         self.address_space_bytes.store(bytes, Relaxed);
-        let mut cache = self.cache.lock();
+        let mut cache = self.cache();
         let limits = *cache.limits();
         if limits.follow_bytes {
             let ceiling = usize::try_from(bytes / 8).unwrap_or(usize::MAX);
@@ -291,7 +300,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// Unmaps the deferred list now (the background thread, trim, memory short); returns bytes.
     fn unmap_deferred(&self) -> usize {
         let deferred = {
-            let mut cache = self.cache.lock();
+            let mut cache = self.cache();
             let d = cache.take_deferred();
             self.stats.deferred.set(0);
             d
@@ -302,12 +311,12 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// The cache's block and byte bounds now, for the report.
     pub fn bounds(&self) -> (usize, usize) {
-        self.cache.lock().bounds()
+        self.cache().bounds()
     }
 
     /// Bytes waiting to be unmapped by the background thread.
     pub fn deferred_bytes(&self) -> usize {
-        self.cache.lock().deferred_bytes()
+        self.cache().deferred_bytes()
     }
 
     /// calloc on a reused range of `len` bytes that may hold data, of which the program asked
@@ -397,7 +406,7 @@ impl<M: PageMemory> HostLayer<M> {
         // Note [Blocks in flight]: a hit is named until it is readmitted for fork.
         let in_flight = self.in_flight.claim(need >> 20);
         let taken = {
-            let mut cache = self.cache.lock();
+            let mut cache = self.cache();
             let taken = cache.take(need, align);
             if let Some(t) = &taken {
                 in_flight.name(t.addr);
@@ -452,7 +461,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// pages]). Returns the block and the ranges in it that may hold data.
     fn gather_cached(&self, need: usize, align: usize, birth: Birth) -> Option<(usize, RangeList)> {
         let parts = {
-            let mut cache = self.cache.lock();
+            let mut cache = self.cache();
             let parts = cache.take_parts(need);
             for part in parts.iter() {
                 self.registry.clear(part.addr);
@@ -588,7 +597,7 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// Whether the cache or the deferred list holds anything `make_room` could give back.
     pub fn holds_idle_memory(&self) -> bool {
-        let cache = self.cache.lock();
+        let cache = self.cache();
         cache.cached_bytes() > 0 || cache.deferred_bytes() > 0
     }
 
@@ -618,7 +627,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// memory before a free.
     fn cache_block(&self, addr: usize, len: usize, zero: bool, now_ns: u64, live: Live) {
         let (accepted, unmaps, due_ns) = {
-            let mut cache = self.cache.lock();
+            let mut cache = self.cache();
             let due_ns = now_ns.saturating_add(cache.limits().release_after_ns.min(cache.limits().expire_after_ns));
             let inserted = cache.insert(addr, len, zero, now_ns, live);
             // The merged block's records: its parts' go, then its own (the leaves exist: its
@@ -662,7 +671,7 @@ impl<M: PageMemory> HostLayer<M> {
         if need <= len {
             let spare = len - need;
             let unmaps = {
-                let mut cache = self.cache.lock();
+                let mut cache = self.cache();
                 (spare > len / 100 * cache.waste_percent()).then(|| {
                     let _ = self.registry.set_live(addr, need, born);
                     self.defer_unmaps(&mut cache, &single(Range { addr: addr + need, len: spare }))
@@ -700,7 +709,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// Unmaps every cached block now; returns the bytes given back.
     pub fn trim(&self) -> usize {
         let drained = {
-            let mut cache = self.cache.lock();
+            let mut cache = self.cache();
             let drained = cache.drain();
             for r in drained.iter() {
                 self.registry.clear(r.addr);
@@ -723,7 +732,7 @@ impl<M: PageMemory> HostLayer<M> {
             Release::Auto => self.stats.cached.current() > 0 && self.memory.near_limit(),
         };
         let due = {
-            let mut cache = self.cache.lock();
+            let mut cache = self.cache();
             let due = cache.due(now, drop_pages);
             for r in due.expire.iter() {
                 self.registry.clear(r.addr);
@@ -743,7 +752,7 @@ impl<M: PageMemory> HostLayer<M> {
             self.stats.released_bytes.add(r.len as u64);
         }
         let (doomed, deadline) = {
-            let mut cache = self.cache.lock();
+            let mut cache = self.cache();
             let mut doomed = RangeList::new();
             for (r, &zero) in due.release.iter().zip(zeroed.iter()) {
                 if let Some(gone) = cache.release_done(r.addr, zero) {
@@ -765,12 +774,12 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// Cached bytes by what they cost in RSS: (hot, lazily freed); see BlockCache::resident_split.
     pub fn cached_resident(&self) -> (usize, usize) {
-        self.cache.lock().resident_split()
+        self.cache().resident_split()
     }
 
     /// Cached blocks and bytes now, for the stats API.
     pub fn cached(&self) -> (usize, usize) {
-        let cache = self.cache.lock();
+        let cache = self.cache();
         (cache.block_count(), cache.cached_bytes())
     }
 
@@ -780,7 +789,14 @@ impl<M: PageMemory> HostLayer<M> {
     /// deferred list that the child did inherit (a shrunk block's tail) stay mapped: unmapping
     /// them could unmap what the child mapped where an uninherited one was.
     pub fn forget_cache_in_child(&self) {
-        let mut cache = self.cache.lock();
+        let pid = self.memory.process_id();
+        if self.forgotten_in.swap(pid, Relaxed) == pid {
+            return; // another library's child handler, run before ours, asked first
+        }
+        self.forget_blocks_of_parent(&mut self.cache());
+    }
+
+    fn forget_blocks_of_parent(&self, cache: &mut BlockCache) {
         for r in cache.forget_all().iter() {
             self.registry.clear(r.addr);
         }
@@ -789,8 +805,39 @@ impl<M: PageMemory> HostLayer<M> {
         self.stats.deferred.set(0);
     }
 
+    // Note [Fork handlers that allocate]
+    // Other libraries' fork handlers may allocate and free large blocks (threading runtimes,
+    // RNGs and tracers register them), and they run between ours: prepare handlers registered
+    // before ours run after it, parent and child handlers registered before ours run before it.
+    // The forking thread holds the cache lock across the fork, so it gets the cache again at
+    // once when such a handler asks (Lock::lock_contended); every other thread waits as before.
+    // In the parent that is the cache as it was. In the child, before our child handler has run,
+    // the cache still lists blocks the child did not inherit (Note [Plain memory]): the first
+    // such call forgets them, as our child handler would, and our handler then forgets nothing
+    // more (the blocks other handlers freed meanwhile are the child's own).
+
+    /// The cache, locked (Note [Fork handlers that allocate]).
+    #[inline]
+    fn cache(&self) -> Guard<'_, BlockCache> {
+        let mut cache = self.cache.lock();
+        if cache.reentered() {
+            self.entered_during_fork(&mut cache);
+        }
+        cache
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn entered_during_fork(&self, cache: &mut BlockCache) {
+        let pid = self.memory.process_id();
+        if pid != self.fork_pid.load(Relaxed) && self.forgotten_in.swap(pid, Relaxed) != pid {
+            self.forget_blocks_of_parent(cache);
+        }
+    }
+
     /// Takes the cache lock and keeps it: the fork handlers hold it across fork().
     pub fn lock_for_fork(&self) {
+        self.fork_pid.store(self.memory.process_id(), Relaxed);
         self.cache.lock_for_fork();
     }
 
@@ -802,7 +849,7 @@ impl<M: PageMemory> HostLayer<M> {
 
     #[cfg(test)]
     pub fn check_invariants(&self) -> Result<(), &'static str> {
-        let cache = self.cache.lock();
+        let cache = self.cache();
         cache.check_invariants()?;
         let deferred = cache.take_deferred_copy();
         for r in deferred.iter() {

@@ -13,7 +13,7 @@
 
 use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 const FREE: u32 = 0;
 const HELD: u32 = 1;
@@ -23,6 +23,8 @@ const SPINS: u32 = 64;
 
 pub struct Lock<T> {
     state: AtomicU32,
+    /// The thread that holds it across a fork (`thread_key`), 0 at other times.
+    fork_holder: AtomicUsize,
     value: UnsafeCell<T>,
 }
 
@@ -33,30 +35,40 @@ unsafe impl<T: Send> Send for Lock<T> {}
 
 pub struct Guard<'a, T> {
     lock: &'a Lock<T>,
+    /// Taken again by the thread that holds it across a fork: dropping it leaves it held.
+    reentered: bool,
 }
 
 impl<T> Lock<T> {
     pub const fn new(value: T) -> Self {
-        Lock { state: AtomicU32::new(FREE), value: UnsafeCell::new(value) }
+        Lock { state: AtomicU32::new(FREE), fork_holder: AtomicUsize::new(0), value: UnsafeCell::new(value) }
     }
 
     #[inline]
     pub fn lock(&self) -> Guard<'_, T> {
         if self.state.compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            self.lock_contended();
+            let reentered = self.lock_contended();
+            return Guard { lock: self, reentered };
         }
-        Guard { lock: self }
+        Guard { lock: self, reentered: false }
     }
 
+    /// Waits for the lock; true when this thread already holds it across a fork (Note [Fork
+    /// handlers that allocate] in host/host_layer.rs): it is asked again from another library's
+    /// fork handler, which runs between ours, and gets it at once.
     #[cold]
     #[inline(never)]
-    fn lock_contended(&self) {
+    fn lock_contended(&self) -> bool {
+        // Only this thread could have stored its own key; another's never equals it.
+        if self.fork_holder.load(Ordering::Relaxed) == thread_key() {
+            return true;
+        }
         for _ in 0..SPINS {
             core::hint::spin_loop();
             if self.state.load(Ordering::Relaxed) == FREE
                 && self.state.compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed).is_ok()
             {
-                return;
+                return false;
             }
         }
         // From here on the word says "maybe waiters" while we hold it: one unlock may wake a
@@ -64,6 +76,7 @@ impl<T> Lock<T> {
         while self.state.swap(HELD_WAITERS, Ordering::Acquire) != FREE {
             futex_wait(&self.state, HELD_WAITERS);
         }
+        false
     }
 
     fn unlock(&self) {
@@ -74,14 +87,17 @@ impl<T> Lock<T> {
 
     /// Takes the lock and leaks the guard: for the fork "prepare" handler, paired with
     /// `force_unlock` in the parent and child handlers.
+    /// The forking thread may take it again meanwhile (`Guard::reentered`).
     pub fn lock_for_fork(&self) {
         core::mem::forget(self.lock());
+        self.fork_holder.store(thread_key(), Ordering::Relaxed);
     }
 
     /// # Safety
     /// Only after `lock_for_fork` by this thread (or its forked child, where no other thread
     /// exists: a wake there finds no one).
     pub unsafe fn force_unlock(&self) {
+        self.fork_holder.store(0, Ordering::Relaxed);
         self.unlock();
     }
 }
@@ -110,6 +126,22 @@ fn futex_wait(_word: &AtomicU32, _expected: u32) {
 #[cfg(miri)]
 fn futex_wake_one(_word: &AtomicU32) {}
 
+impl<T> Guard<'_, T> {
+    /// Taken again by the thread that holds the lock across a fork (see `lock_contended`).
+    pub fn reentered(&self) -> bool {
+        self.reentered
+    }
+}
+
+/// A key for the calling thread: the address of a thread-local byte, unique among live threads
+/// and the same in a forked child's only thread (its copy of the forking one). No destructor.
+fn thread_key() -> usize {
+    thread_local! {
+        static KEY: u8 = const { 0 };
+    }
+    KEY.with(|k| k as *const u8 as usize)
+}
+
 impl<T> Deref for Guard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
@@ -127,7 +159,9 @@ impl<T> DerefMut for Guard<'_, T> {
 
 impl<T> Drop for Guard<'_, T> {
     fn drop(&mut self) {
-        self.lock.unlock();
+        if !self.reentered {
+            self.lock.unlock();
+        }
     }
 }
 
@@ -191,5 +225,35 @@ mod tests {
         unsafe { lock.force_unlock() };
         assert_eq!(lock.state.load(Ordering::Relaxed), FREE);
         drop(lock.lock());
+    }
+
+    #[test]
+    fn the_forking_thread_takes_it_again_and_others_wait() {
+        let lock = Arc::new(Lock::new(0u32));
+        lock.lock_for_fork();
+        {
+            // Another library's fork handler, on the forking thread.
+            let mut again = lock.lock();
+            assert!(again.reentered());
+            *again += 1;
+        }
+        assert_ne!(lock.state.load(Ordering::Relaxed), FREE, "dropping the reentered guard leaves it held");
+        let other = {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                let mut g = lock.lock();
+                assert!(!g.reentered());
+                *g += 1;
+            })
+        };
+        while lock.state.load(Ordering::Relaxed) != HELD_WAITERS {
+            std::thread::yield_now();
+        }
+        // SAFETY: lock_for_fork ran on this thread.
+        unsafe { lock.force_unlock() };
+        other.join().unwrap();
+        let after = lock.lock();
+        assert!(!after.reentered(), "after the fork, no thread is the fork's");
+        assert_eq!(*after, 2);
     }
 }

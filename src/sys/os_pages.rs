@@ -131,6 +131,10 @@ impl PageMemory for OsPages {
         super::memory::near_limit()
     }
 
+    fn process_id(&self) -> u32 {
+        super::process::id()
+    }
+
     fn could_map(&self, len: usize) -> bool {
         len as u64 <= super::memory::largest_possible_mapping()
     }

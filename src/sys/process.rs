@@ -21,6 +21,12 @@ pub fn error_text(e: i32, buf: &mut [u8; 128]) -> &str {
     core::str::from_utf8(buf.get(..n).unwrap_or(&[])).unwrap_or("error")
 }
 
+/// This process's id (getpid: a system call, since glibc caches it no more).
+pub fn id() -> u32 {
+    // SAFETY: getpid cannot fail.
+    unsafe { libc::getpid() as u32 }
+}
+
 /// Ends the process as glibc does on a bad free: SIGABRT.
 pub fn abort() -> ! {
     // SAFETY: abort never returns.

@@ -676,3 +676,33 @@ fn a_child_forgets_the_records_of_blocks_in_flight_at_the_fork() {
     assert!(matches!(l.owner(b), registry::Owner::Live { .. }), "blocks not in flight stay the child's");
     drop(claim);
 }
+
+/// Note [Fork handlers that allocate]: another library's handlers, run between ours, allocate
+/// and free on the forking thread: the parent's get the cache at once, the child's never get a
+/// block the child did not inherit, and our child handler then forgets nothing they freed.
+#[test]
+fn fork_handlers_of_other_libraries_may_allocate_between_ours() {
+    let l = layer(Config::default());
+    let a = l.alloc(8 * MB, PAGE, false, 0).unwrap();
+    l.free(a, 8 * MB);
+    l.lock_for_fork();
+    // A prepare handler registered before ours runs after it, in the parent.
+    let b = l.alloc(8 * MB, PAGE, false, 0).expect("no deadlock on the lock we hold");
+    assert_eq!(b, a, "the parent's handler gets the cache as it was");
+    l.free(b, 8 * MB);
+    // The child: a child handler registered before ours runs before it.
+    l.memory.become_child();
+    assert!(l.memory.hidden_from_children(a, 8 * MB));
+    let c = l.alloc(8 * MB, PAGE, false, 0).unwrap();
+    assert_ne!(c, a, "never a block the child did not inherit");
+    assert!(!l.memory.hidden_from_children(c, 8 * MB));
+    assert_eq!(l.owner(a), registry::Owner::Foreign, "the parent's cache is forgotten in the child");
+    l.free(c, 8 * MB);
+    // SAFETY: lock_for_fork ran on this thread (the child's copy of it).
+    unsafe { l.unlock_after_fork() };
+    l.forget_cache_in_child();
+    assert_eq!(l.owner(c), registry::Owner::Cached, "what the other handler freed stays the child's");
+    assert_eq!(l.alloc(8 * MB, PAGE, false, 0), Some(c));
+    l.free(c, 8 * MB);
+    l.check_invariants().unwrap();
+}
