@@ -13,6 +13,7 @@ use crate::sys::next::{CallocFn, FreeFn, MallocFn, ReallocFn};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
 
 pub(crate) mod cxx;
+pub(crate) mod libc_names;
 // Its callers are the CUDA shims, built only into the library.
 #[cfg(not(any(test, feature = "no-interpose")))]
 pub(crate) mod cuda;
@@ -477,11 +478,33 @@ pub unsafe fn realloc_as(p: *mut c_void, size: usize, asker: Asker) -> *mut c_vo
 #[cold]
 #[inline(never)]
 pub(crate) unsafe extern "C" fn realloc_from(p: *mut c_void, size: usize, asker: Asker) -> *mut c_void {
+    // SAFETY: the caller's contract.
+    unsafe { realloc_named(p, size, asker, Names::Malloc) }
+}
+
+/// Which names of the next allocator a call came in by, and so goes on to: malloc's, or glibc's
+/// own `__libc_` ones (libc_names.rs).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Names {
+    Malloc,
+    Libc,
+}
+
+/// realloc under either names: the small side goes on to the next allocator's entry point of
+/// the same names.
+///
+/// # Safety
+/// As for `realloc`.
+unsafe fn realloc_named(p: *mut c_void, size: usize, asker: Asker, names: Names) -> *mut c_void {
+    let alloc = |size| match names {
+        Names::Malloc => malloc_as(size, asker),
+        Names::Libc => libc_names::malloc(size, asker),
+    };
     if p.is_null() {
-        return malloc_as(size, asker);
+        return alloc(size);
     }
     if is_bootstrap(p) {
-        let q = malloc_as(size, asker);
+        let q = alloc(size);
         if !q.is_null() {
             // SAFETY: p is a live arena block of bootstrap_size(p) bytes; q has room for size.
             unsafe { core::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, bootstrap_size(p).min(size)) };
@@ -505,7 +528,11 @@ pub(crate) unsafe extern "C" fn realloc_from(p: *mut c_void, size: usize, asker:
             }
             // Shrinking below the threshold: move to the next allocator, then copy between two
             // blocks we hold.
-            let q = next_malloc(size);
+            let q = match names {
+                Names::Malloc => next_malloc(size),
+                // SAFETY: plain forwarding.
+                Names::Libc => unsafe { (g.next.libc.malloc)(size) },
+            };
             if q.is_null() {
                 return enomem();
             }
@@ -515,15 +542,20 @@ pub(crate) unsafe extern "C" fn realloc_from(p: *mut c_void, size: usize, asker:
         }
         Owner::Foreign => {
             refuse_interior("realloc", p);
+            let (next_realloc, next_free) = match names {
+                // SAFETY: UNCHECKED_REALLOC is the next allocator's realloc, or the one that
+                // makes room in front of it (set by ready()).
+                Names::Malloc => (unsafe { core::mem::transmute::<usize, ReallocFn>(UNCHECKED_REALLOC.load(Relaxed)) }, g.next.free),
+                Names::Libc => (g.next.libc.realloc, g.next.libc.free),
+            };
             if size < LARGE_FROM.load(Relaxed) {
-                // SAFETY: p came from the next allocator; UNCHECKED_REALLOC is its realloc, or
-                // the one that makes room in front of it.
-                return unsafe { core::mem::transmute::<usize, ReallocFn>(UNCHECKED_REALLOC.load(Relaxed))(p, size) };
+                // SAFETY: p came from the next allocator.
+                return unsafe { next_realloc(p, size) };
             }
             // Growing past the threshold: move into the host layer.
             let Some(usable) = g.next.usable_size else {
                 // SAFETY: as above; without malloc_usable_size we cannot know what to copy.
-                return unsafe { (g.next.realloc)(p, size) };
+                return unsafe { next_realloc(p, size) };
             };
             let q = large(size, PAGE, false, asker);
             if q.is_null() {
@@ -533,7 +565,7 @@ pub(crate) unsafe extern "C" fn realloc_from(p: *mut c_void, size: usize, asker:
             unsafe {
                 let old = usable(p);
                 core::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old.min(size));
-                (g.next.free)(p);
+                next_free(p);
             }
             q
         }
@@ -553,9 +585,18 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize,
 /// The shared core of posix_memalign, aligned_alloc, memalign, valloc and pvalloc; `align` is
 /// a power of two. Returns null with errno set on failure.
 fn aligned(align: usize, size: usize, asker: Asker) -> *mut c_void {
+    aligned_with(align, size, asker, Names::Malloc)
+}
+
+/// `aligned` under either names (see `realloc_named`).
+fn aligned_with(align: usize, size: usize, asker: Asker, names: Names) -> *mut c_void {
     let align = align.max(MIN_ALIGN);
     let Some(g) = ready() else { return bootstrap_alloc(size, align) };
     if size < LARGE_FROM.load(Relaxed) {
+        if let (Names::Libc, Some(memalign)) = (names, g.next.libc.memalign) {
+            // SAFETY: plain forwarding; align is a power of two.
+            return unsafe { memalign(align, size) };
+        }
         // SAFETY: align is a power of two and at least a pointer's size.
         let p = unsafe { g.next.alloc_aligned(align, size) };
         if p.is_null() && LIMITED.load(Relaxed) && room_made_for(size) {

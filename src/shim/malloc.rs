@@ -57,3 +57,18 @@ pub extern "C" fn free_aligned_sized(p: *mut c_void, _align: usize, _size: usize
     // SAFETY: the caller holds the C contract for the pointer.
     unsafe { route::free(p) }
 }
+
+// glibc's own names (route/libc_names.rs, Note [glibc's own names]): the same routing, the small
+// side on to the next allocator's entry points of the same names.
+with_caller!(fn __libc_malloc(size: usize) -> *mut c_void, "rsi" => route::libc_names::malloc);
+with_caller!(fn __libc_calloc(count: usize, size: usize) -> *mut c_void, "rdx" => route::libc_names::calloc);
+with_caller!(fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void, "rdx" => route::libc_names::realloc);
+with_caller!(fn __libc_memalign(align: usize, size: usize) -> *mut c_void, "rdx" => route::libc_names::memalign);
+with_caller!(fn __libc_valloc(size: usize) -> *mut c_void, "rsi" => route::libc_names::valloc);
+with_caller!(fn __libc_pvalloc(size: usize) -> *mut c_void, "rsi" => route::libc_names::pvalloc);
+
+#[no_mangle]
+pub extern "C" fn __libc_free(p: *mut c_void) {
+    // SAFETY: the caller holds the C contract for the pointer.
+    unsafe { route::libc_names::free(p) }
+}

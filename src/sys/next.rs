@@ -25,6 +25,21 @@ pub struct NextAllocator {
     pub aligned_alloc: Option<MemalignFn>,
     pub memalign: Option<MemalignFn>,
     pub usable_size: Option<UsableSizeFn>,
+    /// The same under glibc's own names (`__libc_malloc`...), as the next object defining them
+    /// has them (glibc, or jemalloc and tcmalloc, which define them too); the plain names where
+    /// no object does. A next allocator built over `__libc_malloc` (a debugging layer, a spy)
+    /// calls ours when we come first: our small side must go on to these, never to it.
+    pub libc: LibcNames,
+}
+
+/// The next allocator's entry points under glibc's `__libc_` names.
+#[derive(Clone, Copy)]
+pub struct LibcNames {
+    pub malloc: MallocFn,
+    pub free: FreeFn,
+    pub calloc: CallocFn,
+    pub realloc: ReallocFn,
+    pub memalign: Option<MemalignFn>,
 }
 
 /// The next definition after us, never our own (Note [Other dlsym hooks] in sys/dlsym.rs).
@@ -48,6 +63,8 @@ impl NextAllocator {
             return None;
         }
         let optional = |p: *mut c_void| if p.is_null() { None } else { Some(p) };
+        let or = |p: *mut c_void, plain: *mut c_void| if p.is_null() { plain } else { p };
+        let memalign = optional(lookup(c"memalign"));
         // SAFETY: dlsym returned the addresses of C functions with these standard signatures.
         Some(NextAllocator {
             malloc: core::mem::transmute::<*mut c_void, MallocFn>(malloc),
@@ -56,8 +73,15 @@ impl NextAllocator {
             realloc: core::mem::transmute::<*mut c_void, ReallocFn>(realloc),
             posix_memalign: core::mem::transmute::<*mut c_void, PosixMemalignFn>(posix_memalign),
             aligned_alloc: optional(lookup(c"aligned_alloc")).map(|p| core::mem::transmute::<*mut c_void, MemalignFn>(p)),
-            memalign: optional(lookup(c"memalign")).map(|p| core::mem::transmute::<*mut c_void, MemalignFn>(p)),
+            memalign: memalign.map(|p| core::mem::transmute::<*mut c_void, MemalignFn>(p)),
             usable_size: optional(lookup(c"malloc_usable_size")).map(|p| core::mem::transmute::<*mut c_void, UsableSizeFn>(p)),
+            libc: LibcNames {
+                malloc: core::mem::transmute::<*mut c_void, MallocFn>(or(lookup(c"__libc_malloc"), malloc)),
+                free: core::mem::transmute::<*mut c_void, FreeFn>(or(lookup(c"__libc_free"), free)),
+                calloc: core::mem::transmute::<*mut c_void, CallocFn>(or(lookup(c"__libc_calloc"), calloc)),
+                realloc: core::mem::transmute::<*mut c_void, ReallocFn>(or(lookup(c"__libc_realloc"), realloc)),
+                memalign: optional(lookup(c"__libc_memalign")).or(memalign).map(|p| core::mem::transmute::<*mut c_void, MemalignFn>(p)),
+            },
         })
     }
 

@@ -1,0 +1,22 @@
+"""glibc's own names (__libc_malloc, __libc_free, ...) called directly, mixed with the plain
+ones: a block is freed by its owner whichever name frees it (Note [glibc's own names] in
+src/route/libc_names.rs). Beside glibc alone, and with tcmalloc (which defines those names too)
+behind us. Not over jemalloc: Debian's jemalloc alone aborts on this program (glibc's free() reports an
+invalid pointer), and so it does behind us, no worse."""
+import pytest
+
+from conftest import LIB, compile_c, find_peer, ok, run
+
+
+@pytest.mark.parametrize("setting", ["tensormalloc", "glibc", "threshold-64K"])
+def test_libc_names(setting):
+    env = {"TENSORMALLOC_THRESHOLD": "64K"} if setting == "threshold-64K" else {}
+    out = ok(run([compile_c("libc_names")], preload=setting != "glibc", env=env))
+    assert "libc names ok" in out.stdout
+
+
+def test_libc_names_over_a_peer_that_defines_them():
+    peer = find_peer("libtcmalloc_minimal.so.4")
+    ok(run([compile_c("libc_names")], preload=peer))
+    out = ok(run([compile_c("libc_names")], preload=f"{LIB}:{peer}"))
+    assert "libc names ok" in out.stdout
