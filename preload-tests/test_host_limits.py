@@ -55,3 +55,12 @@ def test_another_dlsym_hook_sees_every_lookup_in_either_order(order):
     out = ok(run([compile_c("dlsym_user")], preload=preload, timeout=30))
     assert "dlsym user ok" in out.stdout
     assert "hook saw 3 probe lookups" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_impossible_requests_leave_the_cache_alone(preload):
+    """An alignment or a size no memory could satisfy: NULL/ENOMEM as glibc answers, the cache as
+    it was, and nothing on stderr (issue 29, item 4)."""
+    out = ok(run([compile_c("impossible")], preload=preload, env={"TENSORMALLOC_EXPIRE_MS": "60000"}))
+    assert "impossible ok" in out.stdout
+    assert out.stderr == ""

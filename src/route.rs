@@ -278,7 +278,7 @@ fn large(size: usize, align: usize, zeroed: bool, asker: Asker) -> *mut c_void {
         }
         None => {
             // A request no limit could ever allow is a probe, not a shortage: no event.
-            if HOST.could_map(size) {
+            if HOST.could_map(size, align) {
                 let total_bytes = crate::sys::memory::address_space_bytes();
                 crate::record::out_of_memory(&crate::record::OutOfMemory { place: holders::PLACE_HOST, request_bytes: size as u64, total_bytes, ..Default::default() });
             }

@@ -114,6 +114,18 @@ pub struct HostLayer<M: PageMemory> {
     pub stats: HostStats,
 }
 
+/// The address space a mapping of `len` bytes on `align` takes before it is trimmed: an
+/// alignment past a huge page's is had by mapping that much more (OsPages::map); up to it, the
+/// kernel's own placement of huge-page multiples usually gives it for nothing.
+fn mapping_span(len: usize, align: usize) -> usize {
+    if align > HUGE_PAGE {
+        len.saturating_add(align - PAGE)
+    } else {
+        len
+    }
+}
+
+
 /// A process id no process has (fork_pid, forgotten_in before any fork).
 const NO_PROCESS: u32 = u32::MAX;
 
@@ -571,7 +583,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// A fresh mapping; when the system refuses it, the cache is emptied (if that can help) and
     /// the mapping retried.
     fn map_fresh(&self, len: usize, align: usize) -> Option<usize> {
-        let addr = self.map_recordable(len, align).or_else(|| self.make_room(len).then(|| self.map_recordable(len, align)).flatten());
+        let addr = self.map_recordable(len, align).or_else(|| self.make_room(mapping_span(len, align)).then(|| self.map_recordable(len, align)).flatten());
         if addr.is_none() {
             self.stats.map_failures.add(1);
         }
@@ -589,10 +601,11 @@ impl<M: PageMemory> HostLayer<M> {
         true
     }
 
-    /// Whether a mapping of `len` bytes could succeed under the limits were nothing of ours
-    /// mapped (PageMemory::could_map).
-    pub fn could_map(&self, len: usize) -> bool {
-        self.memory.could_map(len)
+    /// Whether a mapping of `len` bytes on `align` could succeed under the limits were nothing
+    /// of ours mapped (PageMemory::could_map). A request no memory could satisfy (its size or
+    /// its alignment) is a probe, not a shortage: it leaves the cache alone.
+    pub fn could_map(&self, len: usize, align: usize) -> bool {
+        self.memory.could_map(mapping_span(len, align))
     }
 
     /// Whether the cache or the deferred list holds anything `make_room` could give back.

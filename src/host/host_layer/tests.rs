@@ -706,3 +706,22 @@ fn fork_handlers_of_other_libraries_may_allocate_between_ours() {
     l.free(c, 8 * MB);
     l.check_invariants().unwrap();
 }
+
+/// A request no mapping could ever satisfy, for its alignment, leaves the cache as it was
+/// (Note [Room for others]): emptying it would lose the cache and gain nothing.
+#[test]
+fn an_impossible_alignment_leaves_the_cache_alone() {
+    let l = layer(Config::default());
+    l.memory.set_largest_mapping(1 << 30);
+    let a = l.alloc(64 * MB, PAGE, false, 0).unwrap();
+    l.free(a, 64 * MB);
+    // Every mapping fails (the simulator would place any alignment); its addresses start on
+    // 2^46, so no cached block is on 2^47.
+    l.memory.fail_next_maps(100);
+    assert_eq!(l.alloc(8 * MB, 1 << 47, false, 0), None);
+    l.memory.fail_next_maps(0);
+    assert_eq!(l.cached().1, 64 * MB, "nothing given back for a request no room could serve");
+    assert_eq!(l.stats.retries_after_trim.get(), 0);
+    assert!(!l.could_map(8 * MB, 1 << 47) && l.could_map(8 * MB, 2 * MB) && l.could_map(8 * MB, 64 * MB));
+    check(&l);
+}
