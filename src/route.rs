@@ -13,6 +13,7 @@ use crate::sys::next::{CallocFn, FreeFn, MallocFn, ReallocFn};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
 
 pub(crate) mod cxx;
+pub(crate) mod control;
 pub(crate) mod libc_names;
 // Its callers are the CUDA shims, built only into the library.
 #[cfg(not(any(test, feature = "no-interpose")))]
@@ -30,7 +31,6 @@ const MIN_ALIGN: usize = 16;
 /// of this file, and on x86-64 the exported entry points in `shim::fast_paths`, which read them
 /// with plain loads (x86 loads are acquire loads).
 pub(crate) static LARGE_FROM: AtomicUsize = AtomicUsize::new(0);
-static THRESHOLD: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 // The next allocator's entry points, copied out of `Globals` so the fast paths are one load and
 // a tail call. Set before LARGE_FROM becomes non-zero (release), read after it (acquire).
@@ -85,7 +85,6 @@ fn set_targets(g: &'static Globals) -> Option<&'static Globals> {
     CHECK_PENDING.store(g.config.check_free, Relaxed);
     NEXT_CALLOC.store(next.calloc as usize, Relaxed);
     follow_address_limit();
-    THRESHOLD.store(g.config.threshold_bytes as usize, Relaxed);
     set_large_from(HOST.is_enabled());
     TARGETS.store(SET, Release);
     Some(g)
@@ -209,7 +208,7 @@ pub fn is_enabled() -> bool {
 }
 
 fn set_large_from(on: bool) {
-    LARGE_FROM.store(if on { THRESHOLD.load(Relaxed) } else { usize::MAX }, Release);
+    LARGE_FROM.store(if on { HOST.threshold_bytes() } else { usize::MAX }, Release);
     if !on {
         HOST.trim();
     }

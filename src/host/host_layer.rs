@@ -236,6 +236,25 @@ impl<M: PageMemory> HostLayer<M> {
         }
     }
 
+    /// Requests of at least `bytes` come here from now on (mallopt's M_MMAP_THRESHOLD); the
+    /// route follows it.
+    pub fn set_threshold_bytes(&self, bytes: usize) {
+        self.threshold_bytes.store(bytes, Relaxed);
+    }
+
+    /// The cache keeps at most `bytes` from now on, an exact bound (mallopt's
+    /// M_TRIM_THRESHOLD); holding more, it is emptied now.
+    pub fn set_cache_bytes(&self, bytes: usize) {
+        {
+            let mut cache = self.cache();
+            let limits = *cache.limits();
+            cache.set_limits(CacheLimits { max_bytes: bytes, follow_bytes: false, ..limits });
+        }
+        if self.cached().1 > bytes {
+            self.trim();
+        }
+    }
+
     pub fn threshold_bytes(&self) -> usize {
         self.threshold_bytes.load(Relaxed)
     }

@@ -6,6 +6,7 @@
 
 use crate::config::Config;
 
+pub mod glibc;
 pub mod holders;
 pub mod leaks;
 pub mod oom;

@@ -3,7 +3,8 @@
 //! caller on (`with_caller!`, Note [Holders]).
 
 use crate::route;
-use core::ffi::c_void;
+use crate::sys::next::MallInfo;
+use core::ffi::{c_int, c_void};
 
 #[cfg(not(target_arch = "x86_64"))]
 #[no_mangle]
@@ -71,4 +72,55 @@ with_caller!(fn __libc_pvalloc(size: usize) -> *mut c_void, "rsi" => route::libc
 pub extern "C" fn __libc_free(p: *mut c_void) {
     // SAFETY: the caller holds the C contract for the pointer.
     unsafe { route::libc_names::free(p) }
+}
+
+// glibc's control and inspection calls (route/control.rs, report/glibc.rs): our blocks counted
+// and controlled as glibc's mmapped ones, then the next allocator's.
+
+#[no_mangle]
+pub extern "C" fn malloc_trim(pad: usize) -> c_int {
+    route::control::malloc_trim(pad)
+}
+
+#[no_mangle]
+pub extern "C" fn mallopt(param: c_int, value: c_int) -> c_int {
+    route::control::mallopt(param, value)
+}
+
+#[no_mangle]
+pub extern "C" fn mallinfo() -> MallInfo<c_int> {
+    crate::report::glibc::mallinfo()
+}
+
+#[no_mangle]
+pub extern "C" fn mallinfo2() -> MallInfo<usize> {
+    crate::report::glibc::mallinfo2()
+}
+
+#[no_mangle]
+pub extern "C" fn malloc_stats() {
+    crate::report::glibc::malloc_stats()
+}
+
+/// # Safety
+/// `fp` is an open `FILE` (malloc_info's contract).
+#[no_mangle]
+pub unsafe extern "C" fn malloc_info(options: c_int, fp: *mut libc::FILE) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { crate::report::glibc::malloc_info(options, fp) }
+}
+
+/// Our entry point for one of glibc's control and inspection calls, by name (the exported
+/// dlsym hands it out for a library's handle: route::control::served_symbol).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) fn control_symbol(name: &[u8]) -> Option<*mut c_void> {
+    Some(match name {
+        b"malloc_trim" => malloc_trim as *mut c_void,
+        b"mallopt" => mallopt as *mut c_void,
+        b"mallinfo" => mallinfo as *mut c_void,
+        b"mallinfo2" => mallinfo2 as *mut c_void,
+        b"malloc_stats" => malloc_stats as *mut c_void,
+        b"malloc_info" => malloc_info as *mut c_void,
+        _ => return None,
+    })
 }

@@ -22,3 +22,4 @@ pub mod process;
 pub mod reaper;
 pub mod reentry;
 pub mod stderr;
+pub mod stdio;

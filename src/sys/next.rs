@@ -2,7 +2,7 @@
 //! resolved with dlsym(RTLD_NEXT), and the bootstrap arena that serves the calls made while
 //! dlsym itself runs (dlsym may call malloc/calloc, which are us).
 
-use core::ffi::c_void;
+use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 pub type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
@@ -30,6 +30,36 @@ pub struct NextAllocator {
     /// no object does. A next allocator built over `__libc_malloc` (a debugging layer, a spy)
     /// calls ours when we come first: our small side must go on to these, never to it.
     pub libc: LibcNames,
+    /// glibc's control and inspection calls, as the next object defining them has them.
+    pub control: ControlNames,
+}
+
+/// glibc's `struct mallinfo` (`c_int` fields) and `struct mallinfo2` (`usize` fields).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MallInfo<T> {
+    pub arena: T,
+    pub ordblks: T,
+    pub smblks: T,
+    pub hblks: T,
+    pub hblkhd: T,
+    pub usmblks: T,
+    pub fsmblks: T,
+    pub uordblks: T,
+    pub fordblks: T,
+    pub keepcost: T,
+}
+
+/// The next allocator's malloc_trim, mallopt, mallinfo, mallinfo2, malloc_stats and
+/// malloc_info, where it has them.
+#[derive(Clone, Copy)]
+pub struct ControlNames {
+    pub malloc_trim: Option<unsafe extern "C" fn(usize) -> c_int>,
+    pub mallopt: Option<unsafe extern "C" fn(c_int, c_int) -> c_int>,
+    pub mallinfo: Option<unsafe extern "C" fn() -> MallInfo<c_int>>,
+    pub mallinfo2: Option<unsafe extern "C" fn() -> MallInfo<usize>>,
+    pub malloc_stats: Option<unsafe extern "C" fn()>,
+    pub malloc_info: Option<unsafe extern "C" fn(c_int, *mut libc::FILE) -> c_int>,
 }
 
 /// The next allocator's entry points under glibc's `__libc_` names.
@@ -81,6 +111,14 @@ impl NextAllocator {
                 calloc: core::mem::transmute::<*mut c_void, CallocFn>(or(lookup(c"__libc_calloc"), calloc)),
                 realloc: core::mem::transmute::<*mut c_void, ReallocFn>(or(lookup(c"__libc_realloc"), realloc)),
                 memalign: optional(lookup(c"__libc_memalign")).or(memalign).map(|p| core::mem::transmute::<*mut c_void, MemalignFn>(p)),
+            },
+            control: ControlNames {
+                malloc_trim: optional(lookup(c"malloc_trim")).map(|p| core::mem::transmute::<*mut c_void, unsafe extern "C" fn(usize) -> c_int>(p)),
+                mallopt: optional(lookup(c"mallopt")).map(|p| core::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int, c_int) -> c_int>(p)),
+                mallinfo: optional(lookup(c"mallinfo")).map(|p| core::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> MallInfo<c_int>>(p)),
+                mallinfo2: optional(lookup(c"mallinfo2")).map(|p| core::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> MallInfo<usize>>(p)),
+                malloc_stats: optional(lookup(c"malloc_stats")).map(|p| core::mem::transmute::<*mut c_void, unsafe extern "C" fn()>(p)),
+                malloc_info: optional(lookup(c"malloc_info")).map(|p| core::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int, *mut libc::FILE) -> c_int>(p)),
             },
         })
     }

@@ -1,0 +1,46 @@
+"""glibc's malloc controls and inspection calls (malloc_trim, mallopt, mallinfo2, malloc_info,
+malloc_stats) with large blocks: each answers as under glibc alone (route/control.rs,
+report/glibc.rs), from C and, through the C library's handle, from Python's ctypes."""
+import sys
+
+import pytest
+
+from conftest import LIB, compile_c, ok, run
+
+SCENARIOS = ["trim", "mallinfo", "mmap-max", "trim-threshold", "mmap-threshold", "info"]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_controls(scenario, preload):
+    # A long release delay: without malloc_trim the cache would keep every block.
+    out = ok(run([compile_c("malloc_controls"), scenario], preload=preload, env={"TENSORMALLOC_RELEASE_MS": "60000"}))
+    assert f"{scenario} ok" in out.stdout
+    if scenario == "info":
+        assert "Total (incl. mmap):" in out.stderr, "the next allocator's malloc_stats"
+        if preload:
+            assert "tensormalloc (large blocks, mmapped):" in out.stderr and "in use bytes     =   62914560" in out.stderr
+
+
+PYTHON_TRIM = """
+import ctypes, numpy as np
+libc = ctypes.CDLL("libc.so.6")
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
+arrays = [np.ones(5_000_000) for _ in range(10)]
+del arrays
+before = rss()
+released = libc.malloc_trim(0)
+print(before, rss(), released)
+"""
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_malloc_trim_through_ctypes_gives_the_cache_back(preload):
+    """The idiom of data pipelines and notebooks: malloc_trim through the C library's handle."""
+    out = ok(run([sys.executable, "-c", PYTHON_TRIM], preload=preload, env={"TENSORMALLOC_RELEASE_MS": "60000"}))
+    before, after, released = map(int, out.stdout.split())
+    base = 60  # the interpreter and numpy
+    assert after < base + 40, out.stdout
+    if preload:
+        assert before > base + 300 and released == 1, out.stdout

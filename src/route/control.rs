@@ -1,0 +1,79 @@
+//! glibc's control calls, answered for the blocks we hold as glibc answers for its mmapped ones,
+//! then passed on to the next allocator (which holds the small blocks): `malloc_trim` gives the
+//! cache back; `mallopt` honours the options that concern large blocks in the sense their users
+//! mean them (README, "glibc's malloc controls"):
+//! - M_MMAP_THRESHOLD: requests of at least that many bytes are ours (our threshold);
+//! - M_TRIM_THRESHOLD: the most freed memory kept for reuse (the cache's byte bound);
+//! - M_MMAP_MAX = 0: no large block of ours any more: every request goes to the next allocator,
+//!   which serves it as glibc does under that setting (from its heap); a later nonzero value
+//!   turns the cache back on.
+
+use super::{ready, set_enabled};
+use crate::state::HOST;
+use core::ffi::c_int;
+use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+/// glibc's mallopt parameters (malloc.h).
+pub const M_TRIM_THRESHOLD: c_int = -1;
+pub const M_MMAP_THRESHOLD: c_int = -3;
+pub const M_MMAP_MAX: c_int = -4;
+
+/// Our smallest threshold (TENSORMALLOC_THRESHOLD's floor).
+const THRESHOLD_MIN: usize = 4 << 10;
+
+/// M_MMAP_MAX = 0 turned the cache off (and only then does a nonzero value turn it back on).
+static OFF_BY_MALLOPT: AtomicBool = AtomicBool::new(false);
+
+/// malloc_trim: the cache given back, then the next allocator's trim. 1 when memory was
+/// released, as glibc answers.
+pub fn malloc_trim(pad: usize) -> c_int {
+    let Some(g) = ready() else { return 0 };
+    let released = HOST.trim();
+    // SAFETY: plain forwarding.
+    let next = g.next.control.malloc_trim.map_or(0, |trim| unsafe { trim(pad) });
+    c_int::from(released > 0 || next != 0)
+}
+
+/// mallopt: the large-block options honoured as the module says, every option passed on. The
+/// next allocator's answer (1 success, 0 refused); 1 for ours when it has no mallopt.
+pub fn mallopt(param: c_int, value: c_int) -> c_int {
+    let Some(g) = ready() else { return 0 };
+    // SAFETY: plain forwarding.
+    let answer = g.next.control.mallopt.map_or(1, |f| unsafe { f(param, value) });
+    let Ok(bytes) = usize::try_from(value) else { return answer };
+    match param {
+        // As far as the next allocator took it (glibc refuses values past its heap's half).
+        M_MMAP_THRESHOLD if answer == 1 => {
+            HOST.set_threshold_bytes(bytes.max(THRESHOLD_MIN));
+            if HOST.is_enabled() {
+                set_enabled(true);
+            }
+        }
+        M_TRIM_THRESHOLD => HOST.set_cache_bytes(bytes),
+        M_MMAP_MAX if bytes == 0 => {
+            // Marked only when this call is what turned the cache off.
+            OFF_BY_MALLOPT.fetch_or(set_enabled(false), Relaxed);
+        }
+        // Back on only when M_MMAP_MAX = 0 is what turned it off.
+        M_MMAP_MAX if OFF_BY_MALLOPT.swap(false, Relaxed) => {
+            set_enabled(true);
+        }
+        _ => {}
+    }
+    answer
+}
+
+/// `dlsym(handle, name)` of one of these calls through a library's handle, as Python does
+/// (`ctypes.CDLL("libc.so.6").malloc_trim(0)`, the idiom for giving memory back): `ours` when
+/// the handle reaches the very definition our next allocator's is (as a lookup by symbol already
+/// reaches ours); None to let glibc's dlsym answer (another object's, RTLD_NEXT, RTLD_DEFAULT).
+pub fn served_symbol(handle: *mut core::ffi::c_void, name: &core::ffi::CStr, ours: *mut core::ffi::c_void, real_dlsym: crate::sys::dlsym::DlsymFn) -> Option<*mut core::ffi::c_void> {
+    if handle.is_null() || handle == libc::RTLD_NEXT || handle == libc::RTLD_DEFAULT || ready().is_none() {
+        return None;
+    }
+    // SAFETY: glibc's dlsym with the caller's handle and name.
+    let found = unsafe { real_dlsym(handle, name.as_ptr()) };
+    // SAFETY: a lookup of the next definition, allocation-free.
+    let next = unsafe { crate::sys::dlsym::next_definition(name) };
+    (!found.is_null() && found == next).then_some(ours)
+}
