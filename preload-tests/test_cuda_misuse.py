@@ -15,7 +15,7 @@ from cudasim import cuda_plugin, run_scenario
 from test_cuda_correct import MODES, POOLED
 
 SCENARIOS = ["double-free", "double-free-driver", "interior-free", "double-free-host", "double-free-async",
-             "free-host-thread", "free-no-context", "buffer-ids", "deepbind-free", "oom-async", "oom-other-context",
+             "free-host-thread", "free-no-context", "buffer-ids", "impossible-sizes", "deepbind-free", "oom-async", "oom-other-context",
              "oom-managed", "oom-vmm"]
 # The scenarios that free a pointer the pool does not hold live, and the kind their line names.
 REFUSED = {"double-free": "device", "double-free-driver": "device", "interior-free": "device",

@@ -525,8 +525,9 @@ impl DeviceRuntime for SimRuntime {
     fn malloc(&self, len: usize) -> Result<usize, DeviceError> {
         let mut st = self.state.lock().unwrap();
         let d = st.current as usize;
-        let footprint = (len.max(1) + 0xfffff) & !0xfffff;
-        if st.fail_next_mallocs > 0 || st.devices[d].used + footprint > st.devices[d].capacity {
+        // Overflow-safe, as the driver's check: a size past the capacity never wraps into it.
+        let footprint = len.max(1).checked_add(0xfffff).map_or(usize::MAX, |n| n & !0xfffff);
+        if st.fail_next_mallocs > 0 || footprint > st.devices[d].capacity.saturating_sub(st.devices[d].used) {
             st.fail_next_mallocs = st.fail_next_mallocs.saturating_sub(1);
             st.last_error = 2;
             return Err(DeviceError::OutOfMemory);
@@ -566,6 +567,11 @@ impl DeviceRuntime for SimRuntime {
     }
     fn host_alloc(&self, len: usize, _flags: u32) -> Result<usize, DeviceError> {
         let mut st = self.state.lock().unwrap();
+        // As the runtime: more than a machine could pin is out of memory.
+        if len > 1 << 40 {
+            st.last_error = 2;
+            return Err(DeviceError::OutOfMemory);
+        }
         let addr = st.next_addr;
         st.next_addr += len + (2 << 20);
         st.pinned.insert(addr, len);

@@ -12,6 +12,10 @@
  *                                      (CUDA_PLUGIN, c/cuda_plugin.c) allocates and frees its own
  *                                      memory, then frees blocks the program got: each is freed or
  *                                      refused (1), and no other block dies with it
+ *   impossible-sizes                   SIZE_MAX and its neighbours (a negative size cast to
+ *                                      size_t) from cudaMalloc, cuMemAlloc_v2 and cudaMallocHost:
+ *                                      out of memory (2) as the runtime alone answers, the pool's cache
+ *                                      as it was, a normal request served after
  *   oom-async, oom-other-context,      600 MiB freed of the device's 1 GiB: 700 MiB from the
  *   oom-managed, oom-vmm               runtime's stream-ordered pool, in another context, managed,
  *                                      or a VMM handle (cuMemCreate), fit
@@ -35,6 +39,7 @@ int cudaStreamCreate(CUstream *);
 int cudaStreamSynchronize(CUstream);
 int cudaStreamDestroy(CUstream);
 int cuMemFree_v2(CUdeviceptr);
+int cuMemAlloc_v2(CUdeviceptr *, size_t);
 int cuMemFreeAsync(CUdeviceptr, CUstream);
 int cuMemAllocHost_v2(void **, size_t);
 int cuMemFreeHost(void *);
@@ -179,6 +184,32 @@ static void free_no_context(void) {
     CHECK(cuMemFree_v2(DEV(a)) == 0 && cuMemFree_v2(DEV(m)) == 0 && cuMemFreeHost(h) == 0);
 }
 
+static void impossible_sizes(void) {
+    void *keep = NULL, *p = NULL;
+    CHECK(cudaMalloc(&keep, 100 * MB) == 0 && cudaFree(keep) == 0); /* the pool caches it */
+    tm_stats_t before = {.size = sizeof before};
+    int ours = tm_stats(&before) == 0;
+    size_t sizes[] = {SIZE_MAX, SIZE_MAX - 3, SIZE_MAX - 510, (size_t)-16, (size_t)1 << 60};
+    for (int i = 0; i < 5; i++) {
+        void *sentinel = (void *)0x1234;
+        p = sentinel;
+        CHECK(cudaMalloc(&p, sizes[i]) == 2);
+        CHECK(cudaGetLastError() == 2);
+        CUdeviceptr d = 0x5678;
+        CHECK(cuMemAlloc_v2(&d, sizes[i]) == 2);
+        void *h = sentinel;
+        CHECK(cudaMallocHost(&h, sizes[i]) == 2);
+        cudaGetLastError();
+    }
+    if (ours) {
+        tm_stats_t after = {.size = sizeof after};
+        CHECK(tm_stats(&after) == 0 && after.cuda_reserved_bytes == before.cuda_reserved_bytes);
+    }
+    CHECK(cudaMalloc(&p, 100 * MB) == 0);
+    kernel_works(p, 100 * MB, 0x42);
+    CHECK(cudaFree(p) == 0);
+}
+
 int cuPointerGetAttribute(void *, int, CUdeviceptr);
 int cuPointerGetAttributes(unsigned, int *, void **, CUdeviceptr);
 enum { BUFFER_ID = 7, RANGE_START_ADDR = 11 };
@@ -307,6 +338,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "free-host-thread")) free_host_thread();
     else if (!strcmp(s, "free-no-context")) free_no_context();
     else if (!strcmp(s, "buffer-ids")) buffer_ids();
+    else if (!strcmp(s, "impossible-sizes")) impossible_sizes();
     else if (!strcmp(s, "deepbind-free")) deepbind_free();
     else if (!strcmp(s, "oom-async")) oom_elsewhere(ELSEWHERE_ASYNC);
     else if (!strcmp(s, "oom-other-context")) oom_elsewhere(ELSEWHERE_CONTEXT);

@@ -27,17 +27,19 @@ const MAX_STEPS: usize = 8;
 struct Step {
     decision: Alloc,
     fits_cap: bool,
+    /// A new segment would fit the cap were the cache given back (else giving it back is no use).
+    could_fit_cap: bool,
     generation: u64,
 }
 
 impl Step {
     fn decide(p: &mut DevicePool, ctx: u64, size: usize, tag: u64, birth: Birth) -> Step {
         let decision = if p.serves(ctx) { p.alloc(size as u64, tag, birth) } else { Alloc::Untracked };
-        let fits_cap = match decision {
-            Alloc::NeedSegment { len, .. } => p.fits_cap(len),
-            _ => true,
+        let (fits_cap, could_fit_cap) = match decision {
+            Alloc::NeedSegment { len, .. } => (p.fits_cap(len), len <= p.limit_bytes()),
+            _ => (true, true),
         };
-        Step { decision, fits_cap, generation: p.generation() }
+        Step { decision, fits_cap, could_fit_cap, generation: p.generation() }
     }
 }
 
@@ -209,6 +211,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let Some(index) = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES) else { return };
         let mut e = record::OutOfMemory { place: device_place(index), request_bytes: size as u64, ..Default::default() };
         if let Ok((free, total)) = self.runtime.mem_info() {
+            if size > total && !cap_refused {
+                return; // more than the device holds: a probe, not a shortage (as on the host)
+            }
             (e.free_bytes, e.total_bytes) = (free as u64, total as u64);
             e.available_bytes = self.available(index, free, total) as u64;
         }
@@ -253,7 +258,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 }
                 Alloc::NeedSegment { len, small } => {
                     if !step.fits_cap {
-                        if released {
+                        if released || !step.could_fit_cap {
                             pool.lock().stats.oom_failures += 1;
                             return Err(DeviceError::CapReached);
                         }
@@ -288,7 +293,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                             }
                             record::segment(device_place(device as usize), addr as u64, len, true);
                         }
-                        Err(DeviceError::OutOfMemory) if !released => {
+                        Err(DeviceError::OutOfMemory) if !released && self.could_hold(len as usize) => {
                             // The failed call left an error for cudaGetLastError; we recover.
                             self.runtime.clear_last_error();
                             pool.lock().stats.oom_retries += 1;
@@ -313,12 +318,18 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     fn passthrough_malloc(&self, device: i32, size: usize) -> Result<usize, DeviceError> {
         self.stats.passthrough.add(1);
         match self.runtime_malloc(size) {
-            Err(DeviceError::OutOfMemory) if self.give_back(device) > 0 => {
+            Err(DeviceError::OutOfMemory) if self.could_hold(size) && self.give_back(device) > 0 => {
                 self.runtime.clear_last_error();
                 self.runtime_malloc(size)
             }
             other => other,
         }
+    }
+
+    /// Whether the current device could hold `size` bytes at all: a request past its memory
+    /// leaves our cache alone (emptying it would lose the cache and gain nothing).
+    fn could_hold(&self, size: usize) -> bool {
+        self.runtime.mem_info().map_or(true, |(_, total)| size <= total)
     }
 
     /// Out of memory outside the pool (another context, the runtime's stream-ordered pool):

@@ -373,3 +373,28 @@ fn the_holders_table_follows_blocks_and_forgets_them_with_their_context() {
     reset_primary(&l, 0);
     assert_eq!(holder_row(w), (0, sa + sb, 0), "a reset freed the block with its context");
 }
+
+/// Sizes no device could hold, and those whose rounding would wrap (a negative size cast to
+/// size_t): the runtime's answer, never a block of ours; the cache left as it was.
+#[test]
+fn impossible_sizes_get_the_runtimes_answer_and_leave_the_cache() {
+    for pool in [crate::config::CudaPool::Split, crate::config::CudaPool::Binned] {
+        let l = layer(Config { cuda_pool: pool, ..Config::default() }, &[1 * GB]);
+        let a = l.malloc(100 * MB, 0).unwrap();
+        l.free(a).unwrap();
+        let cached_bytes = |l: &DeviceLayer<SimRuntime>| {
+            let mut total = 0;
+            l.for_each_pool(|_, p| total += p.cached_bytes());
+            total
+        };
+        let cached = cached_bytes(&l);
+        assert!(cached > 0);
+        for size in [usize::MAX, usize::MAX - 3, usize::MAX - 510, usize::MAX - 15, 1 << 60, 2 * GB] {
+            assert_eq!(l.malloc(size, 0), Err(DeviceError::OutOfMemory), "{size:#x} under {pool:?}");
+            assert_eq!(cached_bytes(&l), cached, "nothing given back for {size:#x}");
+        }
+        assert_eq!(l.host_alloc(usize::MAX, 0, 0), Err(DeviceError::OutOfMemory));
+        assert_eq!(l.host_alloc(usize::MAX - 4095, 0, 0), Err(DeviceError::OutOfMemory));
+        assert_eq!(l.malloc(100 * MB, 0), Ok(a), "the cache still serves");
+    }
+}

@@ -30,11 +30,16 @@ impl PinnedBlock {
     }
 }
 
-/// Size classes: whole pages, then four classes per power of two.
-pub fn pinned_class(size: u64) -> u64 {
+/// Size classes: whole pages, then four classes per power of two. None past
+/// MAX_POOLED_BYTES (more than any machine pins, or a size whose rounding would wrap): such a
+/// request goes to the runtime as it is.
+pub fn pinned_class(size: u64) -> Option<u64> {
+    if size > crate::device::pool::MAX_POOLED_BYTES {
+        return None;
+    }
     let size = size.max(1).div_ceil(4096) * 4096;
     let step = ((1u64 << (63 - size.leading_zeros())) >> 2).max(4096);
-    size.div_ceil(step) * step
+    Some(size.div_ceil(step) * step)
 }
 
 pub struct PinnedCache {
@@ -92,7 +97,7 @@ impl PinnedCache {
     /// A cached block of `size`'s class with the same flags and context, if any, now `holder`'s.
     pub fn take(&mut self, size: u64, flags: u32, ctx: u64, holder: u64) -> Option<PinnedBlock> {
         self.requests += 1;
-        let len = pinned_class(size);
+        let len = pinned_class(size)?;
         let index = self.free.iter().position(|s| s.is_some_and(|b| b.len == len && b.flags == flags && b.ctx == ctx))?;
         let block = PinnedBlock { holder, ..self.free.get(index).copied().flatten()? };
         // Untrackable (tables full): leave it cached and let the caller allocate fresh.
@@ -108,7 +113,8 @@ impl PinnedCache {
     }
 
     /// The length to pin for a request that missed.
-    pub fn len_for(&self, size: u64) -> u64 {
+    /// The length pinned for a request of `size` bytes; None: not ours to pin (pinned_class).
+    pub fn len_for(&self, size: u64) -> Option<u64> {
         pinned_class(size)
     }
 
@@ -240,7 +246,7 @@ mod tests {
         let mut c = Box::new(PinnedCache::new());
         assert!(c.init(64 << 20, leak_table));
         assert_eq!(c.take(10 << 20, 0, 7, 0), None);
-        let len = c.len_for(10 << 20);
+        let len = c.len_for(10 << 20).unwrap();
         assert_eq!(len, 10 << 20);
         assert!(c.add_live(0x1000_0000, len, 0, 7, 0));
         assert!(matches!(c.free(0x1000_0000), PinnedFree::Cached { evicted } if evicted.is_empty()));
@@ -252,13 +258,13 @@ mod tests {
         assert_eq!(c.hits, 1);
         // Over the byte limit the oldest blocks go.
         c.free(0x1000_0000);
-        c.add_live(0x2000_0000, c.len_for(40 << 20), 0, 7, 0);
-        c.add_live(0x3000_0000, c.len_for(40 << 20), 0, 7, 0);
+        c.add_live(0x2000_0000, c.len_for(40 << 20).unwrap(), 0, 7, 0);
+        c.add_live(0x3000_0000, c.len_for(40 << 20).unwrap(), 0, 7, 0);
         assert!(matches!(c.free(0x2000_0000), PinnedFree::Cached { .. }));
         let PinnedFree::Cached { evicted } = c.free(0x3000_0000) else { panic!() };
         let evicted: Vec<_> = evicted.iter().map(|r| (r.addr, r.len)).collect();
         assert_eq!(evicted, vec![(0x1000_0000, 10 << 20), (0x2000_0000, 40 << 20)]);
-        c.add_live(0x4000_0000, c.len_for(100 << 20), 0, 7, 0);
+        c.add_live(0x4000_0000, c.len_for(100 << 20).unwrap(), 0, 7, 0);
         assert!(matches!(c.free(0x4000_0000), PinnedFree::Refused));
         assert_eq!(c.cached_bytes(), 40 << 20);
         assert!(c.add_live(0x5000_0000, 4096, 0, 7, 9 << 48));

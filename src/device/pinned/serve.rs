@@ -21,7 +21,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             record::alloc(recorded(&b), b.len, record::Found::Hit);
             return Ok(b.addr as usize);
         }
-        let len = self.pinned.lock().len_for(size as u64) as usize;
+        // A size no machine could pin (or whose class would wrap) goes to the runtime as it is.
+        let Some(len) = self.pinned.lock().len_for(size as u64) else { return self.runtime.host_alloc(size, flags) };
+        let len = len as usize;
         let addr = match self.runtime.host_alloc(len, flags) {
             Ok(a) => a,
             Err(DeviceError::OutOfMemory) => {

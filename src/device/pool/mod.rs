@@ -80,6 +80,10 @@ const SMALL_SEGMENT: u64 = 2 << 20;
 const MEDIUM_LIMIT: u64 = 10 << 20;
 const MEDIUM_SEGMENT: u64 = 20 << 20;
 const LARGE_ROUND: u64 = 2 << 20;
+/// The largest request the pool serves: past it (more than any device holds, 256 TiB), and
+/// for sizes whose rounding would wrap (a negative size cast to size_t), the request goes to the
+/// driver as it is, which answers out of memory; never a block of ours.
+pub const MAX_POOLED_BYTES: u64 = 1 << 48;
 /// Free blocks above this are never split (Note in mod.rs) ...
 const MAX_SPLIT: u64 = 256 << 20;
 /// ... and serve a request only if they waste at most this.
@@ -278,12 +282,15 @@ impl DevicePool {
         self.live.get(addr).is_some()
     }
 
-    /// The size actually reserved for a request.
-    fn rounded(&self, size: u64) -> u64 {
-        match self.strategy {
+    /// The size actually reserved for a request; None past MAX_POOLED_BYTES.
+    fn rounded(&self, size: u64) -> Option<u64> {
+        if size > MAX_POOLED_BYTES {
+            return None;
+        }
+        Some(match self.strategy {
             Strategy::Binned => class_of(size),
             Strategy::Split => size.max(1).div_ceil(ROUND) * ROUND,
-        }
+        })
     }
 
     fn segment_for(&self, need: u64) -> (u64, bool) {
@@ -301,7 +308,7 @@ impl DevicePool {
     }
 
     pub fn alloc(&mut self, size: u64, tag: u64, birth: Birth) -> Alloc {
-        let need = self.rounded(size);
+        let Some(need) = self.rounded(size) else { return Alloc::Untracked };
         let small = self.strategy == Strategy::Split && need < SMALL_LIMIT;
         if let Some(index) = self.find_fit(need, small, tag) {
             // A request is counted when the pool answers it (a block, or untracked), not at
