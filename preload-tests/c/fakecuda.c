@@ -9,7 +9,9 @@
  * that reuses a block before the work on it finished, or hands out a block of a dead context, is
  * caught. Knobs to widen races: FAKECUDA_ALLOC_DELAY_US makes every cuMemAlloc take that long
  * (outside the lock, as on a busy GPU); FAKECUDA_REUSE_CONTEXTS=1 gives a new context the handle
- * of the most recently destroyed one. Thread-safe with one mutex; static tables only (no malloc). */
+ * of the most recently destroyed one. Thread-safe with one mutex; static tables only (no malloc).
+ * A forked child of a process that initialized the driver is answered as NVIDIA's driver answers
+ * it: every call, cuInit included, fails with CUDA_ERROR_NOT_INITIALIZED (3). */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -255,8 +257,20 @@ out:
 
 /* ---------- static implementations (the table cuGetProcAddress answers with) ---------- */
 
+/* Set in a forked child of a process that had initialized the driver: nothing works there. */
+static int forked_after_init;
+
+static void child_after_fork(void) {
+    if (initialized) forked_after_init = 1;
+    initialized = 0;
+    pthread_mutex_init(&lock, NULL); /* the parent's threads that held it are gone */
+}
+
+__attribute__((constructor)) static void models_fork(void) { pthread_atfork(NULL, NULL, child_after_fork); }
+
 static CUresult s_cuInit(unsigned flags) {
     (void)flags;
+    if (forked_after_init) return CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&lock);
     configure();
     initialized = 1;

@@ -82,6 +82,12 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int load_error; /* a runtime error code when the driver could not be loaded */
 static int ndevices;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* A forked child: the driver answers every call with 3 there; this runtime's own lock may have
+ * been held by a parent thread the child does not have. */
+static void child_after_fork(void) { pthread_mutex_init(&lock, NULL); }
+
+__attribute__((constructor)) static void models_fork(void) { pthread_atfork(NULL, NULL, child_after_fork); }
 static CUcontext primary[MAX_DEV]; /* the primary contexts this runtime retained */
 static __thread __attribute__((tls_model("initial-exec"))) int current_device; /* no malloc in __tls_get_addr */
 static __thread __attribute__((tls_model("initial-exec"))) int last_error;

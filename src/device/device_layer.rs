@@ -55,6 +55,10 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     pub(super) limit_bytes: AtomicU64,
     pub(super) limit_percent: AtomicU64,
     pub(super) pinned_limit_bytes: AtomicU64,
+    /// A pool or the pinned cache was set up; a forked child then leaves them alone for good
+    /// (`inherited`, Note [Forked children]).
+    pub(super) used: AtomicBool,
+    inherited: AtomicBool,
     pub stats: DeviceStats,
 }
 
@@ -124,6 +128,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             limit_bytes: AtomicU64::new(u64::MAX),
             limit_percent: AtomicU64::new(0),
             pinned_limit_bytes: AtomicU64::new(1 << 30),
+            used: AtomicBool::new(false),
+            inherited: AtomicBool::new(false),
             stats: DeviceStats::new(),
         }
     }
@@ -146,7 +152,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// The cap on what `device`'s pool reserves (u64::MAX: none).
     pub fn cap_bytes(&self, device: usize) -> u64 {
-        self.pools.get(device).map_or(u64::MAX, |p| p.lock().limit_bytes())
+        self.pools().get(device).map_or(u64::MAX, |p| p.lock().limit_bytes())
     }
 
     pub fn runtime(&self) -> &R {
@@ -154,7 +160,40 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     pub fn enabled(&self) -> bool {
-        self.mode.load(Relaxed) != MODE_NONE
+        self.mode.load(Relaxed) != MODE_NONE && self.answers()
+    }
+
+    // Note [Forked children]
+    // A forked child cannot use its parent's CUDA context: the driver answers 3
+    // (NOT_INITIALIZED) to every call there. The pools and the pinned cache describe the parent's
+    // memory, and their locks may have been held by parent threads the child does not have. So a
+    // child forked after the layer was used never looks at them: the pools are an empty list,
+    // every entry point passes through to the driver, which gives its own answer, and the
+    // reports list none of the parent's blocks. A child forked before any use (the parent never
+    // touched CUDA) is a process of its own and pools as any other.
+
+    /// Whether the layer answers for its memory (false in a forked child, Note [Forked children]).
+    pub fn answers(&self) -> bool {
+        !self.inherited.load(Relaxed)
+    }
+
+    /// In a forked child (the fork handler): the parent's pools are left alone for good when the
+    /// layer had been used. True when they were.
+    pub fn after_fork_in_child(&self) -> bool {
+        let used = self.used.load(Relaxed);
+        if used {
+            self.inherited.store(true, Relaxed);
+        }
+        used
+    }
+
+    /// The per-device pools; none in a forked child (Note [Forked children]).
+    fn pools(&self) -> &[Lock<DevicePool>] {
+        if self.answers() {
+            &self.pools
+        } else {
+            &[]
+        }
     }
 
     /// The pool of `device`, set up on first use (the cap in percent needs the device's size,
@@ -164,7 +203,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         if mode == MODE_NONE {
             return None;
         }
-        let pool = self.pools.get(usize::try_from(device).ok()?)?;
+        let pool = self.pools().get(usize::try_from(device).ok()?)?;
         if pool.lock().is_ready() {
             return Some(pool);
         }
@@ -176,7 +215,11 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             self.limit_bytes.load(Relaxed)
         };
         let strategy = if mode == MODE_BINNED { Strategy::Binned } else { Strategy::Split };
-        pool.lock().init(strategy, limit, self.table_source).then_some(pool)
+        let ready = pool.lock().init(strategy, limit, self.table_source);
+        if ready {
+            self.used.store(true, Relaxed);
+        }
+        ready.then_some(pool)
     }
 
     /// cudaMalloc: a block of `size` bytes on the current device, for `holder` (a holder word,
@@ -223,7 +266,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// The context `device`'s pool is bound to (Note [Context lifetime]); 0 when none.
     fn context_of(&self, device: i32) -> u64 {
-        usize::try_from(device).ok().and_then(|d| self.pools.get(d)).map_or(0, |p| p.lock().owner())
+        usize::try_from(device).ok().and_then(|d| self.pools().get(d)).map_or(0, |p| p.lock().owner())
     }
 
     /// Serves a request from `device`'s pool, which must be the current device.
@@ -335,7 +378,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Out of memory outside the pool (another context, the runtime's stream-ordered pool):
     /// gives `device`'s cached segments back, in the pool's own context; returns the bytes.
     pub fn give_back(&self, device: i32) -> u64 {
-        let Some(pool) = usize::try_from(device).ok().and_then(|d| self.pools.get(d)) else { return 0 };
+        let Some(pool) = usize::try_from(device).ok().and_then(|d| self.pools().get(d)) else { return 0 };
         {
             let pool = pool.lock();
             if !pool.is_ready() || pool.cached_bytes() == 0 {
@@ -375,7 +418,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     fn owning_device(&self, addr: usize) -> Option<usize> {
-        self.pools.iter().position(|p| {
+        self.pools().iter().position(|p| {
             let pool = p.lock();
             pool.is_ready() && pool.owns(addr as u64)
         })
@@ -411,7 +454,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Whether `addr` lies in one of our segments, live or cached.
     fn in_segment(&self, addr: usize) -> bool {
         let mut maybe = false;
-        for p in self.pools.iter() {
+        for p in self.pools().iter() {
             let pool = p.lock();
             if pool.is_ready() && pool.may_contain(addr as u64) {
                 if pool.has_segment(addr as u64) {
@@ -424,7 +467,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             return false;
         }
         let Some((base, _)) = self.runtime.allocation_range(addr) else { return false };
-        self.pools.iter().any(|p| {
+        self.pools().iter().any(|p| {
             let pool = p.lock();
             pool.is_ready() && pool.has_segment(base as u64)
         })
@@ -433,7 +476,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Whether `addr` is device or pinned memory of ours, a live block or not (a free of it
     /// must never reach the runtime unchecked).
     pub fn holds(&self, addr: usize) -> bool {
-        self.owning_device(addr).is_some() || self.in_segment(addr) || {
+        self.owning_device(addr).is_some() || self.in_segment(addr) || self.answers() && {
             let pinned = self.pinned.lock();
             pinned.owns(addr as u64) || pinned.is_cached(addr as u64)
         }
@@ -445,7 +488,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             // Note [Safe reuse]: the device that ran the block's kernels is the one to wait for.
             self.with_device(device as i32, || self.synchronize())?;
         }
-        let pool = self.pools.get(device).ok_or(DeviceError::Other(CUDA_ERROR_INVALID_VALUE))?;
+        let pool = self.pools().get(device).ok_or(DeviceError::Other(CUDA_ERROR_INVALID_VALUE))?;
         let freed = {
             let mut pool = pool.lock();
             if synced {
@@ -482,9 +525,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// `device` is a hint (the caller's word, or an owner just looked up): the owning pool is
     /// looked up again when it is absent or wrong.
     fn free_on_stream_untimed(&self, addr: usize, device: Option<usize>, stream: usize) -> FreeAnswer {
-        let index = device.filter(|&d| self.pools.get(d).is_some_and(|p| p.lock().owns(addr as u64)));
+        let index = device.filter(|&d| self.pools().get(d).is_some_and(|p| p.lock().owns(addr as u64)));
         let Some(d) = index.or_else(|| self.owning_device(addr)) else { return self.not_live(addr) };
-        match self.pools.get(d).and_then(|p| p.lock().free(addr as u64, stream_tag(stream))) {
+        match self.pools().get(d).and_then(|p| p.lock().free(addr as u64, stream_tag(stream))) {
             Some(f) => {
                 // An exported segment that cannot be given back stays with the runtime's
                 // context until it ends; it is out of our pool either way.
@@ -506,14 +549,14 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// The pool and block that contain `addr`, a block start or any address inside one of our
     /// segments (the driver names the segment).
     fn locate(&self, addr: usize) -> Option<(usize, BlockView)> {
-        for (d, p) in self.pools.iter().enumerate() {
+        for (d, p) in self.pools().iter().enumerate() {
             let pool = p.lock();
             if let Some(b) = pool.live_block(addr as u64).filter(|_| pool.is_ready()) {
                 return Some((d, b));
             }
         }
         let (base, _) = self.runtime.allocation_range(addr)?;
-        self.pools.iter().enumerate().find_map(|(d, p)| {
+        self.pools().iter().enumerate().find_map(|(d, p)| {
             let pool = p.lock();
             if !pool.is_ready() || !pool.has_segment(base as u64) {
                 return None;
@@ -535,7 +578,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// cudaIpcGetMemHandle / cuIpcGetMemHandle of `addr` (Note [IPC]).
     pub fn export(&self, addr: usize) -> Export {
         let Some((d, b)) = self.locate(addr) else { return Export::NotOurs };
-        if b.allocated && b.whole_segment && self.pools.get(d).is_some_and(|p| p.lock().mark_exported(b.addr)) {
+        if b.allocated && b.whole_segment && self.pools().get(d).is_some_and(|p| p.lock().mark_exported(b.addr)) {
             return Export::Whole;
         }
         Export::Shared { addr: b.addr, size: b.size }
@@ -544,7 +587,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Note [Context lifetime]: context `ctx` was (or is about to be) destroyed: every pool
     /// whose segments live in it, and its pinned blocks, are forgotten.
     pub fn forget_context(&self, ctx: u64) {
-        for (device, pool) in self.pools.iter().enumerate() {
+        for (device, pool) in self.pools().iter().enumerate() {
             let mut pool = pool.lock();
             if ctx != 0 && pool.is_ready() && pool.owner() == ctx {
                 self.forget_blocks(device, &mut pool);
@@ -600,7 +643,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     fn forget_pool(&self, device: usize) {
-        if let Some(pool) = self.pools.get(device) {
+        if let Some(pool) = self.pools().get(device) {
             let mut pool = pool.lock();
             if pool.is_ready() {
                 self.forget_blocks(device, &mut pool);
@@ -633,7 +676,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// What `device` has for the program when the driver says `free` of `total` are free: our
     /// cached bytes count as free, and the cap applies.
     fn available(&self, device: usize, free: usize, total: usize) -> usize {
-        let Some(pool) = self.pools.get(device) else { return free };
+        let Some(pool) = self.pools().get(device) else { return free };
         let pool = pool.lock();
         if !pool.is_ready() {
             return free;
@@ -648,10 +691,13 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Gives every cached device block and pinned block back; returns the bytes released.
     pub fn trim(&self) -> u64 {
         let mut total = 0;
-        for (device, pool) in self.pools.iter().enumerate() {
+        for (device, pool) in self.pools().iter().enumerate() {
             if pool.lock().is_ready() {
                 total += self.with_device(device as i32, || self.release_cached(device, pool, u64::MAX)).unwrap_or(0);
             }
+        }
+        if !self.answers() {
+            return total;
         }
         let mut out = [(0u64, 0u64); 64];
         let n = self.pinned.lock().drain(&mut out);
@@ -665,7 +711,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// Per-device figures for the report: (device, stats, cached bytes).
     pub fn for_each_pool(&self, mut f: impl FnMut(usize, &DevicePool)) {
-        for (d, p) in self.pools.iter().enumerate() {
+        for (d, p) in self.pools().iter().enumerate() {
             let pool = p.lock();
             if pool.is_ready() {
                 f(d, &pool);

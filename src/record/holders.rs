@@ -204,6 +204,18 @@ impl Holders {
         }
     }
 
+    /// Empties every holder's row in `place`: its blocks are another process's (the parent's
+    /// device and pinned blocks in a forked child).
+    pub fn forget_place(&self, place: u8) {
+        for places in self.rows.iter() {
+            if let Some(r) = places.get(usize::from(place)) {
+                r.live.store(0, Relaxed);
+                r.peak.store(0, Relaxed);
+                r.blocks.store(0, Relaxed);
+            }
+        }
+    }
+
     /// Every row that has ever held memory, by id then place.
     pub fn for_each_row(&self, mut f: impl FnMut(&HolderRow)) {
         for (id, places) in self.rows.iter().enumerate() {

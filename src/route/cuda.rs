@@ -15,9 +15,10 @@ pub mod driver;
 pub mod lookup;
 pub mod runtime;
 
-/// Our init ran: the pool may be asked (it answers for its pointers even when off).
+/// Our init ran: the pool may be asked (it answers for its pointers even when off), unless this
+/// is a forked child of a process that used it (Note [Forked children]).
 fn pool_answers() -> bool {
-    crate::state::globals().is_some()
+    crate::state::globals().is_some() && DEVICE.answers()
 }
 
 /// The pool is on: our init ran and neither TENSORMALLOC_DISABLE nor TENSORMALLOC_CUDA_POOL=none
@@ -99,7 +100,7 @@ fn warn_refused(call: &str, ptr: usize, of: FreeOf) {
 /// Shared by the runtime's and the driver's IPC entry points: `Err` after one stderr line when
 /// a handle of `addr` would name other blocks' memory.
 fn export_checked(call: &str, addr: usize) -> Result<(), ()> {
-    if crate::state::globals().is_none() {
+    if !pool_answers() {
         return Ok(());
     }
     match DEVICE.export(addr) {

@@ -4,7 +4,7 @@
 
 use crate::record::trace;
 use crate::report;
-use crate::state::{globals, HOST};
+use crate::state::{globals, DEVICE, HOST};
 use crate::sys;
 
 /// Runs at load (before main): resolves everything and installs the fork handlers.
@@ -40,6 +40,12 @@ extern "C" fn after_fork_in_child() {
     // SAFETY: the child is a copy of the thread that ran before_fork.
     unsafe { HOST.unlock_after_fork() };
     HOST.forget_cache_in_child();
+    if DEVICE.after_fork_in_child() {
+        // Note [Forked children]: the parent's device and pinned blocks are not this process's.
+        for place in (0..crate::record::holders::PLACES as u8).filter(|&p| p != crate::record::holders::PLACE_HOST) {
+            crate::record::holders::HOLDERS.forget_place(place);
+        }
+    }
     sys::reaper::after_fork_in_child();
     trace::stop_in_child();
 }

@@ -398,3 +398,32 @@ fn impossible_sizes_get_the_runtimes_answer_and_leave_the_cache() {
         assert_eq!(l.malloc(100 * MB, 0), Ok(a), "the cache still serves");
     }
 }
+
+/// Note [Forked children]: a child forked after the layer was used leaves the parent's pools
+/// and pinned cache alone for good; one forked before any use pools as any process.
+#[test]
+fn a_forked_child_leaves_the_parents_pools_alone() {
+    let fresh = layer(Config::default(), &[1 * GB]);
+    assert!(!fresh.after_fork_in_child(), "never used: the child is a process of its own");
+    let a = fresh.malloc(8 * MB, 0).unwrap();
+    assert!(fresh.holds(a));
+
+    let l = layer(Config::default(), &[1 * GB]);
+    let live = l.malloc(8 * MB, 0).unwrap();
+    let cached = l.malloc(8 * MB, 0).unwrap();
+    l.free(cached).unwrap();
+    let pinned = l.host_alloc(MB, 0, 0).unwrap();
+    assert!(l.after_fork_in_child());
+    assert!(!l.answers() && !l.enabled());
+    assert!(!l.holds(live) && !l.holds(cached) && !l.holds(pinned), "none of the parent's blocks are ours here");
+    assert_eq!(l.free(live), Ok(FreeAnswer::NotOurs), "the driver answers for it");
+    let mut pools = 0;
+    l.for_each_pool(|_, _| pools += 1);
+    let mut pinned_blocks = 0;
+    l.for_each_pinned(|_, _| pinned_blocks += 1);
+    assert_eq!((pools, pinned_blocks, l.pinned_figures()), (0, 0, (0, 0, 0, 0)), "the reports list none of them");
+    let mallocs = l.runtime().device(0).mallocs;
+    let b = l.malloc(8 * MB, 0).unwrap();
+    assert!(b != cached && l.runtime().device(0).mallocs == mallocs + 1, "a request goes to the runtime");
+    assert_eq!(l.trim(), 0);
+}

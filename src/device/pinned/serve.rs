@@ -15,6 +15,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         if !self.enabled() || !self.pinned.lock().init(self.pinned_limit_bytes.load(Relaxed), self.table_source) {
             return self.runtime.host_alloc(size, flags);
         }
+        if !self.used.load(Relaxed) {
+            self.used.store(true, Relaxed);
+        }
         let ctx = self.runtime.current_context();
         let taken = self.pinned.lock().take(size as u64, flags, ctx, holder);
         if let Some(b) = taken {
@@ -46,6 +49,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Note [Context lifetime]: the pinned blocks of context `ctx` (every one, for None) are
     /// forgotten, as the runtime freed them.
     pub(in crate::device) fn forget_pinned(&self, ctx: Option<u64>) {
+        if !self.answers() {
+            return;
+        }
         self.pinned.lock().forget(ctx, |b| record::forgotten(recorded(b)));
     }
 
@@ -94,11 +100,16 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Calls `f(block, live)` for every pinned block of ours, live or cached, under the cache's
     /// lock (`f` must not call CUDA or write).
     pub fn for_each_pinned(&self, f: impl FnMut(&crate::device::pinned::cache::PinnedBlock, bool)) {
-        self.pinned.lock().for_each(f);
+        if self.answers() {
+            self.pinned.lock().for_each(f);
+        }
     }
 
     /// Pinned figures: (requests, hits, cached bytes, peak cached bytes).
     pub fn pinned_figures(&self) -> (u64, u64, u64, u64) {
+        if !self.answers() {
+            return (0, 0, 0, 0);
+        }
         let c = self.pinned.lock();
         (c.requests, c.hits, c.cached_bytes(), c.peak_cached_bytes)
     }

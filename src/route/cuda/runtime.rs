@@ -54,7 +54,7 @@ pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: Asker
 pub unsafe fn free(ptr: *mut c_void) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return (rt.free)(ptr) };
-    if ptr.is_null() || crate::state::globals().is_none() {
+    if ptr.is_null() || !super::pool_answers() {
         return (rt.free)(ptr);
     }
     answer_free("cudaFree", ptr as usize, FreeOf::Device, DEVICE.free(ptr as usize), || (rt.free)(ptr))
@@ -114,7 +114,7 @@ pub unsafe extern "C" fn malloc_host(ptr: *mut *mut c_void, size: usize, asker: 
 pub unsafe fn free_host(ptr: *mut c_void) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return (rt.free_host)(ptr) };
-    if ptr.is_null() || crate::state::globals().is_none() {
+    if ptr.is_null() || !super::pool_answers() {
         return (rt.free_host)(ptr);
     }
     // The runtime binds a context before it frees, on a thread that made no CUDA call too; so
@@ -172,7 +172,7 @@ pub unsafe fn ipc_get_mem_handle(handle: *mut c_void, ptr: *mut c_void) -> c_int
 pub unsafe fn free_async(ptr: *mut c_void, stream: *mut c_void, spelling: fn(&CudaFns) -> Option<FreeAsyncFn>) -> c_int {
     let Some(real_free) = real().and_then(spelling) else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return real_free(ptr, stream) };
-    if ptr.is_null() || crate::state::globals().is_none() {
+    if ptr.is_null() || !super::pool_answers() {
         return real_free(ptr, stream);
     }
     answer_free("cudaFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, stream as usize)), || real_free(ptr, stream))
@@ -185,7 +185,7 @@ pub unsafe fn free_async(ptr: *mut c_void, stream: *mut c_void, spelling: fn(&Cu
 /// Called by PyTorch with a valid device and stream.
 pub unsafe extern "C" fn pluggable_alloc(size: isize, device: c_int, stream: *mut c_void, asker: Asker) -> *mut c_void {
     let size = usize::try_from(size).unwrap_or(0);
-    if crate::state::globals().is_none() || size == 0 {
+    if !super::pool_answers() || size == 0 {
         return core::ptr::null_mut();
     }
     if let Some(rt) = real() {
