@@ -145,7 +145,10 @@ pub trait DeviceRuntime {
     /// Makes `device` current on this thread until the matching `leave_device`: the context
     /// `ctx` when non-zero (the one the pool's segments live in), else the device's primary one.
     fn enter_device(&self, device: i32, ctx: u64) -> Result<(), DeviceError>;
-    /// Restores what was current before the matching `enter_device`.
+    /// Makes context `ctx` current on this thread until the matching `leave_device` (a pinned
+    /// block's, freed by a thread with none current).
+    fn enter_context(&self, ctx: u64) -> Result<(), DeviceError>;
+    /// Restores what was current before the matching `enter_device` or `enter_context`.
     fn leave_device(&self);
     /// cuMemAlloc in the current context.
     fn malloc(&self, len: usize) -> Result<usize, DeviceError>;

@@ -516,6 +516,16 @@ impl DeviceRuntime for SimRuntime {
         st.user_context = (ctx != 0 && ctx != Self::primary_handle(device as usize)).then_some(ctx);
         Ok(())
     }
+    fn enter_context(&self, ctx: u64) -> Result<(), DeviceError> {
+        let mut st = self.state.lock().unwrap();
+        let saved = (st.current, st.user_context);
+        st.entered.push(saved);
+        match (0..st.devices.len()).find(|&d| Self::primary_handle(d) == ctx) {
+            Some(d) => (st.current, st.user_context) = (d as i32, None),
+            None => st.user_context = Some(ctx),
+        }
+        Ok(())
+    }
     fn leave_device(&self) {
         let mut st = self.state.lock().unwrap();
         let (device, ctx) = st.entered.pop().expect("leave_device without enter_device");

@@ -554,10 +554,12 @@ static CUresult s_cuMemHostAlloc(void **pp, size_t size, unsigned flags) {
 
 static CUresult s_cuMemAllocHost_v2(void **pp, size_t size) { return s_cuMemHostAlloc(pp, size, 0); }
 
-/* cuMemFree synchronizes first (work queued on the block finishes), then frees. */
+/* cuMemFree synchronizes first (work queued on the block finishes), then frees. As NVIDIA's
+ * driver, it finds the allocation by its address (unified addressing) and frees it in its owning
+ * context whatever is current, or none (cuda-python's tests free so; UCX relies on it). */
 static CUresult s_cuMemFree_v2(CUdeviceptr p) {
-    CUresult e = need_ctx();
-    if (e) return e;
+    CUresult e = CUDA_SUCCESS;
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&lock);
     synchronize();
     int i = find_base((uintptr_t)p, M(K_DEVICE) | M(K_ASYNC) | M(K_MANAGED));
@@ -570,9 +572,10 @@ static CUresult s_cuMemFree_v2(CUdeviceptr p) {
     return e;
 }
 
+/* Host memory is no context's: freed from any thread, with any context current or none. */
 static CUresult s_cuMemFreeHost(void *p) {
-    CUresult e = need_ctx();
-    if (e) return e;
+    CUresult e = CUDA_SUCCESS;
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&lock);
     synchronize();
     int i = find_base((uintptr_t)p, M(K_HOST));

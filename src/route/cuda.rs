@@ -34,8 +34,9 @@ fn pool_ready() -> bool {
     pool_on() && crate::sys::cuda_driver::current_context() != 0
 }
 
-/// The driver's frees need a current context: with none, a pointer of ours gets the driver's
-/// answer (invalid context) and stays as it was; any other goes to the driver, which answers.
+/// A stream-ordered free needs a current context (its stream is one's): with none, a pointer of
+/// ours gets the driver's answer (invalid context) and stays as it was; any other goes to the
+/// driver, which answers. (Plain frees need none: cuMemFree_v2, cuMemFreeHost.)
 fn without_context(addr: usize) -> Option<c_int> {
     (crate::sys::cuda_driver::current_context() == 0 && DEVICE.holds(addr)).then_some(CUDA_ERROR_INVALID_CONTEXT)
 }

@@ -264,6 +264,11 @@ impl DeviceRuntime for CudaDriver {
         // SAFETY: a context handle the driver gave us; popped by leave_device.
         check(unsafe { push(ctx as *mut c_void) })
     }
+    fn enter_context(&self, ctx: u64) -> Result<(), DeviceError> {
+        let push = get(|d| d.ctx_push)?;
+        // SAFETY: a context handle the driver gave us; popped by leave_device.
+        check(unsafe { push(ctx as *mut c_void) })
+    }
     fn leave_device(&self) {
         if let Ok(pop) = get(|d| d.ctx_pop) {
             let mut ctx: *mut c_void = core::ptr::null_mut();

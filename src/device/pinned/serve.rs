@@ -64,17 +64,27 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     /// cudaFreeHost: into the cache when it is ours.
+    /// From any thread, with any context current or none, as the driver's own free.
     pub fn host_free(&self, addr: usize) -> Result<FreeAnswer, DeviceError> {
-        {
+        let pinned_in = {
             let pinned = self.pinned.lock();
             if !pinned.owns(addr as u64) {
                 // Note [Unexpected frees]: a cached block is still pinned, for the next request.
                 return Ok(if pinned.is_cached(addr as u64) { FreeAnswer::Refused } else { FreeAnswer::NotOurs });
             }
-        }
+            pinned.live_block(addr as u64).map_or(0, |b| b.ctx)
+        };
         if self.sync_on_free.load(Relaxed) {
-            // Copies from or to this memory may still be queued (Note [Safe reuse]).
-            self.synchronize()?;
+            // Copies from or to this memory may still be queued (Note [Safe reuse]): wait for
+            // the context it was pinned in when none is current (host memory is no context's).
+            if self.runtime.current_context() == 0 && pinned_in != 0 {
+                self.runtime.enter_context(pinned_in)?;
+                let synced = self.synchronize();
+                self.runtime.leave_device();
+                synced?;
+            } else {
+                self.synchronize()?;
+            }
         }
         let (outcome, block) = {
             let mut pinned = self.pinned.lock();

@@ -134,9 +134,7 @@ pub unsafe extern "C" fn mem_alloc_host(pp: *mut *mut c_void, size: usize, asker
 pub unsafe fn mem_free_host(p: *mut c_void) -> c_int {
     let Some(free) = real(|d| d.mem_free_host) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| pool_answers() && !p.is_null()) else { return free(p) };
-    if let Some(rc) = without_context(p as usize) {
-        return rc;
-    }
+    // Any context or none: host memory is no context's, and the driver frees it so.
     answer_free("cuMemFreeHost", p as usize, FreeOf::Pinned, DEVICE.host_free(p as usize), || free(p))
 }
 
@@ -287,9 +285,8 @@ unsafe fn write_blockwise(out: *mut c_void, attribute: c_int, block: (u64, u64, 
 pub unsafe fn mem_free(ptr: u64) -> c_int {
     let Some(free) = real(|d| d.mem_free) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| pool_answers() && ptr != 0) else { return free(ptr) };
-    if let Some(rc) = without_context(ptr as usize) {
-        return rc;
-    }
+    // Any context or none: the driver finds a pointer's allocation by unified addressing and
+    // frees it in its owning context; so does the pool (in the block's pool's context).
     answer_free("cuMemFree_v2", ptr as usize, FreeOf::Device, DEVICE.free(ptr as usize), || free(ptr))
 }
 
