@@ -49,6 +49,14 @@ def test_cap_refuses_past_the_limit():
     assert out.returncode == 1 and "cudaMalloc(&a, 600 * MB) == 0" in out.stderr
 
 
+@pytest.mark.parametrize("limit", [None, "512M"])
+def test_the_runtimes_last_error_says_what_the_call_answered(limit):
+    """A refusal of ours (the cap's out of memory) is the runtime's last error, as its own are."""
+    ok(run([cuda_program(), "last-error", "expect-passthrough"], preload=False))
+    env = {"TENSORMALLOC_CUDA_LIMIT": limit} if limit else {}
+    ok(run([cuda_program(), "last-error", "expect-pool"], env=env))
+
+
 def test_stats_report_lists_device_pools_and_timings(tmp_path):
     out = ok(run([cuda_program(), "two-devices", "expect-pool"], env={"TENSORMALLOC_STATS": "1"}))
     assert "cuda device 0:" in out.stderr and "cuda device 1:" in out.stderr

@@ -32,6 +32,7 @@ typedef void *CUstream;
 int cudaMalloc(void **, size_t);
 int cudaFree(void *);
 int cudaGetLastError(void);
+int cudaPeekAtLastError(void);
 int cudaDeviceSynchronize(void);
 int cudaMallocHost(void **, size_t);
 int cudaFreeHost(void *);
@@ -49,11 +50,17 @@ int cuMemFreeHost(void *);
 #define DEV(p) ((CUdeviceptr)(uintptr_t)(p))
 enum { INVALID_VALUE = 1, INVALID_CONTEXT = 201 };
 
-/* A free the driver refuses: invalid value, and the runtime's last error cleared for the next. */
-static void refused(int rc) {
+/* A free the driver refuses: invalid value, and the runtime's last error cleared for the next.
+ * A runtime call's refusal is also the runtime's last error, as it records its own: peeked,
+ * then read and cleared. */
+static void refused_as(int by_runtime, int rc) {
     CHECK(rc == INVALID_VALUE);
+    if (by_runtime) CHECK(cudaPeekAtLastError() == INVALID_VALUE && cudaGetLastError() == INVALID_VALUE);
     cudaGetLastError();
+    CHECK(cudaGetLastError() == 0);
 }
+
+static void refused(int rc) { refused_as(0, rc); }
 
 static int free_by(int by_driver, void *p) { return by_driver ? cuMemFree_v2(DEV(p)) : cudaFree(p); }
 
@@ -64,8 +71,8 @@ static void double_free(int by_driver) {
     CHECK(cudaMalloc(&a, 1 * MB) == 0 && cudaMalloc(&b, 1 * MB) == 0);
     kernel_works(b, 1 * MB, 0xB1);
     CHECK(free_by(by_driver, a) == 0);
-    refused(free_by(by_driver, a));
-    refused(free_by(by_driver, a));
+    refused_as(!by_driver, free_by(by_driver, a));
+    refused_as(!by_driver, free_by(by_driver, a));
     CHECK(holds(b, 1 * MB, 0xB1));
     kernel_works(b, 1 * MB, 0xB2);
     CHECK(cudaMalloc(&c, 1 * MB) == 0);
@@ -76,7 +83,7 @@ static void double_free(int by_driver) {
     CHECK(cudaMalloc(&d, 64 * MB) == 0);
     kernel_works(d, 64 * MB, 0xD1);
     CHECK(free_by(by_driver, d) == 0);
-    refused(free_by(by_driver, d));
+    refused_as(!by_driver, free_by(by_driver, d));
     CHECK(cudaMalloc(&e, 64 * MB) == 0);
     kernel_works(e, 64 * MB, 0xE1);
     CHECK(free_by(by_driver, e) == 0);
@@ -89,9 +96,9 @@ static void interior_free(void) {
     kernel_works(a, 1 * MB, 0xA1);
     kernel_works(b, 1 * MB, 0xB1);
     kernel_works(d, 64 * MB, 0xD1);
-    refused(cudaFree((char *)a + 4096));
+    refused_as(1, cudaFree((char *)a + 4096));
     refused(cuMemFree_v2(DEV(b) + 512));
-    refused(cudaFree((char *)d + 2 * MB));
+    refused_as(1, cudaFree((char *)d + 2 * MB));
     refused(cuMemFree_v2(DEV(d) + 32 * MB));
     CHECK(holds(a, 1 * MB, 0xA1) && holds(b, 1 * MB, 0xB1) && holds(d, 64 * MB, 0xD1));
     kernel_works(a, 1 * MB, 0xA2);
@@ -108,7 +115,7 @@ static void double_free_host(void) {
             CHECK((by_driver ? cuMemAllocHost_v2(&p, 4 * MB) : cudaMallocHost(&p, 4 * MB)) == 0 && p);
             memset(p, 0x11, 4 * MB);
             CHECK((by_driver ? cuMemFreeHost(p) : cudaFreeHost(p)) == 0);
-            refused(by_driver ? cuMemFreeHost(p) : cudaFreeHost(p));
+            refused_as(!by_driver, by_driver ? cuMemFreeHost(p) : cudaFreeHost(p));
             CHECK(cudaMallocHost(&q, 4 * MB) == 0 && q);
             memset(q, 0x22, 4 * MB);
             CHECK(cudaFreeHost(q) == 0);
@@ -126,14 +133,14 @@ static void double_free_async(void) {
         CHECK(cudaMalloc(&a, 8 * MB) == 0);
         CHECK(fakecuda_launch_memset(a, 0x77, 8 * MB) == 0);
         CHECK((by_driver ? cuMemFreeAsync(DEV(a), s) : cudaFreeAsync(a, s)) == 0);
-        refused(by_driver ? cuMemFreeAsync(DEV(a), s) : cudaFreeAsync(a, s));
+        refused_as(!by_driver, by_driver ? cuMemFreeAsync(DEV(a), s) : cudaFreeAsync(a, s));
         CHECK(cudaStreamSynchronize(s) == 0);
         CHECK(cudaMalloc(&b, 8 * MB) == 0);
         kernel_works(b, 8 * MB, 0x78);
         CHECK(cudaFree(b) == 0);
         CHECK(cudaMallocAsync(&x, 4 * MB, s) == 0);
         CHECK((by_driver ? cuMemFreeAsync(DEV(x), s) : cudaFreeAsync(x, s)) == 0);
-        refused(by_driver ? cuMemFreeAsync(DEV(x), s) : cudaFreeAsync(x, s));
+        refused_as(!by_driver, by_driver ? cuMemFreeAsync(DEV(x), s) : cudaFreeAsync(x, s));
         CHECK(cudaStreamSynchronize(s) == 0);
     }
     CHECK(cudaStreamDestroy(s) == 0);

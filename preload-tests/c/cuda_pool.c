@@ -7,6 +7,7 @@ int cudaMalloc(void **, size_t);
 int cudaFree(void *);
 int cudaSetDevice(int);
 int cudaGetLastError(void);
+int cudaPeekAtLastError(void);
 int cudaMemGetInfo(size_t *, size_t *);
 int cudaMallocHost(void **, size_t);
 int cudaHostAlloc(void **, size_t, unsigned);
@@ -47,6 +48,17 @@ static void oom(void) { /* device memory: 1 GiB */
     CHECK(cudaFree(b) == 0);
     tm_stats_t s;
     if (pooled) CHECK(tm_stats(&s) == 0 && s.cuda_oom_retries >= 1 && s.cuda_oom_failures >= 1);
+}
+
+/* Whatever answers a request, the runtime's last error says the same (under a cap that refuses
+ * it, TENSORMALLOC_CUDA_LIMIT, as without one), and reading it clears it. */
+static void last_error(void) {
+    void *a = NULL;
+    int rc = cudaMalloc(&a, 600 * MB);
+    CHECK(cudaPeekAtLastError() == rc && cudaGetLastError() == rc && cudaGetLastError() == 0);
+    if (rc == 0) CHECK(cudaFree(a) == 0);
+    CHECK(cudaMalloc(NULL, MB) == 1 && cudaGetLastError() == 1);
+    CHECK(cudaMalloc(&a, 100 * MB) == 0 && cudaFree(a) == 0 && cudaGetLastError() == 0);
 }
 
 static void two_devices(void) {
@@ -136,6 +148,7 @@ int main(int argc, char **argv) {
     const char *s = argv[1];
     if (!strcmp(s, "reuse")) reuse();
     else if (!strcmp(s, "oom")) oom();
+    else if (!strcmp(s, "last-error")) last_error();
     else if (!strcmp(s, "two-devices")) two_devices();
     else if (!strcmp(s, "pinned")) pinned();
     else if (!strcmp(s, "foreign")) foreign();

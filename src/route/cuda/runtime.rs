@@ -5,7 +5,7 @@
 
 use crate::record::holders::Asker;
 use super::{answer_free, context_bound, export_checked, runtime_ready, warn_refused, FreeOf};
-use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
+use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_SUCCESS};
 use crate::device::device_layer::FreeAnswer;
 use crate::sys::cuda_runtime::{real, CudaFns, FreeAsyncFn};
 use crate::sys::reentry;
@@ -14,13 +14,36 @@ use core::ffi::{c_int, c_uint, c_void};
 
 const NO_RUNTIME: c_int = CUDA_ERROR_INITIALIZATION;
 
+/// Our own error answer to a runtime call (a refused free, the cap's out of memory), recorded by
+/// the runtime as its last error as it would have (cudaGetLastError and cudaPeekAtLastError
+/// are per thread and read it): a call of its own that fails the same way and touches nothing,
+/// a free of address 1 (no allocation is there: invalid value) or an allocation no device can
+/// hold (out of memory). The runtime's driver calls meet our re-entry guard and go straight to
+/// the driver. Error paths only.
+fn as_the_runtime(rt: &CudaFns, code: c_int) -> c_int {
+    // SAFETY: calls of the real runtime with arguments it refuses without touching memory.
+    unsafe {
+        match code {
+            CUDA_ERROR_INVALID_VALUE => {
+                (rt.free)(core::ptr::without_provenance_mut(1));
+            }
+            CUDA_ERROR_MEMORY_ALLOCATION => {
+                let mut nothing = core::ptr::null_mut();
+                (rt.malloc)(&mut nothing, usize::MAX);
+            }
+            _ => {}
+        }
+    }
+    code
+}
+
 /// # Safety
 /// As cudaMalloc: `ptr` is writable.
 pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: Asker) -> c_int {
     let Some(rt) = real() else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return (rt.malloc)(ptr, size) };
     if ptr.is_null() {
-        return CUDA_ERROR_INVALID_VALUE;
+        return as_the_runtime(rt, CUDA_ERROR_INVALID_VALUE);
     }
     if size == 0 || !runtime_ready(rt) {
         return (rt.malloc)(ptr, size);
@@ -33,7 +56,7 @@ pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: Asker
         Err(DeviceError::CapReached) => {
             *ptr = core::ptr::null_mut();
             DEVICE.out_of_memory(size, true);
-            DeviceError::CapReached.code()
+            as_the_runtime(rt, DeviceError::CapReached.code())
         }
         // The device refused even after our cache was given back, or the context cannot serve
         // the pool (reset a moment ago: the runtime brings it back at its next call): let the
@@ -57,7 +80,14 @@ pub unsafe fn free(ptr: *mut c_void) -> c_int {
     if ptr.is_null() || !super::pool_answers() {
         return (rt.free)(ptr);
     }
-    answer_free("cudaFree", ptr as usize, FreeOf::Device, DEVICE.free(ptr as usize), || (rt.free)(ptr))
+    // A refusal is recorded as the runtime's last error (once more, harmlessly, when the answer
+    // was the runtime's own).
+    let rc = answer_free("cudaFree", ptr as usize, FreeOf::Device, DEVICE.free(ptr as usize), || (rt.free)(ptr));
+    if rc == CUDA_ERROR_INVALID_VALUE {
+        as_the_runtime(rt, rc)
+    } else {
+        rc
+    }
 }
 
 /// Our cached bytes count as free.
@@ -122,7 +152,12 @@ pub unsafe fn free_host(ptr: *mut c_void) -> c_int {
     if super::pool_on() {
         context_bound(rt);
     }
-    answer_free("cudaFreeHost", ptr as usize, FreeOf::Pinned, DEVICE.host_free(ptr as usize), || (rt.free_host)(ptr))
+    let rc = answer_free("cudaFreeHost", ptr as usize, FreeOf::Pinned, DEVICE.host_free(ptr as usize), || (rt.free_host)(ptr));
+    if rc == CUDA_ERROR_INVALID_VALUE {
+        as_the_runtime(rt, rc)
+    } else {
+        rc
+    }
 }
 
 /// Note [Context lifetime]: the reset frees every allocation of the current device's primary
@@ -175,7 +210,11 @@ pub unsafe fn free_async(ptr: *mut c_void, stream: *mut c_void, spelling: fn(&Cu
     if ptr.is_null() || !super::pool_answers() {
         return real_free(ptr, stream);
     }
-    answer_free("cudaFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, stream as usize)), || real_free(ptr, stream))
+    let rc = answer_free("cudaFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, stream as usize)), || real_free(ptr, stream));
+    match real() {
+        Some(rt) if rc == CUDA_ERROR_INVALID_VALUE => as_the_runtime(rt, rc),
+        _ => rc,
+    }
 }
 
 /// PyTorch's CUDAPluggableAllocator `alloc`: reuse is stream-aware, a block freed on a stream is
