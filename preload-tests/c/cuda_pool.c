@@ -118,6 +118,16 @@ static void meminfo(void) {
     CHECK(cudaFree(p) == 0);
     CHECK(cudaMemGetInfo(&f1, &t1) == 0);
     CHECK(t1 == t0 && f1 == f0); /* cached memory counts as free */
+    /* A small block live in a segment: the rest of that segment can never hold a large block,
+     * so it is not counted free, and an allocation of all that is reported free succeeds. */
+    void *small = NULL, *q = NULL;
+    CHECK(cudaMalloc(&small, 1000) == 0);
+    CHECK(cudaMalloc(&p, 100 * MB) == 0 && cudaFree(p) == 0);
+    CHECK(cudaMemGetInfo(&f1, &t1) == 0);
+    CHECK(f1 <= f0 - 1000);
+    CHECK(cudaMalloc(&q, f1) == 0);
+    CHECK(cudaFree(q) == 0 && cudaFree(small) == 0);
+    CHECK(cudaGetLastError() == 0);
 }
 
 static void pluggable(void) {

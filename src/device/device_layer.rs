@@ -673,15 +673,17 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         Ok((self.available(index, free, total), total))
     }
 
-    /// What `device` has for the program when the driver says `free` of `total` are free: our
-    /// cached bytes count as free, and the cap applies.
+    /// What `device` has for the program when the driver says `free` of `total` are free: the
+    /// segments we would give back for a request count as free (not the free parts of partly
+    /// used ones, which no large request could get), and the cap applies. A request of that
+    /// many bytes succeeds: the cache given back, the driver serves it.
     fn available(&self, device: usize, free: usize, total: usize) -> usize {
         let Some(pool) = self.pools().get(device) else { return free };
         let pool = pool.lock();
         if !pool.is_ready() {
             return free;
         }
-        let mut free = free as u64 + pool.cached_bytes();
+        let mut free = free as u64 + pool.releasable_bytes();
         if pool.limit_bytes() != u64::MAX {
             free = free.min(pool.limit_bytes().saturating_sub(pool.stats.live_bytes));
         }

@@ -427,3 +427,23 @@ fn a_forked_child_leaves_the_parents_pools_alone() {
     assert!(b != cached && l.runtime().device(0).mallocs == mallocs + 1, "a request goes to the runtime");
     assert_eq!(l.trim(), 0);
 }
+
+/// cudaMemGetInfo counts as free what a single request could get: the segments the pool would
+/// give back, not the free part of a segment a small block keeps; a request of all of it is
+/// served (the cache given back, the runtime's).
+#[test]
+fn reported_free_memory_can_be_had_in_one_request() {
+    let l = layer(Config::default(), &[1 * GB]);
+    let (free0, _) = l.mem_info().unwrap();
+    let small = l.malloc(1000, 0).unwrap();
+    let big = l.malloc(100 * MB, 0).unwrap();
+    l.free(big).unwrap();
+    let (free, _) = l.mem_info().unwrap();
+    let (driver_free, _) = l.runtime().mem_info().unwrap();
+    let mut releasable = 0;
+    l.for_each_pool(|_, p| releasable = p.releasable_bytes());
+    assert_eq!(free, driver_free + releasable as usize);
+    assert!(free < free0 && releasable >= 100 * MB as u64);
+    assert!(l.malloc(free, 0).is_ok() || l.runtime().malloc(free).is_ok(), "the cache given back, the runtime serves it");
+    l.free(small).unwrap();
+}

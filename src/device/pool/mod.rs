@@ -261,6 +261,20 @@ impl DevicePool {
         self.stats.reserved_bytes - self.stats.live_bytes
     }
 
+    /// Bytes in segments with no live block: what giving the cache back returns to the driver
+    /// (the free part of a partly used segment never leaves it, and can never hold a block
+    /// larger than itself).
+    pub fn releasable_bytes(&self) -> u64 {
+        let mut total = 0;
+        self.segments.for_each(|_, first| {
+            let b = self.blocks.get(first);
+            if !b.allocated && b.seg_next == NONE {
+                total += b.size;
+            }
+        });
+        total
+    }
+
     /// The largest free block (0 with none): a request larger than it needs a new segment
     /// however much is cached (fragmentation, for the out-of-memory report).
     pub fn largest_free_bytes(&self) -> u64 {
