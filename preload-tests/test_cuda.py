@@ -57,6 +57,16 @@ def test_the_runtimes_last_error_says_what_the_call_answered(limit):
     ok(run([cuda_program(), "last-error", "expect-pool"], env=env))
 
 
+def test_idle_segments_go_back_to_the_driver(tmp_path):
+    """Note [Idle segments]: no driver call in a training-like loop; idle memory back at the
+    driver within the release delay, counted in the stats."""
+    ok(run([cuda_program(), "idle", "expect-passthrough"], preload=False))
+    stats = tmp_path / "stats.json"
+    ok(run([cuda_program(), "idle", "expect-pool"], env={"TENSORMALLOC_CUDA_RELEASE_MS": "300", "TENSORMALLOC_STATS": f"json:{stats}"}))
+    pool = json.loads(stats.read_text())["cuda"][0]
+    assert pool["idle_released_segments"] == 2 and pool["idle_released_bytes"] >= 600 << 20, pool
+
+
 def test_stats_report_lists_device_pools_and_timings(tmp_path):
     out = ok(run([cuda_program(), "two-devices", "expect-pool"], env={"TENSORMALLOC_STATS": "1"}))
     assert "cuda device 0:" in out.stderr and "cuda device 1:" in out.stderr

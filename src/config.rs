@@ -89,6 +89,8 @@ pub struct Config {
     pub cuda_limit: DeviceLimit,
     pub cuda_host_cache_bytes: u64,
     pub cuda_sync: CudaSync,
+    /// A device segment with no live block, idle this long, goes back to the driver.
+    pub cuda_release_ms: u64,
 }
 
 /// When a block freed with cudaFree/cudaFreeHost is synchronized (Note [Safe reuse]).
@@ -128,6 +130,7 @@ impl Config {
             cuda_limit: DeviceLimit::Unlimited,
             cuda_host_cache_bytes: GIB,
             cuda_sync: CudaSync::Free,
+            cuda_release_ms: 10_000,
         };
 }
 
@@ -371,6 +374,12 @@ pub static OPTIONS: &[OptionSpec] = &[
             let choices: &[(&[u8], CudaSync)] = &[(b"free", CudaSync::Free), (b"reuse", CudaSync::Reuse)];
             choose(v, choices, "not one of free, reuse").map(|s| c.cuda_sync = s)
         },
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CUDA_RELEASE_MS",
+        default: "10000",
+        doc: "a device segment with no live block, idle this long, is given back to the driver by the background thread, for other processes on the GPU (0 to 86400000 ms)",
+        apply: |c, v| parse_u64_in(v, 0, 86_400_000, Unit::Ms).map(|n| c.cuda_release_ms = n),
     },
     // Read by the tools, not by the library: listed so that setting it draws no warning.
     OptionSpec {

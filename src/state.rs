@@ -73,6 +73,7 @@ fn init_slow() -> Option<&'static Globals> {
     HOST.configure(&config, crate::sys::memory::usable_bytes());
     reaper::set_work(background_pass);
     DEVICE.configure(&config);
+    DEVICE.set_background(reaper::on_block_cached);
     // SAFETY: only this thread writes, and only before publishing DONE.
     unsafe { (*GLOBALS.0.get()).write(Globals { config, next }) };
     INIT_STATE.store(DONE, Ordering::Release);
@@ -83,9 +84,13 @@ fn init_slow() -> Option<&'static Globals> {
 const TRACE_FLUSH_NS: u64 = 100_000_000;
 
 /// One pass of the background thread (sys::reaper): idle blocks released and expired, deferred
-/// unmaps done, the trace flushed. Returns when the next pass is due.
+/// unmaps done, idle device segments given back, the trace flushed. Returns when the next pass
+/// is due.
 fn background_pass() -> Option<u64> {
-    let deadline = HOST.reap();
+    let deadline = match (HOST.reap(), DEVICE.release_idle()) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     if !trace::enabled() {
         return deadline;
     }

@@ -61,6 +61,28 @@ static void last_error(void) {
     CHECK(cudaMalloc(&a, 100 * MB) == 0 && cudaFree(a) == 0 && cudaGetLastError() == 0);
 }
 
+/* Note [Idle segments]: a training-like loop (the same sizes every step, 1000 steps) makes no
+ * driver call after warm-up; then the process idles, and what it held goes back to the driver
+ * within TENSORMALLOC_CUDA_RELEASE_MS and a background pass (waited for up to 20 s). */
+static void idle(void) {
+    for (int step = 0; step < 1000; step++) {
+        void *a = NULL, *b = NULL;
+        CHECK(cudaMalloc(&a, 600 * MB) == 0 && cudaMalloc(&b, 3 * MB) == 0);
+        CHECK(cudaFree(a) == 0 && cudaFree(b) == 0);
+        if (step == 0 && pooled) CHECK(counters().frees == 0);
+    }
+    struct fakecuda_counters c = counters();
+    if (pooled) CHECK(c.mallocs == 2 && c.frees == 0);
+    CHECK(cudaGetLastError() == 0);
+    for (int waited_ms = 0; counters().used[0] >= 600 * MB; waited_ms += 10) {
+        CHECK(waited_ms < 20000);
+        struct timespec ten = {0, 10 * 1000 * 1000};
+        nanosleep(&ten, NULL);
+    }
+    tm_stats_t s;
+    if (pooled) CHECK(tm_stats(&s) == 0 && s.cuda_reserved_bytes == 0);
+}
+
 static void two_devices(void) {
     void *a = NULL, *b = NULL;
     CHECK(cudaSetDevice(0) == 0 && cudaMalloc(&a, 64 * MB) == 0);
@@ -159,6 +181,7 @@ int main(int argc, char **argv) {
     if (!strcmp(s, "reuse")) reuse();
     else if (!strcmp(s, "oom")) oom();
     else if (!strcmp(s, "last-error")) last_error();
+    else if (!strcmp(s, "idle")) idle();
     else if (!strcmp(s, "two-devices")) two_devices();
     else if (!strcmp(s, "pinned")) pinned();
     else if (!strcmp(s, "foreign")) foreign();

@@ -40,6 +40,8 @@ SETTINGS = (
      "most bytes of freed pinned host memory (cudaMallocHost/cudaHostAlloc) kept for reuse"),
     ("TENSORMALLOC_CUDA_SYNC", "free",
      "free: cudaFree synchronizes the device as the runtime does; reuse: only before a freed block is reused"),
+    ("TENSORMALLOC_CUDA_RELEASE_MS", "10000",
+     "a device segment with no live block, idle this long, is given back to the driver by the background thread, for other processes on the GPU (0 to 86400000 ms)"),
     ("TENSORMALLOC_LIB", "auto",
      "PATH of the libtensormalloc.so that the tensormalloc command, scripts/tensormalloc and the Python package load (auto: the package's own, else target/release); the library ignores it"),
 )

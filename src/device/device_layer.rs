@@ -16,7 +16,7 @@ use crate::record::stats::{timed, DeviceStats};
 use crate::record;
 use crate::record::holders::{device_place, Birth};
 use crate::sys::lock::Lock;
-use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering::Relaxed};
 
 pub use crate::backing::MAX_DEVICES;
 /// Bounds the alloc loop: hit, sync, segment, release-and-retry, and a little slack.
@@ -59,6 +59,12 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     /// (`inherited`, Note [Forked children]).
     pub(super) used: AtomicBool,
     inherited: AtomicBool,
+    /// How long a segment stays idle before it goes back to the driver (Note [Idle segments]);
+    /// u64::MAX: never.
+    release_after_ns: AtomicU64,
+    /// Told when a segment became idle, with when it is due (the background thread's
+    /// `on_block_cached`); a `fn(u64)`, null until set.
+    on_idle: AtomicPtr<()>,
     pub stats: DeviceStats,
 }
 
@@ -130,6 +136,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             pinned_limit_bytes: AtomicU64::new(1 << 30),
             used: AtomicBool::new(false),
             inherited: AtomicBool::new(false),
+            release_after_ns: AtomicU64::new(u64::MAX),
+            on_idle: AtomicPtr::new(core::ptr::null_mut()),
             stats: DeviceStats::new(),
         }
     }
@@ -148,6 +156,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             DeviceLimit::Percent(p) => self.limit_percent.store(p, Relaxed),
         }
         self.pinned_limit_bytes.store(c.cuda_host_cache_bytes, Relaxed);
+        self.release_after_ns.store(c.cuda_release_ms.saturating_mul(1_000_000), Relaxed);
     }
 
     /// The cap on what `device`'s pool reserves (u64::MAX: none).
@@ -496,7 +505,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 // the report counts this sync.
                 pool.mark_all_synced();
             }
-            pool.free(addr as u64, if synced { SYNCED } else { PENDING })
+            pool.free(addr as u64, if synced { SYNCED } else { PENDING }, (self.clock)())
         };
         match freed {
             Some(f) => {
@@ -510,6 +519,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     fn after_free(&self, device: usize, addr: usize, f: super::pool::Freed, tag: u64) -> Result<(), DeviceError> {
         record::free(Self::block(device, addr as u64, f.size, f.holder, tag));
+        if f.segment_idle {
+            self.segment_idle_at(f.freed_ns);
+        }
         match f.release {
             // Note [IPC]: an exported segment goes back to the runtime, on its own device.
             Some((base, _)) => self.with_device(device as i32, || self.runtime_free(base as usize)),
@@ -527,7 +539,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     fn free_on_stream_untimed(&self, addr: usize, device: Option<usize>, stream: usize) -> FreeAnswer {
         let index = device.filter(|&d| self.pools().get(d).is_some_and(|p| p.lock().owns(addr as u64)));
         let Some(d) = index.or_else(|| self.owning_device(addr)) else { return self.not_live(addr) };
-        match self.pools().get(d).and_then(|p| p.lock().free(addr as u64, stream_tag(stream))) {
+        let now = (self.clock)();
+        match self.pools().get(d).and_then(|p| p.lock().free(addr as u64, stream_tag(stream), now)) {
             Some(f) => {
                 // An exported segment that cannot be given back stays with the runtime's
                 // context until it ends; it is out of our pool either way.
@@ -709,6 +722,60 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             }
         }
         total
+    }
+
+    /// The background thread's hook: told when a segment becomes idle, with when it is due.
+    pub fn set_background(&self, on_idle: fn(u64)) {
+        self.on_idle.store(on_idle as *mut (), Relaxed);
+    }
+
+    /// A segment became idle at `now_ns` (Note [Idle segments]): the background thread is told
+    /// when it is due.
+    fn segment_idle_at(&self, now_ns: u64) {
+        let after = self.release_after_ns.load(Relaxed);
+        let hook = self.on_idle.load(Relaxed);
+        if after != u64::MAX && !hook.is_null() {
+            // SAFETY: only set_background stores here, a `fn(u64)`.
+            unsafe { core::mem::transmute::<*mut (), fn(u64)>(hook)(now_ns.saturating_add(after)) };
+        }
+    }
+
+    /// The background thread's pass (Note [Idle segments]): every segment idle for the release
+    /// delay goes back to the driver, in its pool's context. Returns when the next one is due.
+    pub fn release_idle(&self) -> Option<u64> {
+        let after = self.release_after_ns.load(Relaxed);
+        if after == u64::MAX {
+            return None;
+        }
+        let mut due = None::<u64>;
+        for (device, pool) in self.pools().iter().enumerate() {
+            loop {
+                let now = (self.clock)();
+                let mut batch = [(0u64, 0u64); 16];
+                let idle = {
+                    let mut p = pool.lock();
+                    if !p.is_ready() {
+                        break;
+                    }
+                    p.release_idle_segments(now.saturating_sub(after), &mut batch)
+                };
+                let freed = self.with_device(device as i32, || {
+                    for &(addr, len) in batch.iter().take(idle.count) {
+                        self.runtime_free(addr as usize)?;
+                        record::segment(device_place(device), addr, len, false);
+                    }
+                    Ok(())
+                });
+                let next = idle.oldest_left_ns.map(|t| t.saturating_add(after)).into_iter().chain(idle.pending_left.then(|| now.saturating_add(after)));
+                for t in next {
+                    due = Some(due.map_or(t, |d| d.min(t)));
+                }
+                if freed.is_err() || idle.count < batch.len() {
+                    break;
+                }
+            }
+        }
+        due
     }
 
     /// Per-device figures for the report: (device, stats, cached bytes).

@@ -202,7 +202,7 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         );
         let _ = writeln!(
             w,
-            "  live {} (peak {})  reserved {} (peak {})  OOM retries {}  OOM failures {}  resets {}  IPC exports {}",
+            "  live {} (peak {})  reserved {} (peak {})  OOM retries {}  OOM failures {}  resets {}  IPC exports {}  given back idle {} in {} segments",
             Bytes(p.live_bytes),
             Bytes(p.peak_live_bytes),
             Bytes(p.reserved_bytes),
@@ -210,7 +210,9 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
             p.oom_retries,
             p.oom_failures,
             p.resets,
-            p.ipc_exports
+            p.ipc_exports,
+            Bytes(p.idle_released_bytes),
+            p.idle_released_segments
         );
     });
     let passed_through = DEVICE.stats.passthrough.get();
@@ -304,9 +306,10 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         result = result.and_then(|_| {
             write!(
                 w,
-                "{sep}{{\"device\":{device},\"requests\":{},\"hits\":{},\"segments_mapped\":{},\"segments_released\":{},\"syncs\":{},\"oom_retries\":{},\"oom_failures\":{},\"live_bytes\":{},\"peak_live_bytes\":{},\"reserved_bytes\":{},\"peak_reserved_bytes\":{},\"resets\":{},\"ipc_exports\":{}}}",
+                "{sep}{{\"device\":{device},\"requests\":{},\"hits\":{},\"segments_mapped\":{},\"segments_released\":{},\"syncs\":{},\"oom_retries\":{},\"oom_failures\":{},\"live_bytes\":{},\"peak_live_bytes\":{},\"reserved_bytes\":{},\"peak_reserved_bytes\":{},\"resets\":{},\"ipc_exports\":{},\"idle_released_segments\":{},\"idle_released_bytes\":{}}}",
                 p.requests, p.hits, p.segments_mapped, p.segments_released, p.syncs, p.oom_retries, p.oom_failures,
-                p.live_bytes, p.peak_live_bytes, p.reserved_bytes, p.peak_reserved_bytes, p.resets, p.ipc_exports
+                p.live_bytes, p.peak_live_bytes, p.reserved_bytes, p.peak_reserved_bytes, p.resets, p.ipc_exports,
+                p.idle_released_segments, p.idle_released_bytes
             )
         });
     });

@@ -447,3 +447,54 @@ fn reported_free_memory_can_be_had_in_one_request() {
     assert!(l.malloc(free, 0).is_ok() || l.runtime().malloc(free).is_ok(), "the cache given back, the runtime serves it");
     l.free(small).unwrap();
 }
+
+thread_local! {
+    static NOW_NS: core::cell::Cell<u64> = const { core::cell::Cell::new(1) };
+}
+fn fake_now() -> u64 {
+    NOW_NS.with(|n| n.get())
+}
+fn advance_ms(ms: u64) {
+    NOW_NS.with(|n| n.set(n.get() + ms * 1_000_000));
+}
+
+/// Note [Idle segments]: a segment with no live block goes back to the driver once idle for
+/// the release delay; a loop that reuses its blocks every step never pays a driver call.
+#[test]
+fn idle_segments_go_back_to_the_driver_and_busy_ones_stay() {
+    let l = Box::new(DeviceLayer::new(SimRuntime::new(&[1 * GB]), leak_table, fake_now));
+    l.configure(&Config { cuda_release_ms: 1000, ..Config::default() });
+    // A training-like loop: the same sizes every step, 50 ms apart.
+    for _ in 0..100 {
+        let a = l.malloc(64 * MB, 0).unwrap();
+        let b = l.malloc(100, 0).unwrap();
+        l.free(a).unwrap();
+        l.free(b).unwrap();
+        advance_ms(50);
+        assert_eq!(l.release_idle().map(|due| due > fake_now()), Some(true), "due later");
+    }
+    let dev = l.runtime().device(0);
+    assert_eq!((dev.mallocs, dev.frees), (2, 0), "after warm-up, no driver call");
+    // Then the program idles: past the delay, every idle segment goes back.
+    advance_ms(1001);
+    assert_eq!(l.release_idle(), None, "nothing left to wait for");
+    let dev = l.runtime().device(0);
+    assert_eq!(dev.frees, 2);
+    let mut reserved = (0, 0, 0);
+    l.for_each_pool(|_, p| reserved = (p.stats.reserved_bytes, p.stats.idle_released_segments, p.stats.idle_released_bytes));
+    assert_eq!(reserved.0, 0);
+    assert_eq!(reserved.1, 2);
+    assert!(reserved.2 >= 64 * MB as u64);
+    // A segment a small block keeps is not idle.
+    let small = l.malloc(100, 0).unwrap();
+    let other = l.malloc(100, 0).unwrap();
+    l.free(other).unwrap();
+    advance_ms(5000);
+    l.release_idle();
+    assert_eq!(l.runtime().device(0).frees, 2, "the segment of a live block stays");
+    l.free(small).unwrap();
+    assert!(l.release_idle().is_some_and(|due| due > fake_now()));
+    advance_ms(1001);
+    assert_eq!(l.release_idle(), None);
+    assert_eq!(l.runtime().device(0).frees, 3);
+}

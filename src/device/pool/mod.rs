@@ -104,6 +104,7 @@ struct Block {
     allocated: bool,
     small: bool,
     tag: u64,
+    /// A live block's birth; a free block's "free since" (Note [Idle segments]).
     born_ns: u64,
     /// Its holder word while live (Note [Holders]).
     holder: u64,
@@ -125,6 +126,17 @@ pub enum Alloc {
     Untracked,
 }
 
+/// What `release_idle_segments` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdleRelease {
+    /// Segments put in `out`.
+    pub count: usize,
+    /// The stamp of the oldest whole free segment left (synchronized), if any.
+    pub oldest_left_ns: Option<u64>,
+    /// A whole free segment waits for a synchronization (a stream may still use it).
+    pub pending_left: bool,
+}
+
 /// What a free did with a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Freed {
@@ -133,6 +145,11 @@ pub struct Freed {
     pub holder: u64,
     /// A segment that left the pool (Note [IPC]): the caller gives it back to the runtime.
     pub release: Option<(u64, u64)>,
+    /// The free left its whole segment free: it may go back to the driver once idle (Note
+    /// [Idle segments]).
+    pub segment_idle: bool,
+    /// When (the caller's `now_ns`).
+    pub freed_ns: u64,
 }
 
 /// A block that contains an address, for pointer queries and IPC.
@@ -164,6 +181,9 @@ pub struct PoolStats {
     pub resets: u64,
     /// Whole-segment blocks an IPC handle was made for.
     pub ipc_exports: u64,
+    /// Segments given back to the driver because they stayed idle (Note [Idle segments]).
+    pub idle_released_segments: u64,
+    pub idle_released_bytes: u64,
 }
 
 pub struct DevicePool {
@@ -230,6 +250,8 @@ impl DevicePool {
                 peak_live_bytes: 0,
                 resets: 0,
                 ipc_exports: 0,
+                idle_released_segments: 0,
+                idle_released_bytes: 0,
             },
             ready: false,
             serving_miss: false,
@@ -381,8 +403,17 @@ impl DevicePool {
         true
     }
 
-    /// Takes a block back; `None` when `addr` is not a live block of this pool.
-    pub fn free(&mut self, addr: u64, tag: u64) -> Option<Freed> {
+    // Note [Idle segments]
+    // A segment with no live block that stays so for the release delay goes back to the driver,
+    // from the background thread (DeviceLayer::release_idle), so that other processes on the
+    // GPU get what we hold idle. A free stamps the free block it leaves with the time (the
+    // block's `born_ns`, which only live blocks use otherwise); a segment is idle when its one
+    // block is free, synchronized (no stream may still use it: Note [Safe reuse]; a pending one
+    // waits for the next synchronization) and stamped before the cutoff. A loop that reuses its
+    // blocks every step never leaves one idle that long, so it never pays a driver call.
+
+    /// Takes a block back at `now_ns`; `None` when `addr` is not a live block of this pool.
+    pub fn free(&mut self, addr: u64, tag: u64, now_ns: u64) -> Option<Freed> {
         let i = self.live.remove(addr)?;
         let b = {
             let r = self.blocks.get_mut(i);
@@ -397,11 +428,14 @@ impl DevicePool {
             self.blocks.remove(i);
             self.stats.reserved_bytes -= b.size;
             self.stats.segments_released += 1;
-            return Some(Freed { size: b.size, holder: b.holder, release: Some((b.addr, b.size)) });
+            return Some(Freed { size: b.size, holder: b.holder, release: Some((b.addr, b.size)), segment_idle: false, freed_ns: now_ns });
         }
         let merged = self.merge_neighbours(i);
         self.link(merged);
-        Some(Freed { size: b.size, holder: b.holder, release: None })
+        let m = self.blocks.get_mut(merged);
+        m.born_ns = now_ns;
+        let segment_idle = m.seg_prev == NONE && m.seg_next == NONE;
+        Some(Freed { size: b.size, holder: b.holder, release: None, segment_idle, freed_ns: now_ns })
     }
 
     /// The block of segment `segment_base` that contains `addr`; `None` when that segment is
@@ -533,6 +567,42 @@ impl DevicePool {
             }
         }
         count
+    }
+
+    /// Takes out of the pool, into `out`, the idle segments (Note [Idle segments]) free since
+    /// `cutoff_ns` or before.
+    pub fn release_idle_segments(&mut self, cutoff_ns: u64, out: &mut [(u64, u64)]) -> IdleRelease {
+        let mut count = 0;
+        let mut next = None::<u64>;
+        let mut pending = false;
+        for small in [false, true] {
+            for bin in 0..BINS {
+                let mut i = self.bin_head(small, bin);
+                while i != NONE {
+                    let b = *self.blocks.get(i);
+                    let whole = b.seg_prev == NONE && b.seg_next == NONE;
+                    if whole && b.tag == SYNCED && b.born_ns <= cutoff_ns && count < out.len() {
+                        self.unlink(i);
+                        self.segments.remove(b.addr);
+                        self.blocks.remove(i);
+                        if let Some(slot) = out.get_mut(count) {
+                            *slot = (b.addr, b.size);
+                        }
+                        count += 1;
+                        self.stats.reserved_bytes -= b.size;
+                        self.stats.segments_released += 1;
+                        self.stats.idle_released_segments += 1;
+                        self.stats.idle_released_bytes += b.size;
+                    } else if whole && b.tag == SYNCED {
+                        next = Some(next.map_or(b.born_ns, |n| n.min(b.born_ns)));
+                    } else if whole {
+                        pending = true;
+                    }
+                    i = b.bin_next;
+                }
+            }
+        }
+        IdleRelease { count, oldest_left_ns: next, pending_left: pending }
     }
 
     /// Calls `f(addr, size, born_ns)` for every live block (the leak report).

@@ -66,8 +66,8 @@ fn split_pool_reuses_splits_and_merges() {
     let b = h.alloc(4 * MB, SYNCED).unwrap();
     assert_eq!(h.pool.stats.segments_mapped, 1, "split from the same segment");
     assert_eq!(b + 4 * MB, a, "carved from the segment's tail (Note [Frees that bypass us])");
-    h.pool.free(a, SYNCED).unwrap();
-    h.pool.free(b, SYNCED).unwrap();
+    h.pool.free(a, SYNCED, 0).unwrap();
+    h.pool.free(b, SYNCED, 0).unwrap();
     h.pool.check_invariants().unwrap();
     let c = h.alloc(18 * MB, SYNCED).unwrap();
     assert_eq!(c + 18 * MB, a + 4 * MB, "merged back into one 20 MB block");
@@ -83,7 +83,7 @@ fn split_pool_reuses_splits_and_merges() {
 fn huge_blocks_are_not_split_for_small_requests() {
     let mut h = Harness::new(Strategy::Split, 1 << 40);
     let a = h.alloc(1024 * MB, SYNCED).unwrap();
-    h.pool.free(a, SYNCED);
+    h.pool.free(a, SYNCED, 0);
     let b = h.alloc(100 * MB, SYNCED).unwrap();
     assert_ne!(b, a, "a 1 GiB free block is not cut for 100 MB");
     let c = h.alloc(1010 * MB, SYNCED).unwrap();
@@ -95,10 +95,10 @@ fn huge_blocks_are_not_split_for_small_requests() {
 fn binned_pool_reuses_same_class_only() {
     let mut h = Harness::new(Strategy::Binned, 1 << 40);
     let a = h.alloc(5 * MB, SYNCED).unwrap();
-    h.pool.free(a, SYNCED);
+    h.pool.free(a, SYNCED, 0);
     assert_eq!(h.alloc(4 * MB + 1, SYNCED), Some(a), "same class (5 MB)");
     let b = h.alloc(9 * MB, SYNCED).unwrap();
-    h.pool.free(b, SYNCED);
+    h.pool.free(b, SYNCED, 0);
     assert_ne!(h.alloc(3 * MB, SYNCED), Some(b));
     assert_eq!(class_of(1000), 1024);
     assert_eq!(class_of(5 * MB + 1), 6 * MB);
@@ -109,7 +109,7 @@ fn binned_pool_reuses_same_class_only() {
 fn pending_blocks_need_a_sync_before_reuse() {
     let mut h = Harness::new(Strategy::Split, 1 << 40);
     let a = h.alloc(32 * MB, SYNCED).unwrap();
-    h.pool.free(a, PENDING);
+    h.pool.free(a, PENDING, 0);
     assert_eq!(h.pool.alloc(32 * MB, SYNCED, Birth::at(0)), Alloc::NeedSync);
     h.pool.mark_all_synced();
     assert_eq!(h.pool.alloc(32 * MB, SYNCED, Birth::at(0)), Alloc::Hit { addr: a, size: 32 * MB });
@@ -122,9 +122,9 @@ fn stream_blocks_are_reused_on_their_stream_without_sync() {
     let s1 = stream_tag(0x1234);
     let s2 = stream_tag(0x5678);
     let a = h.alloc(32 * MB, s1).unwrap();
-    h.pool.free(a, s1);
+    h.pool.free(a, s1, 0);
     assert_eq!(h.pool.alloc(32 * MB, s1, Birth::at(0)), Alloc::Hit { addr: a, size: 32 * MB });
-    h.pool.free(a, s1);
+    h.pool.free(a, s1, 0);
     assert!(matches!(h.pool.alloc(32 * MB, s2, Birth::at(0)), Alloc::NeedSegment { .. }), "another stream maps fresh memory");
     assert_eq!(stream_tag(0), 2);
     h.pool.check_invariants().unwrap();
@@ -134,11 +134,11 @@ fn stream_blocks_are_reused_on_their_stream_without_sync() {
 fn out_of_memory_releases_free_segments_and_retries() {
     let mut h = Harness::new(Strategy::Split, 100 * MB);
     let a = h.alloc(60 * MB, SYNCED).unwrap();
-    h.pool.free(a, SYNCED);
+    h.pool.free(a, SYNCED, 0);
     let b = h.alloc(80 * MB, SYNCED).expect("the free 60 MB segment is given back first");
     assert_eq!(h.pool.stats.segments_released, 1);
     assert_eq!(h.alloc(90 * MB, SYNCED), None);
-    h.pool.free(b, SYNCED);
+    h.pool.free(b, SYNCED, 0);
     h.pool.check_invariants().unwrap();
     assert_eq!(h.pool.cached_bytes(), 80 * MB);
 }
@@ -181,8 +181,8 @@ fn random_programs_keep_blocks_disjoint_and_accounted() {
                 let k = *live.keys().nth((rand() % live.len() as u64) as usize).unwrap();
                 live.remove(&k);
                 let tag = [SYNCED, PENDING, stream_tag(1)][(rand() % 3) as usize];
-                assert!(h.pool.free(k, tag).is_some());
-                assert!(h.pool.free(k, tag).is_none(), "a second free is refused");
+                assert!(h.pool.free(k, tag, 0).is_some());
+                assert!(h.pool.free(k, tag, 0).is_none(), "a second free is refused");
             }
             h.pool.check_invariants().unwrap();
             assert_eq!(h.pool.stats.reserved_bytes, h.mapped);
@@ -214,12 +214,12 @@ fn a_segment_base_goes_out_only_as_the_whole_segment() {
         assert!(!h.pool.has_segment(b), "block {b:#x} sits at a segment's base");
     }
     for b in blocks {
-        h.pool.free(b, SYNCED).unwrap();
+        h.pool.free(b, SYNCED, 0).unwrap();
         h.pool.check_invariants().unwrap();
     }
     let big = h.alloc(64 * MB, SYNCED).unwrap();
     assert!(h.pool.has_segment(big), "a whole segment goes out at its base");
-    h.pool.free(big, SYNCED).unwrap();
+    h.pool.free(big, SYNCED, 0).unwrap();
     let part = h.alloc(40 * MB, SYNCED).unwrap();
     assert_eq!(part, big + 24 * MB, "a cached segment is cut from its tail");
     h.pool.check_invariants().unwrap();

@@ -74,7 +74,7 @@ mod tests {
         assert!(matches!(pool.alloc(1000, SYNCED, Birth::default()), Alloc::NeedSegment { small: true, .. }));
         assert!(pool.add_segment(0x7100_0000_0000, 2 << 20, true));
         let Alloc::Hit { .. } = pool.alloc(1000, SYNCED, Birth::default()) else { panic!() };
-        pool.free(a, PENDING).unwrap();
+        pool.free(a, PENDING, 0).unwrap();
         let mut seen = vec![];
         pool.for_each_segment(|s| seen.push((s.addr, s.small, s.blocks().collect::<Vec<_>>())));
         seen.sort_by_key(|s| s.0);
