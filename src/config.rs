@@ -283,9 +283,12 @@ pub static OPTIONS: &[OptionSpec] = &[
                 if path.is_empty() || path.len() >= STATS_PATH_MAX {
                     return Err("json: needs a path of 1 to 255 bytes".into());
                 }
-                c.stats_path = [0; STATS_PATH_MAX];
-                c.stats_path.get_mut(..path.len()).ok_or("path too long")?.copy_from_slice(path);
-                c.stats = StatsOutput::Json;
+                set_path(&mut c.stats_path, path)?;
+                c.stats = if c.stats_path().is_empty() { StatsOutput::Off } else { StatsOutput::Json };
+                return Ok(());
+            }
+            if means_off(v) {
+                c.stats = StatsOutput::Off;
                 return Ok(());
             }
             c.stats = if parse_bool(v)? { StatsOutput::Stderr } else { StatsOutput::Off };
@@ -296,27 +299,13 @@ pub static OPTIONS: &[OptionSpec] = &[
         name: "TENSORMALLOC_TRACE",
         default: "off",
         doc: "PATH: record large allocations and frees (and memory samples) to PATH, for tensormalloc plot (scripts/plot-trace)",
-        apply: |c, v| {
-            if v.is_empty() || v.len() >= STATS_PATH_MAX {
-                return Err("not a path of 1 to 255 bytes".into());
-            }
-            c.trace_path = [0; STATS_PATH_MAX];
-            c.trace_path.get_mut(..v.len()).ok_or("path too long")?.copy_from_slice(v);
-            Ok(())
-        },
+        apply: |c, v| set_path(&mut c.trace_path, v),
     },
     OptionSpec {
         name: "TENSORMALLOC_SNAPSHOT_AT_EXIT",
         default: "off",
         doc: "PATH: at exit, write the device pools' segments and blocks, who holds them, and the recent allocations and frees to PATH as a PyTorch memory snapshot (python -m torch.cuda._memory_viz, pytorch.org/memory_viz), and the host's to PATH.host.pickle",
-        apply: |c, v| {
-            if v.is_empty() || v.len() >= STATS_PATH_MAX {
-                return Err("not a path of 1 to 255 bytes".into());
-            }
-            c.snapshot_path = [0; STATS_PATH_MAX];
-            c.snapshot_path.get_mut(..v.len()).ok_or("path too long")?.copy_from_slice(v);
-            Ok(())
-        },
+        apply: |c, v| set_path(&mut c.snapshot_path, v),
     },
     OptionSpec {
         name: "TENSORMALLOC_LEAKS",
@@ -495,12 +484,35 @@ fn auto_or(v: &[u8], parse: impl Fn(&[u8]) -> Result<u64, Reason>) -> Result<Opt
     parse(v).map(Some)
 }
 
+/// A boolean as the messages offer it: 1, yes, true, on / 0, no, false, off, in any case.
 pub fn parse_bool(v: &[u8]) -> Result<bool, &'static str> {
-    match v {
-        b"1" | b"yes" | b"true" | b"on" => Ok(true),
-        b"0" | b"no" | b"false" | b"off" => Ok(false),
-        _ => Err("not a boolean (use 1 or 0)"),
+    let is = |word: &[u8]| v.eq_ignore_ascii_case(word);
+    if is(b"1") || is(b"yes") || is(b"true") || is(b"on") {
+        Ok(true)
+    } else if is(b"0") || is(b"no") || is(b"false") || is(b"off") {
+        Ok(false)
+    } else {
+        Err("not a boolean (use 1 or 0)")
     }
+}
+
+/// Words that turn a path setting off (any case), as does an empty value.
+fn means_off(v: &[u8]) -> bool {
+    v.is_empty() || [&b"off"[..], b"0", b"none", b"false", b"no"].iter().any(|w| v.eq_ignore_ascii_case(w))
+}
+
+/// A path setting: off (an empty path) for `means_off`, else the path (1 to 255 bytes; `%p`
+/// in it becomes the process id when the file is written, `%%` a percent sign).
+fn set_path(slot: &mut [u8; STATS_PATH_MAX], v: &[u8]) -> Result<(), Reason> {
+    *slot = [0; STATS_PATH_MAX];
+    if means_off(v) {
+        return Ok(());
+    }
+    if v.len() >= STATS_PATH_MAX {
+        return Err("not a path of 1 to 255 bytes".into());
+    }
+    slot.get_mut(..v.len()).ok_or("path too long")?.copy_from_slice(v);
+    Ok(())
 }
 
 pub fn parse_u64(v: &[u8]) -> Option<u64> {

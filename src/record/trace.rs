@@ -91,9 +91,14 @@ static SAMPLER: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
 /// warning) on failure.
 pub fn start(path: &[u8], sampler: fn() -> (u64, u64)) -> bool {
     SAMPLER.store(sampler as *mut (), Ordering::Release);
-    let Ok(fd) = crate::sys::files::create_output(path) else {
-        crate::warn_line!("TENSORMALLOC_TRACE: cannot open {}; no trace", core::str::from_utf8(path).unwrap_or("(path)"));
-        return false;
+    let fd = match crate::sys::files::create_output(path) {
+        Ok(fd) => fd,
+        Err(e) => {
+            let mut text = [0u8; 128];
+            let reason = crate::sys::files::refusal_text(e, &mut text);
+            crate::warn_line!("TENSORMALLOC_TRACE: cannot open {} ({}); no trace", core::str::from_utf8(path).unwrap_or("(path)"), reason);
+            return false;
+        }
     };
     let events = crate::sys::os_pages::map_table(CAPACITY as usize * core::mem::size_of::<Event>());
     let seqs = crate::sys::os_pages::map_table(CAPACITY as usize * 8);

@@ -538,7 +538,7 @@ pub fn write(path: &[u8]) -> Result<(), c_int> {
 pub fn at_exit(path: &[u8]) {
     if let Err(e) = write(path) {
         let mut text = [0u8; 128];
-        let reason = crate::sys::process::error_text(e, &mut text);
+        let reason = crate::sys::files::refusal_text(e, &mut text);
         crate::warn_line!(
             "TENSORMALLOC_SNAPSHOT_AT_EXIT={}: cannot write the memory snapshot ({}, errno {})",
             core::str::from_utf8(path).unwrap_or("(path)"),

@@ -366,9 +366,14 @@ pub fn at_exit(config: &Config) {
 }
 
 fn write_to_path(path: &[u8], bytes: &[u8]) {
-    let Ok(fd) = crate::sys::files::create_output(path) else {
-        crate::warn_line!("cannot write the stats to {}", core::str::from_utf8(path).unwrap_or("(path)"));
-        return;
+    let fd = match crate::sys::files::create_output(path) {
+        Ok(fd) => fd,
+        Err(e) => {
+            let mut text = [0u8; 128];
+            let reason = crate::sys::files::refusal_text(e, &mut text);
+            crate::warn_line!("cannot write the stats to {} ({})", core::str::from_utf8(path).unwrap_or("(path)"), reason);
+            return;
+        }
     };
     crate::sys::stderr::write_all(fd, bytes);
     let _ = crate::sys::files::close(fd);

@@ -7,8 +7,10 @@ use super::process::errno;
 /// The longest path accepted, without its NUL (PATH_MAX less one).
 pub const PATH_MAX_BYTES: usize = 4095;
 
-/// Creates or truncates the file at `path` (no NUL), write-only, closed on exec, mode 0644: how
-/// every output file is opened. The file descriptor, or an errno.
+/// Creates or truncates the file at `path` (no NUL; `%p` in it is this process's id, `%%` a
+/// percent sign), write-only, closed on exec, mode 0600 (our outputs hold addresses and names
+/// of code), never through a symlink at its last component (ELOOP): how every output file is
+/// opened. The file descriptor, or an errno.
 pub fn create_output(path: &[u8]) -> Result<i32, i32> {
     let mut cpath = [0u8; PATH_MAX_BYTES + 1];
     if path.is_empty() {
@@ -17,13 +19,66 @@ pub fn create_output(path: &[u8]) -> Result<i32, i32> {
     if path.contains(&0) {
         return Err(libc::EINVAL);
     }
-    cpath.get_mut(..path.len()).ok_or(libc::ENAMETOOLONG)?.copy_from_slice(path);
-    // SAFETY: cpath is NUL-terminated (one byte longer than any path copied in).
-    let fd = unsafe { libc::open(cpath.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC, 0o644) };
+    let len = expand_path(path, super::process::id(), &mut cpath).ok_or(libc::ENAMETOOLONG)?;
+    if len > PATH_MAX_BYTES {
+        return Err(libc::ENAMETOOLONG);
+    }
+    // SAFETY: cpath is NUL-terminated (one byte longer than any path written into it).
+    let fd = unsafe { libc::open(cpath.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600) };
     if fd < 0 {
         return Err(errno());
     }
     Ok(fd)
+}
+
+/// Why `create_output` refused, in words (`buf` holds the C library's text).
+pub fn refusal_text(e: i32, buf: &mut [u8; 128]) -> &str {
+    if e == libc::ELOOP {
+        return "a symbolic link stands at that path; not followed";
+    }
+    super::process::error_text(e, buf)
+}
+
+/// `path` with `%p` replaced by `pid` and `%%` by `%` (any other `%` kept), into `out`; its
+/// length, or None when it does not fit.
+pub fn expand_path(path: &[u8], pid: u32, out: &mut [u8]) -> Option<usize> {
+    let mut digits = [0u8; 10];
+    let mut n = 0;
+    let mut rest = pid;
+    loop {
+        *digits.get_mut(n)? = b'0' + (rest % 10) as u8;
+        n += 1;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    let mut len = 0;
+    let mut put = |b: u8| -> Option<()> {
+        *out.get_mut(len)? = b;
+        len += 1;
+        Some(())
+    };
+    let mut i = 0;
+    while let Some(&b) = path.get(i) {
+        match (b, path.get(i + 1)) {
+            (b'%', Some(b'p')) => {
+                for d in digits.get(..n)?.iter().rev() {
+                    put(*d)?;
+                }
+                i += 2;
+            }
+            (b'%', Some(b'%')) => {
+                put(b'%')?;
+                i += 2;
+            }
+            _ => {
+                put(b)?;
+                i += 1;
+            }
+        }
+    }
+    Some(len)
 }
 
 /// close(2); the errno when it reports a failed write-back.
@@ -85,6 +140,35 @@ pub fn pipe() -> (i32, i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percent_p_is_the_process_id() {
+        let mut out = [0u8; 32];
+        let n = expand_path(b"/tmp/s.%p.json", 4321, &mut out).unwrap();
+        assert_eq!(&out[..n], b"/tmp/s.4321.json");
+        let n = expand_path(b"%p-%%p-%x-%", 7, &mut out).unwrap();
+        assert_eq!(&out[..n], b"7-%p-%x-%");
+        assert_eq!(expand_path(b"%p%p%p%p", 1234567890, &mut out), None, "too long for the buffer");
+    }
+
+    #[test]
+    fn output_files_are_private_and_never_written_through_a_symlink() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("tm-files-link-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let link = dir.join("out");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        assert_eq!(create_output(link.to_str().unwrap().as_bytes()), Err(libc::ELOOP));
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        let fresh = dir.join("fresh.%p");
+        let fd = create_output(fresh.to_str().unwrap().as_bytes()).unwrap();
+        close(fd).unwrap();
+        let written = dir.join(format!("fresh.{}", std::process::id()));
+        assert_eq!(std::fs::metadata(&written).unwrap().permissions().mode() & 0o777, 0o600);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn output_files_are_created_truncated_and_refuse_bad_paths() {

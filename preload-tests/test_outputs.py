@@ -1,0 +1,43 @@
+"""Output files (issue 30, items 1, 7, 8): `%p` in a path is the process id; off, 0, none,
+false and empty mean off for every path setting; files are created 0600 and never through a
+symlink planted at their path (one stderr line says why nothing was written)."""
+import os
+import stat
+
+import pytest
+
+from conftest import compile_c, ok, run
+
+SETTINGS = {"stats": ("TENSORMALLOC_STATS", "json:{}"), "trace": ("TENSORMALLOC_TRACE", "{}"),
+            "snapshot": ("TENSORMALLOC_SNAPSHOT_AT_EXIT", "{}")}
+
+
+@pytest.mark.parametrize("word", ["off", "OFF", "0", "none", "false", "False", ""])
+def test_off_means_off(tmp_path, word):
+    env = {name: (form.format(word) if name != "TENSORMALLOC_STATS" else word) for name, form in SETTINGS.values()}
+    out = ok(run([compile_c("contract")], env=env, cwd=tmp_path))
+    assert os.listdir(tmp_path) == [], "no file written for an off setting"
+    assert "tensormalloc:" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("kind", SETTINGS)
+def test_percent_p_names_the_process_and_files_are_private(tmp_path, kind):
+    name, form = SETTINGS[kind]
+    proc = ok(run([compile_c("contract")], env={name: form.format(str(tmp_path / "out.%p"))}))
+    written = [p for p in tmp_path.iterdir() if p.name.startswith("out.") and not p.name.endswith(".host.pickle")]
+    assert len(written) == 1 and written[0].name[4:].isdigit(), os.listdir(tmp_path)
+    for p in tmp_path.iterdir():
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, (p, oct(p.stat().st_mode))
+    assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("kind", SETTINGS)
+def test_a_planted_symlink_is_not_followed(tmp_path, kind):
+    name, form = SETTINGS[kind]
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "out").symlink_to(victim)
+    out = ok(run([compile_c("contract")], env={name: form.format(str(tmp_path / "out"))}))
+    assert victim.read_text() == "precious"
+    lines = [l for l in out.stderr.splitlines() if "symbolic link" in l]
+    assert len(lines) == 1, out.stderr
