@@ -277,7 +277,7 @@ pub static OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "TENSORMALLOC_STATS",
         default: "0",
-        doc: "1: print a report to stderr at exit; json:PATH: write it as JSON to PATH",
+        doc: "1: print a report to stderr at exit; json:PATH: write it as JSON to PATH (%p: the process id; files are 0600, never written through a symlink); 0, off, none, false or empty: none",
         apply: |c, v| {
             if let Some(path) = v.strip_prefix(b"json:") {
                 if path.is_empty() || path.len() >= STATS_PATH_MAX {
@@ -298,13 +298,13 @@ pub static OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "TENSORMALLOC_TRACE",
         default: "off",
-        doc: "PATH: record large allocations and frees (and memory samples) to PATH, for tensormalloc plot (scripts/plot-trace)",
+        doc: "PATH: record large allocations and frees (and memory samples) to PATH, for tensormalloc plot (scripts/plot-trace); %p: the process id; off, 0, none, false or empty: no trace",
         apply: |c, v| set_path(&mut c.trace_path, v),
     },
     OptionSpec {
         name: "TENSORMALLOC_SNAPSHOT_AT_EXIT",
         default: "off",
-        doc: "PATH: at exit, write the device pools' segments and blocks, who holds them, and the recent allocations and frees to PATH as a PyTorch memory snapshot (python -m torch.cuda._memory_viz, pytorch.org/memory_viz), and the host's to PATH.host.pickle",
+        doc: "PATH: at exit, write the device pools' segments and blocks, who holds them, and the recent allocations and frees to PATH as a PyTorch memory snapshot (python -m torch.cuda._memory_viz, pytorch.org/memory_viz), and the host's to PATH.host.pickle; %p: the process id; off, 0, none, false or empty: none",
         apply: |c, v| set_path(&mut c.snapshot_path, v),
     },
     OptionSpec {
