@@ -131,7 +131,7 @@ impl NextAllocator {
         let mut out = core::ptr::null_mut();
         let rc = (self.posix_memalign)(&mut out, align, size);
         if rc != 0 {
-            *libc::__errno_location() = rc;
+            super::process::set_errno(rc);
             return core::ptr::null_mut();
         }
         out
@@ -203,8 +203,7 @@ pub unsafe fn bootstrap_size(p: *const c_void) -> usize {
 }
 
 fn enomem() -> *mut c_void {
-    // SAFETY: errno is thread-local.
-    unsafe { *libc::__errno_location() = libc::ENOMEM };
+    super::process::set_errno(libc::ENOMEM);
     core::ptr::null_mut()
 }
 
@@ -223,7 +222,7 @@ mod tests {
             let p = bootstrap_alloc(size, align);
             if p.is_null() {
                 // SAFETY: errno is thread-local.
-                assert_eq!(unsafe { *libc::__errno_location() }, libc::ENOMEM);
+                assert_eq!(super::super::process::errno(), libc::ENOMEM);
                 break;
             }
             assert_eq!(p as usize % align.max(crate::backing::BLOCK_ALIGN), 0, "free's fast path needs it");

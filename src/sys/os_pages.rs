@@ -14,10 +14,7 @@ static NO_MADV_FREE: AtomicBool = AtomicBool::new(false);
 /// no block can carry one.
 static PKEYS: AtomicBool = AtomicBool::new(true);
 
-fn errno() -> i32 {
-    // SAFETY: errno is thread-local.
-    unsafe { *libc::__errno_location() }
-}
+use super::process::errno;
 
 /// Whether MADV_FREE works on a page of our own, fresh and unlocked.
 fn kernel_has_madv_free() -> bool {
