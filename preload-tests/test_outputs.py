@@ -41,3 +41,14 @@ def test_a_planted_symlink_is_not_followed(tmp_path, kind):
     assert victim.read_text() == "precious"
     lines = [l for l in out.stderr.splitlines() if "symbolic link" in l]
     assert len(lines) == 1, out.stderr
+
+
+def test_a_wrapper_script_prints_exactly_one_report(tmp_path):
+    """Issue 30, item 4: processes that make no large request and no CUDA call (a wrapper's ten
+    helpers) print no report and write no file; the one that works does."""
+    script = f"for i in 1 2 3 4 5 6 7 8 9 10; do /bin/true; ls / >/dev/null; done; exec {compile_c('contract')}"
+    out = ok(run(["/bin/sh", "-c", script], env={"TENSORMALLOC_STATS": "1"}))
+    assert out.stderr.count("tensormalloc 0.1.0 report") == 1, out.stderr
+    files = tmp_path / "s.%p.json"
+    ok(run(["/bin/sh", "-c", script], env={"TENSORMALLOC_STATS": f"json:{files}"}))
+    assert len(list(tmp_path.iterdir())) == 1, os.listdir(tmp_path)

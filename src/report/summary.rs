@@ -359,10 +359,19 @@ pub fn write_report(config: &Config) {
 }
 
 /// The report at exit, when asked for.
+/// At exit, the report asked for, from a process that made a large request or a CUDA call: a
+/// wrapper's helper processes (a pyenv shim starts about 30) stay silent and write no file.
 pub fn at_exit(config: &Config) {
-    if config.stats != StatsOutput::Off {
+    if config.stats != StatsOutput::Off && did_anything() {
         write_report(config);
     }
+}
+
+/// The process made a large host request or a CUDA call through us (the runtime or the driver
+/// bound, whatever the pool's setting); with the cache off (TENSORMALLOC_DISABLE, which counts
+/// no request), always: the report then says what passed through.
+fn did_anything() -> bool {
+    !HOST.is_enabled() || HOST.stats.requests.get() > 0 || crate::sys::cuda_runtime::is_bound() || crate::sys::cuda_driver::is_bound()
 }
 
 fn write_to_path(path: &[u8], bytes: &[u8]) {

@@ -91,6 +91,11 @@ pub fn real() -> Option<&'static CudaFns> {
     RUNTIME.get(lookup)
 }
 
+/// The runtime was bound: the program called one of its entry points through us.
+pub fn is_bound() -> bool {
+    RUNTIME.is_bound()
+}
+
 fn lookup() -> Option<CudaFns> {
     // SAFETY: dlsym/dlopen with valid C strings; the functions found have the runtime's
     // documented signatures.
