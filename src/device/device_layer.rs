@@ -16,7 +16,7 @@ use crate::record::stats::{timed, DeviceStats};
 use crate::record;
 use crate::record::holders::{device_place, Birth};
 use crate::sys::lock::Lock;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering::Relaxed};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering::{AcqRel, Acquire, Relaxed}};
 
 pub use crate::backing::MAX_DEVICES;
 /// Bounds the alloc loop: hit, sync, segment, release-and-retry, and a little slack.
@@ -62,6 +62,9 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     /// How long a segment stays idle before it goes back to the driver (Note [Idle segments]);
     /// u64::MAX: never.
     release_after_ns: AtomicU64,
+    /// Idle releases under way per device, between taking segments out of the pool and freeing
+    /// them (Note [Idle segments]): a context's end waits for them.
+    releasing: [AtomicU32; MAX_DEVICES],
     /// Told when a segment became idle, with when it is due (the background thread's
     /// `on_block_cached`); a `fn(u64)`, null until set.
     on_idle: AtomicPtr<()>,
@@ -137,6 +140,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             used: AtomicBool::new(false),
             inherited: AtomicBool::new(false),
             release_after_ns: AtomicU64::new(u64::MAX),
+            releasing: [const { AtomicU32::new(0) }; MAX_DEVICES],
             on_idle: AtomicPtr::new(core::ptr::null_mut()),
             stats: DeviceStats::new(),
         }
@@ -601,12 +605,34 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// whose segments live in it, and its pinned blocks, are forgotten.
     pub fn forget_context(&self, ctx: u64) {
         for (device, pool) in self.pools().iter().enumerate() {
-            let mut pool = pool.lock();
+            let mut pool = self.lock_between_releases(device, pool);
             if ctx != 0 && pool.is_ready() && pool.owner() == ctx {
                 self.forget_blocks(device, &mut pool);
             }
         }
         self.forget_pinned(Some(ctx));
+    }
+
+    /// `device`'s pool, locked when no idle release of it is under way (Note [Idle segments]):
+    /// a context's end must not come between the background thread's check and its frees.
+    fn lock_between_releases<'a>(&self, device: usize, pool: &'a Lock<DevicePool>) -> crate::sys::lock::Guard<'a, DevicePool> {
+        let Some(releasing) = self.releasing.get(device) else { return pool.lock() };
+        loop {
+            let guard = pool.lock();
+            if releasing.load(Acquire) == 0 {
+                return guard;
+            }
+            drop(guard);
+            crate::sys::clock::pause();
+        }
+    }
+
+    /// Waits until no idle release of `device`'s pool is under way (before a primary context
+    /// release the driver may end it with).
+    pub fn wait_for_releases(&self, device: i32) {
+        if let Some(pool) = usize::try_from(device).ok().and_then(|d| self.pools().get(d).map(|p| (d, p))) {
+            drop(self.lock_between_releases(pool.0, pool.1));
+        }
     }
 
     /// Forgets every block of a pool whose context is gone, as the runtime freed them: its live
@@ -657,7 +683,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     fn forget_pool(&self, device: usize) {
         if let Some(pool) = self.pools().get(device) {
-            let mut pool = pool.lock();
+            let mut pool = self.lock_between_releases(device, pool);
             if pool.is_ready() {
                 self.forget_blocks(device, &mut pool);
             }
@@ -749,23 +775,40 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         }
         let mut due = None::<u64>;
         for (device, pool) in self.pools().iter().enumerate() {
+            let Some(releasing) = self.releasing.get(device) else { continue };
             loop {
                 let now = (self.clock)();
                 let mut batch = [(0u64, 0u64); 16];
-                let idle = {
+                let (idle, generation) = {
                     let mut p = pool.lock();
                     if !p.is_ready() {
                         break;
                     }
-                    p.release_idle_segments(now.saturating_sub(after), &mut batch)
-                };
-                let freed = self.with_device(device as i32, || {
-                    for &(addr, len) in batch.iter().take(idle.count) {
-                        self.runtime_free(addr as usize)?;
-                        record::segment(device_place(device), addr, len, false);
+                    let idle = p.release_idle_segments(now.saturating_sub(after), &mut batch);
+                    if idle.count > 0 {
+                        releasing.fetch_add(1, AcqRel);
                     }
+                    (idle, p.generation())
+                };
+                // In the pool's context, and only if no reset or end of it came meanwhile (then
+                // the driver freed the segments with it): a context's end through us waits for
+                // `releasing` to fall back (lock_between_releases).
+                let freed = if idle.count == 0 {
                     Ok(())
-                });
+                } else {
+                    let freed = self.with_device(device as i32, || {
+                        if pool.lock().generation() != generation {
+                            return Ok(());
+                        }
+                        for &(addr, len) in batch.iter().take(idle.count) {
+                            self.runtime_free(addr as usize)?;
+                            record::segment(device_place(device), addr, len, false);
+                        }
+                        Ok(())
+                    });
+                    releasing.fetch_sub(1, AcqRel);
+                    freed
+                };
                 let next = idle.oldest_left_ns.map(|t| t.saturating_add(after)).into_iter().chain(idle.pending_left.then(|| now.saturating_add(after)));
                 for t in next {
                     due = Some(due.map_or(t, |d| d.min(t)));

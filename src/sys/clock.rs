@@ -27,3 +27,10 @@ pub fn wall_offset_ns() -> u64 {
     let wall_ns = (wall.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(wall.tv_nsec as u64);
     wall_ns.wrapping_sub(now_ns())
 }
+
+/// Sleeps about 50 µs: a waiter's pause while another thread finishes a short piece of work.
+pub fn pause() {
+    let ts = libc::timespec { tv_sec: 0, tv_nsec: 50_000 };
+    // SAFETY: nanosleep reads one timespec we own; an early wake is harmless.
+    unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) };
+}

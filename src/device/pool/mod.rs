@@ -411,6 +411,13 @@ impl DevicePool {
     // block is free, synchronized (no stream may still use it: Note [Safe reuse]; a pending one
     // waits for the next synchronization) and stamped before the cutoff. A loop that reuses its
     // blocks every step never leaves one idle that long, so it never pays a driver call.
+    // The background thread frees what it took out in the pool's context, after checking that no
+    // reset or end of that context came meanwhile (the generation); a context's end through us
+    // (cuCtxDestroy, a primary reset or release) first waits for a release under way to finish
+    // (DeviceLayer::lock_between_releases), so the check and the frees are never split by it.
+    // Not covered: a primary context released to zero by a call that does not come through us
+    // right between the check and a free, and re-created with an allocation at that very address
+    // within those microseconds.
 
     /// Takes a block back at `now_ns`; `None` when `addr` is not a live block of this pool.
     pub fn free(&mut self, addr: u64, tag: u64, now_ns: u64) -> Option<Freed> {

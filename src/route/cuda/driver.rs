@@ -161,6 +161,8 @@ pub unsafe fn primary_release(device: c_int, spelling: Spelling<unsafe extern "C
     let Some(release) = real(spelling) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| pool_answers()) else { return release(device) };
     let before = DEVICE.primary_context(device);
+    // The release may end the context: no idle release of its pool may be half done then.
+    DEVICE.wait_for_releases(device);
     let rc = release(device);
     if rc == 0 {
         DEVICE.primary_released(device, before);
