@@ -52,3 +52,16 @@ def test_a_wrapper_script_prints_exactly_one_report(tmp_path):
     files = tmp_path / "s.%p.json"
     ok(run(["/bin/sh", "-c", script], env={"TENSORMALLOC_STATS": f"json:{files}"}))
     assert len(list(tmp_path.iterdir())) == 1, os.listdir(tmp_path)
+
+
+def test_a_forked_childs_numbers_are_its_own(tmp_path):
+    """Issue 30, item 2: pid, ppid and command in the JSON; a forked child counts from the fork
+    and says whom it was forked from, so summing a run's files counts each request once."""
+    import json
+    out = ok(run([compile_c("fork_stats")], env={"TENSORMALLOC_STATS": f"json:{tmp_path}/s.%p.json"}))
+    parent, child = (int(x) for x in out.stdout.split()[1::2])
+    p = json.loads((tmp_path / f"s.{parent}.json").read_text())
+    c = json.loads((tmp_path / f"s.{child}.json").read_text())
+    assert (p["pid"], p["forked_from"], p["command"]) == (parent, None, "fork_stats"), p
+    assert (c["pid"], c["ppid"], c["forked_from"], c["command"]) == (child, parent, parent, "fork_stats"), c
+    assert (p["host"]["requests"], c["host"]["requests"]) == (10, 3)

@@ -5,7 +5,7 @@
 
 use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicU8, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 use crate::config::Config;
 use crate::device::device_layer::DeviceLayer;
@@ -78,6 +78,20 @@ fn init_slow() -> Option<&'static Globals> {
     unsafe { (*GLOBALS.0.get()).write(Globals { config, next }) };
     INIT_STATE.store(DONE, Ordering::Release);
     globals()
+}
+
+/// The process this one was forked from with us loaded (0: none): its numbers start at the fork.
+static FORKED_FROM: AtomicU32 = AtomicU32::new(0);
+
+/// In a forked child: the host layer's numbers become the child's own from here.
+pub(crate) fn forked_from(parent: u32) {
+    FORKED_FROM.store(parent, Ordering::Relaxed);
+    HOST.stats.restart_in_child();
+}
+
+/// The process this one was forked from, if it was (with us loaded).
+pub(crate) fn parent_at_fork() -> Option<u32> {
+    Some(FORKED_FROM.load(Ordering::Relaxed)).filter(|&p| p != 0)
 }
 
 /// The trace is flushed at least this often.

@@ -17,6 +17,9 @@ impl Counter {
     pub fn get(&self) -> u64 {
         self.0.load(Relaxed)
     }
+    pub fn reset(&self) {
+        self.0.store(0, Relaxed);
+    }
 }
 
 impl Default for Counter {
@@ -64,6 +67,11 @@ impl Level {
     pub fn total(&self) -> u64 {
         self.total.load(Relaxed)
     }
+    /// A forked child's start: what is held stays held, it is the peak so far, nothing came in.
+    pub fn restart(&self) {
+        self.peak.store(self.current(), Relaxed);
+        self.total.store(0, Relaxed);
+    }
 }
 
 impl Default for Level {
@@ -85,6 +93,10 @@ impl PhaseTimer {
     pub fn record(&self, ns: u64) {
         self.calls.add(1);
         self.total_ns.add(ns);
+    }
+    pub fn reset(&self) {
+        self.calls.reset();
+        self.total_ns.reset();
     }
 }
 
@@ -213,6 +225,25 @@ pub fn timed<T>(phase: &PhaseTimer, f: impl FnOnce() -> T) -> T {
 }
 
 impl HostStats {
+    /// In a forked child: its numbers are its own from here (the parent's requests are not
+    /// counted twice when a run's processes are summed); the blocks it inherited stay live.
+    pub fn restart_in_child(&self) {
+        for c in [
+            &self.requests, &self.hits, &self.hits_after_release, &self.misses, &self.hit_bytes, &self.frees, &self.splits,
+            &self.released_blocks, &self.released_bytes, &self.unmapped_blocks, &self.unmapped_bytes, &self.map_failures,
+            &self.remaps, &self.grows, &self.zeroed_by_discard, &self.unresettable, &self.retries_after_trim,
+        ] {
+            c.reset();
+        }
+        for l in [&self.live, &self.live_blocks, &self.cached, &self.deferred] {
+            l.restart();
+        }
+        let p = &self.phases;
+        for t in [&p.alloc, &p.alloc_hit, &p.alloc_map, &p.alloc_grow, &p.alloc_zero, &p.free, &p.free_unmap, &p.deferred_unmap, &p.realloc, &p.release, &p.expire] {
+            t.reset();
+        }
+    }
+
     pub const fn new() -> Self {
         HostStats {
             requests: Counter::new(),

@@ -4,7 +4,7 @@
 //! written through `fmt::Write`: no allocation (it must work at out of memory).
 
 use crate::record::holders::{self, HolderRow, PLACE_HOST, PLACE_PINNED};
-use crate::report::units::Bytes;
+use crate::report::units::{Bytes, JsonText};
 use crate::state::{DEVICE, HOST};
 use core::fmt::{self, Write};
 
@@ -114,28 +114,6 @@ impl fmt::Display for Name<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for chunk in self.0.utf8_chunks() {
             f.write_str(chunk.valid())?;
-            if !chunk.invalid().is_empty() {
-                f.write_str("?")?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// JSON string contents: quotes, backslashes and control characters escaped.
-struct JsonText<'a>(&'a [u8]);
-
-impl fmt::Display for JsonText<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for chunk in self.0.utf8_chunks() {
-            for c in chunk.valid().chars() {
-                match c {
-                    '"' => f.write_str("\\\"")?,
-                    '\\' => f.write_str("\\\\")?,
-                    c if (c as u32) < 0x20 => write!(f, "\\u{:04x}", c as u32)?,
-                    c => f.write_char(c)?,
-                }
-            }
             if !chunk.invalid().is_empty() {
                 f.write_str("?")?;
             }

@@ -140,7 +140,10 @@ fn phase_rows() -> [PhaseRow<'static>; 16] {
 }
 
 pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
-    writeln!(w, "tensormalloc {} report (pid {})", env!("CARGO_PKG_VERSION"), std::process::id())?;
+    match crate::state::parent_at_fork() {
+        Some(parent) => writeln!(w, "tensormalloc {} report (pid {}, forked from {}: its numbers from the fork on)", env!("CARGO_PKG_VERSION"), std::process::id(), parent)?,
+        None => writeln!(w, "tensormalloc {} report (pid {})", env!("CARGO_PKG_VERSION"), std::process::id())?,
+    }
     writeln!(
         w,
         " host cache: threshold {}, {}",
@@ -259,7 +262,15 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
 }
 
 pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
-    write!(w, "{{\"version\":{},\"pid\":{},\"enabled\":{},", s.version, std::process::id(), s.enabled != 0)?;
+    let mut name = [0u8; 32];
+    let command = crate::sys::process::command_name(&mut name);
+    write!(w, "{{\"version\":{},\"pid\":{},\"ppid\":{},\"command\":", s.version, std::process::id(), crate::sys::process::parent_id())?;
+    write!(w, "\"{}\"", crate::report::units::JsonText(command))?;
+    match crate::state::parent_at_fork() {
+        Some(parent) => write!(w, ",\"forked_from\":{parent}")?,
+        None => w.write_str(",\"forked_from\":null")?,
+    }
+    write!(w, ",\"enabled\":{},", s.enabled != 0)?;
     write!(
         w,
         "\"host\":{{\"threshold_bytes\":{},\"requests\":{},\"hits\":{},\"grows\":{},\"misses\":{},\"hit_bytes\":{},\"frees\":{},",

@@ -88,6 +88,28 @@ pub fn pad<T: fmt::Display>(value: T) -> StackStr {
     value.to_stack()
 }
 
+/// JSON string contents: quotes, backslashes and control characters escaped.
+pub struct JsonText<'a>(pub &'a [u8]);
+
+impl fmt::Display for JsonText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for chunk in self.0.utf8_chunks() {
+            for c in chunk.valid().chars() {
+                match c {
+                    '"' => f.write_str("\\\"")?,
+                    '\\' => f.write_str("\\\\")?,
+                    c if (c as u32) < 0x20 => write!(f, "\\u{:04x}", c as u32)?,
+                    c => f.write_char(c)?,
+                }
+            }
+            if !chunk.invalid().is_empty() {
+                f.write_str("?")?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

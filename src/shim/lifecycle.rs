@@ -40,6 +40,7 @@ extern "C" fn after_fork_in_child() {
     // SAFETY: the child is a copy of the thread that ran before_fork.
     unsafe { HOST.unlock_after_fork() };
     HOST.forget_cache_in_child();
+    crate::state::forked_from(sys::process::parent_id());
     if DEVICE.after_fork_in_child() {
         // Note [Forked children]: the parent's device and pinned blocks are not this process's.
         for place in (0..crate::record::holders::PLACES as u8).filter(|&p| p != crate::record::holders::PLACE_HOST) {

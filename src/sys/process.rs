@@ -27,6 +27,20 @@ pub fn id() -> u32 {
     unsafe { libc::getpid() as u32 }
 }
 
+/// The parent process's id.
+pub fn parent_id() -> u32 {
+    // SAFETY: getppid cannot fail.
+    unsafe { libc::getppid() as u32 }
+}
+
+/// This process's command name (/proc/self/comm: argv[0]'s base name, at most 15 bytes), in
+/// `buf`; empty when it cannot be read.
+pub fn command_name(buf: &mut [u8; 32]) -> &[u8] {
+    let n = super::files::read_small(b"/proc/self/comm\0", buf).unwrap_or(0);
+    let name = buf.get(..n).unwrap_or(&[]);
+    name.strip_suffix(b"\n").unwrap_or(name)
+}
+
 /// Ends the process as glibc does on a bad free: SIGABRT.
 pub fn abort() -> ! {
     // SAFETY: abort never returns.
