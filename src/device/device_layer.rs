@@ -19,6 +19,10 @@ use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering::{AcqRel, Acquire, Relaxed}};
 
 pub use crate::backing::MAX_DEVICES;
+/// How soon the background thread looks again at an idle segment that waits for a
+/// synchronization (Note [Idle segments]).
+const PENDING_RECHECK_NS: u64 = 100_000_000;
+
 /// Bounds the alloc loop: hit, sync, segment, release-and-retry, and a little slack.
 const MAX_STEPS: usize = 8;
 
@@ -809,7 +813,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     releasing.fetch_sub(1, AcqRel);
                     freed
                 };
-                let next = idle.oldest_left_ns.map(|t| t.saturating_add(after)).into_iter().chain(idle.pending_left.then(|| now.saturating_add(after)));
+                // A segment waiting for a synchronization is looked at again a delay later (at
+                // least PENDING_RECHECK_NS: a zero delay must not make the thread spin on it).
+                let recheck = now.saturating_add(after.max(PENDING_RECHECK_NS));
+                let next = idle.oldest_left_ns.map(|t| t.saturating_add(after)).into_iter().chain(idle.pending_left.then_some(recheck));
                 for t in next {
                     due = Some(due.map_or(t, |d| d.min(t)));
                 }

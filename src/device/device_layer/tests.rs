@@ -498,3 +498,16 @@ fn idle_segments_go_back_to_the_driver_and_busy_ones_stay() {
     assert_eq!(l.release_idle(), None);
     assert_eq!(l.runtime().device(0).frees, 3);
 }
+
+/// An idle segment that waits for a synchronization (freed on a stream) is not given back yet,
+/// and even with a zero delay the background thread is not asked to look again at once.
+#[test]
+fn a_segment_waiting_for_a_sync_is_looked_at_later_not_at_once() {
+    let l = Box::new(DeviceLayer::new(SimRuntime::new(&[1 * GB]), leak_table, fake_now));
+    l.configure(&Config { cuda_release_ms: 0, ..Config::default() });
+    let a = l.malloc_on_stream(64 * MB, 0, 0x77, 0).unwrap();
+    assert_eq!(l.free_on_stream(a, 0, 0x77), FreeAnswer::Pooled);
+    let due = l.release_idle().expect("the pending segment is looked at again");
+    assert!(due >= fake_now() + 100_000_000, "not at once");
+    assert_eq!(l.runtime().device(0).frees, 0, "a stream may still use it");
+}
