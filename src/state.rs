@@ -84,6 +84,8 @@ fn init_slow() -> Option<&'static Globals> {
 static FORKED_FROM: AtomicU32 = AtomicU32::new(0);
 
 /// In a forked child: the host layer's numbers become the child's own from here.
+// Its caller, the fork handler, is not built for tests and the no-interpose harnesses.
+#[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]
 pub(crate) fn forked_from(parent: u32) {
     FORKED_FROM.store(parent, Ordering::Relaxed);
     HOST.stats.restart_in_child();
