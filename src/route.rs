@@ -286,9 +286,13 @@ fn large(size: usize, align: usize, zeroed: bool, asker: Asker) -> *mut c_void {
     }
 }
 
+/// free leaves errno as it was (POSIX 2024, glibc since 2.33), whatever the system calls of the
+/// reset or an unmap said.
 fn free_large(p: *mut c_void, len: usize) {
+    let saved = errno();
     follow_address_limit();
     HOST.free(p as usize, len);
+    set_errno(saved);
 }
 
 /// Off a BLOCK_ALIGN boundary: certainly the next allocator's pointer (our blocks and the
