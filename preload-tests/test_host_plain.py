@@ -21,6 +21,7 @@ MODES = {
     "defaults": {},
     "release-0": {"TENSORMALLOC_RELEASE_MS": "0"},
     "no-hugepages": {"TENSORMALLOC_HUGEPAGES": "never"},
+    "reset-always": {"TENSORMALLOC_RESET": "always"},
     "glibc": None,
 }
 
@@ -32,11 +33,14 @@ def run_mode(mode, argv, env=None, **kw):
     return run(argv, preload=PRELOAD, env={**settings, **(env or {})}, **kw)
 
 
-TAINTS = ["rdonly", "rx", "guard", "dontfork", "wipeonfork", "mlock", "dontdump"]
+TAINTS = ["rdonly", "rx", "guard", "dontfork", "wipeonfork", "mlock", "dontdump", "guardregion", "unmapped", "fixedmap",
+          "shrunk"]
+# A change made with a raw system call never reaches our libc shims (Note [Pages the program
+# changed]): only TENSORMALLOC_RESET=always makes such a block plain again (README, Limits).
+CASES = [(t, m) for t in TAINTS for m in MODES] + [("raw-rdonly", "reset-always"), ("raw-rdonly", "glibc")]
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("taint", TAINTS)
+@pytest.mark.parametrize("taint,mode", CASES)
 def test_reused_block_is_plain_memory(taint, mode):
     """The next malloc, calloc and bigger (gathered) malloc after a block left read-only, rx,
     guarded, don't-fork, wipe-on-fork, locked or don't-dump is writable in every page, zero for

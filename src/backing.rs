@@ -45,13 +45,16 @@ pub trait PageMemory {
         }
         None
     }
-    /// Makes a range the program freed ready to be cached: read-write, unlocked, default dump
-    /// and fork advice whatever the program did to it, and left out of forked children (Note
-    /// [Plain memory] in host/host_layer.rs). False: it cannot be (part of it is no longer mapped,
-    /// or it is sealed): it must never be handed out again.
+    /// Makes a range whose pages the program changed plain memory again: read-write, unlocked,
+    /// no guard regions, default dump and fork advice (Note [Plain memory] in
+    /// host/host_layer.rs). False: it cannot be (part of it is no longer mapped, or it is
+    /// sealed): it must never be handed out again.
     fn reset_for_cache(&self, addr: usize, len: usize) -> bool;
-    /// A range leaving the cache for the program is inherited by forked children again. False:
-    /// the kernel refused (its limit on mappings): the range must not be handed out.
+    /// Leaves a cached range out of the child of a fork about to happen (MADV_DONTFORK). False:
+    /// the kernel refused; the child then inherits it unrecorded.
+    fn keep_from_fork(&self, addr: usize, len: usize) -> bool;
+    /// A range kept from forked children is inherited by them again. False: the kernel refused
+    /// (its limit on mappings): the range must not be handed out.
     fn readmit(&self, addr: usize, len: usize) -> bool;
     /// Whether a mapping of `len` bytes the system refused could succeed once some of ours are
     /// unmapped (it fits the address-space and commit limits). If not, emptying the cache for

@@ -71,6 +71,9 @@ pub struct Config {
     pub cache_bytes: Option<u64>,
     pub release_ms: u64,
     pub release: Release,
+    /// Reset every freed block's pages, not only those the program changed through libc
+    /// (Note [Pages the program changed]).
+    pub reset_always: bool,
     pub expire_ms: u64,
     /// None: follows how many blocks are live (Note [Neighbours merge]).
     pub max_waste_percent: Option<u64>,
@@ -116,6 +119,7 @@ impl Config {
             cache_bytes: None,
             release_ms: 1000,
             release: Release::Auto,
+            reset_always: false,
             expire_ms: 10_000,
             max_waste_percent: None,
             hugepages: HugePages::Auto,
@@ -242,6 +246,15 @@ pub static OPTIONS: &[OptionSpec] = &[
         apply: |c, v| {
             let choices: &[(&[u8], Release)] = &[(b"auto", Release::Auto), (b"free", Release::Free), (b"dontneed", Release::DontNeed)];
             choose(v, choices, "not one of auto, free, dontneed").map(|r| c.release = r)
+        },
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_RESET",
+        default: "changed",
+        doc: "which freed blocks get their protection, locks and advice reset before reuse: changed (those the program changed through libc's mprotect, madvise, mlock, munmap...), always (every one, ~5 us per free: for programs that change pages with raw system calls)",
+        apply: |c, v| {
+            let choices: &[(&[u8], bool)] = &[(b"changed", false), (b"always", true)];
+            choose(v, choices, "not one of changed, always").map(|a| c.reset_always = a)
         },
     },
     OptionSpec {

@@ -15,6 +15,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize
 pub(crate) mod cxx;
 pub(crate) mod control;
 pub(crate) mod libc_names;
+pub(crate) mod page_calls;
 // Its callers are the CUDA shims, built only into the library.
 #[cfg(not(any(test, feature = "no-interpose")))]
 pub(crate) mod cuda;
@@ -85,6 +86,7 @@ fn set_targets(g: &'static Globals) -> Option<&'static Globals> {
     CHECK_PENDING.store(g.config.check_free, Relaxed);
     NEXT_CALLOC.store(next.calloc as usize, Relaxed);
     follow_address_limit();
+    crate::state::watch_limits(follow_address_limit);
     set_large_from(HOST.is_enabled());
     TARGETS.store(SET, Release);
     Some(g)
@@ -103,8 +105,9 @@ static SEEN_ADDRESS_LIMIT: AtomicU64 = AtomicU64::new(u64::MAX);
 
 /// Follows the address-space limit, which a program may set at any time (Python's
 /// `resource.setrlimit`): the host cache's ceiling follows it, and once there is one the next
-/// allocator's entry points go through those that make room (Note [Room for others]). At init
-/// and at every large free: one getrlimit.
+/// allocator's entry points go through those that make room (Note [Room for others]). At init,
+/// after the program's setrlimit or prlimit (our shims), at every background pass (another
+/// process's prlimit), and when a mapping fails: one getrlimit.
 fn follow_address_limit() {
     let limit = crate::sys::memory::address_space_bytes();
     if SEEN_ADDRESS_LIMIT.swap(limit, Relaxed) == limit {
@@ -276,6 +279,7 @@ fn large(size: usize, align: usize, zeroed: bool, asker: Asker) -> *mut c_void {
             a as *mut c_void
         }
         None => {
+            follow_address_limit();
             // A request no limit could ever allow is a probe, not a shortage: no event.
             if HOST.could_map(size, align) {
                 let total_bytes = crate::sys::memory::address_space_bytes();
@@ -290,7 +294,6 @@ fn large(size: usize, align: usize, zeroed: bool, asker: Asker) -> *mut c_void {
 /// reset or an unmap said.
 fn free_large(p: *mut c_void, len: usize) {
     let saved = errno();
-    follow_address_limit();
     HOST.free(p as usize, len);
     set_errno(saved);
 }

@@ -36,6 +36,10 @@ pub struct PageCalls {
     pub zeroed_bytes: u64,
     pub discarded_bytes: u64,
     pub copied_bytes: u64,
+    /// Resets of ranges the program changed (`reset_for_cache`), and ranges kept from or
+    /// readmitted to forked children: each one or more system calls.
+    pub resets: u64,
+    pub fork_advice: u64,
     /// Bytes the program wrote that were not resident: what page faults would bring in.
     pub faulted_bytes: u64,
 }
@@ -59,7 +63,7 @@ struct PageState {
     fail_next_maps: u64,
     /// Ranges the program changed (protection, lock, fork or dump advice): not plain memory.
     altered: BTreeMap<usize, usize>,
-    /// Ranges a forked child would not inherit (`reset_for_cache` until `readmit`).
+    /// Ranges a forked child would not inherit (`keep_from_fork` until `readmit`).
     hidden: BTreeMap<usize, usize>,
     /// `reset_for_cache` fails (a sealed range).
     fail_resets: bool,
@@ -117,7 +121,8 @@ impl SimPages {
     }
 
     /// The program changes the range's protection or advice (mprotect, mlock, MADV_DONTFORK):
-    /// it is not plain memory until `reset_for_cache`.
+    /// it is not plain memory until `reset_for_cache`. The library hears of it from its libc
+    /// shims: a test tells the layer too (`HostLayer::note_page_change`).
     pub fn alter(&self, addr: usize, len: usize) {
         let mut st = self.state.lock().unwrap();
         assert!(Self::covered(&st.mapped, addr, len), "alter of unmapped memory {addr:#x}+{len}");
@@ -281,7 +286,16 @@ impl PageMemory for SimPages {
         if st.fail_resets || !Self::covered(&st.mapped, addr, len) {
             return false;
         }
+        st.calls.resets += 1;
         Self::remove_range(&mut st.altered, addr, len);
+        Self::remove_range(&mut st.hidden, addr, len);
+        true
+    }
+
+    fn keep_from_fork(&self, addr: usize, len: usize) -> bool {
+        let mut st = self.state.lock().unwrap();
+        assert!(Self::covered(&st.mapped, addr, len), "keep_from_fork of unmapped memory {addr:#x}+{len}");
+        st.calls.fork_advice += 1;
         Self::add_range(&mut st.hidden, addr, len);
         true
     }
@@ -302,6 +316,7 @@ impl PageMemory for SimPages {
     fn readmit(&self, addr: usize, len: usize) -> bool {
         let mut st = self.state.lock().unwrap();
         assert!(Self::covered(&st.mapped, addr, len), "readmit of unmapped memory {addr:#x}+{len}");
+        st.calls.fork_advice += 1;
         Self::remove_range(&mut st.hidden, addr, len);
         true
     }

@@ -5,7 +5,7 @@
 
 use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 
 use crate::config::Config;
 use crate::device::device_layer::DeviceLayer;
@@ -102,7 +102,20 @@ const TRACE_FLUSH_NS: u64 = 100_000_000;
 /// One pass of the background thread (sys::reaper): idle blocks released and expired, deferred
 /// unmaps done, idle device segments given back, the trace flushed. Returns when the next pass
 /// is due.
+/// What the background pass calls to follow the process's limits (the route's, set when it is
+/// ready: a limit another process sets with prlimit is seen within a pass).
+static LIMITS_WATCH: AtomicUsize = AtomicUsize::new(0);
+
+pub(crate) fn watch_limits(f: fn()) {
+    LIMITS_WATCH.store(f as usize, Ordering::Release);
+}
+
 fn background_pass() -> Option<u64> {
+    let watch = LIMITS_WATCH.load(Ordering::Acquire);
+    if watch != 0 {
+        // SAFETY: only `watch_limits` stores here, and it stores a fn().
+        unsafe { core::mem::transmute::<usize, fn()>(watch)() };
+    }
     let deadline = match (HOST.reap(), DEVICE.release_idle()) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),

@@ -1,6 +1,8 @@
 /* A freed large block comes back as plain memory whatever its previous owner did to its pages
  * (issue 19, case 1). `plain_memory MODE`, MODE one of rdonly, rx, guard, dontfork, wipeonfork,
- * mlock, dontdump: 40 MiB blocks are written, MODE is applied to them, they are freed, and then
+ * mlock, dontdump, guardregion (MADV_GUARD_INSTALL), unmapped (a page munmapped), fixedmap (a
+ * shared page mapped over one), shrunk (mremap in place), raw-rdonly (mprotect by a raw system
+ * call): 40 MiB blocks are written, MODE is applied to them, they are freed, and then
  *  - a forked child mallocs and callocs 40 and 64 MiB (reusing what the parent cached) and
  *    writes every page;
  *  - the next malloc(40 MiB), calloc(40 MiB) (every byte up to malloc_usable_size reads zero)
@@ -11,8 +13,10 @@
  *    an idle block released after a locked one is still MADV_FREE'd (LazyFree in smaps).
  * Prints "plain memory MODE ok" (or "plain memory MODE skipped: ..." when mlock is not
  * permitted). Runs the same with and without the library. */
+#define _GNU_SOURCE /* mremap */
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <malloc.h>
@@ -122,6 +126,25 @@ static void taint(void *p, size_t n) {
         CHECK(madvise(a, len, MADV_WIPEONFORK) == 0);
     } else if (!strcmp(mode, "dontdump")) {
         CHECK(madvise(a, len, MADV_DONTDUMP) == 0);
+    } else if (!strcmp(mode, "guardregion")) {
+        /* MADV_GUARD_INSTALL (Linux 6.13): faults on access, kept across MADV_DONTNEED. */
+        if (madvise((char *)a + (len / 2 & ~(PAGE - 1)), PAGE, 102) != 0) {
+            printf("plain memory %s skipped: MADV_GUARD_INSTALL: %s (before Linux 6.13)\n", mode, strerror(errno));
+            exit(0);
+        }
+    } else if (!strcmp(mode, "unmapped")) {
+        CHECK(munmap((char *)a + (len / 2 & ~(PAGE - 1)), PAGE) == 0);
+    } else if (!strcmp(mode, "fixedmap")) {
+        /* A shared page mapped over the middle: glibc's free unmaps it with the block. */
+        void *q = (char *)a + (len / 2 & ~(PAGE - 1));
+        CHECK(mmap(q, PAGE, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_SHARED | MAP_ANONYMOUS, -1, 0) == q);
+    } else if (!strcmp(mode, "shrunk")) {
+        /* mremap shrinks the mapping in place: the block's second half is gone. */
+        void *r = mremap(a, len, len / 2 & ~(PAGE - 1), 0);
+        if (r != a) FAIL("mremap: %s", strerror(errno));
+    } else if (!strcmp(mode, "raw-rdonly")) {
+        /* Past libc: only TENSORMALLOC_RESET=always sees it (README, Limits). */
+        CHECK(syscall(SYS_mprotect, a, len, PROT_READ) == 0);
     } else if (!strcmp(mode, "mlock")) {
         if (mlock(p, n) != 0) {
             printf("plain memory %s skipped: mlock: %s\n", mode, strerror(errno));

@@ -14,6 +14,8 @@ SETTINGS = (
      "a cached block idle this long is released with MADV_FREE (the kernel may take it back)"),
     ("TENSORMALLOC_RELEASE", "auto",
      "how idle blocks leave RSS: free (MADV_FREE: counted in RSS until the kernel needs the pages), dontneed (MADV_DONTNEED: RSS falls at once, reuse faults again), auto: free while the cgroup and the system have room, dontneed near a limit"),
+    ("TENSORMALLOC_RESET", "changed",
+     "which freed blocks get their protection, locks and advice reset before reuse: changed (those the program changed through libc's mprotect, madvise, mlock, munmap...), always (every one, ~5 us per free: for programs that change pages with raw system calls)"),
     ("TENSORMALLOC_EXPIRE_MS", "10000",
      "a cached block idle this long is unmapped"),
     ("TENSORMALLOC_MAX_WASTE", "auto",

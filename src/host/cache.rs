@@ -437,9 +437,8 @@ impl BlockCache {
         true
     }
 
-    /// The deferred list, left in place (tests).
-    #[cfg(test)]
-    pub fn take_deferred_copy(&self) -> RangeList {
+    /// The deferred list, left in place.
+    pub fn deferred(&self) -> RangeList {
         let mut out = RangeList::new();
         for r in self.deferred.iter().take(self.deferred_count) {
             out.push(*r);

@@ -15,17 +15,46 @@
 //
 // Note [Plain memory]
 // A block we hand out is plain memory whatever its previous owner did to its pages: read-write
-// (a JIT's read+exec buffer, a PROT_NONE guard page, a protection key), not locked, dumped, and
-// inherited by forked children (MADV_DONTFORK, MADV_WIPEONFORK). glibc gets this for free by
-// unmapping every large block at free. We restore it when the program frees a block
-// (`reset_for_cache`: pkey_mprotect, munlock, three madvise calls, each a few hundred ns on a
-// mapping they leave unchanged): then a locked block never meets MADV_FREE (which refuses it),
-// and gathered pages are all alike. A block that cannot be restored (the program unmapped part
-// of it, or sealed it) is unmapped, never reused. The same reset marks the cached block
-// MADV_DONTFORK and a hand-out undoes it (`readmit`): a forked child inherits none of the cache,
-// so whatever the background thread was doing at the fork (releasing blocks, unmaps in flight),
-// the child starts with an empty cache and leaks nothing, and fork() copies no page tables for
-// idle memory. The child forgets the parent's cache records with no system call.
+// (a JIT's read+exec buffer, a PROT_NONE guard page, a protection key), not locked, no guard
+// regions, dumped, and inherited by forked children (MADV_DONTFORK, MADV_WIPEONFORK). glibc gets
+// this for free by unmapping every large block at free. We restore it when the program frees a
+// block whose pages it changed (`reset_for_cache`: pkey_mprotect, munlock, four madvise calls;
+// Note [Pages the program changed] says how we know): then a locked block never meets MADV_FREE
+// (which refuses it), and gathered pages are all alike. A block that cannot be restored (sealed),
+// or part of which the program unmapped, moved or mapped over, is unmapped, never reused, as
+// glibc's free would unmap it.
+//
+// Note [Pages the program changed]
+// Resetting every freed block cost seven system calls per malloc/free pair (4.7 us: 25-45x what
+// tcmalloc or tuned glibc pay for a sparsely used buffer), though almost no program changes the
+// pages of a block it got from malloc. A program changes pages through libc's mprotect,
+// pkey_mprotect, madvise, mlock, mlock2, mlockall, munmap, mremap and mmap(MAP_FIXED); we
+// export those names (shim/page_calls.rs), and each marks the live blocks of ours its range
+// overlaps in the registry before the kernel hears of it (one or two loads for a range far from
+// our blocks). At free, a marked block is reset (or unmapped, when part of it was replaced); an
+// unmarked one goes to the cache with no system call. Advice that leaves a block plain
+// (MADV_DONTNEED, FREE, HUGEPAGE, WILLNEED...: numpy advises huge pages on every array) marks
+// nothing. A program that changes pages with raw system calls (syscall(2), its own assembly)
+// escapes the marks: TENSORMALLOC_RESET=always resets every block at free, the old cost (README,
+// "Limits"). Our own system calls go straight to the kernel (sys/page_calls.rs), never through
+// the shims. What a forked child must not inherit is paid at the fork (Note [Fork at the fork]).
+//
+// Note [Fork at the fork]
+// A forked child must inherit none of the cache: it could not know which of the parent's cached
+// blocks are its own, and fork() would copy page tables for idle memory and make the parent's
+// next write to each cached page a copy. The fork's prepare handler, holding the cache lock,
+// marks every cached block and every range waiting to be unmapped MADV_DONTFORK; the parent's
+// and child's handlers readmit what is still cached (in the child: only blocks other handlers
+// freed there), and the child forgets the parent's records with no system call. A block that
+// leaves the cache during the fork (another library's handler allocating, Note [Fork handlers
+// that allocate]) is readmitted as it goes out; one entering it is kept from the child as it
+// comes in. Ranges between the cache and the kernel (taken out of the records, not yet unmapped:
+// `Transit`) would reach the child unrecorded, so the prepare handler first waits for them, a
+// bounded wait (a fork from a signal handler may interrupt its own thread's unmap). Gathering
+// pages into a new mapping takes the lock again before it ends and is not waited for: a fork
+// in its middle can leave the moved pages in the child unrecorded, leaked there as glibc leaves
+// a block some thread of the parent held. Per malloc/free pair this costs nothing; per fork,
+// two madvise calls per cached block (at most MAX_CACHE_BLOCKS).
 //
 // Note [Room for others]
 // Cached blocks take address space and, under strict overcommit, commit charge, whether or not
@@ -33,7 +62,9 @@
 // that frees 1 GiB can map 900 MiB next; with the block cached it could not. Three rules keep us
 // out of the way. (1) Under such a limit the cache's ceiling is an eighth of it, and blocks
 // leaving the cache are unmapped at once rather than by the background thread; the limit is read
-// at every large free (one getrlimit: Python's resource.setrlimit comes at any time). (2) When
+// when it may have changed: after the program's setrlimit or prlimit (our shims: Python's
+// resource.setrlimit comes at any time), at every background pass (another process's prlimit),
+// and when a mapping fails. (2) When
 // the next allocator fails with ENOMEM while the cache holds something, the cache is emptied and
 // the call made once more, as for our own mappings (route.rs installs the entry points that do
 // this once a limit is seen, so the fast paths are unchanged otherwise). (3) The cache is
@@ -56,7 +87,6 @@
 // resident (hot) and lazily freed bytes so RSS can be read against them.
 
 use super::cache::{BlockCache, CacheLimits, Live, Part, Parts};
-use super::in_flight::InFlight;
 use super::registry::{Birth, Owner, Registry};
 use crate::backing::{Moved, PageMemory, TableSource, BLOCK_ALIGN};
 use crate::config::{Config, HugePages, Release, MAX_CACHE_BLOCKS};
@@ -64,7 +94,7 @@ use crate::ranges::{Range, RangeList};
 use crate::record::stats::{HostStats, PhaseTimer};
 use crate::record::{self, Block, Found};
 use crate::sys::lock::{Guard, Lock};
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering, Ordering::{Acquire, Relaxed}};
 
 pub const PAGE: usize = 4096;
 const HUGE_PAGE: usize = 2 << 20;
@@ -95,8 +125,12 @@ pub struct HostLayer<M: PageMemory> {
     memory: M,
     registry: Registry,
     cache: Lock<BlockCache>,
-    /// Blocks between the cache and the program at this moment (Note [Blocks in flight]).
-    in_flight: InFlight,
+    /// Ranges out of the cache's records and not yet unmapped (Note [Fork at the fork]).
+    transit: AtomicUsize,
+    /// A fork is under way: the cache's blocks are kept from the child (Note [Fork at the fork]).
+    forking: AtomicBool,
+    /// TENSORMALLOC_RESET=always (Note [Pages the program changed]).
+    reset_always: AtomicBool,
     threshold_bytes: AtomicUsize,
     /// Large requests come here (TENSORMALLOC_DISABLE turns it off, tm_set_enabled at run time).
     enabled: AtomicBool,
@@ -180,7 +214,9 @@ impl<M: PageMemory> HostLayer<M> {
             memory,
             registry: Registry::new(table_source),
             cache: Lock::new(BlockCache::new(DEFAULTS)),
-            in_flight: InFlight::new(),
+            transit: AtomicUsize::new(0),
+            forking: AtomicBool::new(false),
+            reset_always: AtomicBool::new(false),
             threshold_bytes: AtomicUsize::new(Config::DEFAULT.threshold_bytes as usize),
             enabled: AtomicBool::new(false),
             address_space_bytes: AtomicU64::new(u64::MAX),
@@ -212,6 +248,7 @@ impl<M: PageMemory> HostLayer<M> {
         self.enabled.store(!config.disabled, Relaxed);
         self.hugepages.store(hugepages_code(config.hugepages), Relaxed);
         self.release.store(config.release as u8, Relaxed);
+        self.reset_always.store(config.reset_always, Relaxed);
         self.cache().set_limits(limits_from(config, memory_bytes, self.address_space_bytes.load(Relaxed)));
     }
 
@@ -304,9 +341,16 @@ impl<M: PageMemory> HostLayer<M> {
         }
     }
 
+    /// Under the cache lock: ranges leaving the records for the kernel are in transit until the
+    /// guard drops (Note [Fork at the fork]).
+    fn transit(&self) -> Transit<'_> {
+        self.transit.fetch_add(1, Relaxed);
+        Transit(&self.transit)
+    }
+
     /// Under the cache lock: puts ranges leaving us on the deferred list (Note [Deferred
     /// unmaps]); returns those the caller must unmap itself, and whether to wake the thread.
-    fn defer_unmaps(&self, cache: &mut BlockCache, ranges: &RangeList) -> (RangeList, bool) {
+    fn defer_unmaps(&self, cache: &mut BlockCache, ranges: &RangeList) -> (RangeList, bool, Transit<'_>) {
         let mut inline = RangeList::new();
         let was_empty = cache.deferred_bytes() == 0;
         // Under an address-space limit the room is needed now, not when the thread wakes.
@@ -317,12 +361,13 @@ impl<M: PageMemory> HostLayer<M> {
             }
         }
         self.stats.deferred.set(cache.deferred_bytes() as u64);
-        (inline, was_empty && cache.deferred_bytes() > 0)
+        (inline, was_empty && cache.deferred_bytes() > 0, self.transit())
     }
 
     /// After the lock: unmaps what could not wait and wakes the thread for the rest.
-    fn finish_unmaps(&self, (inline, wake): (RangeList, bool)) {
+    fn finish_unmaps(&self, (inline, wake, transit): (RangeList, bool, Transit<'_>)) {
         self.unmap_all(&inline);
+        drop(transit);
         if wake {
             (self.background.wake)();
         }
@@ -330,13 +375,14 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// Unmaps the deferred list now (the background thread, trim, memory short); returns bytes.
     fn unmap_deferred(&self) -> usize {
-        let deferred = {
+        let (deferred, transit) = {
             let mut cache = self.cache();
             let d = cache.take_deferred();
             self.stats.deferred.set(0);
-            d
+            (d, self.transit())
         };
         self.unmap_timed(&deferred, &self.stats.phases.deferred_unmap);
+        drop(transit);
         deferred.total_bytes()
     }
 
@@ -434,13 +480,10 @@ impl<M: PageMemory> HostLayer<M> {
         let (need, granule) = self.block_shape(size)?;
         let align = align.max(BLOCK_ALIGN);
         let hit_start = (self.clock)();
-        // Note [Blocks in flight]: a hit is named until it is readmitted for fork.
-        let in_flight = self.in_flight.claim(need >> 20);
-        let taken = {
+        let (taken, forking) = {
             let mut cache = self.cache();
             let taken = cache.take(need, align);
             if let Some(t) = &taken {
-                in_flight.name(t.addr);
                 // The leaf exists: the block was recorded as cached.
                 let _ = self.registry.set_live(t.addr, t.len, Birth { ns: hit_start, ..birth });
                 if let Some(tail) = t.tail_kept {
@@ -448,10 +491,10 @@ impl<M: PageMemory> HostLayer<M> {
                 }
                 self.stats.cached.set(cache.cached_bytes() as u64);
             }
-            taken
+            (taken, self.forking.load(Relaxed))
         };
-        let taken = taken.filter(|t| self.readmit_or_drop(t.addr, t.len));
-        drop(in_flight);
+        // Note [Fork at the fork]: only during a fork may a cached block be kept from children.
+        let taken = taken.filter(|t| !forking || self.readmit_or_drop(t.addr, t.len));
         if let Some(t) = taken {
             if t.tail_kept.is_some() {
                 self.stats.splits.add(1);
@@ -542,8 +585,8 @@ impl<M: PageMemory> HostLayer<M> {
             self.unmap_all(&ours);
             return None;
         }
-        // The moved pages come from the cache, left out of forked children (Note [Plain memory]).
-        if !self.memory.readmit(dest, need) {
+        // During a fork the moved pages may come kept from children (Note [Fork at the fork]).
+        if self.forking.load(Relaxed) && !self.memory.readmit(dest, need) {
             self.memory.unmap(dest, need);
             return None;
         }
@@ -639,10 +682,13 @@ impl<M: PageMemory> HostLayer<M> {
         // Live before this free: the bounds follow its peak, reached just before some free.
         let live = Live { bytes: self.stats.live.current() as usize, blocks: self.stats.live_blocks.current() as usize };
         self.record_free(addr, len, self.registry.birth(addr).holder);
-        // Note [Blocks in flight]: kept from children before its record leaves the live state.
-        let in_flight = self.in_flight.claim(addr >> 21);
-        in_flight.name(addr);
-        if self.memory.reset_for_cache(addr, len) {
+        // Note [Pages the program changed]: most blocks need no system call here.
+        let (changed, replaced) = self.registry.changes(addr);
+        let reset = changed || self.reset_always.load(Relaxed);
+        if !replaced && (!reset || self.memory.reset_for_cache(addr, len)) {
+            if reset {
+                self.stats.resets.add(1);
+            }
             self.cache_block(addr, len, false, start, live);
         } else {
             // Never reused: part of it is gone or it is sealed. Whatever is still ours goes.
@@ -650,7 +696,6 @@ impl<M: PageMemory> HostLayer<M> {
             self.unmap_all(&single(Range { addr, len }));
             self.stats.unresettable.add(1);
         }
-        drop(in_flight);
         self.stats.phases.free.record((self.clock)().saturating_sub(start));
     }
 
@@ -663,13 +708,21 @@ impl<M: PageMemory> HostLayer<M> {
             let due_ns = now_ns.saturating_add(cache.limits().release_after_ns.min(cache.limits().expire_after_ns));
             let inserted = cache.insert(addr, len, zero, now_ns, live);
             // The merged block's records: its parts' go, then its own (the leaves exist: its
-            // start and last page were the starts and last pages of blocks recorded before).
-            self.registry.clear(addr);
+            // start and last page were the starts and last pages of blocks recorded before). A
+            // block cached where it starts keeps its entry, rewritten: clearing it would unmark
+            // and remark every 2 MiB granule it spans (256 atomics for 256 MiB).
+            if !(inserted.accepted && inserted.block.addr == addr) {
+                self.registry.clear(addr);
+            }
             for &neighbour in inserted.absorbed.iter().flatten() {
                 self.registry.clear(neighbour);
             }
             if inserted.accepted {
                 let _ = self.registry.set_cached(inserted.block.addr, inserted.block.len);
+                // Note [Fork at the fork]: a block freed by a fork handler.
+                if self.forking.load(Relaxed) {
+                    self.memory.keep_from_fork(inserted.block.addr, inserted.block.len);
+                }
             }
             for r in inserted.evicted.iter() {
                 self.registry.clear(r.addr);
@@ -700,12 +753,14 @@ impl<M: PageMemory> HostLayer<M> {
     fn resize_untimed(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
         let (need, granule) = self.block_shape(new_size)?;
         let born = self.registry.birth(addr);
+        let changes = self.registry.changes(addr);
         if need <= len {
             let spare = len - need;
             let unmaps = {
                 let mut cache = self.cache();
                 (spare > len / 100 * cache.waste_percent()).then(|| {
                     let _ = self.registry.set_live(addr, need, born);
+                    self.registry.keep_changes(addr, changes);
                     self.defer_unmaps(&mut cache, &single(Range { addr: addr + need, len: spare }))
                 })
             };
@@ -724,11 +779,13 @@ impl<M: PageMemory> HostLayer<M> {
             if let Some(moved) = moved {
                 // Cannot fail: the spare leaf was reserved above.
                 let _ = self.registry.set_live(moved, need, born);
+                self.registry.keep_changes(moved, changes);
                 self.stats.remaps.add(1);
                 self.record_resize((addr, len), (moved, need), new_size, born);
                 return Some(moved);
             }
             let _ = self.registry.set_live(addr, len, born);
+            self.registry.keep_changes(addr, changes);
         }
         // mremap refuses ranges that span several mappings (a program may have madvised part
         // of the block): copy instead.
@@ -740,16 +797,17 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// Unmaps every cached block now; returns the bytes given back.
     pub fn trim(&self) -> usize {
-        let drained = {
+        let (drained, transit) = {
             let mut cache = self.cache();
             let drained = cache.drain();
             for r in drained.iter() {
                 self.registry.clear(r.addr);
             }
             self.stats.cached.set(cache.cached_bytes() as u64);
-            drained
+            (drained, self.transit())
         };
         self.unmap_all(&drained);
+        drop(transit);
         drained.total_bytes() + self.unmap_deferred()
     }
 
@@ -763,27 +821,28 @@ impl<M: PageMemory> HostLayer<M> {
             // Only with something cached is the question worth a few reads.
             Release::Auto => self.stats.cached.current() > 0 && self.memory.near_limit(),
         };
-        let due = {
+        let (due, transit) = {
             let mut cache = self.cache();
             let due = cache.due(now, drop_pages);
             for r in due.expire.iter() {
                 self.registry.clear(r.addr);
             }
             self.stats.cached.set(cache.cached_bytes() as u64);
-            due
+            (due, self.transit())
         };
         for r in due.expire.iter() {
             self.timed(&self.stats.phases.expire, || self.memory.unmap(r.addr, r.len));
             self.stats.unmapped_blocks.add(1);
             self.stats.unmapped_bytes.add(r.len as u64);
         }
+        drop(transit);
         let mut zeroed = [false; MAX_CACHE_BLOCKS + 1];
         for (r, zero) in due.release.iter().zip(zeroed.iter_mut()) {
             *zero = self.timed(&self.stats.phases.release, || if drop_pages { self.memory.discard(r.addr, r.len) } else { self.memory.release(r.addr, r.len) });
             self.stats.released_blocks.add(1);
             self.stats.released_bytes.add(r.len as u64);
         }
-        let (doomed, deadline) = {
+        let (doomed, deadline, transit) = {
             let mut cache = self.cache();
             let mut doomed = RangeList::new();
             for (r, &zero) in due.release.iter().zip(zeroed.iter()) {
@@ -793,9 +852,10 @@ impl<M: PageMemory> HostLayer<M> {
                 }
             }
             self.stats.cached.set(cache.cached_bytes() as u64);
-            (doomed, cache.next_deadline_ns())
+            (doomed, cache.next_deadline_ns(), self.transit())
         };
         self.unmap_all(&doomed);
+        drop(transit);
         deadline
     }
 
@@ -815,11 +875,8 @@ impl<M: PageMemory> HostLayer<M> {
         (cache.block_count(), cache.cached_bytes())
     }
 
-    /// In a forked child: the cached blocks were left out of it (Note [Plain memory]), so the
-    /// cache, the blocks being released and the deferred unmaps are forgotten without a system
-    /// call, and so are the records of blocks in flight (Note [Blocks in flight]). Ranges on the
-    /// deferred list that the child did inherit (a shrunk block's tail) stay mapped: unmapping
-    /// them could unmap what the child mapped where an uninherited one was.
+    /// In a forked child: the cached blocks and the deferred unmaps were left out of it (Note
+    /// [Fork at the fork]), so they are forgotten without a system call.
     pub fn forget_cache_in_child(&self) {
         let pid = self.memory.process_id();
         if self.forgotten_in.swap(pid, Relaxed) == pid {
@@ -832,7 +889,7 @@ impl<M: PageMemory> HostLayer<M> {
         for r in cache.forget_all().iter() {
             self.registry.clear(r.addr);
         }
-        self.in_flight.drain(|addr| self.registry.clear(addr));
+        self.transit.store(0, Relaxed); // the threads that had ranges in transit are not here
         self.stats.cached.set(0);
         self.stats.deferred.set(0);
     }
@@ -867,15 +924,47 @@ impl<M: PageMemory> HostLayer<M> {
         }
     }
 
-    /// Takes the cache lock and keeps it: the fork handlers hold it across fork().
+    /// The program changes the pages of [addr, addr+len) through libc: the live blocks there
+    /// are reset, or unmapped when `replaced`, at their free (Note [Pages the program changed]).
+    #[inline]
+    pub fn note_page_change(&self, addr: usize, len: usize, replaced: bool) {
+        self.registry.note_change(addr, len, replaced);
+    }
+
+    /// Takes the cache lock and keeps it: the fork handlers hold it across fork(). The cache is
+    /// kept from the child (Note [Fork at the fork]).
     pub fn lock_for_fork(&self) {
         self.fork_pid.store(self.memory.process_id(), Relaxed);
         self.cache.lock_for_fork();
+        self.forking.store(true, Relaxed);
+        let start = (self.clock)();
+        for spins in 0u64.. {
+            if self.transit.load(Acquire) == 0 || (spins % 1024 == 1023 && (self.clock)().saturating_sub(start) > TRANSIT_WAIT_NS) {
+                break;
+            }
+            core::hint::spin_loop();
+        }
+        let cache = self.cache(); // this thread's again: it holds the lock
+        for b in cache.blocks() {
+            self.memory.keep_from_fork(b.addr, b.len);
+        }
+        for r in cache.deferred().iter() {
+            self.memory.keep_from_fork(r.addr, r.len);
+        }
     }
 
     /// # Safety
     /// Only in the fork handlers, after `lock_for_fork`.
     pub unsafe fn unlock_after_fork(&self) {
+        {
+            // In the child, this forgets the parent's blocks first (Note [Fork handlers that
+            // allocate]); what is left was freed here.
+            let cache = self.cache();
+            for b in cache.blocks() {
+                self.memory.readmit(b.addr, b.len);
+            }
+        }
+        self.forking.store(false, Relaxed);
         self.cache.force_unlock();
     }
 
@@ -883,7 +972,7 @@ impl<M: PageMemory> HostLayer<M> {
     pub fn check_invariants(&self) -> Result<(), &'static str> {
         let cache = self.cache();
         cache.check_invariants()?;
-        let deferred = cache.take_deferred_copy();
+        let deferred = cache.deferred();
         for r in deferred.iter() {
             if self.registry.owner(r.addr) != Owner::Foreign {
                 return Err("a block waiting to be unmapped is still in the registry");
@@ -901,6 +990,18 @@ impl<M: PageMemory> HostLayer<M> {
             }
         }
         Ok(())
+    }
+}
+
+/// How long a fork waits for ranges in transit (Note [Fork at the fork]).
+const TRANSIT_WAIT_NS: u64 = 100_000_000;
+
+/// Ranges in transit until dropped (Note [Fork at the fork]).
+struct Transit<'a>(&'a AtomicUsize);
+
+impl Drop for Transit<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
     }
 }
 

@@ -2,6 +2,5 @@
 //! are ours (`registry`), and the glue that drives them over a `PageMemory` (`host_layer`).
 
 pub mod cache;
-pub mod in_flight;
 pub mod host_layer;
 pub mod registry;

@@ -23,11 +23,18 @@ const ROOT_BITS: u32 = ADDRESS_BITS - PAGE_SHIFT - LEAF_BITS;
 const LEAF_ENTRIES: usize = 1 << LEAF_BITS;
 const ROOT_ENTRIES: usize = 1 << ROOT_BITS;
 
+/// The low bits of an entry: its kind, and for a live block what the program did to its pages.
 const STATE_MASK: u64 = (1 << PAGE_SHIFT) - 1;
+const KIND_MASK: u64 = 3;
 const LIVE: u64 = 1;
 const CACHED: u64 = 2;
 /// The last page of a block longer than a page; the entry's upper bits are the block's start.
 const TAIL: u64 = 3;
+/// A live block whose pages the program changed through libc (protection, locks, advice): it
+/// is reset before reuse (Note [Pages the program changed]).
+const CHANGED: u64 = 4;
+/// A live block part of which the program unmapped, moved or mapped over: never reused.
+const REPLACED: u64 = 8;
 
 const PAGE: usize = 1 << PAGE_SHIFT;
 const GRANULE_SHIFT: u32 = 21;
@@ -191,7 +198,7 @@ impl Registry {
     pub fn owner(&self, addr: usize) -> Owner {
         let Some(slot) = self.slot(addr, false) else { return Owner::Foreign };
         let entry = slot.load(Ordering::Acquire);
-        match entry & STATE_MASK {
+        match entry & KIND_MASK {
             LIVE => Owner::Live { len: (entry & !STATE_MASK) as usize },
             CACHED => Owner::Cached,
             _ => Owner::Foreign,
@@ -231,7 +238,7 @@ impl Registry {
             for i in 0..LEAF_ENTRIES {
                 // SAFETY: as in slots().
                 let entry = unsafe { (*leaf.add(i)).load(Ordering::Acquire) };
-                if entry & STATE_MASK == LIVE {
+                if entry & KIND_MASK == LIVE {
                     let addr = ((r << LEAF_BITS) | i) << PAGE_SHIFT;
                     // SAFETY: as above.
                     let (ns, holder) = unsafe { ((*leaf.add(LEAF_ENTRIES + i)).load(Ordering::Relaxed), (*leaf.add(2 * LEAF_ENTRIES + i)).load(Ordering::Relaxed)) };
@@ -324,6 +331,58 @@ impl Registry {
         unsafe { (*leaf.add(GRANULES_AT + index)).load(Ordering::Acquire) != 0 }
     }
 
+    /// The program is changing the pages of [addr, addr+len) (Note [Pages the program
+    /// changed]): every live block of ours the range overlaps is marked, `replaced` when the
+    /// pages are unmapped, moved or mapped over. Lock-free; one or two loads for a range far
+    /// from our blocks.
+    pub fn note_change(&self, addr: usize, len: usize, replaced: bool) {
+        let Some(end) = addr.checked_add(len.max(1)) else { return };
+        if end - addr <= 1 << GRANULE_SHIFT && !ever_overlapped(addr) && !ever_overlapped(end - 1) {
+            return;
+        }
+        let flag = if replaced { REPLACED | CHANGED } else { CHANGED };
+        let mut page = addr & !(PAGE - 1);
+        if let Some(start) = self.block_containing(page) {
+            page = start;
+        }
+        while page < end && (page as u64) >> ADDRESS_BITS == 0 {
+            let Some(count) = self.granule(page, false) else {
+                page = (page | ((1 << (PAGE_SHIFT + LEAF_BITS)) - 1)) + 1; // no leaf: the next one
+                continue;
+            };
+            if count.load(Ordering::Acquire) == 0 {
+                page = (page | ((1 << GRANULE_SHIFT) - 1)) + 1;
+                continue;
+            }
+            let Some(slot) = self.slot(page, false) else { return };
+            let entry = slot.load(Ordering::Acquire);
+            match entry & KIND_MASK {
+                LIVE | CACHED => {
+                    if entry & KIND_MASK == LIVE {
+                        let _ = slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| (e & KIND_MASK == LIVE).then_some(e | flag));
+                    }
+                    page += block_len(entry).max(PAGE);
+                }
+                _ => page += PAGE,
+            }
+        }
+    }
+
+    /// What the program did to the pages of the live block at `addr`: (changed, replaced).
+    pub fn changes(&self, addr: usize) -> (bool, bool) {
+        let entry = self.slot(addr, false).map_or(0, |s| s.load(Ordering::Acquire));
+        (entry & CHANGED != 0, entry & REPLACED != 0)
+    }
+
+    /// Marks the live block at `addr` as the program left it (a resize that keeps the block
+    /// keeps what was done to its pages).
+    pub fn keep_changes(&self, addr: usize, (changed, replaced): (bool, bool)) {
+        let flag = if changed { CHANGED } else { 0 } | if replaced { REPLACED } else { 0 };
+        if let Some(slot) = self.slot(addr, false) {
+            let _ = slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| (e & KIND_MASK == LIVE).then_some(e | flag));
+        }
+    }
+
     /// The start of the block of ours (live or cached) that contains `addr`, if any. Cheap far
     /// from our blocks; inside a block it walks back page by page to the block's start, which
     /// only a bad free makes it do.
@@ -335,7 +394,7 @@ impl Registry {
                 return None;
             }
             let entry = self.slot(page, false)?.load(Ordering::Acquire);
-            match entry & STATE_MASK {
+            match entry & KIND_MASK {
                 LIVE | CACHED => return (addr - page < block_len(entry)).then_some(page),
                 TAIL => return (page == target).then_some((entry & !STATE_MASK) as usize),
                 _ => page = page.checked_sub(PAGE)?,
@@ -346,7 +405,7 @@ impl Registry {
 
 /// The length a start entry records; 0 for an empty or tail entry.
 fn block_len(entry: u64) -> usize {
-    match entry & STATE_MASK {
+    match entry & KIND_MASK {
         LIVE | CACHED => (entry & !STATE_MASK) as usize,
         _ => 0,
     }
@@ -466,5 +525,38 @@ mod tests {
         assert_eq!(reg.block_containing(base + PAGE + 100), Some(base + PAGE));
         assert_eq!(reg.block_containing(base + 2 * PAGE), None);
         assert_eq!(reg.owner(base), Owner::Live { len: PAGE });
+    }
+
+    #[test]
+    fn a_change_marks_exactly_the_live_blocks_it_overlaps() {
+        let reg = Box::new(Registry::new(leak_zeroed));
+        let mib = 1usize << 20;
+        // Three live blocks and a cached one, gaps between; a range no other test uses.
+        let a = 0x6b00_0000_0000usize;
+        let (b, c, d) = (a + 8 * mib, a + 12 * mib, a + 40 * mib);
+        assert!(reg.set_live(a, 4 * mib, born(1)) && reg.set_cached(b, 4 * mib));
+        assert!(reg.set_live(c, 16 * mib, born(1)) && reg.set_live(d, 64 * mib, born(1)));
+        let clean = (false, false);
+        reg.note_change(a + 5 * mib, PAGE, false);
+        reg.note_change(a - 64 * mib, 60 * mib, true);
+        assert!([a, b, c, d].iter().all(|&x| reg.changes(x) == clean), "ranges beside the blocks mark none");
+        reg.note_change(c + 3 * PAGE, PAGE, false);
+        assert_eq!(reg.changes(c), (true, false), "one page inside a block marks it");
+        assert_eq!([reg.changes(a), reg.changes(d)], [clean, clean]);
+        reg.note_change(a + 4 * mib - PAGE, 10 * mib, true);
+        assert_eq!(reg.changes(a), (true, true), "a range from a block's last page on");
+        assert_eq!(reg.changes(c), (true, true), "a range that reaches into the next block");
+        assert_eq!(reg.owner(b), Owner::Cached, "cached blocks are not the program's: unmarked");
+        assert_eq!(reg.changes(d), clean);
+        reg.note_change(0, usize::MAX, false);
+        assert_eq!(reg.changes(d), (true, false), "the whole address space");
+        assert_eq!(reg.owner(d), Owner::Live { len: 64 * mib }, "the length survives the marks");
+        assert!(reg.set_live(d, 64 * mib, born(2)));
+        assert_eq!(reg.changes(d), clean, "a block handed out again starts as the kernel made it");
+        reg.keep_changes(d, (true, false));
+        assert_eq!(reg.changes(d), (true, false));
+        for x in [a, b, c, d] {
+            reg.clear(x);
+        }
     }
 }

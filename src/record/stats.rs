@@ -135,6 +135,9 @@ pub struct HostStats {
     /// Freed blocks whose pages could not be made plain again (partly unmapped by the program,
     /// or sealed): never reused (Note [Plain memory]).
     pub unresettable: Counter,
+    /// Freed blocks whose pages the program had changed, reset before caching (Note [Pages the
+    /// program changed]).
+    pub resets: Counter,
     /// Times a failed allocation emptied the cache and was tried again (Note [Room for others]).
     pub retries_after_trim: Counter,
     pub phases: HostPhases,
@@ -231,7 +234,7 @@ impl HostStats {
         for c in [
             &self.requests, &self.hits, &self.hits_after_release, &self.misses, &self.hit_bytes, &self.frees, &self.splits,
             &self.released_blocks, &self.released_bytes, &self.unmapped_blocks, &self.unmapped_bytes, &self.map_failures,
-            &self.remaps, &self.grows, &self.zeroed_by_discard, &self.unresettable, &self.retries_after_trim,
+            &self.remaps, &self.grows, &self.zeroed_by_discard, &self.unresettable, &self.resets, &self.retries_after_trim,
         ] {
             c.reset();
         }
@@ -266,6 +269,7 @@ impl HostStats {
             deferred: Level::new(),
             zeroed_by_discard: Counter::new(),
             unresettable: Counter::new(),
+            resets: Counter::new(),
             retries_after_trim: Counter::new(),
             phases: HostPhases {
                 alloc: PhaseTimer::new(),

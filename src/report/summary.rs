@@ -184,11 +184,12 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     let (bound_blocks, bound_bytes) = HOST.bounds();
     writeln!(
         w,
-        "  cache bound now {}, {}  calloc hits zeroed by dropping pages {}  freed blocks not reusable {}  retries after emptying the cache {}",
+        "  cache bound now {}, {}  calloc hits zeroed by dropping pages {}  freed blocks not reusable {}  reset {}  retries after emptying the cache {}",
         Count(bound_blocks as u64, "block"),
         Bytes(bound_bytes as u64),
         HOST.stats.zeroed_by_discard.get(),
         HOST.stats.unresettable.get(),
+        HOST.stats.resets.get(),
         HOST.stats.retries_after_trim.get()
     )?;
     DEVICE.for_each_pool(|device, pool| {
@@ -301,11 +302,12 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     let (bound_blocks, bound_bytes) = HOST.bounds();
     write!(
         w,
-        "\"bound_blocks\":{},\"bound_bytes\":{},\"calloc_zeroed_by_discard\":{},\"unresettable_blocks\":{},\"retries_after_trim\":{}}},",
+        "\"bound_blocks\":{},\"bound_bytes\":{},\"calloc_zeroed_by_discard\":{},\"unresettable_blocks\":{},\"reset_blocks\":{},\"retries_after_trim\":{}}},",
         bound_blocks,
         bound_bytes,
         HOST.stats.zeroed_by_discard.get(),
         HOST.stats.unresettable.get(),
+        HOST.stats.resets.get(),
         HOST.stats.retries_after_trim.get()
     )?;
     w.write_str("\"cuda\":[")?;

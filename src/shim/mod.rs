@@ -39,6 +39,8 @@ mod cxx;
 mod fast_paths;
 #[cfg(not(any(test, feature = "no-interpose")))]
 mod malloc;
+#[cfg(not(any(test, feature = "no-interpose")))]
+mod page_calls;
 mod api;
 mod numpy;
 #[cfg(not(any(test, feature = "no-interpose")))]

@@ -18,6 +18,7 @@ pub mod next;
 #[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]
 pub mod next_cxx;
 pub mod os_pages;
+pub mod page_calls;
 pub mod process;
 pub mod reaper;
 pub mod reentry;

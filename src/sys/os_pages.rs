@@ -14,13 +14,18 @@ static NO_MADV_FREE: AtomicBool = AtomicBool::new(false);
 /// no block can carry one.
 static PKEYS: AtomicBool = AtomicBool::new(true);
 
+use super::page_calls as calls;
 use super::process::errno;
+
+/// Removes the guard regions MADV_GUARD_INSTALL put in a range (Linux 6.13; EINVAL before, when
+/// no range can have any).
+const MADV_GUARD_REMOVE: i32 = 103;
 
 /// Whether MADV_FREE works on a page of our own, fresh and unlocked.
 fn kernel_has_madv_free() -> bool {
     let Some(page) = OsPages::mmap_anywhere(PAGE) else { return true };
     // SAFETY: a page we just mapped.
-    let ok = unsafe { libc::madvise(page as *mut libc::c_void, PAGE, libc::MADV_FREE) } == 0;
+    let ok = unsafe { calls::madvise(page as *mut libc::c_void, PAGE, libc::MADV_FREE) } == 0;
     OsPages.unmap(page, PAGE);
     ok
 }
@@ -34,7 +39,7 @@ impl OsPages {
     fn mmap_anywhere(len: usize) -> Option<usize> {
         // SAFETY: a fresh mapping that overlaps nothing of anyone's.
         let p = unsafe {
-            libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            calls::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
         };
         (p != libc::MAP_FAILED).then_some(p as usize)
     }
@@ -69,13 +74,13 @@ impl PageMemory for OsPages {
 
     fn unmap(&self, addr: usize, len: usize) {
         // SAFETY: the caller owns the page-aligned range and no longer uses it.
-        unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+        unsafe { calls::munmap(addr as *mut libc::c_void, len) };
     }
 
     fn release(&self, addr: usize, len: usize) -> bool {
         if !NO_MADV_FREE.load(Ordering::Relaxed) {
             // SAFETY: the caller owns the range; MADV_FREE only affects its contents.
-            if unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_FREE) } == 0 {
+            if unsafe { calls::madvise(addr as *mut libc::c_void, len, libc::MADV_FREE) } == 0 {
                 return false;
             }
             // EINVAL also comes for a range MADV_FREE will not take (locked pages): only a
@@ -99,24 +104,24 @@ impl PageMemory for OsPages {
             // back to it. Where the process has no keys (no PKU: EINVAL; before 4.9: ENOSYS),
             // plain mprotect, from then on directly.
             if PKEYS.load(Ordering::Relaxed) {
-                if libc::syscall(libc::SYS_pkey_mprotect, p, len, rw, 0) != 0 {
-                    if libc::mprotect(p, len, rw) != 0 {
+                if calls::pkey_mprotect(p, len, rw, 0) != 0 {
+                    if calls::mprotect(p, len, rw) != 0 {
                         return false;
                     }
                     PKEYS.store(false, Ordering::Relaxed);
                 }
-            } else if libc::mprotect(p, len, rw) != 0 {
+            } else if calls::mprotect(p, len, rw) != 0 {
                 return false;
             }
             // ENOMEM: part of the range is not mapped (or the kernel's limit on mappings would
             // be passed). Any other refusal (EINVAL: advice this kernel does not know, such as
             // KEEPONFORK before 4.14; ENOSYS or EPERM: a seccomp filter) means the program could
             // not have made that change either: nothing to undo.
-            if libc::munlock(p, len) != 0 && errno() == libc::ENOMEM {
+            if calls::munlock(p, len) != 0 && errno() == libc::ENOMEM {
                 return false;
             }
-            for advice in [libc::MADV_DONTFORK, libc::MADV_KEEPONFORK, libc::MADV_DODUMP] {
-                if libc::madvise(p, len, advice) != 0 && errno() == libc::ENOMEM {
+            for advice in [libc::MADV_DOFORK, libc::MADV_KEEPONFORK, libc::MADV_DODUMP, MADV_GUARD_REMOVE] {
+                if calls::madvise(p, len, advice) != 0 && errno() == libc::ENOMEM {
                     return false;
                 }
             }
@@ -136,23 +141,28 @@ impl PageMemory for OsPages {
         len as u64 <= super::memory::largest_possible_mapping()
     }
 
+    fn keep_from_fork(&self, addr: usize, len: usize) -> bool {
+        // SAFETY: the caller owns the range; advice only.
+        unsafe { calls::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTFORK) == 0 }
+    }
+
     fn readmit(&self, addr: usize, len: usize) -> bool {
         // SAFETY: the caller owns the range; advice only. As in reset_for_cache, only ENOMEM
         // means the advice could not be undone (a refused MADV_DONTFORK was never applied).
-        unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DOFORK) == 0 || errno() != libc::ENOMEM }
+        unsafe { calls::madvise(addr as *mut libc::c_void, len, libc::MADV_DOFORK) == 0 || errno() != libc::ENOMEM }
     }
 
     fn extend(&self, addr: usize, old_len: usize, new_len: usize) -> bool {
         // SAFETY: the caller owns [addr, addr+old_len), a whole mapping of ours; without
         // MREMAP_MAYMOVE the kernel grows it where it is or fails.
-        unsafe { libc::mremap(addr as *mut libc::c_void, old_len, new_len, 0) != libc::MAP_FAILED }
+        unsafe { calls::mremap(addr as *mut libc::c_void, old_len, new_len, 0, core::ptr::null_mut()) != libc::MAP_FAILED }
     }
 
     fn move_pages(&self, from: usize, len: usize, to: usize) -> Moved {
         // SAFETY: both ranges are ours; MREMAP_FIXED replaces what is at `to`, which the
         // caller mapped for this.
         let moved = unsafe {
-            libc::mremap(from as *mut libc::c_void, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, to as *mut libc::c_void)
+            calls::mremap(from as *mut libc::c_void, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, to as *mut libc::c_void)
         };
         if moved != libc::MAP_FAILED {
             return Moved::Done;
@@ -163,7 +173,7 @@ impl PageMemory for OsPages {
         // another thread's mapping in the hole), it is not ours to touch any more.
         // SAFETY: NOREPLACE never replaces an existing mapping.
         let p = unsafe {
-            libc::mmap(
+            calls::mmap(
                 to as *mut libc::c_void,
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
@@ -184,7 +194,7 @@ impl PageMemory for OsPages {
 
     fn advise_huge(&self, addr: usize, len: usize) {
         // SAFETY: advice only; failure (THP off) is harmless.
-        unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+        unsafe { calls::madvise(addr as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
     }
 
     fn zero(&self, addr: usize, len: usize) {
@@ -194,7 +204,7 @@ impl PageMemory for OsPages {
 
     fn discard(&self, addr: usize, len: usize) -> bool {
         // SAFETY: the caller owns the range and wants its contents gone.
-        unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) == 0 }
+        unsafe { calls::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) == 0 }
     }
 
     fn resident_probes(&self, addr: usize, len: usize, probes: usize) -> Option<usize> {

@@ -171,24 +171,31 @@ fn calloc_reads_zero_on_every_path_and_costs_what_was_touched() {
     check(&l);
 }
 
-/// Whatever the program did to a block's pages, the next owner gets plain memory; cached blocks
-/// are left out of forked children, and a child forgets the cache without a system call; a
-/// block that cannot be restored is unmapped, never reused (Note [Plain memory]).
+/// The program changes pages through libc: the simulated pages change, and the shim tells the
+/// layer (Note [Pages the program changed]).
+fn change(l: &HostLayer<SimPages>, addr: usize, len: usize) {
+    l.memory.alter(addr, len);
+    l.note_page_change(addr, len, false);
+}
+
+/// Whatever the program did to a block's pages, the next owner gets plain memory; a child
+/// forgets the cache without a system call; a block that cannot be restored, or part of which
+/// the program replaced, is unmapped, never reused (Note [Plain memory]).
 #[test]
 fn blocks_handed_out_are_plain_memory() {
     let l = layer(Config::default());
     let a = l.alloc(40 * MB, 4096, false, 0).unwrap();
     l.memory.write(a, 40 * MB);
-    l.memory.alter(a, 40 * MB); // read-only, locked, MADV_DONTFORK: whatever it was
+    change(&l, a, 40 * MB); // read-only, locked, MADV_DONTFORK: whatever it was
     l.free(a, 40 * MB);
-    assert!(l.memory.hidden_from_children(a, 40 * MB), "cached blocks stay out of forked children");
+    assert_eq!((l.memory.calls().resets, l.stats.resets.get()), (1, 1));
     let b = l.alloc(40 * MB, 4096, true, 0).unwrap();
     assert_eq!(b, a, "reused");
     assert!(l.memory.is_plain(b, 40 * MB) && l.memory.reads_zero(b, 40 * MB));
     // Gathered from two altered blocks: plain too.
     let c = l.alloc(24 * MB, 4096, false, 0).unwrap();
-    l.memory.alter(b + 8 * MB, PAGE);
-    l.memory.alter(c, PAGE);
+    change(&l, b + 8 * MB, PAGE);
+    change(&l, c, PAGE);
     l.free(b, 40 * MB);
     l.free(c, 24 * MB);
     let d = l.alloc(64 * MB, 4096, false, 0).unwrap();
@@ -204,10 +211,68 @@ fn blocks_handed_out_are_plain_memory() {
     // A block that cannot be restored (sealed, or partly unmapped by the program) is unmapped.
     let l = layer(Config::default());
     let e = l.alloc(8 * MB, 4096, false, 0).unwrap();
+    change(&l, e, PAGE);
     l.memory.fail_resets();
     l.free(e, 8 * MB);
     assert_eq!((l.cached(), l.stats.unresettable.get()), ((0, 0), 1));
     assert!(!l.memory.is_mapped(e, 8 * MB));
+    let f = l.alloc(8 * MB, 4096, false, 0).unwrap();
+    l.note_page_change(f + 4 * MB, PAGE, true); // munmap, mremap or mmap(MAP_FIXED) of a page
+    l.free(f, 8 * MB);
+    assert_eq!((l.cached(), l.stats.unresettable.get()), ((0, 0), 2), "a replaced block is never reused");
+    assert!(!l.memory.is_mapped(f, 8 * MB));
+    check(&l);
+}
+
+/// Note [Pages the program changed]: a block whose pages nobody changed goes to the cache and
+/// back with no system call; a change is remembered across a resize; TENSORMALLOC_RESET=always
+/// resets every block.
+#[test]
+fn only_blocks_the_program_changed_are_reset() {
+    let l = layer(Config::default());
+    let a = l.alloc(64 * MB, PAGE, false, 0).unwrap();
+    l.free(a, 64 * MB);
+    for _ in 0..100 {
+        let b = l.alloc(64 * MB, PAGE, false, 0).unwrap();
+        l.memory.write(b, 8);
+        l.free(b, 64 * MB);
+    }
+    let calls = l.memory.calls();
+    assert_eq!((calls.resets, calls.fork_advice, calls.maps), (0, 0, 1), "no system call per pair");
+    let b = l.alloc(64 * MB, PAGE, false, 0).unwrap();
+    change(&l, b + 32 * MB, PAGE);
+    let b = l.resize(b, 64 * MB, 32 * MB + PAGE).unwrap();
+    l.free(b, live_len(&l, b));
+    assert_eq!(l.memory.calls().resets, 1, "shrunk in place, still changed");
+    let c = l.alloc(32 * MB, PAGE, false, 0).unwrap();
+    assert!(l.memory.is_plain(c, 32 * MB));
+    l.free(c, 32 * MB);
+
+    let always = layer(Config { reset_always: true, ..Config::default() });
+    let d = always.alloc(8 * MB, PAGE, false, 0).unwrap();
+    always.free(d, 8 * MB);
+    assert_eq!(always.memory.calls().resets, 1);
+    check(&l);
+    check(&always);
+}
+
+/// Note [Fork at the fork]: the prepare handler keeps every cached block and every range waiting
+/// to be unmapped from the child; live blocks are the child's; the parent's handler readmits.
+#[test]
+fn a_fork_keeps_the_cache_from_the_child_and_nothing_else() {
+    let l = layer(Config::default());
+    let a = l.alloc(8 * MB, PAGE, false, 0).unwrap();
+    let b = l.alloc(8 * MB, PAGE, false, 0).unwrap();
+    l.free(a, 8 * MB);
+    assert!(!l.memory.hidden_from_children(a, 8 * MB), "cached blocks are plain between forks");
+    l.lock_for_fork();
+    assert!(l.memory.hidden_from_children(a, 8 * MB) && !l.memory.hidden_from_children(b, 8 * MB));
+    // SAFETY: lock_for_fork ran on this thread.
+    unsafe { l.unlock_after_fork() };
+    assert!(!l.memory.hidden_from_children(a, 8 * MB), "readmitted in the parent");
+    assert_eq!(l.alloc(8 * MB, PAGE, false, 0), Some(a));
+    l.free(a, 8 * MB);
+    l.free(b, 8 * MB);
     check(&l);
 }
 
@@ -498,7 +563,7 @@ fn random_programs_match_the_shadow_model() {
                         _ => {}
                     }
                     if next() % 4 == 0 {
-                        l.memory.alter(a + (size / 2 & !(PAGE - 1)), PAGE);
+                        change(&l, a + ((size / 2) & !(PAGE - 1)), PAGE);
                     }
                     assert_eq!(a % align, 0);
                     assert_eq!(a % BLOCK_ALIGN, 0, "free's fast path needs it");
@@ -662,21 +727,6 @@ fn the_holders_table_follows_allocs_resizes_and_frees_with_mapped_lengths() {
     assert_eq!(l.stats.live.current(), 0);
 }
 
-#[test]
-fn a_child_forgets_the_records_of_blocks_in_flight_at_the_fork() {
-    let l = layer(Config::default());
-    let a = l.alloc(8 * MB, PAGE, false, 0).unwrap();
-    let b = l.alloc(8 * MB, PAGE, false, 0).unwrap();
-    // A thread between the cache and the program when another forks (Note [Blocks in flight]).
-    let claim = l.in_flight.claim(0);
-    claim.name(a);
-    l.forget_cache_in_child();
-    assert_eq!(l.owner(a), registry::Owner::Foreign, "the child has no record of a block it may not have");
-    assert!(l.block_containing(a + 4096).is_none());
-    assert!(matches!(l.owner(b), registry::Owner::Live { .. }), "blocks not in flight stay the child's");
-    drop(claim);
-}
-
 /// Note [Fork handlers that allocate]: another library's handlers, run between ours, allocate
 /// and free on the forking thread: the parent's get the cache at once, the child's never get a
 /// block the child did not inherit, and our child handler then forgets nothing they freed.
@@ -702,6 +752,7 @@ fn fork_handlers_of_other_libraries_may_allocate_between_ours() {
     unsafe { l.unlock_after_fork() };
     l.forget_cache_in_child();
     assert_eq!(l.owner(c), registry::Owner::Cached, "what the other handler freed stays the child's");
+    assert!(!l.memory.hidden_from_children(c, 8 * MB), "and is readmitted for the child's own forks");
     assert_eq!(l.alloc(8 * MB, PAGE, false, 0), Some(c));
     l.free(c, 8 * MB);
     l.check_invariants().unwrap();

@@ -1,0 +1,94 @@
+//! The page calls under libc's names (Note [Pages the program changed] in host/host_layer.rs):
+//! each one call into `route::page_calls`. setrlimit and prlimit let the cache follow a new
+//! address-space limit.
+
+use crate::route::page_calls as route;
+use core::ffi::{c_int, c_void};
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, offset: libc::off_t) -> *mut c_void {
+    // SAFETY: the caller's contract is libc's.
+    unsafe { route::mmap(addr, len, prot, flags, fd, offset) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, offset: libc::off_t) -> *mut c_void {
+    // SAFETY: as mmap (the same call on 64-bit systems).
+    unsafe { route::mmap(addr, len, prot, flags, fd, offset) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
+    // SAFETY: as in mmap.
+    unsafe { route::munmap(addr, len) }
+}
+
+/// mremap is variadic in C: the fifth argument is passed (and read) only with MREMAP_FIXED; the
+/// x86-64 and AArch64 calling conventions pass it in a register either way.
+#[no_mangle]
+pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: c_int, new_addr: *mut c_void) -> *mut c_void {
+    // SAFETY: as in mmap.
+    unsafe { route::mremap(old, old_len, new_len, flags, new_addr) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
+    // SAFETY: as in mmap.
+    unsafe { route::mprotect(addr, len, prot) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pkey_mprotect(addr: *mut c_void, len: usize, prot: c_int, key: c_int) -> c_int {
+    // SAFETY: as in mmap.
+    unsafe { route::pkey_mprotect(addr, len, prot, key) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    // SAFETY: as in mmap.
+    unsafe { route::madvise(addr, len, advice) }
+}
+
+#[no_mangle]
+pub extern "C" fn mlock(addr: *const c_void, len: usize) -> c_int {
+    route::mlock(addr, len)
+}
+
+#[no_mangle]
+pub extern "C" fn mlock2(addr: *const c_void, len: usize, flags: u32) -> c_int {
+    route::mlock2(addr, len, flags)
+}
+
+#[no_mangle]
+pub extern "C" fn munlock(addr: *const c_void, len: usize) -> c_int {
+    route::munlock(addr, len)
+}
+
+#[no_mangle]
+pub extern "C" fn mlockall(flags: c_int) -> c_int {
+    route::mlockall(flags)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn setrlimit(resource: c_int, limit: *const libc::rlimit) -> c_int {
+    // SAFETY: as in mmap.
+    unsafe { route::prlimit(0, resource, limit, core::ptr::null_mut()) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn setrlimit64(resource: c_int, limit: *const libc::rlimit) -> c_int {
+    // SAFETY: as in mmap.
+    unsafe { route::prlimit(0, resource, limit, core::ptr::null_mut()) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn prlimit(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit, old: *mut libc::rlimit) -> c_int {
+    // SAFETY: as in mmap.
+    unsafe { route::prlimit(pid, resource, new, old) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn prlimit64(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit, old: *mut libc::rlimit) -> c_int {
+    // SAFETY: as in mmap.
+    unsafe { route::prlimit(pid, resource, new, old) }
+}
