@@ -109,18 +109,28 @@ int tm_scope_current(tm_scope_t *out);     /* reads the innermost without closin
 /* Who holds the memory: one row per holder (the shared object whose code asked for the block,
  * or a hook's library: "numpy", "torch", "cupy", "numba") and place, for every large host block,
  * device block and pinned block, then what tensormalloc keeps cached in each place (cached = 1).
- * Live bytes add up to host_live_bytes and cuda_live_bytes of tm_stats_t. */
+ * Live plus unused bytes add up to host_live_bytes and cuda_live_bytes of tm_stats_t. */
 typedef struct tm_holder_t {
     char name[64];                  /* the object's file name, NUL-terminated */
     int32_t place;                  /* -1 host, -2 pinned host memory, N >= 0 CUDA device N */
     int32_t cached;                 /* 1: tensormalloc's own cache in that place */
-    uint64_t live_bytes;            /* held now (cached rows: cached now) */
+    uint64_t live_bytes;            /* asked for by the live blocks (cached rows: cached now) */
     uint64_t peak_bytes;            /* the most this holder held there at once */
     uint64_t blocks;                /* live blocks */
+    uint64_t unused_bytes;          /* handed out beside what was asked (page rounding, a cached
+                                       block a little larger than the request) */
 } tm_holder_t;
 
-/* Writes up to `capacity` rows, biggest first, and returns how many rows there are (call again
- * with more room when that is more than `capacity`). `out` may be NULL when capacity is 0. */
+/* Writes up to `capacity` rows, biggest first, every holder its own row, and returns how many
+ * rows there are (call again with more room when that is more than `capacity`). `out` may be
+ * NULL when capacity is 0. Live plus unused bytes of the holders' rows add up to
+ * host_live_bytes and cuda_live_bytes of tm_stats_t. The table names up to 511 holders; more
+ * are counted in the "unknown" row (the exit report says how many).
+ * A block is charged to the shared object holding the return address of the call into the
+ * malloc family (or into a hook that names its library): a wrapper such as xmalloc() that
+ * calls malloc and returns is the holder; one that ends in a tail call (compiled to a jump to
+ * malloc, as `return malloc(n);` often is at -O2) is invisible, and its caller is the holder.
+ * C++ `new` follows the same rule through operator new. */
 size_t tm_holders(tm_holder_t *out, size_t capacity);
 
 #ifdef __cplusplus

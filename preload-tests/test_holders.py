@@ -5,6 +5,7 @@ and an out-of-memory on the device or under RLIMIT_AS prints the report, allocat
 doing so, and the program goes on."""
 import json
 import pickle
+import shutil
 import subprocess
 
 import pytest
@@ -100,7 +101,7 @@ def test_a_device_out_of_memory_prints_the_report_once_and_the_program_goes_on(p
     assert err[0] == "tensormalloc: out of memory on cuda:0: a request of 200.0 MiB failed after the pool gave its cached segments back and tried again", out.stderr
     assert err[1].startswith("  device: 256.0 MiB total, ") and "in use outside this pool" in err[1], out.stderr
     assert err[2].startswith("  pool: 192.0 MiB reserved, 192.0 MiB live, 0 B cached; largest free block 0 B"), out.stderr
-    assert err[3] == " Who holds the memory (large blocks; peak is the holder's own):", out.stderr
+    assert err[3] == " Who holds the memory (large blocks; live is what was asked for, unused what was handed out beside it; peak is the holder's own):", out.stderr
     table = [l.split() for l in err[5:7]]
     assert [(t[0], t[1], t[2], t[3]) for t in table] == [("libframework.so", "cuda:0", "128.0", "MiB"), ("libmathlib.so", "cuda:0", "64.0", "MiB")], out.stderr
     assert "  What would help:" in err and any("the holders above" in l for l in err), out.stderr
@@ -151,3 +152,68 @@ def test_glibc_alone_refuses_the_same_block(program):
     out_dir, main = program
     out = ok(run([main, "oom_host"], preload=str(out_dir / "libspy.so")))
     assert "second block refused" in out.stdout and "after the free: served" in out.stdout, out
+
+
+@pytest.fixture(scope="module")
+def many():
+    """BUILD/holders/many and 600 copies of one holder library (libh0.so ...)."""
+    out = BUILD / "holders" / "many-libs"
+    out.mkdir(parents=True, exist_ok=True)
+    lib = _cc(out / "libh0.so", [SRC / "holder_lib.c"], ["-shared", "-fPIC"])
+    for i in range(1, 600):
+        copy = out / f"libh{i}.so"
+        if not copy.exists() or copy.stat().st_mtime < lib.stat().st_mtime:
+            shutil.copyfile(lib, copy)
+    return out, str(holder_program("many", SRC / "many.c", ["-ldl"]))
+
+
+def many_rows(stdout):
+    rows = {}
+    figures = {}
+    for line in stdout.splitlines():
+        if line.startswith("ROW "):
+            name, place, cached, live, peak, blocks, unused = line[4:].rsplit(" ", 6)
+            rows[(name, int(place), int(cached))] = (int(live), int(peak), int(blocks), int(unused))
+        elif line.split()[0] in ("COUNT", "ASKED", "STATS"):
+            figures[line.split()[0]] = int(line.split()[1])
+    return rows, figures
+
+
+def test_each_of_140_libraries_holds_what_it_asked_for(many):
+    """Issue 29: 140 libraries x one 5 MiB block read 700 MiB asked (each block is mapped 6 MiB:
+    1 MiB unused beside it), every library its own row, and tm_holders answers how many rows
+    there are, not the 48 of the report's table."""
+    libs, main = many
+    out = ok(run([main, str(libs), "140", str(5 * MIB)], env={"TENSORMALLOC_STATS": "1"}))
+    rows, figures = many_rows(out.stdout)
+    mine = {n: v for (n, p, c), v in rows.items() if n.startswith("libh")}
+    assert len(mine) == 140, rows
+    assert all(v == (5 * MIB, 5 * MIB, 1, MIB) for v in mine.values()), mine
+    assert figures["COUNT"] == len(rows) > 48, figures
+    held = sum(v[0] + v[3] for (n, p, c), v in rows.items() if p == -1 and not c)
+    assert held == figures["STATS"], (held, figures)
+    assert "more rows)" in out.stderr and "The table is full" not in out.stderr, out.stderr
+
+
+def test_requests_past_the_threshold_count_what_was_asked(many):
+    """64 KiB + i requests under THRESHOLD=64K: the row reads the bytes asked, exactly; live plus
+    unused add up to the stats."""
+    _, main = many
+    out = ok(run([main, "-", "0", str(64 << 10), "1000"], env={"TENSORMALLOC_THRESHOLD": "64K"}))
+    rows, figures = many_rows(out.stdout)
+    (live, _, blocks, unused), = [v for (n, p, c), v in rows.items() if n == "many" and p == -1]
+    assert (live, blocks) == (figures["ASKED"], 1000), (rows, figures)
+    assert live + unused == figures["STATS"], (rows, figures)
+
+
+def test_a_full_table_says_so(many):
+    """600 libraries: 511 are named, the rest are counted as unknown, and the report says how
+    many were; tm_holders still answers every row."""
+    libs, main = many
+    out = ok(run([main, str(libs), "600", str(MIB)], env={"TENSORMALLOC_THRESHOLD": "1M", "TENSORMALLOC_STATS": "1"}))
+    rows, figures = many_rows(out.stdout)
+    named = [n for (n, p, c) in rows if n.startswith("libh")]
+    assert len(named) == 511, len(named)  # the program itself asks for nothing large
+    assert rows[("unknown", -1, 0)][2] == 600 - len(named), rows[("unknown", -1, 0)]
+    assert figures["COUNT"] == len(rows), figures
+    assert f"The table is full: {600 - len(named)} more holders are counted as unknown" in out.stderr, out.stderr

@@ -59,7 +59,7 @@ class _Stats(ctypes.Structure):
 
 class _Holder(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char * 64), ("place", ctypes.c_int32), ("cached", ctypes.c_int32),
-                ("live_bytes", _u64), ("peak_bytes", _u64), ("blocks", _u64)]
+                ("live_bytes", _u64), ("peak_bytes", _u64), ("blocks", _u64), ("unused_bytes", _u64)]
 
 
 class _Scope(ctypes.Structure):
@@ -215,8 +215,10 @@ def holders():
     """Who holds the memory: one dict per holder and place, biggest first, for every large host
     block, CUDA block and pinned block: `holder` (the shared object whose code asked, e.g.
     "_multiarray_umath.cpython-311-x86_64-linux-gnu.so", or a hook's library: "numpy", "torch",
-    "cupy", "numba"), `place` ("host", "pinned" or "cuda:N"), `live_bytes`, `peak_bytes`,
-    `blocks`, and `cached` (True for the rows of what tensormalloc keeps cached in that place).
+    "cupy", "numba"), `place` ("host", "pinned" or "cuda:N"), `live_bytes` (what was asked
+    for), `peak_bytes`, `blocks`, `unused_bytes` (handed out beside what was asked: live plus
+    unused add up to the stats' live bytes), and `cached` (True for the rows of what
+    tensormalloc keeps cached in that place).
     Empty when the library is not loaded."""
     lib = _get()
     if not lib:
@@ -231,7 +233,8 @@ def holders():
         capacity = n
     place = lambda p: "host" if p == -1 else "pinned" if p == -2 else f"cuda:{p}"
     return [{"holder": r.name.decode(errors="replace"), "place": place(r.place), "live_bytes": r.live_bytes,
-             "peak_bytes": r.peak_bytes, "blocks": r.blocks, "cached": bool(r.cached)} for r in rows[:n]]
+             "peak_bytes": r.peak_bytes, "blocks": r.blocks, "unused_bytes": r.unused_bytes,
+             "cached": bool(r.cached)} for r in rows[:n]]
 
 
 def trim():

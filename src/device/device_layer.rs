@@ -261,7 +261,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     // pool's block size; the pool's own counters change in the pool.
 
     fn block(device: usize, addr: u64, bytes: u64, holder: u64, tag: u64) -> record::Block {
-        record::Block { place: device_place(device), addr, bytes, holder, stream: tag }
+        record::Block { place: device_place(device), addr, bytes, asked: bytes, holder, stream: tag }
     }
 
     /// A request of `size` bytes on the current device failed for good (`cap_refused`: the cap
@@ -308,7 +308,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             match step.decision {
                 Alloc::Hit { addr, size } => {
                     let found = if mapped { record::Found::Miss } else { record::Found::Hit };
-                    record::alloc(Self::block(device as usize, addr, size, holder, tag), size, found);
+                    record::alloc(Self::block(device as usize, addr, size, holder, tag), found);
                     return Ok(addr as usize);
                 }
                 Alloc::Untracked => return self.passthrough_malloc(device, size),

@@ -453,25 +453,28 @@ impl<M: PageMemory> HostLayer<M> {
     fn record_alloc(&self, addr: usize, len: usize, asked: usize, found: Found, birth: Birth) {
         self.stats.live.add(len as u64);
         self.stats.live_blocks.add(1);
-        record::alloc(Block::host(addr as u64, len as u64, birth.holder), asked as u64, found);
+        self.registry.set_asked(addr, asked as u64);
+        record::alloc(Block::host(addr as u64, len as u64, asked as u64, birth.holder), found);
     }
 
     fn record_free(&self, addr: usize, len: usize, holder: u64) {
         self.stats.frees.add(1);
         self.stats.live.sub(len as u64);
         self.stats.live_blocks.sub(1);
-        record::free(Block::host(addr as u64, len as u64, holder));
+        record::free(Block::host(addr as u64, len as u64, self.registry.asked(addr), holder));
     }
 
     /// A resize that kept the block (in place or by mremap); the copying fallback records
     /// through alloc and free.
-    fn record_resize(&self, (addr, len): (usize, usize), (moved, need): (usize, usize), asked: usize, birth: Birth) {
+    /// `was_asked`: what the block was asked for before.
+    fn record_resize(&self, (addr, len, was_asked): (usize, usize, u64), (moved, need): (usize, usize), asked: usize, birth: Birth) {
         if need >= len {
             self.stats.live.add((need - len) as u64);
         } else {
             self.stats.live.sub((len - need) as u64);
         }
-        record::resize(Block::host(addr as u64, len as u64, birth.holder), Block::host(moved as u64, need as u64, birth.holder), asked as u64);
+        self.registry.set_asked(moved, asked as u64);
+        record::resize(Block::host(addr as u64, len as u64, was_asked, birth.holder), Block::host(moved as u64, need as u64, asked as u64, birth.holder));
     }
 
     /// The block, its mapped length and how it was found.
@@ -754,6 +757,7 @@ impl<M: PageMemory> HostLayer<M> {
         let (need, granule) = self.block_shape(new_size)?;
         let born = self.registry.birth(addr);
         let changes = self.registry.changes(addr);
+        let was_asked = self.registry.asked(addr);
         if need <= len {
             let spare = len - need;
             let unmaps = {
@@ -769,7 +773,7 @@ impl<M: PageMemory> HostLayer<M> {
             if let Some(unmaps) = unmaps {
                 self.finish_unmaps(unmaps);
             }
-            self.record_resize((addr, len), (addr, kept), new_size, born);
+            self.record_resize((addr, len, was_asked), (addr, kept), new_size, born);
             return Some(addr);
         }
         if self.registry.reserve_spare() {
@@ -781,7 +785,7 @@ impl<M: PageMemory> HostLayer<M> {
                 let _ = self.registry.set_live(moved, need, born);
                 self.registry.keep_changes(moved, changes);
                 self.stats.remaps.add(1);
-                self.record_resize((addr, len), (moved, need), new_size, born);
+                self.record_resize((addr, len, was_asked), (moved, need), new_size, born);
                 return Some(moved);
             }
             let _ = self.registry.set_live(addr, len, born);

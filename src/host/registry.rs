@@ -41,10 +41,12 @@ const GRANULE_SHIFT: u32 = 21;
 const LEAF_GRANULES: usize = 1 << (LEAF_BITS + PAGE_SHIFT - GRANULE_SHIFT);
 
 /// A leaf: LEAF_ENTRIES entries, LEAF_ENTRIES birth times (for the leak report), LEAF_ENTRIES
-/// holder words (Note [Holders]), then one overlap count per granule.
+/// holder words (Note [Holders]), LEAF_ENTRIES sizes asked, then one overlap count per granule.
 const LEAF_BYTES: usize = (GRANULES_AT + LEAF_GRANULES) * core::mem::size_of::<AtomicU64>();
-/// Where a leaf's overlap counts start, after its three arrays of LEAF_ENTRIES.
-const GRANULES_AT: usize = 3 * LEAF_ENTRIES;
+/// Where a leaf's sizes asked start.
+const ASKED_AT: usize = 3 * LEAF_ENTRIES;
+/// Where a leaf's overlap counts start, after its four arrays of LEAF_ENTRIES.
+const GRANULES_AT: usize = 4 * LEAF_ENTRIES;
 
 /// One bit per 2 MiB granule of the 47-bit user address space (8 MiB of .bss, resident only
 /// where touched), set for every granule a block of ours has ever overlapped and never
@@ -366,6 +368,29 @@ impl Registry {
                 _ => page += PAGE,
             }
         }
+    }
+
+    /// The program asked for `asked` bytes of the live block at `addr` (the holders table
+    /// counts them).
+    pub fn set_asked(&self, addr: usize, asked: u64) {
+        if let Some(slot) = self.asked_slot(addr) {
+            slot.store(asked, Ordering::Relaxed);
+        }
+    }
+
+    /// What the program asked for of the live block at `addr` (0 if unknown).
+    pub fn asked(&self, addr: usize) -> u64 {
+        self.asked_slot(addr).map_or(0, |s| s.load(Ordering::Relaxed))
+    }
+
+    fn asked_slot(&self, addr: usize) -> Option<&AtomicU64> {
+        if addr & (PAGE - 1) != 0 {
+            return None;
+        }
+        let leaf = self.leaf(addr, false)?;
+        let index = (addr >> PAGE_SHIFT) & (LEAF_ENTRIES - 1);
+        // SAFETY: as in slots(); the sizes asked follow the three arrays of LEAF_ENTRIES.
+        Some(unsafe { &*leaf.add(ASKED_AT + index) })
     }
 
     /// What the program did to the pages of the live block at `addr`: (changed, replaced).

@@ -14,8 +14,11 @@ use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 // and allocation-free, asked once per call site and cached here), or, for hooks whose caller is
 // ctypes or a framework's plug-in point, a fixed key naming the library (HOOK_KEYS). At a free
 // the word tells which row to take the bytes from, so the rows always add up to the layers'
-// totals: the same bytes (mapped lengths for host blocks, block sizes for device blocks) go in
-// and out, from the same recording points. Names (dladdr) are looked up only for a report.
+// totals: each row counts the bytes its holder asked for (live) and what was handed out beside
+// them (unused: a host block's mapped length past the request), from the same recording points;
+// live plus unused is the layers' figure. Names (dladdr) are looked up only for a report.
+// The table has MAX_HOLDERS - 1 rows; a holder past them is counted under "unknown", and the
+// reports say how many were (`refused`).
 // A call site keeps its holder for the process's life: code unloaded and other code loaded over
 // its addresses is counted under the first holder's row, named by whatever object starts at the
 // first one's base then ("(unloaded object)" when none does).
@@ -31,7 +34,7 @@ pub const fn device_place(device: usize) -> u8 {
 }
 
 /// Holders the table names; further ones are counted as UNKNOWN.
-pub const MAX_HOLDERS: usize = 128;
+pub const MAX_HOLDERS: usize = 512;
 /// The holder of blocks whose caller is unknown, or new once the table is full.
 pub const UNKNOWN: u16 = 0;
 
@@ -62,11 +65,12 @@ struct Row {
     live: AtomicU64,
     peak: AtomicU64,
     blocks: AtomicU64,
+    unused: AtomicU64,
 }
 
 impl Row {
     const fn new() -> Self {
-        Row { live: AtomicU64::new(0), peak: AtomicU64::new(0), blocks: AtomicU64::new(0) }
+        Row { live: AtomicU64::new(0), peak: AtomicU64::new(0), blocks: AtomicU64::new(0), unused: AtomicU64::new(0) }
     }
 
     /// A read first: below the peak (the steady state) costs no locked instruction.
@@ -96,9 +100,13 @@ impl Birth {
 pub struct HolderRow {
     pub id: u16,
     pub place: u8,
+    /// What the holder's live blocks were asked for.
     pub live_bytes: u64,
     pub peak_bytes: u64,
     pub blocks: u64,
+    /// Handed out beside what was asked (page and huge-page rounding, a cached block a little
+    /// larger than the request).
+    pub unused_bytes: u64,
 }
 
 pub struct Holders {
@@ -107,6 +115,8 @@ pub struct Holders {
     rows: [[Row; PLACES]; MAX_HOLDERS],
     /// Return address -> id, direct-mapped: `caller | id << 48`, one load per lookup.
     callers: [AtomicU64; CALLER_CACHE],
+    /// Keys refused a row: the table was full (Note [Holders]).
+    refused: AtomicU64,
 }
 
 impl Default for Holders {
@@ -121,6 +131,7 @@ impl Holders {
             keys: [const { AtomicU64::new(0) }; MAX_HOLDERS],
             rows: [const { [const { Row::new() }; PLACES] }; MAX_HOLDERS],
             callers: [const { AtomicU64::new(0) }; CALLER_CACHE],
+            refused: AtomicU64::new(0),
         }
     }
 
@@ -142,7 +153,13 @@ impl Holders {
                 return id as u16;
             }
         }
+        self.refused.fetch_add(1, Relaxed);
         UNKNOWN
+    }
+
+    /// Holders (call sites or hooks) counted as unknown because the table was full.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Relaxed)
     }
 
     /// The key of `id` (0 for UNKNOWN or an id never given).
@@ -177,30 +194,40 @@ impl Holders {
         self.rows.get(usize::from(id_of(word)))?.get(usize::from(place))
     }
 
-    pub fn on_alloc(&self, word: u64, place: u8, bytes: u64) {
+    /// A block of `bytes`, `asked` of them asked for.
+    pub fn on_alloc(&self, word: u64, place: u8, asked: u64, bytes: u64) {
         if let Some(r) = self.row(word, place) {
-            let live = r.live.fetch_add(bytes, Relaxed).wrapping_add(bytes);
+            let asked = asked.min(bytes);
+            let live = r.live.fetch_add(asked, Relaxed).wrapping_add(asked);
             r.raise_peak(live);
             r.blocks.fetch_add(1, Relaxed);
+            r.unused.fetch_add(bytes - asked, Relaxed);
         }
     }
 
-    pub fn on_free(&self, word: u64, place: u8, bytes: u64) {
+    /// The block of `on_alloc`'s figures given back.
+    pub fn on_free(&self, word: u64, place: u8, asked: u64, bytes: u64) {
         if let Some(r) = self.row(word, place) {
-            r.live.fetch_sub(bytes, Relaxed);
+            let asked = asked.min(bytes);
+            r.live.fetch_sub(asked, Relaxed);
             r.blocks.fetch_sub(1, Relaxed);
+            r.unused.fetch_sub(bytes - asked, Relaxed);
         }
     }
 
-    /// A block of the holder changed length in place (a realloc that kept it).
-    pub fn on_resize(&self, word: u64, place: u8, old_bytes: u64, new_bytes: u64) {
+    /// A block of the holder changed length in place (a realloc that kept it): (asked, bytes)
+    /// before and after.
+    pub fn on_resize(&self, word: u64, place: u8, (old_asked, old_bytes): (u64, u64), (new_asked, new_bytes): (u64, u64)) {
         if let Some(r) = self.row(word, place) {
-            if new_bytes >= old_bytes {
-                let live = r.live.fetch_add(new_bytes - old_bytes, Relaxed).wrapping_add(new_bytes - old_bytes);
+            let (old_asked, new_asked) = (old_asked.min(old_bytes), new_asked.min(new_bytes));
+            if new_asked >= old_asked {
+                let live = r.live.fetch_add(new_asked - old_asked, Relaxed).wrapping_add(new_asked - old_asked);
                 r.raise_peak(live);
             } else {
-                r.live.fetch_sub(old_bytes - new_bytes, Relaxed);
+                r.live.fetch_sub(old_asked - new_asked, Relaxed);
             }
+            r.unused.fetch_sub(old_bytes - old_asked, Relaxed);
+            r.unused.fetch_add(new_bytes - new_asked, Relaxed);
         }
     }
 
@@ -212,6 +239,7 @@ impl Holders {
                 r.live.store(0, Relaxed);
                 r.peak.store(0, Relaxed);
                 r.blocks.store(0, Relaxed);
+                r.unused.store(0, Relaxed);
             }
         }
     }
@@ -224,7 +252,14 @@ impl Holders {
                 if peak == 0 {
                     continue;
                 }
-                f(&HolderRow { id: id as u16, place: place as u8, live_bytes: r.live.load(Relaxed), peak_bytes: peak, blocks: r.blocks.load(Relaxed) });
+                f(&HolderRow {
+                    id: id as u16,
+                    place: place as u8,
+                    live_bytes: r.live.load(Relaxed),
+                    peak_bytes: peak,
+                    blocks: r.blocks.load(Relaxed),
+                    unused_bytes: r.unused.load(Relaxed),
+                });
             }
         }
     }
@@ -331,15 +366,15 @@ mod tests {
         let b = h.holder_of_call(0x70_0010, |_| 0x70_0000);
         assert_ne!(id_of(a), id_of(b));
         assert_eq!(caller_of(a), 0x40_1234);
-        h.on_alloc(a, PLACE_HOST, 100);
-        h.on_alloc(a, PLACE_HOST, 50);
-        h.on_alloc(b, device_place(1), 7);
-        h.on_free(a, PLACE_HOST, 100);
+        h.on_alloc(a, PLACE_HOST, 100, 4096);
+        h.on_alloc(a, PLACE_HOST, 50, 50);
+        h.on_alloc(b, device_place(1), 7, 7);
+        h.on_free(a, PLACE_HOST, 100, 4096);
         let mut rows = vec![];
         h.for_each_row(|r| rows.push(*r));
         assert_eq!(rows.len(), 2);
         let ra = rows.iter().find(|r| r.id == id_of(a)).unwrap();
-        assert_eq!((ra.place, ra.live_bytes, ra.peak_bytes, ra.blocks), (PLACE_HOST, 50, 150, 1));
+        assert_eq!((ra.place, ra.live_bytes, ra.peak_bytes, ra.blocks, ra.unused_bytes), (PLACE_HOST, 50, 150, 1, 0), "what was asked");
         assert_eq!(h.key(id_of(a)), 0x40_0000);
         let rb = rows.iter().find(|r| r.id == id_of(b)).unwrap();
         assert_eq!((rb.place, rb.live_bytes), (device_place(1), 7));
@@ -372,6 +407,7 @@ mod tests {
             assert_ne!(h.id_of_key(key << 12), UNKNOWN);
         }
         assert_eq!(h.id_of_key(0xdead_0000), UNKNOWN);
+        assert_eq!(h.refused(), 1, "a full table is counted");
         assert_ne!(h.id_of_key(3 << 12), UNKNOWN, "known keys keep their ids");
     }
 
@@ -379,12 +415,12 @@ mod tests {
     fn resizes_move_live_bytes_and_peak() {
         let h = Holders::new();
         let w = h.holder_of_hook(0x1234, KEY_NUMPY);
-        h.on_alloc(w, PLACE_HOST, 10);
-        h.on_resize(w, PLACE_HOST, 10, 40);
-        h.on_resize(w, PLACE_HOST, 40, 20);
+        h.on_alloc(w, PLACE_HOST, 10, 4096);
+        h.on_resize(w, PLACE_HOST, (10, 4096), (40, 8192));
+        h.on_resize(w, PLACE_HOST, (40, 8192), (20, 4096));
         let mut rows = vec![];
         h.for_each_row(|r| rows.push(*r));
-        assert_eq!((rows[0].live_bytes, rows[0].peak_bytes, rows[0].blocks), (20, 40, 1));
+        assert_eq!((rows[0].live_bytes, rows[0].peak_bytes, rows[0].blocks, rows[0].unused_bytes), (20, 40, 1, 4076));
         assert_eq!(hook_name(h.key(rows[0].id)), Some("numpy"));
     }
 }

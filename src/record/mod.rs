@@ -31,6 +31,9 @@ pub struct Block {
     pub addr: u64,
     /// What the block takes: its mapped length (host) or its size (device, pinned).
     pub bytes: u64,
+    /// What the program asked for (the holders table counts it; the rest of `bytes` is
+    /// handed out beside it, unused).
+    pub asked: u64,
     /// Its holder word (Note [Holders]).
     pub holder: u64,
     /// The pool's stream tag; 0 for none.
@@ -38,8 +41,8 @@ pub struct Block {
 }
 
 impl Block {
-    pub const fn host(addr: u64, bytes: u64, holder: u64) -> Self {
-        Block { place: PLACE_HOST, addr, bytes, holder, stream: 0 }
+    pub const fn host(addr: u64, bytes: u64, asked: u64, holder: u64) -> Self {
+        Block { place: PLACE_HOST, addr, bytes, asked, holder, stream: 0 }
     }
 }
 
@@ -73,19 +76,19 @@ const fn trace_kind(place: u8) -> Option<(u8, u8)> {
     }
 }
 
-/// A block handed out: `asked` bytes were requested (the trace keeps them), `found` says how.
-pub fn alloc(b: Block, asked: u64, found: Found) {
-    HOLDERS.on_alloc(b.holder, b.place, b.bytes);
+/// A block handed out; `found` says how.
+pub fn alloc(b: Block, found: Found) {
+    HOLDERS.on_alloc(b.holder, b.place, b.asked, b.bytes);
     history::record(history::ALLOC, b.place, b.addr, b.bytes, b.holder, b.stream);
     if let Some((kind, device)) = trace_kind(b.place) {
         scopes::on_alloc(b.bytes);
-        trace::record(kind, trace::OP_ALLOC, found.trace_outcome(), device, asked, b.addr, b.holder);
+        trace::record(kind, trace::OP_ALLOC, found.trace_outcome(), device, b.asked, b.addr, b.holder);
     }
 }
 
 /// A block given back by the program.
 pub fn free(b: Block) {
-    HOLDERS.on_free(b.holder, b.place, b.bytes);
+    HOLDERS.on_free(b.holder, b.place, b.asked, b.bytes);
     history::record(history::FREE, b.place, b.addr, b.bytes, b.holder, b.stream);
     if let Some((kind, device)) = trace_kind(b.place) {
         scopes::on_free(b.bytes);
@@ -94,17 +97,17 @@ pub fn free(b: Block) {
 }
 
 /// A block that kept its holder through a resize (in place or moved by the kernel): for the
-/// history and the trace, a free of the old block and an alloc of the new one; `asked` as in
-/// `alloc`. (A copying resize records an alloc and a free.)
-pub fn resize(old: Block, new: Block, asked: u64) {
-    HOLDERS.on_resize(old.holder, old.place, old.bytes, new.bytes);
+/// history and the trace, a free of the old block and an alloc of the new one. (A copying
+/// resize records an alloc and a free.)
+pub fn resize(old: Block, new: Block) {
+    HOLDERS.on_resize(old.holder, old.place, (old.asked, old.bytes), (new.asked, new.bytes));
     history::record(history::FREE, old.place, old.addr, old.bytes, old.holder, old.stream);
     history::record(history::ALLOC, new.place, new.addr, new.bytes, new.holder, new.stream);
     if let Some((kind, device)) = trace_kind(old.place) {
         scopes::on_free(old.bytes);
         scopes::on_alloc(new.bytes);
         trace::record(kind, trace::OP_FREE, trace::HIT, device, old.bytes, old.addr, old.holder);
-        trace::record(kind, trace::OP_ALLOC, trace::HIT, device, asked, new.addr, new.holder);
+        trace::record(kind, trace::OP_ALLOC, trace::HIT, device, new.asked, new.addr, new.holder);
     }
 }
 
@@ -112,7 +115,7 @@ pub fn resize(old: Block, new: Block, asked: u64) {
 /// holders table, and, unless pinned, the history's timeline (the snapshot must not keep it).
 /// No scope or trace event: the program did not free it.
 pub fn forgotten(b: Block) {
-    HOLDERS.on_free(b.holder, b.place, b.bytes);
+    HOLDERS.on_free(b.holder, b.place, b.asked, b.bytes);
     if b.place != PLACE_PINNED {
         history::record(history::FREE, b.place, b.addr, b.bytes, b.holder, b.stream);
     }

@@ -291,9 +291,10 @@ mod tests {
         let event = |kind, pages| Event { kind, pages, ..Default::default() };
         let mut named = Named::new();
         let mut seen = vec![];
-        let run = [event(KIND_HOST, 5), event(KIND_SAMPLE, 9), event(KIND_DEVICE, 5), event(KIND_DEVICE, 0), event(KIND_HOST, 127)];
+        let last = MAX_HOLDERS as u32 - 1;
+        let run = [event(KIND_HOST, 5), event(KIND_SAMPLE, 9), event(KIND_DEVICE, 5), event(KIND_DEVICE, 0), event(KIND_HOST, last)];
         new_holders(&run, &mut named, |id| seen.push(id));
-        new_holders(&[event(KIND_HOST, 5), event(KIND_HOST, 6), event(KIND_HOST, 128)], &mut named, |id| seen.push(id));
-        assert_eq!(seen, [5, 0, 127, 6], "ids past the table are never named");
+        new_holders(&[event(KIND_HOST, 5), event(KIND_HOST, 6), event(KIND_HOST, last + 1)], &mut named, |id| seen.push(id));
+        assert_eq!(seen, [5, 0, last as u16, 6], "ids past the table are never named");
     }
 }

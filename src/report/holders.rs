@@ -1,7 +1,9 @@
-//! The holders table as people read it: per holder and place, live bytes, peak and blocks, then
-//! what tensormalloc keeps cached in each place, biggest first. Text (the exit report, the
-//! out-of-memory report), JSON, and rows for `tm_holders`. Gathered into a fixed array and
-//! written through `fmt::Write`: no allocation (it must work at out of memory).
+//! The holders table as people read it: per holder and place, the bytes asked for, peak, blocks
+//! and what was handed out beside them, then what tensormalloc keeps cached in each place,
+//! biggest first. Text (the exit report, the out-of-memory report), JSON, and every row for
+//! `tm_holders`. Gathered into a fixed array (the reports: the largest MAX_ROWS - 1, the rest
+//! summed) or picked in order (`tm_holders`), written through `fmt::Write`: no allocation (it
+//! must work at out of memory).
 
 use crate::record::holders::{self, HolderRow, PLACE_HOST, PLACE_PINNED};
 use crate::report::units::{Bytes, JsonText};
@@ -20,27 +22,43 @@ pub const OTHERS: u16 = u16::MAX - 1;
 pub struct Table {
     rows: [HolderRow; MAX_ROWS],
     len: usize,
+    /// Rows summed into OTHERS.
+    others: usize,
+}
+
+/// Every row of the process now: its holders', and the caches of every place that has one.
+fn for_each_row(mut f: impl FnMut(HolderRow)) {
+    holders::for_each_row(|r| f(*r));
+    let (blocks, bytes) = HOST.cached();
+    if bytes > 0 {
+        f(HolderRow { id: CACHED, place: PLACE_HOST, live_bytes: bytes as u64, peak_bytes: HOST.stats.cached.peak(), blocks: blocks as u64, unused_bytes: 0 });
+    }
+    let (_, _, pinned_cached, pinned_peak) = DEVICE.pinned_figures();
+    if pinned_cached > 0 {
+        f(HolderRow { id: CACHED, place: PLACE_PINNED, live_bytes: pinned_cached, peak_bytes: pinned_peak, ..HolderRow::default() });
+    }
+    DEVICE.for_each_pool(|device, pool| {
+        let cached = pool.cached_bytes();
+        if cached > 0 {
+            f(HolderRow { id: CACHED, place: holders::device_place(device), live_bytes: cached, ..HolderRow::default() });
+        }
+    });
+}
+
+/// The order of every listing: live bytes, largest first; then id and place.
+fn order_key(r: &HolderRow) -> (core::cmp::Reverse<u64>, u16, u8) {
+    (core::cmp::Reverse(r.live_bytes), r.id, r.place)
 }
 
 impl Table {
+    const fn empty() -> Table {
+        Table { rows: [HolderRow { id: 0, place: 0, live_bytes: 0, peak_bytes: 0, blocks: 0, unused_bytes: 0 }; MAX_ROWS], len: 0, others: 0 }
+    }
+
     /// The process's holders now, and the caches of every place that has one.
     pub fn gather() -> Table {
-        let mut t = Table { rows: [HolderRow::default(); MAX_ROWS], len: 0 };
-        holders::for_each_row(|r| t.add(*r));
-        let (blocks, bytes) = HOST.cached();
-        if bytes > 0 {
-            t.add(HolderRow { id: CACHED, place: PLACE_HOST, live_bytes: bytes as u64, peak_bytes: HOST.stats.cached.peak(), blocks: blocks as u64 });
-        }
-        let (_, _, pinned_cached, pinned_peak) = DEVICE.pinned_figures();
-        if pinned_cached > 0 {
-            t.add(HolderRow { id: CACHED, place: PLACE_PINNED, live_bytes: pinned_cached, peak_bytes: pinned_peak, blocks: 0 });
-        }
-        DEVICE.for_each_pool(|device, pool| {
-            let cached = pool.cached_bytes();
-            if cached > 0 {
-                t.add(HolderRow { id: CACHED, place: holders::device_place(device), live_bytes: cached, peak_bytes: 0, blocks: 0 });
-            }
-        });
+        let mut t = Table::empty();
+        for_each_row(|r| t.add(r));
         t
     }
 
@@ -65,6 +83,7 @@ impl Table {
         match spilled {
             None => self.len += 1,
             Some(small) => {
+                self.others += 1;
                 if self.len < MAX_ROWS {
                     self.len = MAX_ROWS;
                     if let Some(o) = self.rows.get_mut(MAX_ROWS - 1) {
@@ -75,6 +94,7 @@ impl Table {
                     o.live_bytes += small.live_bytes;
                     o.peak_bytes += small.peak_bytes;
                     o.blocks += small.blocks;
+                    o.unused_bytes += small.unused_bytes;
                 }
             }
         }
@@ -85,11 +105,15 @@ impl Table {
     }
 }
 
-/// Calls `f` with the name of a row's holder.
-pub fn row_name<T>(r: &HolderRow, f: impl FnOnce(&[u8]) -> T) -> T {
+/// Calls `f` with the name of a row's holder; `others`: how many rows OTHERS sums.
+pub fn row_name<T>(r: &HolderRow, others: usize, f: impl FnOnce(&[u8]) -> T) -> T {
     match r.id {
         CACHED => f(b"(cached by tensormalloc)"),
-        OTHERS => f(b"(others)"),
+        OTHERS => {
+            let mut w = crate::sys::stderr::StackWriter::<40>::new();
+            let _ = write!(w, "({others} more rows)");
+            f(w.as_bytes())
+        }
         id => holders::holder_name(id, f),
     }
 }
@@ -127,30 +151,45 @@ pub fn write_text<W: Write>(w: &mut W, t: &Table) -> fmt::Result {
     if t.rows().is_empty() {
         return Ok(());
     }
-    writeln!(w, " Who holds the memory (large blocks; peak is the holder's own):")?;
-    writeln!(w, "  {:<36} {:<8} {:>12} {:>12} {:>8}", "holder", "place", "live", "peak", "blocks")?;
+    writeln!(w, " Who holds the memory (large blocks; live is what was asked for, unused what was handed out beside it; peak is the holder's own):")?;
+    writeln!(w, "  {:<36} {:<8} {:>12} {:>12} {:>8} {:>12}", "holder", "place", "live", "peak", "blocks", "unused")?;
     for r in t.rows() {
-        row_name(r, |name| {
-            writeln!(w, "  {:<36.36} {:<8} {:>12} {:>12} {:>8}", Padded(Name(name)), Padded(PlaceName(r.place)), Padded(Bytes(r.live_bytes)), Padded(Bytes(r.peak_bytes)), r.blocks)
+        row_name(r, t.others, |name| {
+            writeln!(
+                w,
+                "  {:<36.36} {:<8} {:>12} {:>12} {:>8} {:>12}",
+                Padded(Name(name)),
+                Padded(PlaceName(r.place)),
+                Padded(Bytes(r.live_bytes)),
+                Padded(Bytes(r.peak_bytes)),
+                r.blocks,
+                Padded(Bytes(r.unused_bytes))
+            )
         })?;
+    }
+    let refused = holders::HOLDERS.refused();
+    if refused > 0 {
+        writeln!(w, "  The table is full: {} more holders are counted as unknown (it names {}).", refused, holders::MAX_HOLDERS - 1)?;
     }
     Ok(())
 }
 
-/// The table as a JSON array of {holder, place, live_bytes, peak_bytes, blocks, cached}.
+/// The table as a JSON array of {holder, place, live_bytes, peak_bytes, blocks, unused_bytes,
+/// cached}.
 pub fn write_json<W: Write>(w: &mut W, t: &Table) -> fmt::Result {
     w.write_str("[")?;
     for (i, r) in t.rows().iter().enumerate() {
         let sep = if i == 0 { "" } else { "," };
-        row_name(r, |name| {
+        row_name(r, t.others, |name| {
             write!(
                 w,
-                "{sep}{{\"holder\":\"{}\",\"place\":\"{}\",\"live_bytes\":{},\"peak_bytes\":{},\"blocks\":{},\"cached\":{}}}",
+                "{sep}{{\"holder\":\"{}\",\"place\":\"{}\",\"live_bytes\":{},\"peak_bytes\":{},\"blocks\":{},\"unused_bytes\":{},\"cached\":{}}}",
                 JsonText(name),
                 PlaceName(r.place),
                 r.live_bytes,
                 r.peak_bytes,
                 r.blocks,
+                r.unused_bytes,
                 r.id == CACHED
             )
         })?;
@@ -171,17 +210,31 @@ pub struct CHolderRow {
     pub live_bytes: u64,
     pub peak_bytes: u64,
     pub blocks: u64,
+    pub unused_bytes: u64,
 }
 
-/// Writes up to `capacity` rows of the table to `out`; returns how many rows there are.
+/// Writes the first `capacity` rows, in the reports' order, every holder its own row (none
+/// summed), to `out`; returns how many rows there are. Each row written is picked by one pass
+/// over all of them: no table to sort, no allocation.
 ///
 /// # Safety
 /// `out` points to `capacity` writable rows (or `capacity` is 0).
 pub unsafe fn fill_c_rows(out: *mut CHolderRow, capacity: usize) -> usize {
-    let t = Table::gather();
-    for (i, r) in t.rows().iter().enumerate().take(if out.is_null() { 0 } else { capacity }) {
+    let mut count = 0;
+    for_each_row(|_| count += 1);
+    let mut previous = None;
+    for i in 0..(if out.is_null() { 0 } else { capacity.min(count) }) {
+        let mut next: Option<HolderRow> = None;
+        for_each_row(|r| {
+            let after_previous = previous.is_none_or(|p| order_key(&r) > p);
+            if after_previous && next.is_none_or(|n| order_key(&r) < order_key(&n)) {
+                next = Some(r);
+            }
+        });
+        let Some(r) = next else { break };
+        previous = Some(order_key(&r));
         let mut name = [0u8; 64];
-        row_name(r, |n| {
+        row_name(&r, 0, |n| {
             let len = n.len().min(63);
             if let (Some(dst), Some(src)) = (name.get_mut(..len), n.get(..len)) {
                 dst.copy_from_slice(src);
@@ -192,11 +245,19 @@ pub unsafe fn fill_c_rows(out: *mut CHolderRow, capacity: usize) -> usize {
             PLACE_PINNED => -2,
             d => i32::from(d) - 2,
         };
-        let row = CHolderRow { name, place, cached: i32::from(r.id == CACHED), live_bytes: r.live_bytes, peak_bytes: r.peak_bytes, blocks: r.blocks };
+        let row = CHolderRow {
+            name,
+            place,
+            cached: i32::from(r.id == CACHED),
+            live_bytes: r.live_bytes,
+            peak_bytes: r.peak_bytes,
+            blocks: r.blocks,
+            unused_bytes: r.unused_bytes,
+        };
         // SAFETY: i < capacity, and out has room for capacity rows.
         unsafe { out.add(i).write(row) };
     }
-    t.rows().len()
+    count
 }
 
 /// Formats a value into a stack buffer first, so width, alignment and a cut (precision) apply to
@@ -218,12 +279,12 @@ mod tests {
     use super::*;
 
     fn row(id: u16, live: u64) -> HolderRow {
-        HolderRow { id, place: 0, live_bytes: live, peak_bytes: live, blocks: 1 }
+        HolderRow { id, place: 0, live_bytes: live, peak_bytes: live, blocks: 1, unused_bytes: 3 }
     }
 
     #[test]
     fn rows_are_kept_largest_first_and_the_rest_summed() {
-        let mut t = Table { rows: [HolderRow::default(); MAX_ROWS], len: 0 };
+        let mut t = Table::empty();
         for i in 0..(MAX_ROWS as u64 + 5) {
             t.add(row(i as u16 + 1, 100 + i));
         }
@@ -236,12 +297,15 @@ mod tests {
         let total: u64 = (0..(MAX_ROWS as u64 + 5)).map(|i| 100 + i).sum();
         assert_eq!(rows.iter().map(|r| r.live_bytes).sum::<u64>(), total, "nothing lost");
         assert_eq!(rows.iter().map(|r| r.blocks).sum::<u64>(), MAX_ROWS as u64 + 5);
+        assert_eq!(rows.iter().map(|r| r.unused_bytes).sum::<u64>(), 3 * (MAX_ROWS as u64 + 5));
+        assert_eq!(t.others, 6, "the last row sums six");
+        assert_eq!(row_name(&others, t.others, |n| n.to_vec()), b"(6 more rows)");
     }
 
     #[test]
     fn text_and_json_name_places_and_escape_names() {
-        let mut t = Table { rows: [HolderRow::default(); MAX_ROWS], len: 0 };
-        t.add(HolderRow { id: CACHED, place: 3, live_bytes: 5 << 20, peak_bytes: 0, blocks: 0 });
+        let mut t = Table::empty();
+        t.add(HolderRow { id: CACHED, place: 3, live_bytes: 5 << 20, ..HolderRow::default() });
         let mut w = crate::sys::stderr::StackWriter::<4096>::new();
         write_text(&mut w, &t).unwrap();
         let text = std::str::from_utf8(w.as_bytes()).unwrap();

@@ -21,7 +21,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let ctx = self.runtime.current_context();
         let taken = self.pinned.lock().take(size as u64, flags, ctx, holder);
         if let Some(b) = taken {
-            record::alloc(recorded(&b), b.len, record::Found::Hit);
+            record::alloc(recorded(&b), record::Found::Hit);
             return Ok(b.addr as usize);
         }
         // A size no machine could pin (or whose class would wrap) goes to the runtime as it is.
@@ -39,7 +39,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         // The runtime may have made a context current for this very call.
         let ctx = if ctx == 0 { self.runtime.current_context() } else { ctx };
         if self.pinned.lock().add_live(addr as u64, len as u64, flags, ctx, holder) {
-            record::alloc(recorded(&PinnedBlock::live(addr as u64, len as u64, flags, ctx, holder)), len as u64, record::Found::Miss);
+            record::alloc(recorded(&PinnedBlock::live(addr as u64, len as u64, flags, ctx, holder)), record::Found::Miss);
         } else {
             self.stats.passthrough.add(1);
         }
@@ -127,5 +127,5 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
 /// A pinned block as the records see it.
 fn recorded(b: &PinnedBlock) -> record::Block {
-    record::Block { place: PLACE_PINNED, addr: b.addr, bytes: b.len, holder: b.holder, stream: 0 }
+    record::Block { place: PLACE_PINNED, addr: b.addr, bytes: b.len, asked: b.len, holder: b.holder, stream: 0 }
 }

@@ -701,29 +701,31 @@ fn gathering_survives_refused_moves() {
 }
 
 #[test]
-fn the_holders_table_follows_allocs_resizes_and_frees_with_mapped_lengths() {
+fn the_holders_table_follows_allocs_resizes_and_frees_with_what_was_asked() {
     let l = layer(Config::default());
     // A key of this test's own: the table is the process's, shared with other tests.
     let w = crate::record::holders::HOLDERS.holder_of_hook(0x4321, 0x4242_0000);
     let row = || {
-        let mut out = (0, 0, 0);
+        let mut out = (0, 0, 0, 0);
         crate::record::holders::HOLDERS.for_each_row(|r| {
             if r.id == crate::record::holders::id_of(w) && r.place == crate::record::holders::PLACE_HOST {
-                out = (r.live_bytes, r.peak_bytes, r.blocks);
+                out = (r.live_bytes, r.peak_bytes, r.blocks, r.unused_bytes);
             }
         });
         out
     };
+    let mb = MB as u64;
     let a = l.alloc(8 * MB, PAGE, false, w).unwrap();
     let b = l.alloc(16 * MB - 100, PAGE, false, w).unwrap();
     let (la, lb) = (live_len(&l, a) as u64, live_len(&l, b) as u64);
-    assert_eq!(row(), (la + lb, la + lb, 2));
+    let asked = 8 * mb + 16 * mb - 100;
+    assert_eq!(row(), (asked, asked, 2, la + lb - asked), "what was asked, and the rest as unused");
     let b = l.resize(b, lb as usize, 40 * MB).unwrap();
     let lb2 = live_len(&l, b) as u64;
-    assert_eq!(row(), (la + lb2, la + lb2, 2), "a grown block counts its new length");
+    assert_eq!(row(), (48 * mb, 48 * mb, 2, la + lb2 - 48 * mb), "a grown block counts its new request");
     l.free(a, la as usize);
     l.free(b, lb2 as usize);
-    assert_eq!(row(), (0, la + lb2, 0));
+    assert_eq!(row(), (0, 48 * mb, 0, 0));
     assert_eq!(l.stats.live.current(), 0);
 }
 
