@@ -217,3 +217,13 @@ def test_a_full_table_says_so(many):
     assert rows[("unknown", -1, 0)][2] == 600 - len(named), rows[("unknown", -1, 0)]
     assert figures["COUNT"] == len(rows), figures
     assert f"The table is full: {600 - len(named)} more holders are counted as unknown" in out.stderr, out.stderr
+
+
+def test_an_unloaded_library_keeps_its_blocks_and_its_name(many):
+    """A library unloaded with a live block, and another loaded after it (in its place, when the
+    loader reuses it): two rows, the first named as unloaded."""
+    libs, main = many
+    out = ok(run([main, str(libs), "unload", str(8 * MIB)]))
+    rows, _ = many_rows(out.stdout)
+    assert rows[("libh0.so (unloaded)", -1, 0)][:3] == (8 * MIB, 8 * MIB, 1), rows
+    assert rows[("libh1.so", -1, 0)][:3] == (8 * MIB, 8 * MIB, 1), rows

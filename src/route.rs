@@ -15,6 +15,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize
 pub(crate) mod cxx;
 pub(crate) mod control;
 pub(crate) mod libc_names;
+pub(crate) mod objects;
 pub(crate) mod page_calls;
 // Its callers are the CUDA shims, built only into the library.
 #[cfg(not(any(test, feature = "no-interpose")))]

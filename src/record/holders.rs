@@ -18,10 +18,12 @@ use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 // them (unused: a host block's mapped length past the request), from the same recording points;
 // live plus unused is the layers' figure. Names (dladdr) are looked up only for a report.
 // The table has MAX_HOLDERS - 1 rows; a holder past them is counted under "unknown", and the
-// reports say how many were (`refused`).
-// A call site keeps its holder for the process's life: code unloaded and other code loaded over
-// its addresses is counted under the first holder's row, named by whatever object starts at the
-// first one's base then ("(unloaded object)" when none does).
+// reports say how many were (`refused`). A library unloaded (dlclose, route/objects.rs) is
+// retired: its row keeps its blocks under its name, saved at the unload, and an object loaded
+// later at the same address is a new holder.
+// A call site keeps its holder until its object is unloaded by dlclose (then it is retired, see
+// below); an object unloaded some other way (the loader's own, never) would leave its row named
+// after whatever object starts at its base then ("(unloaded object)" when none does).
 
 /// Places: host blocks, pinned host blocks (cudaMallocHost), then one per device.
 pub const PLACE_HOST: u8 = 0;
@@ -49,6 +51,11 @@ pub const KEY_ANONYMOUS: u64 = 15;
 const CALLER_BITS: u32 = 48;
 const CALLER_MASK: u64 = (1 << CALLER_BITS) - 1;
 const CALLER_CACHE: usize = 512;
+
+/// Marks the key of an unloaded object: no load base has this bit.
+const RETIRED: u64 = 1 << 63;
+/// Bytes of a retired holder's name kept.
+pub const RETIRED_NAME_BYTES: usize = 56;
 
 /// The holder id in a holder word.
 pub const fn id_of(word: u64) -> u16 {
@@ -117,6 +124,8 @@ pub struct Holders {
     callers: [AtomicU64; CALLER_CACHE],
     /// Keys refused a row: the table was full (Note [Holders]).
     refused: AtomicU64,
+    /// The names of retired holders (unloaded objects), by id: length, then bytes.
+    retired_names: crate::sys::lock::Lock<[(u8, [u8; RETIRED_NAME_BYTES]); MAX_HOLDERS]>,
 }
 
 impl Default for Holders {
@@ -132,6 +141,7 @@ impl Holders {
             rows: [const { [const { Row::new() }; PLACES] }; MAX_HOLDERS],
             callers: [const { AtomicU64::new(0) }; CALLER_CACHE],
             refused: AtomicU64::new(0),
+            retired_names: crate::sys::lock::Lock::new([(0, [0; RETIRED_NAME_BYTES]); MAX_HOLDERS]),
         }
     }
 
@@ -155,6 +165,39 @@ impl Holders {
         }
         self.refused.fetch_add(1, Relaxed);
         UNKNOWN
+    }
+
+    /// The object that started at `start` was unloaded: its row keeps its blocks under `name`,
+    /// and its call sites are forgotten (code loaded there later is another holder).
+    pub fn retire(&self, start: u64, name: &[u8]) {
+        let Some(id) = (1..MAX_HOLDERS).find(|&id| self.keys.get(id).is_some_and(|k| k.load(Relaxed) == start)) else { return };
+        {
+            let mut names = self.retired_names.lock();
+            if let Some((len, bytes)) = names.get_mut(id) {
+                let kept = name.len().min(RETIRED_NAME_BYTES);
+                if let (Some(d), Some(s)) = (bytes.get_mut(..kept), name.get(..kept)) {
+                    d.copy_from_slice(s);
+                }
+                *len = kept as u8;
+            }
+        }
+        if let Some(k) = self.keys.get(id) {
+            k.store(start | RETIRED, Relaxed);
+        }
+        for c in &self.callers {
+            if usize::from(id_of(c.load(Relaxed))) == id {
+                c.store(0, Relaxed);
+            }
+        }
+    }
+
+    /// The saved name of a retired holder (an unloaded object), given to `f`.
+    pub fn retired_name<T>(&self, id: u16, f: impl FnOnce(Option<&[u8]>) -> T) -> T {
+        if self.key(id) & RETIRED == 0 {
+            return f(None);
+        }
+        let names = self.retired_names.lock();
+        f(names.get(usize::from(id)).map(|(len, bytes)| bytes.get(..usize::from(*len)).unwrap_or(&[])))
     }
 
     /// Holders (call sites or hooks) counted as unknown because the table was full.
@@ -328,6 +371,13 @@ pub fn describe<T>(word: u64, f: impl FnOnce(&Description) -> T) -> T {
 /// The short name of holder `id` (its object's file name, or its hook's library).
 pub fn holder_name<T>(id: u16, f: impl FnOnce(&[u8]) -> T) -> T {
     let key = HOLDERS.key(id);
+    if key & RETIRED != 0 {
+        return HOLDERS.retired_name(id, |name| {
+            let mut w = crate::sys::stderr::StackWriter::<80>::new();
+            let _ = core::fmt::Write::write_fmt(&mut w, format_args!("{} (unloaded)", name.and_then(|n| core::str::from_utf8(n).ok()).unwrap_or("?")));
+            f(w.as_bytes())
+        });
+    }
     if let Some(name) = hook_name(key) {
         return f(name.as_bytes());
     }

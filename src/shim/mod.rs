@@ -40,6 +40,8 @@ mod fast_paths;
 #[cfg(not(any(test, feature = "no-interpose")))]
 mod malloc;
 #[cfg(not(any(test, feature = "no-interpose")))]
+mod objects;
+#[cfg(not(any(test, feature = "no-interpose")))]
 mod page_calls;
 mod api;
 mod numpy;

@@ -70,3 +70,47 @@ pub fn names<T>(addr: usize, f: impl FnOnce(Option<(&[u8], &[u8])>) -> T) -> T {
 extern "C" {
     static program_invocation_name: *const c_char;
 }
+
+/// The head of glibc's `struct link_map` (link.h), what dlinfo's RTLD_DI_LINKMAP points to.
+#[repr(C)]
+struct LinkMap {
+    addr: usize,
+    name: *const c_char,
+    dynamic: *mut c_void,
+}
+
+/// The object a dlopen handle names: where it starts (as `object_start` says) and an address
+/// inside it (its dynamic section), to ask after a dlclose whether it is still there.
+///
+/// # Safety
+/// `handle` is null or a handle dlopen gave (as dlinfo requires).
+pub unsafe fn handle_object(handle: *mut c_void) -> Option<(usize, usize)> {
+    let mut map: *const LinkMap = core::ptr::null();
+    // SAFETY: dlinfo writes one pointer into `map`; an invalid handle answers -1.
+    if handle.is_null() || unsafe { libc::dlinfo(handle, libc::RTLD_DI_LINKMAP, (&raw mut map).cast()) } != 0 || map.is_null() {
+        return None;
+    }
+    // SAFETY: the loader's link_map of a loaded object.
+    let inside = unsafe { (*map).dynamic } as usize;
+    Some((object_start(inside)?, inside))
+}
+
+static NEXT_DLCLOSE: AtomicUsize = AtomicUsize::new(0);
+
+/// The next dlclose after ours (resolved on first use: never on an allocation path).
+///
+/// # Safety
+/// As dlclose.
+pub unsafe fn next_dlclose(handle: *mut c_void) -> c_int {
+    let mut f = NEXT_DLCLOSE.load(Acquire);
+    if f == 0 {
+        // SAFETY: dlsym may allocate: we are not on an allocation path.
+        f = unsafe { crate::sys::dlsym::next_definition(c"dlclose") } as usize;
+        NEXT_DLCLOSE.store(f, Release);
+    }
+    if f == 0 {
+        return -1;
+    }
+    // SAFETY: the C library's dlclose, or the next interposer's.
+    unsafe { core::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void) -> c_int>(f)(handle) }
+}

@@ -1,9 +1,12 @@
 /* test_holders.py's program for many holders: `many DIR N SIZE` dlopens DIR/libh0.so ..
  * DIR/libh{N-1}.so (copies of one library, so each is its own holder) and has each allocate
- * SIZE bytes; `many - 0 SIZE COUNT` has the program itself allocate COUNT blocks of SIZE + i.
+ * SIZE bytes; `many - 0 SIZE COUNT` has the program itself allocate COUNT blocks of SIZE + i;
+ * `many DIR unload SIZE`: libh0.so allocates SIZE and is unloaded with its block live, then
+ * libh1.so (loaded where libh0.so was, when the loader reuses the place) allocates SIZE.
  * Then it prints every row of tm_holders ("ROW name place cached live peak blocks unused"), the
  * count tm_holders answered ("COUNT n"), the bytes the program asked for ("ASKED n") and the
  * stats' live host bytes ("STATS n"). */
+#define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +18,8 @@
 int main(int argc, char **argv) {
     if (argc < 4) return 2;
     const char *dir = argv[1];
-    int n = atoi(argv[2]);
+    int unload = !strcmp(argv[2], "unload");
+    int n = unload ? 2 : atoi(argv[2]);
     size_t size = strtoull(argv[3], NULL, 0);
     unsigned long long asked = 0;
     for (int i = 0; i < n; i++) {
@@ -31,6 +35,14 @@ int main(int argc, char **argv) {
         if (!p) return 4;
         memset(p, 1, size);
         asked += size;
+        if (unload && i == 0) {
+            Dl_info info;
+            printf("BASE0 %p\n", dladdr((void *)alloc, &info) ? info.dli_fbase : NULL);
+            if (dlclose(h) != 0) return 6;
+        } else if (unload) {
+            Dl_info info;
+            printf("BASE1 %p\n", dladdr((void *)alloc, &info) ? info.dli_fbase : NULL);
+        }
     }
     if (n == 0) {
         int count = argc > 4 ? atoi(argv[4]) : 0;
