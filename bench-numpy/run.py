@@ -42,6 +42,8 @@ C_WORKLOADS = {
     **{f"c-calloc-{kind}-{mib}M": ["calloc_churn", str(mib), kind] for kind in ("sparse", "dense") for mib in (8, 64, 256)},
     # malloc of a large block, one page touched, freed: the cost of a sparse scratch buffer.
     **{f"c-reset-{mib}M": ["reset_cost", str(mib)] for mib in (4, 16, 64, 256)},
+    # fork() with that many 8 MiB blocks freed (cached, under tensormalloc): us per fork.
+    **{f"c-fork-{n}-cached": ["fork_cost", str(n)] for n in (0, 64)},
     "c-small-churn-1t": ["small_churn", "1"],
     "c-small-churn-2t": ["small_churn", "2"],
     # The same with one large block alive, as in a numpy process.
@@ -52,7 +54,7 @@ C_WORKLOADS = {
 def build_c():
     out = ROOT / "target" / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("large_churn", "small_churn", "calloc_churn", "reset_cost"):
+    for name in ("large_churn", "small_churn", "calloc_churn", "reset_cost", "fork_cost"):
         subprocess.run(["gcc", "-O2", "-pthread", "-fno-builtin", "-o", str(out / name), str(HERE / "c" / f"{name}.c")], check=True)
     return out
 

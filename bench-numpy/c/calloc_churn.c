@@ -3,6 +3,7 @@
  * the worst case); dense adds 1 to every 8-byte element (np.zeros then use). `huge` advises
  * MADV_HUGEPAGE on the block first, as numpy does from 4 MiB up. Every block is checked to read
  * zero where it is touched. Prints one JSON line: ms per calloc+use+free, minor faults per one. */
+#include "peak.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,6 @@ int main(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &u1);
     qsort(times, iters, sizeof *times, cmp);
     printf("{\"ms\": %.5f, \"faults\": %.2f, \"peak_rss_mb\": %.1f}\n", times[iters / 2],
-           (double)(u1.ru_minflt - u0.ru_minflt) / iters, u1.ru_maxrss / 1024.0);
+           (double)(u1.ru_minflt - u0.ru_minflt) / iters, peak_rss_mb());
     return 0;
 }

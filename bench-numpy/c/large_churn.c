@@ -2,6 +2,7 @@
  * random 1-64 MB, replacing one at a time and touching every page of each new block; TOTAL
  * replacements in all, shared out among the threads (at least MIN_ROUNDS each). Prints one
  * JSON line: ms per 1000 replacements and minor faults per replacement. */
+#include "peak.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +49,6 @@ int main(int argc, char **argv) {
     double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
     double ops = (double)threads * rounds;
     printf("{\"ms\": %.3f, \"faults\": %.2f, \"peak_rss_mb\": %.1f}\n", ms / ops * 1000,
-           (double)(u1.ru_minflt - u0.ru_minflt) / ops, u1.ru_maxrss / 1024.0);
+           (double)(u1.ru_minflt - u0.ru_minflt) / ops, peak_rss_mb());
     return 0;
 }

@@ -4,6 +4,7 @@
  * in 5 batches, each timed as a whole. Prints one JSON line: "ms" is the median batch's ms per
  * 1000 pairs (equal to microseconds per pair), "faults" minor faults per pair over all timed
  * batches, "peak_rss_mb" the peak RSS. */
+#include "peak.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -55,6 +56,6 @@ int main(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &u1);
     qsort(per_pair, BATCHES, sizeof *per_pair, cmp);
     printf("{\"ms\": %.5f, \"faults\": %.2f, \"peak_rss_mb\": %.1f}\n", per_pair[BATCHES / 2] * 1000,
-           (double)(u1.ru_minflt - u0.ru_minflt) / ((double)per_batch * BATCHES), u1.ru_maxrss / 1024.0);
+           (double)(u1.ru_minflt - u0.ru_minflt) / ((double)per_batch * BATCHES), peak_rss_mb());
     return 0;
 }
