@@ -3,6 +3,7 @@ false and empty mean off for every path setting; files are created 0600 and neve
 symlink planted at their path (one stderr line says why nothing was written)."""
 import os
 import stat
+import sys
 
 import pytest
 
@@ -65,3 +66,54 @@ def test_a_forked_childs_numbers_are_its_own(tmp_path):
     assert (p["pid"], p["forked_from"], p["command"]) == (parent, None, "fork_stats"), p
     assert (c["pid"], c["ppid"], c["forked_from"], c["command"]) == (child, parent, parent, "fork_stats"), c
     assert (p["host"]["requests"], c["host"]["requests"]) == (10, 3)
+
+
+def test_a_shared_path_without_percent_p_is_the_first_processs(tmp_path):
+    """Issue 30, item 1 (Note [One file per process]): without %p, the parent writes PATH and its
+    forked child writes PATH.PID beside it, saying so once; a rerun takes PATH back (the old
+    file's writer is gone and wrote it before the rerun started); nothing half-written or
+    temporary is left."""
+    import json
+    path = tmp_path / "s.json"
+    out = ok(run([compile_c("fork_stats")], env={"TENSORMALLOC_STATS": f"json:{path}"}))
+    parent, child = (int(x) for x in out.stdout.split()[1::2])
+    assert json.loads(path.read_text())["pid"] == parent
+    beside = json.loads((tmp_path / f"s.json.{child}").read_text())
+    assert (beside["pid"], beside["host"]["requests"]) == (child, 3), beside
+    lines = [l for l in out.stderr.splitlines() if "beside" in l]
+    assert lines == [f"tensormalloc: process {child}, forked from {parent}, writes its stats beside {path}, to {path}.{child}"], out.stderr
+    again = ok(run([compile_c("fork_stats")], env={"TENSORMALLOC_STATS": f"json:{path}"}))
+    assert json.loads(path.read_text())["pid"] == int(again.stdout.split()[1])
+    assert sorted(p.name for p in tmp_path.iterdir() if ".tmp." in p.name) == []
+
+
+POOL = """
+import multiprocessing as mp, os, sys, time
+import numpy as np
+
+def work(i):
+    for _ in range(20):
+        a = np.ones(1_000_000)  # 8 MB: a large request
+        del a
+    time.sleep(1.6)  # the background thread keeps the file current within a second
+    return os.getpid()
+
+if __name__ == "__main__":
+    with mp.get_context(sys.argv[1]).Pool(2) as pool:  # leaving `with` terminates the workers
+        pids = pool.map(work, range(2))
+    print(*sorted(set(pids)))
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_pool_workers_ended_without_exit_hooks_leave_their_numbers(tmp_path, method):
+    """Issue 30, item 3: Pool workers end by os._exit (fork) or SIGTERM (leaving `with`), so no
+    exit hook runs; the background thread kept their JSON stats current, so each worker's file
+    holds its 20 requests."""
+    import json
+    script = tmp_path / "pool.py"
+    script.write_text(POOL)
+    out = ok(run([sys.executable, str(script), method], env={"TENSORMALLOC_STATS": f"json:{tmp_path}/s.%p.json"}, timeout=180))
+    for pid in map(int, out.stdout.split()):
+        stats = json.loads((tmp_path / f"s.{pid}.json").read_text())
+        assert stats["pid"] == pid and stats["host"]["requests"] >= 20, stats

@@ -110,15 +110,39 @@ pub(crate) fn watch_limits(f: fn()) {
     LIMITS_WATCH.store(f as usize, Ordering::Release);
 }
 
-fn background_pass() -> Option<u64> {
-    let watch = LIMITS_WATCH.load(Ordering::Acquire);
-    if watch != 0 {
-        // SAFETY: only `watch_limits` stores here, and it stores a fn().
-        unsafe { core::mem::transmute::<usize, fn()>(watch)() };
+/// What the background pass calls about every second to keep the outputs current (the exit
+/// hooks' side: the JSON stats, Note [One file per process]).
+static KEEP_CURRENT: AtomicUsize = AtomicUsize::new(0);
+
+/// How often outputs are kept current.
+const KEEP_CURRENT_NS: u64 = 1_000_000_000;
+
+// Its caller, the load hook, is not built for tests and the no-interpose harnesses.
+#[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]
+pub(crate) fn keep_current(f: fn()) {
+    KEEP_CURRENT.store(f as usize, Ordering::Release);
+}
+
+/// Calls the fn() stored in `slot`, if any.
+fn call(slot: &AtomicUsize) -> bool {
+    let f = slot.load(Ordering::Acquire);
+    if f != 0 {
+        // SAFETY: only `watch_limits` and `keep_current` store in these slots, and they store a fn().
+        unsafe { core::mem::transmute::<usize, fn()>(f)() };
     }
+    f != 0
+}
+
+fn background_pass() -> Option<u64> {
+    call(&LIMITS_WATCH);
     let deadline = match (HOST.reap(), DEVICE.release_idle()) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
+    };
+    let deadline = if call(&KEEP_CURRENT) {
+        Some(deadline.unwrap_or(u64::MAX).min(clock::now_ns().saturating_add(KEEP_CURRENT_NS)))
+    } else {
+        deadline
     };
     if !trace::enabled() {
         return deadline;

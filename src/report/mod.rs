@@ -11,6 +11,7 @@ pub mod holders;
 pub mod leaks;
 pub mod oom;
 pub mod pickle;
+pub mod shared_path;
 pub mod snapshot;
 pub mod summary;
 pub mod units;

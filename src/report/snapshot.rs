@@ -409,7 +409,9 @@ fn index_in(file: File, place: u8) -> Option<u64> {
 }
 
 fn write_file(path: &[u8], file: File, c: &Collected, wall_offset_ns: u64) -> Result<(), c_int> {
-    let fd = crate::sys::files::create_output(path)?;
+    // Written whole under a temporary name, then renamed into place (Note [Output files]).
+    let out = crate::sys::files::begin_output(path)?;
+    let fd = out.fd();
     let mut w = Writer { p: Pickler::new(FdSink::new(fd)), frames: [(0, 0); FRAME_CACHE], next_memo: crate::report::pickle::SHORT_MEMO as u32, wall_offset_ns };
     let devices = match file {
         File::Host => 2,
@@ -455,9 +457,8 @@ fn write_file(path: &[u8], file: File, c: &Collected, wall_offset_ns: u64) -> Re
     w.p.setitems();
     w.p.setitems();
     w.p.stop();
-    let written = w.p.sink.finish();
-    let closed = crate::sys::files::close(fd);
-    written.and(closed)
+    w.p.sink.finish()?;
+    out.commit()
 }
 
 /// The longest path `write` takes (PATH_MAX, with its NUL).

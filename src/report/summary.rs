@@ -364,7 +364,13 @@ pub fn write_report(config: &Config) {
     let mut w = StackWriter::<REPORT_BYTES>::new();
     if config.stats == StatsOutput::Json {
         let _ = write_json(&mut w, &snap);
-        write_to_path(config.stats_path(), w.as_bytes());
+        // One writer at a time: the background thread's and the exit hook's share a temporary
+        // file name.
+        let _one = WRITING.lock();
+        let mut beside = [0u8; 4096];
+        if let Some(path) = crate::report::shared_path::stats_target(config.stats_path(), &mut beside) {
+            write_to_path(path, w.as_bytes());
+        }
     } else {
         let _ = write_text(&mut w, &snap);
         w.flush_to(2);
@@ -387,18 +393,45 @@ fn did_anything() -> bool {
     !HOST.is_enabled() || HOST.stats.requests.get() > 0 || crate::sys::cuda_runtime::is_bound() || crate::sys::cuda_driver::is_bound()
 }
 
+static WRITING: crate::sys::lock::Lock<()> = crate::sys::lock::Lock::new(());
+
+/// The process that said why the stats could not be written (0: none).
+static REFUSAL_SAID_IN: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+
+/// The JSON stats, whole, put in place by a rename (Note [Output files]).
 fn write_to_path(path: &[u8], bytes: &[u8]) {
-    let fd = match crate::sys::files::create_output(path) {
-        Ok(fd) => fd,
-        Err(e) => {
-            let mut text = [0u8; 128];
-            let reason = crate::sys::files::refusal_text(e, &mut text);
-            crate::warn_line!("cannot write the stats to {} ({})", core::str::from_utf8(path).unwrap_or("(path)"), reason);
+    let written = crate::sys::files::begin_output(path).and_then(|out| {
+        crate::sys::files::write_all(out.fd(), bytes)?;
+        out.commit()
+    });
+    // Said once per process: the background thread tries again every second.
+    let own = crate::sys::process::id();
+    if let Err(e) = written {
+        if REFUSAL_SAID_IN.swap(own, core::sync::atomic::Ordering::Relaxed) == own {
             return;
         }
-    };
-    crate::sys::stderr::write_all(fd, bytes);
-    let _ = crate::sys::files::close(fd);
+        let mut text = [0u8; 128];
+        let reason = crate::sys::files::refusal_text(e, &mut text);
+        crate::warn_line!("cannot write the stats to {} ({})", core::str::from_utf8(path).unwrap_or("(path)"), reason);
+    }
+}
+
+/// The sum of the counts that change when the process does anything: the file is rewritten only
+/// when it moved.
+static WRITTEN_ACTIVITY: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// From the background thread, about every second (Note [One file per process]): the JSON
+/// stats kept current, so that a worker ended by os._exit or SIGTERM leaves its numbers.
+pub fn keep_current() {
+    let Some(g) = crate::state::globals() else { return };
+    if g.config.stats != StatsOutput::Json || !did_anything() {
+        return;
+    }
+    let s = Snapshot::take();
+    let activity = s.host_requests.wrapping_add(s.host_frees).wrapping_add(s.cuda_requests).wrapping_add(s.pinned_requests).wrapping_add(s.cuda_segments_released);
+    if WRITTEN_ACTIVITY.swap(activity, core::sync::atomic::Ordering::Relaxed) != activity {
+        write_report(&g.config);
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,13 @@ extern "C" fn on_load() {
     if let Some(g) = globals() {
         crate::record::on_out_of_memory(report::oom::on_out_of_memory);
         sys::lock::at_fork(before_fork, after_fork_in_parent, after_fork_in_child);
+        report::shared_path::note_start(sys::clock::wall_ns());
         if !g.config.trace_path().is_empty() && trace::start(g.config.trace_path(), trace_sample) {
+            sys::reaper::start_now();
+        }
+        if g.config.stats == crate::config::StatsOutput::Json {
+            // Note [One file per process]: the stats file is kept current by the background thread.
+            crate::state::keep_current(report::summary::keep_current);
             sys::reaper::start_now();
         }
     }
@@ -49,6 +55,10 @@ extern "C" fn after_fork_in_child() {
     }
     sys::reaper::after_fork_in_child();
     trace::stop_in_child();
+    report::shared_path::note_start(sys::clock::wall_ns());
+    if globals().is_some_and(|g| g.config.stats == crate::config::StatsOutput::Json) {
+        sys::reaper::start_now();
+    }
 }
 
 /// Runs at unload or exit, after the program's atexit handlers: the reports asked for.

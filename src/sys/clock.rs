@@ -18,6 +18,14 @@ pub fn now_ns() -> u64 {
     (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
 }
 
+/// Wall-clock time (CLOCK_REALTIME) in nanoseconds since the epoch, as file times are given.
+pub fn wall_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: as in now_ns.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
 /// Wall-clock time less monotonic time, now: added to a monotonic stamp, it gives the wall time
 /// of that moment (for outputs read beside other programs' timestamps).
 pub fn wall_offset_ns() -> u64 {

@@ -31,6 +31,119 @@ pub fn create_output(path: &[u8]) -> Result<i32, i32> {
     Ok(fd)
 }
 
+// Note [Output files]
+// Files other processes read while we run (the JSON stats, kept current by the background
+// thread) are written whole under a temporary name beside the target and renamed over it: a
+// reader sees the old file or the new one, never half of one, and a file another process is
+// writing is never truncated under it. A symbolic link at the target is refused (ELOOP), as
+// `create_output` refuses it, so a planted link neither redirects nor disappears.
+
+/// An output file being written under a temporary name (Note [Output files]); `commit` puts it
+/// in place, dropping it unfinished removes it.
+pub struct Output {
+    fd: i32,
+    temp: [u8; PATH_MAX_BYTES + 1],
+    target: [u8; PATH_MAX_BYTES + 1],
+}
+
+impl Output {
+    pub fn fd(&self) -> i32 {
+        self.fd
+    }
+
+    /// Closes the file and renames it over the target; the errno of a failure (the temporary
+    /// file is then removed).
+    pub fn commit(mut self) -> Result<(), i32> {
+        let fd = core::mem::replace(&mut self.fd, -1);
+        close(fd)?;
+        // SAFETY: both paths are NUL-terminated buffers we own.
+        if unsafe { libc::rename(self.temp.as_ptr().cast(), self.target.as_ptr().cast()) } != 0 {
+            let e = errno();
+            // SAFETY: as above.
+            unsafe { libc::unlink(self.temp.as_ptr().cast()) };
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Output {
+    fn drop(&mut self) {
+        if self.fd >= 0 {
+            let _ = close(self.fd);
+            // SAFETY: a NUL-terminated path we own.
+            unsafe { libc::unlink(self.temp.as_ptr().cast()) };
+        }
+    }
+}
+
+/// Starts an output file at `path` (`%p` expanded; see `create_output`), written under
+/// `PATH.tmp.PID` until committed; mode 0600; ELOOP when a symbolic link stands at the target.
+pub fn begin_output(path: &[u8]) -> Result<Output, i32> {
+    if path.is_empty() {
+        return Err(libc::ENOENT);
+    }
+    if path.contains(&0) {
+        return Err(libc::EINVAL);
+    }
+    let pid = super::process::id();
+    let mut target = [0u8; PATH_MAX_BYTES + 1];
+    let len = expand_path(path, pid, &mut target).filter(|&n| n <= PATH_MAX_BYTES).ok_or(libc::ENAMETOOLONG)?;
+    if is_symlink(&target) {
+        return Err(libc::ELOOP);
+    }
+    let mut temp = [0u8; PATH_MAX_BYTES + 1];
+    let mut suffix = [0u8; 24];
+    let suffix_len = expand_path(b".tmp.%p", pid, &mut suffix).ok_or(libc::ENAMETOOLONG)?;
+    let (head, tail) = (target.get(..len).unwrap_or(&[]), suffix.get(..suffix_len).unwrap_or(&[]));
+    if len + suffix_len > PATH_MAX_BYTES {
+        return Err(libc::ENAMETOOLONG);
+    }
+    for (slot, &b) in temp.iter_mut().zip(head.iter().chain(tail)) {
+        *slot = b;
+    }
+    // SAFETY: temp is NUL-terminated (zeroed past the path).
+    let fd = unsafe { libc::open(temp.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    Ok(Output { fd, temp, target })
+}
+
+/// Whether a symbolic link stands at the NUL-terminated `path`.
+fn is_symlink(path: &[u8]) -> bool {
+    // SAFETY: lstat fills the struct we own; path is NUL-terminated.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    (unsafe { libc::lstat(path.as_ptr().cast(), &mut st) }) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFLNK
+}
+
+/// Whether process `pid` exists (signal 0: EPERM means it does, as another user's).
+pub fn process_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    // SAFETY: signal 0 only checks that the process exists.
+    pid > 0 && (unsafe { libc::kill(pid, 0) } == 0 || errno() == libc::EPERM)
+}
+
+/// The first bytes of the file at `path` (`%p` expanded), and its modification time (wall ns);
+/// None when it cannot be read.
+pub fn peek(path: &[u8], buf: &mut [u8]) -> Option<(usize, u64)> {
+    let mut target = [0u8; PATH_MAX_BYTES + 1];
+    expand_path(path, super::process::id(), &mut target).filter(|&n| n <= PATH_MAX_BYTES)?;
+    // SAFETY: target is NUL-terminated; the struct and buffer are ours.
+    unsafe {
+        let fd = libc::open(target.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW);
+        if fd < 0 {
+            return None;
+        }
+        let mut st: libc::stat = core::mem::zeroed();
+        let ok = libc::fstat(fd, &mut st) == 0;
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        let mtime = (st.st_mtime as u64).saturating_mul(1_000_000_000).saturating_add(st.st_mtime_nsec as u64);
+        (ok && n >= 0).then_some((n as usize, mtime))
+    }
+}
+
 /// Why `create_output` refused, in words (`buf` holds the C library's text).
 pub fn refusal_text(e: i32, buf: &mut [u8; 128]) -> &str {
     if e == libc::ELOOP {
