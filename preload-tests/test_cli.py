@@ -3,6 +3,7 @@ hook modules reachable after `import tensormalloc` without importing numpy until
 warning when figures are zero because the library is not loaded, `tensormalloc --help` listing
 every setting of the library's own table, and `tensormalloc plot` (bins named by range, stepped
 lines). The installed package: test_package.py."""
+import json
 import re
 import sys
 
@@ -104,3 +105,24 @@ def test_plot_command_labels_bins_by_range_and_steps_its_lines(tmp_path):
     lines = fig.axes[0].get_lines()
     assert lines and all(line.get_drawstyle() == "steps-post" for line in lines)
     assert [t.get_text() for t in fig.axes[1].get_xticklabels()][-1] == "64M-128M"
+
+
+def test_report_puts_a_runs_processes_side_by_side_and_sums_what_adds_up(tmp_path):
+    """Issue 30, item 5: one row per process (pid, command, parent), a total whose requests are
+    summed and whose peaks are not; a file that is not ours is refused with one line."""
+    ok(run([compile_c("fork_stats")], env={"TENSORMALLOC_STATS": f"json:{tmp_path}/s.%p.json"}))
+    files = sorted(str(p) for p in tmp_path.glob("s.*.json"))
+    assert len(files) == 2, files
+    out = ok(run([PY, "-m", "tensormalloc", "report", *files, "--json"], preload=False, env=ENV))
+    report = json.loads(out.stdout)
+    rows = sorted(report["processes"], key=lambda r: r["requests"])
+    assert [(r["requests"], r["command"]) for r in rows] == [(3, "fork_stats"), (10, "fork_stats")], rows
+    assert rows[0]["forked"] and rows[0]["parent"] == rows[1]["pid"], rows
+    assert (report["total"]["processes"], report["total"]["requests"]) == (2, 13), report["total"]
+    assert "peak_live_bytes" not in report["total"], "peaks reached at different moments are not added"
+    text = ok(run([PY, "-m", "tensormalloc", "report", *files], preload=False, env=ENV)).stdout
+    assert text.splitlines()[-2].split()[:5] == ["total", "2", "processes", "13", "11"], text
+    damaged = tmp_path / "damaged.json"
+    damaged.write_text('{"version": 2, "pid": 1, "host": {"requ')
+    bad = run([PY, "-m", "tensormalloc", "report", *files, str(damaged)], preload=False, env=ENV)
+    assert bad.returncode == 1 and len(bad.stderr.splitlines()) == 1 and "damaged.json" in bad.stderr, bad.stderr

@@ -13,6 +13,7 @@ from ._settings import SETTINGS
 
 _COMMANDS = (("COMMAND [ARGS...]", "run COMMAND with libtensormalloc.so preloaded"),
              ("plot TRACE [OUT.png]", "draw a trace: memory over time, request sizes (needs matplotlib)"),
+             ("report STATS.json...", "a run's processes side by side, and their total (--json)"),
              ("--path", "print the path of libtensormalloc.so"),
              ("--version", "print the package's version"),
              ("--help", "this, with every setting and its default"),
@@ -50,6 +51,9 @@ def main(argv=None):
     if argv[0] == "plot":
         from .plot import main as plot
         return plot(argv[1:])
+    if argv[0] == "report":
+        from .report import main as report
+        return report(argv[1:])
     if argv[0] == "--":
         argv = argv[1:]
         if not argv:
