@@ -91,3 +91,12 @@ def test_children_forked_while_blocks_move_map_their_own_memory_freely(preload):
     took its own pointer for the inside of ours and aborted (the first fork or two, before)."""
     out = ok(run([compile_c("fork_in_flight"), "300"], preload=PRELOAD if preload == "tensormalloc" else False, timeout=120))
     assert "300 forks ok" in out.stdout, out
+
+
+@pytest.mark.parametrize("mode", ["defaults", "glibc"])
+def test_a_child_never_takes_a_block_kept_from_it_for_its_own(mode):
+    """A block advised MADV_DONTFORK is not in a forked child; the child's own mapping there is
+    never handed out as a block, and the child's stats count the block no more
+    (c/fork_kept.c)."""
+    out = ok(run_mode(mode, [compile_c("fork_kept")], timeout=60))
+    assert "fork kept ok" in out.stdout

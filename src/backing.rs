@@ -76,8 +76,21 @@ pub trait PageMemory {
     /// Of `probes` pages spread evenly over the range, how many are resident (mincore);
     /// `None` when the system will not say.
     fn resident_probes(&self, addr: usize, len: usize, probes: usize) -> Option<usize>;
+    /// How much of the range is mapped in this process (a forked child's check of the blocks it
+    /// may not have inherited).
+    fn presence(&self, addr: usize, len: usize) -> Presence;
     /// Copies `len` bytes between non-overlapping ranges.
     fn copy(&self, dst: usize, src: usize, len: usize);
+}
+
+/// How much of a range is mapped (`PageMemory::presence`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Presence {
+    All,
+    /// Its first page is, not all the rest.
+    Part,
+    /// Its first page is not.
+    None,
 }
 
 /// How a `move_pages` went.

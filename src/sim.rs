@@ -406,6 +406,19 @@ impl PageMemory for SimPages {
         true
     }
 
+    /// In a child (`become_child`), ranges kept from children (`hidden`) are not there.
+    fn presence(&self, addr: usize, len: usize) -> crate::backing::Presence {
+        let st = self.state.lock().unwrap();
+        let here = |a, l| Self::covered(&st.mapped, a, l) && (st.process_id == 0 || !Self::overlaps(&st.hidden, a, l));
+        if !here(addr, 4096) {
+            crate::backing::Presence::None
+        } else if !here(addr, len) {
+            crate::backing::Presence::Part
+        } else {
+            crate::backing::Presence::All
+        }
+    }
+
     fn resident_probes(&self, addr: usize, len: usize, probes: usize) -> Option<usize> {
         let st = self.state.lock().unwrap();
         assert!(Self::covered(&st.mapped, addr, len), "probe of unmapped memory");

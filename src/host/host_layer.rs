@@ -87,8 +87,8 @@
 // resident (hot) and lazily freed bytes so RSS can be read against them.
 
 use super::cache::{BlockCache, CacheLimits, Live, Part, Parts};
-use super::registry::{Birth, Owner, Registry};
-use crate::backing::{Moved, PageMemory, TableSource, BLOCK_ALIGN};
+use super::registry::{Birth, Owner, PageChange, Registry};
+use crate::backing::{Moved, PageMemory, Presence, TableSource, BLOCK_ALIGN};
 use crate::config::{Config, HugePages, Release, MAX_CACHE_BLOCKS};
 use crate::ranges::{Range, RangeList};
 use crate::record::stats::{HostStats, PhaseTimer};
@@ -895,7 +895,27 @@ impl<M: PageMemory> HostLayer<M> {
         }
         self.transit.store(0, Relaxed); // the threads that had ranges in transit are not here
         self.stats.cached.set(0);
+        self.forget_blocks_kept_from_children();
         self.stats.deferred.set(0);
+    }
+
+    /// In a forked child: a live block the program advised MADV_DONTFORK is not here (wholly or
+    /// in part). Its record goes when its first page is missing (a free of it then fails as under
+    /// glibc alone, and a mapping the child makes there is never taken for ours); a block missing
+    /// only in part is never reused (its free unmaps what is left).
+    fn forget_blocks_kept_from_children(&self) {
+        self.registry.for_each_kept_from_children(|addr, len| match self.memory.presence(addr, len) {
+            Presence::All => {}
+            Presence::Part => self.registry.note_change(addr, len, PageChange::Replaced),
+            Presence::None => {
+                let asked = self.registry.asked(addr);
+                let holder = self.registry.birth(addr).holder;
+                self.registry.clear(addr);
+                self.stats.live.sub(len as u64);
+                self.stats.live_blocks.sub(1);
+                record::forgotten(Block::host(addr as u64, len as u64, asked, holder));
+            }
+        });
     }
 
     // Note [Fork handlers that allocate]
@@ -929,10 +949,10 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     /// The program changes the pages of [addr, addr+len) through libc: the live blocks there
-    /// are reset, or unmapped when `replaced`, at their free (Note [Pages the program changed]).
+    /// are reset, or unmapped when replaced, at their free (Note [Pages the program changed]).
     #[inline]
-    pub fn note_page_change(&self, addr: usize, len: usize, replaced: bool) {
-        self.registry.note_change(addr, len, replaced);
+    pub fn note_page_change(&self, addr: usize, len: usize, change: PageChange) {
+        self.registry.note_change(addr, len, change);
     }
 
     /// Takes the cache lock and keeps it: the fork handlers hold it across fork(). The cache is

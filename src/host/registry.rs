@@ -35,6 +35,22 @@ const TAIL: u64 = 3;
 const CHANGED: u64 = 4;
 /// A live block part of which the program unmapped, moved or mapped over: never reused.
 const REPLACED: u64 = 8;
+/// A live block the program advised MADV_DONTFORK: a forked child may not have it.
+const KEPT_FROM_CHILDREN: u64 = 16;
+
+/// What the program did to a range's pages (`note_change`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageChange {
+    /// Protection, locks or advice: the block is reset at free.
+    Changed,
+    /// Unmapped, moved or mapped over: the block is unmapped at free, never reused.
+    Replaced,
+    /// MADV_DONTFORK: as Changed, and a forked child checks that it has the block.
+    KeptFromChildren,
+}
+
+/// Set once any block was kept from children (the child's check is skipped otherwise).
+static ANY_KEPT_FROM_CHILDREN: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
 
 const PAGE: usize = 1 << PAGE_SHIFT;
 const GRANULE_SHIFT: u32 = 21;
@@ -337,12 +353,19 @@ impl Registry {
     /// changed]): every live block of ours the range overlaps is marked, `replaced` when the
     /// pages are unmapped, moved or mapped over. Lock-free; one or two loads for a range far
     /// from our blocks.
-    pub fn note_change(&self, addr: usize, len: usize, replaced: bool) {
+    pub fn note_change(&self, addr: usize, len: usize, change: PageChange) {
         let Some(end) = addr.checked_add(len.max(1)) else { return };
         if end - addr <= 1 << GRANULE_SHIFT && !ever_overlapped(addr) && !ever_overlapped(end - 1) {
             return;
         }
-        let flag = if replaced { REPLACED | CHANGED } else { CHANGED };
+        let flag = match change {
+            PageChange::Changed => CHANGED,
+            PageChange::Replaced => REPLACED | CHANGED,
+            PageChange::KeptFromChildren => {
+                ANY_KEPT_FROM_CHILDREN.store(true, Ordering::Relaxed);
+                KEPT_FROM_CHILDREN | CHANGED
+            }
+        };
         let mut page = addr & !(PAGE - 1);
         if let Some(start) = self.block_containing(page) {
             page = start;
@@ -391,6 +414,29 @@ impl Registry {
         let index = (addr >> PAGE_SHIFT) & (LEAF_ENTRIES - 1);
         // SAFETY: as in slots(); the sizes asked follow the three arrays of LEAF_ENTRIES.
         Some(unsafe { &*leaf.add(ASKED_AT + index) })
+    }
+
+    /// Calls `f(addr, len)` for every live block the program kept from forked children (a walk
+    /// of every table, only once any block was: for a forked child's handler).
+    pub fn for_each_kept_from_children(&self, mut f: impl FnMut(usize, usize)) {
+        if !ANY_KEPT_FROM_CHILDREN.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(root) = self.root(false) else { return };
+        for r in 0..ROOT_ENTRIES {
+            // SAFETY: r < ROOT_ENTRIES; the root table lives forever.
+            let leaf = unsafe { (*root.add(r)).load(Ordering::Acquire) };
+            if leaf.is_null() {
+                continue;
+            }
+            for i in 0..LEAF_ENTRIES {
+                // SAFETY: as in slots().
+                let entry = unsafe { (*leaf.add(i)).load(Ordering::Acquire) };
+                if entry & KIND_MASK == LIVE && entry & KEPT_FROM_CHILDREN != 0 {
+                    f(((r << LEAF_BITS) | i) << PAGE_SHIFT, (entry & !STATE_MASK) as usize);
+                }
+            }
+        }
     }
 
     /// What the program did to the pages of the live block at `addr`: (changed, replaced).
@@ -562,18 +608,18 @@ mod tests {
         assert!(reg.set_live(a, 4 * mib, born(1)) && reg.set_cached(b, 4 * mib));
         assert!(reg.set_live(c, 16 * mib, born(1)) && reg.set_live(d, 64 * mib, born(1)));
         let clean = (false, false);
-        reg.note_change(a + 5 * mib, PAGE, false);
-        reg.note_change(a - 64 * mib, 60 * mib, true);
+        reg.note_change(a + 5 * mib, PAGE, PageChange::Changed);
+        reg.note_change(a - 64 * mib, 60 * mib, PageChange::Replaced);
         assert!([a, b, c, d].iter().all(|&x| reg.changes(x) == clean), "ranges beside the blocks mark none");
-        reg.note_change(c + 3 * PAGE, PAGE, false);
+        reg.note_change(c + 3 * PAGE, PAGE, PageChange::Changed);
         assert_eq!(reg.changes(c), (true, false), "one page inside a block marks it");
         assert_eq!([reg.changes(a), reg.changes(d)], [clean, clean]);
-        reg.note_change(a + 4 * mib - PAGE, 10 * mib, true);
+        reg.note_change(a + 4 * mib - PAGE, 10 * mib, PageChange::Replaced);
         assert_eq!(reg.changes(a), (true, true), "a range from a block's last page on");
         assert_eq!(reg.changes(c), (true, true), "a range that reaches into the next block");
         assert_eq!(reg.owner(b), Owner::Cached, "cached blocks are not the program's: unmarked");
         assert_eq!(reg.changes(d), clean);
-        reg.note_change(0, usize::MAX, false);
+        reg.note_change(0, usize::MAX, PageChange::Changed);
         assert_eq!(reg.changes(d), (true, false), "the whole address space");
         assert_eq!(reg.owner(d), Owner::Live { len: 64 * mib }, "the length survives the marks");
         assert!(reg.set_live(d, 64 * mib, born(2)));

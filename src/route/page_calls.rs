@@ -2,6 +2,7 @@
 //! the program changed] in host/host_layer.rs) before the kernel hears of it; the limit calls
 //! let the cache follow a new address-space limit (Note [Room for others]).
 
+use crate::host::registry::PageChange;
 use crate::state::HOST;
 use crate::sys::page_calls as kernel;
 use core::ffi::{c_int, c_void};
@@ -46,7 +47,7 @@ fn advice_keeps_plain(advice: c_int) -> bool {
 /// As libc's `mmap`.
 pub unsafe fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, offset: libc::off_t) -> *mut c_void {
     if flags & libc::MAP_FIXED != 0 {
-        HOST.note_page_change(addr as usize, len, true);
+        HOST.note_page_change(addr as usize, len, PageChange::Replaced);
     }
     // SAFETY: the caller's contract.
     unsafe { kernel::mmap(addr, len, prot, flags, fd, offset) }
@@ -55,7 +56,7 @@ pub unsafe fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd:
 /// # Safety
 /// As libc's `munmap`.
 pub unsafe fn munmap(addr: *mut c_void, len: usize) -> c_int {
-    HOST.note_page_change(addr as usize, len, true);
+    HOST.note_page_change(addr as usize, len, PageChange::Replaced);
     // SAFETY: the caller's contract.
     unsafe { kernel::munmap(addr, len) }
 }
@@ -63,9 +64,9 @@ pub unsafe fn munmap(addr: *mut c_void, len: usize) -> c_int {
 /// # Safety
 /// As libc's `mremap`; `new_addr` is read only under MREMAP_FIXED.
 pub unsafe fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: c_int, new_addr: *mut c_void) -> *mut c_void {
-    HOST.note_page_change(old as usize, old_len.max(new_len), true);
+    HOST.note_page_change(old as usize, old_len.max(new_len), PageChange::Replaced);
     if flags & libc::MREMAP_FIXED != 0 {
-        HOST.note_page_change(new_addr as usize, new_len, true);
+        HOST.note_page_change(new_addr as usize, new_len, PageChange::Replaced);
     }
     // SAFETY: the caller's contract.
     unsafe { kernel::mremap(old, old_len, new_len, flags, new_addr) }
@@ -74,7 +75,7 @@ pub unsafe fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: c_
 /// # Safety
 /// As libc's `mprotect`.
 pub unsafe fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
-    HOST.note_page_change(addr as usize, len, false);
+    HOST.note_page_change(addr as usize, len, PageChange::Changed);
     // SAFETY: the caller's contract.
     unsafe { kernel::mprotect(addr, len, prot) }
 }
@@ -82,7 +83,7 @@ pub unsafe fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
 /// # Safety
 /// As libc's `pkey_mprotect`.
 pub unsafe fn pkey_mprotect(addr: *mut c_void, len: usize, prot: c_int, key: c_int) -> c_int {
-    HOST.note_page_change(addr as usize, len, false);
+    HOST.note_page_change(addr as usize, len, PageChange::Changed);
     // SAFETY: the caller's contract.
     unsafe { kernel::pkey_mprotect(addr, len, prot, key) }
 }
@@ -90,21 +91,23 @@ pub unsafe fn pkey_mprotect(addr: *mut c_void, len: usize, prot: c_int, key: c_i
 /// # Safety
 /// As libc's `madvise`.
 pub unsafe fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
-    if !advice_keeps_plain(advice) {
-        HOST.note_page_change(addr as usize, len, false);
+    if advice == libc::MADV_DONTFORK {
+        HOST.note_page_change(addr as usize, len, PageChange::KeptFromChildren);
+    } else if !advice_keeps_plain(advice) {
+        HOST.note_page_change(addr as usize, len, PageChange::Changed);
     }
     // SAFETY: the caller's contract.
     unsafe { kernel::madvise(addr, len, advice) }
 }
 
 pub fn mlock(addr: *const c_void, len: usize) -> c_int {
-    HOST.note_page_change(addr as usize, len, false);
+    HOST.note_page_change(addr as usize, len, PageChange::Changed);
     // SAFETY: locking changes no contents; the kernel checks the range.
     unsafe { kernel::mlock(addr, len) }
 }
 
 pub fn mlock2(addr: *const c_void, len: usize, flags: u32) -> c_int {
-    HOST.note_page_change(addr as usize, len, false);
+    HOST.note_page_change(addr as usize, len, PageChange::Changed);
     // SAFETY: as in mlock.
     unsafe { kernel::mlock2(addr, len, flags) }
 }
@@ -117,7 +120,7 @@ pub fn munlock(addr: *const c_void, len: usize) -> c_int {
 /// MCL_CURRENT locks every live block: all are marked (a walk of the registry's tables, once).
 pub fn mlockall(flags: c_int) -> c_int {
     if flags & libc::MCL_CURRENT != 0 {
-        HOST.note_page_change(0, usize::MAX, false);
+        HOST.note_page_change(0, usize::MAX, PageChange::Changed);
     }
     // SAFETY: as in mlock.
     unsafe { kernel::mlockall(flags) }

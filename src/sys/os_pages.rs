@@ -1,7 +1,7 @@
 //! `PageMemory` over the kernel: mmap, munmap, madvise, mremap. Aligned mappings are made by
 //! over-mapping and trimming, so every block we own starts exactly at the address we return.
 
-use crate::backing::{Moved, PageMemory};
+use crate::backing::{Moved, PageMemory, Presence};
 use core::sync::atomic::{AtomicBool, Ordering};
 
 pub const PAGE: usize = 4096;
@@ -221,6 +221,20 @@ impl PageMemory for OsPages {
             resident += usize::from(vec & 1);
         }
         Some(resident)
+    }
+
+    fn presence(&self, addr: usize, len: usize) -> Presence {
+        let mut vec = 0u8;
+        // SAFETY: mincore of one page writes one byte we own; ENOMEM: the page is not mapped.
+        if unsafe { libc::mincore(addr as *mut libc::c_void, PAGE, &mut vec) } != 0 {
+            return Presence::None;
+        }
+        // SAFETY: msync(MS_ASYNC) of anonymous memory does nothing but check that the whole
+        // range is mapped (ENOMEM otherwise).
+        if unsafe { libc::msync(addr as *mut libc::c_void, len, libc::MS_ASYNC) } != 0 {
+            return Presence::Part;
+        }
+        Presence::All
     }
 
     fn copy(&self, dst: usize, src: usize, len: usize) {

@@ -2,6 +2,7 @@
 //! invariant check, and a property test runs random programs against a shadow model.
 
 use super::*;
+use crate::host::registry::PageChange;
 use crate::host::registry;
 use crate::sim::SimPages;
 use std::cell::Cell;
@@ -175,7 +176,7 @@ fn calloc_reads_zero_on_every_path_and_costs_what_was_touched() {
 /// layer (Note [Pages the program changed]).
 fn change(l: &HostLayer<SimPages>, addr: usize, len: usize) {
     l.memory.alter(addr, len);
-    l.note_page_change(addr, len, false);
+    l.note_page_change(addr, len, PageChange::Changed);
 }
 
 /// Whatever the program did to a block's pages, the next owner gets plain memory; a child
@@ -217,7 +218,7 @@ fn blocks_handed_out_are_plain_memory() {
     assert_eq!((l.cached(), l.stats.unresettable.get()), ((0, 0), 1));
     assert!(!l.memory.is_mapped(e, 8 * MB));
     let f = l.alloc(8 * MB, 4096, false, 0).unwrap();
-    l.note_page_change(f + 4 * MB, PAGE, true); // munmap, mremap or mmap(MAP_FIXED) of a page
+    l.note_page_change(f + 4 * MB, PAGE, PageChange::Replaced); // munmap, mremap or mmap(MAP_FIXED) of a page
     l.free(f, 8 * MB);
     assert_eq!((l.cached(), l.stats.unresettable.get()), ((0, 0), 2), "a replaced block is never reused");
     assert!(!l.memory.is_mapped(f, 8 * MB));
@@ -254,6 +255,29 @@ fn only_blocks_the_program_changed_are_reset() {
     assert_eq!(always.memory.calls().resets, 1);
     check(&l);
     check(&always);
+}
+
+/// A block the program advised MADV_DONTFORK is not in a forked child: the child forgets its
+/// record (wholly missing) or never reuses it (missing in part); blocks it has stay as they are.
+#[test]
+fn a_child_forgets_the_blocks_the_program_kept_from_it() {
+    let l = layer(Config::default());
+    let [a, b, c] = [0; 3].map(|_| l.alloc(8 * MB, PAGE, false, 0).unwrap());
+    for (addr, len) in [(a, 8 * MB), (b + 4 * MB, PAGE)] {
+        l.memory.keep_from_fork(addr, len); // the kernel's side of the program's madvise
+        l.note_page_change(addr, len, PageChange::KeptFromChildren);
+    }
+    let live = l.stats.live_blocks.current();
+    l.memory.become_child();
+    l.forget_cache_in_child();
+    assert_eq!(l.owner(a), Owner::Foreign, "not in the child: no record");
+    assert_eq!(l.stats.live_blocks.current(), live - 1);
+    assert_eq!(l.registry.changes(b), (true, true), "in part: never reused");
+    assert_eq!(l.registry.changes(c), (false, false), "untouched");
+    l.free(b, 8 * MB);
+    assert!(!l.memory.is_mapped(b, 8 * MB) && l.cached() == (0, 0));
+    l.free(c, 8 * MB);
+    assert_eq!(l.cached().0, 1);
 }
 
 /// Note [Fork at the fork]: the prepare handler keeps every cached block and every range waiting
