@@ -126,11 +126,11 @@ typedef struct tm_holder_t {
  * NULL when capacity is 0. Live plus unused bytes of the holders' rows add up to
  * host_live_bytes and cuda_live_bytes of tm_stats_t. The table names up to 511 holders; more
  * are counted in the "unknown" row (the exit report says how many).
- * A block is charged to the shared object holding the return address of the call into the
- * malloc family (or into a hook that names its library): a wrapper such as xmalloc() that
- * calls malloc and returns is the holder; one that ends in a tail call (compiled to a jump to
- * malloc, as `return malloc(n);` often is at -O2) is invisible, and its caller is the holder.
- * C++ `new` follows the same rule through operator new. */
+ * A block is charged to the shared object whose code called the malloc family (or operator
+ * new, or a hook that names its library), by a call or by a tail call: a wrapper such as
+ * xmalloc() is its library's whether it calls malloc and returns or jumps to it (`return
+ * malloc(n);` at -O2). Only a wrapper reached through a function pointer that ends in a tail
+ * call is invisible (its caller is then charged). */
 size_t tm_holders(tm_holder_t *out, size_t capacity);
 
 #ifdef __cplusplus

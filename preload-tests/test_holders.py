@@ -227,3 +227,30 @@ def test_an_unloaded_library_keeps_its_blocks_and_its_name(many):
     rows, _ = many_rows(out.stdout)
     assert rows[("libh0.so (unloaded)", -1, 0)][:3] == (8 * MIB, 8 * MIB, 1), rows
     assert rows[("libh1.so", -1, 0)][:3] == (8 * MIB, 8 * MIB, 1), rows
+
+
+def test_a_wrapper_holds_its_blocks_however_it_was_compiled():
+    """Issue 29 (Note [Wrappers and tail calls]): `xmalloc` compiled to a tail call (-O2:
+    `jmp malloc@plt`) and to a call (-O0), and a C++ factory ending in a tail call to operator
+    new[], each charged to its own library, never to the program that called the wrapper."""
+    out_dir = BUILD / "holders" / "wrap"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src = SRC / "wrap.c"
+    # The same source under two prefixes: the -O2 build's xmalloc must really be a tail call.
+    tail = _cc(out_dir / "libwrap_tail.so", [src], ["-shared", "-fPIC", "-O2", "-foptimize-sibling-calls", "-Dxmalloc=tail_xmalloc",
+                                                   "-Dxmalloc_checked=tail_xmalloc_checked"])
+    call = _cc(out_dir / "libwrap_call.so", [src], ["-shared", "-fPIC", "-O0", "-Dxmalloc=call_xmalloc", "-Dxmalloc_checked=call_xmalloc_checked"])
+    disasm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(tail)], capture_output=True, text=True).stdout
+    body = disasm.split("<tail_xmalloc>:")[1].split("\n\n")[0]
+    assert "jmp" in body and "call" not in body, body
+    new = out_dir / "libwrap_new.so"
+    subprocess.run(["g++", "-O2", "-shared", "-fPIC", "-o", str(new), str(SRC / "wrap_new.cc")], check=True)
+    main = _cc(out_dir / "wrap_main", [SRC / "wrap_main.c"], [f"-L{out_dir}", "-lwrap_tail", "-lwrap_call", "-lwrap_new", f"-Wl,-rpath,{out_dir}", "-ldl"])
+    out = ok(run([str(main)]))
+    live = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("ROW "):
+            name, place, cached, n = line[4:].rsplit(" ", 3)
+            if cached == "0":
+                live[name] = int(n)
+    assert live == {"libwrap_tail.so": 16 * MIB, "libwrap_call.so": 8 * MIB, "libwrap_new.so": 8 * MIB}, live

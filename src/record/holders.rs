@@ -338,7 +338,7 @@ impl Asker {
     pub fn holder(self) -> u64 {
         let caller = self.0 as usize;
         match self.0 >> CALLER_BITS {
-            0 => HOLDERS.holder_of_call(caller, |c| match crate::sys::caller::object_start(c) {
+            0 => HOLDERS.holder_of_call(caller, |c| match crate::sys::caller::calling_object(c) {
                 Some(start) => start as u64,
                 None => KEY_ANONYMOUS,
             }),

@@ -46,6 +46,75 @@ pub fn object_start(addr: usize) -> Option<usize> {
     (unsafe { find(addr as *mut c_void, &mut found) } == 0).then_some(found.map_start as usize)
 }
 
+// Note [Wrappers and tail calls]
+// A block is charged to the object whose code called the malloc family, whether it called it
+// or jumped to it: `xmalloc()` in libwrap.so that checks for NULL makes a call (its return
+// address is in libwrap.so), one compiled to `jmp malloc@plt` (a tail call) leaves only its
+// caller's return address. So, once per call site, the call instruction before the return
+// address is read: a direct `call rel32` (through a PLT stub, resolved by its GOT slot) or a
+// `call *GOT(%rip)` (-fno-plt). When what it called is not one of our entry points, that function
+// ended in a jump to us: the block is its object's. Calls through a register (a function pointer,
+// a hook table) say nothing and keep the return address's object. Code is read with
+// process_vm_readv, which answers EFAULT instead of faulting on an unmapped or unreadable page;
+// where it is refused (a seccomp filter), the return address's object is the answer.
+
+/// The object a block asked for from return address `ret` is charged to (Note [Wrappers and
+/// tail calls]); None for code in no object.
+pub fn calling_object(ret: usize) -> Option<usize> {
+    let own = object_start(ret)?;
+    let Some(callee) = call_target(ret) else { return Some(own) };
+    // _dl_find_object, lock-free: dladdr would take the loader's lock on an allocation path.
+    let callee_object = object_start(callee);
+    if callee_object.is_none() || callee_object == object_start(calling_object as fn(usize) -> Option<usize> as usize) {
+        return Some(own);
+    }
+    callee_object
+}
+
+/// What the call instruction that returns to `ret` called, followed through a PLT stub; None when
+/// it is not a direct or GOT call (x86-64 only).
+fn call_target(ret: usize) -> Option<usize> {
+    if !cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    let before = read_code::<6>(ret.checked_sub(6)?)?;
+    let rel = |b: &[u8]| b.try_into().ok().map(i32::from_le_bytes).map(|d| d as isize);
+    if before[1] == 0xE8 {
+        let target = ret.checked_add_signed(rel(before.get(2..6)?)?)?;
+        return Some(through_plt(target).unwrap_or(target));
+    }
+    if before[0] == 0xFF && before[1] == 0x15 {
+        let slot = ret.checked_add_signed(rel(before.get(2..6)?)?)?;
+        return read_code::<8>(slot).map(usize::from_le_bytes);
+    }
+    None
+}
+
+/// Where a PLT stub at `stub` jumps (`[endbr64] [bnd] jmp *GOT(%rip)`): its GOT slot's value.
+fn through_plt(stub: usize) -> Option<usize> {
+    let code = read_code::<11>(stub)?;
+    let mut at = if code.get(..4) == Some(&[0xF3, 0x0F, 0x1E, 0xFA]) { 4 } else { 0 };
+    if code.get(at) == Some(&0xF2) {
+        at += 1;
+    }
+    if code.get(at..at + 2) != Some(&[0xFF, 0x25]) {
+        return None;
+    }
+    let disp = i32::from_le_bytes(code.get(at + 2..at + 6)?.try_into().ok()?) as isize;
+    let slot = stub.checked_add(at + 6)?.checked_add_signed(disp)?;
+    read_code::<8>(slot).map(usize::from_le_bytes)
+}
+
+/// N bytes of this process's memory at `addr`, or None where they cannot be read (no fault).
+fn read_code<const N: usize>(addr: usize) -> Option<[u8; N]> {
+    let mut out = [0u8; N];
+    let local = libc::iovec { iov_base: out.as_mut_ptr().cast(), iov_len: N };
+    let remote = libc::iovec { iov_base: addr as *mut c_void, iov_len: N };
+    // SAFETY: the kernel copies N bytes into our buffer, or fails (EFAULT) without faulting.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    (n == N as isize).then_some(out)
+}
+
 /// What dladdr says of `addr`: the object's path (the program's own name for the main program,
 /// whose path the loader leaves empty) and the enclosing symbol (empty when unknown), given to
 /// `f` as `Some((object, symbol))`; `None` when `addr` lies in no loaded object.
