@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import compile_c, ok, run
+from conftest import ROOT, compile_c, ok, run
 
 SETTINGS = {"stats": ("TENSORMALLOC_STATS", "json:{}"), "trace": ("TENSORMALLOC_TRACE", "{}"),
             "snapshot": ("TENSORMALLOC_SNAPSHOT_AT_EXIT", "{}")}
@@ -117,3 +117,28 @@ def test_pool_workers_ended_without_exit_hooks_leave_their_numbers(tmp_path, met
     for pid in map(int, out.stdout.split()):
         stats = json.loads((tmp_path / f"s.{pid}.json").read_text())
         assert stats["pid"] == pid and stats["host"]["requests"] >= 20, stats
+
+
+def test_a_shared_trace_path_gives_each_process_its_own_file(tmp_path):
+    """Issue 30, items 1 and 2: TENSORMALLOC_TRACE without %p: the parent traces into PATH, its
+    forked child keeps tracing into PATH.PID beside it (its own events only, its own holder
+    names), and a process started while PATH is held does the same; no file is interleaved."""
+    sys.path.insert(0, str(ROOT / "python"))
+    from tensormalloc import plot
+    path = tmp_path / "t.bin"
+    out = ok(run([compile_c("fork_stats")], env={"TENSORMALLOC_TRACE": str(path)}))
+    parent, child = (int(x) for x in out.stdout.split()[1::2])
+    mine = plot.summary(plot.load(str(path)))
+    theirs = plot.summary(plot.load(str(tmp_path / f"t.bin.{child}")))
+    assert (mine["allocs"], theirs["allocs"]) == (10, 3), (mine, theirs)
+    assert [l for l in out.stderr.splitlines() if "beside" in l] == [
+        f"tensormalloc: TENSORMALLOC_TRACE: {path} is written by another process of this run; process {child} traces beside it, to {path}.{child}"], out.stderr
+    # Two programs of one run started together by a shell (which allocates nothing and claims
+    # nothing): each traces into its own file, its child beside too.
+    path.unlink()
+    nested = ok(run(["/bin/sh", "-c", f"{compile_c('fork_stats')} & {compile_c('fork_stats')}; wait"], env={"TENSORMALLOC_TRACE": str(path)}))
+    files = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("t.bin"))
+    assert len(files) >= 5, (files, nested.stderr)
+    for name in files:
+        events = plot.load(str(tmp_path / name))
+        assert plot.summary(events)["allocs"] in (3, 10), (name, plot.summary(events))

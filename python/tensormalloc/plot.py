@@ -1,14 +1,3 @@
-"""Reads a TENSORMALLOC_TRACE file (format at the top of src/record/trace.rs) and draws it: live, cached
-and resident bytes over time, and a histogram of request sizes; prints a one-line summary.
-
-    tensormalloc plot trace.bin [out.png]      (scripts/plot-trace in the source tree; default
-                                                out: trace.bin.png; needs numpy and matplotlib)
-
-Every line is a step: a level holds from one event or sample until the next (live bytes change
-at allocations and frees; cached and resident bytes are known only at the 100 ms samples, so
-they are drawn as held between samples, not ramped). Of the cached bytes, those released with
-MADV_FREE but still counted in RSS until the kernel needs them (lazily freed) are drawn as their
-own band: RSS minus that band is what the process really holds."""
 """Reads a TENSORMALLOC_TRACE file (format at the top of src/record/trace.rs) and draws it: memory over
 time, host and device each in its own panel, and a histogram of request sizes; prints a one-line
 summary.

@@ -87,31 +87,55 @@ pub fn enabled() -> bool {
 /// What a memory sample records besides RSS: (cached bytes, of them lazily freed); given at start.
 static SAMPLER: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
 
-/// Opens the file and maps the ring; called once at init, with what to sample. False (and a
-/// warning) on failure.
-pub fn start(path: &[u8], sampler: fn() -> (u64, u64)) -> bool {
-    SAMPLER.store(sampler as *mut (), Ordering::Release);
-    let fd = match crate::sys::files::create_output(path) {
-        Ok(fd) => fd,
-        Err(e) => {
-            let mut text = [0u8; 128];
-            let reason = crate::sys::files::refusal_text(e, &mut text);
-            crate::warn_line!("TENSORMALLOC_TRACE: cannot open {} ({}); no trace", core::str::from_utf8(path).unwrap_or("(path)"), reason);
-            return false;
+/// The trace's path (the configuration's, which lives as long as the process).
+static PATH: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
+static PATH_LEN: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+
+/// Whether the file is open: claimed at the first block's event (a process that allocates
+/// nothing large, a wrapper script's shell, writes no file and claims no path).
+static CLAIM: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(UNCLAIMED);
+const UNCLAIMED: u8 = 0;
+const CLAIMING: u8 = 1;
+const CLAIMED: u8 = 2;
+
+/// Opens the file, once: on the first block's event, before its slot is claimed. Off (and a
+/// warning) when it cannot be opened.
+#[cold]
+fn claim_file() {
+    if CLAIM.compare_exchange(UNCLAIMED, CLAIMING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return;
+    }
+    match open_file(path()) {
+        Some(fd) => {
+            FD.store(fd, Ordering::Release);
+            CLAIM.store(CLAIMED, Ordering::Release);
         }
-    };
+        None => ON.store(false, Ordering::Release),
+    }
+}
+
+/// Maps the ring; called once at init, with the path and what to sample. The file is opened at
+/// the first block's event (`claim_file`). False on failure.
+pub fn start(path: &'static [u8], sampler: fn() -> (u64, u64)) -> bool {
+    SAMPLER.store(sampler as *mut (), Ordering::Release);
+    PATH_LEN.store(path.len(), Ordering::Release);
+    PATH.store(path.as_ptr().cast_mut(), Ordering::Release);
     let events = crate::sys::os_pages::map_table(CAPACITY as usize * core::mem::size_of::<Event>());
     let seqs = crate::sys::os_pages::map_table(CAPACITY as usize * 8);
-    let (Some(events), Some(seqs)) = (events, seqs) else {
-        let _ = crate::sys::files::close(fd);
-        return false;
-    };
-    crate::sys::stderr::write_all(fd, MAGIC);
+    let (Some(events), Some(seqs)) = (events, seqs) else { return false };
     EVENTS.store(events as *mut Event, Ordering::Release);
     SEQS.store(seqs as *mut AtomicU64, Ordering::Release);
-    FD.store(fd, Ordering::Release);
     ON.store(true, Ordering::Release);
     true
+}
+
+fn path() -> &'static [u8] {
+    let p = PATH.load(Ordering::Acquire);
+    if p.is_null() {
+        return &[];
+    }
+    // SAFETY: `start` stored a 'static slice's pointer and length.
+    unsafe { core::slice::from_raw_parts(p, PATH_LEN.load(Ordering::Acquire)) }
 }
 
 /// Claims a slot and fills it; drops the event when the ring is full. `holder` is the block's
@@ -123,6 +147,9 @@ pub fn record(kind: u8, op: u8, outcome: u8, device: u8, size: u64, extra: u64, 
 fn record_with_pages(kind: u8, op: u8, outcome: u8, device: u8, size: u64, extra: u64, pages: u32) {
     if !enabled() {
         return;
+    }
+    if kind != KIND_SAMPLE && CLAIM.load(Ordering::Acquire) == UNCLAIMED {
+        claim_file();
     }
     // Claim an index only when its slot is free: a claimed index must always be completed,
     // or the writer would stop at it.
@@ -182,6 +209,15 @@ pub fn flush() {
         let count = (end - tail) as usize;
         // SAFETY: slots [slot, slot + count) are complete events inside the ring.
         let run = unsafe { core::slice::from_raw_parts(events.add(slot), count) };
+        if fd < 0 {
+            if CLAIM.load(Ordering::Acquire) != UNCLAIMED {
+                return; // being opened by the thread of the first event: its events wait
+            }
+            // Nothing large yet: samples before the first event are not kept.
+            tail = end;
+            TAIL.store(tail, Ordering::Release);
+            continue;
+        }
         new_holders(run, &mut named, |id| write_name(fd, id));
         crate::sys::stderr::write_all(fd, as_bytes(run));
         tail = end;
@@ -232,8 +268,47 @@ fn as_bytes(records: &[Event]) -> &[u8] {
 }
 
 /// In a forked child: stop tracing (the parent owns the file).
-pub fn stop_in_child() {
+/// The trace file, claimed (`create_claimed_output`: a process of the run that finds PATH held by
+/// another writes PATH.PID beside it, and says so once), with its magic written.
+fn open_file(path: &[u8]) -> Option<i32> {
+    let name = core::str::from_utf8(path).unwrap_or("(path)");
+    match crate::sys::files::create_claimed_output(path) {
+        Ok((fd, beside)) => {
+            if beside {
+                let own = crate::sys::process::id();
+                crate::warn_line!("TENSORMALLOC_TRACE: {name} is written by another process of this run; process {own} traces beside it, to {name}.{own}");
+            }
+            crate::sys::stderr::write_all(fd, MAGIC);
+            Some(fd)
+        }
+        Err(e) => {
+            let mut text = [0u8; 128];
+            let reason = crate::sys::files::refusal_text(e, &mut text);
+            crate::warn_line!("TENSORMALLOC_TRACE: cannot open {} ({}); no trace", name, reason);
+            None
+        }
+    }
+}
+
+/// In a forked child: the parent's file and its pending events are the parent's. The child
+/// traces into a file of its own from here (with `%p` its pid's; without, beside the parent's,
+/// whose claim it finds held), with its own holder names.
+pub fn restart_in_child() {
+    if !enabled() {
+        return;
+    }
     ON.store(false, Ordering::Release);
+    // SAFETY: a thread that held the writer at the fork (the parent's reaper) is not in this
+    // process; no thread of the child uses it yet.
+    unsafe { WRITER.force_unlock() };
+    *WRITER.lock() = Named::new();
+    TAIL.store(HEAD.load(Ordering::Acquire), Ordering::Release);
+    let inherited = FD.swap(-1, Ordering::AcqRel);
+    if inherited >= 0 {
+        let _ = crate::sys::files::close(inherited);
+    }
+    CLAIM.store(UNCLAIMED, Ordering::Release);
+    ON.store(true, Ordering::Release);
 }
 
 #[cfg(test)]

@@ -54,10 +54,12 @@ extern "C" fn after_fork_in_child() {
         }
     }
     sys::reaper::after_fork_in_child();
-    trace::stop_in_child();
     report::shared_path::note_start(sys::clock::wall_ns());
-    if globals().is_some_and(|g| g.config.stats == crate::config::StatsOutput::Json) {
-        sys::reaper::start_now();
+    if let Some(g) = globals() {
+        trace::restart_in_child();
+        if trace::enabled() || g.config.stats == crate::config::StatsOutput::Json {
+            sys::reaper::start_now();
+        }
     }
 }
 

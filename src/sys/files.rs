@@ -144,6 +144,52 @@ pub fn peek(path: &[u8], buf: &mut [u8]) -> Option<(usize, u64)> {
     }
 }
 
+/// A file written for the process's whole life (the trace), claimed with an exclusive flock that
+/// lasts as long as the process holds it open (Note [One file per process] in
+/// report/shared_path.rs): the first process of a run to open PATH (no `%p`) writes it; one
+/// that finds it claimed by a live process writes `PATH.PID` beside it. The descriptor, and
+/// whether it is the one beside.
+pub fn create_claimed_output(path: &[u8]) -> Result<(i32, bool), i32> {
+    if path.windows(2).any(|w| w == b"%p") {
+        let fd = create_output(path)?;
+        // SAFETY: a lock on our own descriptor; a failure only means no claim.
+        unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
+        return Ok((fd, false));
+    }
+    let mut cpath = [0u8; PATH_MAX_BYTES + 1];
+    let len = expand_path(path, super::process::id(), &mut cpath).filter(|&n| n <= PATH_MAX_BYTES).ok_or(libc::ENAMETOOLONG)?;
+    if path.contains(&0) || len == 0 {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: cpath is NUL-terminated. No O_TRUNC: the file may be another live process's.
+    let fd = unsafe { libc::open(cpath.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: flock and ftruncate on the descriptor we just opened.
+    unsafe {
+        if libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) == 0 {
+            if libc::ftruncate(fd, 0) != 0 {
+                let e = errno();
+                libc::close(fd);
+                return Err(e);
+            }
+            return Ok((fd, false));
+        }
+        libc::close(fd);
+    }
+    let mut beside = [0u8; PATH_MAX_BYTES + 1];
+    let n = path.len() + 3;
+    let dst = beside.get_mut(..n).ok_or(libc::ENAMETOOLONG)?;
+    for (slot, &b) in dst.iter_mut().zip(path.iter().chain(b".%p")) {
+        *slot = b;
+    }
+    let fd = create_output(beside.get(..n).unwrap_or(&[]))?;
+    // SAFETY: as above.
+    unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
+    Ok((fd, true))
+}
+
 /// Why `create_output` refused, in words (`buf` holds the C library's text).
 pub fn refusal_text(e: i32, buf: &mut [u8; 128]) -> &str {
     if e == libc::ELOOP {
