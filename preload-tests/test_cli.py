@@ -7,6 +7,8 @@ import json
 import re
 import sys
 
+import numpy as np
+
 from conftest import LIB, ROOT, compile_c, ok, run
 
 PY = str(ROOT / ".venv" / "bin" / "python")
@@ -126,3 +128,30 @@ def test_report_puts_a_runs_processes_side_by_side_and_sums_what_adds_up(tmp_pat
     damaged.write_text('{"version": 2, "pid": 1, "host": {"requ')
     bad = run([PY, "-m", "tensormalloc", "report", *files, str(damaged)], preload=False, env=ENV)
     assert bad.returncode == 1 and len(bad.stderr.splitlines()) == 1 and "damaged.json" in bad.stderr, bad.stderr
+
+
+def test_plot_draws_a_runs_traces_in_lanes_and_refuses_a_damaged_one(tmp_path):
+    """Issue 30, item 6: a parent's and its forked child's traces (one file each) in one figure,
+    a lane per process on one time axis; a file of two processes' records interleaved, or of
+    another format, is refused with one line and nothing is drawn."""
+    sys.path.insert(0, str(ROOT / "python"))
+    from tensormalloc import plot
+    out = ok(run([compile_c("fork_stats")], env={"TENSORMALLOC_TRACE": f"{tmp_path}/t.%p.bin"}))
+    parent, child = (int(x) for x in out.stdout.split()[1::2])
+    traces = [str(tmp_path / f"t.{parent}.bin"), str(tmp_path / f"t.{child}.bin")]
+    png = tmp_path / "run.png"
+    drawn = ok(run([PY, "-m", "tensormalloc", "plot", *traces, "-o", str(png)], preload=False, env=ENV))
+    assert drawn.stdout.count("allocs=") == 2 and png.stat().st_size > 10_000, drawn.stdout
+    fig = plot.draw_lanes([(t, plot.load(t)) for t in traces], str(tmp_path / "again.png"))
+    lanes = fig.axes[0], fig.axes[2]
+    assert lanes[0].get_xlim() == lanes[1].get_xlim(), "one time axis"
+    # Two processes' records in one file: the second's start long before the first's end.
+    a, b = (open(t, "rb").read() for t in traces)
+    records = np.frombuffer(a[8:], dtype=plot.EVENT).copy()
+    records["time_ns"][len(records) // 2:] -= 5_000_000_000
+    (tmp_path / "mixed.bin").write_bytes(a[:8] + records.tobytes())
+    (tmp_path / "other.bin").write_bytes(b"TMTRACE9" + b[8:])
+    for bad in ("mixed.bin", "other.bin"):
+        refused = run([PY, "-m", "tensormalloc", "plot", traces[0], str(tmp_path / bad), "-o", str(tmp_path / "x.png")], preload=False, env=ENV)
+        assert refused.returncode == 1 and not (tmp_path / "x.png").exists(), refused
+        assert len(refused.stderr.strip().splitlines()) == 1 and bad in refused.stderr, refused.stderr

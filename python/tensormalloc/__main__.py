@@ -13,6 +13,7 @@ from ._settings import SETTINGS
 
 _COMMANDS = (("COMMAND [ARGS...]", "run COMMAND with libtensormalloc.so preloaded"),
              ("plot TRACE [OUT.png]", "draw a trace: memory over time, request sizes (needs matplotlib)"),
+             ("plot TRACE... -o OUT.png", "several processes' traces: one lane each, one time axis"),
              ("report STATS.json...", "a run's processes side by side, and their total (--json)"),
              ("--path", "print the path of libtensormalloc.so"),
              ("--version", "print the package's version"),

@@ -4,6 +4,9 @@ summary.
 
     tensormalloc plot trace.bin [out.png]      (scripts/plot-trace in the source tree; default
                                                 out: trace.bin.png; needs numpy and matplotlib)
+    tensormalloc plot t.1.bin t.2.bin ... -o out.png
+                                               (several processes of one run: one lane each, on
+                                                one time axis, a holder in one colour throughout)
 
 Live memory is drawn per holder (the shared object whose code asked for it, or a hook's library:
 Note [Holders] in src/record/holders.rs), stacked: the five holders with the highest peak each in its
@@ -27,17 +30,37 @@ HOST, DEVICE, SAMPLE, NAME = 0, 1, 2, 3
 ALLOC, FREE = 0, 1
 MAGICS = (b"TMTRACE1", b"TMTRACE2")  # 1: before holders (no names, holder id 0 everywhere)
 TOP_HOLDERS = 5
-USAGE = "usage: tensormalloc plot TRACE [OUT.png]   (TRACE: a file written under TENSORMALLOC_TRACE=TRACE)"
+USAGE = ("usage: tensormalloc plot TRACE [OUT.png]   (TRACE: a file written under TENSORMALLOC_TRACE=TRACE)\n"
+         "       tensormalloc plot TRACE... -o OUT.png   (several processes: one lane each, one time axis)")
+
+
+class Damaged(Exception):
+    """A file that is not a trace of this version, or whose records make no sense."""
 
 
 def load(path):
-    """Every record of the file, name records included (holder_names reads them, the rest skip them)."""
+    """Every record of the file, name records included (holder_names reads them, the rest skip them).
+    Raises Damaged for another format or records no writer of ours makes."""
     with open(path, "rb") as f:
         data = f.read()
     if data[:8] not in MAGICS:
-        raise SystemExit(f"{path}: not a tensormalloc trace")
+        raise Damaged(f"{path}: not a tensormalloc trace of a version this reader knows (it starts {data[:8]!r})")
     usable = (len(data) - 8) // EVENT.itemsize * EVENT.itemsize
-    return np.frombuffer(data[8:8 + usable], dtype=EVENT)
+    events = np.frombuffer(data[8:8 + usable], dtype=EVENT)
+    check(events, path)
+    return events
+
+
+def check(events, path):
+    """Refuses records no writer of ours makes: unknown kinds, ops or outcomes, or time going back
+    by more than a second (two processes' records interleaved in one file)."""
+    blocks = events[(events["kind"] == HOST) | (events["kind"] == DEVICE)]
+    if np.any(events["kind"] > NAME) or np.any(blocks["op"] > FREE) or np.any(blocks["outcome"] > 2):
+        raise Damaged(f"{path}: damaged (records of unknown kinds)")
+    times = events[events["kind"] != NAME]["time_ns"].astype(np.int64)
+    back = int(np.sum(np.diff(times) < -1_000_000_000)) if len(times) > 1 else 0
+    if back:
+        raise Damaged(f"{path}: damaged (time goes back {back} times: several processes wrote it; use %p)")
 
 
 def holder_names(events):
@@ -53,14 +76,15 @@ def holder_label(names, holder):
     return names.get(holder, "unknown" if holder == 0 else f"holder {holder}")
 
 
-def series(events):
+def series(events, t0=None):
     """Live host and device bytes after each alloc and free (at times t, of kinds kind), and per
     holder (holders[kind][id]: the times its live bytes changed and the levels; names[id]: its
     name); cached and resident bytes at each sample. A free is charged to the holder of the alloc
     it ends."""
     names = holder_names(events)
     events = np.sort(events[events["kind"] != NAME], order="time_ns", kind="stable")
-    t0 = events["time_ns"][0] if len(events) else 0
+    if t0 is None:
+        t0 = events["time_ns"][0] if len(events) else 0
     live = {HOST: 0, DEVICE: 0}
     blocks = {}
     holders = {HOST: {}, DEVICE: {}}
@@ -180,43 +204,29 @@ def _memory_axes(ax, title):
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
 
 
-def draw(events, out_png):
-    """Writes the figure; returns the matplotlib Figure: its axes are host memory, then device
-    memory when the trace has device blocks, then the histogram of request sizes."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    s = summary(events)
-    d = series(events)
-    has_device = any(d["holders"][DEVICE])
-    fig, axes = plt.subplots(1, 3 if has_device else 2, figsize=(19 if has_device else 13, 6),
-                             gridspec_kw={"width_ratios": [3, 3, 2] if has_device else [3, 2]})
+def _host_panel(ax, d, color, title):
     mib = 2**20
-    color = _holder_colors()
-
-    def live_bands(kind, grid):
-        return [(f"live: {label}", v / mib, {"facecolor": color(label)}) for label, v in holder_bands(d, kind, grid)]
-
-    ax = axes[0]
     grid = np.unique(np.concatenate([[0.0], [t for t, k in zip(d["t"], d["kind"]) if k == HOST], d["sample_t"]]))
     cached = step_at(d["sample_t"], d["cached"], grid)
     lazy = np.minimum(step_at(d["sample_t"], d["lazily_freed"], grid), cached)
-    top = _stack(ax, grid, live_bands(HOST, grid))
+    top = _stack(ax, grid, [(f"live: {label}", v / mib, {"facecolor": color(label)}) for label, v in holder_bands(d, HOST, grid)])
     _stack(ax, grid, [("cached by tensormalloc, resident", (cached - lazy) / mib,
                        {"facecolor": "#e3d3b4", "hatch": "//", "edgecolor": "0.4"}),
                       ("cached, released with MADV_FREE (in RSS until the kernel needs it)", lazy / mib,
                        {"facecolor": "#f4eee0", "hatch": "..", "edgecolor": "0.4"})], base=top)
     ax.plot(d["sample_t"], np.array(d["rss"]) / mib, color="black", linewidth=1.2, label="resident, RSS (sampled)",
             drawstyle="steps-post")
-    _memory_axes(ax, "host: live large blocks by holder, the cache over them, RSS")
+    _memory_axes(ax, title)
 
-    if has_device:
-        ax = axes[1]
-        grid = np.unique(np.concatenate([[0.0], [t for t, k in zip(d["t"], d["kind"]) if k == DEVICE]]))
-        _stack(ax, grid, live_bands(DEVICE, grid))
-        _memory_axes(ax, "device: live blocks by holder (all devices)")
 
-    ax = axes[-1]
+def _device_panel(ax, d, color, title):
+    grid = np.unique(np.concatenate([[0.0], [t for t, k in zip(d["t"], d["kind"]) if k == DEVICE]]))
+    _stack(ax, grid, [(f"live: {label}", v / 2**20, {"facecolor": color(label)}) for label, v in holder_bands(d, DEVICE, grid)])
+    _memory_axes(ax, title)
+
+
+def _sizes_panel(ax, events):
+    s = summary(events)
     allocs = events[((events["kind"] == HOST) | (events["kind"] == DEVICE)) & (events["op"] == ALLOC)]
     labels, counts = size_bins(allocs["size"])
     ax.bar(range(len(labels)), counts)
@@ -226,6 +236,41 @@ def draw(events, out_png):
     ax.set_ylabel("requests")
     ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_title(f"{s['allocs']} requests, {100 * s['hits'] / max(s['allocs'], 1):.0f}% hits")
+
+
+def draw(events, out_png):
+    """Writes the figure; returns the matplotlib Figure: its axes are host memory, then device
+    memory when the trace has device blocks, then the histogram of request sizes."""
+    return draw_lanes([("", events)], out_png)
+
+
+def draw_lanes(lanes, out_png):
+    """One lane (a row: host memory, device memory when any trace has device blocks, request
+    sizes) per (name, events), all on one time axis from the earliest event of any (the traces
+    share the system's monotonic clock); a holder has one colour in every lane. Returns the
+    Figure."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    starts = [int(e[e["kind"] != NAME]["time_ns"].min()) for _, e in lanes if np.any(e["kind"] != NAME)]
+    t0 = min(starts) if starts else 0
+    data = [(name, events, series(events, t0)) for name, events in lanes]
+    has_device = any(any(d["holders"][DEVICE]) for _, _, d in data)
+    cols = 3 if has_device else 2
+    fig, axes = plt.subplots(len(data), cols, figsize=(19 if has_device else 13, 6 * len(data)), squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 3, 2] if has_device else [3, 2]})
+    color = _holder_colors()
+    for row, (name, events, d) in enumerate(data):
+        lane = f"{name}: " if name else ""
+        _host_panel(axes[row][0], d, color, f"{lane}host: live large blocks by holder, the cache over them, RSS")
+        if has_device:
+            _device_panel(axes[row][1], d, color, f"{lane}device: live blocks by holder (all devices)")
+        _sizes_panel(axes[row][-1], events)
+    if len(data) > 1:
+        end = max([max(d["t"] + d["sample_t"], default=0) for _, _, d in data] + [0])
+        for row in axes:
+            for ax in row[:-1]:
+                ax.set_xlim(0, end * 1.02 or 1)
     fig.tight_layout()
     fig.savefig(out_png, dpi=100)
     return fig
@@ -233,19 +278,37 @@ def draw(events, out_png):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help") or len(argv) > 2:
-        print(USAGE, file=sys.stdout if argv and argv[0] in ("-h", "--help") else sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    path = argv[0]
-    out_png = argv[1] if len(argv) > 1 else path + ".png"
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    out_png = None
+    if "-o" in argv:
+        at = argv.index("-o")
+        if at + 1 >= len(argv):
+            print(USAGE, file=sys.stderr)
+            return 2
+        out_png = argv[at + 1]
+        argv = argv[:at] + argv[at + 2:]
+    elif len(argv) == 2 and argv[1].endswith(".png"):
+        argv, out_png = argv[:1], argv[1]
+    if not argv:
+        print(USAGE, file=sys.stderr)
+        return 2
+    lanes = []
+    for path in argv:
+        try:
+            events = load(path)
+        except OSError as e:
+            print(f"tensormalloc plot: cannot read {path}: {e.strerror}", file=sys.stderr)
+            return 1
+        except Damaged as e:
+            print(f"tensormalloc plot: {e}; not plotted", file=sys.stderr)
+            return 1
+        print(("" if len(argv) == 1 else f"{path}: ") + " ".join(f"{k}={v}" for k, v in summary(events).items()))
+        lanes.append((path if len(argv) > 1 else "", events))
+    out_png = out_png or argv[0] + ".png"
     try:
-        events = load(path)
-    except OSError as e:
-        print(f"tensormalloc plot: cannot read {path}: {e.strerror}", file=sys.stderr)
-        return 1
-    print(" ".join(f"{k}={v}" for k, v in summary(events).items()))
-    try:
-        draw(events, out_png)
+        draw_lanes(lanes, out_png)
     except ImportError as e:
         print(f"tensormalloc plot: needs matplotlib ({e}): pip install matplotlib", file=sys.stderr)
         return 1
