@@ -118,6 +118,10 @@ def test_block_runs_as_written(readme_run, block):
         assert "tensormalloc 0.1.0 report" in out.stderr, out.stderr
     if "plot trace.bin" in body:
         assert "wrote trace.bin.png" in out.stdout, out.stdout
+    if "pool.py" in body:
+        total = next(l for l in out.stdout.splitlines() if l.split()[:1] == ["total"]).split()
+        assert total[1:5] == ["2", "processes", "100", "98"], out.stdout   # two workers, 50 requests each
+        assert "wrote run.png" in out.stdout, out.stdout
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b[1] == "python" and "notest" in b[2]], ids=block_id)
