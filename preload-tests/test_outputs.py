@@ -142,3 +142,18 @@ def test_a_shared_trace_path_gives_each_process_its_own_file(tmp_path):
     for name in files:
         events = plot.load(str(tmp_path / name))
         assert plot.summary(events)["allocs"] in (3, 10), (name, plot.summary(events))
+
+
+def test_a_shared_snapshot_path_gives_each_process_its_own_file(tmp_path):
+    """Issue 30, item 1, for TENSORMALLOC_SNAPSHOT_AT_EXIT without %p: the forked child writes
+    PATH.PID (its snapshot and its .host.pickle) and says so; the parent, ending after it, writes
+    PATH; a shell that allocates nothing writes none."""
+    import pickle
+    path = tmp_path / "snap.pickle"
+    out = ok(run(["/bin/sh", "-c", f"{compile_c('fork_stats')}; true"], env={"TENSORMALLOC_SNAPSHOT_AT_EXIT": str(path)}))
+    parent, child = (int(x) for x in out.stdout.split()[1::2])
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(["snap.pickle", "snap.pickle.host.pickle", f"snap.pickle.{child}", f"snap.pickle.{child}.host.pickle"]), names
+    for name in names:
+        pickle.loads((tmp_path / name).read_bytes())
+    assert sum("writes its snapshot beside it" in l for l in out.stderr.splitlines()) == 1, out.stderr

@@ -22,7 +22,8 @@ pub fn at_exit(config: &Config) {
     if config.leaks {
         leaks::report_at_exit();
     }
-    if !config.snapshot_path().is_empty() {
+    // A process that made no large request and no CUDA call (a wrapper's helper) writes none.
+    if !config.snapshot_path().is_empty() && summary::did_anything() {
         snapshot::at_exit(config.snapshot_path());
     }
 }

@@ -73,6 +73,30 @@ pub fn stats_target<'a>(path: &'a [u8], out: &'a mut [u8; 4096]) -> Option<&'a [
     Some(&*dst)
 }
 
+/// The path of this process's snapshot at exit (Note [One file per process]): its files carry no
+/// writer's pid, so the rule reads the time alone: PATH, unless this process was forked from one
+/// with us loaded, or PATH was written after this process started by another one of the run
+/// (a sibling or a parent that ended first); then PATH.PID.
+pub fn snapshot_target<'a>(path: &'a [u8], out: &'a mut [u8; 4096]) -> Option<&'a [u8]> {
+    let own = crate::sys::process::id();
+    if path.windows(2).any(|w| w == b"%p") {
+        return Some(path);
+    }
+    let mut head = [0u8; 1];
+    let newer = crate::sys::files::peek(path, &mut head).is_some_and(|(_, mtime)| mtime >= STARTED_WALL_NS.load(Relaxed));
+    if crate::state::parent_at_fork().is_none() && !newer {
+        return Some(path);
+    }
+    let name = core::str::from_utf8(path).unwrap_or("(path)");
+    crate::warn_line!("TENSORMALLOC_SNAPSHOT_AT_EXIT: {name} is another process's of this run; process {own} writes its snapshot beside it, to {name}.{own}");
+    let len = path.len() + 3;
+    let dst = out.get_mut(..len)?;
+    for (slot, &b) in dst.iter_mut().zip(path.iter().chain(b".%p")) {
+        *slot = b;
+    }
+    Some(&*dst)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -537,6 +537,8 @@ pub fn write(path: &[u8]) -> Result<(), c_int> {
 
 /// TENSORMALLOC_SNAPSHOT_AT_EXIT: writes the snapshot, or says in one line why it could not.
 pub fn at_exit(path: &[u8]) {
+    let mut beside = [0u8; 4096];
+    let Some(path) = crate::report::shared_path::snapshot_target(path, &mut beside) else { return };
     if let Err(e) = write(path) {
         let mut text = [0u8; 128];
         let reason = crate::sys::files::refusal_text(e, &mut text);

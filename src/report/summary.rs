@@ -389,7 +389,7 @@ pub fn at_exit(config: &Config) {
 /// The process made a large host request or a CUDA call through us (the runtime or the driver
 /// bound, whatever the pool's setting); with the cache off (TENSORMALLOC_DISABLE, which counts
 /// no request), always: the report then says what passed through.
-fn did_anything() -> bool {
+pub(crate) fn did_anything() -> bool {
     !HOST.is_enabled() || HOST.stats.requests.get() > 0 || crate::sys::cuda_runtime::is_bound() || crate::sys::cuda_driver::is_bound()
 }
 
