@@ -99,21 +99,28 @@ def work(i):
     return os.getpid()
 
 if __name__ == "__main__":
-    with mp.get_context(sys.argv[1]).Pool(2) as pool:  # leaving `with` terminates the workers
+    method, ending = sys.argv[1], sys.argv[2]
+    if ending == "with":
+        with mp.get_context(method).Pool(2) as pool:  # leaving `with` terminates the workers
+            pids = pool.map(work, range(2))
+    else:
+        pool = mp.get_context(method).Pool(2)
         pids = pool.map(work, range(2))
+        pool.close()
+        pool.join()
     print(*sorted(set(pids)))
 """
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_pool_workers_ended_without_exit_hooks_leave_their_numbers(tmp_path, method):
+@pytest.mark.parametrize("method,ending", [("fork", "with"), ("spawn", "with"), ("fork", "close-join"), ("spawn", "close-join")])
+def test_pool_workers_ended_without_exit_hooks_leave_their_numbers(tmp_path, method, ending):
     """Issue 30, item 3: Pool workers end by os._exit (fork) or SIGTERM (leaving `with`), so no
     exit hook runs; the background thread kept their JSON stats current, so each worker's file
     holds its 20 requests."""
     import json
     script = tmp_path / "pool.py"
     script.write_text(POOL)
-    out = ok(run([sys.executable, str(script), method], env={"TENSORMALLOC_STATS": f"json:{tmp_path}/s.%p.json"}, timeout=180))
+    out = ok(run([sys.executable, str(script), method, ending], env={"TENSORMALLOC_STATS": f"json:{tmp_path}/s.%p.json"}, timeout=180))
     for pid in map(int, out.stdout.split()):
         stats = json.loads((tmp_path / f"s.{pid}.json").read_text())
         assert stats["pid"] == pid and stats["host"]["requests"] >= 20, stats
