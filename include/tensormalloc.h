@@ -71,6 +71,10 @@ int tm_get_stats(tm_stats_t *out);
 /* Gives every cached block back to the system now. Returns the bytes released. */
 size_t tm_trim(void);
 
+/* Gives device `device`'s cached blocks back to the CUDA driver now (-1: every device's, and the
+ * pinned cache), for other processes; returns the bytes released. */
+size_t tm_cuda_trim(int device);
+
 /* Turns caching of large blocks on (1) or off (0); returns the previous setting. Turning it
  * off empties the cache; blocks already handed out are still freed correctly. */
 int tm_set_enabled(int on);

@@ -128,3 +128,55 @@ for r in tensormalloc.holders():
 """
     out = ok(run([PY, "-c", code], preload=False, env={**ENV, "LD_LIBRARY_PATH": str(fake_cuda())}))
     assert out.stdout.splitlines() == ["cupy cuda:0 8 8 1", "torch cuda:0 4 4 1", "numba cuda:0 0 2 0"], out.stdout + out.stderr
+
+
+FRAMEWORKS = {
+    # Just what the hooks touch, as PyTorch and CuPy name it: the hooks' code is the real code.
+    "torch/__init__.py": "from . import cuda\n",
+    "torch/cuda/__init__.py": "from . import memory\nfrom .memory import empty_cache\nemptied = []\n"
+                              "def current_device():\n    return 0\n",
+    "torch/cuda/memory.py": "class CUDAPluggableAllocator:\n    def __init__(self, path, alloc, free):\n        self.args = (path, alloc, free)\n"
+                            "def change_current_allocator(a):\n    pass\n"
+                            "def empty_cache():\n    import torch.cuda\n    torch.cuda.emptied.append(1)\n",
+    "cupy/__init__.py": "from . import cuda\nclass _Pool:\n    freed = 0\n    def free_all_blocks(self):\n        _Pool.freed += 1\n"
+                        "    def used_bytes(self):\n        return 0\n_pool = _Pool()\ndef get_default_memory_pool():\n    return _pool\n",
+    "cupy/cuda/__init__.py": "from . import runtime\ndef set_allocator(f):\n    pass\n",
+    "cupy/cuda/runtime.py": "def getDevice():\n    return 0\n",
+}
+
+
+def test_a_framework_emptying_its_cache_gives_the_pools_memory_back_to_the_driver(tmp_path):
+    """Issue 27, item 6, *asked*: under tensormalloc.torch and tensormalloc.cupy, the calls their
+    users make to hand memory to other processes, torch.cuda.empty_cache() and CuPy's
+    free_all_blocks(), run the framework's own and then give the pool's cached segments on the
+    current device back to the driver (over the stand-in driver, with stand-in frameworks that
+    have just the entry points the hooks use)."""
+    from cudasim import fake_cuda
+    for name, text in FRAMEWORKS.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    code = r"""
+import ctypes, os, tensormalloc, tensormalloc.torch, tensormalloc.cupy
+import torch, cupy
+from tensormalloc import _cuda
+cuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_LAZY)
+ctx = ctypes.c_void_p()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+tensormalloc.torch.enable()
+tensormalloc.cupy.enable()
+lib = _cuda.library()
+reserved = lambda: tensormalloc.stats()["cuda_reserved_bytes"] >> 20
+for empty in (torch.cuda.empty_cache, lambda: cupy.get_default_memory_pool().free_all_blocks()):
+    p = lib.tm_cuda_alloc(64 << 20, 0, None)
+    lib.tm_cuda_free(p, 64 << 20, 0, None)
+    held = reserved()
+    empty()
+    print(held, reserved())
+print(len(torch.cuda.emptied), type(cupy.get_default_memory_pool()).__name__, cupy._Pool.freed, cupy.get_default_memory_pool().used_bytes())
+"""
+    env = {**ENV, "PYTHONPATH": f"{ROOT / 'python'}:{tmp_path}", "LD_LIBRARY_PATH": str(fake_cuda())}
+    out = ok(run([PY, "-c", code], preload=False, env=env))
+    lines = out.stdout.splitlines()
+    assert [l.split()[1] for l in lines[:2]] == ["0", "0"] and all(int(l.split()[0]) >= 64 for l in lines[:2]), out.stdout + out.stderr
+    assert lines[2] == "1 _DefaultPool 1 0", out.stdout

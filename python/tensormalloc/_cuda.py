@@ -20,7 +20,25 @@ def library():
     lib.tm_cuda_alloc_as.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     lib.tm_cuda_free.restype = None
     lib.tm_cuda_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    lib.tm_cuda_trim.restype = ctypes.c_size_t
+    lib.tm_cuda_trim.argtypes = [ctypes.c_int]
     return lib
+
+
+def after(module, name, then):
+    """Replaces `module.name` (a function) by one that calls it, then `then()`; once."""
+    original = getattr(module, name)
+    if getattr(original, "_tensormalloc", False):
+        return
+
+    def wrapper(*args, **kwargs):
+        result = original(*args, **kwargs)
+        then()
+        return result
+    wrapper._tensormalloc = True
+    wrapper.__doc__ = original.__doc__
+    wrapper.__name__ = getattr(original, "__name__", name)
+    setattr(module, name, wrapper)
 
 
 # tm_cuda_alloc_as's hook numbers (src/record/holders.rs HOOK_KEYS).

@@ -34,11 +34,37 @@ def malloc(size):
     return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, size, owner, device_id=device), 0)
 
 
+class _DefaultPool:
+    """CuPy's default memory pool as `cupy.get_default_memory_pool()` hands it out once the
+    pool is ours: `free_all_blocks()`, the call CuPy users make to give memory to other
+    processes, also gives the pool's cached blocks on the current device back to the driver."""
+
+    def __init__(self, pool):
+        self._pool = pool
+
+    def free_all_blocks(self, *args, **kwargs):
+        import cupy
+        result = self._pool.free_all_blocks(*args, **kwargs)
+        _cuda.library().tm_cuda_trim(cupy.cuda.runtime.getDevice())
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self._pool, name)
+
+
 def enable():
     """Makes tensormalloc's pool CuPy's allocator. Raises ImportError without CuPy."""
     cupy = _cuda.require("cupy", "cupy")
     _cuda.library()
     cupy.cuda.set_allocator(malloc)
+    if not getattr(cupy.get_default_memory_pool, "_tensormalloc", False):
+        default = cupy.get_default_memory_pool
+
+        def get_default_memory_pool():
+            return _DefaultPool(default())
+        get_default_memory_pool._tensormalloc = True
+        get_default_memory_pool.__doc__ = default.__doc__
+        cupy.get_default_memory_pool = get_default_memory_pool
 
 
 def disable():

@@ -20,3 +20,9 @@ def enable():
     alloc = torch.cuda.memory.CUDAPluggableAllocator(loaded_path(), "tm_cuda_alloc_torch", "tm_cuda_free")
     torch.cuda.memory.change_current_allocator(alloc)
     _allocator = alloc
+    # torch.cuda.empty_cache() is how PyTorch users give memory to other processes: after
+    # PyTorch's own, the pool's cached blocks on the current device go back to the driver.
+    lib = _cuda.library()
+    trim = lambda: lib.tm_cuda_trim(torch.cuda.current_device())
+    for module in (torch.cuda, torch.cuda.memory):
+        _cuda.after(module, "empty_cache", trim)

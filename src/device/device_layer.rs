@@ -733,6 +733,16 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         free.min(total as u64) as usize
     }
 
+    /// Gives `device`'s cached blocks back to the driver (a framework emptied its cache: the
+    /// memory must reach the driver, for other processes); returns the bytes released.
+    pub fn trim_device(&self, device: usize) -> u64 {
+        let Some(pool) = self.pools().get(device) else { return 0 };
+        if !pool.lock().is_ready() {
+            return 0;
+        }
+        self.with_device(device as i32, || self.release_cached(device, pool, u64::MAX)).unwrap_or(0)
+    }
+
     /// Gives every cached device block and pinned block back; returns the bytes released.
     pub fn trim(&self) -> u64 {
         let mut total = 0;

@@ -50,6 +50,21 @@ pub extern "C" fn tm_trim() -> usize {
     crate::state::HOST.trim() + device as usize
 }
 
+/// Gives device `device`'s cached blocks back to the driver now (-1: every device's, and the
+/// pinned cache); returns the bytes released. The Python hooks call it after a framework empties
+/// its own cache (`torch.cuda.empty_cache()`, CuPy's `free_all_blocks()`).
+#[no_mangle]
+pub extern "C" fn tm_cuda_trim(device: c_int) -> usize {
+    if crate::state::globals().is_none() || !crate::sys::cuda_driver::is_bound() {
+        return 0;
+    }
+    let released = match usize::try_from(device) {
+        Ok(d) => crate::state::DEVICE.trim_device(d),
+        Err(_) => crate::state::DEVICE.trim(),
+    };
+    usize::try_from(released).unwrap_or(usize::MAX)
+}
+
 /// Turns caching on (1) or off (0) at run time; returns the previous setting.
 #[no_mangle]
 pub extern "C" fn tm_set_enabled(on: c_int) -> c_int {
