@@ -140,13 +140,19 @@ def test_a_shared_trace_path_gives_each_process_its_own_file(tmp_path):
     assert (mine["allocs"], theirs["allocs"]) == (10, 3), (mine, theirs)
     assert [l for l in out.stderr.splitlines() if "beside" in l] == [
         f"tensormalloc: TENSORMALLOC_TRACE: {path} is written by another process of this run; process {child} traces beside it, to {path}.{child}"], out.stderr
-    # Two programs of one run started together by a shell (which allocates nothing and claims
-    # nothing): each traces into its own file, its child beside too.
+    # A process of the run that holds PATH while it starts two programs: each of them, and each
+    # of their children, traces into a file of its own beside it.
     path.unlink()
-    nested = ok(run(["/bin/sh", "-c", f"{compile_c('fork_stats')} & {compile_c('fork_stats')}; wait"], env={"TENSORMALLOC_TRACE": str(path)}))
+    prog = compile_c("fork_stats")
+    code = (f"import subprocess, numpy as np; a = np.ones(10_000_000); "
+            f"ps = [subprocess.Popen([{prog!r}]) for _ in range(2)]; [p.wait() for p in ps]; del a")
+    nested = ok(run([sys.executable, "-c", code], env={"TENSORMALLOC_TRACE": str(path)}))
     files = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("t.bin"))
-    assert len(files) >= 5, (files, nested.stderr)
+    assert len(files) == 6, (files, nested.stderr)
+    assert plot.summary(plot.load(str(path)))["allocs"] == 1, "the holder of PATH: one array"
     for name in files:
+        if name == "t.bin":
+            continue
         events = plot.load(str(tmp_path / name))
         assert plot.summary(events)["allocs"] in (3, 10), (name, plot.summary(events))
 
@@ -164,3 +170,17 @@ def test_a_shared_snapshot_path_gives_each_process_its_own_file(tmp_path):
     for name in names:
         pickle.loads((tmp_path / name).read_bytes())
     assert sum("writes its snapshot beside it" in l for l in out.stderr.splitlines()) == 1, out.stderr
+
+
+def test_a_child_that_writes_first_steps_aside_for_its_parent(tmp_path):
+    """Note [One file per process]: PATH is the run's first process's. A child the parent started
+    (exec'd, so not known as forked) ends and writes PATH before its parent writes anything; the
+    parent, older, moves the child's file beside (PATH.CHILDPID) and takes PATH."""
+    import json
+    path = tmp_path / "s.json"
+    code = (f"import subprocess, os, numpy as np; c = subprocess.Popen([{compile_c('contract')!r}]); c.wait(); "
+            "a = np.ones(10_000_000); print(os.getpid(), c.pid)")
+    out = ok(run([sys.executable, "-c", code], env={"TENSORMALLOC_STATS": f"json:{path}"}))
+    parent, child = map(int, out.stdout.splitlines()[-1].split())
+    assert json.loads(path.read_text())["pid"] == parent, out.stderr
+    assert json.loads((tmp_path / f"s.json.{child}").read_text())["pid"] == child

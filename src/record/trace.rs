@@ -272,7 +272,7 @@ fn as_bytes(records: &[Event]) -> &[u8] {
 /// another writes PATH.PID beside it, and says so once), with its magic written.
 fn open_file(path: &[u8]) -> Option<i32> {
     let name = core::str::from_utf8(path).unwrap_or("(path)");
-    match crate::sys::files::create_claimed_output(path) {
+    match crate::sys::files::create_claimed_output(path, crate::sys::process::started_wall_ns()) {
         Ok((fd, beside)) => {
             if beside {
                 let own = crate::sys::process::id();

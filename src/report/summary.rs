@@ -265,7 +265,14 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
 pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     let mut name = [0u8; 32];
     let command = crate::sys::process::command_name(&mut name);
-    write!(w, "{{\"version\":{},\"pid\":{},\"ppid\":{},\"command\":", s.version, std::process::id(), crate::sys::process::parent_id())?;
+    write!(
+        w,
+        "{{\"version\":{},\"pid\":{},\"started_ns\":{},\"ppid\":{},\"command\":",
+        s.version,
+        std::process::id(),
+        crate::report::shared_path::started_ns(),
+        crate::sys::process::parent_id()
+    )?;
     write!(w, "\"{}\"", crate::report::units::JsonText(command))?;
     match crate::state::parent_at_fork() {
         Some(parent) => write!(w, ",\"forked_from\":{parent}")?,

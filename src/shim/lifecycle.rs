@@ -12,7 +12,7 @@ extern "C" fn on_load() {
     if let Some(g) = globals() {
         crate::record::on_out_of_memory(report::oom::on_out_of_memory);
         sys::lock::at_fork(before_fork, after_fork_in_parent, after_fork_in_child);
-        report::shared_path::note_start(sys::clock::wall_ns());
+        sys::process::note_start();
         if !g.config.trace_path().is_empty() && trace::start(g.config.trace_path(), trace_sample) {
             sys::reaper::start_now();
         }
@@ -54,7 +54,7 @@ extern "C" fn after_fork_in_child() {
         }
     }
     sys::reaper::after_fork_in_child();
-    report::shared_path::note_start(sys::clock::wall_ns());
+    sys::process::note_start();
     if let Some(g) = globals() {
         trace::restart_in_child();
         if trace::enabled() || g.config.stats == crate::config::StatsOutput::Json {

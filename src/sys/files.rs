@@ -117,6 +117,22 @@ fn is_symlink(path: &[u8]) -> bool {
     (unsafe { libc::lstat(path.as_ptr().cast(), &mut st) }) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFLNK
 }
 
+/// Renames the file at `path` (`%p` expanded) to `path.PID` for `pid`: a younger process's file
+/// steps aside for the run's first (Note [One file per process]). Nothing when it cannot.
+pub fn move_beside(path: &[u8], pid: u32) {
+    let mut from = [0u8; PATH_MAX_BYTES + 1];
+    let mut to = [0u8; PATH_MAX_BYTES + 1];
+    let own = super::process::id();
+    let Some(n) = expand_path(path, own, &mut from).filter(|&n| n + 12 <= PATH_MAX_BYTES) else { return };
+    let mut suffix = [0u8; 16];
+    let Some(m) = expand_path(b".%p", pid, &mut suffix) else { return };
+    for (slot, &b) in to.iter_mut().zip(from.iter().take(n).chain(suffix.iter().take(m))) {
+        *slot = b;
+    }
+    // SAFETY: both paths are NUL-terminated buffers we own.
+    unsafe { libc::rename(from.as_ptr().cast(), to.as_ptr().cast()) };
+}
+
 /// Whether process `pid` exists (signal 0: EPERM means it does, as another user's).
 pub fn process_exists(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
@@ -147,9 +163,10 @@ pub fn peek(path: &[u8], buf: &mut [u8]) -> Option<(usize, u64)> {
 /// A file written for the process's whole life (the trace), claimed with an exclusive flock that
 /// lasts as long as the process holds it open (Note [One file per process] in
 /// report/shared_path.rs): the first process of a run to open PATH (no `%p`) writes it; one
-/// that finds it claimed by a live process writes `PATH.PID` beside it. The descriptor, and
-/// whether it is the one beside.
-pub fn create_claimed_output(path: &[u8]) -> Result<(i32, bool), i32> {
+/// that finds it claimed by a live process, or written since `started_wall_ns` (by a process of
+/// the run that has ended), writes `PATH.PID` beside it. The descriptor, and whether it is the
+/// one beside.
+pub fn create_claimed_output(path: &[u8], started_wall_ns: u64) -> Result<(i32, bool), i32> {
     if path.windows(2).any(|w| w == b"%p") {
         let fd = create_output(path)?;
         // SAFETY: a lock on our own descriptor; a failure only means no claim.
@@ -168,7 +185,11 @@ pub fn create_claimed_output(path: &[u8]) -> Result<(i32, bool), i32> {
     }
     // SAFETY: flock and ftruncate on the descriptor we just opened.
     unsafe {
-        if libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) == 0 {
+        let mut st: libc::stat = core::mem::zeroed();
+        let written_since = libc::fstat(fd, &mut st) == 0
+            && st.st_size > 0
+            && (st.st_mtime as u64).saturating_mul(1_000_000_000).saturating_add(st.st_mtime_nsec as u64) >= started_wall_ns;
+        if !written_since && libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) == 0 {
             if libc::ftruncate(fd, 0) != 0 {
                 let e = errno();
                 libc::close(fd);

@@ -27,6 +27,19 @@ pub fn id() -> u32 {
     unsafe { libc::getpid() as u32 }
 }
 
+/// When this process started (wall ns; a forked child: its fork), for "written since it
+/// started" (Note [One file per process] in report/shared_path.rs).
+static STARTED_WALL_NS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// At load, and in a forked child: this process starts now.
+pub fn note_start() {
+    STARTED_WALL_NS.store(super::clock::wall_ns(), core::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn started_wall_ns() -> u64 {
+    STARTED_WALL_NS.load(core::sync::atomic::Ordering::Relaxed)
+}
+
 /// The parent process's id.
 pub fn parent_id() -> u32 {
     // SAFETY: getppid cannot fail.
