@@ -67,6 +67,19 @@ def test_idle_segments_go_back_to_the_driver(tmp_path):
     assert pool["idle_released_segments"] == 2 and pool["idle_released_bytes"] >= 600 << 20, pool
 
 
+def test_a_device_short_of_memory_gets_idle_segments_back_within_seconds(tmp_path):
+    """Note [Idle segments], pressure: with most of the device taken outside the pool, an idle
+    segment goes back to the driver within seconds, though the release delay is a minute;
+    counted apart in the stats (the unit test a_device_short_of_memory_... covers the setting
+    off)."""
+    ok(run([cuda_program(), "pressure", "expect-passthrough"], preload=False))
+    stats = tmp_path / "stats.json"
+    env = {"TENSORMALLOC_CUDA_RELEASE_MS": "60000", "TENSORMALLOC_STATS": f"json:{stats}"}
+    ok(run([cuda_program(), "pressure", "expect-pool"], env=env))
+    pool = json.loads(stats.read_text())["cuda"][0]
+    assert pool["pressure_released_segments"] == 1 and pool["pressure_released_bytes"] >= 200 << 20, pool
+
+
 def test_stats_report_lists_device_pools_and_timings(tmp_path):
     out = ok(run([cuda_program(), "two-devices", "expect-pool"], env={"TENSORMALLOC_STATS": "1"}))
     assert "cuda device 0:" in out.stderr and "cuda device 1:" in out.stderr

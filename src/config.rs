@@ -94,6 +94,9 @@ pub struct Config {
     pub cuda_sync: CudaSync,
     /// A device segment with no live block, idle this long, goes back to the driver.
     pub cuda_release_ms: u64,
+    /// Below this percent of a device's memory free (the driver's figure), idle segments go
+    /// back after PRESSURE_IDLE_NS rather than the release delay; 0: never.
+    pub cuda_release_below_percent: u64,
 }
 
 /// When a block freed with cudaFree/cudaFreeHost is synchronized (Note [Safe reuse]).
@@ -135,6 +138,7 @@ impl Config {
             cuda_host_cache_bytes: GIB,
             cuda_sync: CudaSync::Free,
             cuda_release_ms: 10_000,
+            cuda_release_below_percent: 10,
         };
 }
 
@@ -382,6 +386,12 @@ pub static OPTIONS: &[OptionSpec] = &[
         default: "10000",
         doc: "a device segment with no live block, idle this long, is given back to the driver by the background thread, for other processes on the GPU (0 to 86400000 ms)",
         apply: |c, v| parse_u64_in(v, 0, 86_400_000, Unit::Ms).map(|n| c.cuda_release_ms = n),
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CUDA_RELEASE_BELOW",
+        default: "10",
+        doc: "when less than this percent of a device's memory is free (the driver's figure: other processes need it), device segments idle for a second go back to the driver at once, not after TENSORMALLOC_CUDA_RELEASE_MS (0 to 100; 0: never)",
+        apply: |c, v| parse_u64_in(v, 0, 100, Unit::Percent).map(|n| c.cuda_release_below_percent = n),
     },
     // Read by the tools, not by the library: listed so that setting it draws no warning.
     OptionSpec {

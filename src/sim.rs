@@ -477,6 +477,13 @@ impl SimRuntime {
     pub fn device(&self, d: usize) -> SimDeviceState {
         self.state.lock().unwrap().devices[d].clone()
     }
+    /// Another process on the GPU takes (or, negative, gives back) memory of device `d`.
+    pub fn neighbour_uses(&self, d: usize, bytes: isize) {
+        let mut st = self.state.lock().unwrap();
+        let dev = &mut st.devices[d];
+        dev.used = dev.used.checked_add_signed(bytes).unwrap();
+    }
+
     pub fn fail_next_mallocs(&self, n: u64) {
         self.state.lock().unwrap().fail_next_mallocs = n;
     }

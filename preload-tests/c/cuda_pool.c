@@ -83,6 +83,25 @@ static void idle(void) {
     if (pooled) CHECK(tm_stats(&s) == 0 && s.cuda_reserved_bytes == 0);
 }
 
+/* Note [Idle segments], pressure: a 200 MiB block freed into the pool, then most of the device
+ * taken outside it (managed memory, as another process would take it): the idle segment goes
+ * back to the driver within seconds, though the release delay (set long by the test) has not
+ * passed. */
+int cudaMallocManaged(void **, size_t, unsigned);
+static void pressure(void) {
+    void *a = NULL, *m = NULL;
+    CHECK(cudaMalloc(&a, 200 * MB) == 0 && cudaFree(a) == 0);
+    CHECK(cudaMallocManaged(&m, 800 * MB, 1) == 0);
+    for (int waited_ms = 0; counters().used[0] >= 1000 * MB; waited_ms += 10) {
+        CHECK(waited_ms < 20000);
+        struct timespec ten = {0, 10 * 1000 * 1000};
+        nanosleep(&ten, NULL);
+    }
+    tm_stats_t s;
+    if (pooled) CHECK(tm_stats(&s) == 0 && s.cuda_reserved_bytes == 0);
+    CHECK(cudaFree(m) == 0);
+}
+
 static void two_devices(void) {
     void *a = NULL, *b = NULL;
     CHECK(cudaSetDevice(0) == 0 && cudaMalloc(&a, 64 * MB) == 0);
@@ -182,6 +201,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "oom")) oom();
     else if (!strcmp(s, "last-error")) last_error();
     else if (!strcmp(s, "idle")) idle();
+    else if (!strcmp(s, "pressure")) pressure();
     else if (!strcmp(s, "two-devices")) two_devices();
     else if (!strcmp(s, "pinned")) pinned();
     else if (!strcmp(s, "foreign")) foreign();

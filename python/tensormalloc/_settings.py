@@ -44,6 +44,8 @@ SETTINGS = (
      "free: cudaFree synchronizes the device as the runtime does; reuse: only before a freed block is reused"),
     ("TENSORMALLOC_CUDA_RELEASE_MS", "10000",
      "a device segment with no live block, idle this long, is given back to the driver by the background thread, for other processes on the GPU (0 to 86400000 ms)"),
+    ("TENSORMALLOC_CUDA_RELEASE_BELOW", "10",
+     "when less than this percent of a device's memory is free (the driver's figure: other processes need it), device segments idle for a second go back to the driver at once, not after TENSORMALLOC_CUDA_RELEASE_MS (0 to 100; 0: never)"),
     ("TENSORMALLOC_LIB", "auto",
      "PATH of the libtensormalloc.so that the tensormalloc command, scripts/tensormalloc and the Python package load (auto: the package's own, else target/release); the library ignores it"),
 )

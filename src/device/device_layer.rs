@@ -22,6 +22,11 @@ pub use crate::backing::MAX_DEVICES;
 /// How soon the background thread looks again at an idle segment that waits for a
 /// synchronization (Note [Idle segments]).
 const PENDING_RECHECK_NS: u64 = 100_000_000;
+/// Under pressure, a segment idle this long goes back (Note [Idle segments]).
+const PRESSURE_IDLE_NS: u64 = 1_000_000_000;
+/// While idle segments are held and the pressure path is on, the driver's free memory is asked
+/// about this often.
+const PRESSURE_CHECK_NS: u64 = 1_000_000_000;
 
 /// Bounds the alloc loop: hit, sync, segment, release-and-retry, and a little slack.
 const MAX_STEPS: usize = 8;
@@ -66,6 +71,8 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     /// How long a segment stays idle before it goes back to the driver (Note [Idle segments]);
     /// u64::MAX: never.
     release_after_ns: AtomicU64,
+    /// TENSORMALLOC_CUDA_RELEASE_BELOW (Note [Idle segments]); 0: no pressure path.
+    release_below_percent: AtomicU64,
     /// Idle releases under way per device, between taking segments out of the pool and freeing
     /// them (Note [Idle segments]): a context's end waits for them.
     releasing: [AtomicU32; MAX_DEVICES],
@@ -144,6 +151,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             used: AtomicBool::new(false),
             inherited: AtomicBool::new(false),
             release_after_ns: AtomicU64::new(u64::MAX),
+            release_below_percent: AtomicU64::new(0),
             releasing: [const { AtomicU32::new(0) }; MAX_DEVICES],
             on_idle: AtomicPtr::new(core::ptr::null_mut()),
             stats: DeviceStats::new(),
@@ -165,6 +173,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         }
         self.pinned_limit_bytes.store(c.cuda_host_cache_bytes, Relaxed);
         self.release_after_ns.store(c.cuda_release_ms.saturating_mul(1_000_000), Relaxed);
+        self.release_below_percent.store(c.cuda_release_below_percent, Relaxed);
     }
 
     /// The cap on what `device`'s pool reserves (u64::MAX: none).
@@ -788,8 +797,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             return None;
         }
         let mut due = None::<u64>;
+        let below = self.release_below_percent.load(Relaxed);
         for (device, pool) in self.pools().iter().enumerate() {
             let Some(releasing) = self.releasing.get(device) else { continue };
+            // Note [Idle segments]: short of memory, a segment idle for PRESSURE_IDLE_NS goes.
+            let pressure = below > 0 && pool.lock().is_ready() && self.short_of_memory(device, below);
+            let after = if pressure { after.min(PRESSURE_IDLE_NS) } else { after };
             loop {
                 let now = (self.clock)();
                 let mut batch = [(0u64, 0u64); 16];
@@ -798,7 +811,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     if !p.is_ready() {
                         break;
                     }
-                    let idle = p.release_idle_segments(now.saturating_sub(after), &mut batch);
+                    let idle = p.release_idle_segments(now.saturating_sub(after), pressure, &mut batch);
                     if idle.count > 0 {
                         releasing.fetch_add(1, AcqRel);
                     }
@@ -826,7 +839,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 // A segment waiting for a synchronization is looked at again a delay later (at
                 // least PENDING_RECHECK_NS: a zero delay must not make the thread spin on it).
                 let recheck = now.saturating_add(after.max(PENDING_RECHECK_NS));
-                let next = idle.oldest_left_ns.map(|t| t.saturating_add(after)).into_iter().chain(idle.pending_left.then_some(recheck));
+                // Idle segments left are looked at again within PRESSURE_CHECK_NS when the pressure
+                // path is on: the device may run short meanwhile (another process allocating).
+                let pressure_check = (below > 0 && idle.oldest_left_ns.is_some()).then(|| now.saturating_add(PRESSURE_CHECK_NS));
+                let next = idle.oldest_left_ns.map(|t| t.saturating_add(after)).into_iter().chain(idle.pending_left.then_some(recheck)).chain(pressure_check);
                 for t in next {
                     due = Some(due.map_or(t, |d| d.min(t)));
                 }
@@ -836,6 +852,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             }
         }
         due
+    }
+
+    /// Whether less than `percent` of `device`'s memory is free, as the driver reports it.
+    fn short_of_memory(&self, device: usize, percent: u64) -> bool {
+        let info = self.with_device(device as i32, || self.runtime.mem_info());
+        matches!(info, Ok((free, total)) if total > 0 && (free as u64).saturating_mul(100) < (total as u64).saturating_mul(percent))
     }
 
     /// Per-device figures for the report: (device, stats, cached bytes).

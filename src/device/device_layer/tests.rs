@@ -458,6 +458,34 @@ fn advance_ms(ms: u64) {
     NOW_NS.with(|n| n.set(n.get() + ms * 1_000_000));
 }
 
+/// Note [Idle segments], pressure: with the device short of memory (a neighbour took most of
+/// it), segments idle for a second go back at once, not after the release delay; counted apart.
+/// Off (0), they wait for the delay.
+#[test]
+fn a_device_short_of_memory_gets_idle_segments_back_after_a_second() {
+    for below in [10, 0] {
+        let l = Box::new(DeviceLayer::new(SimRuntime::new(&[1 * GB]), leak_table, fake_now));
+        l.configure(&Config { cuda_release_ms: 60_000, cuda_release_below_percent: below, ..Config::default() });
+        let a = l.malloc(256 * MB, 0).unwrap();
+        l.free(a).unwrap();
+        advance_ms(2000);
+        assert!(l.release_idle().is_some());
+        assert_eq!(l.runtime().device(0).frees, 0, "room on the device: the segment waits for the delay");
+        l.runtime().neighbour_uses(0, 700 * MB as isize);
+        let due = l.release_idle();
+        let mut freed = (0, 0);
+        l.for_each_pool(|_, p| freed = (p.stats.idle_released_bytes, p.stats.pressure_released_bytes));
+        if below > 0 {
+            assert_eq!(l.runtime().device(0).frees, 1, "short of memory: given back");
+            assert_eq!(freed, (256 * MB as u64, 256 * MB as u64));
+            assert_eq!(due, None);
+        } else {
+            assert_eq!(l.runtime().device(0).frees, 0);
+            assert!(due.is_some_and(|d| d > fake_now() + 50_000_000_000), "the delay, not a second");
+        }
+    }
+}
+
 /// Note [Idle segments]: a segment with no live block goes back to the driver once idle for
 /// the release delay; a loop that reuses its blocks every step never pays a driver call.
 #[test]

@@ -184,6 +184,9 @@ pub struct PoolStats {
     /// Segments given back to the driver because they stayed idle (Note [Idle segments]).
     pub idle_released_segments: u64,
     pub idle_released_bytes: u64,
+    /// Of them, those given back early because the device's free memory was low.
+    pub pressure_released_segments: u64,
+    pub pressure_released_bytes: u64,
 }
 
 pub struct DevicePool {
@@ -252,6 +255,8 @@ impl DevicePool {
                 ipc_exports: 0,
                 idle_released_segments: 0,
                 idle_released_bytes: 0,
+                pressure_released_segments: 0,
+                pressure_released_bytes: 0,
             },
             ready: false,
             serving_miss: false,
@@ -411,6 +416,12 @@ impl DevicePool {
     // block is free, synchronized (no stream may still use it: Note [Safe reuse]; a pending one
     // waits for the next synchronization) and stamped before the cutoff. A loop that reuses its
     // blocks every step never leaves one idle that long, so it never pays a driver call.
+    // Under pressure (the driver reports less than TENSORMALLOC_CUDA_RELEASE_BELOW percent of the
+    // device free: another process needs memory) the delay is one second: while idle segments
+    // are held, the background thread asks the driver about once a second (one cuMemGetInfo).
+    // A loop whose steps reuse a segment within a second still never pays; a process that leaves
+    // memory idle longer than that on a full device gives it to whoever is waiting for it. The
+    // stats count these releases apart (`pressure_released_bytes`).
     // The background thread frees what it took out in the pool's context, after checking that no
     // reset or end of that context came meanwhile (the generation); a context's end through us
     // (cuCtxDestroy, a primary reset or release) first waits for a release under way to finish
@@ -577,8 +588,8 @@ impl DevicePool {
     }
 
     /// Takes out of the pool, into `out`, the idle segments (Note [Idle segments]) free since
-    /// `cutoff_ns` or before.
-    pub fn release_idle_segments(&mut self, cutoff_ns: u64, out: &mut [(u64, u64)]) -> IdleRelease {
+    /// `cutoff_ns` or before; `pressure`: the cutoff is early, for a device short of memory.
+    pub fn release_idle_segments(&mut self, cutoff_ns: u64, pressure: bool, out: &mut [(u64, u64)]) -> IdleRelease {
         let mut count = 0;
         let mut next = None::<u64>;
         let mut pending = false;
@@ -600,6 +611,10 @@ impl DevicePool {
                         self.stats.segments_released += 1;
                         self.stats.idle_released_segments += 1;
                         self.stats.idle_released_bytes += b.size;
+                        if pressure {
+                            self.stats.pressure_released_segments += 1;
+                            self.stats.pressure_released_bytes += b.size;
+                        }
                     } else if whole && b.tag == SYNCED {
                         next = Some(next.map_or(b.born_ns, |n| n.min(b.born_ns)));
                     } else if whole {
