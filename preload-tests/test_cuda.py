@@ -2,6 +2,8 @@
 over c/fakecuda.c, simulators that say so in their first line), in every pool mode and with
 pass-through."""
 import json
+import os
+import subprocess
 
 import pytest
 
@@ -78,6 +80,34 @@ def test_a_device_short_of_memory_gets_idle_segments_back_within_seconds(tmp_pat
     ok(run([cuda_program(), "pressure", "expect-pool"], env=env))
     pool = json.loads(stats.read_text())["cuda"][0]
     assert pool["pressure_released_segments"] == 1 and pool["pressure_released_bytes"] >= 200 << 20, pool
+
+
+@pytest.mark.parametrize("preloaded", [True, False])
+def test_a_neighbour_short_of_memory_gets_another_processs_idle_memory(tmp_path, preloaded):
+    """Issue 27, items 6 and 8: two processes on one GPU (the stand-in's shared device memory).
+    The holder caches 600 MiB of 1 GiB; the taker takes 350 MiB, which leaves the device short
+    of memory, and asks for 500 MiB until it gets it: the holder's pool gives its idle segment
+    back under pressure within seconds (its release delay is a minute). Without the library the
+    holder frees at once."""
+    from conftest import LIB
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORMALLOC_") and k != "LD_PRELOAD"}
+    env.update({"FAKECUDA_SHARED_MEM": str(tmp_path / "gpu"), "TENSORMALLOC_CUDA_RELEASE_MS": "60000",
+                "TENSORMALLOC_STATS": f"json:{tmp_path}/s.%p.json"})
+    if preloaded:
+        env["LD_PRELOAD"] = str(LIB)
+    mode = "expect-pool" if preloaded else "expect-passthrough"
+    holder = subprocess.Popen([cuda_program(), "neighbour-holder", mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "cached\n"
+        taker = subprocess.run([cuda_program(), "neighbour-taker", mode], env=env, capture_output=True, text=True, timeout=60)
+        assert taker.returncode == 0, taker.stderr
+        out, err = holder.communicate(timeout=60)
+    finally:
+        holder.kill()
+    assert holder.returncode == 0 and "neighbour-holder ok" in out, err
+    if preloaded:
+        stats = json.loads((tmp_path / f"s.{holder.pid}.json").read_text())["cuda"][0]
+        assert stats["pressure_released_bytes"] >= 600 << 20, stats
 
 
 def test_stats_report_lists_device_pools_and_timings(tmp_path):

@@ -95,7 +95,7 @@ def work(i):
     for _ in range(50):
         a = np.ones(1_000_000)  # 8 MB: a large request
         del a
-    time.sleep(1.6)  # the background thread keeps the file current within a second
+    time.sleep(2.5)  # the background thread keeps the file current within a second
     return os.getpid()
 
 if __name__ == "__main__":

@@ -102,6 +102,35 @@ static void pressure(void) {
     CHECK(cudaFree(m) == 0);
 }
 
+/* Two processes on one GPU (the stand-in's FAKECUDA_SHARED_MEM): the holder caches 600 MiB of a
+ * 1 GiB device and waits for the pool to give it back; the taker, started once the holder says
+ * "cached", takes 350 MiB (the device is now short of memory) and then asks for 500 MiB until
+ * the holder's idle segment has gone back to the driver. */
+static void neighbour_holder(void) {
+    void *a = NULL;
+    CHECK(cudaMalloc(&a, 600 * MB) == 0 && cudaFree(a) == 0);
+    printf("cached\n");
+    fflush(stdout);
+    tm_stats_t s;
+    for (int waited_ms = 0; pooled && tm_stats(&s) == 0 && s.cuda_reserved_bytes > 0; waited_ms += 10) {
+        CHECK(waited_ms < 30000);
+        struct timespec ten = {0, 10 * 1000 * 1000};
+        nanosleep(&ten, NULL);
+    }
+}
+
+static void neighbour_taker(void) {
+    void *a = NULL, *b = NULL;
+    CHECK(cudaMalloc(&a, 350 * MB) == 0);
+    for (int waited_ms = 0; cudaMalloc(&b, 500 * MB) != 0; waited_ms += 10) {
+        CHECK(waited_ms < 30000);
+        CHECK(cudaGetLastError() == 2);
+        struct timespec ten = {0, 10 * 1000 * 1000};
+        nanosleep(&ten, NULL);
+    }
+    CHECK(cudaFree(b) == 0 && cudaFree(a) == 0);
+}
+
 static void two_devices(void) {
     void *a = NULL, *b = NULL;
     CHECK(cudaSetDevice(0) == 0 && cudaMalloc(&a, 64 * MB) == 0);
@@ -202,6 +231,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "last-error")) last_error();
     else if (!strcmp(s, "idle")) idle();
     else if (!strcmp(s, "pressure")) pressure();
+    else if (!strcmp(s, "neighbour-holder")) neighbour_holder();
+    else if (!strcmp(s, "neighbour-taker")) neighbour_taker();
     else if (!strcmp(s, "two-devices")) two_devices();
     else if (!strcmp(s, "pinned")) pinned();
     else if (!strcmp(s, "foreign")) foreign();

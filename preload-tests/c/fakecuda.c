@@ -9,7 +9,9 @@
  * that reuses a block before the work on it finished, or hands out a block of a dead context, is
  * caught. Knobs to widen races: FAKECUDA_ALLOC_DELAY_US makes every cuMemAlloc take that long
  * (outside the lock, as on a busy GPU); FAKECUDA_REUSE_CONTEXTS=1 gives a new context the handle
- * of the most recently destroyed one. Thread-safe with one mutex; static tables only (no malloc).
+ * of the most recently destroyed one; FAKECUDA_SHARED_MEM=PATH makes the processes that name PATH
+ * share the devices' memory, as processes share a GPU. Thread-safe with one mutex; static tables
+ * only (no malloc).
  * A forked child of a process that initialized the driver is answered as NVIDIA's driver answers
  * it: every call, cuInit included, fails with CUDA_ERROR_NOT_INITIALIZED (3). */
 #define _GNU_SOURCE
@@ -98,6 +100,36 @@ static size_t region_size;
 static __thread __attribute__((tls_model("initial-exec"))) CUcontext stack[STACK_DEPTH]; /* no malloc in __tls_get_addr */
 static __thread __attribute__((tls_model("initial-exec"))) int depth;
 
+/* FAKECUDA_SHARED_MEM=PATH: the devices' used bytes live in the file PATH, shared by every
+ * process that names it, as several processes share one GPU's memory; counters.used stays this
+ * process's own. (A real driver also frees a process's memory when it ends; this one does not:
+ * a test's processes free what they took.) */
+static uint64_t *shared_used;
+
+static uint64_t device_used(int d) {
+    return shared_used ? __atomic_load_n(&shared_used[d], __ATOMIC_SEQ_CST) : counters.used[d];
+}
+
+/* Takes size bytes of device d's memory: 0, or -1 when they do not fit. */
+static int take_memory(int d, size_t size) {
+    if (size > capacity) return -1;
+    if (shared_used) {
+        if (__atomic_add_fetch(&shared_used[d], size, __ATOMIC_SEQ_CST) > capacity) {
+            __atomic_sub_fetch(&shared_used[d], size, __ATOMIC_SEQ_CST);
+            return -1;
+        }
+    } else if (counters.used[d] > capacity - size) {
+        return -1;
+    }
+    counters.used[d] += size;
+    return 0;
+}
+
+static void give_memory(int d, size_t size) {
+    counters.used[d] -= size;
+    if (shared_used) __atomic_sub_fetch(&shared_used[d], size, __ATOMIC_SEQ_CST);
+}
+
 /* ---------- configuration and helpers (callers hold the lock unless said otherwise) ---------- */
 
 static void configure(void) {
@@ -111,6 +143,14 @@ static void configure(void) {
     alloc_delay_us = v ? (unsigned)strtoul(v, NULL, 10) : 0;
     v = getenv("FAKECUDA_REUSE_CONTEXTS");
     reuse_contexts = v && *v == '1';
+    v = getenv("FAKECUDA_SHARED_MEM");
+    if (v && *v) {
+        int fd = open(v, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        void *m = fd < 0 || ftruncate(fd, MAX_DEV * sizeof(uint64_t)) != 0 ? MAP_FAILED
+                  : mmap(NULL, MAX_DEV * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (fd >= 0) close(fd);
+        if (m != MAP_FAILED) shared_used = m;
+    }
     for (int d = 0; d < MAX_DEV; d++) ctxs[d] = (struct fake_ctx){CTX_INACTIVE, d, 1, 0};
     region_size = ((2 * capacity + (1UL << 30)) + PLACE_ALIGN - 1) & ~(PLACE_ALIGN - 1);
     for (int d = 0; d < ndevices; d++) {
@@ -188,7 +228,7 @@ static void release_slot(int i) {
         mmap((void *)a->base, a->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     else if (a->base && a->kind != K_VMM_MAP) munmap((void *)a->base, a->size);
     if (a->fd >= 0) close(a->fd);
-    if (a->counted) counters.used[a->dev] -= a->size;
+    if (a->counted) give_memory(a->dev, a->size);
     memset(a, 0, sizeof *a);
     a->fd = -1;
 }
@@ -234,7 +274,7 @@ static CUresult alloc_mem(CUdeviceptr *out, size_t size, int k) {
     CUcontext c = current();
     if ((e = usable(c))) goto out;
     int counted = k != K_HOST;
-    if (counted && (size > capacity || counters.used[c->dev] > capacity - size)) { e = CUDA_ERROR_OUT_OF_MEMORY; goto out; }
+    if (counted && take_memory(c->dev, size)) { e = CUDA_ERROR_OUT_OF_MEMORY; goto out; }
     int slot = free_slot();
     int fd = slot < 0 ? -1 : new_memfd(size);
     uintptr_t at = counted ? place(c->dev, size) : 0;
@@ -242,11 +282,11 @@ static CUresult alloc_mem(CUdeviceptr *out, size_t size, int k) {
               : mmap((void *)at, size, PROT_READ | PROT_WRITE, MAP_SHARED | (counted ? MAP_FIXED : 0), fd, 0);
     if (p == MAP_FAILED) {
         if (fd >= 0) close(fd);
+        if (counted) give_memory(c->dev, size);
         e = CUDA_ERROR_OUT_OF_MEMORY;
         goto out;
     }
     allocs[slot] = (struct alloc){k, fd, c->dev, counted, c, (uintptr_t)p, size, next_serial++};
-    if (counted) counters.used[c->dev] += size;
     if (k == K_DEVICE) counters.mallocs++;
     if (k == K_HOST) counters.host_allocs++;
     *out = (CUdeviceptr)(uintptr_t)p;
@@ -610,7 +650,7 @@ static CUresult s_cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     *total = capacity;
-    *free_bytes = capacity - counters.used[current()->dev];
+    *free_bytes = capacity - device_used(current()->dev);
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
@@ -761,10 +801,12 @@ static CUresult s_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, cons
     pthread_mutex_lock(&lock);
     int slot = free_slot();
     int fd = -1;
-    if (size > capacity || counters.used[dev] > capacity - size || slot < 0 || (fd = new_memfd(size)) < 0) e = CUDA_ERROR_OUT_OF_MEMORY;
-    else {
+    if (slot < 0 || take_memory(dev, size)) e = CUDA_ERROR_OUT_OF_MEMORY;
+    else if ((fd = new_memfd(size)) < 0) {
+        give_memory(dev, size);
+        e = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
         allocs[slot] = (struct alloc){K_VMM_HANDLE, fd, dev, 1, NULL, 0, size, next_serial++};
-        counters.used[dev] += size;
         *h = (CUmemGenericAllocationHandle)slot + 1;
     }
     pthread_mutex_unlock(&lock);

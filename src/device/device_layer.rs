@@ -801,8 +801,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         for (device, pool) in self.pools().iter().enumerate() {
             let Some(releasing) = self.releasing.get(device) else { continue };
             // Note [Idle segments]: short of memory, a segment idle for PRESSURE_IDLE_NS goes.
-            let pressure = below > 0 && pool.lock().is_ready() && self.short_of_memory(device, below);
-            let after = if pressure { after.min(PRESSURE_IDLE_NS) } else { after };
+            // The driver is asked only while idle segments are held (below, once per pass).
+            let mut pressure = false;
+            let mut after = after;
             loop {
                 let now = (self.clock)();
                 let mut batch = [(0u64, 0u64); 16];
@@ -841,6 +842,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 let recheck = now.saturating_add(after.max(PENDING_RECHECK_NS));
                 // Idle segments left are looked at again within PRESSURE_CHECK_NS when the pressure
                 // path is on: the device may run short meanwhile (another process allocating).
+                let idle_left = idle.count < batch.len() && idle.oldest_left_ns.is_some();
+                if freed.is_ok() && !pressure && below > 0 && idle_left && self.short_of_memory(device, pool, releasing, below) {
+                    pressure = true;
+                    after = after.min(PRESSURE_IDLE_NS);
+                    continue;
+                }
                 let pressure_check = (below > 0 && idle.oldest_left_ns.is_some()).then(|| now.saturating_add(PRESSURE_CHECK_NS));
                 let next = idle.oldest_left_ns.map(|t| t.saturating_add(after)).into_iter().chain(idle.pending_left.then_some(recheck)).chain(pressure_check);
                 for t in next {
@@ -854,10 +861,21 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         due
     }
 
-    /// Whether less than `percent` of `device`'s memory is free, as the driver reports it.
-    fn short_of_memory(&self, device: usize, percent: u64) -> bool {
-        let info = self.with_device(device as i32, || self.runtime.mem_info());
-        matches!(info, Ok((free, total)) if total > 0 && (free as u64).saturating_mul(100) < (total as u64).saturating_mul(percent))
+    /// Whether less than `percent` of `device`'s memory is free, as the driver reports it. Asked
+    /// in the pool's own context only (never by retaining a primary context the program may be
+    /// releasing), under the same guard as the releases (`releasing`, the generation).
+    fn short_of_memory(&self, device: usize, pool: &Lock<DevicePool>, releasing: &AtomicU32, percent: u64) -> bool {
+        let (owner, generation) = {
+            let p = pool.lock();
+            (p.owner(), p.generation())
+        };
+        if owner == 0 {
+            return false;
+        }
+        releasing.fetch_add(1, AcqRel);
+        let info = self.with_device(device as i32, || if pool.lock().generation() == generation { self.runtime.mem_info().map(Some) } else { Ok(None) });
+        releasing.fetch_sub(1, AcqRel);
+        matches!(info, Ok(Some((free, total))) if total > 0 && (free as u64).saturating_mul(100) < (total as u64).saturating_mul(percent))
     }
 
     /// Per-device figures for the report: (device, stats, cached bytes).
