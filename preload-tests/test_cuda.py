@@ -69,6 +69,18 @@ def test_idle_segments_go_back_to_the_driver(tmp_path):
     assert pool["idle_released_segments"] == 2 and pool["idle_released_bytes"] >= 600 << 20, pool
 
 
+def test_a_training_loop_on_a_device_short_of_memory_still_makes_no_driver_call(tmp_path):
+    """Note [Idle segments], pressure, and its cost: the idle scenario's 1,000 steps (a 600 MB
+    and a 3 MB block each) on a 700 MB device, so under pressure all along: still 2 driver
+    allocations and no free during the loop (the C program checks it), then the idle segments go
+    back a second after the loop, by the pressure path (the release delay is a minute)."""
+    stats = tmp_path / "stats.json"
+    env = {"FAKECUDA_DEVICE_MEM": "700000000", "TENSORMALLOC_CUDA_RELEASE_MS": "60000", "TENSORMALLOC_STATS": f"json:{stats}"}
+    ok(run([cuda_program(), "idle", "expect-pool"], env=env))
+    pool = json.loads(stats.read_text())["cuda"][0]
+    assert (pool["segments_mapped"], pool["pressure_released_segments"]) == (2, 2), pool
+
+
 def test_a_device_short_of_memory_gets_idle_segments_back_within_seconds(tmp_path):
     """Note [Idle segments], pressure: with most of the device taken outside the pool, an idle
     segment goes back to the driver within seconds, though the release delay is a minute;
