@@ -171,14 +171,18 @@ impl Registry {
 
     /// The entry, birth time and holder of the block starting at `addr`.
     fn slots(&self, addr: usize, create: bool) -> Option<(&AtomicU64, &AtomicU64, &AtomicU64)> {
-        if addr & (PAGE - 1) != 0 {
-            return None;
-        }
-        let leaf = self.leaf(addr, create)?;
-        let index = (addr >> PAGE_SHIFT) & (LEAF_ENTRIES - 1);
+        let (leaf, index) = self.leaf_index(addr, create)?;
         // SAFETY: leaf points to LEAF_BYTES of zero-initialised AtomicU64s that live forever,
         // and index < LEAF_ENTRIES.
         Some(unsafe { (&*leaf.add(index), &*leaf.add(LEAF_ENTRIES + index), &*leaf.add(2 * LEAF_ENTRIES + index)) })
+    }
+
+    /// The leaf of the block starting at `addr` (a page start) and its index in each array.
+    fn leaf_index(&self, addr: usize, create: bool) -> Option<(*mut AtomicU64, usize)> {
+        if addr & (PAGE - 1) != 0 {
+            return None;
+        }
+        Some((self.leaf(addr, create)?, (addr >> PAGE_SHIFT) & (LEAF_ENTRIES - 1)))
     }
 
     /// The overlap count of the granule holding `addr` (any address).
@@ -246,6 +250,16 @@ impl Registry {
     /// Calls `f(addr, len, birth)` for every live block: a walk of every table, for the
     /// reports (not for hot paths).
     pub fn for_each_live(&self, mut f: impl FnMut(usize, usize, Birth)) {
+        self.walk_live(|addr, entry, leaf, i| {
+            // SAFETY: as in slots(); i < LEAF_ENTRIES.
+            let (ns, holder) = unsafe { ((*leaf.add(LEAF_ENTRIES + i)).load(Ordering::Relaxed), (*leaf.add(2 * LEAF_ENTRIES + i)).load(Ordering::Relaxed)) };
+            f(addr, (entry & !STATE_MASK) as usize, Birth { ns, holder });
+        });
+    }
+
+    /// Calls `f(addr, entry, leaf, index)` for every live block's start entry: a walk of every
+    /// table (reports, a forked child's handler; never a hot path).
+    fn walk_live(&self, mut f: impl FnMut(usize, u64, *mut AtomicU64, usize)) {
         let Some(root) = self.root(false) else { return };
         for r in 0..ROOT_ENTRIES {
             // SAFETY: r < ROOT_ENTRIES; the root table lives forever.
@@ -257,10 +271,7 @@ impl Registry {
                 // SAFETY: as in slots().
                 let entry = unsafe { (*leaf.add(i)).load(Ordering::Acquire) };
                 if entry & KIND_MASK == LIVE {
-                    let addr = ((r << LEAF_BITS) | i) << PAGE_SHIFT;
-                    // SAFETY: as above.
-                    let (ns, holder) = unsafe { ((*leaf.add(LEAF_ENTRIES + i)).load(Ordering::Relaxed), (*leaf.add(2 * LEAF_ENTRIES + i)).load(Ordering::Relaxed)) };
-                    f(addr, (entry & !STATE_MASK) as usize, Birth { ns, holder });
+                    f(((r << LEAF_BITS) | i) << PAGE_SHIFT, entry, leaf, i);
                 }
             }
         }
@@ -407,11 +418,7 @@ impl Registry {
     }
 
     fn asked_slot(&self, addr: usize) -> Option<&AtomicU64> {
-        if addr & (PAGE - 1) != 0 {
-            return None;
-        }
-        let leaf = self.leaf(addr, false)?;
-        let index = (addr >> PAGE_SHIFT) & (LEAF_ENTRIES - 1);
+        let (leaf, index) = self.leaf_index(addr, false)?;
         // SAFETY: as in slots(); the sizes asked follow the three arrays of LEAF_ENTRIES.
         Some(unsafe { &*leaf.add(ASKED_AT + index) })
     }
@@ -422,21 +429,11 @@ impl Registry {
         if !ANY_KEPT_FROM_CHILDREN.load(Ordering::Relaxed) {
             return;
         }
-        let Some(root) = self.root(false) else { return };
-        for r in 0..ROOT_ENTRIES {
-            // SAFETY: r < ROOT_ENTRIES; the root table lives forever.
-            let leaf = unsafe { (*root.add(r)).load(Ordering::Acquire) };
-            if leaf.is_null() {
-                continue;
+        self.walk_live(|addr, entry, _, _| {
+            if entry & KEPT_FROM_CHILDREN != 0 {
+                f(addr, (entry & !STATE_MASK) as usize);
             }
-            for i in 0..LEAF_ENTRIES {
-                // SAFETY: as in slots().
-                let entry = unsafe { (*leaf.add(i)).load(Ordering::Acquire) };
-                if entry & KIND_MASK == LIVE && entry & KEPT_FROM_CHILDREN != 0 {
-                    f(((r << LEAF_BITS) | i) << PAGE_SHIFT, (entry & !STATE_MASK) as usize);
-                }
-            }
-        }
+        });
     }
 
     /// What the program did to the pages of the live block at `addr`: (changed, replaced).

@@ -95,12 +95,7 @@ pub fn stats_target<'a>(path: &'a [u8], out: &'a mut [u8; 4096]) -> Option<&'a [
     if !beside {
         return Some(path);
     }
-    let len = path.len() + 3;
-    let dst = out.get_mut(..len)?;
-    for (slot, &b) in dst.iter_mut().zip(path.iter().chain(b".%p")) {
-        *slot = b;
-    }
-    Some(&*dst)
+    crate::sys::files::joined(path, b".%p", out)
 }
 
 /// The path of this process's snapshot at exit (Note [One file per process]): its files carry no
@@ -119,12 +114,7 @@ pub fn snapshot_target<'a>(path: &'a [u8], out: &'a mut [u8; 4096]) -> Option<&'
     }
     let name = core::str::from_utf8(path).unwrap_or("(path)");
     crate::warn_line!("TENSORMALLOC_SNAPSHOT_AT_EXIT: {name} is another process's of this run; process {own} writes its snapshot beside it, to {name}.{own}");
-    let len = path.len() + 3;
-    let dst = out.get_mut(..len)?;
-    for (slot, &b) in dst.iter_mut().zip(path.iter().chain(b".%p")) {
-        *slot = b;
-    }
-    Some(&*dst)
+    crate::sys::files::joined(path, b".%p", out)
 }
 
 #[cfg(test)]

@@ -13,22 +13,41 @@ pub const PATH_MAX_BYTES: usize = 4095;
 /// opened. The file descriptor, or an errno.
 pub fn create_output(path: &[u8]) -> Result<i32, i32> {
     let mut cpath = [0u8; PATH_MAX_BYTES + 1];
-    if path.is_empty() {
-        return Err(libc::ENOENT);
-    }
-    if path.contains(&0) {
-        return Err(libc::EINVAL);
-    }
-    let len = expand_path(path, super::process::id(), &mut cpath).ok_or(libc::ENAMETOOLONG)?;
-    if len > PATH_MAX_BYTES {
-        return Err(libc::ENAMETOOLONG);
-    }
+    target_path(path, &mut cpath)?;
     // SAFETY: cpath is NUL-terminated (one byte longer than any path written into it).
     let fd = unsafe { libc::open(cpath.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600) };
     if fd < 0 {
         return Err(errno());
     }
     Ok(fd)
+}
+
+/// `path` as the kernel is to get it, in `out` (zeroed, so NUL-terminated): `%p` expanded to
+/// this process's id; its length. ENOENT for an empty path, EINVAL for one with a NUL,
+/// ENAMETOOLONG past PATH_MAX.
+fn target_path(path: &[u8], out: &mut [u8; PATH_MAX_BYTES + 1]) -> Result<usize, i32> {
+    if path.is_empty() {
+        return Err(libc::ENOENT);
+    }
+    if path.contains(&0) {
+        return Err(libc::EINVAL);
+    }
+    expand_path(path, super::process::id(), out).filter(|&n| n <= PATH_MAX_BYTES).ok_or(libc::ENAMETOOLONG)
+}
+
+/// `path` then `suffix`, as they are (nothing expanded), in `out`; None past PATH_MAX.
+pub fn joined<'a>(path: &[u8], suffix: &[u8], out: &'a mut [u8; PATH_MAX_BYTES + 1]) -> Option<&'a [u8]> {
+    let n = path.len().checked_add(suffix.len()).filter(|&n| n <= PATH_MAX_BYTES)?;
+    let dst = out.get_mut(..n)?;
+    for (slot, &b) in dst.iter_mut().zip(path.iter().chain(suffix)) {
+        *slot = b;
+    }
+    Some(&*dst)
+}
+
+/// A file's modification time, in wall ns.
+fn mtime_ns(st: &libc::stat) -> u64 {
+    (st.st_mtime as u64).saturating_mul(1_000_000_000).saturating_add(st.st_mtime_nsec as u64)
 }
 
 // Note [Output files]
@@ -80,28 +99,14 @@ impl Drop for Output {
 /// Starts an output file at `path` (`%p` expanded; see `create_output`), written under
 /// `PATH.tmp.PID` until committed; mode 0600; ELOOP when a symbolic link stands at the target.
 pub fn begin_output(path: &[u8]) -> Result<Output, i32> {
-    if path.is_empty() {
-        return Err(libc::ENOENT);
-    }
-    if path.contains(&0) {
-        return Err(libc::EINVAL);
-    }
-    let pid = super::process::id();
     let mut target = [0u8; PATH_MAX_BYTES + 1];
-    let len = expand_path(path, pid, &mut target).filter(|&n| n <= PATH_MAX_BYTES).ok_or(libc::ENAMETOOLONG)?;
+    target_path(path, &mut target)?;
     if is_symlink(&target) {
         return Err(libc::ELOOP);
     }
+    let mut raw = [0u8; PATH_MAX_BYTES + 1];
     let mut temp = [0u8; PATH_MAX_BYTES + 1];
-    let mut suffix = [0u8; 24];
-    let suffix_len = expand_path(b".tmp.%p", pid, &mut suffix).ok_or(libc::ENAMETOOLONG)?;
-    let (head, tail) = (target.get(..len).unwrap_or(&[]), suffix.get(..suffix_len).unwrap_or(&[]));
-    if len + suffix_len > PATH_MAX_BYTES {
-        return Err(libc::ENAMETOOLONG);
-    }
-    for (slot, &b) in temp.iter_mut().zip(head.iter().chain(tail)) {
-        *slot = b;
-    }
+    target_path(joined(path, b".tmp.%p", &mut raw).ok_or(libc::ENAMETOOLONG)?, &mut temp)?;
     // SAFETY: temp is NUL-terminated (zeroed past the path).
     let fd = unsafe { libc::open(temp.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600) };
     if fd < 0 {
@@ -122,12 +127,10 @@ fn is_symlink(path: &[u8]) -> bool {
 pub fn move_beside(path: &[u8], pid: u32) {
     let mut from = [0u8; PATH_MAX_BYTES + 1];
     let mut to = [0u8; PATH_MAX_BYTES + 1];
-    let own = super::process::id();
-    let Some(n) = expand_path(path, own, &mut from).filter(|&n| n + 12 <= PATH_MAX_BYTES) else { return };
     let mut suffix = [0u8; 16];
-    let Some(m) = expand_path(b".%p", pid, &mut suffix) else { return };
-    for (slot, &b) in to.iter_mut().zip(from.iter().take(n).chain(suffix.iter().take(m))) {
-        *slot = b;
+    let (Ok(n), Some(m)) = (target_path(path, &mut from), expand_path(b".%p", pid, &mut suffix)) else { return };
+    if joined(from.get(..n).unwrap_or(&[]), suffix.get(..m).unwrap_or(&[]), &mut to).is_none() {
+        return;
     }
     // SAFETY: both paths are NUL-terminated buffers we own.
     unsafe { libc::rename(from.as_ptr().cast(), to.as_ptr().cast()) };
@@ -144,7 +147,7 @@ pub fn process_exists(pid: u32) -> bool {
 /// None when it cannot be read.
 pub fn peek(path: &[u8], buf: &mut [u8]) -> Option<(usize, u64)> {
     let mut target = [0u8; PATH_MAX_BYTES + 1];
-    expand_path(path, super::process::id(), &mut target).filter(|&n| n <= PATH_MAX_BYTES)?;
+    target_path(path, &mut target).ok()?;
     // SAFETY: target is NUL-terminated; the struct and buffer are ours.
     unsafe {
         let fd = libc::open(target.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW);
@@ -155,8 +158,7 @@ pub fn peek(path: &[u8], buf: &mut [u8]) -> Option<(usize, u64)> {
         let ok = libc::fstat(fd, &mut st) == 0;
         let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
         libc::close(fd);
-        let mtime = (st.st_mtime as u64).saturating_mul(1_000_000_000).saturating_add(st.st_mtime_nsec as u64);
-        (ok && n >= 0).then_some((n as usize, mtime))
+        (ok && n >= 0).then_some((n as usize, mtime_ns(&st)))
     }
 }
 
@@ -174,10 +176,7 @@ pub fn create_claimed_output(path: &[u8], started_wall_ns: u64) -> Result<(i32, 
         return Ok((fd, false));
     }
     let mut cpath = [0u8; PATH_MAX_BYTES + 1];
-    let len = expand_path(path, super::process::id(), &mut cpath).filter(|&n| n <= PATH_MAX_BYTES).ok_or(libc::ENAMETOOLONG)?;
-    if path.contains(&0) || len == 0 {
-        return Err(libc::EINVAL);
-    }
+    target_path(path, &mut cpath)?;
     // SAFETY: cpath is NUL-terminated. No O_TRUNC: the file may be another live process's.
     let fd = unsafe { libc::open(cpath.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600) };
     if fd < 0 {
@@ -186,9 +185,7 @@ pub fn create_claimed_output(path: &[u8], started_wall_ns: u64) -> Result<(i32, 
     // SAFETY: flock and ftruncate on the descriptor we just opened.
     unsafe {
         let mut st: libc::stat = core::mem::zeroed();
-        let written_since = libc::fstat(fd, &mut st) == 0
-            && st.st_size > 0
-            && (st.st_mtime as u64).saturating_mul(1_000_000_000).saturating_add(st.st_mtime_nsec as u64) >= started_wall_ns;
+        let written_since = libc::fstat(fd, &mut st) == 0 && st.st_size > 0 && mtime_ns(&st) >= started_wall_ns;
         if !written_since && libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) == 0 {
             if libc::ftruncate(fd, 0) != 0 {
                 let e = errno();
@@ -200,12 +197,7 @@ pub fn create_claimed_output(path: &[u8], started_wall_ns: u64) -> Result<(i32, 
         libc::close(fd);
     }
     let mut beside = [0u8; PATH_MAX_BYTES + 1];
-    let n = path.len() + 3;
-    let dst = beside.get_mut(..n).ok_or(libc::ENAMETOOLONG)?;
-    for (slot, &b) in dst.iter_mut().zip(path.iter().chain(b".%p")) {
-        *slot = b;
-    }
-    let fd = create_output(beside.get(..n).unwrap_or(&[]))?;
+    let fd = create_output(joined(path, b".%p", &mut beside).ok_or(libc::ENAMETOOLONG)?)?;
     // SAFETY: as above.
     unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
     Ok((fd, true))
