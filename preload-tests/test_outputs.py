@@ -184,3 +184,40 @@ def test_a_child_that_writes_first_steps_aside_for_its_parent(tmp_path):
     parent, child = map(int, out.stdout.splitlines()[-1].split())
     assert json.loads(path.read_text())["pid"] == parent, out.stderr
     assert json.loads((tmp_path / f"s.json.{child}").read_text())["pid"] == child
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_pools_workers_each_leave_a_trace_and_stats_the_report_and_plot_read(tmp_path, method):
+    """Issue 30's done-when, traces included: a Pool of 4 workers ended on leaving `with`
+    (SIGTERM), each making 50 large arrays, leaves with `%p` paths one stats file and one trace
+    per worker, each with its own pid and at least 50 requests; `report` sums them and `plot`
+    draws them in lanes. Without `%p` every trace file of the run is one process's, never
+    interleaved (the plot tool refuses interleaved files)."""
+    import json
+    sys.path.insert(0, str(ROOT / "python"))
+    from tensormalloc import plot
+    from test_cli import ENV, PY
+    script = tmp_path / "pool.py"
+    script.write_text(POOL)
+    env = {"TENSORMALLOC_STATS": f"json:{tmp_path}/s.%p.json", "TENSORMALLOC_TRACE": f"{tmp_path}/t.%p.bin"}
+    out = ok(run([sys.executable, str(script), method, "with"], env=env, timeout=180))
+    workers = sorted(map(int, out.stdout.split()))
+    assert len(workers) == 4, out.stdout
+    for pid in workers:
+        stats = json.loads((tmp_path / f"s.{pid}.json").read_text())
+        assert stats["pid"] == pid and stats["host"]["requests"] >= 50, stats
+        assert plot.summary(plot.load(str(tmp_path / f"t.{pid}.bin")))["allocs"] >= 50, pid
+    files = sorted(str(p) for p in tmp_path.glob("s.*.json"))
+    report = json.loads(ok(run([PY, "-m", "tensormalloc", "report", *files, "--json"], preload=False, env=ENV)).stdout)
+    assert report["total"]["requests"] == sum(r["requests"] for r in report["processes"]), report
+    assert {r["pid"] for r in report["processes"]} >= set(workers), report
+    traces = [str(tmp_path / f"t.{pid}.bin") for pid in workers]
+    drawn = ok(run([PY, "-m", "tensormalloc", "plot", *traces, "-o", str(tmp_path / "run.png")], preload=False, env=ENV))
+    assert drawn.stdout.count("allocs=") == 4, drawn.stdout
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    ok(run([sys.executable, str(script), method, "with"], env={"TENSORMALLOC_TRACE": f"{shared}/t.bin"}, timeout=180))
+    names = sorted(p.name for p in shared.iterdir())
+    assert "t.bin" in names and len(names) >= 4, names
+    allocs = [plot.summary(plot.load(str(shared / name)))["allocs"] for name in names]
+    assert sum(a >= 50 for a in allocs) == 4, (names, allocs)
