@@ -97,6 +97,9 @@ pub struct Config {
     /// Below this percent of a device's memory free (the driver's figure), idle segments go
     /// back after PRESSURE_IDLE_NS rather than the release delay; 0: never.
     pub cuda_release_below_percent: u64,
+    /// How long a process whose device allocation failed waits for the other processes on the
+    /// GPU to give back their idle memory (Note [Neighbours]); 0: no cooperation.
+    pub cuda_neighbour_wait_ms: u64,
 }
 
 /// When a block freed with cudaFree/cudaFreeHost is synchronized (Note [Safe reuse]).
@@ -139,6 +142,7 @@ impl Config {
             cuda_sync: CudaSync::Free,
             cuda_release_ms: 10_000,
             cuda_release_below_percent: 10,
+            cuda_neighbour_wait_ms: 1000,
         };
 }
 
@@ -392,6 +396,12 @@ pub static OPTIONS: &[OptionSpec] = &[
         default: "10",
         doc: "when less than this percent of a device's memory is free (the driver's figure: other processes need it), device segments idle for a second go back to the driver at once, not after TENSORMALLOC_CUDA_RELEASE_MS (0 to 100; 0: never)",
         apply: |c, v| parse_u64_in(v, 0, 100, Unit::Percent).map(|n| c.cuda_release_below_percent = n),
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CUDA_NEIGHBOUR_WAIT_MS",
+        default: "1000",
+        doc: "a device allocation that fails, our own cache given back, asks this user's other processes on the GPU to give back their idle segments and waits at most this long for their answers before retrying (0 to 60000 ms; 0: neither ask nor answer)",
+        apply: |c, v| parse_u64_in(v, 0, 60_000, Unit::Ms).map(|n| c.cuda_neighbour_wait_ms = n),
     },
     // Read by the tools, not by the library: listed so that setting it draws no warning.
     OptionSpec {

@@ -9,6 +9,7 @@ use core::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 
 use crate::config::Config;
 use crate::device::device_layer::DeviceLayer;
+use crate::device::neighbours;
 use crate::host::host_layer::{Background, HostLayer};
 use crate::record::trace;
 use crate::sys::cuda_driver::CudaDriver;
@@ -74,6 +75,8 @@ fn init_slow() -> Option<&'static Globals> {
     reaper::set_work(background_pass);
     DEVICE.configure(&config);
     DEVICE.set_background(reaper::on_block_cached);
+    neighbours::configure(|device| DEVICE.release_for_neighbour(device), config.cuda_neighbour_wait_ms);
+    DEVICE.set_neighbours(neighbours::join, neighbours::ask);
     // SAFETY: only this thread writes, and only before publishing DONE.
     unsafe { (*GLOBALS.0.get()).write(Globals { config, next }) };
     INIT_STATE.store(DONE, Ordering::Release);

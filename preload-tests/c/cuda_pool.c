@@ -131,6 +131,37 @@ static void neighbour_taker(void) {
     CHECK(cudaFree(b) == 0 && cudaFree(a) == 0);
 }
 
+/* Issue 27's done-when, neighbours: the holder keeps 300 MiB live and 600 MiB cached on a 1 GiB
+ * device (12% free: no pressure), says "cached", and waits until its cache has gone back; the
+ * taker's first cudaMalloc of 600 MiB succeeds, with no retry of its own: its pool asks the
+ * holder's. "stopped": the holder is stopped, so the taker's allocation fails after the bounded
+ * wait, with the driver's error. */
+static void neighbour_idle_holder(void) {
+    void *live = NULL, *a = NULL;
+    CHECK(cudaMalloc(&live, 300 * MB) == 0);
+    CHECK(cudaMalloc(&a, 600 * MB) == 0 && cudaFree(a) == 0);
+    printf("cached\n");
+    fflush(stdout);
+    tm_stats_t s;
+    for (int waited_ms = 0; pooled && tm_stats(&s) == 0 && s.cuda_reserved_bytes > 300 * MB; waited_ms += 10) {
+        CHECK(waited_ms < 30000);
+        struct timespec ten = {0, 10 * 1000 * 1000};
+        nanosleep(&ten, NULL);
+    }
+    CHECK(cudaFree(live) == 0);
+}
+
+static void neighbour_at_once(const char *expect) {
+    void *b = NULL;
+    int rc = cudaMalloc(&b, 600 * MB);
+    if (!strcmp(expect, "fails")) {
+        CHECK(rc == 2 && cudaGetLastError() == 2);
+        return;
+    }
+    CHECK(rc == 0);
+    CHECK(cudaFree(b) == 0);
+}
+
 static void two_devices(void) {
     void *a = NULL, *b = NULL;
     CHECK(cudaSetDevice(0) == 0 && cudaMalloc(&a, 64 * MB) == 0);
@@ -233,6 +264,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "pressure")) pressure();
     else if (!strcmp(s, "neighbour-holder")) neighbour_holder();
     else if (!strcmp(s, "neighbour-taker")) neighbour_taker();
+    else if (!strcmp(s, "neighbour-idle-holder")) neighbour_idle_holder();
+    else if (!strcmp(s, "neighbour-at-once")) neighbour_at_once("succeeds");
+    else if (!strcmp(s, "neighbour-stopped")) neighbour_at_once("fails");
     else if (!strcmp(s, "two-devices")) two_devices();
     else if (!strcmp(s, "pinned")) pinned();
     else if (!strcmp(s, "foreign")) foreign();

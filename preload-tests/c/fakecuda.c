@@ -339,6 +339,16 @@ static CUresult s_cuDeviceGet(CUdevice *d, int ordinal) {
     return CUDA_SUCCESS;
 }
 
+/* Every process sees the same UUID for a device, as NVIDIA's driver gives each GPU one. */
+static CUresult s_cuDeviceGetUuid(char uuid[16], CUdevice d) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d < 0 || d >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
+    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(uuid, "fakecuda-gpu-\0\0\0", 16);
+    uuid[15] = (char)d;
+    return CUDA_SUCCESS;
+}
+
 static CUresult s_cuDeviceGetName(char *name, int len, CUdevice d) {
     if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (d < 0 || d >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
@@ -926,6 +936,7 @@ static const struct proc procs[] = {
     P("cuDeviceGet", s_cuDeviceGet),
     P("cuDeviceGetCount", s_cuDeviceGetCount),
     P("cuDeviceGetName", s_cuDeviceGetName),
+    P("cuDeviceGetUuid", s_cuDeviceGetUuid),
     P("cuDeviceTotalMem", s_cuDeviceTotalMem_v2),
     P("cuGetErrorString", s_cuGetErrorString),
     P("cuGetErrorName", s_cuGetErrorName),
@@ -1013,6 +1024,8 @@ EXPORT(cuGetExportTable, s_cuGetExportTable, (const void **t, const void *id), (
 EXPORT(cuDeviceGet, s_cuDeviceGet, (CUdevice *d, int o), (d, o))
 EXPORT(cuDeviceGetCount, s_cuDeviceGetCount, (int *n), (n))
 EXPORT(cuDeviceGetName, s_cuDeviceGetName, (char *s, int n, CUdevice d), (s, n, d))
+EXPORT(cuDeviceGetUuid, s_cuDeviceGetUuid, (char *u, CUdevice d), (u, d))
+EXPORT(cuDeviceGetUuid_v2, s_cuDeviceGetUuid, (char *u, CUdevice d), (u, d))
 EXPORT(cuDeviceTotalMem, s_cuDeviceTotalMem_v2, (size_t *b, CUdevice d), (b, d))
 EXPORT(cuDeviceTotalMem_v2, s_cuDeviceTotalMem_v2, (size_t *b, CUdevice d), (b, d))
 EXPORT(cuGetErrorString, s_cuGetErrorString, (CUresult e, const char **s), (e, s))

@@ -8,7 +8,7 @@
 //! the pool.
 
 use super::pinned::cache::PinnedCache;
-use super::pool::{stream_tag, Alloc, BlockView, DevicePool, Strategy, PENDING, SYNCED};
+use super::pool::{stream_tag, Alloc, BlockView, DevicePool, Release, Strategy, PENDING, SYNCED};
 use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INVALID_VALUE};
 use crate::config::{Config, CudaPool, CudaSync, DeviceLimit};
 use crate::backing::TableSource;
@@ -28,8 +28,10 @@ const PRESSURE_IDLE_NS: u64 = 1_000_000_000;
 /// about this often.
 const PRESSURE_CHECK_NS: u64 = 1_000_000_000;
 
-/// Bounds the alloc loop: hit, sync, segment, release-and-retry, and a little slack.
+/// Bounds the alloc loop: hit, sync, segment, release-and-retry, ask-and-retry, and a little slack.
 const MAX_STEPS: usize = 8;
+/// Idle segments taken out of a pool per lock.
+const IDLE_BATCH: usize = 16;
 
 /// One step of the alloc loop: the pool's decision, with what a new segment's step needs to know
 /// from the same lock (whether it fits the cap; the generation a reset would change).
@@ -79,6 +81,11 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     /// Told when a segment became idle, with when it is due (the background thread's
     /// `on_block_cached`); a `fn(u64)`, null until set.
     on_idle: AtomicPtr<()>,
+    /// Note [Neighbours] (device/neighbours.rs): told when a pool mapped a segment (a `fn(i32)`)
+    /// and asked when an allocation fails with our own cache given back (a `fn(i32) -> bool`:
+    /// true when a neighbour answered); null until set.
+    join_neighbours: AtomicPtr<()>,
+    ask_neighbours: AtomicPtr<()>,
     pub stats: DeviceStats,
 }
 
@@ -154,6 +161,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             release_below_percent: AtomicU64::new(0),
             releasing: [const { AtomicU32::new(0) }; MAX_DEVICES],
             on_idle: AtomicPtr::new(core::ptr::null_mut()),
+            join_neighbours: AtomicPtr::new(core::ptr::null_mut()),
+            ask_neighbours: AtomicPtr::new(core::ptr::null_mut()),
             stats: DeviceStats::new(),
         }
     }
@@ -303,6 +312,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         // allocation, or, when the pool has an owner already, at this request passed through.
         let mut ctx = self.runtime.current_context();
         let mut released = false;
+        let mut asked = false;
         let mut mapped = false;
         // The pool's answer taken under the lock that added a segment, for the next step.
         let mut carried: Option<Step> = None;
@@ -361,6 +371,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                                 return self.passthrough_malloc(device, size);
                             }
                             record::segment(device_place(device as usize), addr as u64, len, true);
+                            self.join_neighbours(device);
                         }
                         Err(DeviceError::OutOfMemory) if !released && self.could_hold(len as usize) => {
                             // The failed call left an error for cudaGetLastError; we recover.
@@ -368,6 +379,11 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                             pool.lock().stats.oom_retries += 1;
                             self.release_cached(device as usize, pool, u64::MAX)?;
                             released = true;
+                        }
+                        Err(DeviceError::OutOfMemory) if !asked && self.could_hold(len as usize) && self.ask_neighbours(device) => {
+                            self.runtime.clear_last_error();
+                            pool.lock().stats.oom_retries += 1;
+                            asked = true;
                         }
                         Err(e) => {
                             if e == DeviceError::OutOfMemory {
@@ -387,7 +403,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     fn passthrough_malloc(&self, device: i32, size: usize) -> Result<usize, DeviceError> {
         self.stats.passthrough.add(1);
         match self.runtime_malloc(size) {
-            Err(DeviceError::OutOfMemory) if self.could_hold(size) && self.give_back(device) > 0 => {
+            Err(DeviceError::OutOfMemory) if self.could_hold(size) && (self.give_back(device) > 0 || self.ask_neighbours(device)) => {
                 self.runtime.clear_last_error();
                 self.runtime_malloc(size)
             }
@@ -778,6 +794,27 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         self.on_idle.store(on_idle as *mut (), Relaxed);
     }
 
+    /// Sets the neighbour hooks (Note [Neighbours] in device/neighbours.rs).
+    pub fn set_neighbours(&self, join: fn(i32), ask: fn(i32) -> bool) {
+        self.join_neighbours.store(join as *mut (), Relaxed);
+        self.ask_neighbours.store(ask as *mut (), Relaxed);
+    }
+
+    fn join_neighbours(&self, device: i32) {
+        let hook = self.join_neighbours.load(Relaxed);
+        if !hook.is_null() {
+            // SAFETY: only set_neighbours stores here, a `fn(i32)`.
+            unsafe { core::mem::transmute::<*mut (), fn(i32)>(hook)(device) };
+        }
+    }
+
+    /// Asks the other processes on `device`'s GPU for their idle memory; true when one answered.
+    fn ask_neighbours(&self, device: i32) -> bool {
+        let hook = self.ask_neighbours.load(Relaxed);
+        // SAFETY: only set_neighbours stores here, a `fn(i32) -> bool`.
+        !hook.is_null() && unsafe { core::mem::transmute::<*mut (), fn(i32) -> bool>(hook)(device) }
+    }
+
     /// A segment became idle at `now_ns` (Note [Idle segments]): the background thread is told
     /// when it is due.
     fn segment_idle_at(&self, now_ns: u64) {
@@ -802,49 +839,19 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             let Some(releasing) = self.releasing.get(device) else { continue };
             // Note [Idle segments]: short of memory, a segment idle for PRESSURE_IDLE_NS goes.
             // The driver is asked only while idle segments are held (below, once per pass).
-            let mut pressure = false;
+            let mut why = Release::Time;
             let mut after = after;
             loop {
                 let now = (self.clock)();
-                let mut batch = [(0u64, 0u64); 16];
-                let (idle, generation) = {
-                    let mut p = pool.lock();
-                    if !p.is_ready() {
-                        break;
-                    }
-                    let idle = p.release_idle_segments(now.saturating_sub(after), pressure, &mut batch);
-                    if idle.count > 0 {
-                        releasing.fetch_add(1, AcqRel);
-                    }
-                    (idle, p.generation())
-                };
-                // In the pool's context, and only if no reset or end of it came meanwhile (then
-                // the driver freed the segments with it): a context's end through us waits for
-                // `releasing` to fall back (lock_between_releases).
-                let freed = if idle.count == 0 {
-                    Ok(())
-                } else {
-                    let freed = self.with_device(device as i32, || {
-                        if pool.lock().generation() != generation {
-                            return Ok(());
-                        }
-                        for &(addr, len) in batch.iter().take(idle.count) {
-                            self.runtime_free(addr as usize)?;
-                            record::segment(device_place(device), addr, len, false);
-                        }
-                        Ok(())
-                    });
-                    releasing.fetch_sub(1, AcqRel);
-                    freed
-                };
+                let Some((idle, freed)) = self.release_idle_batch(device, pool, releasing, now.saturating_sub(after), why) else { break };
                 // A segment waiting for a synchronization is looked at again a delay later (at
                 // least PENDING_RECHECK_NS: a zero delay must not make the thread spin on it).
                 let recheck = now.saturating_add(after.max(PENDING_RECHECK_NS));
                 // Idle segments left are looked at again within PRESSURE_CHECK_NS when the pressure
                 // path is on: the device may run short meanwhile (another process allocating).
-                let idle_left = idle.count < batch.len() && idle.oldest_left_ns.is_some();
-                if freed.is_ok() && !pressure && below > 0 && idle_left && self.short_of_memory(device, pool, releasing, below) {
-                    pressure = true;
+                let idle_left = idle.count < IDLE_BATCH && idle.oldest_left_ns.is_some();
+                if freed.is_ok() && why == Release::Time && below > 0 && idle_left && self.short_of_memory(device, pool, releasing, below) {
+                    why = Release::Pressure;
                     after = after.min(PRESSURE_IDLE_NS);
                     continue;
                 }
@@ -853,12 +860,61 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 for t in next {
                     due = Some(due.map_or(t, |d| d.min(t)));
                 }
-                if freed.is_err() || idle.count < batch.len() {
+                if freed.is_err() || idle.count < IDLE_BATCH {
                     break;
                 }
             }
         }
         due
+    }
+
+    /// A neighbour on the GPU is short of memory (Note [Neighbours]): every idle segment of
+    /// `device` goes back now, whatever its age, as the background thread gives them back.
+    /// Returns the bytes.
+    pub fn release_for_neighbour(&self, device: i32) -> u64 {
+        let Some(device) = usize::try_from(device).ok() else { return 0 };
+        let (Some(pool), Some(releasing)) = (self.pools().get(device), self.releasing.get(device)) else { return 0 };
+        let before = pool.lock().stats.neighbour_released_bytes;
+        while let Some((idle, Ok(()))) = self.release_idle_batch(device, pool, releasing, u64::MAX, Release::Neighbour) {
+            if idle.count < IDLE_BATCH {
+                break;
+            }
+        }
+        pool.lock().stats.neighbour_released_bytes - before
+    }
+
+    /// Takes up to IDLE_BATCH idle segments freed at `cutoff_ns` or before out of `device`'s pool
+    /// and frees them in its context, unless a reset or end of that context came meanwhile (then
+    /// the driver freed them with it): a context's end through us waits for `releasing` to fall
+    /// back (lock_between_releases). None: no pool.
+    fn release_idle_batch(&self, device: usize, pool: &Lock<DevicePool>, releasing: &AtomicU32, cutoff_ns: u64, why: Release) -> Option<(super::pool::IdleRelease, Result<(), DeviceError>)> {
+        let mut batch = [(0u64, 0u64); IDLE_BATCH];
+        let (idle, generation) = {
+            let mut p = pool.lock();
+            if !p.is_ready() {
+                return None;
+            }
+            let idle = p.release_idle_segments(cutoff_ns, why, &mut batch);
+            if idle.count > 0 {
+                releasing.fetch_add(1, AcqRel);
+            }
+            (idle, p.generation())
+        };
+        if idle.count == 0 {
+            return Some((idle, Ok(())));
+        }
+        let freed = self.with_device(device as i32, || {
+            if pool.lock().generation() != generation {
+                return Ok(());
+            }
+            for &(addr, len) in batch.iter().take(idle.count) {
+                self.runtime_free(addr as usize)?;
+                record::segment(device_place(device), addr, len, false);
+            }
+            Ok(())
+        });
+        releasing.fetch_sub(1, AcqRel);
+        Some((idle, freed))
     }
 
     /// Whether less than `percent` of `device`'s memory is free, as the driver reports it. Asked

@@ -206,7 +206,7 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         );
         let _ = writeln!(
             w,
-            "  live {} (peak {})  reserved {} (peak {})  OOM retries {}  OOM failures {}  resets {}  IPC exports {}  given back idle {} in {} segments ({} early, the device short of memory)",
+            "  live {} (peak {})  reserved {} (peak {})  OOM retries {}  OOM failures {}  resets {}  IPC exports {}  given back idle {} in {} segments ({} early, the device short of memory; {} asked by a neighbour)",
             Bytes(p.live_bytes),
             Bytes(p.peak_live_bytes),
             Bytes(p.reserved_bytes),
@@ -217,7 +217,8 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
             p.ipc_exports,
             Bytes(p.idle_released_bytes),
             p.idle_released_segments,
-            Bytes(p.pressure_released_bytes)
+            Bytes(p.pressure_released_bytes),
+            Bytes(p.neighbour_released_bytes)
         );
     });
     let passed_through = DEVICE.stats.passthrough.get();
@@ -327,10 +328,10 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         result = result.and_then(|_| {
             write!(
                 w,
-                "{sep}{{\"device\":{device},\"requests\":{},\"hits\":{},\"segments_mapped\":{},\"segments_released\":{},\"syncs\":{},\"oom_retries\":{},\"oom_failures\":{},\"live_bytes\":{},\"peak_live_bytes\":{},\"reserved_bytes\":{},\"peak_reserved_bytes\":{},\"resets\":{},\"ipc_exports\":{},\"idle_released_segments\":{},\"idle_released_bytes\":{},\"pressure_released_segments\":{},\"pressure_released_bytes\":{}}}",
+                "{sep}{{\"device\":{device},\"requests\":{},\"hits\":{},\"segments_mapped\":{},\"segments_released\":{},\"syncs\":{},\"oom_retries\":{},\"oom_failures\":{},\"live_bytes\":{},\"peak_live_bytes\":{},\"reserved_bytes\":{},\"peak_reserved_bytes\":{},\"resets\":{},\"ipc_exports\":{},\"idle_released_segments\":{},\"idle_released_bytes\":{},\"pressure_released_segments\":{},\"pressure_released_bytes\":{},\"neighbour_released_segments\":{},\"neighbour_released_bytes\":{}}}",
                 p.requests, p.hits, p.segments_mapped, p.segments_released, p.syncs, p.oom_retries, p.oom_failures,
                 p.live_bytes, p.peak_live_bytes, p.reserved_bytes, p.peak_reserved_bytes, p.resets, p.ipc_exports,
-                p.idle_released_segments, p.idle_released_bytes, p.pressure_released_segments, p.pressure_released_bytes
+                p.idle_released_segments, p.idle_released_bytes, p.pressure_released_segments, p.pressure_released_bytes, p.neighbour_released_segments, p.neighbour_released_bytes
             )
         });
     });

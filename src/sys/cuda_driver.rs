@@ -17,6 +17,7 @@ pub type CtxGetCurrentFn = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
 pub type PrimaryGetStateFn = unsafe extern "C" fn(c_int, *mut c_uint, *mut c_int) -> c_int;
 pub type PrimaryRetainFn = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
 pub type DeviceGetFn = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
+pub type DeviceGetUuidFn = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
 pub type AddressRangeFn = unsafe extern "C" fn(*mut u64, *mut usize, u64) -> c_int;
 pub type PointerGetAttributeFn = unsafe extern "C" fn(*mut c_void, c_int, u64) -> c_int;
 pub type PointerGetAttributesFn = unsafe extern "C" fn(c_uint, *mut c_int, *mut *mut c_void, u64) -> c_int;
@@ -73,6 +74,7 @@ pub struct DriverFns {
     pub ctx_pop: Option<CtxPopFn>,
     pub get_proc_address: Option<GetProcAddressFn>,
     pub get_proc_address_v2: Option<GetProcAddressV2Fn>,
+    pub device_get_uuid: Option<DeviceGetUuidFn>,
 }
 
 static DRIVER: Binding<DriverFns> = Binding::new();
@@ -124,6 +126,7 @@ unsafe fn resolve_in(handle: *mut c_void) -> DriverFns {
         ctx_pop: find(handle, c"cuCtxPopCurrent_v2"),
         get_proc_address: find(handle, c"cuGetProcAddress"),
         get_proc_address_v2: find(handle, c"cuGetProcAddress_v2"),
+        device_get_uuid: find(handle, c"cuDeviceGetUuid_v2").or_else(|| find(handle, c"cuDeviceGetUuid")),
     }
 }
 
@@ -149,6 +152,17 @@ fn lookup() -> Option<DriverFns> {
         }
         None
     }
+}
+
+/// The UUID of the device with ordinal `device` (the same GPU has the same one in every process,
+/// whatever CUDA_VISIBLE_DEVICES renumbers); None when the driver cannot say.
+pub fn device_uuid(device: i32) -> Option<[u8; 16]> {
+    let d = driver()?;
+    let (get, uuid) = (d.device_get?, d.device_get_uuid?);
+    let mut handle: c_int = 0;
+    let mut out = [0u8; 16];
+    // SAFETY: each call writes one value of its documented type.
+    (unsafe { get(&mut handle, device) } == 0 && unsafe { uuid(&mut out, handle) } == 0).then_some(out)
 }
 
 /// The context current on this thread; 0 when none or no driver.

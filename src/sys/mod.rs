@@ -22,5 +22,6 @@ pub mod page_calls;
 pub mod process;
 pub mod reaper;
 pub mod reentry;
+pub mod shared_memory;
 pub mod stderr;
 pub mod stdio;

@@ -27,6 +27,12 @@ pub fn id() -> u32 {
     unsafe { libc::getpid() as u32 }
 }
 
+/// The effective user id (whose files ours are).
+pub fn user_id() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// When this process started (wall ns; a forked child: its fork), for "written since it
 /// started" (Note [One file per process] in report/shared_path.rs).
 static STARTED_WALL_NS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);

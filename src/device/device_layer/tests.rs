@@ -539,3 +539,72 @@ fn a_segment_waiting_for_a_sync_is_looked_at_later_not_at_once() {
     assert!(due >= fake_now() + 100_000_000, "not at once");
     assert_eq!(l.runtime().device(0).frees, 0, "a stream may still use it");
 }
+
+thread_local! {
+    /// The layer whose runtime the neighbour of `neighbour_gives_back` shares.
+    static ASKER: core::cell::Cell<*const DeviceLayer<SimRuntime>> = const { core::cell::Cell::new(core::ptr::null()) };
+    static ASKED: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
+}
+
+/// A neighbour that holds 600 MiB idle of the asker's device and gives it back when asked.
+fn neighbour_gives_back(device: i32) -> bool {
+    assert_eq!(device, 0);
+    ASKED.with(|a| a.set(a.get() + 1));
+    // SAFETY: set by the test to a layer that outlives the call.
+    ASKER.with(|l| unsafe { (*l.get()).runtime().neighbour_uses(0, -(600 * MB as isize)) });
+    true
+}
+
+fn neighbour_answers_nothing(_: i32) -> bool {
+    ASKED.with(|a| a.set(a.get() + 1));
+    false
+}
+
+fn no_join(_: i32) {}
+
+/// Note [Neighbours]: an allocation that fails with our own cache given back asks the
+/// neighbours, then retries once; nobody answering, the driver's out of memory stands, and the
+/// last error is the runtime's.
+#[test]
+fn a_failed_allocation_asks_the_neighbours_once_and_retries() {
+    for (ask, succeeds) in [(neighbour_gives_back as fn(i32) -> bool, true), (neighbour_answers_nothing, false)] {
+        let l = Box::new(DeviceLayer::new(SimRuntime::new(&[1 * GB]), leak_table, fake_now));
+        l.configure(&Config::default());
+        l.set_neighbours(no_join, ask);
+        ASKER.with(|a| a.set(&*l));
+        ASKED.with(|a| a.set(0));
+        l.runtime().neighbour_uses(0, 900 * MB as isize);
+        let got = l.malloc(600 * MB, 0);
+        assert_eq!(got.is_ok(), succeeds, "{got:?}");
+        assert_eq!(ASKED.with(|a| a.get()), 1, "asked once");
+        if !succeeds {
+            assert_eq!(got, Err(DeviceError::OutOfMemory));
+        }
+        // Room of our own: nobody is asked.
+        let small = l.malloc(10 * MB, 0).unwrap();
+        assert_eq!(ASKED.with(|a| a.get()), 1);
+        l.free(small).unwrap();
+        ASKER.with(|a| a.set(core::ptr::null()));
+    }
+}
+
+/// Note [Neighbours]: asked, a pool gives back every idle segment at once whatever its age
+/// (the release delay is a minute), counted apart; a segment a live block keeps stays.
+#[test]
+fn a_neighbours_ask_gives_back_every_idle_segment_now() {
+    let l = Box::new(DeviceLayer::new(SimRuntime::new(&[1 * GB]), leak_table, fake_now));
+    l.configure(&Config { cuda_release_ms: 60_000, ..Config::default() });
+    let big = l.malloc(256 * MB, 0).unwrap();
+    let small = l.malloc(100, 0).unwrap();
+    let kept = l.malloc(200, 0).unwrap();
+    l.free(big).unwrap();
+    l.free(small).unwrap();
+    assert_eq!(l.release_for_neighbour(0), 256 * MB as u64, "the small segment holds a live block");
+    let mut stats = (0, 0, 0);
+    l.for_each_pool(|_, p| stats = (p.stats.neighbour_released_bytes, p.stats.idle_released_bytes, p.stats.reserved_bytes));
+    assert_eq!(stats, (256 * MB as u64, 256 * MB as u64, 2 * MB as u64));
+    assert_eq!(l.runtime().device(0).frees, 1);
+    assert_eq!(l.release_for_neighbour(0), 0, "nothing idle left");
+    assert_eq!(l.release_for_neighbour(-1) + l.release_for_neighbour(99), 0, "no such device");
+    l.free(kept).unwrap();
+}

@@ -126,6 +126,17 @@ pub enum Alloc {
     Untracked,
 }
 
+/// Why idle segments go back to the driver (the stats count each way apart).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// Idle for the release delay.
+    Time,
+    /// Idle for a second on a device short of memory.
+    Pressure,
+    /// Another process on the GPU is short of memory and asked (Note [Neighbours]).
+    Neighbour,
+}
+
 /// What `release_idle_segments` did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IdleRelease {
@@ -187,6 +198,9 @@ pub struct PoolStats {
     /// Of them, those given back early because the device's free memory was low.
     pub pressure_released_segments: u64,
     pub pressure_released_bytes: u64,
+    /// Of them, those given back because a neighbour on the GPU asked (Note [Neighbours]).
+    pub neighbour_released_segments: u64,
+    pub neighbour_released_bytes: u64,
 }
 
 pub struct DevicePool {
@@ -257,6 +271,8 @@ impl DevicePool {
                 idle_released_bytes: 0,
                 pressure_released_segments: 0,
                 pressure_released_bytes: 0,
+                neighbour_released_segments: 0,
+                neighbour_released_bytes: 0,
             },
             ready: false,
             serving_miss: false,
@@ -588,8 +604,8 @@ impl DevicePool {
     }
 
     /// Takes out of the pool, into `out`, the idle segments (Note [Idle segments]) free since
-    /// `cutoff_ns` or before; `pressure`: the cutoff is early, for a device short of memory.
-    pub fn release_idle_segments(&mut self, cutoff_ns: u64, pressure: bool, out: &mut [(u64, u64)]) -> IdleRelease {
+    /// `cutoff_ns` or before, counted as released for `why`.
+    pub fn release_idle_segments(&mut self, cutoff_ns: u64, why: Release, out: &mut [(u64, u64)]) -> IdleRelease {
         let mut count = 0;
         let mut next = None::<u64>;
         let mut pending = false;
@@ -611,9 +627,16 @@ impl DevicePool {
                         self.stats.segments_released += 1;
                         self.stats.idle_released_segments += 1;
                         self.stats.idle_released_bytes += b.size;
-                        if pressure {
-                            self.stats.pressure_released_segments += 1;
-                            self.stats.pressure_released_bytes += b.size;
+                        match why {
+                            Release::Time => {}
+                            Release::Pressure => {
+                                self.stats.pressure_released_segments += 1;
+                                self.stats.pressure_released_bytes += b.size;
+                            }
+                            Release::Neighbour => {
+                                self.stats.neighbour_released_segments += 1;
+                                self.stats.neighbour_released_bytes += b.size;
+                            }
                         }
                     } else if whole && b.tag == SYNCED {
                         next = Some(next.map_or(b.born_ns, |n| n.min(b.born_ns)));

@@ -1,0 +1,105 @@
+use super::*;
+
+fn registry() -> Box<Registry> {
+    // SAFETY: every field is an atomic integer or padding, for which all zeroes is a value.
+    let r: Box<Registry> = unsafe { Box::new(core::mem::zeroed()) };
+    assert!(r.adopt());
+    r
+}
+
+const GPU: Key = [7, 9];
+const OTHER_GPU: Key = [8, 9];
+
+#[test]
+fn a_file_of_another_version_is_not_used() {
+    let r = registry();
+    assert!(r.adopt(), "ours: adopted again");
+    r.magic.store(u64::from_le_bytes(*b"TMNEIGH0"), Relaxed);
+    assert!(!r.adopt());
+}
+
+#[test]
+fn an_ask_reaches_the_live_processes_on_the_same_gpu_only() {
+    let r = registry();
+    let (a, b, c) = (r.claim(100, |_| true).unwrap(), r.claim(200, |_| true).unwrap(), r.claim(300, |_| true).unwrap());
+    r.enter(a, GPU).unwrap();
+    r.enter(b, OTHER_GPU).unwrap();
+    r.enter(c, GPU).unwrap();
+    let mut out = [Asked::default(); 4];
+    // Process 100 asks: not itself, not 200 (another GPU), not 300 when it died.
+    assert_eq!(r.ask(100, GPU, |pid| pid != 300, &mut out), 0);
+    let n = r.ask(100, GPU, |_| true, &mut out);
+    assert_eq!(&out[..n], &[Asked { slot: c, ticket: 1 }]);
+    assert!(!r.answered(out[0]));
+    // The owner of c sees device entry 0 wanted, serves, answers the doorbell it read.
+    let mut seen = [0; DEVICES];
+    let bell = r.doorbell(c).unwrap().load(Acquire);
+    assert_eq!(r.take_wanted(c, &mut seen), 1);
+    assert_eq!(r.take_wanted(c, &mut seen), 0, "served once");
+    r.answer(c, bell);
+    assert!(r.answered(out[0]));
+}
+
+#[test]
+fn an_ask_after_the_owner_read_its_doorbell_waits_for_the_next_answer() {
+    let r = registry();
+    let c = r.claim(300, |_| true).unwrap();
+    r.enter(c, GPU).unwrap();
+    let mut seen = [0; DEVICES];
+    let bell = r.doorbell(c).unwrap().load(Acquire);
+    r.take_wanted(c, &mut seen);
+    let mut out = [Asked::default(); 1];
+    r.ask(1, GPU, |_| true, &mut out);
+    r.answer(c, bell);
+    assert!(!r.answered(out[0]), "served before the ask: not its answer");
+    let bell = r.doorbell(c).unwrap().load(Acquire);
+    assert_eq!(r.take_wanted(c, &mut seen), 1);
+    r.answer(c, bell);
+    assert!(r.answered(out[0]));
+}
+
+#[test]
+fn a_dead_processs_slot_is_taken_with_its_devices_forgotten() {
+    let r = registry();
+    let old = r.claim(100, |_| true).unwrap();
+    r.enter(old, GPU).unwrap();
+    for pid in 101..(100 + SLOTS as u32) {
+        r.claim(pid, |_| true).unwrap();
+    }
+    assert_eq!(r.claim(999, |_| true), None, "full, everyone alive");
+    let taken = r.claim(999, |pid| pid != 100).unwrap();
+    assert_eq!(taken, old);
+    let mut out = [Asked::default(); 4];
+    assert_eq!(r.ask(1, GPU, |_| true, &mut out), 0, "the dead process's GPU is not the new one's");
+    assert_eq!(r.claim(999, |_| true), Some(taken), "a pid holds one slot");
+}
+
+#[test]
+fn garbage_in_the_file_never_indexes_or_sizes_anything() {
+    let r = registry();
+    let c = r.claim(300, |_| true).unwrap();
+    r.enter(c, GPU).unwrap();
+    // Another process scribbles every word of the slot.
+    r.slots[c].doorbell.store(u32::MAX, Relaxed);
+    r.slots[c].answered.store(12345, Relaxed);
+    r.slots[c].devices[0].wanted.store(0x7fff_0000, Relaxed);
+    let mut out = [Asked::default(); 2];
+    let n = r.ask(1, GPU, |_| true, &mut out);
+    assert_eq!(n, 1);
+    assert_eq!(out[0].ticket, 0, "the doorbell wrapped");
+    let mut seen = [0; DEVICES];
+    assert_eq!(r.take_wanted(c, &mut seen), 1);
+    // Every device entry filled: entering one more is refused, never out of bounds.
+    for k in 1..DEVICES as u64 {
+        r.enter(c, [k + 100, 0]).unwrap();
+    }
+    assert_eq!(r.enter(c, [999, 0]), None);
+    assert_eq!(r.enter(SLOTS + 5, GPU), None);
+}
+
+#[test]
+fn counters_compare_across_the_wrap() {
+    assert!(reached(3, u32::MAX));
+    assert!(!reached(u32::MAX, 3));
+    assert!(reached(5, 5));
+}
