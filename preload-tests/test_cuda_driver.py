@@ -109,3 +109,13 @@ def test_reset_range_and_ipc_on_every_path(path, mode, tmp_path):
     assert refused == (mode == "split"), out.stdout + out.stderr
     if refused:
         assert "IpcGetMemHandle" in out.stderr and "TENSORMALLOC_CUDA_POOL=binned" in out.stderr
+
+
+@pytest.mark.parametrize("scenario,env", [("rules", {}), ("no-vmm", {"FAKECUDA_NO_VMM": "1"})])
+def test_the_stand_ins_virtual_memory_api_keeps_the_drivers_rules(scenario, env):
+    """Issue 28, item 6: the stand-in driver's virtual memory API answers as NVIDIA documents
+    it (c/vmm_rules.c, run without the library): granularity, alignment, one mapping per range,
+    no access before cuMemSetAccess, whole-mapping unmap, a released handle kept while mapped;
+    and a driver without the API says so."""
+    out = ok(run([cuda_program("vmm_rules"), scenario], preload=False, env=env))
+    assert f"{scenario} ok" in out.stdout

@@ -5,7 +5,7 @@
  * destruction kills every allocation they own (the primary context's handle stays the same, as
  * NVIDIA's does), a per-thread context stack, one memfd per allocation so IPC handles can name a
  * whole allocation across processes, pointer queries, stream-ordered frees, managed memory, a VMM
- * subset, and "kernels" (fakecuda_launch_memset) queued until the next synchronization, so a pool
+ * subset as NVIDIA documents it, and "kernels" (fakecuda_launch_memset) queued until the next synchronization, so a pool
  * that reuses a block before the work on it finished, or hands out a block of a dead context, is
  * caught. Knobs to widen races: FAKECUDA_ALLOC_DELAY_US makes every cuMemAlloc take that long
  * (outside the lock, as on a busy GPU); FAKECUDA_REUSE_CONTEXTS=1 gives a new context the handle
@@ -73,6 +73,9 @@ struct alloc {
     size_t size;
     uint64_t serial; /* tells a reused slot from the allocation a queued op named */
     int freeing;     /* a stream-ordered free is queued: a second free of it is refused */
+    int handle;      /* K_VMM_MAP: the slot of the handle it maps, plus one */
+    int maps;        /* K_VMM_HANDLE: its mappings; released while mapped, it lives until the last goes */
+    int released;    /* K_VMM_HANDLE: cuMemRelease came (the handle is dead to the program) */
 };
 struct op { int is_free; int slot; uint64_t serial; unsigned char *p; size_t n; int value; };
 struct ipc_handle { uint64_t magic; int32_t pid; int32_t fd; uint64_t size; uint64_t ino; uint64_t dev; };
@@ -788,26 +791,59 @@ static CUresult s_cuIpcCloseMemHandle(CUdeviceptr p) {
     return e;
 }
 
-/* ----- VMM subset: PROT_NONE reservations, memfd-backed handles mapped MAP_FIXED ----- */
+/* ----- VMM: PROT_NONE reservations, memfd-backed handles mapped MAP_FIXED -----
+ * As NVIDIA's driver API documents them: a reservation is address space with no access; a
+ * physical handle (cuMemCreate) is memory counted against the device's capacity, here a memfd;
+ * cuMemMap maps it at a reserved address, with no access until cuMemSetAccess (read-write);
+ * cuMemUnmap makes the range a reservation again. Sizes, offsets and addresses are multiples of
+ * the granularity (2 MiB); a range is mapped at most once; cuMemUnmap takes whole mappings
+ * only; a handle released while mapped keeps its memory until its last mapping goes.
+ * FAKECUDA_NO_VMM=1 is a driver without the API: the attribute says 0 and every call answers
+ * CUDA_ERROR_NOT_SUPPORTED. */
 
 typedef struct { int type; int requestedHandleTypes; struct { int type; int id; } location; void *win32HandleMetaData; unsigned char allocFlags[8]; } CUmemAllocationProp;
 typedef struct { struct { int type; int id; } location; int flags; } CUmemAccessDesc;
 #define VMM_GRANULARITY (2UL << 20)
+#define CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
+
+static int no_vmm(void) {
+    const char *v = getenv("FAKECUDA_NO_VMM");
+    return v && *v == '1';
+}
+
+static CUresult vmm_entry(void) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    return no_vmm() ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS;
+}
+
+static int aligned(uint64_t v) { return v % VMM_GRANULARITY == 0; }
+
+static int device_prop(const CUmemAllocationProp *prop) {
+    return prop && prop->type == 1 /* PINNED */ && prop->location.type == 1 /* DEVICE */ && prop->location.id >= 0 && prop->location.id < ndevices;
+}
+
+static CUresult s_cuDeviceGetAttribute(int *value, int attr, CUdevice d) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
+    *value = attr == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ? !no_vmm() : 0;
+    return CUDA_SUCCESS;
+}
 
 static CUresult s_cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option) {
-    (void)prop, (void)option;
-    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    (void)option;
+    CUresult e = vmm_entry();
+    if (e) return e;
+    if (!g || !device_prop(prop)) return CUDA_ERROR_INVALID_VALUE;
     *g = VMM_GRANULARITY;
     return CUDA_SUCCESS;
 }
 
 static CUresult s_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long flags) {
-    (void)flags;
-    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!h || !size || !prop) return CUDA_ERROR_INVALID_VALUE;
+    CUresult e = vmm_entry();
+    if (e) return e;
+    if (!h || !size || !aligned(size) || !device_prop(prop) || flags) return CUDA_ERROR_INVALID_VALUE;
     int dev = prop->location.id;
-    if (dev < 0 || dev >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
-    CUresult e = CUDA_SUCCESS;
     pthread_mutex_lock(&lock);
     int slot = free_slot();
     int fd = -1;
@@ -823,26 +859,44 @@ static CUresult s_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, cons
     return e;
 }
 
+/* The live handle h names, or NULL. */
+static struct alloc *vmm_handle(CUmemGenericAllocationHandle h) {
+    if (h < 1 || h > MAX_ALLOC) return NULL;
+    struct alloc *a = &allocs[h - 1];
+    return a->kind == K_VMM_HANDLE && !a->released ? a : NULL;
+}
+
 static CUresult s_cuMemRelease(CUmemGenericAllocationHandle h) {
-    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult e = CUDA_SUCCESS;
+    CUresult e = vmm_entry();
+    if (e) return e;
     pthread_mutex_lock(&lock);
-    if (h < 1 || h > MAX_ALLOC || allocs[h - 1].kind != K_VMM_HANDLE) e = CUDA_ERROR_INVALID_VALUE;
-    else release_slot((int)h - 1); /* mappings keep the memory until they are unmapped */
+    struct alloc *a = vmm_handle(h);
+    if (!a) e = CUDA_ERROR_INVALID_VALUE;
+    else if (a->maps) a->released = 1; /* its mappings keep the memory until they are unmapped */
+    else release_slot((int)h - 1);
     pthread_mutex_unlock(&lock);
     return e;
 }
 
+/* Mapping k goes: its range is a reservation again, and a released handle with no mapping left
+ * gives its memory back. */
+static void drop_mapping(int k) {
+    struct alloc *m = &allocs[k];
+    mmap((void *)m->base, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    int h = m->handle - 1;
+    release_slot(k);
+    if (h >= 0 && allocs[h].kind == K_VMM_HANDLE && --allocs[h].maps == 0 && allocs[h].released) release_slot(h);
+}
+
 static CUresult s_cuMemAddressReserve(CUdeviceptr *out, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags) {
-    (void)flags;
-    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!out || !size || size % VMM_GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+    CUresult e = vmm_entry();
+    if (e) return e;
+    if (!out || !size || !aligned(size) || flags) return CUDA_ERROR_INVALID_VALUE;
     if (align < VMM_GRANULARITY) align = VMM_GRANULARITY;
     if (align & (align - 1)) return CUDA_ERROR_INVALID_VALUE;
-    CUresult e = CUDA_SUCCESS;
     pthread_mutex_lock(&lock);
     int slot = free_slot();
-    void *raw = slot < 0 ? MAP_FAILED : mmap((void *)(uintptr_t)addr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *raw = slot < 0 || size + align < size ? MAP_FAILED : mmap((void *)(uintptr_t)addr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (raw == MAP_FAILED) e = CUDA_ERROR_OUT_OF_MEMORY;
     else {
         uintptr_t lo = (uintptr_t)raw, start = (lo + align - 1) & ~(align - 1);
@@ -856,60 +910,83 @@ static CUresult s_cuMemAddressReserve(CUdeviceptr *out, size_t size, size_t alig
 }
 
 static CUresult s_cuMemAddressFree(CUdeviceptr p, size_t size) {
-    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult e = CUDA_SUCCESS;
+    CUresult e = vmm_entry();
+    if (e) return e;
     pthread_mutex_lock(&lock);
     int i = find_base((uintptr_t)p, M(K_VMM_RESERVE));
     if (i < 0 || allocs[i].size != size) e = CUDA_ERROR_INVALID_VALUE;
     else {
         for (int k = 0; k < MAX_ALLOC; k++) /* mappings left inside go with the range */
-            if (allocs[k].kind == K_VMM_MAP && allocs[k].base >= p && allocs[k].base - p < size) release_slot(k);
+            if (allocs[k].kind == K_VMM_MAP && allocs[k].base >= p && allocs[k].base - p < size) drop_mapping(k);
         release_slot(i);
     }
     pthread_mutex_unlock(&lock);
     return e;
 }
 
+/* Whether some mapping overlaps [p, p + size). */
+static int mapped_overlap(uintptr_t p, size_t size) {
+    for (int k = 0; k < MAX_ALLOC; k++)
+        if (allocs[k].kind == K_VMM_MAP && allocs[k].base < p + size && p < allocs[k].base + allocs[k].size) return 1;
+    return 0;
+}
+
+/* Whether [p, p + size) is tiled by whole mappings; each is passed to f when f is not NULL. */
+static int whole_mappings(uintptr_t p, size_t size, void (*f)(int)) {
+    for (uintptr_t at = p; at < p + size;) {
+        int k = find_base(at, M(K_VMM_MAP));
+        if (k < 0 || allocs[k].size > p + size - at) return 0;
+        at += allocs[k].size;
+    }
+    if (f)
+        for (uintptr_t at = p; at < p + size;) {
+            int k = find_base(at, M(K_VMM_MAP));
+            at += allocs[k].size;
+            f(k);
+        }
+    return 1;
+}
+
 static CUresult s_cuMemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags) {
-    (void)flags;
-    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult e = CUDA_SUCCESS;
+    CUresult e = vmm_entry();
+    if (e) return e;
     pthread_mutex_lock(&lock);
     int r = find_containing((uintptr_t)p, M(K_VMM_RESERVE));
     int slot = free_slot();
-    struct alloc *a = h >= 1 && h <= MAX_ALLOC ? &allocs[h - 1] : NULL;
-    if (r < 0 || !a || a->kind != K_VMM_HANDLE || !size || offset > a->size || size > a->size - offset ||
-        size > allocs[r].size - (p - allocs[r].base) || find_containing((uintptr_t)p, M(K_VMM_MAP)) >= 0)
+    struct alloc *a = vmm_handle(h);
+    if (r < 0 || !a || flags || !size || !aligned(p) || !aligned(size) || !aligned(offset) || offset > a->size || size > a->size - offset ||
+        size > allocs[r].size - (p - allocs[r].base) || mapped_overlap((uintptr_t)p, size))
         e = CUDA_ERROR_INVALID_VALUE;
     else if (slot < 0 || mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, (off_t)offset) == MAP_FAILED)
         e = CUDA_ERROR_OUT_OF_MEMORY;
-    else allocs[slot] = (struct alloc){K_VMM_MAP, -1, a->dev, 0, NULL, (uintptr_t)p, size, next_serial++};
+    else {
+        allocs[slot] = (struct alloc){K_VMM_MAP, -1, a->dev, 0, NULL, (uintptr_t)p, size, next_serial++};
+        allocs[slot].handle = (int)h;
+        a->maps++;
+    }
     pthread_mutex_unlock(&lock);
     return e;
 }
 
 static CUresult s_cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *desc, size_t count) {
-    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!desc || !count) return CUDA_ERROR_INVALID_VALUE;
-    CUresult e = CUDA_SUCCESS;
+    CUresult e = vmm_entry();
+    if (e) return e;
+    if (!desc || !count || !size || !aligned(p) || !aligned(size)) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++)
+        if (desc[i].location.type != 1 || desc[i].location.id < 0 || desc[i].location.id >= ndevices || (desc[i].flags != 0 && desc[i].flags != 1 && desc[i].flags != 3))
+            return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
-    int i = find_containing((uintptr_t)p, M(K_VMM_MAP));
-    if (i < 0 || mprotect((void *)(uintptr_t)p, size, desc->flags ? PROT_READ | PROT_WRITE : PROT_NONE) != 0) e = CUDA_ERROR_INVALID_VALUE;
+    int prot = desc[0].flags == 3 ? PROT_READ | PROT_WRITE : desc[0].flags == 1 ? PROT_READ : PROT_NONE;
+    if (!whole_mappings((uintptr_t)p, size, NULL) || mprotect((void *)(uintptr_t)p, size, prot) != 0) e = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_unlock(&lock);
     return e;
 }
 
 static CUresult s_cuMemUnmap(CUdeviceptr p, size_t size) {
-    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult e = CUDA_SUCCESS;
+    CUresult e = vmm_entry();
+    if (e) return e;
     pthread_mutex_lock(&lock);
-    int i = find_base((uintptr_t)p, M(K_VMM_MAP));
-    if (i < 0 || allocs[i].size != size) e = CUDA_ERROR_INVALID_VALUE;
-    else {
-        /* back to a reservation: PROT_NONE anonymous memory in place */
-        mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-        release_slot(i);
-    }
+    if (!size || !aligned(p) || !aligned(size) || !whole_mappings((uintptr_t)p, size, drop_mapping)) e = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_unlock(&lock);
     return e;
 }
@@ -1077,6 +1154,7 @@ EXPORT(cuIpcGetMemHandle, s_cuIpcGetMemHandle, (CUipcMemHandle *h, CUdeviceptr p
 EXPORT(cuIpcOpenMemHandle, s_cuIpcOpenMemHandle_v2, (CUdeviceptr *p, CUipcMemHandle h, unsigned f), (p, h, f))
 EXPORT(cuIpcOpenMemHandle_v2, s_cuIpcOpenMemHandle_v2, (CUdeviceptr *p, CUipcMemHandle h, unsigned f), (p, h, f))
 EXPORT(cuIpcCloseMemHandle, s_cuIpcCloseMemHandle, (CUdeviceptr p), (p))
+EXPORT(cuDeviceGetAttribute, s_cuDeviceGetAttribute, (int *v, int a, CUdevice d), (v, a, d))
 EXPORT(cuMemGetAllocationGranularity, s_cuMemGetAllocationGranularity, (size_t *g, const CUmemAllocationProp *p, int o), (g, p, o))
 EXPORT(cuMemCreate, s_cuMemCreate, (CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *p, unsigned long long f), (h, n, p, f))
 EXPORT(cuMemRelease, s_cuMemRelease, (CUmemGenericAllocationHandle h), (h))
