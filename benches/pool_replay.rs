@@ -1,7 +1,11 @@
 //! Trace replay for the device pool: allocation and free sequences shaped like a CNN training
-//! step and a transformer training step, replayed through each pool strategy over a simulated
-//! device (fake addresses, never dereferenced), with and without a memory cap. Reports the pool's
-//! own cost per call, peak reserved over peak live (fragmentation), runtime calls, and OOMs.
+//! step and a transformer training step (modelled on those networks' tensor shapes, not
+//! recorded), and a long random sequence (512 B to 64 MiB, log-uniform, at most 40 live),
+//! replayed through each pool (split and binned classic segments, split expandable segments:
+//! Note [Expandable segments]) over a simulated device (fake addresses, never dereferenced),
+//! with and without a memory cap. Reports the pool's own cost per call, peak reserved over peak
+//! live (fragmentation: for expandable segments, reserved is the mapped chunks), driver calls
+//! per 1,000 operations (allocations, frees, chunk maps, moves, unmaps, reservations), and OOMs.
 //! This is how the strategies are compared without a GPU; the simulator says nothing about a
 //! real GPU's cudaMalloc speed.
 //!
@@ -9,7 +13,7 @@
 
 use std::time::Instant;
 use tensormalloc::backing::DeviceError;
-use tensormalloc::config::{Config, CudaPool, DeviceLimit};
+use tensormalloc::config::{Config, CudaPool, CudaSegments, DeviceLimit};
 use tensormalloc::device::device_layer::DeviceLayer;
 use tensormalloc::sim::SimRuntime;
 use tensormalloc::sys::os_pages::map_table;
@@ -91,24 +95,61 @@ fn transformer_step() -> Vec<Op> {
     ops
 }
 
+/// The issue 28 random sequence: sizes 512 B to 64 MiB (log-uniform), at most 40 live.
+fn random_sequence() -> Vec<Op> {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let (mut ops, mut live, mut id) = (vec![], vec![], 0);
+    for _ in 0..4000 {
+        if live.len() < 40 && (live.is_empty() || next() % 3 != 0) {
+            let bits = 9 + next() % 18;
+            let size = ((1usize << bits) + (next() as usize % (1 << bits))).min(64 * MB);
+            id += 1;
+            ops.push(Op::Alloc(id, size));
+            live.push(id);
+        } else {
+            let i = next() as usize % live.len();
+            ops.push(Op::Free(live.swap_remove(i)));
+        }
+    }
+    live.into_iter().for_each(|i| ops.push(Op::Free(i)));
+    ops
+}
+
 struct Outcome {
     ns_per_call: f64,
     peak_live: usize,
     peak_reserved: u64,
-    runtime_mallocs: u64,
+    /// Driver calls in the first step (warm-up), and per 1,000 operations after it.
+    warmup_calls: u64,
+    driver_calls: f64,
     ooms: usize,
 }
 
-fn replay(ops: &[Op], steps: usize, pool: CudaPool, limit: Option<usize>, capacity: usize) -> Outcome {
+fn driver_calls(layer: &DeviceLayer<SimRuntime>) -> u64 {
+    let d = layer.runtime().device(0);
+    d.mallocs + d.frees + d.maps + d.unmaps + d.moves + d.reserves
+}
+
+fn replay(ops: &[Op], steps: usize, pool: CudaPool, segments: CudaSegments, limit: Option<usize>, capacity: usize) -> Outcome {
     let layer = Box::leak(Box::new(DeviceLayer::new(SimRuntime::new(&[capacity]), map_table, tensormalloc::sys::clock::now_ns)));
-    let config = Config { cuda_pool: pool, cuda_limit: limit.map_or(DeviceLimit::Unlimited, |l| DeviceLimit::Bytes(l as u64)), ..Config::default() };
+    let config = Config { cuda_pool: pool, cuda_segments: segments, cuda_limit: limit.map_or(DeviceLimit::Unlimited, |l| DeviceLimit::Bytes(l as u64)), ..Config::default() };
     layer.configure(&config);
     let max_id = ops.iter().map(|op| match op { Op::Alloc(i, _) | Op::Free(i) => *i }).max().unwrap_or(0);
     let mut addr = vec![0usize; max_id + 1];
     let mut size = vec![0usize; max_id + 1];
     let (mut live, mut peak_live, mut ooms, mut calls) = (0usize, 0usize, 0usize, 0usize);
     let start = Instant::now();
-    for _ in 0..steps {
+    let mut warmup_calls = 0;
+    for step in 0..steps {
+        if step == 1 {
+            warmup_calls = driver_calls(layer);
+        }
         for op in ops {
             calls += 1;
             match *op {
@@ -138,27 +179,29 @@ fn replay(ops: &[Op], steps: usize, pool: CudaPool, limit: Option<usize>, capaci
     let elapsed = start.elapsed().as_nanos() as f64;
     let mut peak_reserved = 0;
     layer.for_each_pool(|_, p| peak_reserved += p.stats.peak_reserved_bytes);
-    Outcome { ns_per_call: elapsed / calls as f64, peak_live, peak_reserved, runtime_mallocs: layer.runtime().device(0).mallocs, ooms }
+    let after = (driver_calls(layer) - warmup_calls) as f64 * 1000.0 / (calls - ops.len()).max(1) as f64;
+    Outcome { ns_per_call: elapsed / calls as f64, peak_live, peak_reserved, warmup_calls, driver_calls: after, ooms }
 }
 
 fn main() {
     let steps = 50;
-    println!("| trace | strategy | cap | ns/call (pool + simulator) | peak reserved / peak live | runtime cudaMalloc calls | OOMs |");
-    println!("|---|---|---|---|---|---|---|");
-    for (name, ops) in [("cnn", cnn_step()), ("transformer", transformer_step())] {
-        let uncapped = replay(&ops, 2, CudaPool::Split, None, 1 << 40);
+    println!("| trace | pool | cap | ns/call (pool + simulator) | peak reserved / peak live | driver calls, first step | driver calls per 1,000 ops after | OOMs |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let pools = [(CudaPool::Split, CudaSegments::Classic, "split"), (CudaPool::Binned, CudaSegments::Classic, "binned"), (CudaPool::Split, CudaSegments::Expandable, "split, expandable")];
+    for (name, ops) in [("cnn", cnn_step()), ("transformer", transformer_step()), ("random", random_sequence())] {
+        let uncapped = replay(&ops, 2, CudaPool::Split, CudaSegments::Classic, None, 1 << 40);
         for cap_factor in [None, Some(1.25f64), Some(1.05)] {
-            for pool in [CudaPool::Split, CudaPool::Binned] {
+            for (pool, segments, label) in pools {
                 let limit = cap_factor.map(|f| (uncapped.peak_live as f64 * f) as usize);
-                let o = replay(&ops, steps, pool, limit, 1 << 40);
+                let o = replay(&ops, steps, pool, segments, limit, 1 << 40);
                 println!(
-                    "| {name} ({} ops/step) | {:?} | {} | {:.0} | {:.3} | {} | {} |",
+                    "| {name} ({} ops/step) | {label} | {} | {:.0} | {:.3} | {} | {:.1} | {} |",
                     ops.len(),
-                    pool,
                     cap_factor.map_or("none".to_string(), |f| format!("{f}x peak live")),
                     o.ns_per_call,
                     o.peak_reserved as f64 / o.peak_live as f64,
-                    o.runtime_mallocs,
+                    o.warmup_calls,
+                    o.driver_calls,
                     o.ooms
                 );
             }

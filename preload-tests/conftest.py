@@ -37,6 +37,10 @@ def run(argv, preload=True, env=None, timeout=120, **kw):
     e.pop("LD_PRELOAD", None)
     if preload:
         e["LD_PRELOAD"] = str(LIB) if preload is True else preload
+    # TM_TEST_CUDA_SEGMENTS=expandable runs the whole suite's device scenarios over expandable
+    # segments (a test that sets its own TENSORMALLOC_CUDA_SEGMENTS keeps it).
+    if os.environ.get("TM_TEST_CUDA_SEGMENTS"):
+        e["TENSORMALLOC_CUDA_SEGMENTS"] = os.environ["TM_TEST_CUDA_SEGMENTS"]
     e.update(env or {})
     return subprocess.run(argv, env=e, capture_output=True, text=True, timeout=timeout, **kw)
 

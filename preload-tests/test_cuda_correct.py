@@ -13,10 +13,11 @@ MODES = {
     "binned": {"TENSORMALLOC_CUDA_POOL": "binned"},
     "sync-reuse": {"TENSORMALLOC_CUDA_SYNC": "reuse"},
     "binned-sync-reuse": {"TENSORMALLOC_CUDA_POOL": "binned", "TENSORMALLOC_CUDA_SYNC": "reuse"},
+    "expandable": {"TENSORMALLOC_CUDA_SEGMENTS": "expandable"},
     "pool-none": {"TENSORMALLOC_CUDA_POOL": "none"},
     "disabled": {"TENSORMALLOC_DISABLE": "1"},
 }
-POOLED = ("split", "binned", "sync-reuse", "binned-sync-reuse")
+POOLED = ("split", "binned", "sync-reuse", "binned-sync-reuse", "expandable")
 SCENARIOS = ["reset", "reset-live", "primary-reset", "primary-reset-live", "ctx-destroy", "driver-free",
              "ipc", "ipc-driver", "ipc-after-free", "range", "async", "managed", "vmm"]
 
@@ -43,20 +44,21 @@ def test_under_the_preload(name, mode, tmp_path):
     pools = json.loads(stats.read_text())["cuda"]
     if mode in POOLED and name not in ("managed", "vmm"):
         assert sum(p["requests"] for p in pools) > 0, "the scenario must exercise the pool"
-    if mode in POOLED and name == "async":
+    if mode in POOLED and name == "async" and mode != "expandable":
         # Blocks freed with cudaFreeAsync/cuMemFreeAsync came back to the pool, not the runtime.
         assert sum(p["segments_mapped"] for p in pools) == 1 and sum(p["hits"] for p in pools) >= 39, pools
     refused = "ipc refused" in out.stdout
     if name.startswith("ipc"):
         # Split pools carve 1 MiB blocks from 20 MiB segments: a handle would name the
         # neighbours too, so it is refused with one line naming the setting that works.
-        assert refused == (mode in ("split", "sync-reuse")), out.stdout + out.stderr
+        assert refused == (mode in ("split", "sync-reuse", "expandable")), out.stdout + out.stderr
         if refused:
             lines = [l for l in out.stderr.splitlines() if "IpcGetMemHandle" in l]
-            assert len(lines) == 1 and "TENSORMALLOC_CUDA_POOL=binned" in lines[0], out.stderr
+            setting = "TENSORMALLOC_CUDA_SEGMENTS=classic" if mode == "expandable" else "TENSORMALLOC_CUDA_POOL=binned"
+            assert len(lines) == 1 and setting in lines[0], out.stderr
 
 
-@pytest.mark.parametrize("mode", POOLED)
+@pytest.mark.parametrize("mode", [m for m in POOLED if m != "expandable"])
 def test_ipc_of_a_whole_segment_block_works_in_every_mode(mode, tmp_path):
     """A 64 MiB block is a segment of its own in every mode: its handle is the runtime's."""
     out = ok(scenario("ipc-big", MODES[mode]))

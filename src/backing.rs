@@ -188,6 +188,20 @@ pub trait DeviceRuntime {
     /// The runtime allocation that contains `addr`: (base, length); `None` when there is none
     /// or the driver cannot be reached.
     fn allocation_range(&self, addr: usize) -> Option<(usize, usize)>;
+    /// Note [Expandable segments]: the driver's allocation granularity for `device`'s memory
+    /// when it has the virtual memory API and the device supports it; None otherwise.
+    fn granularity(&self, device: i32) -> Option<u64>;
+    /// cuMemAddressReserve: `len` bytes of device address space, no memory behind them.
+    fn reserve(&self, len: u64) -> Result<u64, DeviceError>;
+    /// cuMemCreate of `len` bytes on `device`, mapped at `addr` (reserved) and made accessible
+    /// to `device`; the physical memory's handle. Nothing is left behind on failure.
+    fn map_chunk(&self, device: i32, addr: u64, len: u64) -> Result<u64, DeviceError>;
+    /// cuMemUnmap of the chunk at `addr`, then cuMemRelease of its handle.
+    fn unmap_chunk(&self, addr: u64, len: u64, handle: u64) -> Result<(), DeviceError>;
+    /// Moves the physical memory `handle` mapped at `from` to `to` (reserved): cuMemUnmap,
+    /// cuMemMap, cuMemSetAccess for `device`. On failure the handle is released (its memory goes
+    /// back to the driver) and nothing stays mapped at `to`.
+    fn move_chunk(&self, device: i32, from: u64, to: u64, len: u64, handle: u64) -> Result<(), DeviceError>;
 }
 
 /// Devices the pool serves (more are passed through to the runtime).

@@ -100,6 +100,17 @@ pub struct Config {
     /// How long a process whose device allocation failed waits for the other processes on the
     /// GPU to give back their idle memory (Note [Neighbours]); 0: no cooperation.
     pub cuda_neighbour_wait_ms: u64,
+    /// Note [Expandable segments]: what the pool's segments are.
+    pub cuda_segments: CudaSegments,
+}
+
+/// What a device pool's segments are (Note [Expandable segments] in device/pool/chunks.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CudaSegments {
+    /// cuMemAlloc'd segments, as PyTorch's default.
+    Classic,
+    /// Reserved address ranges backed chunk by chunk with the driver's virtual memory API.
+    Expandable,
 }
 
 /// When a block freed with cudaFree/cudaFreeHost is synchronized (Note [Safe reuse]).
@@ -143,6 +154,7 @@ impl Config {
             cuda_release_ms: 10_000,
             cuda_release_below_percent: 10,
             cuda_neighbour_wait_ms: 1000,
+            cuda_segments: CudaSegments::Classic,
         };
 }
 
@@ -396,6 +408,15 @@ pub static OPTIONS: &[OptionSpec] = &[
         default: "10",
         doc: "when less than this percent of a device's memory is free (the driver's figure: other processes need it), device segments idle for a second go back to the driver at once, not after TENSORMALLOC_CUDA_RELEASE_MS (0 to 100; 0: never)",
         apply: |c, v| parse_u64_in(v, 0, 100, Unit::Percent).map(|n| c.cuda_release_below_percent = n),
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CUDA_SEGMENTS",
+        default: "classic",
+        doc: "classic: device segments from cuMemAlloc; expandable: reserved address ranges backed 2 MiB chunk by chunk (the driver's virtual memory API), so free memory between live blocks goes back to the driver and a request that fits in the device's free memory never fails for fragmentation (no legacy IPC handles for its blocks)",
+        apply: |c, v| {
+            let choices: &[(&[u8], CudaSegments)] = &[(b"classic", CudaSegments::Classic), (b"expandable", CudaSegments::Expandable)];
+            choose(v, choices, "not one of classic, expandable").map(|s| c.cuda_segments = s)
+        },
     },
     OptionSpec {
         name: "TENSORMALLOC_CUDA_NEIGHBOUR_WAIT_MS",

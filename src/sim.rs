@@ -448,6 +448,12 @@ pub struct SimDeviceState {
     pub mallocs: u64,
     pub frees: u64,
     pub syncs: u64,
+    /// Virtual memory calls (Note [Expandable segments]): chunks mapped and unmapped, ranges
+    /// reserved.
+    pub maps: u64,
+    pub unmaps: u64,
+    pub moves: u64,
+    pub reserves: u64,
 }
 
 #[derive(Default)]
@@ -466,13 +472,27 @@ struct RuntimeState {
     fail_next_mallocs: u64,
     last_error: i32,
     pub host_allocs: u64,
+    /// The virtual memory API's granularity; 0: a driver without it.
+    granularity: u64,
+    /// Mapped chunks: address -> (device, length, handle).
+    mapped: BTreeMap<u64, (usize, u64, u64)>,
+    next_handle: u64,
 }
 
 impl SimRuntime {
     pub fn new(capacities: &[usize]) -> Self {
         let devices = capacities.iter().map(|&capacity| SimDeviceState { capacity, ..Default::default() }).collect();
         let primary_active = vec![false; capacities.len()];
-        SimRuntime { state: Mutex::new(RuntimeState { devices, primary_active, next_addr: 0x7f00_0000_0000, ..Default::default() }) }
+        SimRuntime { state: Mutex::new(RuntimeState { devices, primary_active, next_addr: 0x7f00_0000_0000, granularity: 2 << 20, ..Default::default() }) }
+    }
+    /// A driver without the virtual memory API (granularity 0), or with another granularity.
+    pub fn set_granularity(&self, bytes: u64) {
+        self.state.lock().unwrap().granularity = bytes;
+    }
+    /// Whether `addr` lies in a mapped chunk (device memory a kernel could use).
+    pub fn is_mapped(&self, addr: u64) -> bool {
+        let st = self.state.lock().unwrap();
+        st.mapped.range(..=addr).next_back().is_some_and(|(&base, &(_, len, _))| addr < base + len)
     }
     pub fn device(&self, d: usize) -> SimDeviceState {
         self.state.lock().unwrap().devices[d].clone()
@@ -647,7 +667,69 @@ impl DeviceRuntime for SimRuntime {
     }
     fn allocation_range(&self, addr: usize) -> Option<(usize, usize)> {
         let st = self.state.lock().unwrap();
+        if let Some((&base, &(_, len, _))) = st.mapped.range(..=addr as u64).next_back().filter(|(&b, &(_, l, _))| (addr as u64) < b + l) {
+            return Some((base as usize, len as usize)); // the driver answers a chunk's mapping
+        }
         let (&base, &(_, len, _)) = st.live.range(..=addr).next_back()?;
         (addr < base + len).then_some((base, len))
+    }
+    fn granularity(&self, device: i32) -> Option<u64> {
+        let st = self.state.lock().unwrap();
+        (st.granularity != 0 && usize::try_from(device).is_ok_and(|d| d < st.devices.len())).then_some(st.granularity)
+    }
+    fn reserve(&self, len: u64) -> Result<u64, DeviceError> {
+        let mut st = self.state.lock().unwrap();
+        if st.granularity == 0 || len == 0 || !len.is_multiple_of(st.granularity) {
+            return Err(DeviceError::Other(1));
+        }
+        let addr = (st.next_addr as u64).next_multiple_of(st.granularity);
+        st.next_addr = (addr + len + st.granularity) as usize;
+        let d = st.current as usize;
+        st.devices[d].reserves += 1;
+        Ok(addr)
+    }
+    fn map_chunk(&self, device: i32, addr: u64, len: u64) -> Result<u64, DeviceError> {
+        let mut st = self.state.lock().unwrap();
+        let d = device as usize;
+        let overlaps = st.mapped.range(..addr + len).next_back().is_some_and(|(&b, &(_, l, _))| addr < b + l);
+        if st.granularity == 0 || !len.is_multiple_of(st.granularity) || !addr.is_multiple_of(st.granularity) || overlaps {
+            return Err(DeviceError::Other(1));
+        }
+        if st.fail_next_mallocs > 0 || len as usize > st.devices[d].capacity.saturating_sub(st.devices[d].used) {
+            st.fail_next_mallocs = st.fail_next_mallocs.saturating_sub(1);
+            st.last_error = 2;
+            return Err(DeviceError::OutOfMemory);
+        }
+        st.next_handle += 1;
+        let handle = st.next_handle;
+        st.mapped.insert(addr, (d, len, handle));
+        st.devices[d].used += len as usize;
+        st.devices[d].maps += 1;
+        Ok(handle)
+    }
+    fn move_chunk(&self, device: i32, from: u64, to: u64, len: u64, handle: u64) -> Result<(), DeviceError> {
+        let mut st = self.state.lock().unwrap();
+        let overlaps = st.mapped.range(..to + len).next_back().is_some_and(|(&b, &(_, l, _))| to < b + l);
+        match st.mapped.get(&from) {
+            Some(&(d, l, h)) if l == len && h == handle && d == device as usize && !overlaps => {
+                st.mapped.remove(&from);
+                st.mapped.insert(to, (d, len, handle));
+                st.devices[d].moves += 1;
+                Ok(())
+            }
+            _ => Err(DeviceError::Other(1)),
+        }
+    }
+    fn unmap_chunk(&self, addr: u64, len: u64, handle: u64) -> Result<(), DeviceError> {
+        let mut st = self.state.lock().unwrap();
+        match st.mapped.get(&addr) {
+            Some(&(d, l, h)) if l == len && h == handle => {
+                st.mapped.remove(&addr);
+                st.devices[d].used -= len as usize;
+                st.devices[d].unmaps += 1;
+                Ok(())
+            }
+            _ => Err(DeviceError::Other(1)),
+        }
     }
 }

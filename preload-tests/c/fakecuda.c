@@ -76,6 +76,7 @@ struct alloc {
     int handle;      /* K_VMM_MAP: the slot of the handle it maps, plus one */
     int maps;        /* K_VMM_HANDLE: its mappings; released while mapped, it lives until the last goes */
     int released;    /* K_VMM_HANDLE: cuMemRelease came (the handle is dead to the program) */
+    int access;      /* K_VMM_MAP: cuMemSetAccess's flags (0: no access yet) */
 };
 struct op { int is_free; int slot; uint64_t serial; unsigned char *p; size_t n; int value; };
 struct ipc_handle { uint64_t magic; int32_t pid; int32_t fd; uint64_t size; uint64_t ino; uint64_t dev; };
@@ -978,6 +979,12 @@ static CUresult s_cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDe
     pthread_mutex_lock(&lock);
     int prot = desc[0].flags == 3 ? PROT_READ | PROT_WRITE : desc[0].flags == 1 ? PROT_READ : PROT_NONE;
     if (!whole_mappings((uintptr_t)p, size, NULL) || mprotect((void *)(uintptr_t)p, size, prot) != 0) e = CUDA_ERROR_INVALID_VALUE;
+    else
+        for (uintptr_t at = (uintptr_t)p; at < (uintptr_t)p + size;) {
+            int k = find_base(at, M(K_VMM_MAP));
+            allocs[k].access = desc[0].flags;
+            at += allocs[k].size;
+        }
     pthread_mutex_unlock(&lock);
     return e;
 }
@@ -1180,8 +1187,23 @@ int fakecuda_launch_memset(void *p, int value, size_t n) {
     pthread_mutex_lock(&lock);
     CUcontext c = current();
     int i = find_containing((uintptr_t)p, M(K_DEVICE) | M(K_ASYNC) | M(K_MANAGED) | M(K_IPC) | M(K_VMM_MAP));
-    if (!initialized || usable(c) || i < 0 || n > allocs[i].size - ((uintptr_t)p - allocs[i].base) ||
-        (allocs[i].ctx ? allocs[i].ctx != c : allocs[i].dev != c->dev))
+    if (!initialized || usable(c) || i < 0) e = CUDA_ERROR_ILLEGAL_ADDRESS;
+    else if (allocs[i].kind == K_VMM_MAP) {
+        /* Device memory of the virtual memory API: the range may span mappings side by side,
+         * each accessible to this device (a kernel anywhere else faults). */
+        uintptr_t at = (uintptr_t)p, end = (uintptr_t)p + n;
+        for (int k = i; at < end; k = find_base(at, M(K_VMM_MAP))) {
+            if (k < 0 || allocs[k].access != 3 || allocs[k].dev != c->dev) { e = CUDA_ERROR_ILLEGAL_ADDRESS; break; }
+            at = allocs[k].base + allocs[k].size;
+        }
+        for (uintptr_t from = (uintptr_t)p; !e && from < end;) {
+            int k = find_containing(from, M(K_VMM_MAP));
+            size_t piece = allocs[k].base + allocs[k].size - from;
+            if (piece > end - from) piece = end - from;
+            enqueue((struct op){0, k, allocs[k].serial, (unsigned char *)from, piece, value});
+            from += piece;
+        }
+    } else if (n > allocs[i].size - ((uintptr_t)p - allocs[i].base) || (allocs[i].ctx ? allocs[i].ctx != c : allocs[i].dev != c->dev))
         e = CUDA_ERROR_ILLEGAL_ADDRESS;
     else enqueue((struct op){0, i, allocs[i].serial, p, n, value});
     pthread_mutex_unlock(&lock);
@@ -1206,6 +1228,7 @@ int fakecuda_proc_log(int i, const char **name, int *version, unsigned long long
 int fakecuda_read_byte(const void *p, unsigned char *out) {
     pthread_mutex_lock(&lock);
     int i = find_containing((uintptr_t)p, MEMORY);
+    if (i >= 0 && allocs[i].kind == K_VMM_MAP && !allocs[i].access) i = -1; /* mapped, no access */
     if (i >= 0) *out = *(const volatile unsigned char *)p;
     pthread_mutex_unlock(&lock);
     return i < 0 ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;

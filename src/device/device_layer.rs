@@ -8,9 +8,10 @@
 //! the pool.
 
 use super::pinned::cache::PinnedCache;
+use super::pool::chunks::Unmap;
 use super::pool::{stream_tag, Alloc, BlockView, DevicePool, Release, Strategy, PENDING, SYNCED};
 use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INVALID_VALUE};
-use crate::config::{Config, CudaPool, CudaSync, DeviceLimit};
+use crate::config::{Config, CudaPool, CudaSegments, CudaSync, DeviceLimit};
 use crate::backing::TableSource;
 use crate::record::stats::{timed, DeviceStats};
 use crate::record;
@@ -41,16 +42,20 @@ struct Step {
     /// A new segment would fit the cap were the cache given back (else giving it back is no use).
     could_fit_cap: bool,
     generation: u64,
+    /// Note [Expandable segments]: a new segment is a reserved range (its memory comes chunk by
+    /// chunk, and the cap applies to the chunks).
+    expandable: bool,
 }
 
 impl Step {
     fn decide(p: &mut DevicePool, ctx: u64, size: usize, tag: u64, birth: Birth) -> Step {
         let decision = if p.serves(ctx) { p.alloc(size as u64, tag, birth) } else { Alloc::Untracked };
+        let expandable = p.expandable();
         let (fits_cap, could_fit_cap) = match decision {
-            Alloc::NeedSegment { len, .. } => (p.fits_cap(len), len <= p.limit_bytes()),
+            Alloc::NeedSegment { len, .. } if !expandable => (p.fits_cap(len), len <= p.limit_bytes()),
             _ => (true, true),
         };
-        Step { decision, fits_cap, could_fit_cap, generation: p.generation() }
+        Step { decision, fits_cap, could_fit_cap, generation: p.generation(), expandable }
     }
 }
 
@@ -86,6 +91,10 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     /// true when a neighbour answered); null until set.
     join_neighbours: AtomicPtr<()>,
     ask_neighbours: AtomicPtr<()>,
+    /// TENSORMALLOC_CUDA_SEGMENTS=expandable (Note [Expandable segments] in pool/chunks.rs).
+    expandable_wanted: AtomicBool,
+    /// Per device: held while chunks are mapped or unmapped (Note [Expandable segments]).
+    growing: [Lock<()>; MAX_DEVICES],
     pub stats: DeviceStats,
 }
 
@@ -123,6 +132,9 @@ pub enum Export {
     Whole,
     /// A block (start, size) sharing its segment: a handle would give the peer other blocks.
     Shared { addr: u64, size: u64 },
+    /// A block (start, size) of an expandable segment (Note [Expandable segments]): the driver
+    /// gives no legacy IPC handle for such memory.
+    Expandable { addr: u64, size: u64 },
 }
 
 /// A pointer query about an address (cuMemGetAddressRange, RANGE_START_ADDR/SIZE).
@@ -163,6 +175,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             on_idle: AtomicPtr::new(core::ptr::null_mut()),
             join_neighbours: AtomicPtr::new(core::ptr::null_mut()),
             ask_neighbours: AtomicPtr::new(core::ptr::null_mut()),
+            expandable_wanted: AtomicBool::new(false),
+            growing: [const { Lock::new(()) }; MAX_DEVICES],
             stats: DeviceStats::new(),
         }
     }
@@ -183,6 +197,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         self.pinned_limit_bytes.store(c.cuda_host_cache_bytes, Relaxed);
         self.release_after_ns.store(c.cuda_release_ms.saturating_mul(1_000_000), Relaxed);
         self.release_below_percent.store(c.cuda_release_below_percent, Relaxed);
+        self.expandable_wanted.store(c.cuda_segments == CudaSegments::Expandable, Relaxed);
     }
 
     /// The cap on what `device`'s pool reserves (u64::MAX: none).
@@ -250,11 +265,28 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             self.limit_bytes.load(Relaxed)
         };
         let strategy = if mode == MODE_BINNED { Strategy::Binned } else { Strategy::Split };
-        let ready = pool.lock().init(strategy, limit, self.table_source);
+        let granularity = if self.expandable_wanted.load(Relaxed) && strategy == Strategy::Split { self.expandable_granularity(device) } else { None };
+        let ready = match granularity {
+            Some(chunk) => pool.lock().init_expandable(chunk, limit, self.table_source),
+            None => pool.lock().init(strategy, limit, self.table_source),
+        };
         if ready {
             self.used.store(true, Relaxed);
         }
         ready.then_some(pool)
+    }
+
+    /// The chunk size for expandable segments on `device`: the driver's granularity; None, with
+    /// one stderr line, when the driver or device has no virtual memory API (classic segments).
+    fn expandable_granularity(&self, device: i32) -> Option<u64> {
+        let granularity = self.runtime.granularity(device);
+        if granularity.is_none() {
+            static SAID: AtomicBool = AtomicBool::new(false);
+            if !SAID.swap(true, Relaxed) {
+                crate::warn_line!("TENSORMALLOC_CUDA_SEGMENTS=expandable: the driver has no virtual memory management for device {device}; its pool uses classic segments");
+            }
+        }
+        granularity
     }
 
     /// cudaMalloc: a block of `size` bytes on the current device, for `holder` (a holder word,
@@ -335,6 +367,30 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     self.synchronize()?;
                     pool.lock().mark_all_synced();
                 }
+                Alloc::NeedMap { addr, size } => {
+                    self.map_block(device, pool, addr, size)?;
+                    record::alloc(Self::block(device as usize, addr, size, holder, tag), record::Found::Miss);
+                    return Ok(addr as usize);
+                }
+                Alloc::NeedSegment { len, small } if step.expandable => {
+                    // Note [Expandable segments]: address space only; chunks come with the blocks.
+                    let len = self.range_len(len, small);
+                    let Ok(addr) = self.runtime.reserve(len) else {
+                        self.runtime.clear_last_error();
+                        return self.passthrough_malloc(device, size);
+                    };
+                    if ctx == 0 {
+                        ctx = self.runtime.current_context();
+                    }
+                    let birth = Birth { ns: (self.clock)(), holder };
+                    let mut p = pool.lock();
+                    // A reservation the pool cannot take stays reserved, unused: address space.
+                    if p.generation() != step.generation || !p.bind(ctx) || !p.add_range(addr, len, small) {
+                        drop(p);
+                        return self.passthrough_malloc(device, size);
+                    }
+                    carried = Some(Step::decide(&mut p, ctx, size, tag, birth));
+                }
                 Alloc::NeedSegment { len, small } => {
                     if !step.fits_cap {
                         if released || !step.could_fit_cap {
@@ -398,6 +454,108 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         Err(DeviceError::OutOfMemory)
     }
 
+    /// How much address space to reserve for a range that must hold `need` bytes (Note
+    /// [Expandable segments]): twice the device's memory for large blocks, a quarter of it for
+    /// small ones (address space is cheap, and a range never moves), at least `need`.
+    fn range_len(&self, need: u64, small: bool) -> u64 {
+        let total = self.runtime.mem_info().map_or(1 << 30, |(_, total)| total as u64).max(1 << 30);
+        let wanted = if small { total / 4 } else { total.saturating_mul(2) };
+        let chunk = 2u64 << 20;
+        wanted.max(need).div_ceil(chunk).saturating_mul(chunk)
+    }
+
+    /// Maps the chunks live block [addr, addr + size) touches that are not mapped yet (Note
+    /// [Expandable segments]), giving idle chunks back and asking the neighbours when the device
+    /// is full, as a new classic segment would. On failure the block is freed again.
+    fn map_block(&self, device: i32, pool: &Lock<DevicePool>, addr: u64, size: u64) -> Result<(), DeviceError> {
+        let d = device as usize;
+        let (mut released, mut asked) = (false, false);
+        let result = loop {
+            match self.map_chunks(d, pool, addr, size) {
+                Ok(()) => break Ok(()),
+                Err(DeviceError::OutOfMemory) if !released && self.could_hold(size as usize) => {
+                    self.runtime.clear_last_error();
+                    pool.lock().stats.oom_retries += 1;
+                    if let Err(e) = self.release_cached(d, pool, u64::MAX) {
+                        break Err(e);
+                    }
+                    released = true;
+                }
+                Err(DeviceError::CapReached) if !released => {
+                    if let Err(e) = self.release_cached(d, pool, u64::MAX) {
+                        break Err(e);
+                    }
+                    released = true;
+                }
+                Err(DeviceError::OutOfMemory) if !asked && self.could_hold(size as usize) && self.ask_neighbours(device) => {
+                    self.runtime.clear_last_error();
+                    asked = true;
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        if result.is_err() {
+            let mut p = pool.lock();
+            if matches!(result, Err(DeviceError::OutOfMemory | DeviceError::CapReached)) {
+                p.stats.oom_failures += 1;
+            }
+            p.free(addr, SYNCED, (self.clock)());
+        }
+        result
+    }
+
+    /// One pass of `map_block` under the grow lock: maps what is still unmapped.
+    fn map_chunks(&self, d: usize, pool: &Lock<DevicePool>, addr: u64, size: u64) -> Result<(), DeviceError> {
+        let Some(grow) = self.growing.get(d) else { return Err(DeviceError::Other(CUDA_ERROR_INVALID_VALUE)) };
+        let _growing = grow.lock();
+        loop {
+            let mut todo = [0u64; 32];
+            let (n, chunk) = {
+                let p = pool.lock();
+                (p.unmapped_chunks(addr, size, &mut todo), p.chunk_bytes())
+            };
+            if n == 0 {
+                return Ok(());
+            }
+            for &va in todo.iter().take(n) {
+                // An idle chunk elsewhere is moved here before new memory is made.
+                let spare = pool.lock().take_idle_chunk();
+                if let Some(u) = spare {
+                    let moved = timed(&self.stats.phases.malloc_runtime, || self.runtime.move_chunk(d as i32, u.addr, va, chunk, u.handle));
+                    record::segment(device_place(d), u.addr, chunk, false);
+                    if moved.is_ok() && pool.lock().set_mapped(va, u.handle) {
+                        record::segment(device_place(d), va, chunk, true);
+                        continue;
+                    }
+                    if moved.is_ok() {
+                        let _ = self.runtime.unmap_chunk(va, chunk, u.handle);
+                        return Err(DeviceError::Other(CUDA_ERROR_INVALID_VALUE));
+                    }
+                    pool.lock().stats.segments_released += 1; // the move failed: released
+                }
+                if !pool.lock().fits_cap(chunk) {
+                    return Err(DeviceError::CapReached);
+                }
+                let handle = timed(&self.stats.phases.malloc_runtime, || self.runtime.map_chunk(d as i32, va, chunk))?;
+                if !pool.lock().set_mapped(va, handle) {
+                    // The range went with a reset meanwhile: this chunk is nobody's.
+                    let _ = self.runtime.unmap_chunk(va, chunk, handle);
+                    return Err(DeviceError::Other(CUDA_ERROR_INVALID_VALUE));
+                }
+                record::segment(device_place(d), va, chunk, true);
+            }
+        }
+    }
+
+    /// Unmaps and releases chunks taken out of `device`'s pool, in the current context.
+    fn unmap_chunks(&self, device: usize, chunk: u64, batch: &[Unmap]) -> Result<(), DeviceError> {
+        for u in batch {
+            timed(&self.stats.phases.free_runtime, || self.runtime.unmap_chunk(u.addr, chunk, u.handle))?;
+            record::segment(device_place(device), u.addr, chunk, false);
+        }
+        Ok(())
+    }
+
     /// A request the pool does not serve (another context, full tables): the runtime's, retried
     /// once after our cache on that device is given back when it is out of memory.
     fn passthrough_malloc(&self, device: i32, size: usize) -> Result<usize, DeviceError> {
@@ -445,6 +603,22 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         self.synchronize()?;
         pool.lock().mark_all_synced();
         let mut total = 0;
+        if pool.lock().expandable() {
+            let Some(grow) = self.growing.get(device) else { return Ok(0) };
+            let _growing = grow.lock();
+            loop {
+                let mut batch = [Unmap::default(); 32];
+                let (idle, chunk) = {
+                    let mut p = pool.lock();
+                    (p.release_idle_chunks(u64::MAX, None, &mut batch), p.chunk_bytes())
+                };
+                self.unmap_chunks(device, chunk, batch.get(..idle.count).unwrap_or(&[]))?;
+                total += idle.count as u64 * chunk;
+                if idle.count < batch.len() || total >= max_bytes {
+                    return Ok(total);
+                }
+            }
+        }
         loop {
             let mut batch = [(0u64, 0u64); 32];
             let n = pool.lock().release_free_segments(max_bytes.saturating_sub(total), &mut batch);
@@ -499,7 +673,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         for p in self.pools().iter() {
             let pool = p.lock();
             if pool.is_ready() && pool.may_contain(addr as u64) {
-                if pool.has_segment(addr as u64) {
+                if pool.has_segment(addr as u64) || pool.range_of(addr as u64).is_some() {
                     return true;
                 }
                 maybe = true;
@@ -600,6 +774,11 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             if let Some(b) = pool.live_block(addr as u64).filter(|_| pool.is_ready()) {
                 return Some((d, b));
             }
+            // Note [Expandable segments]: the driver would answer a chunk's mapping; the pool
+            // knows its ranges.
+            if let Some(b) = pool.range_of(addr as u64).and_then(|base| pool.block_at(base, addr as u64)) {
+                return Some((d, b));
+            }
         }
         let (base, _) = self.runtime.allocation_range(addr)?;
         self.pools().iter().enumerate().find_map(|(d, p)| {
@@ -621,9 +800,21 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         }
     }
 
+    /// The context of the expandable segment `addr` lies in (Note [Expandable segments]); None
+    /// outside them.
+    pub fn expandable_context(&self, addr: usize) -> Option<u64> {
+        self.pools().iter().find_map(|p| {
+            let pool = p.lock();
+            (pool.is_ready() && pool.range_of(addr as u64).is_some()).then(|| pool.owner())
+        })
+    }
+
     /// cudaIpcGetMemHandle / cuIpcGetMemHandle of `addr` (Note [IPC]).
     pub fn export(&self, addr: usize) -> Export {
         let Some((d, b)) = self.locate(addr) else { return Export::NotOurs };
+        if self.pools().get(d).is_some_and(|p| p.lock().expandable()) {
+            return Export::Expandable { addr: b.addr, size: b.size };
+        }
         if b.allocated && b.whole_segment && self.pools().get(d).is_some_and(|p| p.lock().mark_exported(b.addr)) {
             return Export::Whole;
         }
@@ -669,7 +860,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// their segments (the snapshot's timeline must not keep them).
     fn forget_blocks(&self, device: usize, pool: &mut DevicePool) {
         pool.for_each_live(|addr, size, birth| record::forgotten(Self::block(device, addr, size, birth.holder, 0)));
-        pool.for_each_segment(|seg| record::segment(device_place(device), seg.addr, seg.blocks().map(|b| b.size).sum(), false));
+        if pool.expandable() {
+            let chunk = pool.chunk_bytes();
+            pool.for_each_mapped_chunk(|addr, _| record::segment(device_place(device), addr, chunk, false));
+        } else {
+            pool.for_each_segment(|seg| record::segment(device_place(device), seg.addr, seg.blocks().map(|b| b.size).sum(), false));
+        }
         pool.forget_all();
     }
 
@@ -888,6 +1084,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// the driver freed them with it): a context's end through us waits for `releasing` to fall
     /// back (lock_between_releases). None: no pool.
     fn release_idle_batch(&self, device: usize, pool: &Lock<DevicePool>, releasing: &AtomicU32, cutoff_ns: u64, why: Release) -> Option<(super::pool::IdleRelease, Result<(), DeviceError>)> {
+        if pool.lock().expandable() {
+            return self.release_idle_chunk_batch(device, pool, releasing, cutoff_ns, why);
+        }
         let mut batch = [(0u64, 0u64); IDLE_BATCH];
         let (idle, generation) = {
             let mut p = pool.lock();
@@ -912,6 +1111,35 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 record::segment(device_place(device), addr, len, false);
             }
             Ok(())
+        });
+        releasing.fetch_sub(1, AcqRel);
+        Some((idle, freed))
+    }
+
+    /// `release_idle_batch` for expandable segments: idle chunks, under the grow lock.
+    fn release_idle_chunk_batch(&self, device: usize, pool: &Lock<DevicePool>, releasing: &AtomicU32, cutoff_ns: u64, why: Release) -> Option<(super::pool::IdleRelease, Result<(), DeviceError>)> {
+        let grow = self.growing.get(device)?;
+        let _growing = grow.lock();
+        let mut batch = [Unmap::default(); IDLE_BATCH];
+        let (idle, generation, chunk) = {
+            let mut p = pool.lock();
+            if !p.is_ready() {
+                return None;
+            }
+            let idle = p.release_idle_chunks(cutoff_ns, Some(why), &mut batch);
+            if idle.count > 0 {
+                releasing.fetch_add(1, AcqRel);
+            }
+            (idle, p.generation(), p.chunk_bytes())
+        };
+        if idle.count == 0 {
+            return Some((idle, Ok(())));
+        }
+        let freed = self.with_device(device as i32, || {
+            if pool.lock().generation() != generation {
+                return Ok(());
+            }
+            self.unmap_chunks(device, chunk, batch.get(..idle.count).unwrap_or(&[]))
         });
         releasing.fetch_sub(1, AcqRel);
         Some((idle, freed))
@@ -947,3 +1175,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod expandable_tests;

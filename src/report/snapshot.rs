@@ -50,6 +50,8 @@ use core::ffi::c_int;
 struct Seg {
     place: u8,
     small: bool,
+    /// A run of an expandable segment's mapped chunks (Note [Expandable segments]).
+    expandable: bool,
     addr: u64,
     total: u64,
     allocated: u64,
@@ -83,9 +85,9 @@ struct Collected<'a> {
 
 impl Collected<'_> {
     /// Appends a segment and its blocks, or nothing when they do not all fit.
-    fn push_segment(&mut self, place: u8, addr: u64, small: bool, blocks: impl Iterator<Item = Blk>) {
+    fn push_segment(&mut self, place: u8, addr: u64, small: bool, expandable: bool, blocks: impl Iterator<Item = Blk>) {
         let first = self.nblks;
-        let mut seg = Seg { place, small, addr, first, ..Seg::default() };
+        let mut seg = Seg { place, small, expandable, addr, first, ..Seg::default() };
         for b in blocks {
             let Some(slot) = self.blks.get_mut(self.nblks) else {
                 self.nblks = first;
@@ -154,16 +156,16 @@ fn collect(c: &mut Collected, head_at_cut: u64) {
                 state: if b.allocated { ACTIVE } else if b.pending { PENDING_FREE } else { INACTIVE },
                 holder: b.holder,
             });
-            c.push_segment(place, s.addr, s.small, blocks);
+            c.push_segment(place, s.addr, s.small, s.expandable, blocks);
         });
     });
     crate::state::HOST.for_each_live(|addr, len, birth| {
         let b = Blk { addr: addr as u64, size: len as u64, state: ACTIVE, holder: birth.holder };
-        c.push_segment(PLACE_HOST, b.addr, false, core::iter::once(b));
+        c.push_segment(PLACE_HOST, b.addr, false, false, core::iter::once(b));
     });
     crate::state::DEVICE.for_each_pinned(|p, live| {
         let b = Blk { addr: p.addr, size: p.len, state: if live { ACTIVE } else { INACTIVE }, holder: if live { p.holder } else { 0 } };
-        c.push_segment(PLACE_PINNED, p.addr, false, core::iter::once(b));
+        c.push_segment(PLACE_PINNED, p.addr, false, false, core::iter::once(b));
     });
     history::for_each(|e| {
         if let Some(slot) = c.events.get_mut(c.nevents) {
@@ -339,7 +341,7 @@ impl Writer {
         self.p.uint(0);
         self.p.tuple();
         self.word(Word::IsExpandable);
-        self.p.bool(false);
+        self.p.bool(s.expandable);
         self.word(Word::Frames);
         self.p.empty_list();
         self.word(Word::Blocks);
@@ -562,15 +564,15 @@ mod tests {
         let mut events = [HistoryEvent::default(); 1];
         let mut c = Collected { segs: &mut segs, nsegs: 0, blks: &mut blks, nblks: 0, events: &mut events, nevents: 0, truncated: false };
         let b = |addr, size, state| Blk { addr, size, state, holder: 0 };
-        c.push_segment(2, 0x1000, true, [b(0x1000, 512, ACTIVE), b(0x1200, 512, PENDING_FREE)].into_iter());
-        c.push_segment(2, 0x9000, false, [b(0x9000, 512, INACTIVE), b(0x9200, 512, ACTIVE)].into_iter());
+        c.push_segment(2, 0x1000, true, false, [b(0x1000, 512, ACTIVE), b(0x1200, 512, PENDING_FREE)].into_iter());
+        c.push_segment(2, 0x9000, false, false, [b(0x9000, 512, INACTIVE), b(0x9200, 512, ACTIVE)].into_iter());
         assert!(c.truncated);
         assert_eq!((c.nsegs, c.nblks), (1, 2));
         let s = c.segs()[0];
         assert_eq!((s.total, s.allocated, s.active), (1024, 512, 1024));
-        c.push_segment(0, 0x5000, false, [b(0x5000, 4096, ACTIVE)].into_iter());
+        c.push_segment(0, 0x5000, false, false, [b(0x5000, 4096, ACTIVE)].into_iter());
         assert_eq!((c.nsegs, c.nblks), (2, 3));
-        c.push_segment(0, 0x7000, false, [b(0x7000, 4096, ACTIVE)].into_iter());
+        c.push_segment(0, 0x7000, false, false, [b(0x7000, 4096, ACTIVE)].into_iter());
         assert_eq!((c.nsegs, c.nblks), (2, 3));
     }
 

@@ -113,5 +113,12 @@ fn export_checked(call: &str, addr: usize) -> Result<(), ()> {
             );
             Err(())
         }
+        Export::Expandable { addr: block, size } => {
+            crate::warn_line!(
+                "{}({:#x}): the pooled block at {:#x} ({} bytes) lies in an expandable segment (TENSORMALLOC_CUDA_SEGMENTS=expandable), memory of the driver's virtual memory API, for which it gives no legacy IPC handle; refused (cudaErrorInvalidValue). IPC of pooled memory works with TENSORMALLOC_CUDA_SEGMENTS=classic and TENSORMALLOC_CUDA_POOL=binned",
+                call, addr, block, size
+            );
+            Err(())
+        }
     }
 }

@@ -36,8 +36,50 @@ pub type MemFreeHostFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 pub type CtxGetDeviceFn = unsafe extern "C" fn(*mut c_int) -> c_int;
 pub type CtxSynchronizeFn = unsafe extern "C" fn() -> c_int;
 pub type CtxPopFn = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
+pub type DeviceGetAttributeFn = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
+pub type MemGetGranularityFn = unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_int) -> c_int;
+pub type MemAddressReserveFn = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> c_int;
+pub type MemMapFn = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> c_int;
+pub type MemSetAccessFn = unsafe extern "C" fn(u64, usize, *const MemAccessDesc, usize) -> c_int;
+pub type MemUnmapFn = unsafe extern "C" fn(u64, usize) -> c_int;
+pub type MemReleaseFn = unsafe extern "C" fn(u64) -> c_int;
 pub type GetProcAddressFn = unsafe extern "C" fn(*const core::ffi::c_char, *mut *mut c_void, c_int, u64) -> c_int;
 pub type GetProcAddressV2Fn = unsafe extern "C" fn(*const core::ffi::c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> c_int;
+
+/// CUmemAllocationProp (cuda.h): pinned device memory on one device.
+#[repr(C)]
+pub struct MemAllocationProp {
+    kind: c_int,
+    requested_handle_types: c_int,
+    location_type: c_int,
+    location_id: c_int,
+    win32_handle_meta_data: *mut c_void,
+    alloc_flags: [u8; 8],
+}
+
+/// CUmemAccessDesc (cuda.h).
+#[repr(C)]
+pub struct MemAccessDesc {
+    location_type: c_int,
+    location_id: c_int,
+    flags: c_int,
+}
+
+const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
+const CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int = 102;
+
+fn device_memory(device: i32) -> MemAllocationProp {
+    MemAllocationProp {
+        kind: CU_MEM_ALLOCATION_TYPE_PINNED,
+        requested_handle_types: 0,
+        location_type: CU_MEM_LOCATION_TYPE_DEVICE,
+        location_id: device,
+        win32_handle_meta_data: core::ptr::null_mut(),
+        alloc_flags: [0; 8],
+    }
+}
 
 /// The driver's real entry points, each present or not.
 pub struct DriverFns {
@@ -75,6 +117,13 @@ pub struct DriverFns {
     pub get_proc_address: Option<GetProcAddressFn>,
     pub get_proc_address_v2: Option<GetProcAddressV2Fn>,
     pub device_get_uuid: Option<DeviceGetUuidFn>,
+    pub device_get_attribute: Option<DeviceGetAttributeFn>,
+    pub mem_get_granularity: Option<MemGetGranularityFn>,
+    pub mem_address_reserve: Option<MemAddressReserveFn>,
+    pub mem_map: Option<MemMapFn>,
+    pub mem_set_access: Option<MemSetAccessFn>,
+    pub mem_unmap: Option<MemUnmapFn>,
+    pub mem_release: Option<MemReleaseFn>,
 }
 
 static DRIVER: Binding<DriverFns> = Binding::new();
@@ -127,6 +176,13 @@ unsafe fn resolve_in(handle: *mut c_void) -> DriverFns {
         get_proc_address: find(handle, c"cuGetProcAddress"),
         get_proc_address_v2: find(handle, c"cuGetProcAddress_v2"),
         device_get_uuid: find(handle, c"cuDeviceGetUuid_v2").or_else(|| find(handle, c"cuDeviceGetUuid")),
+        device_get_attribute: find(handle, c"cuDeviceGetAttribute"),
+        mem_get_granularity: find(handle, c"cuMemGetAllocationGranularity"),
+        mem_address_reserve: find(handle, c"cuMemAddressReserve"),
+        mem_map: find(handle, c"cuMemMap"),
+        mem_set_access: find(handle, c"cuMemSetAccess"),
+        mem_unmap: find(handle, c"cuMemUnmap"),
+        mem_release: find(handle, c"cuMemRelease"),
     }
 }
 
@@ -341,5 +397,68 @@ impl DeviceRuntime for CudaDriver {
     }
     fn allocation_range(&self, addr: usize) -> Option<(usize, usize)> {
         allocation_range(addr)
+    }
+    fn granularity(&self, device: i32) -> Option<u64> {
+        let d = driver()?;
+        let (get, attribute, granularity) = (d.device_get?, d.device_get_attribute?, d.mem_get_granularity?);
+        d.mem_create.and(d.mem_address_reserve).and(d.mem_map).and(d.mem_set_access).and(d.mem_unmap).and(d.mem_release)?;
+        let (mut handle, mut supported, mut bytes): (c_int, c_int, usize) = (0, 0, 0);
+        let prop = device_memory(device);
+        // SAFETY: each call writes one value of its documented type; prop lives across the call.
+        let ok = unsafe { get(&mut handle, device) == 0 && attribute(&mut supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, handle) == 0 && supported != 0 && granularity(&mut bytes, &prop, 0) == 0 };
+        (ok && (bytes as u64).is_power_of_two()).then_some(bytes as u64)
+    }
+    fn reserve(&self, len: u64) -> Result<u64, DeviceError> {
+        let f = get(|d| d.mem_address_reserve)?;
+        let mut addr = 0u64;
+        // SAFETY: writes one CUdeviceptr.
+        check(unsafe { f(&mut addr, len as usize, 0, 0, 0) })?;
+        Ok(addr)
+    }
+    fn map_chunk(&self, device: i32, addr: u64, len: u64) -> Result<u64, DeviceError> {
+        let (create, map, access, unmap, release) = (get(|d| d.mem_create)?, get(|d| d.mem_map)?, get(|d| d.mem_set_access)?, get(|d| d.mem_unmap)?, get(|d| d.mem_release)?);
+        let prop = device_memory(device);
+        let desc = MemAccessDesc { location_type: CU_MEM_LOCATION_TYPE_DEVICE, location_id: device, flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        let mut handle = 0u64;
+        // SAFETY: the documented calls, on a handle we created and a range we reserved; each
+        // failure undoes what came before.
+        unsafe {
+            check(create(&mut handle, len as usize, (&prop as *const MemAllocationProp).cast(), 0))?;
+            if let Err(e) = check(map(addr, len as usize, 0, handle, 0)) {
+                release(handle);
+                return Err(e);
+            }
+            if let Err(e) = check(access(addr, len as usize, &desc, 1)) {
+                unmap(addr, len as usize);
+                release(handle);
+                return Err(e);
+            }
+        }
+        Ok(handle)
+    }
+    fn move_chunk(&self, device: i32, from: u64, to: u64, len: u64, handle: u64) -> Result<(), DeviceError> {
+        let (map, access, unmap, release) = (get(|d| d.mem_map)?, get(|d| d.mem_set_access)?, get(|d| d.mem_unmap)?, get(|d| d.mem_release)?);
+        let desc = MemAccessDesc { location_type: CU_MEM_LOCATION_TYPE_DEVICE, location_id: device, flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        // SAFETY: the documented calls on a handle we created, mapped by us at `from`, and a
+        // range we reserved at `to`; a failure releases the handle.
+        unsafe {
+            check(unmap(from, len as usize))?;
+            let moved = check(map(to, len as usize, 0, handle, 0)).and_then(|()| {
+                check(access(to, len as usize, &desc, 1)).inspect_err(|_| {
+                    unmap(to, len as usize);
+                })
+            });
+            if moved.is_err() {
+                release(handle);
+            }
+            moved
+        }
+    }
+    fn unmap_chunk(&self, addr: u64, len: u64, handle: u64) -> Result<(), DeviceError> {
+        let (unmap, release) = (get(|d| d.mem_unmap)?, get(|d| d.mem_release)?);
+        // SAFETY: a chunk we mapped with a handle we created.
+        check(unsafe { unmap(addr, len as usize) })?;
+        // SAFETY: as above; the mapping went, so the memory goes back.
+        check(unsafe { release(handle) })
     }
 }

@@ -9,6 +9,9 @@ impl DevicePool {
         if b.size < need || !(b.tag == SYNCED || b.tag == tag) {
             return false;
         }
+        if self.expandable() {
+            return true; // any free block: its address space costs nothing, its chunks are shared
+        }
         // Note [Frees that bypass us]: a segment's base goes out only as the whole segment, or
         // with room left before the block carved from its tail.
         if b.seg_prev == NONE && b.seg_next != NONE && b.size - need < ROUND {
@@ -90,12 +93,15 @@ impl DevicePool {
         self.unlink(i);
         let b = *self.blocks.get(i);
         let rest = b.size - need;
-        if b.seg_prev == NONE && self.strategy == Strategy::Split && b.size <= MAX_SPLIT && rest >= ROUND {
+        let expandable = self.expandable();
+        if !expandable && b.seg_prev == NONE && self.strategy == Strategy::Split && b.size <= MAX_SPLIT && rest >= ROUND {
             return self.take_tail(i, need, birth);
         }
-        let split = self.strategy == Strategy::Split
-            && b.size <= MAX_SPLIT
-            && if b.small { rest >= ROUND } else { rest > SMALL_LIMIT };
+        let split = if expandable {
+            rest >= ROUND
+        } else {
+            self.strategy == Strategy::Split && b.size <= MAX_SPLIT && if b.small { rest >= ROUND } else { rest > SMALL_LIMIT }
+        };
         if split {
             let tail = Block { addr: b.addr + need, size: rest, seg_prev: i, seg_next: b.seg_next, allocated: false, ..b };
             if let Some(t) = self.blocks.insert(tail) {

@@ -120,8 +120,12 @@ pub enum Alloc {
     Hit { addr: u64, size: u64 },
     /// Fitting blocks exist but need a device sync first (Note [Safe reuse]).
     NeedSync,
-    /// Map a segment of this many bytes, `add_segment` it, and ask again.
+    /// Map a segment of this many bytes, `add_segment` it, and ask again (expandable: reserve a
+    /// range of at least this many bytes and `add_range` it).
     NeedSegment { len: u64, small: bool },
+    /// Expandable: the block at `addr` is the caller's, but a chunk it touches is not mapped yet
+    /// (Note [Expandable segments]): map `unmapped_chunks`, then it is a hit.
+    NeedMap { addr: u64, size: u64 },
     /// Tables full: serve this request straight from the runtime, untracked.
     Untracked,
 }
@@ -225,6 +229,15 @@ pub struct DevicePool {
     ready: bool,
     /// A segment was just added for the request being served: its next allocation is a miss.
     serving_miss: bool,
+    /// Note [Expandable segments] (chunks.rs): the chunk size; 0 in classic mode.
+    chunk_bytes: u64,
+    chunks: Slab<chunks::Chunk>,
+    ranges: [chunks::Range; chunks::MAX_RANGES],
+    range_count: usize,
+    /// Mapped chunks no live block touches, and their list (oldest first).
+    idle_chunks: u64,
+    idle_head: u32,
+    idle_tail: u32,
 }
 
 fn bin_of(size: u64) -> usize {
@@ -276,6 +289,13 @@ impl DevicePool {
             },
             ready: false,
             serving_miss: false,
+            chunk_bytes: 0,
+            chunks: Slab::empty(),
+            ranges: [chunks::Range { base: 0, len: 0, first_chunk: 0 }; chunks::MAX_RANGES],
+            range_count: 0,
+            idle_chunks: 0,
+            idle_head: NONE,
+            idle_tail: NONE,
         }
     }
 
@@ -289,6 +309,15 @@ impl DevicePool {
                 && self.segments.init(SEGMENT_CAPACITY, source);
         }
         self.ready
+    }
+
+    /// `init` in expandable mode (Note [Expandable segments]): segments are reserved ranges backed
+    /// by chunks of `chunk_bytes`, the driver's granularity.
+    pub fn init_expandable(&mut self, chunk_bytes: u64, limit_bytes: u64, source: TableSource) -> bool {
+        if !self.ready && chunk_bytes.is_power_of_two() && self.chunks.init(chunks::CHUNK_CAPACITY, source) {
+            self.chunk_bytes = chunk_bytes;
+        }
+        self.expandable() && self.init(Strategy::Split, limit_bytes, source)
     }
 
     pub fn is_ready(&self) -> bool {
@@ -308,6 +337,9 @@ impl DevicePool {
     /// (the free part of a partly used segment never leaves it, and can never hold a block
     /// larger than itself).
     pub fn releasable_bytes(&self) -> u64 {
+        if self.expandable() {
+            return self.idle_chunk_bytes();
+        }
         let mut total = 0;
         self.segments.for_each(|_, first| {
             let b = self.blocks.get(first);
@@ -351,6 +383,9 @@ impl DevicePool {
     }
 
     fn segment_for(&self, need: u64) -> (u64, bool) {
+        if self.expandable() {
+            return (need.div_ceil(self.chunk_bytes) * self.chunk_bytes, need < SMALL_LIMIT);
+        }
         match self.strategy {
             Strategy::Binned => (need, false),
             Strategy::Split if need < SMALL_LIMIT => (SMALL_SEGMENT, true),
@@ -372,7 +407,11 @@ impl DevicePool {
             // each step the caller takes before (a sync, a new segment).
             self.stats.requests += 1;
             if let Some(addr) = self.take(index, need, birth) {
-                if !core::mem::take(&mut self.serving_miss) {
+                let serving_miss = core::mem::take(&mut self.serving_miss);
+                if self.expandable() && self.touch(addr, need) {
+                    return Alloc::NeedMap { addr, size: need };
+                }
+                if !serving_miss {
                     self.stats.hits += 1;
                 }
                 return Alloc::Hit { addr, size: need };
@@ -464,11 +503,12 @@ impl DevicePool {
             self.stats.segments_released += 1;
             return Some(Freed { size: b.size, holder: b.holder, release: Some((b.addr, b.size)), segment_idle: false, freed_ns: now_ns });
         }
+        let chunk_idle = self.expandable() && self.untouch(b.addr, b.size, now_ns);
         let merged = self.merge_neighbours(i);
         self.link(merged);
         let m = self.blocks.get_mut(merged);
         m.born_ns = now_ns;
-        let segment_idle = m.seg_prev == NONE && m.seg_next == NONE;
+        let segment_idle = chunk_idle || (m.seg_prev == NONE && m.seg_next == NONE && self.chunk_bytes == 0);
         Some(Freed { size: b.size, holder: b.holder, release: None, segment_idle, freed_ns: now_ns })
     }
 
@@ -540,6 +580,11 @@ impl DevicePool {
         self.pending_free_bytes = 0;
         self.other_tag_free_bytes = 0;
         self.serving_miss = false;
+        self.chunks.clear();
+        self.range_count = 0;
+        self.idle_chunks = 0;
+        self.idle_head = NONE;
+        self.idle_tail = NONE;
         self.stats.reserved_bytes = 0;
         self.stats.live_bytes = 0;
         self.stats.resets += 1;
@@ -666,6 +711,8 @@ impl Default for DevicePool {
 }
 
 mod blocks;
+
+pub mod chunks;
 
 pub mod walk;
 

@@ -30,6 +30,7 @@ impl Harness {
                     return Some(addr);
                 }
                 Alloc::NeedSync => self.pool.mark_all_synced(),
+                Alloc::NeedMap { .. } => unreachable!("classic pools map no chunks"),
                 Alloc::NeedSegment { len, small } => {
                     if self.mapped + len > self.capacity {
                         self.pool.mark_all_synced();

@@ -17,13 +17,18 @@ pub struct WalkBlock {
     pub holder: u64,
 }
 
-/// One segment: its base, whether it serves small requests, and its blocks.
+/// One segment: its base, whether it serves small requests, and its blocks. For expandable
+/// segments (Note [Expandable segments]), one run of mapped chunks, as PyTorch's snapshot shows
+/// an expandable segment's mapped memory; its blocks are those of the range, cut to the run.
 #[derive(Clone, Copy)]
 pub struct WalkSegment<'a> {
     pub addr: u64,
     pub small: bool,
+    pub expandable: bool,
     pool: &'a DevicePool,
     first: u32,
+    /// The run's end (u64::MAX: a classic segment, whole).
+    end: u64,
 }
 
 impl<'a> WalkSegment<'a> {
@@ -31,19 +36,28 @@ impl<'a> WalkSegment<'a> {
     pub fn blocks(&self) -> impl Iterator<Item = WalkBlock> + 'a {
         let pool = self.pool;
         let mut next = self.first;
-        core::iter::from_fn(move || {
+        let (start, end) = (self.addr, self.end);
+        core::iter::from_fn(move || loop {
             if next == NONE {
                 return None;
             }
             let b = pool.blocks.get(next);
             next = b.seg_next;
-            Some(WalkBlock {
-                addr: b.addr,
-                size: b.size,
+            let (from, to) = (b.addr.max(start), b.addr.saturating_add(b.size).min(end));
+            if b.addr >= end {
+                next = NONE;
+                return None;
+            }
+            if from >= to {
+                continue; // before the run
+            }
+            return Some(WalkBlock {
+                addr: from,
+                size: to - from,
                 allocated: b.allocated,
                 pending: !b.allocated && b.tag == PENDING,
                 holder: if b.allocated { b.holder } else { 0 },
-            })
+            });
         })
     }
 }
@@ -53,7 +67,11 @@ impl DevicePool {
     pub fn for_each_segment(&self, mut f: impl FnMut(WalkSegment<'_>)) {
         self.segments.for_each(|addr, first| {
             let small = self.blocks.get(first).small;
-            f(WalkSegment { addr, small, pool: self, first });
+            if self.expandable() {
+                self.for_each_mapped_run(addr, |run, end| f(WalkSegment { addr: run, small, expandable: true, pool: self, first, end }));
+            } else {
+                f(WalkSegment { addr, small, expandable: false, pool: self, first, end: u64::MAX });
+            }
         });
     }
 }

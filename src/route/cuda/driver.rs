@@ -20,6 +20,7 @@ const CUDA_ERROR_OUT_OF_MEMORY: c_int = CUDA_ERROR_MEMORY_ALLOCATION;
 const RANGE_START_ADDR: c_int = 11;
 const RANGE_SIZE: c_int = 12;
 const BUFFER_ID: c_int = 7;
+const CONTEXT: c_int = 1;
 
 /// Which of the driver's real functions a call stands for, where one entry point of ours serves
 /// several spellings (cuCtxDestroy and cuCtxDestroy_v2, cuMemFreeAsync and its _ptsz form).
@@ -29,9 +30,11 @@ fn real<T>(pick: impl FnOnce(&DriverFns) -> Option<T>) -> Option<T> {
     driver().and_then(pick)
 }
 
-/// The pointer attributes a pooled block answers for itself: its range, and its buffer id.
+/// The pointer attributes a pooled block answers for itself: its range, and its buffer id; and,
+/// in an expandable segment, its context (the driver names none for its virtual memory API's
+/// memory, where a cudaMalloc'd block names the context it was allocated in).
 fn blockwise(attribute: c_int) -> bool {
-    matches!(attribute, RANGE_START_ADDR | RANGE_SIZE | BUFFER_ID)
+    matches!(attribute, RANGE_START_ADDR | RANGE_SIZE | BUFFER_ID | CONTEXT)
 }
 
 /// # Safety
@@ -237,7 +240,7 @@ pub unsafe fn pointer_get_attribute(data: *mut c_void, attribute: c_int, ptr: u6
     match DEVICE.range(ptr as usize) {
         RangeAnswer::NotOurs => rc,
         RangeAnswer::Live(start, len, id) => {
-            write_blockwise(data, attribute, (start, len, id));
+            write_blockwise(data, attribute, (start, len, id), ptr);
             rc
         }
         RangeAnswer::Free => CUDA_ERROR_INVALID_VALUE,
@@ -263,18 +266,23 @@ pub unsafe fn pointer_get_attributes(count: c_uint, attributes: *mut c_int, data
     for i in 0..count as usize {
         let (attribute, out) = (*attributes.add(i), *data.add(i));
         if !out.is_null() && blockwise(attribute) {
-            write_blockwise(out, attribute, block);
+            write_blockwise(out, attribute, block, ptr);
         }
     }
     rc
 }
 
-/// RANGE_START_ADDR is a CUdeviceptr, RANGE_SIZE a size_t, BUFFER_ID an unsigned long long:
-/// all 8 bytes here. `block` is (start, size, buffer id).
-unsafe fn write_blockwise(out: *mut c_void, attribute: c_int, block: (u64, u64, u64)) {
+/// RANGE_START_ADDR is a CUdeviceptr, RANGE_SIZE a size_t, BUFFER_ID an unsigned long long,
+/// CONTEXT a CUcontext: all 8 bytes here. `block` is (start, size, buffer id); the driver's
+/// answer for CONTEXT stands unless `ptr` lies in an expandable segment.
+unsafe fn write_blockwise(out: *mut c_void, attribute: c_int, block: (u64, u64, u64), ptr: u64) {
     *(out as *mut u64) = match attribute {
         RANGE_START_ADDR => block.0,
         RANGE_SIZE => block.1,
+        CONTEXT => match DEVICE.expandable_context(ptr as usize) {
+            Some(ctx) if block.0 != 0 => ctx,
+            _ => return,
+        },
         _ => block.2,
     };
 }

@@ -194,7 +194,7 @@ pub unsafe fn ipc_get_mem_handle(handle: *mut c_void, ptr: *mut c_void) -> c_int
     let Some(_entered) = reentry::enter() else { return get(handle, ptr) };
     match export_checked("cudaIpcGetMemHandle", ptr as usize) {
         Ok(()) => get(handle, ptr),
-        Err(()) => CUDA_ERROR_INVALID_VALUE,
+        Err(()) => as_the_runtime(rt, CUDA_ERROR_INVALID_VALUE),
     }
 }
 
