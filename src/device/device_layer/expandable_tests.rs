@@ -157,3 +157,18 @@ fn out_of_memory_gives_idle_chunks_back_first_and_leaves_nothing_behind() {
     l.free(b).unwrap();
     l.free(live).unwrap();
 }
+
+/// cudaMemGetInfo counts idle chunks as free, and a request of all of it succeeds, with live
+/// blocks scattered around.
+#[test]
+fn all_the_memory_reported_free_can_be_had_in_one_request() {
+    let l = layer(CudaSegments::Expandable, 1000 * MB);
+    let blocks: Vec<usize> = (0..100).map(|i| l.malloc(3 * MB + i * 4096 + 100, 0).unwrap()).collect();
+    for b in blocks.iter().step_by(2) {
+        l.free(*b).unwrap();
+    }
+    let (free, total) = l.mem_info().unwrap();
+    assert_eq!(total, 1000 * MB);
+    let all = l.malloc(free, 0);
+    assert!(all.is_ok(), "{free} reported free: {all:?}");
+}
