@@ -72,3 +72,10 @@ def test_eight_threads_see_no_wrong_byte_and_leave_nothing_at_the_driver():
     tm_trim the driver holds nothing for the pool."""
     scenario("threads", "expect-expandable")
     scenario("threads", "expect-driver")
+
+
+def test_a_training_loop_makes_no_driver_call_after_its_first_step_even_under_pressure():
+    """A loop that repeats its sizes (1,000 steps of 600 MB, 3 MB and 100 bytes) on a 700 MB
+    device, short of memory all along (the pressure path is on), makes no virtual memory call
+    after its first step; once it idles, its chunks go back to the driver."""
+    scenario("loop", "expect-expandable", FAKECUDA_DEVICE_MEM=str(700 * 1000 * 1000))

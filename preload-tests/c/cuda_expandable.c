@@ -10,7 +10,10 @@
  *                 release delay, the driver has those 300 MiB back
  *   ipc           an IPC handle of a block: the driver's error under expandable segments
  *   threads       8 threads allocate, write, check and free at random; after tm_trim the
- *                 driver holds nothing for us */
+ *                 driver holds nothing for us
+ *   loop          a training-like loop (1,000 steps of a 600 MB, a 3 MB and a 100-byte block)
+ *                 makes no virtual memory call after its first step, on a 700 MB device where
+ *                 the pressure path is on all along; its chunks go back once it idles */
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
@@ -27,6 +30,7 @@ int cudaIpcGetMemHandle(CUipcMemHandle *, void *);
 
 struct fakecuda_counters { uint64_t mallocs, frees, syncs, host_allocs, host_frees; uint64_t used[4]; };
 void fakecuda_get_counters(struct fakecuda_counters *);
+uint64_t fakecuda_vmm_calls(void);
 
 static const char *expect;
 static int is(const char *e) { return !strcmp(expect, e); }
@@ -157,6 +161,28 @@ static void threads(void) {
     CHECK(c.used[0] == before);
 }
 
+static void loop(void) {
+    uint64_t after_warmup = 0;
+    for (int step = 0; step < 1000; step++) {
+        void *a = NULL, *b = NULL, *c = NULL;
+        CHECK(cudaMalloc(&a, 600 * 1000 * 1000) == 0 && cudaMalloc(&b, 3 * 1000 * 1000) == 0 && cudaMalloc(&c, 100) == 0);
+        CHECK(cudaFree(a) == 0 && cudaFree(b) == 0 && cudaFree(c) == 0);
+        if (step == 0) after_warmup = fakecuda_vmm_calls();
+    }
+    CHECK(fakecuda_vmm_calls() == after_warmup);
+    if (is("expect-expandable")) {
+        /* Idle now: its chunks go back (the pressure path: within seconds). */
+        struct fakecuda_counters c;
+        for (int waited_ms = 0;; waited_ms += 10) {
+            fakecuda_get_counters(&c);
+            if (c.used[0] == 0) break;
+            CHECK(waited_ms < 10000);
+            struct timespec ten = {0, 10 * 1000 * 1000};
+            nanosleep(&ten, NULL);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 3);
     expect = argv[2];
@@ -168,6 +194,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "idle")) idle();
     else if (!strcmp(s, "ipc")) ipc();
     else if (!strcmp(s, "threads")) threads();
+    else if (!strcmp(s, "loop")) loop();
     else CHECK(!"unknown scenario");
     printf("%s ok\n", s);
     return 0;

@@ -90,6 +90,8 @@ static struct op queue[MAX_QUEUED];
 static int nqueued;
 static uint64_t next_serial = 1;
 static struct fakecuda_counters counters;
+/* Virtual memory calls that create, map, unmap or release memory (fakecuda_vmm_calls). */
+static uint64_t vmm_calls;
 static int initialized, ndevices;
 static unsigned alloc_delay_us;
 static int reuse_contexts;
@@ -855,6 +857,7 @@ static CUresult s_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, cons
     } else {
         allocs[slot] = (struct alloc){K_VMM_HANDLE, fd, dev, 1, NULL, 0, size, next_serial++};
         *h = (CUmemGenericAllocationHandle)slot + 1;
+        vmm_calls++;
     }
     pthread_mutex_unlock(&lock);
     return e;
@@ -875,6 +878,7 @@ static CUresult s_cuMemRelease(CUmemGenericAllocationHandle h) {
     if (!a) e = CUDA_ERROR_INVALID_VALUE;
     else if (a->maps) a->released = 1; /* its mappings keep the memory until they are unmapped */
     else release_slot((int)h - 1);
+    if (!e) vmm_calls++;
     pthread_mutex_unlock(&lock);
     return e;
 }
@@ -964,6 +968,7 @@ static CUresult s_cuMemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGener
         allocs[slot] = (struct alloc){K_VMM_MAP, -1, a->dev, 0, NULL, (uintptr_t)p, size, next_serial++};
         allocs[slot].handle = (int)h;
         a->maps++;
+        vmm_calls++;
     }
     pthread_mutex_unlock(&lock);
     return e;
@@ -994,6 +999,7 @@ static CUresult s_cuMemUnmap(CUdeviceptr p, size_t size) {
     if (e) return e;
     pthread_mutex_lock(&lock);
     if (!size || !aligned(p) || !aligned(size) || !whole_mappings((uintptr_t)p, size, drop_mapping)) e = CUDA_ERROR_INVALID_VALUE;
+    else vmm_calls++;
     pthread_mutex_unlock(&lock);
     return e;
 }
@@ -1177,6 +1183,14 @@ void fakecuda_get_counters(struct fakecuda_counters *out) {
     pthread_mutex_lock(&lock);
     *out = counters;
     pthread_mutex_unlock(&lock);
+}
+
+/* How many cuMemCreate, cuMemMap, cuMemUnmap and cuMemRelease calls succeeded so far. */
+uint64_t fakecuda_vmm_calls(void) {
+    pthread_mutex_lock(&lock);
+    uint64_t n = vmm_calls;
+    pthread_mutex_unlock(&lock);
+    return n;
 }
 
 /* A "kernel" writing [p, p+n) on a stream, run at the next synchronization. Fails at once with

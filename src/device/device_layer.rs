@@ -266,8 +266,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         };
         let strategy = if mode == MODE_BINNED { Strategy::Binned } else { Strategy::Split };
         let granularity = if self.expandable_wanted.load(Relaxed) && strategy == Strategy::Split { self.expandable_granularity(device) } else { None };
+        // Expandable tables the system refuses (an address-space limit): classic segments.
         let ready = match granularity {
-            Some(chunk) => pool.lock().init_expandable(chunk, limit, self.table_source),
+            Some(chunk) => pool.lock().init_expandable(chunk, limit, self.table_source) || pool.lock().init(strategy, limit, self.table_source),
             None => pool.lock().init(strategy, limit, self.table_source),
         };
         if ready {

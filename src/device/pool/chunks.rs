@@ -28,8 +28,8 @@ use super::*;
 
 /// Ranges a pool may reserve.
 pub const MAX_RANGES: usize = 8;
-/// Chunks a pool tracks, in all its ranges (4 TiB of address space at 2 MiB).
-pub(super) const CHUNK_CAPACITY: u32 = 1 << 21;
+/// Chunks a pool tracks, in all its ranges (2 TiB of address space at 2 MiB).
+pub(super) const CHUNK_CAPACITY: u32 = 1 << 20;
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Chunk {
@@ -125,6 +125,11 @@ impl DevicePool {
             }
         }
         unmapped
+    }
+
+    /// Whether a chunk of [addr, addr + size) is not mapped.
+    pub(super) fn has_unmapped(&self, addr: u64, size: u64) -> bool {
+        self.chunk_span(addr, size).any(|i| self.chunks.get(i).handle == 0)
     }
 
     /// A block [addr, addr + size) was freed at `now_ns`: its chunks no longer count it. True

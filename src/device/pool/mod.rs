@@ -353,6 +353,10 @@ impl DevicePool {
     /// The largest free block (0 with none): a request larger than it needs a new segment
     /// however much is cached (fragmentation, for the out-of-memory report).
     pub fn largest_free_bytes(&self) -> u64 {
+        if self.expandable() {
+            // Address space is never short: what one request can get is what the idle chunks hold.
+            return self.idle_chunk_bytes();
+        }
         let mut largest = 0;
         self.segments.for_each(|_, first| {
             let mut i = first;
@@ -402,7 +406,13 @@ impl DevicePool {
     pub fn alloc(&mut self, size: u64, tag: u64, birth: Birth) -> Alloc {
         let Some(need) = self.rounded(size) else { return Alloc::Untracked };
         let small = self.strategy == Strategy::Split && need < SMALL_LIMIT;
+        let after_sync = if tag == SYNCED { self.pending_free_bytes + self.other_tag_free_bytes } else { self.pending_free_bytes };
         if let Some(index) = self.find_fit(need, small, tag) {
+            // Expandable: a block that needs new memory waits for a sync when blocks waiting
+            // for one would do (Note [Safe reuse]: a deferred loop never grows memory).
+            if self.expandable() && after_sync >= need && self.has_unmapped(self.blocks.get(index).addr, need) {
+                return Alloc::NeedSync;
+            }
             // A request is counted when the pool answers it (a block, or untracked), not at
             // each step the caller takes before (a sync, a new segment).
             self.stats.requests += 1;
@@ -418,7 +428,6 @@ impl DevicePool {
             }
             return Alloc::Untracked;
         }
-        let after_sync = if tag == SYNCED { self.pending_free_bytes + self.other_tag_free_bytes } else { self.pending_free_bytes };
         if after_sync >= need {
             return Alloc::NeedSync;
         }
