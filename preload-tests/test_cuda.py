@@ -192,13 +192,14 @@ def neighbours(tmp_path, preloaded, taker_scenario="neighbour-at-once", stop_hol
     return taker, stats, took
 
 
-@pytest.mark.parametrize("preloaded", [True, False])
-def test_a_second_process_gets_the_first_ones_idle_memory_at_once(tmp_path, preloaded):
+@pytest.mark.parametrize("preloaded,segments", [(True, "classic"), (True, "expandable"), (False, "classic")])
+def test_a_second_process_gets_the_first_ones_idle_memory_at_once(tmp_path, preloaded, segments):
     """Issue 27's done-when, neighbours (Note [Neighbours]): the first process holds 600 MiB idle
     and 300 MiB live of a 1 GiB device (12% free: the pressure path stays off, and the release
     delay is a minute); the second's first cudaMalloc of 600 MiB succeeds: its pool asks the
-    first's, which gives its idle segment back. Without the library, the first freed at once."""
-    taker, stats, took = neighbours(tmp_path, preloaded)
+    first's, which gives its idle segment (or, expandable, its idle chunks) back. Without the
+    library, the first freed at once."""
+    taker, stats, took = neighbours(tmp_path, preloaded, TENSORMALLOC_CUDA_SEGMENTS=segments)
     assert taker.returncode == 0, taker.stderr
     assert took < 10, took
     if preloaded:

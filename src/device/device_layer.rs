@@ -370,6 +370,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 }
                 Alloc::NeedMap { addr, size } => {
                     self.map_block(device, pool, addr, size)?;
+                    self.join_neighbours(device);
                     record::alloc(Self::block(device as usize, addr, size, holder, tag), record::Found::Miss);
                     return Ok(addr as usize);
                 }
