@@ -79,3 +79,12 @@ def test_a_training_loop_makes_no_driver_call_after_its_first_step_even_under_pr
     device, short of memory all along (the pressure path is on), makes no virtual memory call
     after its first step; once it idles, its chunks go back to the driver."""
     scenario("loop", "expect-expandable", FAKECUDA_DEVICE_MEM=str(700 * 1000 * 1000))
+
+
+@pytest.mark.parametrize("sync", ["free", "reuse"])
+def test_chunks_under_queued_work_are_never_unmapped_or_moved(sync):
+    """Unmapping does not wait for the device: blocks freed while a kernel on them is still
+    queued (cudaFreeAsync; cudaFree with TENSORMALLOC_CUDA_SYNC=reuse) keep their chunks mapped in
+    place until a synchronization, whatever the background thread (release delay 0), a new block
+    past the budget or tm_trim wants; the stand-in driver aborts on a kernel whose memory went."""
+    scenario("queued", "expect-expandable", TENSORMALLOC_CUDA_RELEASE_MS="0", TENSORMALLOC_CUDA_SYNC=sync)

@@ -11,6 +11,10 @@
  *   ipc           an IPC handle of a block: the driver's error under expandable segments
  *   threads       8 threads allocate, write, check and free at random; after tm_trim the
  *                 driver holds nothing for us
+ *   queued        blocks freed while a "kernel" on them is still queued (cudaFreeAsync, and
+ *                 cudaFree under TENSORMALLOC_CUDA_SYNC=reuse): their chunks are neither
+ *                 unmapped nor moved before the work ran (the stand-in aborts on a kernel
+ *                 whose memory went), by the background thread, a new block or tm_trim
  *   loop          a training-like loop (1,000 steps of a 600 MB, a 3 MB and a 100-byte block)
  *                 makes no virtual memory call after its first step, on a 700 MB device where
  *                 the pressure path is on all along; its chunks go back once it idles */
@@ -27,6 +31,7 @@ int cudaSetDevice(int);
 int cudaGetLastError(void);
 int cudaMemGetInfo(size_t *, size_t *);
 int cudaIpcGetMemHandle(CUipcMemHandle *, void *);
+int cudaFreeAsync(void *, void *);
 
 struct fakecuda_counters { uint64_t mallocs, frees, syncs, host_allocs, host_frees; uint64_t used[4]; };
 void fakecuda_get_counters(struct fakecuda_counters *);
@@ -161,6 +166,23 @@ static void threads(void) {
     CHECK(c.used[0] == before);
 }
 
+static void queued(void) {
+    for (int round = 0; round < 20; round++) {
+        void *a = NULL, *b = NULL, *big = NULL;
+        CHECK(cudaMalloc(&a, 64 * MB) == 0);
+        CHECK(fakecuda_launch_memset(a, 0x5a, 64 * MB) == 0);
+        CHECK((round % 2 ? cudaFree(a) : cudaFreeAsync(a, NULL)) == 0);
+        struct timespec t = {0, 20 * 1000 * 1000};
+        nanosleep(&t, NULL); /* the background thread's pass, release delay 0 */
+        /* New blocks elsewhere, past the budget: idle chunks would be moved here. */
+        CHECK(cudaMalloc(&big, 300 * MB) == 0 && cudaMalloc(&b, 64 * MB) == 0);
+        CHECK(cudaFree(big) == 0);
+        CHECK(cudaDeviceSynchronize() == 0);
+        CHECK(cudaFree(b) == 0);
+    }
+    if (trim) trim();
+}
+
 static void loop(void) {
     uint64_t after_warmup = 0;
     for (int step = 0; step < 1000; step++) {
@@ -195,6 +217,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "ipc")) ipc();
     else if (!strcmp(s, "threads")) threads();
     else if (!strcmp(s, "loop")) loop();
+    else if (!strcmp(s, "queued")) queued();
     else CHECK(!"unknown scenario");
     printf("%s ok\n", s);
     return 0;

@@ -887,6 +887,14 @@ static CUresult s_cuMemRelease(CUmemGenericAllocationHandle h) {
  * gives its memory back. */
 static void drop_mapping(int k) {
     struct alloc *m = &allocs[k];
+    /* Unmapping does not wait for the device: a queued kernel on this memory would fault, as on
+     * a GPU (a sticky illegal address that ends the context). A pool that unmaps too early dies
+     * here, loudly. */
+    for (int q = 0; q < nqueued; q++)
+        if (!queue[q].is_free && queue[q].slot == k && queue[q].serial == m->serial) {
+            fprintf(stderr, "fakecuda: illegal address: %#lx unmapped while a queued kernel uses it\n", (unsigned long)m->base);
+            abort();
+        }
     mmap((void *)m->base, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     int h = m->handle - 1;
     release_slot(k);
