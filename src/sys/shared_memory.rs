@@ -31,7 +31,7 @@ pub fn map_own_file(name: &[u8], len: usize) -> Option<*mut u8> {
         // fallocate reserves the pages (ENOSPC on a full /dev/shm) and leaves contents alone.
         let ready = ours && libc::fallocate(fd, 0, 0, len as libc::off_t) == 0;
         let mapped = if ready {
-            libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+            super::page_calls::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
         } else {
             libc::MAP_FAILED
         };
