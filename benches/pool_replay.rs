@@ -1,6 +1,7 @@
 //! Trace replay for the device pool: allocation and free sequences shaped like a CNN training
 //! step and a transformer training step (modelled on those networks' tensor shapes, not
-//! recorded), and a long random sequence (512 B to 64 MiB, log-uniform, at most 40 live),
+//! recorded), a long random sequence (512 B to 64 MiB, log-uniform, at most 40 live), and one
+//! recorded training step of a real PyTorch run (traces/README.md),
 //! replayed through each pool (split and binned classic segments, split expandable segments:
 //! Note [Expandable segments]) over a simulated device (fake addresses, never dereferenced),
 //! with and without a memory cap. Reports the pool's own cost per call, peak reserved over peak
@@ -95,6 +96,23 @@ fn transformer_step() -> Vec<Op> {
     ops
 }
 
+/// A recorded step: `traces/cs336-medium-512-training.ops`, made by `traces/from_snapshot.py`
+/// from a PyTorch memory snapshot of one training step of a GPT-2-medium-sized transformer
+/// (see traces/README.md for where it came from).
+fn recorded_step() -> Vec<Op> {
+    include_str!("traces/cs336-medium-512-training.ops")
+        .lines()
+        .map(|line| {
+            let mut words = line.split_whitespace();
+            match (words.next(), words.next().and_then(|w| w.parse().ok()), words.next().and_then(|w| w.parse().ok())) {
+                (Some("a"), Some(id), Some(size)) => Op::Alloc(id, size),
+                (Some("f"), Some(id), None) => Op::Free(id),
+                _ => panic!("bad line in the recorded trace: {line}"),
+            }
+        })
+        .collect()
+}
+
 /// The issue 28 random sequence: sizes 512 B to 64 MiB (log-uniform), at most 40 live.
 fn random_sequence() -> Vec<Op> {
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -184,16 +202,17 @@ fn replay(ops: &[Op], steps: usize, pool: CudaPool, segments: CudaSegments, limi
 }
 
 fn main() {
-    let steps = 50;
+    // A simulated H100's 80 GiB.
+    const DEVICE: usize = 80 << 30;
     println!("| trace | pool | cap | ns/call (pool + simulator) | peak reserved / peak live | driver calls, first step | driver calls per 1,000 ops after | OOMs |");
     println!("|---|---|---|---|---|---|---|---|");
     let pools = [(CudaPool::Split, CudaSegments::Classic, "split"), (CudaPool::Binned, CudaSegments::Classic, "binned"), (CudaPool::Split, CudaSegments::Expandable, "split, expandable")];
-    for (name, ops) in [("cnn", cnn_step()), ("transformer", transformer_step()), ("random", random_sequence())] {
-        let uncapped = replay(&ops, 2, CudaPool::Split, CudaSegments::Classic, None, 1 << 40);
+    for (name, ops, steps) in [("cnn", cnn_step(), 50), ("transformer", transformer_step(), 50), ("random", random_sequence(), 50), ("recorded GPT-2-medium step", recorded_step(), 10)] {
+        let uncapped = replay(&ops, 2, CudaPool::Split, CudaSegments::Classic, None, DEVICE);
         for cap_factor in [None, Some(1.25f64), Some(1.05)] {
             for (pool, segments, label) in pools {
                 let limit = cap_factor.map(|f| (uncapped.peak_live as f64 * f) as usize);
-                let o = replay(&ops, steps, pool, segments, limit, 1 << 40);
+                let o = replay(&ops, steps, pool, segments, limit, DEVICE);
                 println!(
                     "| {name} ({} ops/step) | {label} | {} | {:.0} | {:.3} | {} | {:.1} | {} |",
                     ops.len(),

@@ -461,7 +461,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// small ones (address space is cheap, and a range never moves), at least `need`.
     fn range_len(&self, need: u64, small: bool) -> u64 {
         let total = self.runtime.mem_info().map_or(1 << 30, |(_, total)| total as u64).max(1 << 30);
-        let wanted = if small { total / 4 } else { total.saturating_mul(2) };
+        // At most 512 GiB a range (the chunk table tracks 2 TiB per pool): more ranges come as needed.
+        let wanted = if small { total / 4 } else { total.saturating_mul(2) }.min(1 << 39);
         let chunk = 2u64 << 20;
         wanted.max(need).div_ceil(chunk).saturating_mul(chunk)
     }
