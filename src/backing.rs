@@ -196,6 +196,8 @@ pub trait DeviceRuntime {
     /// cuMemCreate of `len` bytes on `device`, mapped at `addr` (reserved) and made accessible
     /// to `device`; the physical memory's handle. Nothing is left behind on failure.
     fn map_chunk(&self, device: i32, addr: u64, len: u64) -> Result<u64, DeviceError>;
+    /// cuMemAddressFree of a range `reserve` gave, with nothing mapped in it any more.
+    fn unreserve(&self, addr: u64, len: u64) -> Result<(), DeviceError>;
     /// cuMemUnmap of the chunk at `addr`, then cuMemRelease of its handle.
     fn unmap_chunk(&self, addr: u64, len: u64, handle: u64) -> Result<(), DeviceError>;
     /// Moves the physical memory `handle` mapped at `from` to `to` (reserved): cuMemUnmap,

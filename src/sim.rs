@@ -454,6 +454,7 @@ pub struct SimDeviceState {
     pub unmaps: u64,
     pub moves: u64,
     pub reserves: u64,
+    pub unreserves: u64,
 }
 
 #[derive(Default)]
@@ -706,6 +707,15 @@ impl DeviceRuntime for SimRuntime {
         st.devices[d].used += len as usize;
         st.devices[d].maps += 1;
         Ok(handle)
+    }
+    fn unreserve(&self, addr: u64, len: u64) -> Result<(), DeviceError> {
+        let mut st = self.state.lock().unwrap();
+        if st.mapped.range(addr..addr.saturating_add(len)).next().is_some() {
+            return Err(DeviceError::Other(1)); // chunks still mapped inside
+        }
+        let d = st.current as usize;
+        st.devices[d].unreserves += 1;
+        Ok(())
     }
     fn move_chunk(&self, device: i32, from: u64, to: u64, len: u64, handle: u64) -> Result<(), DeviceError> {
         let mut st = self.state.lock().unwrap();

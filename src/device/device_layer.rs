@@ -8,7 +8,7 @@
 //! the pool.
 
 use super::pinned::cache::PinnedCache;
-use super::pool::chunks::Unmap;
+use super::pool::chunks::{Unmap, MAX_RANGES};
 use super::pool::{stream_tag, Alloc, BlockView, DevicePool, Release, Strategy, PENDING, SYNCED};
 use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INVALID_VALUE};
 use crate::config::{Config, CudaPool, CudaSegments, CudaSync, DeviceLimit};
@@ -828,10 +828,19 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// whose segments live in it, and its pinned blocks, are forgotten.
     pub fn forget_context(&self, ctx: u64) {
         for (device, pool) in self.pools().iter().enumerate() {
-            let mut pool = self.lock_between_releases(device, pool);
-            if ctx != 0 && pool.is_ready() && pool.owner() == ctx {
-                self.forget_blocks(device, &mut pool);
+            if ctx != 0 {
+                self.release_all_chunks(device, pool, ctx);
             }
+            let mut ranges = [(0u64, 0u64); MAX_RANGES];
+            let mut forgotten = 0;
+            {
+                let mut pool = self.lock_between_releases(device, pool);
+                if ctx != 0 && pool.is_ready() && pool.owner() == ctx {
+                    forgotten = pool.ranges(&mut ranges);
+                    self.forget_blocks(device, &mut pool);
+                }
+            }
+            self.unreserve(ranges.get(..forgotten).unwrap_or(&[]));
         }
         self.forget_pinned(Some(ctx));
     }
@@ -861,6 +870,39 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Forgets every block of a pool whose context is gone, as the runtime freed them: its live
     /// blocks leave the holders table (Note [Holders]), and the history frees them and unmaps
     /// their segments (the snapshot's timeline must not keep them).
+    /// Note [Expandable segments]: a context's end frees its cuMemAlloc'd segments, not our
+    /// chunks (the virtual memory API's memory is the device's): before the pool forgets them,
+    /// every chunk of `device`'s pool (bound to `ctx`, or any when 0) goes back to the driver,
+    /// live ones too (the program's pointers into them die with the context, as cudaMalloc'd ones
+    /// do), after the work queued on them finished. Best effort: a context already gone refuses
+    /// the synchronization, and the driver answers for what it freed itself.
+    fn release_all_chunks(&self, device: usize, pool: &Lock<DevicePool>, ctx: u64) {
+        let ours = |p: &DevicePool| p.is_ready() && p.expandable() && (ctx == 0 || p.owner() == ctx);
+        if !ours(&pool.lock()) {
+            return;
+        }
+        let Some(grow) = self.growing.get(device) else { return };
+        let _growing = grow.lock();
+        let _ = self.with_device(device as i32, || self.synchronize());
+        loop {
+            let mut batch = [Unmap::default(); 32];
+            let (n, chunk) = {
+                let mut p = pool.lock();
+                if !ours(&p) {
+                    return;
+                }
+                (p.take_all_chunks(&mut batch), p.chunk_bytes())
+            };
+            for u in batch.iter().take(n) {
+                let _ = self.runtime.unmap_chunk(u.addr, chunk, u.handle);
+                record::segment(device_place(device), u.addr, chunk, false);
+            }
+            if n < batch.len() {
+                return;
+            }
+        }
+    }
+
     fn forget_blocks(&self, device: usize, pool: &mut DevicePool) {
         pool.for_each_live(|addr, size, birth| record::forgotten(Self::block(device, addr, size, birth.holder, 0)));
         if pool.expandable() {
@@ -911,10 +953,25 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     fn forget_pool(&self, device: usize) {
         if let Some(pool) = self.pools().get(device) {
-            let mut pool = self.lock_between_releases(device, pool);
-            if pool.is_ready() {
-                self.forget_blocks(device, &mut pool);
+            self.release_all_chunks(device, pool, 0);
+            let mut ranges = [(0u64, 0u64); MAX_RANGES];
+            let mut forgotten = 0;
+            {
+                let mut pool = self.lock_between_releases(device, pool);
+                if pool.is_ready() {
+                    forgotten = pool.ranges(&mut ranges);
+                    self.forget_blocks(device, &mut pool);
+                }
             }
+            self.unreserve(ranges.get(..forgotten).unwrap_or(&[]));
+        }
+    }
+
+    /// Gives back the address space of ranges a forgotten pool reserved (Note [Expandable
+    /// segments]); best effort: a chunk mapped meanwhile keeps its range (the driver refuses).
+    fn unreserve(&self, ranges: &[(u64, u64)]) {
+        for &(base, len) in ranges {
+            let _ = self.runtime.unreserve(base, len);
         }
     }
 

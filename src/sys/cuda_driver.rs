@@ -39,6 +39,7 @@ pub type CtxPopFn = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
 pub type DeviceGetAttributeFn = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
 pub type MemGetGranularityFn = unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_int) -> c_int;
 pub type MemAddressReserveFn = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> c_int;
+pub type MemAddressFreeFn = unsafe extern "C" fn(u64, usize) -> c_int;
 pub type MemMapFn = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> c_int;
 pub type MemSetAccessFn = unsafe extern "C" fn(u64, usize, *const MemAccessDesc, usize) -> c_int;
 pub type MemUnmapFn = unsafe extern "C" fn(u64, usize) -> c_int;
@@ -120,6 +121,7 @@ pub struct DriverFns {
     pub device_get_attribute: Option<DeviceGetAttributeFn>,
     pub mem_get_granularity: Option<MemGetGranularityFn>,
     pub mem_address_reserve: Option<MemAddressReserveFn>,
+    pub mem_address_free: Option<MemAddressFreeFn>,
     pub mem_map: Option<MemMapFn>,
     pub mem_set_access: Option<MemSetAccessFn>,
     pub mem_unmap: Option<MemUnmapFn>,
@@ -179,6 +181,7 @@ unsafe fn resolve_in(handle: *mut c_void) -> DriverFns {
         device_get_attribute: find(handle, c"cuDeviceGetAttribute"),
         mem_get_granularity: find(handle, c"cuMemGetAllocationGranularity"),
         mem_address_reserve: find(handle, c"cuMemAddressReserve"),
+        mem_address_free: find(handle, c"cuMemAddressFree"),
         mem_map: find(handle, c"cuMemMap"),
         mem_set_access: find(handle, c"cuMemSetAccess"),
         mem_unmap: find(handle, c"cuMemUnmap"),
@@ -435,6 +438,11 @@ impl DeviceRuntime for CudaDriver {
             }
         }
         Ok(handle)
+    }
+    fn unreserve(&self, addr: u64, len: u64) -> Result<(), DeviceError> {
+        let f = get(|d| d.mem_address_free)?;
+        // SAFETY: a range cuMemAddressReserve gave us, with nothing of ours mapped in it.
+        check(unsafe { f(addr, len as usize) })
     }
     fn move_chunk(&self, device: i32, from: u64, to: u64, len: u64, handle: u64) -> Result<(), DeviceError> {
         let (map, access, unmap, release) = (get(|d| d.mem_map)?, get(|d| d.mem_set_access)?, get(|d| d.mem_unmap)?, get(|d| d.mem_release)?);

@@ -172,3 +172,22 @@ fn all_the_memory_reported_free_can_be_had_in_one_request() {
     let all = l.malloc(free, 0);
     assert!(all.is_ok(), "{free} reported free: {all:?}");
 }
+
+/// A context's end (a reset, a destroy, the last release of a primary context): every chunk,
+/// live or idle, goes back to the driver before the pool forgets its blocks.
+#[test]
+fn a_context_end_gives_every_chunk_back() {
+    let l = layer(CudaSegments::Expandable, 4 * GB);
+    let live = l.malloc(100 * MB, 0).unwrap();
+    let idle = l.malloc(50 * MB, 0).unwrap();
+    l.free(idle).unwrap();
+    assert!(l.runtime().device(0).used >= 150 * MB);
+    l.forget_primary(0);
+    assert_eq!(l.runtime().device(0).used, 0, "nothing of ours left at the driver");
+    assert_eq!(l.runtime().device(0).unreserves, l.runtime().device(0).reserves, "nor its address space");
+    assert_eq!(reserved(&l), (0, 0));
+    assert_eq!(l.free(live), Ok(FreeAnswer::NotOurs), "the block died with its context");
+    let again = l.malloc(100 * MB, 0).unwrap();
+    assert!(l.runtime().is_mapped(again as u64));
+    l.free(again).unwrap();
+}

@@ -20,6 +20,8 @@
 // touches unmapped (`NeedMap`) takes the grow lock and maps the chunks still unmapped then.
 // Unmapping does not synchronize: chunks go only when no free block in the pool waits for a
 // synchronization (a stream may still use it), or after the layer synchronized.
+// A context's end frees its cuMemAlloc'd memory, not ours: the layer gives every chunk and range
+// back itself before the pool forgets them (DeviceLayer::release_all_chunks).
 // Not covered: peer devices (the chunks are made accessible to their own device only), and the
 // legacy IPC handles, which the driver does not give for such memory (the layer answers its
 // error and names TENSORMALLOC_CUDA_SEGMENTS=classic).
@@ -306,6 +308,40 @@ impl DevicePool {
             }
         }
         result
+    }
+
+    /// Takes up to `out.len()` mapped chunks out of the pool, live ones too, into `out` (the
+    /// pool's context ends: Note [Expandable segments]); returns how many.
+    pub fn take_all_chunks(&mut self, out: &mut [Unmap]) -> usize {
+        let mut n = 0;
+        for r in 0..self.range_count {
+            let Some(range) = self.ranges.get(r).copied() else { break };
+            for k in 0..(range.len / self.chunk_bytes) as u32 {
+                let i = range.first_chunk + k;
+                let c = *self.chunks.get(i);
+                if c.handle == 0 {
+                    continue;
+                }
+                let Some(slot) = out.get_mut(n) else { return n };
+                if c.live == 0 {
+                    self.unlink_idle(i);
+                }
+                self.chunks.get_mut(i).handle = 0;
+                *slot = Unmap { addr: c.addr, handle: c.handle };
+                self.stats.reserved_bytes -= self.chunk_bytes;
+                self.stats.segments_released += 1;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// The reserved ranges, (base, length), in `out`; how many.
+    pub fn ranges(&self, out: &mut [(u64, u64); MAX_RANGES]) -> usize {
+        for (slot, r) in out.iter_mut().zip(self.ranges.iter().take(self.range_count)) {
+            *slot = (r.base, r.len);
+        }
+        self.range_count
     }
 
     /// Calls `f(start, end)` for every run of mapped chunks side by side in the range at `base`.
