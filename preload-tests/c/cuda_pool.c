@@ -1,6 +1,8 @@
 /* The CUDA path end to end: the real interposer over the stand-in runtime (fakecudart.c).
  * argv[1] names the scenario; "expect-pool" or "expect-passthrough" in argv[2] says which
  * behaviour the environment should give. */
+#include <stdlib.h>
+#include <unistd.h>
 #include "check.h"
 
 int cudaMalloc(void **, size_t);
@@ -162,6 +164,27 @@ static void neighbour_at_once(const char *expect) {
     CHECK(cudaFree(b) == 0);
 }
 
+/* Several processes on one GPU, each allocating and freeing large blocks in a loop while its own
+ * pool keeps what it freed (a release delay of a minute): progress comes from asking the others.
+ * Every call answers (success or out of memory, with the last error), none hangs; prints how
+ * many succeeded. */
+static void neighbour_churn(void) {
+    unsigned seed = (unsigned)getpid();
+    int ok = 0;
+    for (int i = 0; i < 100; i++) {
+        void *p = NULL;
+        size_t size = (100 + rand_r(&seed) % 300) * MB;
+        int rc = cudaMalloc(&p, size);
+        if (rc == 0) {
+            ok++;
+            CHECK(cudaFree(p) == 0);
+        } else {
+            CHECK(rc == 2 && cudaGetLastError() == 2);
+        }
+    }
+    printf("churn %d\n", ok);
+}
+
 static void two_devices(void) {
     void *a = NULL, *b = NULL;
     CHECK(cudaSetDevice(0) == 0 && cudaMalloc(&a, 64 * MB) == 0);
@@ -265,6 +288,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "neighbour-holder")) neighbour_holder();
     else if (!strcmp(s, "neighbour-taker")) neighbour_taker();
     else if (!strcmp(s, "neighbour-idle-holder")) neighbour_idle_holder();
+    else if (!strcmp(s, "neighbour-churn")) neighbour_churn();
     else if (!strcmp(s, "neighbour-at-once")) neighbour_at_once("succeeds");
     else if (!strcmp(s, "neighbour-stopped")) neighbour_at_once("fails");
     else if (!strcmp(s, "two-devices")) two_devices();

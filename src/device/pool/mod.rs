@@ -417,14 +417,17 @@ impl DevicePool {
             // each step the caller takes before (a sync, a new segment).
             self.stats.requests += 1;
             if let Some(addr) = self.take(index, need, birth) {
+                // The block handed out: at least `need` (a rest too small to split stays in it).
+                // What the free will count, so what the allocation counts (holders, chunks).
+                let size = self.live_block(addr).map_or(need, |b| b.size);
                 let serving_miss = core::mem::take(&mut self.serving_miss);
-                if self.expandable() && self.touch(addr, need) {
-                    return Alloc::NeedMap { addr, size: need };
+                if self.expandable() && self.touch(addr, size) {
+                    return Alloc::NeedMap { addr, size };
                 }
                 if !serving_miss {
                     self.stats.hits += 1;
                 }
-                return Alloc::Hit { addr, size: need };
+                return Alloc::Hit { addr, size };
             }
             return Alloc::Untracked;
         }

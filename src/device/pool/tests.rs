@@ -225,3 +225,19 @@ fn a_segment_base_goes_out_only_as_the_whole_segment() {
     assert_eq!(part, big + 24 * MB, "a cached segment is cut from its tail");
     h.pool.check_invariants().unwrap();
 }
+
+/// A free block whose rest is too small to split is handed out whole: the hit names the block's
+/// size, the size its free will name (holders and traces count both; they must agree).
+#[test]
+fn a_hit_names_the_size_its_free_will_name() {
+    let mut pool = Box::new(DevicePool::new());
+    assert!(pool.init(Strategy::Split, u64::MAX, leak_table));
+    assert!(matches!(pool.alloc(5 << 20, SYNCED, Birth::at(0)), Alloc::NeedSegment { len, .. } if len == 20 << 20));
+    assert!(pool.add_segment(0x7000_0000_0000, 20 << 20, false));
+    let Alloc::Hit { addr: a, .. } = pool.alloc(5 << 20, SYNCED, Birth::at(0)) else { panic!() };
+    let Alloc::Hit { .. } = pool.alloc(5 << 20, SYNCED, Birth::at(0)) else { panic!() };
+    pool.free(a, SYNCED, 0).unwrap();
+    let Alloc::Hit { addr, size } = pool.alloc((5 << 20) - 4096, SYNCED, Birth::at(0)) else { panic!() };
+    assert_eq!((addr, size), (a, 5 << 20), "the freed block, whole: a 4 KiB rest is not split off");
+    assert_eq!(pool.free(addr, SYNCED, 0).map(|f| f.size), Some(size));
+}
