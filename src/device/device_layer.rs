@@ -498,11 +498,16 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             }
         };
         if result.is_err() {
-            let mut p = pool.lock();
-            if matches!(result, Err(DeviceError::OutOfMemory | DeviceError::CapReached)) {
-                p.stats.oom_failures += 1;
+            {
+                let mut p = pool.lock();
+                if matches!(result, Err(DeviceError::OutOfMemory | DeviceError::CapReached)) {
+                    p.stats.oom_failures += 1;
+                }
+                p.free(addr, SYNCED, (self.clock)());
             }
-            p.free(addr, SYNCED, (self.clock)());
+            // The chunks mapped for it are idle now: they go back, for the others on the GPU.
+            let _ = self.release_cached(d, pool, u64::MAX);
+            self.runtime.clear_last_error();
         }
         result
     }

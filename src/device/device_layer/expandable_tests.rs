@@ -153,6 +153,7 @@ fn out_of_memory_gives_idle_chunks_back_first_and_leaves_nothing_behind() {
     let (reserved_bytes, live_bytes) = reserved(&l);
     assert_eq!(live_bytes, 300 * MB as u64);
     assert_eq!(l.runtime().device(0).used as u64, reserved_bytes);
+    assert!(reserved_bytes <= live_bytes + 4 * MB as u64, "the failed request's chunks went back: {reserved_bytes}");
     let b = l.malloc(650 * MB, 0).unwrap();
     l.free(b).unwrap();
     l.free(live).unwrap();
