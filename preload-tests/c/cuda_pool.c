@@ -158,6 +158,7 @@ static void neighbour_at_once(const char *expect) {
     int rc = cudaMalloc(&b, 600 * MB);
     if (!strcmp(expect, "fails")) {
         CHECK(rc == 2 && cudaGetLastError() == 2);
+        CHECK(cudaMalloc(&b, 600 * MB) == 2 && cudaGetLastError() == 2); /* a neighbour that was silent is not asked again */
         return;
     }
     CHECK(rc == 0);

@@ -141,6 +141,11 @@ impl Registry {
         n
     }
 
+    /// The pid slot `slot` names now (0: none).
+    pub fn pid(&self, slot: usize) -> u32 {
+        self.slot(slot).map_or(0, |s| s.pid.load(Acquire))
+    }
+
     pub fn doorbell(&self, slot: usize) -> Option<&AtomicU32> {
         Some(&self.slot(slot)?.doorbell)
     }
@@ -290,13 +295,22 @@ pub fn join(device: i32) {
     joined.store(true, Release);
 }
 
+/// Processes that let an ask wait out its bound (stopped, or a pid the kernel gave to a process
+/// that is no neighbour): not asked again by this process, so each costs the wait once.
+static SILENT: [AtomicU32; 16] = [const { AtomicU32::new(0) }; 16];
+static SILENT_NEXT: AtomicUsize = AtomicUsize::new(0);
+
+fn silent(pid: u32) -> bool {
+    SILENT.iter().any(|s| s.load(Relaxed) == pid)
+}
+
 /// Our allocation on `device` failed with our cache given back: asks the neighbours pooling on
 /// that GPU for their idle segments and waits, bounded, for their answers. True when one
 /// answered (a retry may succeed).
 pub fn ask(device: i32) -> bool {
     let Some(reg) = registry() else { return false };
     let mut asked = [Asked::default(); 16];
-    let n = reg.ask(process::id(), key_of(device), shared_memory::process_alive, &mut asked);
+    let n = reg.ask(process::id(), key_of(device), |pid| !silent(pid) && shared_memory::process_alive(pid), &mut asked);
     let asked = asked.get(..n).unwrap_or(&[]);
     for bell in asked.iter().filter_map(|a| reg.doorbell(a.slot)) {
         shared_memory::wake_all(bell);
@@ -313,6 +327,9 @@ pub fn ask(device: i32) -> bool {
             }
             let now = clock::now_ns();
             if now >= deadline {
+                if let Some(slot) = SILENT.get(SILENT_NEXT.fetch_add(1, Relaxed) % SILENT.len()) {
+                    slot.store(reg.pid(a.slot), Relaxed);
+                }
                 break;
             }
             shared_memory::wait(word, seen, Some(deadline - now));
