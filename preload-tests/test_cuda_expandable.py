@@ -88,3 +88,12 @@ def test_chunks_under_queued_work_are_never_unmapped_or_moved(sync):
     place until a synchronization, whatever the background thread (release delay 0), a new block
     past the budget or tm_trim wants; the stand-in driver aborts on a kernel whose memory went."""
     scenario("queued", "expect-expandable", TENSORMALLOC_CUDA_RELEASE_MS="0", TENSORMALLOC_CUDA_SYNC=sync)
+
+
+@pytest.mark.parametrize("mode", ["expect-expandable", "expect-classic", "expect-driver"])
+def test_peer_access_reaches_expandable_blocks_as_it_reaches_the_drivers(mode):
+    """After cudaDeviceEnablePeerAccess (the runtime's call reaches the driver's
+    cuCtxEnablePeerAccess through cuGetProcAddress), device 1's blocks work in device 0's
+    kernels, those made before and after; before it they are refused, and access is one way:
+    as with the driver alone. Expandable chunks are made accessible to the peer then."""
+    scenario("peer", mode)

@@ -26,7 +26,7 @@ SERVED = {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemFree_v2", "cuMemGetInfo_v
           "cuMemFreeAsync", "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease",
           "cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset", "cuCtxDestroy_v2", "cuCtxDestroy",
           "cuIpcGetMemHandle", "cuMemGetAddressRange_v2", "cuPointerGetAttribute", "cuPointerGetAttributes",
-          "cuGetProcAddress", "cuGetProcAddress_v2"}
+          "cuGetProcAddress", "cuGetProcAddress_v2", "cuCtxEnablePeerAccess"}
 LOOKUP = re.compile(r"lookup (\S+) (\d+) (\d+) (-?\d+) (driver|ours) (\S+) (\S+)")
 
 

@@ -194,16 +194,19 @@ pub trait DeviceRuntime {
     /// cuMemAddressReserve: `len` bytes of device address space, no memory behind them.
     fn reserve(&self, len: u64) -> Result<u64, DeviceError>;
     /// cuMemCreate of `len` bytes on `device`, mapped at `addr` (reserved) and made accessible
-    /// to `device`; the physical memory's handle. Nothing is left behind on failure.
-    fn map_chunk(&self, device: i32, addr: u64, len: u64) -> Result<u64, DeviceError>;
+    /// to `device` and to the devices in the `peers` bit mask (peer access the program enabled);
+    /// the physical memory's handle. Nothing is left behind on failure.
+    fn map_chunk(&self, device: i32, addr: u64, len: u64, peers: u64) -> Result<u64, DeviceError>;
+    /// cuMemSetAccess: the mapped chunks of [addr, addr + len) become accessible to `device` too.
+    fn grant_access(&self, addr: u64, len: u64, device: i32) -> Result<(), DeviceError>;
     /// cuMemAddressFree of a range `reserve` gave, with nothing mapped in it any more.
     fn unreserve(&self, addr: u64, len: u64) -> Result<(), DeviceError>;
     /// cuMemUnmap of the chunk at `addr`, then cuMemRelease of its handle.
     fn unmap_chunk(&self, addr: u64, len: u64, handle: u64) -> Result<(), DeviceError>;
     /// Moves the physical memory `handle` mapped at `from` to `to` (reserved): cuMemUnmap,
-    /// cuMemMap, cuMemSetAccess for `device`. On failure the handle is released (its memory goes
+    /// cuMemMap, cuMemSetAccess for `device` and `peers`. On failure the handle is released (its memory goes
     /// back to the driver) and nothing stays mapped at `to`.
-    fn move_chunk(&self, device: i32, from: u64, to: u64, len: u64, handle: u64) -> Result<(), DeviceError>;
+    fn move_chunk(&self, device: i32, from: u64, to: u64, len: u64, handle: u64, peers: u64) -> Result<(), DeviceError>;
 }
 
 /// Devices the pool serves (more are passed through to the runtime).

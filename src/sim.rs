@@ -477,6 +477,8 @@ struct RuntimeState {
     granularity: u64,
     /// Mapped chunks: address -> (device, length, handle).
     mapped: BTreeMap<u64, (usize, u64, u64)>,
+    /// (chunk address, peer device) pairs a chunk is accessible to besides its own device.
+    access: std::collections::BTreeSet<(u64, usize)>,
     next_handle: u64,
 }
 
@@ -489,6 +491,12 @@ impl SimRuntime {
     /// A driver without the virtual memory API (granularity 0), or with another granularity.
     pub fn set_granularity(&self, bytes: u64) {
         self.state.lock().unwrap().granularity = bytes;
+    }
+    /// Whether a kernel of `device` may use `addr`: its own device's chunk, or a peer's it was
+    /// granted access to.
+    pub fn accessible(&self, addr: u64, device: usize) -> bool {
+        let st = self.state.lock().unwrap();
+        st.mapped.range(..=addr).next_back().is_some_and(|(&base, &(d, len, _))| addr < base + len && (d == device || st.access.contains(&(base, device))))
     }
     /// Whether `addr` lies in a mapped chunk (device memory a kernel could use).
     pub fn is_mapped(&self, addr: u64) -> bool {
@@ -689,7 +697,15 @@ impl DeviceRuntime for SimRuntime {
         st.devices[d].reserves += 1;
         Ok(addr)
     }
-    fn map_chunk(&self, device: i32, addr: u64, len: u64) -> Result<u64, DeviceError> {
+    fn grant_access(&self, addr: u64, len: u64, device: i32) -> Result<(), DeviceError> {
+        let mut st = self.state.lock().unwrap();
+        let keys: Vec<u64> = st.mapped.range(addr..addr + len).map(|(&a, _)| a).collect();
+        for a in keys {
+            st.access.insert((a, device as usize));
+        }
+        Ok(())
+    }
+    fn map_chunk(&self, device: i32, addr: u64, len: u64, peers: u64) -> Result<u64, DeviceError> {
         let mut st = self.state.lock().unwrap();
         let d = device as usize;
         let overlaps = st.mapped.range(..addr + len).next_back().is_some_and(|(&b, &(_, l, _))| addr < b + l);
@@ -704,6 +720,9 @@ impl DeviceRuntime for SimRuntime {
         st.next_handle += 1;
         let handle = st.next_handle;
         st.mapped.insert(addr, (d, len, handle));
+        for p in (0..64).filter(|p| peers >> p & 1 == 1) {
+            st.access.insert((addr, p));
+        }
         st.devices[d].used += len as usize;
         st.devices[d].maps += 1;
         Ok(handle)
@@ -717,13 +736,17 @@ impl DeviceRuntime for SimRuntime {
         st.devices[d].unreserves += 1;
         Ok(())
     }
-    fn move_chunk(&self, device: i32, from: u64, to: u64, len: u64, handle: u64) -> Result<(), DeviceError> {
+    fn move_chunk(&self, device: i32, from: u64, to: u64, len: u64, handle: u64, peers: u64) -> Result<(), DeviceError> {
         let mut st = self.state.lock().unwrap();
         let overlaps = st.mapped.range(..to + len).next_back().is_some_and(|(&b, &(_, l, _))| to < b + l);
         match st.mapped.get(&from) {
             Some(&(d, l, h)) if l == len && h == handle && d == device as usize && !overlaps => {
                 st.mapped.remove(&from);
                 st.mapped.insert(to, (d, len, handle));
+                st.access.retain(|&(a, _)| a != from);
+                for p in (0..64).filter(|p| peers >> p & 1 == 1) {
+                    st.access.insert((to, p));
+                }
                 st.devices[d].moves += 1;
                 Ok(())
             }
@@ -735,6 +758,7 @@ impl DeviceRuntime for SimRuntime {
         match st.mapped.get(&addr) {
             Some(&(d, l, h)) if l == len && h == handle => {
                 st.mapped.remove(&addr);
+                st.access.retain(|&(a, _)| a != addr);
                 st.devices[d].used -= len as usize;
                 st.devices[d].unmaps += 1;
                 Ok(())

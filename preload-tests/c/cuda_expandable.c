@@ -15,6 +15,9 @@
  *                 cudaFree under TENSORMALLOC_CUDA_SYNC=reuse): their chunks are neither
  *                 unmapped nor moved before the work ran (the stand-in aborts on a kernel
  *                 whose memory went), by the background thread, a new block or tm_trim
+ *   peer          device 1's blocks in device 0's kernels: refused before cudaDeviceEnablePeerAccess
+ *                 (illegal address, as the driver refuses), working after it, for blocks made
+ *                 before and after; and device 0's blocks stay out of device 1's kernels
  *   loop          a training-like loop (1,000 steps of a 600 MB, a 3 MB and a 100-byte block)
  *                 makes no virtual memory call after its first step, on a 700 MB device where
  *                 the pressure path is on all along; its chunks go back once it idles */
@@ -32,6 +35,7 @@ int cudaGetLastError(void);
 int cudaMemGetInfo(size_t *, size_t *);
 int cudaIpcGetMemHandle(CUipcMemHandle *, void *);
 int cudaFreeAsync(void *, void *);
+int cudaDeviceEnablePeerAccess(int, unsigned);
 
 struct fakecuda_counters { uint64_t mallocs, frees, syncs, host_allocs, host_frees; uint64_t used[4]; };
 void fakecuda_get_counters(struct fakecuda_counters *);
@@ -183,6 +187,21 @@ static void queued(void) {
     if (trim) trim();
 }
 
+static void peer(void) {
+    void *before = NULL, *after = NULL, *own = NULL;
+    CHECK(cudaSetDevice(1) == 0 && cudaMalloc(&before, 5 * MB) == 0);
+    kernel_works(before, 5 * MB, 0x21);
+    CHECK(cudaSetDevice(0) == 0 && cudaMalloc(&own, 3 * MB) == 0);
+    CHECK(fakecuda_launch_memset(before, 0x22, 5 * MB) == 700); /* no peer access yet */
+    CHECK(cudaDeviceEnablePeerAccess(1, 0) == 0);
+    kernel_works(before, 5 * MB, 0x23);
+    CHECK(cudaSetDevice(1) == 0 && cudaMalloc(&after, 7 * MB) == 0);
+    CHECK(fakecuda_launch_memset(own, 0x24, 3 * MB) == 700); /* access is one way */
+    CHECK(cudaSetDevice(0) == 0);
+    kernel_works(after, 7 * MB, 0x25);
+    CHECK(cudaFree(before) == 0 && cudaFree(after) == 0 && cudaFree(own) == 0);
+}
+
 static void loop(void) {
     uint64_t after_warmup = 0;
     for (int step = 0; step < 1000; step++) {
@@ -218,6 +237,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "threads")) threads();
     else if (!strcmp(s, "loop")) loop();
     else if (!strcmp(s, "queued")) queued();
+    else if (!strcmp(s, "peer")) peer();
     else CHECK(!"unknown scenario");
     printf("%s ok\n", s);
     return 0;

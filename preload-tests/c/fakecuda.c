@@ -40,7 +40,7 @@ enum {
     CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3, CUDA_ERROR_INVALID_DEVICE = 101, CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_NOT_FOUND = 500, CUDA_ERROR_ILLEGAL_ADDRESS = 700, CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
-    CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_NOT_SUPPORTED = 801, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
 };
 enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_UNIFIED = 4 };
 enum {
@@ -76,7 +76,7 @@ struct alloc {
     int handle;      /* K_VMM_MAP: the slot of the handle it maps, plus one */
     int maps;        /* K_VMM_HANDLE: its mappings; released while mapped, it lives until the last goes */
     int released;    /* K_VMM_HANDLE: cuMemRelease came (the handle is dead to the program) */
-    int access;      /* K_VMM_MAP: cuMemSetAccess's flags (0: no access yet) */
+    int access;      /* K_VMM_MAP: the devices cuMemSetAccess made it read-write for, a bit each */
 };
 struct op { int is_free; int slot; uint64_t serial; unsigned char *p; size_t n; int value; };
 struct ipc_handle { uint64_t magic; int32_t pid; int32_t fd; uint64_t size; uint64_t ino; uint64_t dev; };
@@ -833,6 +833,32 @@ static CUresult s_cuDeviceGetAttribute(int *value, int attr, CUdevice d) {
     return CUDA_SUCCESS;
 }
 
+/* cuCtxEnablePeerAccess: peer_enabled[a][b]: kernels of device a's contexts may touch device b's
+ * memory (cuMemAlloc'd memory of b's contexts; memory of the virtual memory API needs its own
+ * cuMemSetAccess for a, as NVIDIA documents). */
+static int peer_enabled[MAX_DEV][MAX_DEV];
+
+static CUresult s_cuDeviceCanAccessPeer(int *can, CUdevice d, CUdevice peer) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!can) return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= ndevices || peer < 0 || peer >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
+    *can = d != peer;
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
+    CUresult e = need_ctx();
+    if (e) return e;
+    if (!peer || flags) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    CUcontext c = current();
+    if (peer->dev == c->dev) e = CUDA_ERROR_INVALID_DEVICE;
+    else if (peer_enabled[c->dev][peer->dev]) e = CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+    else peer_enabled[c->dev][peer->dev] = 1;
+    pthread_mutex_unlock(&lock);
+    return e;
+}
+
 static CUresult s_cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option) {
     (void)option;
     CUresult e = vmm_entry();
@@ -990,12 +1016,16 @@ static CUresult s_cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDe
         if (desc[i].location.type != 1 || desc[i].location.id < 0 || desc[i].location.id >= ndevices || (desc[i].flags != 0 && desc[i].flags != 1 && desc[i].flags != 3))
             return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
-    int prot = desc[0].flags == 3 ? PROT_READ | PROT_WRITE : desc[0].flags == 1 ? PROT_READ : PROT_NONE;
-    if (!whole_mappings((uintptr_t)p, size, NULL) || mprotect((void *)(uintptr_t)p, size, prot) != 0) e = CUDA_ERROR_INVALID_VALUE;
+    /* Host pages stand for the device's: accessible while any device may read them. */
+    if (!whole_mappings((uintptr_t)p, size, NULL)) e = CUDA_ERROR_INVALID_VALUE;
     else
         for (uintptr_t at = (uintptr_t)p; at < (uintptr_t)p + size;) {
             int k = find_base(at, M(K_VMM_MAP));
-            allocs[k].access = desc[0].flags;
+            for (size_t i = 0; i < count; i++) {
+                int bit = 1 << desc[i].location.id;
+                allocs[k].access = desc[i].flags == 3 ? allocs[k].access | bit : allocs[k].access & ~bit;
+            }
+            mprotect((void *)allocs[k].base, allocs[k].size, allocs[k].access ? PROT_READ | PROT_WRITE : PROT_NONE);
             at += allocs[k].size;
         }
     pthread_mutex_unlock(&lock);
@@ -1035,6 +1065,8 @@ static const struct proc procs[] = {
     P("cuDeviceGetCount", s_cuDeviceGetCount),
     P("cuDeviceGetName", s_cuDeviceGetName),
     P("cuDeviceGetUuid", s_cuDeviceGetUuid),
+    P("cuDeviceCanAccessPeer", s_cuDeviceCanAccessPeer),
+    P("cuCtxEnablePeerAccess", s_cuCtxEnablePeerAccess),
     P("cuDeviceTotalMem", s_cuDeviceTotalMem_v2),
     P("cuGetErrorString", s_cuGetErrorString),
     P("cuGetErrorName", s_cuGetErrorName),
@@ -1176,6 +1208,8 @@ EXPORT(cuIpcOpenMemHandle, s_cuIpcOpenMemHandle_v2, (CUdeviceptr *p, CUipcMemHan
 EXPORT(cuIpcOpenMemHandle_v2, s_cuIpcOpenMemHandle_v2, (CUdeviceptr *p, CUipcMemHandle h, unsigned f), (p, h, f))
 EXPORT(cuIpcCloseMemHandle, s_cuIpcCloseMemHandle, (CUdeviceptr p), (p))
 EXPORT(cuDeviceGetAttribute, s_cuDeviceGetAttribute, (int *v, int a, CUdevice d), (v, a, d))
+EXPORT(cuDeviceCanAccessPeer, s_cuDeviceCanAccessPeer, (int *c, CUdevice d, CUdevice p), (c, d, p))
+EXPORT(cuCtxEnablePeerAccess, s_cuCtxEnablePeerAccess, (CUcontext p, unsigned f), (p, f))
 EXPORT(cuMemGetAllocationGranularity, s_cuMemGetAllocationGranularity, (size_t *g, const CUmemAllocationProp *p, int o), (g, p, o))
 EXPORT(cuMemCreate, s_cuMemCreate, (CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *p, unsigned long long f), (h, n, p, f))
 EXPORT(cuMemRelease, s_cuMemRelease, (CUmemGenericAllocationHandle h), (h))
@@ -1215,7 +1249,7 @@ int fakecuda_launch_memset(void *p, int value, size_t n) {
          * each accessible to this device (a kernel anywhere else faults). */
         uintptr_t at = (uintptr_t)p, end = (uintptr_t)p + n;
         for (int k = i; at < end; k = find_base(at, M(K_VMM_MAP))) {
-            if (k < 0 || allocs[k].access != 3 || allocs[k].dev != c->dev) { e = CUDA_ERROR_ILLEGAL_ADDRESS; break; }
+            if (k < 0 || !(allocs[k].access >> c->dev & 1)) { e = CUDA_ERROR_ILLEGAL_ADDRESS; break; }
             at = allocs[k].base + allocs[k].size;
         }
         for (uintptr_t from = (uintptr_t)p; !e && from < end;) {
@@ -1225,7 +1259,8 @@ int fakecuda_launch_memset(void *p, int value, size_t n) {
             enqueue((struct op){0, k, allocs[k].serial, (unsigned char *)from, piece, value});
             from += piece;
         }
-    } else if (n > allocs[i].size - ((uintptr_t)p - allocs[i].base) || (allocs[i].ctx ? allocs[i].ctx != c : allocs[i].dev != c->dev))
+    } else if (n > allocs[i].size - ((uintptr_t)p - allocs[i].base) ||
+               (allocs[i].ctx ? allocs[i].ctx != c && !(allocs[i].dev != c->dev && peer_enabled[c->dev][allocs[i].dev]) : allocs[i].dev != c->dev))
         e = CUDA_ERROR_ILLEGAL_ADDRESS;
     else enqueue((struct op){0, i, allocs[i].serial, p, n, value});
     pthread_mutex_unlock(&lock);

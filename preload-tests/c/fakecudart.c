@@ -69,6 +69,7 @@ static struct {
     CUresult (*stream_create)(CUstream *, unsigned);
     CUresult (*stream_destroy)(CUstream);
     CUresult (*stream_synchronize)(CUstream);
+    CUresult (*ctx_enable_peer)(CUcontext, unsigned);
 } drv;
 
 static CUresult (*get_proc)(const char *, void **, int, unsigned long long, int *); /* cuGetProcAddress */
@@ -135,6 +136,7 @@ static void load(void) {
         {"cuStreamCreate", (void **)&drv.stream_create},
         {"cuStreamDestroy", (void **)&drv.stream_destroy},
         {"cuStreamSynchronize", (void **)&drv.stream_synchronize},
+        {"cuCtxEnablePeerAccess", (void **)&drv.ctx_enable_peer},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         if (get_proc(want[i].name, want[i].slot, DRIVER_VERSION_ASKED, 0, NULL) != 0 || !*want[i].slot) {
@@ -254,6 +256,20 @@ const char *cudaGetErrorString(int e) {
 int cudaDeviceSynchronize(void) {
     NEED_CONTEXT();
     return driver(drv.ctx_synchronize());
+}
+
+/* Lets the current device's kernels use peer's memory: the driver's cuCtxEnablePeerAccess on
+ * peer's primary context. */
+int cudaDeviceEnablePeerAccess(int peer, unsigned flags) {
+    NEED_CONTEXT();
+    if (peer < 0 || peer >= ndevices) return fail(cudaErrorInvalidDevice);
+    CUcontext ctx = NULL;
+    pthread_mutex_lock(&lock);
+    if (!primary[peer] && drv.primary_retain(&primary[peer], peer) != 0) primary[peer] = NULL;
+    ctx = primary[peer];
+    pthread_mutex_unlock(&lock);
+    if (!ctx) return fail(cudaErrorInvalidDevice);
+    return driver(drv.ctx_enable_peer(ctx, flags));
 }
 
 /* Destroys the current device's primary context and every allocation in it. */

@@ -95,6 +95,9 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     expandable_wanted: AtomicBool,
     /// Per device: held while chunks are mapped or unmapped (Note [Expandable segments]).
     growing: [Lock<()>; MAX_DEVICES],
+    /// Per device: the devices the program enabled peer access for to its memory, a bit each
+    /// (their kernels must reach its chunks too).
+    peers: [AtomicU64; MAX_DEVICES],
     pub stats: DeviceStats,
 }
 
@@ -177,6 +180,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             ask_neighbours: AtomicPtr::new(core::ptr::null_mut()),
             expandable_wanted: AtomicBool::new(false),
             growing: [const { Lock::new(()) }; MAX_DEVICES],
+            peers: [const { AtomicU64::new(0) }; MAX_DEVICES],
             stats: DeviceStats::new(),
         }
     }
@@ -516,6 +520,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     fn map_chunks(&self, d: usize, pool: &Lock<DevicePool>, addr: u64, size: u64) -> Result<(), DeviceError> {
         let Some(grow) = self.growing.get(d) else { return Err(DeviceError::Other(CUDA_ERROR_INVALID_VALUE)) };
         let _growing = grow.lock();
+        let peers = self.peers.get(d).map_or(0, |p| p.load(Acquire));
         loop {
             let mut todo = [0u64; 32];
             let (n, chunk) = {
@@ -529,7 +534,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 // An idle chunk elsewhere is moved here before new memory is made.
                 let spare = pool.lock().take_idle_chunk();
                 if let Some(u) = spare {
-                    let moved = timed(&self.stats.phases.malloc_runtime, || self.runtime.move_chunk(d as i32, u.addr, va, chunk, u.handle));
+                    let moved = timed(&self.stats.phases.malloc_runtime, || self.runtime.move_chunk(d as i32, u.addr, va, chunk, u.handle, peers));
                     record::segment(device_place(d), u.addr, chunk, false);
                     if moved.is_ok() && pool.lock().set_mapped(va, u.handle) {
                         record::segment(device_place(d), va, chunk, true);
@@ -544,13 +549,52 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 if !pool.lock().fits_cap(chunk) {
                     return Err(DeviceError::CapReached);
                 }
-                let handle = timed(&self.stats.phases.malloc_runtime, || self.runtime.map_chunk(d as i32, va, chunk))?;
+                let handle = timed(&self.stats.phases.malloc_runtime, || self.runtime.map_chunk(d as i32, va, chunk, peers))?;
                 if !pool.lock().set_mapped(va, handle) {
                     // The range went with a reset meanwhile: this chunk is nobody's.
                     let _ = self.runtime.unmap_chunk(va, chunk, handle);
                     return Err(DeviceError::Other(CUDA_ERROR_INVALID_VALUE));
                 }
                 record::segment(device_place(d), va, chunk, true);
+            }
+        }
+    }
+
+    /// The program enabled peer access from the current device to the memory of context
+    /// `peer_ctx` (cuCtxEnablePeerAccess; cudaDeviceEnablePeerAccess comes through it): as for
+    /// cudaMalloc'd memory, its device's blocks must work in the current device's kernels. Chunks
+    /// of an expandable pool are made accessible to it, those mapped already and every later one
+    /// (Note [Expandable segments]); classic segments need nothing.
+    pub fn peer_access_enabled(&self, peer_ctx: u64) {
+        let Ok(accessor) = self.runtime.current_device() else { return };
+        if self.runtime.enter_context(peer_ctx).is_err() {
+            return;
+        }
+        let owner = self.runtime.current_device();
+        self.runtime.leave_device();
+        let Ok(owner) = owner else { return };
+        let (Some(pool), Some(grow), Some(peers)) = (self.pools().get(owner as usize), self.growing.get(owner as usize), self.peers.get(owner as usize)) else { return };
+        if owner == accessor || !(0..64).contains(&accessor) {
+            return;
+        }
+        let _growing = grow.lock();
+        peers.fetch_or(1 << accessor, AcqRel);
+        let mut from = 0;
+        loop {
+            let mut runs = [(0u64, 0u64); 64];
+            let n = {
+                let p = pool.lock();
+                if !p.is_ready() || !p.expandable() {
+                    return;
+                }
+                p.mapped_runs_from(from, &mut runs)
+            };
+            for &(start, end) in runs.iter().take(n) {
+                let _ = self.runtime.grant_access(start, end - start, accessor);
+                from = end;
+            }
+            if n < runs.len() {
+                return;
             }
         }
     }

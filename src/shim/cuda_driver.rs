@@ -82,6 +82,13 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(device: c_int) -> c_int {
 }
 
 /// # Safety
+/// As cuCtxEnablePeerAccess.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: c_uint) -> c_int {
+    route::ctx_enable_peer_access(peer, flags)
+}
+
+/// # Safety
 /// As cuCtxDestroy_v2.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: *mut c_void) -> c_int {

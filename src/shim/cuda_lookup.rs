@@ -42,6 +42,7 @@ fn served(symbol: &[u8], d: &DriverFns) -> Option<(*mut c_void, Option<usize>)> 
         b"cuDevicePrimaryCtxReset" => row!(cuDevicePrimaryCtxReset, d.primary_reset_v1),
         b"cuCtxDestroy_v2" => row!(cuCtxDestroy_v2, d.ctx_destroy),
         b"cuCtxDestroy" => row!(cuCtxDestroy, d.ctx_destroy_v1),
+        b"cuCtxEnablePeerAccess" => row!(cuCtxEnablePeerAccess, d.ctx_enable_peer_access),
         b"cuIpcGetMemHandle" => row!(cuIpcGetMemHandle, d.ipc_get_mem_handle),
         b"cuMemGetAddressRange_v2" => row!(cuMemGetAddressRange_v2, d.address_range),
         b"cuPointerGetAttribute" => row!(cuPointerGetAttribute, d.pointer_get_attribute),

@@ -39,6 +39,7 @@ pub type CtxPopFn = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
 pub type DeviceGetAttributeFn = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
 pub type MemGetGranularityFn = unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_int) -> c_int;
 pub type MemAddressReserveFn = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> c_int;
+pub type CtxEnablePeerAccessFn = unsafe extern "C" fn(*mut c_void, c_uint) -> c_int;
 pub type MemAddressFreeFn = unsafe extern "C" fn(u64, usize) -> c_int;
 pub type MemMapFn = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> c_int;
 pub type MemSetAccessFn = unsafe extern "C" fn(u64, usize, *const MemAccessDesc, usize) -> c_int;
@@ -82,6 +83,20 @@ fn device_memory(device: i32) -> MemAllocationProp {
     }
 }
 
+/// cuMemSetAccess of [addr, addr + len) for `device` and each device in the `peers` bit mask.
+fn set_access(addr: u64, len: u64, device: i32, peers: u64) -> Result<(), DeviceError> {
+    let access = get(|d| d.mem_set_access)?;
+    let mut descs = [const { MemAccessDesc { location_type: CU_MEM_LOCATION_TYPE_DEVICE, location_id: 0, flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE } }; 17];
+    let mut n = 0;
+    for d in core::iter::once(device).chain((0..64).filter(|p| peers >> p & 1 == 1 && *p != device)) {
+        let Some(slot) = descs.get_mut(n) else { break };
+        slot.location_id = d;
+        n += 1;
+    }
+    // SAFETY: `n` descriptors on our stack, for chunks we mapped.
+    check(unsafe { access(addr, len as usize, descs.as_ptr(), n) })
+}
+
 /// The driver's real entry points, each present or not.
 pub struct DriverFns {
     pub ctx_get_current: Option<CtxGetCurrentFn>,
@@ -122,6 +137,7 @@ pub struct DriverFns {
     pub mem_get_granularity: Option<MemGetGranularityFn>,
     pub mem_address_reserve: Option<MemAddressReserveFn>,
     pub mem_address_free: Option<MemAddressFreeFn>,
+    pub ctx_enable_peer_access: Option<CtxEnablePeerAccessFn>,
     pub mem_map: Option<MemMapFn>,
     pub mem_set_access: Option<MemSetAccessFn>,
     pub mem_unmap: Option<MemUnmapFn>,
@@ -182,6 +198,7 @@ unsafe fn resolve_in(handle: *mut c_void) -> DriverFns {
         mem_get_granularity: find(handle, c"cuMemGetAllocationGranularity"),
         mem_address_reserve: find(handle, c"cuMemAddressReserve"),
         mem_address_free: find(handle, c"cuMemAddressFree"),
+        ctx_enable_peer_access: find(handle, c"cuCtxEnablePeerAccess"),
         mem_map: find(handle, c"cuMemMap"),
         mem_set_access: find(handle, c"cuMemSetAccess"),
         mem_unmap: find(handle, c"cuMemUnmap"),
@@ -418,10 +435,9 @@ impl DeviceRuntime for CudaDriver {
         check(unsafe { f(&mut addr, len as usize, 0, 0, 0) })?;
         Ok(addr)
     }
-    fn map_chunk(&self, device: i32, addr: u64, len: u64) -> Result<u64, DeviceError> {
-        let (create, map, access, unmap, release) = (get(|d| d.mem_create)?, get(|d| d.mem_map)?, get(|d| d.mem_set_access)?, get(|d| d.mem_unmap)?, get(|d| d.mem_release)?);
+    fn map_chunk(&self, device: i32, addr: u64, len: u64, peers: u64) -> Result<u64, DeviceError> {
+        let (create, map, unmap, release) = (get(|d| d.mem_create)?, get(|d| d.mem_map)?, get(|d| d.mem_unmap)?, get(|d| d.mem_release)?);
         let prop = device_memory(device);
-        let desc = MemAccessDesc { location_type: CU_MEM_LOCATION_TYPE_DEVICE, location_id: device, flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
         let mut handle = 0u64;
         // SAFETY: the documented calls, on a handle we created and a range we reserved; each
         // failure undoes what came before.
@@ -431,7 +447,7 @@ impl DeviceRuntime for CudaDriver {
                 release(handle);
                 return Err(e);
             }
-            if let Err(e) = check(access(addr, len as usize, &desc, 1)) {
+            if let Err(e) = set_access(addr, len, device, peers) {
                 unmap(addr, len as usize);
                 release(handle);
                 return Err(e);
@@ -439,20 +455,25 @@ impl DeviceRuntime for CudaDriver {
         }
         Ok(handle)
     }
+    fn grant_access(&self, addr: u64, len: u64, device: i32) -> Result<(), DeviceError> {
+        let access = get(|d| d.mem_set_access)?;
+        let desc = MemAccessDesc { location_type: CU_MEM_LOCATION_TYPE_DEVICE, location_id: device, flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        // SAFETY: chunks we mapped; one descriptor on our stack.
+        check(unsafe { access(addr, len as usize, &desc, 1) })
+    }
     fn unreserve(&self, addr: u64, len: u64) -> Result<(), DeviceError> {
         let f = get(|d| d.mem_address_free)?;
         // SAFETY: a range cuMemAddressReserve gave us, with nothing of ours mapped in it.
         check(unsafe { f(addr, len as usize) })
     }
-    fn move_chunk(&self, device: i32, from: u64, to: u64, len: u64, handle: u64) -> Result<(), DeviceError> {
-        let (map, access, unmap, release) = (get(|d| d.mem_map)?, get(|d| d.mem_set_access)?, get(|d| d.mem_unmap)?, get(|d| d.mem_release)?);
-        let desc = MemAccessDesc { location_type: CU_MEM_LOCATION_TYPE_DEVICE, location_id: device, flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+    fn move_chunk(&self, device: i32, from: u64, to: u64, len: u64, handle: u64, peers: u64) -> Result<(), DeviceError> {
+        let (map, unmap, release) = (get(|d| d.mem_map)?, get(|d| d.mem_unmap)?, get(|d| d.mem_release)?);
         // SAFETY: the documented calls on a handle we created, mapped by us at `from`, and a
         // range we reserved at `to`; a failure releases the handle.
         unsafe {
             check(unmap(from, len as usize))?;
             let moved = check(map(to, len as usize, 0, handle, 0)).and_then(|()| {
-                check(access(to, len as usize, &desc, 1)).inspect_err(|_| {
+                set_access(to, len, device, peers).inspect_err(|_| {
                     unmap(to, len as usize);
                 })
             });

@@ -22,9 +22,10 @@
 // synchronization (a stream may still use it), or after the layer synchronized.
 // A context's end frees its cuMemAlloc'd memory, not ours: the layer gives every chunk and range
 // back itself before the pool forgets them (DeviceLayer::release_all_chunks).
-// Not covered: peer devices (the chunks are made accessible to their own device only), and the
-// legacy IPC handles, which the driver does not give for such memory (the layer answers its
-// error and names TENSORMALLOC_CUDA_SEGMENTS=classic).
+// Chunks are made accessible to their device and to the devices the program enabled peer access
+// for (DeviceLayer::peer_access_enabled grants the ones mapped already). Not covered: the legacy
+// IPC handles, which the driver does not give for such memory (the layer answers its error and
+// names TENSORMALLOC_CUDA_SEGMENTS=classic).
 
 use super::*;
 
@@ -342,6 +343,29 @@ impl DevicePool {
             *slot = (r.base, r.len);
         }
         self.range_count
+    }
+
+    /// Runs of mapped chunks (start, end) that begin at `from` or after, in address order across
+    /// the ranges, into `out`; how many.
+    pub fn mapped_runs_from(&self, from: u64, out: &mut [(u64, u64)]) -> usize {
+        let mut n = 0;
+        let mut bases = [0u64; MAX_RANGES];
+        for (slot, r) in bases.iter_mut().zip(self.ranges.iter().take(self.range_count)) {
+            *slot = r.base;
+        }
+        let bases = bases.get_mut(..self.range_count).unwrap_or(&mut []);
+        bases.sort_unstable();
+        for &base in bases.iter() {
+            self.for_each_mapped_run(base, |start, end| {
+                if start >= from {
+                    if let Some(slot) = out.get_mut(n) {
+                        *slot = (start, end);
+                        n += 1;
+                    }
+                }
+            });
+        }
+        n
     }
 
     /// Calls `f(start, end)` for every run of mapped chunks side by side in the range at `base`.

@@ -173,6 +173,25 @@ pub unsafe fn primary_release(device: c_int, spelling: Spelling<unsafe extern "C
     rc
 }
 
+/// CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: enabled before, still enabled.
+const PEER_ACCESS_ALREADY_ENABLED: c_int = 704;
+
+/// Peer access enabled from the current context's device to `peer`'s memory: expandable pools
+/// grant their chunks to it as well (DeviceLayer::peer_access_enabled).
+///
+/// # Safety
+/// As cuCtxEnablePeerAccess.
+pub unsafe fn ctx_enable_peer_access(peer: *mut c_void, flags: c_uint) -> c_int {
+    let Some(enable) = real(|d| d.ctx_enable_peer_access) else { return NO_DRIVER };
+    let rc = enable(peer, flags);
+    if (rc == CUDA_SUCCESS || rc == PEER_ACCESS_ALREADY_ENABLED) && !peer.is_null() {
+        if let Some(_entered) = reentry::enter().filter(|_| pool_answers()) {
+            DEVICE.peer_access_enabled(peer as u64);
+        }
+    }
+    rc
+}
+
 /// # Safety
 /// As cuCtxDestroy(_v2).
 pub unsafe fn ctx_destroy(ctx: *mut c_void, spelling: Spelling<unsafe extern "C" fn(*mut c_void) -> c_int>) -> c_int {

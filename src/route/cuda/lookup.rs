@@ -35,6 +35,7 @@ fn versioned(base: &[u8], cuda_version: c_int, per_thread: bool) -> Option<&'sta
         b"cuMemAllocAsync" => Some(if per_thread { b"cuMemAllocAsync_ptsz" } else { b"cuMemAllocAsync" }),
         b"cuMemAllocManaged" => Some(b"cuMemAllocManaged"),
         b"cuMemCreate" => Some(b"cuMemCreate"),
+        b"cuCtxEnablePeerAccess" => Some(b"cuCtxEnablePeerAccess"),
         b"cuMemHostAlloc" => Some(b"cuMemHostAlloc"),
         b"cuMemFreeHost" => Some(b"cuMemFreeHost"),
         b"cuIpcGetMemHandle" => Some(b"cuIpcGetMemHandle"),
