@@ -97,3 +97,11 @@ def test_peer_access_reaches_expandable_blocks_as_it_reaches_the_drivers(mode):
     kernels, those made before and after; before it they are refused, and access is one way:
     as with the driver alone. Expandable chunks are made accessible to the peer then."""
     scenario("peer", mode)
+
+
+def test_the_binned_pool_keeps_classic_segments_and_says_so_once():
+    """TENSORMALLOC_CUDA_POOL=binned with expandable segments: the binned pool keeps a classic
+    segment per block (its IPC works), with one stderr line saying so."""
+    out = scenario("ipc", "expect-classic", TENSORMALLOC_CUDA_POOL="binned", **EXPANDABLE)
+    lines = [l for l in out.stderr.splitlines() if "TENSORMALLOC_CUDA_SEGMENTS" in l]
+    assert len(lines) == 1 and "binned" in lines[0], out.stderr

@@ -269,7 +269,14 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             self.limit_bytes.load(Relaxed)
         };
         let strategy = if mode == MODE_BINNED { Strategy::Binned } else { Strategy::Split };
-        let granularity = if self.expandable_wanted.load(Relaxed) && strategy == Strategy::Split { self.expandable_granularity(device) } else { None };
+        let wanted = self.expandable_wanted.load(Relaxed);
+        if wanted && strategy == Strategy::Binned {
+            static SAID: AtomicBool = AtomicBool::new(false);
+            if !SAID.swap(true, Relaxed) {
+                crate::warn_line!("TENSORMALLOC_CUDA_SEGMENTS=expandable: the binned pool (TENSORMALLOC_CUDA_POOL=binned) keeps one classic segment per block; expandable segments serve the split pool");
+            }
+        }
+        let granularity = if wanted && strategy == Strategy::Split { self.expandable_granularity(device) } else { None };
         // Expandable tables the system refuses (an address-space limit): classic segments.
         let ready = match granularity {
             Some(chunk) => pool.lock().init_expandable(chunk, limit, self.table_source) || pool.lock().init(strategy, limit, self.table_source),

@@ -194,9 +194,11 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     )?;
     DEVICE.for_each_pool(|device, pool| {
         let p = &pool.stats;
+        // Note [Expandable segments]: there, what is mapped and released is 2 MiB chunks.
+        let unit = if pool.expandable() { "chunks" } else { "segments" };
         let _ = writeln!(
             w,
-            " cuda device {device}: requests {}  hits {} ({:.1}%)  segments mapped {} released {}  syncs {}",
+            " cuda device {device}: requests {}  hits {} ({:.1}%)  {unit} mapped {} released {}  syncs {}",
             p.requests,
             p.hits,
             percent(p.hits, p.requests),
