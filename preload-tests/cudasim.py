@@ -41,7 +41,7 @@ def cuda_program(name="cuda_pool", plt_calls=False):
     lib = fake_cuda(plt_calls)
     out = BUILD / (f"{name}-plt" if plt_calls else name)
     src = C_DIR / f"{name}.c"
-    deps = [src, C_DIR / "check.h", C_DIR / "standin.h", ROOT / "include" / "tensormalloc.h", lib / "libcuda.so.1", lib / "libcudart.so.12"]
+    deps = [src, C_DIR / "check.h", C_DIR / "standin.h", C_DIR / "cuda_vmm.h", ROOT / "include" / "tensormalloc.h", lib / "libcuda.so.1", lib / "libcudart.so.12"]
     if not out.exists() or out.stat().st_mtime < max(d.stat().st_mtime for d in deps):
         tmp = out.with_name(f".{out.name}.tmp")
         cmd = ["gcc", "-O1", "-g", "-Wall", "-Wno-alloc-size-larger-than", "-fno-builtin", "-pthread", "-o", str(tmp), str(src),

@@ -6,14 +6,13 @@
 #include <unistd.h>
 #include "check.h"
 #include "standin.h"
+#include "cuda_vmm.h"
 
 typedef unsigned long long CUdeviceptr;
 typedef struct fake_ctx *CUcontext;
 typedef void *CUstream;
 typedef struct { char reserved[64]; } CUipcMemHandle;
 struct cudaPointerAttributes { int type; int device; void *devicePointer; void *hostPointer; };
-typedef struct { int type; int requestedHandleTypes; struct { int type; int id; } location; void *win32HandleMetaData; unsigned char allocFlags[8]; } CUmemAllocationProp;
-typedef struct { struct { int type; int id; } location; int flags; } CUmemAccessDesc;
 
 int cudaMalloc(void **, size_t);
 int cudaFree(void *);
@@ -49,14 +48,6 @@ int cuPointerGetAttributes(unsigned, int *, void **, CUdeviceptr);
 int cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
 int cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned);
 int cuIpcCloseMemHandle(CUdeviceptr);
-int cuMemGetAllocationGranularity(size_t *, const CUmemAllocationProp *, int);
-int cuMemCreate(unsigned long long *, size_t, const CUmemAllocationProp *, unsigned long long);
-int cuMemRelease(unsigned long long);
-int cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-int cuMemAddressFree(CUdeviceptr, size_t);
-int cuMemMap(CUdeviceptr, size_t, size_t, unsigned long long, unsigned long long);
-int cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-int cuMemUnmap(CUdeviceptr, size_t);
 
 
 enum { CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,

@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include "check.h"
 #include "standin.h"
+#include "cuda_vmm.h"
 
 typedef unsigned long long CUdeviceptr;
 typedef void *CUstream;
@@ -263,9 +264,6 @@ int cuCtxCreate_v2(CUcontext *, unsigned, int);
 int cuCtxDestroy_v2(CUcontext);
 int cuMemAlloc_v2(CUdeviceptr *, size_t);
 
-typedef struct { int type; int requestedHandleTypes; struct { int type; int id; } location; void *win32HandleMetaData; unsigned char allocFlags[8]; } CUmemAllocationProp;
-int cuMemCreate(unsigned long long *, size_t, const CUmemAllocationProp *, unsigned long long);
-int cuMemRelease(unsigned long long);
 
 enum { ELSEWHERE_ASYNC, ELSEWHERE_CONTEXT, ELSEWHERE_MANAGED, ELSEWHERE_VMM };
 

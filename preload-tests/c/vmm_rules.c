@@ -10,23 +10,14 @@
 #include <string.h>
 #include "check.h"
 #include "standin.h"
+#include "cuda_vmm.h"
 
 typedef unsigned long long CUdeviceptr;
-typedef struct { int type; int requestedHandleTypes; struct { int type; int id; } location; void *win32HandleMetaData; unsigned char allocFlags[8]; } CUmemAllocationProp;
-typedef struct { struct { int type; int id; } location; int flags; } CUmemAccessDesc;
 
 int cudaSetDevice(int);
 int cuInit(unsigned);
 int cuDeviceGetAttribute(int *, int, int);
 int cuMemGetInfo_v2(size_t *, size_t *);
-int cuMemGetAllocationGranularity(size_t *, const CUmemAllocationProp *, int);
-int cuMemCreate(unsigned long long *, size_t, const CUmemAllocationProp *, unsigned long long);
-int cuMemRelease(unsigned long long);
-int cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-int cuMemAddressFree(CUdeviceptr, size_t);
-int cuMemMap(CUdeviceptr, size_t, size_t, unsigned long long, unsigned long long);
-int cuMemUnmap(CUdeviceptr, size_t);
-int cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
 int cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
 
 

@@ -540,23 +540,19 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             for &va in todo.iter().take(n) {
                 // An idle chunk elsewhere is moved here before new memory is made.
                 let spare = pool.lock().take_idle_chunk();
-                if let Some(u) = spare {
+                let moved = spare.and_then(|u| {
                     let moved = timed(&self.stats.phases.malloc_runtime, || self.runtime.move_chunk(d as i32, u.addr, va, chunk, u.handle, peers));
                     record::segment(device_place(d), u.addr, chunk, false);
-                    if moved.is_ok() && pool.lock().set_mapped(va, u.handle) {
-                        record::segment(device_place(d), va, chunk, true);
-                        continue;
+                    if moved.is_err() {
+                        pool.lock().stats.segments_released += 1; // the move failed: released
                     }
-                    if moved.is_ok() {
-                        let _ = self.runtime.unmap_chunk(va, chunk, u.handle);
-                        return Err(DeviceError::Other(CUDA_ERROR_INVALID_VALUE));
-                    }
-                    pool.lock().stats.segments_released += 1; // the move failed: released
-                }
-                if !pool.lock().fits_cap(chunk) {
-                    return Err(DeviceError::CapReached);
-                }
-                let handle = timed(&self.stats.phases.malloc_runtime, || self.runtime.map_chunk(d as i32, va, chunk, peers))?;
+                    moved.ok().map(|()| u.handle)
+                });
+                let handle = match moved {
+                    Some(handle) => handle,
+                    None if !pool.lock().fits_cap(chunk) => return Err(DeviceError::CapReached),
+                    None => timed(&self.stats.phases.malloc_runtime, || self.runtime.map_chunk(d as i32, va, chunk, peers))?,
+                };
                 if !pool.lock().set_mapped(va, handle) {
                     // The range went with a reset meanwhile: this chunk is nobody's.
                     let _ = self.runtime.unmap_chunk(va, chunk, handle);

@@ -26,7 +26,7 @@
 // A forked child of a process that joined never asks or answers: its parent's CUDA context is not
 // its own (Note [Forked children]); the answering thread is not copied by fork anyway.
 
-use crate::sys::{clock, cuda_driver, process, shared_memory};
+use crate::sys::{clock, cuda_driver, files, process, shared_memory, thread};
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::{AcqRel, Acquire, Relaxed, Release}};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"TMNEIGH1");
@@ -215,7 +215,7 @@ fn registry() -> Option<&'static Registry> {
     if STATE.load(Acquire) == UNTRIED && STATE.compare_exchange(UNTRIED, OPENING, AcqRel, Acquire).is_ok() {
         let mut name = [0u8; 64];
         let mut uid = [0u8; 20];
-        let uid = decimal(process::user_id() as u64, &mut uid);
+        let uid = files::decimal(u64::from(process::user_id()), &mut uid);
         let mut n = 0;
         for (slot, &b) in name.iter_mut().zip(b"tensormalloc-".iter().chain(uid).chain(b"-neighbours")) {
             *slot = b;
@@ -238,20 +238,6 @@ fn registry() -> Option<&'static Registry> {
     }
     // SAFETY: stored once, before READY, from a mapping that is never unmapped.
     Some(unsafe { &*REGISTRY.load(Acquire) })
-}
-
-/// `v` in decimal, in the tail of `buf`.
-fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut start = buf.len();
-    for slot in buf.iter_mut().rev() {
-        *slot = b'0' + (v % 10) as u8;
-        start -= 1;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    buf.get(start..).unwrap_or(&[])
 }
 
 /// Device `device`'s key: its UUID, else (a driver that cannot say) its ordinal.
@@ -282,7 +268,7 @@ pub fn join(device: i32) {
         let claimed = reg.claim(process::id(), shared_memory::process_alive);
         if let Some(s) = claimed {
             SLOT.store(s, Release);
-            if !shared_memory::spawn(c"tensormalloc-nb", answer_forever) {
+            if !thread::spawn(c"tensormalloc-nb", answer_forever) {
                 STATE.store(UNAVAILABLE, Release);
             }
         }
@@ -345,7 +331,7 @@ fn answer_forever() -> ! {
     let words = registry().and_then(|reg| Some((reg, reg.doorbell(slot)?, reg.answer_word(slot)?)));
     let Some((reg, doorbell, answered)) = words else {
         loop {
-            shared_memory::sleep_ns(1 << 50);
+            clock::sleep_ns(1 << 50);
         }
     };
     let mut seen = [0u32; DEVICES];
@@ -367,7 +353,7 @@ fn answer_forever() -> ! {
         // A process ringing without end costs at most one pass a millisecond.
         let spent = clock::now_ns().saturating_sub(started);
         if spent < 1_000_000 {
-            shared_memory::sleep_ns(1_000_000 - spent);
+            clock::sleep_ns(1_000_000 - spent);
         }
         shared_memory::wait(doorbell, bell, None);
     }

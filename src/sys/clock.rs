@@ -36,6 +36,18 @@ pub fn wall_offset_ns() -> u64 {
     wall_ns.wrapping_sub(now_ns())
 }
 
+/// `ns` nanoseconds as a relative timespec (futex timeouts, sleeps).
+pub fn timespec(ns: u64) -> libc::timespec {
+    libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as libc::c_long }
+}
+
+/// Sleeps `ns` nanoseconds (less when a signal comes).
+pub fn sleep_ns(ns: u64) {
+    let t = timespec(ns);
+    // SAFETY: nanosleep reads one timespec we own.
+    unsafe { libc::nanosleep(&t, core::ptr::null_mut()) };
+}
+
 /// Sleeps about 50 µs: a waiter's pause while another thread finishes a short piece of work.
 pub fn pause() {
     let ts = libc::timespec { tv_sec: 0, tv_nsec: 50_000 };

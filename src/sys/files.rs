@@ -35,6 +35,20 @@ fn target_path(path: &[u8], out: &mut [u8; PATH_MAX_BYTES + 1]) -> Result<usize,
     expand_path(path, super::process::id(), out).filter(|&n| n <= PATH_MAX_BYTES).ok_or(libc::ENAMETOOLONG)
 }
 
+/// `v` in decimal, in the tail of `buf` (file names that carry a pid or a uid).
+pub fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut start = buf.len();
+    for slot in buf.iter_mut().rev() {
+        *slot = b'0' + (v % 10) as u8;
+        start -= 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    buf.get(start..).unwrap_or(&[])
+}
+
 /// `path` then `suffix`, as they are (nothing expanded), in `out`; None past PATH_MAX.
 pub fn joined<'a>(path: &[u8], suffix: &[u8], out: &'a mut [u8; PATH_MAX_BYTES + 1]) -> Option<&'a [u8]> {
     let n = path.len().checked_add(suffix.len()).filter(|&n| n <= PATH_MAX_BYTES)?;
@@ -214,17 +228,8 @@ pub fn refusal_text(e: i32, buf: &mut [u8; 128]) -> &str {
 /// `path` with `%p` replaced by `pid` and `%%` by `%` (any other `%` kept), into `out`; its
 /// length, or None when it does not fit.
 pub fn expand_path(path: &[u8], pid: u32, out: &mut [u8]) -> Option<usize> {
-    let mut digits = [0u8; 10];
-    let mut n = 0;
-    let mut rest = pid;
-    loop {
-        *digits.get_mut(n)? = b'0' + (rest % 10) as u8;
-        n += 1;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
+    let mut buf = [0u8; 20];
+    let digits = decimal(u64::from(pid), &mut buf);
     let mut len = 0;
     let mut put = |b: u8| -> Option<()> {
         *out.get_mut(len)? = b;
@@ -235,8 +240,8 @@ pub fn expand_path(path: &[u8], pid: u32, out: &mut [u8]) -> Option<usize> {
     while let Some(&b) = path.get(i) {
         match (b, path.get(i + 1)) {
             (b'%', Some(b'p')) => {
-                for d in digits.get(..n)?.iter().rev() {
-                    put(*d)?;
+                for &d in digits {
+                    put(d)?;
                 }
                 i += 2;
             }

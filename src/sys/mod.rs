@@ -25,3 +25,4 @@ pub mod reentry;
 pub mod shared_memory;
 pub mod stderr;
 pub mod stdio;
+pub mod thread;

@@ -83,43 +83,17 @@ pub fn wake() {
 }
 
 fn spawn() -> bool {
-    // SAFETY: plain pthread calls on attributes we own; the thread runs `reaper_main`, which
-    // never returns or unwinds.
-    unsafe {
-        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
-        if libc::pthread_attr_init(&mut attr) != 0 {
-            return false;
-        }
-        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
-        libc::pthread_attr_setstacksize(&mut attr, 256 * 1024);
-        let mut thread: libc::pthread_t = 0;
-        let rc = libc::pthread_create(&mut thread, &attr, reaper_main, core::ptr::null_mut());
-        libc::pthread_attr_destroy(&mut attr);
-        if rc == 0 {
-            libc::pthread_setname_np(thread, c"tensormalloc".as_ptr());
-        }
-        rc == 0
-    }
+    super::thread::spawn(c"tensormalloc", reaper_main)
 }
 
-extern "C" fn reaper_main(_: *mut libc::c_void) -> *mut libc::c_void {
-    // Signals are the program's business, not ours.
-    // SAFETY: blocks every signal for this thread only.
-    unsafe {
-        let mut all: libc::sigset_t = core::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, core::ptr::null_mut());
-    }
+fn reaper_main() -> ! {
     loop {
         // Read the sequence before reaping: a block cached after this point wakes us.
         let seq = WAKE_SEQ.load(Ordering::Acquire);
         let deadline = work();
         let now = super::clock::now_ns();
         SLEEPING_UNTIL.store(deadline.unwrap_or(u64::MAX), Ordering::Release);
-        let timeout = deadline.map(|d| {
-            let ns = d.saturating_sub(now).max(1_000_000); // at least 1 ms between passes
-            libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as libc::c_long }
-        });
+        let timeout = deadline.map(|d| super::clock::timespec(d.saturating_sub(now).max(1_000_000))); // at least 1 ms between passes
         let timeout_ptr = timeout.as_ref().map_or(core::ptr::null(), |t| t as *const libc::timespec);
         // SAFETY: a futex wait on a static word with an optional relative timeout on our stack.
         unsafe {

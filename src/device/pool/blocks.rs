@@ -88,8 +88,9 @@ impl DevicePool {
         }
     }
 
-    /// Hands out free block `i` for `need` bytes, splitting off the rest when worthwhile.
-    pub(super) fn take(&mut self, i: u32, need: u64, birth: Birth) -> Option<u64> {
+    /// Hands out free block `i` for `need` bytes, splitting off the rest when worthwhile: the
+    /// block's (address, size), at least `need` (a rest too small to split stays in it).
+    pub(super) fn take(&mut self, i: u32, need: u64, birth: Birth) -> Option<(u64, u64)> {
         self.unlink(i);
         let b = *self.blocks.get(i);
         let rest = b.size - need;
@@ -119,7 +120,7 @@ impl DevicePool {
 
     /// Note [Frees that bypass us]: free block `i` (unlinked) is its segment's base: the request
     /// is carved from its tail and the head stays free.
-    pub(super) fn take_tail(&mut self, i: u32, need: u64, birth: Birth) -> Option<u64> {
+    pub(super) fn take_tail(&mut self, i: u32, need: u64, birth: Birth) -> Option<(u64, u64)> {
         let b = *self.blocks.get(i);
         let rest = b.size - need;
         let tail = Block { addr: b.addr + rest, size: need, seg_prev: i, seg_next: b.seg_next, allocated: false, ..b };
@@ -135,7 +136,7 @@ impl DevicePool {
         r.seg_next = t;
         self.link(i);
         match self.hand_out(t, birth) {
-            Some(addr) => Some(addr),
+            Some(block) => Some(block),
             None => {
                 // The live map is full: merge the tail back and leave the block as it was.
                 self.unlink(t);
@@ -154,9 +155,9 @@ impl DevicePool {
         }
     }
 
-    /// Marks block `i` (unlinked, split as wanted) live and hands it out; `None` when the live
-    /// map is full (the block is linked back).
-    pub(super) fn hand_out(&mut self, i: u32, birth: Birth) -> Option<u64> {
+    /// Marks block `i` (unlinked, split as wanted) live and hands it out: (address, size);
+    /// `None` when the live map is full (the block is linked back).
+    pub(super) fn hand_out(&mut self, i: u32, birth: Birth) -> Option<(u64, u64)> {
         let b = *self.blocks.get(i);
         if !self.live.insert(b.addr, i) {
             self.link(i);
@@ -171,7 +172,7 @@ impl DevicePool {
         let size = r.size;
         self.stats.live_bytes += size;
         self.stats.peak_live_bytes = self.stats.peak_live_bytes.max(self.stats.live_bytes);
-        Some(b.addr)
+        Some((b.addr, size))
     }
 
     /// Merges free block `i` (not linked) with free neighbours of the same tag; returns the

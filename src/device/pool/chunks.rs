@@ -73,14 +73,19 @@ impl DevicePool {
         self.chunk_bytes
     }
 
+    /// The reserved range containing `addr`.
+    fn range_containing(&self, addr: u64) -> Option<&Range> {
+        self.ranges.iter().take(self.range_count).find(|r| addr.wrapping_sub(r.base) < r.len)
+    }
+
     /// The reserved range containing `addr`, by its base.
     pub fn range_of(&self, addr: u64) -> Option<u64> {
-        self.ranges.iter().take(self.range_count).find(|r| addr.wrapping_sub(r.base) < r.len).map(|r| r.base)
+        self.range_containing(addr).map(|r| r.base)
     }
 
     /// Chunk-table indices of the chunks [addr, addr + size) touches; empty outside the ranges.
     fn chunk_span(&self, addr: u64, size: u64) -> core::ops::Range<u32> {
-        let Some(r) = self.ranges.iter().take(self.range_count).find(|r| addr.wrapping_sub(r.base) < r.len) else { return 0..0 };
+        let Some(r) = self.range_containing(addr) else { return 0..0 };
         let first = (addr - r.base) / self.chunk_bytes;
         let last = (addr - r.base + size.max(1) - 1) / self.chunk_bytes;
         (r.first_chunk + first as u32)..(r.first_chunk + last as u32 + 1)
@@ -155,9 +160,8 @@ impl DevicePool {
     /// yet; returns how many.
     pub fn unmapped_chunks(&self, addr: u64, size: u64, out: &mut [u64]) -> usize {
         let mut n = 0;
-        let span = self.chunk_span(addr, size);
-        let Some(r) = self.ranges.iter().take(self.range_count).find(|r| addr.wrapping_sub(r.base) < r.len) else { return 0 };
-        for i in span {
+        let Some(r) = self.range_containing(addr) else { return 0 };
+        for i in self.chunk_span(addr, size) {
             if self.chunks.get(i).handle != 0 {
                 continue;
             }
@@ -187,16 +191,6 @@ impl DevicePool {
         self.stats.reserved_bytes += self.chunk_bytes;
         self.stats.peak_reserved_bytes = self.stats.peak_reserved_bytes.max(self.stats.reserved_bytes);
         true
-    }
-
-    /// Calls `f(chunk address, chunk)` for every chunk of every range.
-    fn for_each_chunk(&self, mut f: impl FnMut(u64, &Chunk)) {
-        for r in self.ranges.iter().take(self.range_count) {
-            let count = (r.len / self.chunk_bytes) as u32;
-            for k in 0..count {
-                f(r.base + u64::from(k) * self.chunk_bytes, self.chunks.get(r.first_chunk + k));
-            }
-        }
     }
 
     /// Appends mapped chunk `i`, which no live block touches now, to the idle list (newest last).
@@ -391,10 +385,13 @@ impl DevicePool {
     /// Calls `f(addr, handle)` for every mapped chunk (the layer gives them all back when the
     /// pool is emptied for good).
     pub fn for_each_mapped_chunk(&self, mut f: impl FnMut(u64, u64)) {
-        self.for_each_chunk(|addr, c| {
-            if c.handle != 0 {
-                f(addr, c.handle);
+        for r in self.ranges.iter().take(self.range_count) {
+            for k in 0..(r.len / self.chunk_bytes) as u32 {
+                let c = self.chunks.get(r.first_chunk + k);
+                if c.handle != 0 {
+                    f(c.addr, c.handle);
+                }
             }
-        });
+        }
     }
 }

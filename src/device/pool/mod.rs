@@ -416,10 +416,9 @@ impl DevicePool {
             // A request is counted when the pool answers it (a block, or untracked), not at
             // each step the caller takes before (a sync, a new segment).
             self.stats.requests += 1;
-            if let Some(addr) = self.take(index, need, birth) {
-                // The block handed out: at least `need` (a rest too small to split stays in it).
-                // What the free will count, so what the allocation counts (holders, chunks).
-                let size = self.live_block(addr).map_or(need, |b| b.size);
+            // The block's own size: what its free will count, so what the allocation counts
+            // (holders, chunks).
+            if let Some((addr, size)) = self.take(index, need, birth) {
                 let serving_miss = core::mem::take(&mut self.serving_miss);
                 if self.expandable() && self.touch(addr, size) {
                     return Alloc::NeedMap { addr, size };

@@ -1,0 +1,34 @@
+//! Our background threads: detached, named, every signal blocked (signals are the program's
+//! business), running a function that never returns. No allocation of ours (glibc's
+//! pthread_create maps the stack itself).
+
+/// Starts a detached thread named `name` running `main` forever; false when none can be made
+/// (seccomp, thread limits).
+pub fn spawn(name: &core::ffi::CStr, main: fn() -> !) -> bool {
+    extern "C" fn start(arg: *mut libc::c_void) -> *mut libc::c_void {
+        // SAFETY: blocks every signal for this thread only; `arg` is the `fn() -> !` spawn got.
+        unsafe {
+            let mut all: libc::sigset_t = core::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, core::ptr::null_mut());
+            core::mem::transmute::<*mut libc::c_void, fn() -> !>(arg)()
+        }
+    }
+    // SAFETY: plain pthread calls on attributes we own; the thread runs `main`, which never
+    // returns or unwinds.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = core::mem::zeroed();
+        if libc::pthread_attr_init(&mut attr) != 0 {
+            return false;
+        }
+        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        libc::pthread_attr_setstacksize(&mut attr, 256 * 1024);
+        let mut thread: libc::pthread_t = 0;
+        let rc = libc::pthread_create(&mut thread, &attr, start, main as *mut libc::c_void);
+        libc::pthread_attr_destroy(&mut attr);
+        if rc == 0 {
+            libc::pthread_setname_np(thread, name.as_ptr());
+        }
+        rc == 0
+    }
+}
