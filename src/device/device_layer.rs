@@ -42,20 +42,21 @@ struct Step {
     /// A new segment would fit the cap were the cache given back (else giving it back is no use).
     could_fit_cap: bool,
     generation: u64,
-    /// Note [Expandable segments]: a new segment is a reserved range (its memory comes chunk by
-    /// chunk, and the cap applies to the chunks).
-    expandable: bool,
+    /// Note [Expandable segments]: the pool's chunk size, 0 for classic segments. A new segment
+    /// is then a reserved range, a whole number of chunks (its memory comes chunk by chunk, and
+    /// the cap applies to the chunks).
+    chunk_bytes: u64,
 }
 
 impl Step {
     fn decide(p: &mut DevicePool, ctx: u64, size: usize, tag: u64, birth: Birth) -> Step {
         let decision = if p.serves(ctx) { p.alloc(size as u64, tag, birth) } else { Alloc::Untracked };
-        let expandable = p.expandable();
+        let chunk_bytes = p.chunk_bytes();
         let (fits_cap, could_fit_cap) = match decision {
-            Alloc::NeedSegment { len, .. } if !expandable => (p.fits_cap(len), len <= p.limit_bytes()),
+            Alloc::NeedSegment { len, .. } if chunk_bytes == 0 => (p.fits_cap(len), len <= p.limit_bytes()),
             _ => (true, true),
         };
-        Step { decision, fits_cap, could_fit_cap, generation: p.generation(), expandable }
+        Step { decision, fits_cap, could_fit_cap, generation: p.generation(), chunk_bytes }
     }
 }
 
@@ -385,9 +386,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     record::alloc(Self::block(device as usize, addr, size, holder, tag), record::Found::Miss);
                     return Ok(addr as usize);
                 }
-                Alloc::NeedSegment { len, small } if step.expandable => {
+                Alloc::NeedSegment { len, small } if step.chunk_bytes != 0 => {
                     // Note [Expandable segments]: address space only; chunks come with the blocks.
-                    let len = self.range_len(len, small);
+                    let len = self.range_len(len, small, step.chunk_bytes);
                     let Ok(addr) = self.runtime.reserve(len) else {
                         self.runtime.clear_last_error();
                         return self.passthrough_malloc(device, size);
@@ -469,12 +470,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// How much address space to reserve for a range that must hold `need` bytes (Note
     /// [Expandable segments]): twice the device's memory for large blocks, a quarter of it for
-    /// small ones (address space is cheap, and a range never moves), at least `need`.
-    fn range_len(&self, need: u64, small: bool) -> u64 {
+    /// small ones (address space is cheap, and a range never moves), at least `need`, a whole
+    /// number of the pool's chunks.
+    fn range_len(&self, need: u64, small: bool, chunk: u64) -> u64 {
         let total = self.runtime.mem_info().map_or(1 << 30, |(_, total)| total as u64).max(1 << 30);
         // At most 512 GiB a range (the chunk table tracks 2 TiB per pool): more ranges come as needed.
         let wanted = if small { total / 4 } else { total.saturating_mul(2) }.min(1 << 39);
-        let chunk = 2u64 << 20;
         wanted.max(need).div_ceil(chunk).saturating_mul(chunk)
     }
 

@@ -192,3 +192,19 @@ fn a_context_end_gives_every_chunk_back() {
     assert!(l.runtime().is_mapped(again as u64));
     l.free(again).unwrap();
 }
+
+/// A driver whose granularity is not 2 MiB (4 MiB here, on a device whose memory is no multiple
+/// of it): ranges and chunks are whole numbers of it, and the pool serves as it does at 2 MiB.
+#[test]
+fn another_granularity_is_followed() {
+    let l = layer(CudaSegments::Expandable, 4 * GB + 2 * MB);
+    l.runtime().set_granularity(4 * MB as u64);
+    let small = l.malloc(100, 0).unwrap();
+    let big = l.malloc(10 * MB, 0).unwrap();
+    let mut chunk = 0;
+    l.for_each_pool(|_, p| chunk = p.chunk_bytes());
+    assert_eq!(chunk, 4 * MB as u64, "expandable, at the driver's granularity");
+    assert_eq!(l.runtime().device(0).mallocs, 0, "no classic segment");
+    l.free(small).unwrap();
+    l.free(big).unwrap();
+}
