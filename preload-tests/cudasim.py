@@ -1,7 +1,8 @@
-"""Builds the CUDA simulators (c/fakecuda.c: a stand-in driver libcuda.so.1; c/fakecudart.c: a
-stand-in runtime libcudart.so.12 over it, and its -DPLT_CALLS variant whose entry points call one
-another through the PLT) and compiles scenario programs against them. Not NVIDIA's libraries:
-each source's first line says it is a simulator."""
+"""Builds the CUDA simulators (c/fakecuda.c with c/fakecuda_runtime.c: a stand-in driver
+libcuda.so.1 that NVIDIA's real runtime also runs on; c/fakecudart.c: a stand-in runtime
+libcudart.so.12 over it, and its -DPLT_CALLS variant whose entry points call one another through
+the PLT; c/fakenvml.c: a stand-in libnvidia-ml.so.1) and compiles scenario programs against them.
+Not NVIDIA's libraries: each source's first line says it is a simulator."""
 import subprocess
 import sys
 import zipfile
@@ -11,9 +12,9 @@ from conftest import BUILD, C_DIR, ROOT, run
 CFLAGS = ["gcc", "-std=c11", "-O1", "-g", "-Wall", "-shared", "-fPIC"]
 
 
-def _build(out, src, soname, extra=()):
+def _build(out, src, soname, extra=(), includes=()):
     lib = out / soname
-    if not lib.exists() or lib.stat().st_mtime < src.stat().st_mtime:
+    if not lib.exists() or lib.stat().st_mtime < max(s.stat().st_mtime for s in (src, *includes)):
         tmp = out / f".{soname}.tmp"  # concurrent sessions never see a half-written library
         subprocess.run([*CFLAGS, f"-Wl,-soname,{soname}", "-o", str(tmp), str(src), "-pthread", "-ldl", *extra], check=True)
         tmp.replace(lib)
@@ -25,12 +26,13 @@ def _build(out, src, soname, extra=()):
 
 
 def fake_cuda(plt_calls=False):
-    """The directory holding libcuda.so.1 and libcudart.so.12 (the PLT_CALLS runtime when asked);
-    rebuilt when a source is newer. Both variants carry their own copy of the driver, so a program
-    linked with one rpath finds both libraries in the same directory."""
+    """The directory holding libcuda.so.1, libcudart.so.12 (the PLT_CALLS runtime when asked) and
+    libnvidia-ml.so.1; rebuilt when a source is newer. Both variants carry their own copy of the
+    driver, so a program linked with one rpath finds both libraries in the same directory."""
     out = BUILD / ("fakecuda-plt" if plt_calls else "fakecuda")
     out.mkdir(parents=True, exist_ok=True)
-    _build(out, C_DIR / "fakecuda.c", "libcuda.so.1")
+    _build(out, C_DIR / "fakecuda.c", "libcuda.so.1", includes=[C_DIR / "fakecuda_runtime.c"])
+    _build(out, C_DIR / "fakenvml.c", "libnvidia-ml.so.1")
     _build(out, C_DIR / "fakecudart.c", "libcudart.so.12", ["-DPLT_CALLS"] if plt_calls else [])
     return out
 

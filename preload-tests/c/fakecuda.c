@@ -13,7 +13,9 @@
  * share the devices' memory, as processes share a GPU. Thread-safe with one mutex; static tables
  * only (no malloc).
  * A forked child of a process that initialized the driver is answered as NVIDIA's driver answers
- * it: every call, cuInit included, fails with CUDA_ERROR_NOT_INITIALIZED (3). */
+ * it: every call, cuInit included, fails with CUDA_ERROR_NOT_INITIALIZED (3).
+ * What NVIDIA's real runtime (and PyTorch over it) needs beyond this lives in fakecuda_runtime.c,
+ * compiled into this file: private tables, copies, events, attributes, stubs for the rest. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -239,10 +241,14 @@ static void release_slot(int i) {
     a->fd = -1;
 }
 
+static void cls_forget(CUcontext c);      /* fakecuda_runtime.c: the context's local storage */
+static void cls_run_destructors(void);    /* goes; its destructors run after the lock */
+
 /* Kills every allocation owned by c: unmapped and forgotten, as a reset or destroy does. */
 static void kill_allocations(CUcontext c) {
     for (int i = 0; i < MAX_ALLOC; i++)
         if (allocs[i].kind != K_NONE && allocs[i].ctx == c) release_slot(i);
+    cls_forget(c);
 }
 
 static void run_queue(void) {
@@ -326,7 +332,7 @@ static CUresult s_cuInit(unsigned flags) {
 
 static CUresult s_cuDriverGetVersion(int *v) {
     if (!v) return CUDA_ERROR_INVALID_VALUE;
-    *v = 13000;
+    *v = 13020; /* CUDA 13.2, as NVIDIA's runtime 13.2 wants */
     return CUDA_SUCCESS;
 }
 
@@ -383,6 +389,9 @@ static const char *error_name(CUresult e) {
     case CUDA_ERROR_ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
     case CUDA_ERROR_CONTEXT_IS_DESTROYED: return "CUDA_ERROR_CONTEXT_IS_DESTROYED";
     case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
+    case 209: return "CUDA_ERROR_NO_BINARY_FOR_GPU";
+    case 400: return "CUDA_ERROR_INVALID_HANDLE";
+    case 600: return "CUDA_ERROR_NOT_READY";
     default: return NULL;
     }
 }
@@ -406,6 +415,9 @@ static CUresult s_cuGetErrorString(CUresult e, const char **s) {
     case CUDA_ERROR_ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered"; break;
     case CUDA_ERROR_CONTEXT_IS_DESTROYED: *s = "context is destroyed"; break;
     case CUDA_ERROR_NOT_SUPPORTED: *s = "operation not supported"; break;
+    case 209: *s = "no kernel image is available for execution on the device"; break;
+    case 400: *s = "invalid resource handle"; break;
+    case 600: *s = "device not ready"; break;
     default: *s = NULL; return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
@@ -436,6 +448,7 @@ static CUresult s_cuDevicePrimaryCtxRelease_v2(CUdevice d) {
         ctxs[d].state = CTX_INACTIVE;
     }
     pthread_mutex_unlock(&lock);
+    cls_run_destructors();
     return e;
 }
 
@@ -447,6 +460,7 @@ static CUresult s_cuDevicePrimaryCtxReset_v2(CUdevice d) {
     ctxs[d].state = CTX_INACTIVE;
     ctxs[d].refs = 0;
     pthread_mutex_unlock(&lock);
+    cls_run_destructors();
     return CUDA_SUCCESS;
 }
 
@@ -492,6 +506,7 @@ static CUresult s_cuCtxDestroy_v2(CUcontext c) {
         last_destroyed = c;
     }
     pthread_mutex_unlock(&lock);
+    cls_run_destructors();
     if (!e && depth && stack[depth - 1] == c) depth--; /* current on this thread: popped */
     return e;
 }
@@ -610,12 +625,14 @@ static CUresult s_cuMemHostAlloc(void **pp, size_t size, unsigned flags) {
 
 static CUresult s_cuMemAllocHost_v2(void **pp, size_t size) { return s_cuMemHostAlloc(pp, size, 0); }
 
-/* cuMemFree synchronizes first (work queued on the block finishes), then frees. As NVIDIA's
+/* cuMemFree synchronizes first (work queued on the block finishes), then frees; 0 is no
+ * allocation and succeeds (cudaFree(NULL) of NVIDIA's runtime 13 passes it on). As NVIDIA's
  * driver, it finds the allocation by its address (unified addressing) and frees it in its owning
  * context whatever is current, or none (cuda-python's tests free so; UCX relies on it). */
 static CUresult s_cuMemFree_v2(CUdeviceptr p) {
     CUresult e = CUDA_SUCCESS;
     if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!p) return CUDA_SUCCESS; /* as free(NULL): NVIDIA's runtime frees 0 to initialize a context */
     pthread_mutex_lock(&lock);
     synchronize();
     int i = find_base((uintptr_t)p, M(K_DEVICE) | M(K_ASYNC) | M(K_MANAGED));
@@ -698,7 +715,9 @@ static CUresult attribute(void *data, int attr, int i, CUdeviceptr p) {
         *(void **)data = a && (a->kind == K_HOST || a->kind == K_MANAGED) ? (void *)(uintptr_t)p : NULL;
         break;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = a ? a->serial : 0; break; /* never reused */
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned char *)data = a && a->kind == K_MANAGED; break; /* a bool */
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: /* documented as a bool; NVIDIA's runtime reads 4 bytes, so the driver writes 4 */
+        *(unsigned *)data = a && a->kind == K_MANAGED;
+        break;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = a ? a->dev : 0; break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a ? a->base : 0; break;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = a ? a->size : 0; break;
@@ -825,11 +844,13 @@ static int device_prop(const CUmemAllocationProp *prop) {
     return prop && prop->type == 1 /* PINNED */ && prop->location.type == 1 /* DEVICE */ && prop->location.id >= 0 && prop->location.id < ndevices;
 }
 
+static int device_attribute(int attr, int d); /* fakecuda_runtime.c */
+
 static CUresult s_cuDeviceGetAttribute(int *value, int attr, CUdevice d) {
     if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (!value) return CUDA_ERROR_INVALID_VALUE;
     if (d < 0 || d >= ndevices) return CUDA_ERROR_INVALID_DEVICE;
-    *value = attr == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ? !no_vmm() : 0;
+    *value = device_attribute(attr, d);
     return CUDA_SUCCESS;
 }
 
@@ -1044,20 +1065,17 @@ static CUresult s_cuMemUnmap(CUdeviceptr p, size_t size) {
 
 /* ---------- cuGetProcAddress: a static table, never dlsym ---------- */
 
-/* NVIDIA's runtime asks for private tables after its lookups; the stand-in has none. */
-static CUresult s_cuGetExportTable(const void **table, const void *id) {
-    (void)id;
-    if (table) *table = NULL;
-    return CUDA_ERROR_NOT_SUPPORTED;
-}
-
-
-
 struct proc { const char *name; void *fn; };
 static CUresult s_cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags);
 static CUresult s_cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, CUdriverProcAddressQueryResult *status);
 
 #define P(base, impl) {base, (void *)impl}
+
+#include "fakecuda_runtime.c" /* what NVIDIA's runtime needs: private tables, more entry points */
+
+/* NVIDIA's runtime asks for private tables after its lookups. */
+static CUresult s_cuGetExportTable(const void **table, const void *id) { return private_table(table, id); }
+
 static const struct proc procs[] = {
     P("cuInit", s_cuInit),
     P("cuDriverGetVersion", s_cuDriverGetVersion),
@@ -1136,7 +1154,10 @@ static CUresult s_cuGetProcAddress_v2(const char *symbol, void **pfn, int versio
             return CUDA_SUCCESS;
         }
     }
-    *pfn = NULL;
+    if ((*pfn = runtime_proc(symbol))) { /* fakecuda_runtime.c's, or a stub */
+        if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
+    }
     if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     return CUDA_ERROR_NOT_FOUND;
 }

@@ -388,7 +388,7 @@ int cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p) {
     if (!a) return fail(cudaErrorInvalidValue);
     NEED_CONTEXT();
     unsigned type = 0;
-    unsigned char managed = 0;
+    unsigned managed = 0; /* the driver writes 4 bytes, as NVIDIA's runtime reads them */
     int ordinal = 0;
     CUdeviceptr dptr = 0;
     void *hptr = NULL;
