@@ -35,6 +35,8 @@ mod cuda_driver;
 mod cuda_lookup;
 #[cfg(not(any(test, feature = "no-interpose")))]
 mod cxx;
+#[cfg(not(any(test, feature = "no-interpose")))]
+mod torch_oom;
 #[cfg(all(target_arch = "x86_64", not(any(test, feature = "no-interpose"))))]
 mod fast_paths;
 #[cfg(not(any(test, feature = "no-interpose")))]
