@@ -1,0 +1,66 @@
+"""Issue 36: real PyTorch (the registry's wheel in .venv-torch, with NVIDIA's CUDA 13 runtime) over
+the stand-in driver (c/fakecuda.c and c/fakecuda_runtime.c, c/fakenvml.c: simulators), one process
+per mode running py/torch_real.py's checks (allocation and copies, reuse, stats, empty_cache,
+snapshot, pinned memory, streams, IPC of 4 KiB to 64 MiB tensors through a torch.multiprocessing
+queue checked in the child, out of memory and recovery), each check a test:
+- the stand-in alone: PyTorch's caching allocator, PYTORCH_NO_CUDA_MEMORY_CACHING=1 and
+  PyTorch's expandable segments (with the stand-in NVML), which is what the other runs must match;
+- under the preload: the same three, tensormalloc.torch.enable(), and TENSORMALLOC_CUDA_SEGMENTS=expandable;
+- tensormalloc.torch.enable() with the library loaded by path (no preload).
+Skipped only when .venv-torch is missing (scripts/setup makes it where the registry is reachable)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run
+from cudasim import fake_cuda
+
+TORCH_PYTHON = ROOT / ".venv-torch" / "bin" / "python"
+SCRIPT = Path(__file__).resolve().parent / "py" / "torch_real.py"
+
+# (mode, preloaded, extra environment): the modes of py/torch_real.py.
+RUNS = {
+    "cache-alone": ("cache", False, {}),
+    "no_caching-alone": ("no_caching", False, {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}),
+    "torch_expandable-alone": ("torch_expandable", False, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+    "cache-preload": ("cache", True, {}),
+    "no_caching-preload": ("no_caching", True, {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}),
+    "hooks-preload": ("hooks", True, {}),
+    "hooks-by-path": ("hooks", False, {}),
+    "torch_expandable-preload": ("torch_expandable", True, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+    "tm_expandable-preload": ("tm_expandable", True, {"TENSORMALLOC_CUDA_SEGMENTS": "expandable"}),
+}
+CHECKS = ["devices", "copies", "reuse", "stats", "empty_cache", "snapshot", "pinned", "streams", "ipc", "oom"]
+
+
+@pytest.fixture(scope="module")
+def torch_python():
+    if not TORCH_PYTHON.exists():
+        pytest.skip(f"{TORCH_PYTHON} is missing: scripts/setup installs PyTorch there where the registry is reachable")
+    return str(TORCH_PYTHON)
+
+
+@pytest.fixture(scope="module", params=list(RUNS))
+def result(request, torch_python):
+    mode, preloaded, extra = RUNS[request.param]
+    # Each run names its segments: the suite-wide TM_TEST_CUDA_SEGMENTS must not make one mode another.
+    env = {"PYTHONPATH": str(ROOT / "python"), "LD_LIBRARY_PATH": str(fake_cuda()), "TORCH_REAL_STANDIN": "1",
+           "PYTHONDONTWRITEBYTECODE": "1", "TENSORMALLOC_CUDA_SEGMENTS": "classic", **extra}
+    out = run([torch_python, str(SCRIPT), mode], preload=preloaded, env=env, timeout=900)
+    last = out.stdout.strip().splitlines()[-1:] or [""]
+    try:
+        parsed = json.loads(last[0])
+    except ValueError:
+        parsed = None
+    return request.param, out, parsed
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_torch(result, check):
+    name, out, parsed = result
+    assert out.returncode == 0 and parsed, f"{name}: exit {out.returncode}\nstdout:\n{out.stdout[-3000:]}\nstderr:\n{out.stderr[-3000:]}"
+    mode, preloaded, _ = RUNS[name]
+    assert parsed["loaded_by"] == ("preload" if preloaded else "path" if mode == "hooks" else None), parsed["loaded_by"]
+    c = parsed["checks"][check]
+    assert c["ok"], f"{name} {check}: {c['detail']}\nstderr:\n{out.stderr[-2000:]}"
