@@ -28,8 +28,10 @@ def malloc(size):
     stream = cupy.cuda.get_current_stream().ptr
     ptr = lib.tm_cuda_alloc_as(size, device, ctypes.c_void_p(stream), _cuda.CUPY)
     if not ptr:
+        # As CuPy's pool raises it: the size asked and what is allocated (here the device's memory
+        # in use); no limit argument, since none was set (CuPy would print it as one).
         free, total = cupy.cuda.runtime.memGetInfo()
-        raise cupy.cuda.memory.OutOfMemoryError(size, total - free, total)
+        raise cupy.cuda.memory.OutOfMemoryError(size, total - free)
     owner = _Block(ptr, size, device, ctypes.c_void_p(stream), lib.tm_cuda_free)
     return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, size, owner, device_id=device), 0)
 
