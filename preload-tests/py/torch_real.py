@@ -64,8 +64,7 @@ class Checks:
             detail = fn()
             self.results[name] = {"ok": True, "detail": detail or ""}
         except Exception as e:  # noqa: BLE001 - every failure is reported, the next check still runs
-            tb = traceback.format_exception_only(type(e), e)[-1].strip()
-            self.results[name] = {"ok": False, "detail": f"{type(e).__name__}: {tb}"[:2000]}
+            self.results[name] = {"ok": False, "detail": traceback.format_exception_only(type(e), e)[-1].strip()[:2000]}
 
     # --- the checks ---
 
