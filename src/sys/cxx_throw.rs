@@ -206,3 +206,43 @@ pub unsafe fn release_string(s: *mut CxxString) {
         s.len = 0;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn string() -> CxxString {
+        CxxString { ptr: core::ptr::null_mut(), len: 0, local: [0xAA; 16] }
+    }
+
+    #[test]
+    fn a_short_message_is_kept_in_place_with_its_nul() {
+        let mut s = string();
+        // SAFETY: s is ours; the C++ runtime's operator new is not needed for 15 bytes.
+        unsafe { fill_string(&mut s, b"out of memory") };
+        assert_eq!(s.ptr, s.local.as_mut_ptr());
+        assert_eq!(s.len, 13);
+        assert_eq!(&s.local[..14], b"out of memory\0");
+        // SAFETY: filled above; an in-place string holds nothing to free.
+        unsafe { release_string(&mut s) };
+        assert_eq!(s.len, 13);
+    }
+
+    #[test]
+    fn without_operator_new_a_long_message_is_cut_to_what_fits_in_place() {
+        assert_eq!(NEW_NOTHROW.load(Ordering::Relaxed), 0, "nothing was resolved in the test process");
+        let mut s = string();
+        // SAFETY: as above.
+        unsafe { fill_string(&mut s, b"CUDA out of memory. Tried to allocate 2.0 GiB") };
+        assert_eq!(s.ptr, s.local.as_mut_ptr());
+        assert_eq!(s.len, 15);
+        assert_eq!(&s.local, b"CUDA out of mem\0");
+    }
+
+    #[test]
+    fn the_destructor_is_the_first_virtual_function() {
+        let vtable: [usize; 4] = [0, 0x1000, 0xd1, 0xd0]; // offset to top, typeinfo, D1, D0
+        // SAFETY: a readable array shaped as a vtable.
+        assert_eq!(unsafe { virtual_function(vtable.as_ptr() as usize, 0) }, 0xd1);
+    }
+}
