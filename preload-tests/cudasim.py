@@ -1,8 +1,9 @@
-"""Builds the CUDA simulators (c/fakecuda.c with c/fakecuda_runtime.c: a stand-in driver
-libcuda.so.1 that NVIDIA's real runtime also runs on; c/fakecudart.c: a stand-in runtime
-libcudart.so.12 over it, and its -DPLT_CALLS variant whose entry points call one another through
-the PLT; c/fakenvml.c: a stand-in libnvidia-ml.so.1) and compiles scenario programs against them.
-Not NVIDIA's libraries: each source's first line says it is a simulator."""
+"""Builds the CUDA simulators and compiles scenario programs against them: c/fakecuda.c (with
+c/fakecuda_runtime.c and c/fakecuda_private.c), a stand-in driver libcuda.so.1 that NVIDIA's real
+runtime also runs on; c/fakecudart.c, a stand-in runtime libcudart.so.12 over it, and its
+-DPLT_CALLS variant whose entry points call one another through the PLT; c/fakenvml.c, a
+stand-in libnvidia-ml.so.1. Not NVIDIA's libraries: each source's first line says it is a
+simulator."""
 import subprocess
 import sys
 import zipfile
@@ -31,7 +32,7 @@ def fake_cuda(plt_calls=False):
     driver, so a program linked with one rpath finds both libraries in the same directory."""
     out = BUILD / ("fakecuda-plt" if plt_calls else "fakecuda")
     out.mkdir(parents=True, exist_ok=True)
-    _build(out, C_DIR / "fakecuda.c", "libcuda.so.1", includes=[C_DIR / "fakecuda_runtime.c"])
+    _build(out, C_DIR / "fakecuda.c", "libcuda.so.1", includes=[C_DIR / "fakecuda_runtime.c", C_DIR / "fakecuda_private.c"])
     _build(out, C_DIR / "fakenvml.c", "libnvidia-ml.so.1")
     _build(out, C_DIR / "fakecudart.c", "libcudart.so.12", ["-DPLT_CALLS"] if plt_calls else [])
     return out

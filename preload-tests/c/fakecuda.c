@@ -1071,7 +1071,8 @@ static CUresult s_cuGetProcAddress_v2(const char *symbol, void **pfn, int versio
 
 #define P(base, impl) {base, (void *)impl}
 
-#include "fakecuda_runtime.c" /* what NVIDIA's runtime needs: private tables, more entry points */
+#include "fakecuda_runtime.c" /* what NVIDIA's runtime needs: more entry points, stubs */
+#include "fakecuda_private.c" /* its private tables, behind cuGetExportTable */
 
 /* NVIDIA's runtime asks for private tables after its lookups. */
 static CUresult s_cuGetExportTable(const void **table, const void *id) { return private_table(table, id); }
