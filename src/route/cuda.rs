@@ -68,7 +68,7 @@ enum FreeOf {
 /// The answer to a free the pool was asked first (runtime and driver entry points alike): ours
 /// for a pooled pointer, the real function's for any other, and for a pointer inside our memory
 /// that is no live block, the runtime's answer for a pointer it never handed out (Note
-/// [Unexpected frees] in device/device_layer.rs).
+/// [Unexpected frees] in device/device_layer/free.rs).
 fn answer_free(call: &str, ptr: usize, of: FreeOf, freed: Result<FreeAnswer, DeviceError>, real_free: impl FnOnce() -> c_int) -> c_int {
     match freed {
         Ok(FreeAnswer::Pooled) => CUDA_SUCCESS,

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::device::device_layer::{Export, RangeAnswer};
+use crate::backing::PrimaryContext;
 use crate::config::Config;
 use crate::sim::leak_table;
 use crate::sim::SimRuntime;

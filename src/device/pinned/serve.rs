@@ -1,7 +1,7 @@
 //! Pinned host memory served for the device: the device layer's cudaHostAlloc / cudaFreeHost
 //! through the pinned cache (cache.rs), with every runtime call outside the cache's lock, as for
-//! device blocks (device_layer.rs). A pinned block freed into the cache and freed again is
-//! refused (Note [Unexpected frees] in device_layer.rs).
+//! device blocks (device_layer/). A pinned block freed into the cache and freed again is
+//! refused (Note [Unexpected frees] in device_layer/free.rs).
 
 use crate::device::device_layer::{DeviceLayer, FreeAnswer};
 use crate::backing::{DeviceError, DeviceRuntime};
