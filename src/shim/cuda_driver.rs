@@ -102,7 +102,7 @@ pub unsafe extern "C" fn cuCtxDestroy(ctx: *mut c_void) -> c_int {
     route::ctx_destroy(ctx, |d| d.ctx_destroy_v1)
 }
 
-/// Note [IPC] (device/pool/mod.rs).
+/// Note [IPC] (device/pool/pointers.rs).
 ///
 /// # Safety
 /// As cuIpcGetMemHandle: `handle` points to a CUipcMemHandle.
@@ -120,7 +120,7 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usiz
     route::address_range(base, size, ptr)
 }
 
-/// The range and buffer-id attributes answer for our block (Note [Buffer ids] in device/pool/mod.rs).
+/// The range and buffer-id attributes answer for our block (Note [Buffer ids] in device/pool/pointers.rs).
 ///
 /// # Safety
 /// As cuPointerGetAttribute.

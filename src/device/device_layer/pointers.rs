@@ -1,11 +1,11 @@
 //! What an address is to us: which pool owns it, whether it lies in our memory, the block a
-//! pointer query or an IPC export names (Note [IPC] in device/pool/mod.rs, Note [Buffer ids]).
+//! pointer query or an IPC export names (Note [IPC] in device/pool/pointers.rs, Note [Buffer ids]).
 
 use super::DeviceLayer;
 use crate::backing::DeviceRuntime;
 use crate::device::pool::BlockView;
 
-/// What an IPC handle of a pointer would name (Note [IPC] in device/pool/mod.rs).
+/// What an IPC handle of a pointer would name (Note [IPC] in device/pool/pointers.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Export {
     /// Not a pooled pointer: the runtime answers.
@@ -25,7 +25,7 @@ pub enum Export {
 pub enum RangeAnswer {
     /// Not inside one of our segments: the runtime's answer stands.
     NotOurs,
-    /// Inside this live block: (start, size, buffer id: Note [Buffer ids] in device/pool/mod.rs).
+    /// Inside this live block: (start, size, buffer id: Note [Buffer ids] in device/pool/pointers.rs).
     Live(u64, u64, u64),
     /// Inside cached (freed) memory of ours: no allocation there, as after the runtime's free.
     Free,

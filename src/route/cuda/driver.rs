@@ -203,7 +203,7 @@ pub unsafe fn ctx_destroy(ctx: *mut c_void, spelling: Spelling<unsafe extern "C"
     rc
 }
 
-/// Note [IPC] (device/pool/mod.rs).
+/// Note [IPC] (device/pool/pointers.rs).
 ///
 /// # Safety
 /// As cuIpcGetMemHandle: `handle` points to a CUipcMemHandle.
@@ -245,7 +245,7 @@ pub unsafe fn address_range(base: *mut u64, size: *mut usize, ptr: u64) -> c_int
 }
 
 /// The range and buffer-id attributes answer for our block (Note [Buffer ids] in
-/// device/pool/mod.rs); every other attribute is the driver's.
+/// device/pool/pointers.rs); every other attribute is the driver's.
 ///
 /// # Safety
 /// As cuPointerGetAttribute.
