@@ -30,7 +30,6 @@ pub enum FreeAnswer {
 // span of some pool's segments. Pinned blocks freed into the cache are refused the same way.
 
 impl<R: DeviceRuntime> DeviceLayer<R> {
-
     /// cudaFree of a pointer: back into its device's pool, whatever device is current.
     pub fn free(&self, addr: usize) -> Result<FreeAnswer, DeviceError> {
         let Some(device) = self.owning_device(addr) else { return Ok(self.not_live(addr)) };
@@ -84,33 +83,45 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         }
     }
 
-    /// The pluggable allocator's free: reusable at once on the same stream.
+    /// The pluggable allocator's free: reusable at once on the same stream. `device` is the
+    /// caller's word, the pool tried first.
     pub fn free_on_stream(&self, addr: usize, device: i32, stream: usize) -> FreeAnswer {
-        timed(&self.stats.phases.free, || self.free_on_stream_untimed(addr, usize::try_from(device).ok(), stream))
-    }
-
-    /// `device` is a hint (the caller's word, or an owner just looked up): the owning pool is
-    /// looked up again when it is absent or wrong.
-    pub(super) fn free_on_stream_untimed(&self, addr: usize, device: Option<usize>, stream: usize) -> FreeAnswer {
-        let index = device.filter(|&d| self.pools().get(d).is_some_and(|p| p.lock().owns(addr as u64)));
-        let Some(d) = index.or_else(|| self.owning_device(addr)) else { return self.not_live(addr) };
-        let now = (self.clock)();
-        match self.pools().get(d).and_then(|p| p.lock().free(addr as u64, stream_tag(stream), now)) {
-            Some(f) => {
-                // An exported segment that cannot be given back stays with the runtime's
-                // context until it ends; it is out of our pool either way.
-                let _ = self.after_free(d, addr, f, stream_tag(stream));
-                FreeAnswer::Pooled
-            }
-            // Freed by another thread meanwhile.
-            None => FreeAnswer::Refused,
-        }
+        self.free_tagged(addr, usize::try_from(device).ok(), stream_tag(stream))
     }
 
     /// cudaFreeAsync / cuMemFreeAsync of a pointer: back into its pool, reusable on `stream`
     /// at once and by anyone else after a device synchronization (Note [Safe reuse]).
     pub fn free_async(&self, addr: usize, stream: usize) -> FreeAnswer {
-        let Some(d) = self.owning_device(addr) else { return self.not_live(addr) };
-        timed(&self.stats.phases.free, || self.free_on_stream_untimed(addr, Some(d), stream))
+        self.free_tagged(addr, None, stream_tag(stream))
+    }
+
+    /// A free that needs no synchronization: the block is found and taken back in one pass over
+    /// the pools (the `first` one tried first), each looking `addr` up once under its lock. The
+    /// free phase times pooled frees only, as cudaFree's does.
+    fn free_tagged(&self, addr: usize, first: Option<usize>, tag: u64) -> FreeAnswer {
+        let pools = self.pools();
+        let start = crate::sys::clock::now_ns();
+        let now = (self.clock)();
+        let others = (0..pools.len()).filter(|&d| Some(d) != first);
+        for d in first.into_iter().chain(others) {
+            let Some(pool) = pools.get(d) else { continue };
+            let freed = {
+                let mut p = pool.lock();
+                if !p.is_ready() {
+                    continue;
+                }
+                p.free(addr as u64, tag, now)
+            };
+            if let Some(f) = freed {
+                // An exported segment that cannot be given back stays with the runtime's
+                // context until it ends; it is out of our pool either way.
+                let _ = self.after_free(d, addr, f, tag);
+                self.stats.phases.free.record(crate::sys::clock::now_ns().saturating_sub(start));
+                return FreeAnswer::Pooled;
+            }
+        }
+        // Not live anywhere: a stranger's pointer, or one inside our memory (a double free,
+        // also when another thread freed it meanwhile: Note [Unexpected frees]).
+        self.not_live(addr)
     }
 }

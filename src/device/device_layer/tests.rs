@@ -609,3 +609,29 @@ fn a_neighbours_ask_gives_back_every_idle_segment_now() {
     assert_eq!(l.release_for_neighbour(-1) + l.release_for_neighbour(99), 0, "no such device");
     l.free(kept).unwrap();
 }
+
+#[test]
+fn a_stream_ordered_free_finds_its_block_once() {
+    // One lookup of the block in the pool that owns it, and one in each pool tried before it
+    // (the caller's device first for the pluggable free); before, a free looked its owner up
+    // three times.
+    let l = layer(Config::default(), &[4 * GB, 4 * GB]);
+    let a = l.malloc(MB, 0).unwrap();
+    l.runtime().set_device(1).unwrap();
+    let b = l.malloc(MB, 0).unwrap();
+    let lookups = |l: &DeviceLayer<SimRuntime>| {
+        let mut n = 0;
+        l.for_each_pool(|_, p| n += p.lookups.load(Relaxed));
+        n
+    };
+    let before = lookups(&l);
+    assert_eq!(l.free_async(a, 7), FreeAnswer::Pooled);
+    assert_eq!(lookups(&l) - before, 1, "device 0's block, found in the first pool");
+    let before = lookups(&l);
+    assert_eq!(l.free_async(b, 7), FreeAnswer::Pooled);
+    assert_eq!(lookups(&l) - before, 2, "device 1's block: pool 0 says no, pool 1 takes it");
+    let c = l.malloc(MB, 0).unwrap();
+    let before = lookups(&l);
+    assert_eq!(l.free_on_stream(c, 1, 7), FreeAnswer::Pooled);
+    assert_eq!(lookups(&l) - before, 1, "the caller's device is tried first");
+}

@@ -182,6 +182,9 @@ pub struct DevicePool {
     ready: bool,
     /// A segment was just added for the request being served: its next allocation is a miss.
     serving_miss: bool,
+    /// Tests: how many times a block was looked up by its address (a free finds it once).
+    #[cfg(test)]
+    pub lookups: core::sync::atomic::AtomicU64,
     /// Note [Expandable segments] (chunks.rs): the chunk size; 0 in classic mode.
     chunk_bytes: u64,
     chunks: Slab<chunks::Chunk>,
@@ -242,6 +245,8 @@ impl DevicePool {
             },
             ready: false,
             serving_miss: false,
+            #[cfg(test)]
+            lookups: core::sync::atomic::AtomicU64::new(0),
             chunk_bytes: 0,
             chunks: Slab::empty(),
             ranges: [chunks::Range { base: 0, len: 0, first_chunk: 0 }; chunks::MAX_RANGES],
@@ -387,6 +392,7 @@ impl DevicePool {
 
     /// Takes a block back at `now_ns`; `None` when `addr` is not a live block of this pool.
     pub fn free(&mut self, addr: u64, tag: u64, now_ns: u64) -> Option<Freed> {
+        self.looked_up();
         let i = self.live.remove(addr)?;
         let b = {
             let r = self.blocks.get_mut(i);
