@@ -802,7 +802,8 @@ static CUresult s_cuIpcCloseMemHandle(CUdeviceptr p) {
  * the granularity (2 MiB); a range is mapped at most once; cuMemUnmap takes whole mappings
  * only; a handle released while mapped keeps its memory until its last mapping goes.
  * FAKECUDA_NO_VMM=1 is a driver without the API: the attribute says 0 and every call answers
- * CUDA_ERROR_NOT_SUPPORTED. */
+ * CUDA_ERROR_NOT_SUPPORTED. FAKECUDA_RESERVE_REFUSED=1 refuses every cuMemAddressReserve with
+ * CUDA_ERROR_OUT_OF_MEMORY, as an address-space limit would. */
 
 typedef struct { int type; int requestedHandleTypes; struct { int type; int id; } location; void *win32HandleMetaData; unsigned char allocFlags[8]; } CUmemAllocationProp;
 typedef struct { struct { int type; int id; } location; int flags; } CUmemAccessDesc;
@@ -931,6 +932,8 @@ static CUresult s_cuMemAddressReserve(CUdeviceptr *out, size_t size, size_t alig
     CUresult e = vmm_entry();
     if (e) return e;
     if (!out || !size || !aligned(size) || flags) return CUDA_ERROR_INVALID_VALUE;
+    const char *refused = getenv("FAKECUDA_RESERVE_REFUSED");
+    if (refused && *refused == '1') return CUDA_ERROR_OUT_OF_MEMORY;
     if (align < VMM_GRANULARITY) align = VMM_GRANULARITY;
     if (align & (align - 1)) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
