@@ -471,6 +471,8 @@ struct RuntimeState {
     current: i32,
     next_addr: usize,
     fail_next_mallocs: u64,
+    /// Address reservations to refuse (an address-space limit).
+    fail_next_reserves: u64,
     last_error: i32,
     pub host_allocs: u64,
     /// The virtual memory API's granularity; 0: a driver without it.
@@ -515,6 +517,10 @@ impl SimRuntime {
 
     pub fn fail_next_mallocs(&self, n: u64) {
         self.state.lock().unwrap().fail_next_mallocs = n;
+    }
+    /// The next `n` address reservations are refused with out of memory.
+    pub fn fail_next_reserves(&self, n: u64) {
+        self.state.lock().unwrap().fail_next_reserves = n;
     }
     pub fn last_error(&self) -> i32 {
         self.state.lock().unwrap().last_error
@@ -690,6 +696,10 @@ impl DeviceRuntime for SimRuntime {
         let mut st = self.state.lock().unwrap();
         if st.granularity == 0 || len == 0 || !len.is_multiple_of(st.granularity) {
             return Err(DeviceError::Other(1));
+        }
+        if st.fail_next_reserves > 0 {
+            st.fail_next_reserves -= 1;
+            return Err(DeviceError::OutOfMemory);
         }
         let addr = (st.next_addr as u64).next_multiple_of(st.granularity);
         st.next_addr = (addr + len + st.granularity) as usize;

@@ -14,6 +14,7 @@
 //   retried once. See Note [Safe reuse] in device/pool/mod.rs for when a freed block may be reused.
 
 pub mod device_layer;
+pub mod fallback;
 pub mod neighbours;
 pub mod pinned;
 pub mod pool;

@@ -4,7 +4,8 @@
 
 use super::DeviceLayer;
 use crate::backing::{DeviceError, DeviceRuntime};
-use crate::device::pool::{stream_tag, Alloc, DevicePool, SYNCED};
+use crate::device::fallback::{self, Fallback};
+use crate::device::pool::{stream_tag, Alloc, DevicePool, MAX_POOLED_BYTES, SYNCED};
 use crate::record;
 use crate::record::holders::{device_place, Birth};
 use crate::record::stats::timed;
@@ -25,17 +26,20 @@ struct Step {
     /// is then a reserved range, a whole number of chunks (its memory comes chunk by chunk, and
     /// the cap applies to the chunks).
     chunk_bytes: u64,
+    /// The pool lives in another context than the request's (Note [Context lifetime]).
+    other_context: bool,
 }
 
 impl Step {
     fn decide(p: &mut DevicePool, ctx: u64, size: usize, tag: u64, birth: Birth) -> Step {
-        let decision = if p.serves(ctx) { p.alloc(size as u64, tag, birth) } else { Alloc::Untracked };
+        let other_context = !p.serves(ctx);
+        let decision = if other_context { Alloc::Untracked } else { p.alloc(size as u64, tag, birth) };
         let chunk_bytes = p.chunk_bytes();
         let (fits_cap, could_fit_cap) = match decision {
             Alloc::NeedSegment { len, .. } if chunk_bytes == 0 => (p.fits_cap(len), len <= p.limit_bytes()),
             _ => (true, true),
         };
-        Step { decision, fits_cap, could_fit_cap, generation: p.generation(), chunk_bytes }
+        Step { decision, fits_cap, could_fit_cap, generation: p.generation(), chunk_bytes, other_context }
     }
 }
 
@@ -89,6 +93,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let mut mapped = false;
         // The pool's answer taken under the lock that added a segment, for the next step.
         let mut carried: Option<Step> = None;
+        // A fallback seen under the pool's lock, said after it.
+        let mut fallback_seen: Option<Fallback> = None;
         for _ in 0..MAX_STEPS {
             let step = match carried.take() {
                 Some(step) => step,
@@ -103,7 +109,15 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     record::alloc(Self::block(device as usize, addr, size, holder, tag), found);
                     return Ok(addr as usize);
                 }
-                Alloc::Untracked => return self.passthrough_malloc(device, size),
+                Alloc::Untracked => {
+                    // A size past what any device holds is the driver's to refuse, not a fallback.
+                    if step.other_context {
+                        fallback::say(Fallback::OtherContext { device });
+                    } else if size as u64 <= MAX_POOLED_BYTES {
+                        fallback::say(Fallback::TablesFull { device });
+                    }
+                    return self.passthrough_malloc(device, size);
+                }
                 Alloc::NeedSync => {
                     self.synchronize()?;
                     pool.lock().mark_all_synced();
@@ -117,18 +131,34 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 Alloc::NeedSegment { len, small } if step.chunk_bytes != 0 => {
                     // Note [Expandable segments]: address space only; chunks come with the blocks.
                     let len = self.range_len(len, small, step.chunk_bytes);
-                    let Ok(addr) = self.runtime.reserve(len) else {
-                        self.runtime.clear_last_error();
-                        return self.passthrough_malloc(device, size);
+                    let addr = match self.runtime.reserve(len) {
+                        Ok(addr) => addr,
+                        Err(e) => {
+                            self.runtime.clear_last_error();
+                            // The first range refused: the pool goes on with classic segments.
+                            let classic = pool.lock().fall_back_to_classic();
+                            fallback::say(Fallback::Reservation { device, code: e.code(), classic });
+                            if classic {
+                                continue;
+                            }
+                            return self.passthrough_malloc(device, size);
+                        }
                     };
                     if ctx == 0 {
                         ctx = self.runtime.current_context();
                     }
                     let birth = Birth { ns: (self.clock)(), holder };
                     let mut p = pool.lock();
-                    // A reservation the pool cannot take stays reserved, unused: address space.
                     if p.generation() != step.generation || !p.bind(ctx) || !p.add_range(addr, len, small) {
+                        let (other_context, full) = (!p.serves(ctx), p.expandable() && p.generation() == step.generation);
                         drop(p);
+                        // Address space nobody uses: back to the driver.
+                        let _ = self.runtime.unreserve(addr, len);
+                        if other_context {
+                            fallback::say(Fallback::OtherContext { device });
+                        } else if full {
+                            fallback::say(Fallback::RangesFull { device });
+                        }
                         return self.passthrough_malloc(device, size);
                     }
                     carried = Some(Step::decide(&mut p, ctx, size, tag, birth));
@@ -161,10 +191,14 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                                     carried = Some(Step::decide(&mut p, ctx, size, tag, birth));
                                     true
                                 } else {
+                                    fallback_seen = Some(if p.serves(ctx) { Fallback::TablesFull { device } } else { Fallback::OtherContext { device } });
                                     false
                                 }
                             };
                             if !added {
+                                if let Some(f) = fallback_seen {
+                                    fallback::say(f);
+                                }
                                 self.runtime_free(addr)?;
                                 return self.passthrough_malloc(device, size);
                             }

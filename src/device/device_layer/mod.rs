@@ -10,6 +10,7 @@
 //! `contexts` (which context a pool lives in, and its end), `free` (a block back), `pointers`
 //! (what an address is: queries, IPC), `give_back` (idle, pressure, neighbours, trim).
 
+use super::fallback::{self, Fallback};
 use super::pinned::cache::PinnedCache;
 use super::pool::{DevicePool, Strategy};
 use crate::backing::{DeviceError, DeviceRuntime};
@@ -172,19 +173,25 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     /// The pool of `device`, set up on first use (the cap in percent needs the device's size,
-    /// asked with `device` current). `None`: pass through.
+    /// asked with `device` current). `None`: pass through (said once, unless the pool is off).
     fn pool(&self, device: i32) -> Option<&Lock<DevicePool>> {
         let mode = self.mode.load(Relaxed);
-        if mode == MODE_NONE {
+        if mode == MODE_NONE || !self.answers() {
             return None;
         }
-        let pool = self.pools().get(usize::try_from(device).ok()?)?;
+        let Some(pool) = usize::try_from(device).ok().and_then(|d| self.pools.get(d)) else {
+            fallback::say(Fallback::DeviceOrdinal { device });
+            return None;
+        };
         if pool.lock().is_ready() {
             return Some(pool);
         }
         let percent = self.limit_percent.load(Relaxed);
         let limit = if percent > 0 {
-            let (_, total) = self.runtime.mem_info().ok()?;
+            let Ok((_, total)) = self.runtime.mem_info() else {
+                fallback::say(Fallback::PercentCap { device });
+                return None;
+            };
             (total as u64 / 100).saturating_mul(percent)
         } else {
             self.limit_bytes.load(Relaxed)
@@ -192,32 +199,34 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let strategy = if mode == MODE_BINNED { Strategy::Binned } else { Strategy::Split };
         let wanted = self.expandable_wanted.load(Relaxed);
         if wanted && strategy == Strategy::Binned {
-            static SAID: AtomicBool = AtomicBool::new(false);
-            if !SAID.swap(true, Relaxed) {
-                crate::warn_line!("TENSORMALLOC_CUDA_SEGMENTS=expandable: the binned pool (TENSORMALLOC_CUDA_POOL=binned) keeps one classic segment per block; expandable segments serve the split pool");
-            }
+            fallback::say(Fallback::BinnedExpandable);
         }
         let granularity = if wanted && strategy == Strategy::Split { self.expandable_granularity(device) } else { None };
-        // Expandable tables the system refuses (an address-space limit): classic segments.
         let ready = match granularity {
-            Some(chunk) => pool.lock().init_expandable(chunk, limit, self.table_source) || pool.lock().init(strategy, limit, self.table_source),
+            Some(chunk) => {
+                let expandable = pool.lock().init_expandable(chunk, limit, self.table_source);
+                if !expandable {
+                    // Expandable tables the system refuses (an address-space limit): classic.
+                    fallback::say(Fallback::ExpandableTables { device });
+                }
+                expandable || pool.lock().init(strategy, limit, self.table_source)
+            }
             None => pool.lock().init(strategy, limit, self.table_source),
         };
         if ready {
             self.used.store(true, Relaxed);
+        } else {
+            fallback::say(Fallback::PoolTables { device });
         }
         ready.then_some(pool)
     }
 
-    /// The chunk size for expandable segments on `device`: the driver's granularity; None, with
-    /// one stderr line, when the driver or device has no virtual memory API (classic segments).
+    /// The chunk size for expandable segments on `device`: the driver's granularity; None, said
+    /// once, when the driver or device has no virtual memory API (classic segments).
     fn expandable_granularity(&self, device: i32) -> Option<u64> {
         let granularity = self.runtime.granularity(device);
         if granularity.is_none() {
-            static SAID: AtomicBool = AtomicBool::new(false);
-            if !SAID.swap(true, Relaxed) {
-                crate::warn_line!("TENSORMALLOC_CUDA_SEGMENTS=expandable: the driver has no virtual memory management for device {device}; its pool uses classic segments");
-            }
+            fallback::say(Fallback::NoVirtualMemory { device });
         }
         granularity
     }

@@ -333,6 +333,7 @@ fn out_of_memory_outside_the_pool_gets_its_cache_back_once() {
     l.free(a).unwrap();
     l.runtime().set_context(Some(0x77)); // a user context on the device: not the pool's
     let b = l.malloc(700 * MB, 0).expect("the pool's segment given back in its own context, then retried");
+    assert!(crate::device::fallback::said(crate::device::fallback::Fallback::OtherContext { device: 0 }), "said once on stderr");
     assert_eq!(l.runtime().last_error(), 0, "no stale error after a recovered OOM");
     assert_eq!(l.malloc(700 * MB, 0), Err(DeviceError::OutOfMemory), "nothing cached: the runtime's answer");
     l.runtime().set_context(None);

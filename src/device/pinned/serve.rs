@@ -12,7 +12,11 @@ use core::sync::atomic::Ordering::Relaxed;
 impl<R: DeviceRuntime> DeviceLayer<R> {
     /// cudaHostAlloc / cudaMallocHost through the pinned cache, for `holder` (Note [Holders]).
     pub fn host_alloc(&self, size: usize, flags: u32, holder: u64) -> Result<usize, DeviceError> {
-        if !self.enabled() || !self.pinned.lock().init(self.pinned_limit_bytes.load(Relaxed), self.table_source) {
+        if !self.enabled() {
+            return self.runtime.host_alloc(size, flags);
+        }
+        if !self.pinned.lock().init(self.pinned_limit_bytes.load(Relaxed), self.table_source) {
+            crate::device::fallback::say(crate::device::fallback::Fallback::PinnedTables);
             return self.runtime.host_alloc(size, flags);
         }
         if !self.used.load(Relaxed) {

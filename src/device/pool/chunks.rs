@@ -73,6 +73,15 @@ impl DevicePool {
         self.chunk_bytes
     }
 
+    /// The first reservation was refused (Note [Expandable segments]): with no range yet, the pool
+    /// goes on with classic segments, for good. False when it holds a range already.
+    pub fn fall_back_to_classic(&mut self) -> bool {
+        if self.range_count == 0 {
+            self.chunk_bytes = 0;
+        }
+        !self.expandable()
+    }
+
     /// The reserved range containing `addr`.
     fn range_containing(&self, addr: u64) -> Option<&Range> {
         self.ranges.iter().take(self.range_count).find(|r| addr.wrapping_sub(r.base) < r.len)
