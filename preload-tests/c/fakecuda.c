@@ -93,6 +93,21 @@ static struct fakecuda_counters counters;
 /* Virtual memory calls that create, map, unmap or release memory (fakecuda_vmm_calls). */
 static uint64_t vmm_calls;
 static int initialized, ndevices;
+/* The driver's teardown at exit (a destructor, run after the exit handlers, as NVIDIA's libcuda
+ * tears down): any call after it is the caller's bug, and the stand-in ends the process with exit
+ * code 86 after one line naming the call. Every entry point reads `initialized` through here. */
+static int torn_down;
+__attribute__((destructor)) static void teardown(void) { __atomic_store_n(&torn_down, 1, __ATOMIC_SEQ_CST); }
+static int *alive(const char *call) {
+    if (__atomic_load_n(&torn_down, __ATOMIC_SEQ_CST)) {
+        char line[160];
+        int n = snprintf(line, sizeof line, "fakecuda: %s after the driver's teardown\n", call);
+        if (write(2, line, n > 0 ? (size_t)n : 0) < 0) _exit(86);
+        _exit(86);
+    }
+    return &initialized;
+}
+#define initialized (*alive(__func__))
 static unsigned alloc_delay_us;
 static int reuse_contexts;
 static CUcontext last_destroyed;
