@@ -186,6 +186,15 @@ static void neighbour_churn(void) {
     printf("churn %d\n", ok);
 }
 
+/* Issue 36, item 6: the process exits while the background thread gives idle segments back (the
+ * test sets the release delay to 0): 64 segments of 12 MiB freed just before main
+ * returns. The stand-in driver ends the process with code 86 on a call after its teardown. */
+static void exit_busy(void) {
+    void *p[64];
+    for (int i = 0; i < 64; i++) CHECK(cudaMalloc(&p[i], 12 * MB) == 0);
+    for (int i = 0; i < 64; i++) CHECK(cudaFree(p[i]) == 0);
+}
+
 static void two_devices(void) {
     void *a = NULL, *b = NULL;
     CHECK(cudaSetDevice(0) == 0 && cudaMalloc(&a, 64 * MB) == 0);
@@ -292,6 +301,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "neighbour-churn")) neighbour_churn();
     else if (!strcmp(s, "neighbour-at-once")) neighbour_at_once("succeeds");
     else if (!strcmp(s, "neighbour-stopped")) neighbour_at_once("fails");
+    else if (!strcmp(s, "exit-busy")) exit_busy();
     else if (!strcmp(s, "two-devices")) two_devices();
     else if (!strcmp(s, "pinned")) pinned();
     else if (!strcmp(s, "foreign")) foreign();

@@ -359,6 +359,12 @@ fn answer_forever() -> ! {
     }
 }
 
+/// The process exits (Note [No driver call after exit] in device/device_layer/give_back.rs): it
+/// asks no neighbour from here on (the answering thread still answers, giving nothing back).
+pub fn stop() {
+    STATE.store(UNAVAILABLE, Release);
+}
+
 /// A forked child is not its parent's neighbour and cannot use its CUDA context: it never asks
 /// or answers (Note [Neighbours]).
 pub fn after_fork_in_child() {

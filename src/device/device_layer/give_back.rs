@@ -10,7 +10,7 @@ use crate::device::pool::{DevicePool, IdleRelease, Release};
 use crate::record;
 use crate::record::holders::device_place;
 use crate::sys::lock::Lock;
-use core::sync::atomic::{AtomicU32, Ordering::{AcqRel, Relaxed}};
+use core::sync::atomic::{AtomicU32, Ordering::{AcqRel, Acquire, Relaxed}};
 
 /// How soon the background thread looks again at an idle segment that waits for a
 /// synchronization (Note [Idle segments]).
@@ -22,8 +22,54 @@ const PRESSURE_IDLE_NS: u64 = 1_000_000_000;
 const PRESSURE_CHECK_NS: u64 = 1_000_000_000;
 /// Idle segments taken out of a pool per lock.
 const IDLE_BATCH: usize = 16;
+/// Note [No driver call after exit]: set in `DeviceLayer::background` once exit began.
+const BACKGROUND_CLOSED: u32 = 1 << 31;
+
+// Note [No driver call after exit]
+// The background thread (idle and pressure releases) and the neighbours' answering thread call
+// the driver on their own, whenever they like. Once the process exits, the driver tears itself
+// down (its atexit handler or destructor), while those threads run on until the process is
+// gone: a call of theirs then reaches a driver that no longer exists. So every background batch
+// (`release_idle_batch`, `short_of_memory`) passes a gate first: a count of batches under way,
+// closed by `stop_background`, which the exit hook calls (state.rs registers it with atexit when
+// the first segment is mapped, after the driver set up its own teardown, so it runs before that
+// teardown). Closing waits, bounded, for the batches under way; after it no background batch
+// starts, and what was idle stays with the driver's own teardown. The program's own calls are
+// not gated: a call the program makes during exit is as late as its own.
+
+/// A background batch under way (Note [No driver call after exit]); ends when dropped.
+struct BackgroundBatch<'a>(&'a AtomicU32);
+
+impl Drop for BackgroundBatch<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, AcqRel);
+    }
+}
 
 impl<R: DeviceRuntime> DeviceLayer<R> {
+    /// Enters the gate for one background batch; None once exit began.
+    fn background_batch(&self) -> Option<BackgroundBatch<'_>> {
+        let before = self.background.fetch_add(1, AcqRel);
+        let batch = BackgroundBatch(&self.background);
+        (before & BACKGROUND_CLOSED == 0).then_some(batch)
+    }
+
+    /// The process began to exit (Note [No driver call after exit]): no background batch starts
+    /// from now on; waits up to `wait_ns` for those under way. True when none is left.
+    pub fn stop_background(&self, wait_ns: u64) -> bool {
+        self.background.fetch_or(BACKGROUND_CLOSED, AcqRel);
+        let deadline = (self.clock)().saturating_add(wait_ns);
+        loop {
+            if self.background.load(Acquire) & !BACKGROUND_CLOSED == 0 {
+                return true;
+            }
+            if (self.clock)() >= deadline {
+                return false;
+            }
+            crate::sys::clock::pause();
+        }
+    }
+
 
     /// Out of memory outside the pool (another context, the runtime's stream-ordered pool):
     /// gives `device`'s cached segments back, in the pool's own context; returns the bytes.
@@ -187,6 +233,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// the driver freed them with it): a context's end through us waits for `releasing` to fall
     /// back (lock_between_releases). None: no pool.
     pub(super) fn release_idle_batch(&self, device: usize, pool: &Lock<DevicePool>, releasing: &AtomicU32, cutoff_ns: u64, why: Release) -> Option<(IdleRelease, Result<(), DeviceError>)> {
+        let _batch = self.background_batch()?;
         if pool.lock().expandable() {
             return self.release_idle_chunk_batch(device, pool, releasing, cutoff_ns, why);
         }
@@ -259,6 +306,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         if owner == 0 {
             return false;
         }
+        let Some(_batch) = self.background_batch() else { return false };
         releasing.fetch_add(1, AcqRel);
         let info = self.with_device(device as i32, || if pool.lock().generation() == generation { self.runtime.mem_info().map(Some) } else { Ok(None) });
         releasing.fetch_sub(1, AcqRel);

@@ -57,6 +57,9 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     /// Idle releases under way per device, between taking segments out of the pool and freeing
     /// them (Note [Idle segments]): a context's end waits for them.
     releasing: [AtomicU32; MAX_DEVICES],
+    /// Note [No driver call after exit]: background passes under way (the low bits), and
+    /// BACKGROUND_CLOSED once the process began to exit.
+    background: AtomicU32,
     /// Told when a segment became idle, with when it is due (the background thread's
     /// `on_block_cached`); a `fn(u64)`, null until set.
     on_idle: AtomicPtr<()>,
@@ -97,6 +100,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             release_after_ns: AtomicU64::new(u64::MAX),
             release_below_percent: AtomicU64::new(0),
             releasing: [const { AtomicU32::new(0) }; MAX_DEVICES],
+            background: AtomicU32::new(0),
             on_idle: AtomicPtr::new(core::ptr::null_mut()),
             join_neighbours: AtomicPtr::new(core::ptr::null_mut()),
             ask_neighbours: AtomicPtr::new(core::ptr::null_mut()),

@@ -542,6 +542,24 @@ fn a_segment_waiting_for_a_sync_is_looked_at_later_not_at_once() {
     assert_eq!(l.runtime().device(0).frees, 0, "a stream may still use it");
 }
 
+/// Note [No driver call after exit]: once exit began, neither the background pass nor a
+/// neighbour's ask makes a driver call; the program's own calls still work.
+#[test]
+fn after_exit_began_the_background_makes_no_driver_call() {
+    let l = layer(Config { cuda_release_ms: 0, ..Config::default() }, &[1 * GB]);
+    let a = l.malloc(64 * MB, 0).unwrap();
+    let b = l.malloc(64 * MB, 0).unwrap();
+    l.free(a).unwrap();
+    l.free(b).unwrap();
+    assert!(l.stop_background(1_000_000), "no batch under way");
+    let before = l.runtime().device(0);
+    assert_eq!(l.release_idle(), None);
+    assert_eq!(l.release_for_neighbour(0), 0);
+    let after = l.runtime().device(0);
+    assert_eq!((after.frees, after.syncs), (before.frees, before.syncs), "not one driver call");
+    assert_eq!(l.trim(), 128 * MB as u64, "the program's own call gives the cache back");
+}
+
 thread_local! {
     /// The layer whose runtime the neighbour of `neighbour_gives_back` shares.
     static ASKER: core::cell::Cell<*const DeviceLayer<SimRuntime>> = const { core::cell::Cell::new(core::ptr::null()) };
