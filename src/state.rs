@@ -75,7 +75,7 @@ fn init_slow() -> Option<&'static Globals> {
     reaper::set_work(background_pass);
     DEVICE.configure(&config);
     DEVICE.set_background(reaper::on_block_cached);
-    neighbours::configure(|device| DEVICE.release_for_neighbour(device), config.cuda_neighbour_wait_ms);
+    neighbours::configure(|device, idle_since_ns| DEVICE.release_for_neighbour(device, idle_since_ns), config.cuda_neighbour_wait_ms);
     DEVICE.set_neighbours(segment_mapped, neighbours::ask);
     // SAFETY: only this thread writes, and only before publishing DONE.
     unsafe { (*GLOBALS.0.get()).write(Globals { config, next }) };

@@ -213,19 +213,19 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         due
     }
 
-    /// A neighbour on the GPU is short of memory (Note [Neighbours]): every idle segment of
-    /// `device` goes back now, whatever its age, as the background thread gives them back.
-    /// Returns the bytes.
-    pub fn release_for_neighbour(&self, device: i32) -> u64 {
-        let Some(device) = usize::try_from(device).ok() else { return 0 };
-        let (Some(pool), Some(releasing)) = (self.pools().get(device), self.releasing.get(device)) else { return 0 };
-        let before = pool.lock().stats.neighbour_released_bytes;
-        while let Some((idle, Ok(()))) = self.release_idle_batch(device, pool, releasing, u64::MAX, Release::Neighbour) {
-            if idle.count < IDLE_BATCH {
-                break;
+    /// A neighbour on the GPU is short of memory (Note [Neighbours]): every segment of `device`
+    /// idle since `idle_since_ns` or before goes back now, as the background thread gives them
+    /// back. Returns whether idle segments are left (younger ones, or some waiting for a
+    /// synchronization).
+    pub fn release_for_neighbour(&self, device: i32, idle_since_ns: u64) -> bool {
+        let Some(device) = usize::try_from(device).ok() else { return false };
+        let (Some(pool), Some(releasing)) = (self.pools().get(device), self.releasing.get(device)) else { return false };
+        loop {
+            let Some((idle, freed)) = self.release_idle_batch(device, pool, releasing, idle_since_ns, Release::Neighbour) else { return false };
+            if freed.is_err() || idle.count < IDLE_BATCH {
+                return idle.oldest_left_ns.is_some();
             }
         }
-        pool.lock().stats.neighbour_released_bytes - before
     }
 
     /// Takes up to IDLE_BATCH idle segments freed at `cutoff_ns` or before out of `device`'s pool

@@ -554,7 +554,7 @@ fn after_exit_began_the_background_makes_no_driver_call() {
     assert!(l.stop_background(1_000_000), "no batch under way");
     let before = l.runtime().device(0);
     assert_eq!(l.release_idle(), None);
-    assert_eq!(l.release_for_neighbour(0), 0);
+    assert!(!l.release_for_neighbour(0, u64::MAX));
     let after = l.runtime().device(0);
     assert_eq!((after.frees, after.syncs), (before.frees, before.syncs), "not one driver call");
     assert_eq!(l.trim(), 128 * MB as u64, "the program's own call gives the cache back");
@@ -608,10 +608,11 @@ fn a_failed_allocation_asks_the_neighbours_once_and_retries() {
     }
 }
 
-/// Note [Neighbours]: asked, a pool gives back every idle segment at once whatever its age
-/// (the release delay is a minute), counted apart; a segment a live block keeps stays.
+/// Note [Neighbours]: asked, a pool gives back the segments idle since the time given, whatever
+/// the release delay (a minute here), counted apart; a younger idle segment stays (and is said
+/// to be left), and so does one a live block keeps.
 #[test]
-fn a_neighbours_ask_gives_back_every_idle_segment_now() {
+fn a_neighbours_ask_gives_back_what_stayed_idle_long_enough() {
     let l = Box::new(DeviceLayer::new(SimRuntime::new(&[1 * GB]), leak_table, fake_now));
     l.configure(&Config { cuda_release_ms: 60_000, ..Config::default() });
     let big = l.malloc(256 * MB, 0).unwrap();
@@ -619,13 +620,21 @@ fn a_neighbours_ask_gives_back_every_idle_segment_now() {
     let kept = l.malloc(200, 0).unwrap();
     l.free(big).unwrap();
     l.free(small).unwrap();
-    assert_eq!(l.release_for_neighbour(0), 256 * MB as u64, "the small segment holds a live block");
-    let mut stats = (0, 0, 0);
-    l.for_each_pool(|_, p| stats = (p.stats.neighbour_released_bytes, p.stats.idle_released_bytes, p.stats.reserved_bytes));
-    assert_eq!(stats, (256 * MB as u64, 256 * MB as u64, 2 * MB as u64));
+    let freed_at = fake_now();
+    advance_ms(50);
+    let young = l.malloc(300 * MB, 0).unwrap(); // a segment of its own
+    l.free(young).unwrap();
+    let reserved_before = l.runtime().device(0).used;
+    assert!(l.release_for_neighbour(0, freed_at - 1), "idle only since after the cutoff: nothing goes, both are left");
+    assert_eq!(l.runtime().device(0).used, reserved_before);
+    assert!(l.release_for_neighbour(0, freed_at), "the young one is left");
+    let mut stats = (0, 0);
+    l.for_each_pool(|_, p| stats = (p.stats.neighbour_released_bytes, p.stats.idle_released_bytes));
+    assert_eq!(stats, (256 * MB as u64, 256 * MB as u64), "the small segment holds a live block");
     assert_eq!(l.runtime().device(0).frees, 1);
-    assert_eq!(l.release_for_neighbour(0), 0, "nothing idle left");
-    assert_eq!(l.release_for_neighbour(-1) + l.release_for_neighbour(99), 0, "no such device");
+    assert!(!l.release_for_neighbour(0, fake_now()), "the young one goes too; nothing idle left");
+    assert_eq!(l.runtime().device(0).frees, 2);
+    assert!(!l.release_for_neighbour(-1, u64::MAX) && !l.release_for_neighbour(99, u64::MAX), "no such device");
     l.free(kept).unwrap();
 }
 
