@@ -737,6 +737,17 @@ impl DeviceRuntime for SimRuntime {
         st.devices[d].maps += 1;
         Ok(handle)
     }
+    fn ipc_handle(&self, base: u64) -> Result<[u8; 64], DeviceError> {
+        // The driver's handle names an allocation: its base, here, behind a mark of the sim's.
+        let st = self.state.lock().unwrap();
+        if !st.live.contains_key(&(base as usize)) {
+            return Err(DeviceError::Other(1));
+        }
+        let mut h = [0u8; 64];
+        h[..8].copy_from_slice(b"SIMIPC\0\0");
+        h[8..16].copy_from_slice(&base.to_le_bytes());
+        Ok(h)
+    }
     fn unreserve(&self, addr: u64, len: u64) -> Result<(), DeviceError> {
         let mut st = self.state.lock().unwrap();
         if st.mapped.range(addr..addr.saturating_add(len)).next().is_some() {

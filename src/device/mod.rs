@@ -15,6 +15,7 @@
 
 pub mod device_layer;
 pub mod fallback;
+pub mod ipc;
 pub mod neighbours;
 pub mod pinned;
 pub mod pool;

@@ -194,6 +194,17 @@ pub fn wake_all(word: &core::sync::atomic::AtomicU32) {
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
 }
 
+/// 64 random bits from the kernel (getrandom; the clock mixed in should it refuse).
+pub fn random_u64() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: getrandom writes at most 8 bytes into `v`.
+    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
+    if n != 8 {
+        v ^= super::clock::now_ns().rotate_left(17) ^ u64::from(super::process::id());
+    }
+    v
+}
+
 /// Whether process `pid` lives and is this user's to signal (signal 0 sends nothing).
 pub fn process_alive(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else { return false };

@@ -62,6 +62,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     pub(super) fn forget_blocks(&self, device: usize, pool: &mut DevicePool) {
+        // Note [IPC]: handles of ours of blocks the context took with it open nothing more.
+        pool.for_each_ipc_entry(crate::device::ipc::withdraw);
         pool.for_each_live(|addr, size, birth| record::forgotten(Self::block(device, addr, size, birth.holder, 0)));
         if pool.expandable() {
             let chunk = pool.chunk_bytes();

@@ -73,6 +73,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     pub(super) fn after_free(&self, device: usize, addr: usize, f: Freed, tag: u64) -> Result<(), DeviceError> {
         record::free(Self::block(device, addr as u64, f.size, f.holder, tag));
+        if let Some(entry) = f.ipc_entry {
+            // Note [IPC]: the freed block's handle opens nothing from now on.
+            crate::device::ipc::withdraw(entry);
+        }
         if f.segment_idle {
             self.segment_idle_at(f.freed_ns);
         }

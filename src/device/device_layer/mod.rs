@@ -31,7 +31,7 @@ mod pointers;
 
 pub use crate::backing::MAX_DEVICES;
 pub use free::FreeAnswer;
-pub use pointers::{Export, RangeAnswer};
+pub use pointers::{Export, RangeAnswer, SharedBlock};
 
 pub struct DeviceLayer<R: DeviceRuntime> {
     pub(super) runtime: R,

@@ -2,22 +2,46 @@
 //! pointer query or an IPC export names (Note [IPC] in device/pool/pointers.rs, Note [Buffer ids]).
 
 use super::DeviceLayer;
-use crate::backing::DeviceRuntime;
+use crate::backing::{DeviceError, DeviceRuntime};
 use crate::device::pool::BlockView;
+use crate::device::table::NONE;
 
-/// What an IPC handle of a pointer would name (Note [IPC] in device/pool/pointers.rs).
+/// What an IPC handle of a pointer names (Note [IPC] in device/pool/pointers.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Export {
     /// Not a pooled pointer: the runtime answers.
     NotOurs,
+    /// Our memory, but no live block there (freed, or never handed out): refused, as the driver
+    /// refuses freed memory.
+    NotLive,
     /// A block that is its whole segment, now marked so that it never returns to the cache:
-    /// the runtime's handle names exactly it.
+    /// the driver's handle names exactly it.
     Whole,
-    /// A block (start, size) sharing its segment: a handle would give the peer other blocks.
-    Shared { addr: u64, size: u64 },
+    /// A live block sharing its segment: the handle is ours (device/ipc), naming the segment's
+    /// driver handle `real` and the block's `offset` in it.
+    Shared(SharedBlock),
     /// A block (start, size) of an expandable segment (Note [Expandable segments]): the driver
     /// gives no legacy IPC handle for such memory.
     Expandable { addr: u64, size: u64 },
+    /// The driver refused the segment's handle.
+    Failed(DeviceError),
+}
+
+/// A live block that shares its segment, as an export of ours names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedBlock {
+    pub device: usize,
+    pub addr: u64,
+    pub size: u64,
+    /// Note [Buffer ids]: its life, so a block freed and handed out again meanwhile is told apart.
+    pub buffer_id: u64,
+    /// Its offset in its segment, and the segment's length.
+    pub offset: u64,
+    pub segment_len: u64,
+    /// The segment's driver handle.
+    pub real: [u8; 64],
+    /// The registry entry a handle of ours names already, if one does.
+    pub entry: Option<u32>,
 }
 
 /// A pointer query about an address (cuMemGetAddressRange, RANGE_START_ADDR/SIZE).
@@ -120,15 +144,34 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         })
     }
 
-    /// cudaIpcGetMemHandle / cuIpcGetMemHandle of `addr` (Note [IPC]).
+    /// cudaIpcGetMemHandle / cuIpcGetMemHandle of `addr` (Note [IPC]): what the handle names.
     pub fn export(&self, addr: usize) -> Export {
         let Some((d, b)) = self.locate(addr) else { return Export::NotOurs };
-        if self.pools().get(d).is_some_and(|p| p.lock().expandable()) {
+        let Some(pool) = self.pools().get(d) else { return Export::NotOurs };
+        if !b.allocated {
+            return Export::NotLive;
+        }
+        if pool.lock().expandable() {
             return Export::Expandable { addr: b.addr, size: b.size };
         }
-        if b.allocated && b.whole_segment && self.pools().get(d).is_some_and(|p| p.lock().mark_exported(b.addr)) {
-            return Export::Whole;
+        if b.whole_segment {
+            return if pool.lock().mark_exported(b.addr, b.buffer_id, NONE) { Export::Whole } else { Export::NotLive };
         }
-        Export::Shared { addr: b.addr, size: b.size }
+        let (segment, entry) = {
+            let p = pool.lock();
+            (p.segment_of(b.addr), p.ipc_entry(b.addr))
+        };
+        let Some((base, segment_len)) = segment else { return Export::NotLive };
+        // The segment's handle, in its pool's context.
+        match self.with_device(d as i32, || self.runtime.ipc_handle(base)) {
+            Ok(real) => Export::Shared(SharedBlock { device: d, addr: b.addr, size: b.size, buffer_id: b.buffer_id, offset: b.addr - base, segment_len, real, entry }),
+            Err(e) => Export::Failed(e),
+        }
+    }
+
+    /// Note [IPC]: block `b` is named by registry entry `entry` from now on, unless it was freed
+    /// meanwhile, or another export named it first (false).
+    pub fn mark_shared_export(&self, b: &SharedBlock, entry: u32) -> bool {
+        self.pools().get(b.device).is_some_and(|p| p.lock().mark_exported(b.addr, b.buffer_id, entry))
     }
 }

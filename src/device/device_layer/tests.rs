@@ -211,13 +211,24 @@ fn a_reset_while_a_segment_is_being_mapped_drops_that_segment() {
     assert_ne!(l.pools[0].lock().generation(), generation);
 }
 
+/// Note [IPC]: a whole-segment block gets the driver's handle; a block sharing its segment, the
+/// segment's handle and its offset (the route publishes them); either, once named, is dead at its
+/// free: never handed out again, and its segment goes back whole when no live block is left.
 #[test]
-fn ipc_export_names_whole_segments_only_and_they_leave_the_pool() {
+fn ipc_exports_name_blocks_and_exported_blocks_are_never_reused() {
     let l = layer(Config::default(), &[4 * GB]);
     let small_a = l.malloc(MB, 0).unwrap();
     let small_b = l.malloc(MB, 0).unwrap();
-    assert_eq!(l.export(small_b), Export::Shared { addr: small_b as u64, size: MB as u64 });
-    assert_eq!(l.export(small_b + 100), Export::Shared { addr: small_b as u64, size: MB as u64 }, "interior pointer");
+    let Export::Shared(b) = l.export(small_b) else { panic!("{:?}", l.export(small_b)) };
+    let segment = l.runtime().allocation_range(small_b).unwrap().0 as u64;
+    assert_eq!((b.addr, b.size, b.offset, b.segment_len), (small_b as u64, MB as u64, small_b as u64 - segment, 20 * MB as u64));
+    assert_eq!(&b.real[..8], b"SIMIPC\0\0", "the segment's own handle");
+    assert_eq!(u64::from_le_bytes(b.real[8..16].try_into().unwrap()), segment);
+    assert_eq!(l.export(small_b + 100), Export::Shared(b), "an interior pointer names its block");
+    assert!(l.mark_shared_export(&b, 7));
+    assert!(!l.mark_shared_export(&b, 8), "named once");
+    let Export::Shared(again) = l.export(small_b) else { panic!() };
+    assert_eq!(again.entry, Some(7), "the entry naming it already");
     let big = l.malloc(64 * MB, 0).unwrap();
     assert_eq!(l.export(big), Export::Whole);
     assert_eq!(l.export(0xdead_0000), Export::NotOurs);
@@ -227,9 +238,26 @@ fn ipc_export_names_whole_segments_only_and_they_leave_the_pool() {
     let again = l.malloc(64 * MB, 0).unwrap();
     assert_eq!(l.runtime().device(0).mallocs, mallocs + 1, "and is never reused from the cache");
     l.free(again).unwrap();
-    l.free(small_a).unwrap();
+    // The exported small block freed: dead, never handed out again while its segment lives.
     l.free(small_b).unwrap();
+    assert_eq!(l.export(small_b), Export::NotLive);
+    assert_eq!(l.free(small_b), Ok(FreeAnswer::Refused), "a dead block freed again");
     l.for_each_pool(|_, p| p.check_invariants().unwrap());
+    let others: Vec<usize> = (0..30).map(|_| l.malloc(MB, 0).unwrap()).collect();
+    assert!(others.iter().all(|&o| o + MB <= small_b || o >= small_b + MB), "no block over the dead one");
+    assert!(others.iter().filter(|&&o| o.abs_diff(small_b) < 20 * MB).count() > 10, "its segment filled around it");
+    l.for_each_pool(|_, p| p.check_invariants().unwrap());
+    for o in others {
+        l.free(o).unwrap();
+    }
+    let frees = l.runtime().device(0).frees;
+    l.free(small_a).unwrap();
+    assert_eq!(l.runtime().device(0).frees, frees + 1, "its segment's last live block: the segment goes back whole");
+    assert!(!l.runtime().is_live(segment as usize));
+    l.for_each_pool(|_, p| {
+        p.check_invariants().unwrap();
+        assert_eq!(p.stats.live_bytes, 0);
+    });
     // Binned: every block is its segment.
     let l = layer(Config { cuda_pool: crate::config::CudaPool::Binned, ..Config::default() }, &[4 * GB]);
     let a = l.malloc(MB, 0).unwrap();

@@ -1,8 +1,23 @@
 //! The pool's free lists and carving: finding a fit, taking a block (split, carved from the tail
-//! at a segment's base: Note [Frees that bypass us] in device/pool/mod.rs), and merging free neighbours.
+//! at a segment's base: Note [Frees that bypass us]), and merging free neighbours.
 //! Bookkeeping only, under the pool's lock; never calls CUDA.
 
 use super::*;
+
+// Note [Frees that bypass us]
+// A plugin loaded with RTLD_DEEPBIND and linked with -lcuda binds its cuMemFree_v2 to the driver
+// itself, past our symbols (its allocations are the driver's, untouched by us). Freeing a block
+// the pool gave the main program, it reaches the driver, which frees only a pointer that is an
+// allocation's base, our segment's, with every block in it. So a split pool never hands out a
+// segment's base unless the block is the whole segment: a request is carved from the tail of a
+// free block that starts a segment, and a free head is taken only with room left before the
+// carved block. The driver then refuses such a free with invalid value, as it does for any
+// pointer inside an allocation, and no live neighbour dies. A whole-segment block (binned
+// blocks, large ones) freed that way frees exactly itself, as without us; the pool's record of it
+// stays live, so the pool never hands it out again (if the driver reuses the address, a free of
+// that new allocation through us is taken for the old block's: a limit, for programs that free
+// the pool's blocks past it). Cost: no device memory; at most one block's room per segment for
+// requests that divide a segment exactly (three 512 KiB blocks per 2 MiB segment, not four).
 
 impl DevicePool {
     pub(super) fn usable(&self, b: &Block, need: u64, tag: u64) -> bool {

@@ -114,7 +114,7 @@ impl DevicePool {
                 return false; // never reused: the table only grows until forget_all
             }
         }
-        let block = Block { addr: base, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0, holder: 0, exported: false, buffer_id: 0 };
+        let block = Block { addr: base, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0, holder: 0, exported: false, dead: false, ipc_entry: NONE, buffer_id: 0 };
         let Some(i) = self.blocks.insert(block) else { return false };
         if !self.segments.insert(base, i) {
             self.blocks.remove(i);

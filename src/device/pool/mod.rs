@@ -27,22 +27,6 @@
 // records its owner under its own lock, bound by its first segment (`bind`) and checked at every
 // hand-out (`serves`): two contexts racing their first allocation never share a pool.
 
-//
-// Note [Frees that bypass us]
-// A plugin loaded with RTLD_DEEPBIND and linked with -lcuda binds its cuMemFree_v2 to the driver
-// itself, past our symbols (its allocations are the driver's, untouched by us). Freeing a block
-// the pool gave the main program, it reaches the driver, which frees only a pointer that is an
-// allocation's base, our segment's, with every block in it. So a split pool never hands out a
-// segment's base unless the block is the whole segment: a request is carved from the tail of a
-// free block that starts a segment, and a free head is taken only with room left before the
-// carved block. The driver then refuses such a free with invalid value, as it does for any
-// pointer inside an allocation, and no live neighbour dies. A whole-segment block (binned
-// blocks, large ones) freed that way frees exactly itself, as without us; the pool's record of it
-// stays live, so the pool never hands it out again (if the driver reuses the address, a free of
-// that new allocation through us is taken for the old block's: a limit, for programs that free
-// the pool's blocks past it). Cost: no device memory; at most one block's room per segment for
-// requests that divide a segment exactly (three 512 KiB blocks per 2 MiB segment, not four).
-
 use super::table::{AddrMap, Slab, NONE};
 use crate::backing::TableSource;
 pub use crate::record::holders::Birth;
@@ -95,9 +79,12 @@ struct Block {
     born_ns: u64,
     /// Its holder word while live (Note [Holders]).
     holder: u64,
-    /// An IPC handle names this block (a whole segment): on free the segment goes back to the
-    /// runtime instead of the cache (Note [IPC]).
+    /// An IPC handle names this block (Note [IPC]): its free leaves it dead, never reused.
     exported: bool,
+    /// Freed after an export (Note [IPC]): out of every list until its segment goes back.
+    dead: bool,
+    /// The IPC registry entry its handle names (Note [IPC]); NONE: the driver's own handle.
+    ipc_entry: u32,
     /// Note [Buffer ids]: this pool's number for the block's current life.
     buffer_id: u64,
 }
@@ -125,6 +112,8 @@ pub struct Freed {
     pub holder: u64,
     /// A segment that left the pool (Note [IPC]): the caller gives it back to the runtime.
     pub release: Option<(u64, u64)>,
+    /// The IPC registry entry the block's handle named (Note [IPC]): withdrawn by the caller.
+    pub ipc_entry: Option<u32>,
     /// The free left its whole segment free: it may go back to the driver once idle (Note
     /// [Idle segments]).
     pub segment_idle: bool,
@@ -182,6 +171,9 @@ pub struct DevicePool {
     ready: bool,
     /// A segment was just added for the request being served: its next allocation is a miss.
     serving_miss: bool,
+    /// Note [IPC]: blocks freed after an export, and their bytes (still reserved).
+    dead_blocks: u64,
+    dead_bytes: u64,
     /// Tests: how many times a block was looked up by its address (a free finds it once).
     #[cfg(test)]
     pub lookups: core::sync::atomic::AtomicU64,
@@ -245,6 +237,8 @@ impl DevicePool {
             },
             ready: false,
             serving_miss: false,
+            dead_blocks: 0,
+            dead_bytes: 0,
             #[cfg(test)]
             lookups: core::sync::atomic::AtomicU64::new(0),
             chunk_bytes: 0,
@@ -375,7 +369,7 @@ impl DevicePool {
 
     /// Records a segment the caller mapped after `NeedSegment`.
     pub fn add_segment(&mut self, addr: u64, len: u64, small: bool) -> bool {
-        let block = Block { addr, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0, holder: 0, exported: false, buffer_id: 0 };
+        let block = Block { addr, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0, holder: 0, exported: false, dead: false, ipc_entry: NONE, buffer_id: 0 };
         let Some(i) = self.blocks.insert(block) else { return false };
         if !self.segments.insert(addr, i) {
             self.blocks.remove(i);
@@ -394,6 +388,9 @@ impl DevicePool {
     pub fn free(&mut self, addr: u64, tag: u64, now_ns: u64) -> Option<Freed> {
         self.looked_up();
         let i = self.live.remove(addr)?;
+        if self.blocks.get(i).exported {
+            return Some(self.retire_exported(i, now_ns));
+        }
         let b = {
             let r = self.blocks.get_mut(i);
             r.allocated = false;
@@ -401,21 +398,16 @@ impl DevicePool {
             *r
         };
         self.stats.live_bytes -= b.size;
-        if b.exported {
-            // Note [IPC]: a whole segment, never merged or split; it leaves the pool.
-            self.segments.remove(b.addr);
-            self.blocks.remove(i);
-            self.stats.reserved_bytes -= b.size;
-            self.stats.segments_released += 1;
-            return Some(Freed { size: b.size, holder: b.holder, release: Some((b.addr, b.size)), segment_idle: false, freed_ns: now_ns });
-        }
         let chunk_idle = self.expandable() && self.untouch(b.addr, b.size, now_ns);
         let merged = self.merge_neighbours(i);
         self.link(merged);
         let m = self.blocks.get_mut(merged);
         m.born_ns = now_ns;
         let segment_idle = chunk_idle || (m.seg_prev == NONE && m.seg_next == NONE && self.chunk_bytes == 0);
-        Some(Freed { size: b.size, holder: b.holder, release: None, segment_idle, freed_ns: now_ns })
+        // Note [IPC]: the last live block of a segment that holds dead ones takes it back.
+        let release = if self.dead_blocks > 0 { self.release_if_dead(merged) } else { None };
+        let segment_idle = segment_idle && release.is_none();
+        Some(Freed { size: b.size, holder: b.holder, release, segment_idle, freed_ns: now_ns, ipc_entry: None })
     }
 
     /// Bumped by every `forget_all`.
@@ -434,6 +426,8 @@ impl DevicePool {
         self.pending_free_bytes = 0;
         self.other_tag_free_bytes = 0;
         self.serving_miss = false;
+        self.dead_blocks = 0;
+        self.dead_bytes = 0;
         self.chunks.clear();
         self.range_count = 0;
         self.idle_chunks = 0;
