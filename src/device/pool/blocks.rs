@@ -1,5 +1,6 @@
 //! The pool's free lists and carving: finding a fit, taking a block (split, carved from the tail
-//! at a segment's base: Note [Frees that bypass us]), and merging free neighbours.
+//! at a segment's base: Note [Frees that bypass us]), merging free neighbours, and making every
+//! free block reusable after a synchronization (Note [Safe reuse]).
 //! Bookkeeping only, under the pool's lock; never calls CUDA.
 
 use super::*;
@@ -228,5 +229,31 @@ impl DevicePool {
             }
         }
         i
+    }
+
+    /// The caller synchronized the device: every free block becomes reusable by anyone.
+    pub fn mark_all_synced(&mut self) {
+        self.stats.syncs += 1;
+        if self.pending_free_bytes == 0 && self.other_tag_free_bytes == 0 {
+            return;
+        }
+        for small in [false, true] {
+            for bin in 0..BINS {
+                loop {
+                    // Take one tagged block from this bin, retag and merge it, relink it.
+                    let mut i = self.bin_head(small, bin);
+                    while i != NONE && self.blocks.get(i).tag == SYNCED {
+                        i = self.blocks.get(i).bin_next;
+                    }
+                    if i == NONE {
+                        break;
+                    }
+                    self.unlink(i);
+                    self.blocks.get_mut(i).tag = SYNCED;
+                    let merged = self.merge_neighbours(i);
+                    self.link(merged);
+                }
+            }
+        }
     }
 }

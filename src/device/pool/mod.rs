@@ -440,32 +440,6 @@ impl DevicePool {
         self.owner = 0;
     }
 
-    /// The caller synchronized the device: every free block becomes reusable by anyone.
-    pub fn mark_all_synced(&mut self) {
-        self.stats.syncs += 1;
-        if self.pending_free_bytes == 0 && self.other_tag_free_bytes == 0 {
-            return;
-        }
-        for small in [false, true] {
-            for bin in 0..BINS {
-                loop {
-                    // Take one tagged block from this bin, retag and merge it, relink it.
-                    let mut i = self.bin_head(small, bin);
-                    while i != NONE && self.blocks.get(i).tag == SYNCED {
-                        i = self.blocks.get(i).bin_next;
-                    }
-                    if i == NONE {
-                        break;
-                    }
-                    self.unlink(i);
-                    self.blocks.get_mut(i).tag = SYNCED;
-                    let merged = self.merge_neighbours(i);
-                    self.link(merged);
-                }
-            }
-        }
-    }
-
     /// Calls `f(addr, size, born_ns)` for every live block (the leak report).
     pub fn for_each_live(&self, mut f: impl FnMut(u64, u64, Birth)) {
         self.live.for_each(|addr, index| {
