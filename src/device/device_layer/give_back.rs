@@ -23,7 +23,7 @@ const PRESSURE_CHECK_NS: u64 = 1_000_000_000;
 /// Idle segments taken out of a pool per lock.
 const IDLE_BATCH: usize = 16;
 /// Note [No driver call after exit]: set in `DeviceLayer::background` once exit began.
-const BACKGROUND_CLOSED: u32 = 1 << 31;
+pub(super) const BACKGROUND_CLOSED: u32 = 1 << 31;
 
 // Note [No driver call after exit]
 // The background thread (idle and pressure releases) and the neighbours' answering thread call
@@ -38,7 +38,7 @@ const BACKGROUND_CLOSED: u32 = 1 << 31;
 // not gated: a call the program makes during exit is as late as its own.
 
 /// A background batch under way (Note [No driver call after exit]); ends when dropped.
-struct BackgroundBatch<'a>(&'a AtomicU32);
+pub(super) struct BackgroundBatch<'a>(&'a AtomicU32);
 
 impl Drop for BackgroundBatch<'_> {
     fn drop(&mut self) {
@@ -48,7 +48,7 @@ impl Drop for BackgroundBatch<'_> {
 
 impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Enters the gate for one background batch; None once exit began.
-    fn background_batch(&self) -> Option<BackgroundBatch<'_>> {
+    pub(super) fn background_batch(&self) -> Option<BackgroundBatch<'_>> {
         let before = self.background.fetch_add(1, AcqRel);
         let batch = BackgroundBatch(&self.background);
         (before & BACKGROUND_CLOSED == 0).then_some(batch)

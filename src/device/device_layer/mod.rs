@@ -160,6 +160,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// In a forked child (the fork handler): the parent's pools are left alone for good when the
     /// layer had been used. True when they were.
     pub fn after_fork_in_child(&self) -> bool {
+        // The background threads are not copied by fork: a batch the parent had under way is
+        // none of the child's, and its exit must not wait for it (Note [No driver call after exit]).
+        self.background.fetch_and(give_back::BACKGROUND_CLOSED, Relaxed);
         let used = self.used.load(Relaxed);
         if used {
             self.inherited.store(true, Relaxed);

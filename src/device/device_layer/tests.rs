@@ -588,6 +588,17 @@ fn after_exit_began_the_background_makes_no_driver_call() {
     assert_eq!(l.trim(), 128 * MB as u64, "the program's own call gives the cache back");
 }
 
+/// A forked child's exit does not wait for a background batch its parent had under way (the
+/// thread that ran it is not the child's).
+#[test]
+fn a_forked_child_does_not_wait_for_its_parents_background_batch() {
+    let l = layer(Config::default(), &[1 * GB]);
+    let batch = l.background_batch().unwrap(); // the parent's thread, mid-batch, at the fork
+    core::mem::forget(batch);
+    l.after_fork_in_child();
+    assert!(l.stop_background(0), "nothing to wait for");
+}
+
 thread_local! {
     /// The layer whose runtime the neighbour of `neighbour_gives_back` shares.
     static ASKER: core::cell::Cell<*const DeviceLayer<SimRuntime>> = const { core::cell::Cell::new(core::ptr::null()) };
