@@ -1,7 +1,7 @@
 //! Giving memory back to the driver: the whole cache when a request fails or a framework empties
 //! its cache (`release_cached`, `trim`), and idle segments from the background thread after the
 //! release delay, sooner under pressure, and at once when a neighbour asks (Note [Idle
-//! segments] in device/pool/mod.rs, Note [Neighbours] in device/neighbours.rs).
+//! segments] in device/pool/release.rs, Note [Neighbours] in device/neighbours/mod.rs).
 
 use super::DeviceLayer;
 use crate::backing::{DeviceError, DeviceRuntime};

@@ -63,7 +63,7 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     /// Told when a segment became idle, with when it is due (the background thread's
     /// `on_block_cached`); a `fn(u64)`, null until set.
     on_idle: AtomicPtr<()>,
-    /// Note [Neighbours] (device/neighbours.rs): told when a pool mapped a segment (a `fn(i32)`)
+    /// Note [Neighbours] (device/neighbours/mod.rs): told when a pool mapped a segment (a `fn(i32)`)
     /// and asked when an allocation fails with our own cache given back (a `fn(i32) -> bool`:
     /// true when a neighbour answered); null until set.
     join_neighbours: AtomicPtr<()>,
@@ -262,7 +262,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         self.on_idle.store(on_idle as *mut (), Relaxed);
     }
 
-    /// Sets the neighbour hooks (Note [Neighbours] in device/neighbours.rs).
+    /// Sets the neighbour hooks (Note [Neighbours] in device/neighbours/mod.rs).
     pub fn set_neighbours(&self, join: fn(i32), ask: fn(i32) -> bool) {
         self.join_neighbours.store(join as *mut (), Relaxed);
         self.ask_neighbours.store(ask as *mut (), Relaxed);
