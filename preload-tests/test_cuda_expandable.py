@@ -67,6 +67,16 @@ def test_a_driver_without_virtual_memory_runs_classic_segments_with_one_line():
     assert len(lines) == 1 and "classic" in lines[0], out.stderr
 
 
+def test_a_refused_address_reservation_runs_classic_segments_with_one_line():
+    """Issue 36, item 5: cuMemAddressReserve refused (the stand-in's FAKECUDA_RESERVE_REFUSED, as an
+    address-space limit would): the pool goes on with classic segments, as without the virtual
+    memory API, and says so in one stderr line (it used to pass every request to the driver,
+    unpooled and silent)."""
+    out = scenario("checkerboard", "expect-classic", FAKECUDA_RESERVE_REFUSED="1", **EXPANDABLE)
+    lines = [l for l in out.stderr.splitlines() if "TENSORMALLOC_CUDA_SEGMENTS" in l]
+    assert len(lines) == 1 and "cuMemAddressReserve refused" in lines[0] and "classic segments" in lines[0], out.stderr
+
+
 def test_eight_threads_see_no_wrong_byte_and_leave_nothing_at_the_driver():
     """8 threads allocate, write (the stand-in's kernels), check and free at random; after
     tm_trim the driver holds nothing for the pool."""

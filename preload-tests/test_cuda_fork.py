@@ -1,5 +1,5 @@
 """Forked children of a process whose threads use the device pool (Note [Forked children] in
-src/device/device_layer.rs): each gets the driver's answer (3) from every entry point, hangs on no
+src/device/device_layer/mod.rs): each gets the driver's answer (3) from every entry point, hangs on no
 lock a parent thread held, frees and hands out none of the parent's blocks, and its exit report
 lists none of them. Over the stand-ins alone and under the preload in every pool mode."""
 import pytest

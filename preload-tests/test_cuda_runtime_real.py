@@ -18,7 +18,8 @@ from test_cuda_correct import MODES, POOLED
 # cuda.h: the exported name a base name means at a version (the _v2 of each, since).
 SINCE = {"cuMemAlloc": 3020, "cuMemAllocPitch": 3020, "cuMemFree": 3020, "cuMemGetInfo": 3020,
          "cuMemAllocHost": 3020, "cuMemGetAddressRange": 3020, "cuCtxDestroy": 4000,
-         "cuDevicePrimaryCtxReset": 11000, "cuDevicePrimaryCtxRelease": 11000, "cuGetProcAddress": 12000}
+         "cuDevicePrimaryCtxReset": 11000, "cuDevicePrimaryCtxRelease": 11000, "cuGetProcAddress": 12000,
+         "cuIpcOpenMemHandle": 11000}
 PER_THREAD = {"cuMemAllocAsync", "cuMemFreeAsync"}  # flags 2: the _ptsz export
 # What the pool serves, by exported name (where the stand-in exports it too).
 SERVED = {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuMemHostAlloc",
@@ -26,7 +27,8 @@ SERVED = {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemFree_v2", "cuMemGetInfo_v
           "cuMemFreeAsync", "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease",
           "cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset", "cuCtxDestroy_v2", "cuCtxDestroy",
           "cuIpcGetMemHandle", "cuMemGetAddressRange_v2", "cuPointerGetAttribute", "cuPointerGetAttributes",
-          "cuGetProcAddress", "cuGetProcAddress_v2", "cuCtxEnablePeerAccess"}
+          "cuGetProcAddress", "cuGetProcAddress_v2", "cuCtxEnablePeerAccess", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2",
+          "cuIpcCloseMemHandle"}
 LOOKUP = re.compile(r"lookup (\S+) (\d+) (\d+) (-?\d+) (driver|ours) (\S+) (\S+)")
 
 

@@ -207,6 +207,9 @@ pub trait DeviceRuntime {
     /// cuMemMap, cuMemSetAccess for `device` and `peers`. On failure the handle is released (its memory goes
     /// back to the driver) and nothing stays mapped at `to`.
     fn move_chunk(&self, device: i32, from: u64, to: u64, len: u64, handle: u64, peers: u64) -> Result<(), DeviceError>;
+    /// cuIpcGetMemHandle of the allocation at `base`, in the current context: the driver's
+    /// legacy IPC handle (Note [IPC] in device/pool/pointers.rs).
+    fn ipc_handle(&self, base: u64) -> Result<[u8; 64], DeviceError>;
 }
 
 /// Devices the pool serves (more are passed through to the runtime).

@@ -471,6 +471,8 @@ struct RuntimeState {
     current: i32,
     next_addr: usize,
     fail_next_mallocs: u64,
+    /// Address reservations to refuse (an address-space limit).
+    fail_next_reserves: u64,
     last_error: i32,
     pub host_allocs: u64,
     /// The virtual memory API's granularity; 0: a driver without it.
@@ -515,6 +517,10 @@ impl SimRuntime {
 
     pub fn fail_next_mallocs(&self, n: u64) {
         self.state.lock().unwrap().fail_next_mallocs = n;
+    }
+    /// The next `n` address reservations are refused with out of memory.
+    pub fn fail_next_reserves(&self, n: u64) {
+        self.state.lock().unwrap().fail_next_reserves = n;
     }
     pub fn last_error(&self) -> i32 {
         self.state.lock().unwrap().last_error
@@ -691,6 +697,10 @@ impl DeviceRuntime for SimRuntime {
         if st.granularity == 0 || len == 0 || !len.is_multiple_of(st.granularity) {
             return Err(DeviceError::Other(1));
         }
+        if st.fail_next_reserves > 0 {
+            st.fail_next_reserves -= 1;
+            return Err(DeviceError::OutOfMemory);
+        }
         let addr = (st.next_addr as u64).next_multiple_of(st.granularity);
         st.next_addr = (addr + len + st.granularity) as usize;
         let d = st.current as usize;
@@ -726,6 +736,17 @@ impl DeviceRuntime for SimRuntime {
         st.devices[d].used += len as usize;
         st.devices[d].maps += 1;
         Ok(handle)
+    }
+    fn ipc_handle(&self, base: u64) -> Result<[u8; 64], DeviceError> {
+        // The driver's handle names an allocation: its base, here, behind a mark of the sim's.
+        let st = self.state.lock().unwrap();
+        if !st.live.contains_key(&(base as usize)) {
+            return Err(DeviceError::Other(1));
+        }
+        let mut h = [0u8; 64];
+        h[..8].copy_from_slice(b"SIMIPC\0\0");
+        h[8..16].copy_from_slice(&base.to_le_bytes());
+        Ok(h)
     }
     fn unreserve(&self, addr: u64, len: u64) -> Result<(), DeviceError> {
         let mut st = self.state.lock().unwrap();

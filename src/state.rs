@@ -75,12 +75,34 @@ fn init_slow() -> Option<&'static Globals> {
     reaper::set_work(background_pass);
     DEVICE.configure(&config);
     DEVICE.set_background(reaper::on_block_cached);
-    neighbours::configure(|device| DEVICE.release_for_neighbour(device), config.cuda_neighbour_wait_ms);
-    DEVICE.set_neighbours(neighbours::join, neighbours::ask);
+    neighbours::configure(|device, idle_since_ns| DEVICE.release_for_neighbour(device, idle_since_ns), config.cuda_neighbour_wait_ms);
+    DEVICE.set_neighbours(segment_mapped, neighbours::ask);
     // SAFETY: only this thread writes, and only before publishing DONE.
     unsafe { (*GLOBALS.0.get()).write(Globals { config, next }) };
     INIT_STATE.store(DONE, Ordering::Release);
     globals()
+}
+
+/// A pool mapped a segment on `device`: the exit hook is registered (the first time), and the
+/// neighbours may ask this process from now on.
+fn segment_mapped(device: i32) {
+    static REGISTERED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+    if !REGISTERED.swap(true, Ordering::AcqRel) {
+        // Note [No driver call after exit] (device/device_layer/give_back.rs): registered now,
+        // after the driver set up its own teardown, it runs before that teardown.
+        crate::sys::thread::at_exit(at_exit);
+    }
+    neighbours::join(device);
+}
+
+/// How long exit waits for a background batch under way to finish its driver calls.
+const EXIT_WAIT_NS: u64 = 2_000_000_000;
+
+/// At exit (Note [No driver call after exit]): the background thread and the neighbours'
+/// answering thread make no driver call from here on.
+extern "C" fn at_exit() {
+    neighbours::stop();
+    DEVICE.stop_background(EXIT_WAIT_NS);
 }
 
 /// The process this one was forked from with us loaded (0: none): its numbers start at the fork.

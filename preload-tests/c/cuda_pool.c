@@ -1,7 +1,10 @@
 /* The CUDA path end to end: the real interposer over the stand-in runtime (fakecudart.c).
  * argv[1] names the scenario; "expect-pool" or "expect-passthrough" in argv[2] says which
  * behaviour the environment should give. */
+#include <dirent.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include "check.h"
 
@@ -17,6 +20,7 @@ int cudaFreeHost(void *);
 int cudaDeviceSynchronize(void);
 struct fakecuda_counters { uint64_t mallocs, frees, syncs, host_allocs, host_frees; uint64_t used[4]; };
 void fakecuda_get_counters(struct fakecuda_counters *);
+uint64_t fakecuda_vmm_calls(void);
 int fakecuda_launch_memset(void *, int, size_t);
 
 static struct fakecuda_counters counters(void) {
@@ -186,6 +190,128 @@ static void neighbour_churn(void) {
     printf("churn %d\n", ok);
 }
 
+/* Issue 36, item 4: many neighbours. The holder caches TM_TEST_HOLD_MB (default 30) MiB, says
+ * "cached" and waits until its pool gave it back; the taker's first cudaMalloc of TM_TEST_TAKE_MB
+ * succeeds, with the memory of all the holders it asked (the test starts 32). */
+static void neighbour_many_holder(void) {
+    void *a = NULL;
+    CHECK(cudaMalloc(&a, env_size("TM_TEST_HOLD_MB", 30) * MB) == 0 && cudaFree(a) == 0);
+    printf("cached\n");
+    fflush(stdout);
+    tm_stats_t s;
+    for (int waited_ms = 0; pooled && tm_stats(&s) == 0 && s.cuda_reserved_bytes > 0; waited_ms += 10) {
+        CHECK(waited_ms < 60000);
+        struct timespec ten = {0, 10 * 1000 * 1000};
+        nanosleep(&ten, NULL);
+    }
+}
+
+static void neighbour_many_taker(void) {
+    void *b = NULL;
+    CHECK(cudaMalloc(&b, env_size("TM_TEST_TAKE_MB", 900) * MB) == 0);
+    CHECK(cudaFree(b) == 0);
+}
+
+/* A counter two processes share (the file TM_TEST_COUNTER names): how many asks the asker made. */
+static volatile uint64_t *shared_counter(void) {
+    const char *path = getenv("TM_TEST_COUNTER");
+    CHECK(path);
+    int fd = open(path, O_RDWR | O_CREAT, 0600);
+    CHECK(fd >= 0 && ftruncate(fd, sizeof(uint64_t)) == 0);
+    void *m = mmap(NULL, sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(m != MAP_FAILED);
+    close(fd);
+    return m;
+}
+
+/* Issue 36, item 4: a hot loop beside a neighbour that asks without end. The loop (a 600 MB and a
+ * 3 MB block a step, as `idle`) runs until the asker made TM_TEST_ASKS (default 30) asks, then
+ * checks that its pool made 2 driver allocations and no free all along: no segment it keeps
+ * reusing was given back. Prints its steps, wall and CPU nanoseconds (the process's, its threads
+ * included) and driver calls; TM_TEST_STEPS: that many steps
+ * instead (scripts/bench-neighbours times them). */
+/* CPU nanoseconds this process's threads named `name` spent (their utime + stime), or 0. */
+static long long threads_cpu_ns(const char *name) {
+    long long total = 0, tick = sysconf(_SC_CLK_TCK);
+    char path[300], comm[64], line[1024];
+    DIR *tasks = opendir("/proc/self/task");
+    CHECK(tasks);
+    for (struct dirent *e; (e = readdir(tasks));) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        int named = fgets(comm, sizeof comm, f) && !strncmp(comm, name, strlen(name));
+        fclose(f);
+        snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+        if (!named || !(f = fopen(path, "r"))) continue;
+        unsigned long utime = 0, stime = 0;
+        char *p = fgets(line, sizeof line, f) ? strrchr(line, ')') : NULL;
+        if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) == 2)
+            total += (long long)(utime + stime) * 1000000000LL / tick;
+        fclose(f);
+    }
+    closedir(tasks);
+    return total;
+}
+
+static void hot_loop(void) {
+    volatile uint64_t *asks = shared_counter();
+    uint64_t want = env_size("TM_TEST_ASKS", 30), steps = 0, failed = 0, fixed = env_size("TM_TEST_STEPS", 0);
+    struct timespec t0, t1, c0, c1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+    struct fakecuda_counters first = {0};
+    uint64_t first_vmm = 0;
+    while (fixed ? steps < fixed : *asks < want || steps < 1000) {
+        void *a = NULL, *b = NULL;
+        int ok = cudaMalloc(&a, 600 * 1000 * 1000) == 0 && cudaMalloc(&b, 3 * 1000 * 1000) == 0;
+        CHECK(ok || fixed); /* timed (scripts/bench-neighbours): a failed step is counted */
+        if (!ok) failed++, cudaGetLastError();
+        CHECK(cudaFree(a) == 0 && cudaFree(b) == 0);
+        if (steps++ == 0) {
+            first = counters(), first_vmm = fakecuda_vmm_calls();
+            printf("looping\n"); /* its segments exist: the asker may start */
+            fflush(stdout);
+        }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    struct fakecuda_counters c = counters();
+    /* Classic segments: 2 driver allocations in the first step and none after; expandable ones:
+     * no virtual memory call after the first step. */
+    if (pooled && !fixed) CHECK(c.mallocs == first.mallocs && c.frees == 0 && fakecuda_vmm_calls() == first_vmm && first.mallocs <= 2);
+    long long answering = fixed ? threads_cpu_ns("tensormalloc-nb") : 0;
+    printf("answering_cpu_ns %lld ", answering);
+    printf("steps %llu ns %lld cpu_ns %lld mallocs %llu frees %llu vmm %llu failed %llu\n", (unsigned long long)steps,
+           (long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec),
+           (long long)(c1.tv_sec - c0.tv_sec) * 1000000000LL + (c1.tv_nsec - c0.tv_nsec), (unsigned long long)(c.mallocs - first.mallocs),
+           (unsigned long long)c.frees, (unsigned long long)(fakecuda_vmm_calls() - first_vmm), (unsigned long long)failed);
+}
+
+/* The neighbour that asks without end: asks for 900 MB (the hot loop holds 603 MB of 1 GiB),
+ * fails with out of memory (or, should the loop's memory have come its way, gets it and frees
+ * it), counts the ask, and again, until TM_TEST_ASKS asks. */
+static void endless_asker(void) {
+    volatile uint64_t *asks = shared_counter();
+    uint64_t want = env_size("TM_TEST_ASKS", 30);
+    while (*asks < want) {
+        void *b = NULL;
+        int rc = cudaMalloc(&b, 900 * 1000 * 1000);
+        CHECK(rc == 0 ? cudaFree(b) == 0 : rc == 2 && cudaGetLastError() == 2);
+        __atomic_add_fetch(asks, 1, __ATOMIC_SEQ_CST);
+    }
+}
+
+/* Issue 36, item 6: the process exits while the background thread gives idle segments back (the
+ * test sets the release delay to 0): 64 segments of 12 MiB freed just before main
+ * returns. The stand-in driver ends the process with code 86 on a call after its teardown. */
+static void exit_busy(void) {
+    void *p[64];
+    for (int i = 0; i < 64; i++) CHECK(cudaMalloc(&p[i], 12 * MB) == 0);
+    for (int i = 0; i < 64; i++) CHECK(cudaFree(p[i]) == 0);
+}
+
 static void two_devices(void) {
     void *a = NULL, *b = NULL;
     CHECK(cudaSetDevice(0) == 0 && cudaMalloc(&a, 64 * MB) == 0);
@@ -292,6 +418,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "neighbour-churn")) neighbour_churn();
     else if (!strcmp(s, "neighbour-at-once")) neighbour_at_once("succeeds");
     else if (!strcmp(s, "neighbour-stopped")) neighbour_at_once("fails");
+    else if (!strcmp(s, "exit-busy")) exit_busy();
+    else if (!strcmp(s, "neighbour-many-holder")) neighbour_many_holder();
+    else if (!strcmp(s, "neighbour-many-taker")) neighbour_many_taker();
+    else if (!strcmp(s, "hot-loop")) hot_loop();
+    else if (!strcmp(s, "endless-asker")) endless_asker();
     else if (!strcmp(s, "two-devices")) two_devices();
     else if (!strcmp(s, "pinned")) pinned();
     else if (!strcmp(s, "foreign")) foreign();

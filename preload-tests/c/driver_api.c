@@ -8,7 +8,7 @@
  * mixed (runtime and driver allocations and frees crossed), and issue 11's calls on every path:
  * reset (a primary-context reset, then a block a kernel can use), range (address range of a
  * block, not of a pooled segment), ipc (a handle of a block that may share a segment: refused or
- * not, printed). It prints the stand-in's counters. */
+ * not, and whether it is tensormalloc's own, printed). It prints the stand-in's counters. */
 #include "check.h"
 
 typedef unsigned long long CUdeviceptr;
@@ -183,14 +183,15 @@ static void range(void) {
     CHECK(D.free(a) == 0 && D.free(b) == 0);
 }
 
-/* A handle of a 1 MiB block: 0, or refused with CUDA_ERROR_INVALID_VALUE; never anything else. */
+/* A handle of a 1 MiB block: 0, or refused with CUDA_ERROR_INVALID_VALUE; never anything else.
+ * Prints whether the handle is tensormalloc's own (its first bytes). */
 static void ipc(void) {
     CUdeviceptr a = 0, b = 0;
     char handle[64];
     CHECK(D.alloc(&a, 1 * MB) == 0 && D.alloc(&b, 1 * MB) == 0);
     int rc = D.ipc(handle, b);
     CHECK(rc == 0 || rc == 1);
-    printf("ipc rc %d\n", rc);
+    printf("ipc rc %d ours %d\n", rc, rc == 0 && !memcmp(handle, "tmIPCv1", 8));
     CHECK(D.free(a) == 0 && D.free(b) == 0);
 }
 

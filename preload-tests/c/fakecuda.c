@@ -95,6 +95,21 @@ static struct fakecuda_counters counters;
 /* Virtual memory calls that create, map, unmap or release memory (fakecuda_vmm_calls). */
 static uint64_t vmm_calls;
 static int initialized, ndevices;
+/* The driver's teardown at exit (a destructor, run after the exit handlers, as NVIDIA's libcuda
+ * tears down): any call after it is the caller's bug, and the stand-in ends the process with exit
+ * code 86 after one line naming the call. Every entry point reads `initialized` through here. */
+static int torn_down;
+__attribute__((destructor)) static void teardown(void) { __atomic_store_n(&torn_down, 1, __ATOMIC_SEQ_CST); }
+static int *alive(const char *call) {
+    if (__atomic_load_n(&torn_down, __ATOMIC_SEQ_CST)) {
+        char line[160];
+        int n = snprintf(line, sizeof line, "fakecuda: %s after the driver's teardown\n", call);
+        if (write(2, line, n > 0 ? (size_t)n : 0) < 0) _exit(86);
+        _exit(86);
+    }
+    return &initialized;
+}
+#define initialized (*alive(__func__))
 static unsigned alloc_delay_us;
 static int reuse_contexts;
 static CUcontext last_destroyed;
@@ -821,7 +836,8 @@ static CUresult s_cuIpcCloseMemHandle(CUdeviceptr p) {
  * the granularity (2 MiB); a range is mapped at most once; cuMemUnmap takes whole mappings
  * only; a handle released while mapped keeps its memory until its last mapping goes.
  * FAKECUDA_NO_VMM=1 is a driver without the API: the attribute says 0 and every call answers
- * CUDA_ERROR_NOT_SUPPORTED. */
+ * CUDA_ERROR_NOT_SUPPORTED. FAKECUDA_RESERVE_REFUSED=1 refuses every cuMemAddressReserve with
+ * CUDA_ERROR_OUT_OF_MEMORY, as an address-space limit would. */
 
 typedef struct { int type; int requestedHandleTypes; struct { int type; int id; } location; void *win32HandleMetaData; unsigned char allocFlags[8]; } CUmemAllocationProp;
 typedef struct { struct { int type; int id; } location; int flags; } CUmemAccessDesc;
@@ -952,6 +968,8 @@ static CUresult s_cuMemAddressReserve(CUdeviceptr *out, size_t size, size_t alig
     CUresult e = vmm_entry();
     if (e) return e;
     if (!out || !size || !aligned(size) || flags) return CUDA_ERROR_INVALID_VALUE;
+    const char *refused = getenv("FAKECUDA_RESERVE_REFUSED");
+    if (refused && *refused == '1') return CUDA_ERROR_OUT_OF_MEMORY;
     if (align < VMM_GRANULARITY) align = VMM_GRANULARITY;
     if (align & (align - 1)) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);

@@ -1,17 +1,18 @@
 //! CUDA's route, as `route` is malloc's: the one decision "does the pool serve this call" for
-//! the runtime's and the driver's entry points alike, and the answers a pooled free or IPC
-//! export gives; each entry point's routing in `runtime`, `driver` and `lookup` (a shim is one
-//! call into them). Called by the shims only; calls the device layer (`DEVICE`) and the sys
+//! the runtime's and the driver's entry points alike, and the answers a pooled free gives; each
+//! entry point's routing in `runtime`, `driver`, `ipc` and `lookup` (a shim is one call into
+//! them). Called by the shims only; calls the device layer (`DEVICE`) and the sys
 //! layer (the real functions, the context query), never a shim.
 
 use crate::backing::{DeviceError, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
-use crate::device::device_layer::{Export, FreeAnswer};
+use crate::device::device_layer::FreeAnswer;
 use crate::sys::cuda_runtime::CudaFns;
 use crate::state::DEVICE;
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 pub mod driver;
+pub mod ipc;
 pub mod lookup;
 pub mod runtime;
 
@@ -68,7 +69,7 @@ enum FreeOf {
 /// The answer to a free the pool was asked first (runtime and driver entry points alike): ours
 /// for a pooled pointer, the real function's for any other, and for a pointer inside our memory
 /// that is no live block, the runtime's answer for a pointer it never handed out (Note
-/// [Unexpected frees] in device/device_layer.rs).
+/// [Unexpected frees] in device/device_layer/free.rs).
 fn answer_free(call: &str, ptr: usize, of: FreeOf, freed: Result<FreeAnswer, DeviceError>, real_free: impl FnOnce() -> c_int) -> c_int {
     match freed {
         Ok(FreeAnswer::Pooled) => CUDA_SUCCESS,
@@ -96,29 +97,4 @@ fn warn_refused(call: &str, ptr: usize, of: FreeOf) {
         "{}({:#x}): not a live block of {} (a double free, or a pointer inside a block); refused with invalid value, nothing freed (said once for {} memory)",
         call, ptr, what, kind
     );
-}
-
-/// Shared by the runtime's and the driver's IPC entry points: `Err` after one stderr line when
-/// a handle of `addr` would name other blocks' memory.
-fn export_checked(call: &str, addr: usize) -> Result<(), ()> {
-    if !pool_answers() {
-        return Ok(());
-    }
-    match DEVICE.export(addr) {
-        Export::NotOurs | Export::Whole => Ok(()),
-        Export::Shared { addr: block, size } => {
-            crate::warn_line!(
-                "{}({:#x}): the pooled block at {:#x} ({} bytes) shares its cudaMalloc segment with other blocks, and an IPC handle names the whole segment; refused (cudaErrorInvalidValue). IPC of pooled memory works with TENSORMALLOC_CUDA_POOL=binned (one segment per block) or none",
-                call, addr, block, size
-            );
-            Err(())
-        }
-        Export::Expandable { addr: block, size } => {
-            crate::warn_line!(
-                "{}({:#x}): the pooled block at {:#x} ({} bytes) lies in an expandable segment (TENSORMALLOC_CUDA_SEGMENTS=expandable), memory of the driver's virtual memory API, for which it gives no legacy IPC handle; refused (cudaErrorInvalidValue). IPC of pooled memory works with TENSORMALLOC_CUDA_SEGMENTS=classic and TENSORMALLOC_CUDA_POOL=binned",
-                call, addr, block, size
-            );
-            Err(())
-        }
-    }
 }

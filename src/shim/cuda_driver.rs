@@ -5,6 +5,7 @@
 //! the driver's function a call stands for where one route serves several spellings.
 
 use crate::route::cuda::driver as route;
+use crate::sys::cuda_driver::IpcMemHandle;
 use core::ffi::{c_int, c_uint, c_void};
 
 with_caller!(
@@ -102,13 +103,36 @@ pub unsafe extern "C" fn cuCtxDestroy(ctx: *mut c_void) -> c_int {
     route::ctx_destroy(ctx, |d| d.ctx_destroy_v1)
 }
 
-/// Note [IPC] (device/pool/mod.rs).
+/// Note [IPC] (device/pool/pointers.rs): a block sharing a segment gets a handle of ours.
 ///
 /// # Safety
 /// As cuIpcGetMemHandle: `handle` points to a CUipcMemHandle.
 #[no_mangle]
 pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut c_void, ptr: u64) -> c_int {
-    route::ipc_get_mem_handle(handle, ptr)
+    crate::route::cuda::ipc::driver_get(handle, ptr)
+}
+
+/// Note [IPC]: a handle of ours opens the block it names.
+///
+/// # Safety
+/// As cuIpcOpenMemHandle_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(dptr: *mut u64, handle: IpcMemHandle, flags: c_uint) -> c_int {
+    crate::route::cuda::ipc::driver_open(dptr, handle, flags, false)
+}
+
+/// # Safety
+/// As cuIpcOpenMemHandle.
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcOpenMemHandle(dptr: *mut u64, handle: IpcMemHandle, flags: c_uint) -> c_int {
+    crate::route::cuda::ipc::driver_open(dptr, handle, flags, true)
+}
+
+/// # Safety
+/// As cuIpcCloseMemHandle.
+#[no_mangle]
+pub unsafe extern "C" fn cuIpcCloseMemHandle(dptr: u64) -> c_int {
+    crate::route::cuda::ipc::driver_close(dptr)
 }
 
 /// Our block's start and size for a pooled pointer, not the segment the driver sees.
@@ -120,7 +144,7 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usiz
     route::address_range(base, size, ptr)
 }
 
-/// The range and buffer-id attributes answer for our block (Note [Buffer ids] in device/pool/mod.rs).
+/// The range and buffer-id attributes answer for our block (Note [Buffer ids] in device/pool/pointers.rs).
 ///
 /// # Safety
 /// As cuPointerGetAttribute.

@@ -54,13 +54,29 @@ pub unsafe extern "C" fn cudaDeviceReset() -> c_int {
     route::device_reset()
 }
 
-/// Note [IPC]: a block sharing a pool segment is refused.
+/// Note [IPC] (device/pool/pointers.rs): a block sharing a segment gets a handle of ours.
 ///
 /// # Safety
 /// As cudaIpcGetMemHandle: `handle` points to a cudaIpcMemHandle_t.
 #[no_mangle]
 pub unsafe extern "C" fn cudaIpcGetMemHandle(handle: *mut c_void, ptr: *mut c_void) -> c_int {
-    route::ipc_get_mem_handle(handle, ptr)
+    crate::route::cuda::ipc::runtime_get(handle, ptr)
+}
+
+/// Note [IPC]: a handle of ours opens the block it names.
+///
+/// # Safety
+/// As cudaIpcOpenMemHandle.
+#[no_mangle]
+pub unsafe extern "C" fn cudaIpcOpenMemHandle(ptr: *mut *mut c_void, handle: crate::sys::cuda_driver::IpcMemHandle, flags: c_uint) -> c_int {
+    crate::route::cuda::ipc::runtime_open(ptr, handle, flags)
+}
+
+/// # Safety
+/// As cudaIpcCloseMemHandle.
+#[no_mangle]
+pub unsafe extern "C" fn cudaIpcCloseMemHandle(ptr: *mut c_void) -> c_int {
+    crate::route::cuda::ipc::runtime_close(ptr)
 }
 
 /// # Safety

@@ -22,6 +22,15 @@ pub type AddressRangeFn = unsafe extern "C" fn(*mut u64, *mut usize, u64) -> c_i
 pub type PointerGetAttributeFn = unsafe extern "C" fn(*mut c_void, c_int, u64) -> c_int;
 pub type PointerGetAttributesFn = unsafe extern "C" fn(c_uint, *mut c_int, *mut *mut c_void, u64) -> c_int;
 pub type IpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, u64) -> c_int;
+pub type IpcOpenMemHandleFn = unsafe extern "C" fn(*mut u64, IpcMemHandle, c_uint) -> c_int;
+pub type IpcCloseMemHandleFn = unsafe extern "C" fn(u64) -> c_int;
+
+/// CUipcMemHandle (and the runtime's cudaIpcMemHandle_t): 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcMemHandle {
+    pub reserved: [u8; 64],
+}
 pub type MemFreeFn = unsafe extern "C" fn(u64) -> c_int;
 pub type MemFreeAsyncFn = unsafe extern "C" fn(u64, *mut c_void) -> c_int;
 pub type MemAllocFn = unsafe extern "C" fn(*mut u64, usize) -> c_int;
@@ -113,6 +122,9 @@ pub struct DriverFns {
     pub pointer_get_attribute: Option<PointerGetAttributeFn>,
     pub pointer_get_attributes: Option<PointerGetAttributesFn>,
     pub ipc_get_mem_handle: Option<IpcGetMemHandleFn>,
+    pub ipc_open_mem_handle: Option<IpcOpenMemHandleFn>,
+    pub ipc_open_mem_handle_v1: Option<IpcOpenMemHandleFn>,
+    pub ipc_close_mem_handle: Option<IpcCloseMemHandleFn>,
     pub mem_free: Option<MemFreeFn>,
     pub mem_free_async: Option<MemFreeAsyncFn>,
     pub mem_free_async_ptsz: Option<MemFreeAsyncFn>,
@@ -174,6 +186,9 @@ unsafe fn resolve_in(handle: *mut c_void) -> DriverFns {
         pointer_get_attribute: find(handle, c"cuPointerGetAttribute"),
         pointer_get_attributes: find(handle, c"cuPointerGetAttributes"),
         ipc_get_mem_handle: find(handle, c"cuIpcGetMemHandle"),
+        ipc_open_mem_handle: find(handle, c"cuIpcOpenMemHandle_v2"),
+        ipc_open_mem_handle_v1: find(handle, c"cuIpcOpenMemHandle"),
+        ipc_close_mem_handle: find(handle, c"cuIpcCloseMemHandle"),
         mem_free: find(handle, c"cuMemFree_v2"),
         mem_free_async: find(handle, c"cuMemFreeAsync"),
         mem_free_async_ptsz: find(handle, c"cuMemFreeAsync_ptsz"),
@@ -482,6 +497,13 @@ impl DeviceRuntime for CudaDriver {
             }
             moved
         }
+    }
+    fn ipc_handle(&self, base: u64) -> Result<[u8; 64], DeviceError> {
+        let f = get(|d| d.ipc_get_mem_handle)?;
+        let mut handle = [0u8; 64];
+        // SAFETY: writes one CUipcMemHandle (64 bytes) into our buffer.
+        check(unsafe { f(handle.as_mut_ptr().cast(), base) })?;
+        Ok(handle)
     }
     fn unmap_chunk(&self, addr: u64, len: u64, handle: u64) -> Result<(), DeviceError> {
         let (unmap, release) = (get(|d| d.mem_unmap)?, get(|d| d.mem_release)?);

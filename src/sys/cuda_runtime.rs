@@ -17,6 +17,8 @@ type MemInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> c_int;
 type HostAllocFn = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int;
 type MallocHostFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
 pub type IpcGetMemHandleFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
+pub type IpcOpenMemHandleFn = unsafe extern "C" fn(*mut *mut c_void, super::cuda_driver::IpcMemHandle, c_uint) -> c_int;
+pub type IpcCloseMemHandleFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 pub type FreeAsyncFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
 pub type GetDriverEntryPointFn = unsafe extern "C" fn(*const core::ffi::c_char, *mut *mut c_void, u64, *mut c_int) -> c_int;
 pub type GetDriverEntryPointByVersionFn = unsafe extern "C" fn(*const core::ffi::c_char, *mut *mut c_void, c_uint, u64, *mut c_int) -> c_int;
@@ -36,6 +38,8 @@ pub struct CudaFns {
     // Optional: older runtimes (and stand-ins) may lack them.
     pub device_reset: Option<SyncFn>,
     pub ipc_get_mem_handle: Option<IpcGetMemHandleFn>,
+    pub ipc_open_mem_handle: Option<IpcOpenMemHandleFn>,
+    pub ipc_close_mem_handle: Option<IpcCloseMemHandleFn>,
     pub free_async: Option<FreeAsyncFn>,
     pub free_async_ptsz: Option<FreeAsyncFn>,
     pub get_driver_entry_point: Option<GetDriverEntryPointFn>,
@@ -79,6 +83,8 @@ unsafe fn resolve_in(handle: *mut c_void) -> Option<CudaFns> {
         get_last_error: get!(c"cudaGetLastError", SyncFn),
         device_reset: optional!(c"cudaDeviceReset", SyncFn),
         ipc_get_mem_handle: optional!(c"cudaIpcGetMemHandle", IpcGetMemHandleFn),
+        ipc_open_mem_handle: optional!(c"cudaIpcOpenMemHandle", IpcOpenMemHandleFn),
+        ipc_close_mem_handle: optional!(c"cudaIpcCloseMemHandle", IpcCloseMemHandleFn),
         free_async: optional!(c"cudaFreeAsync", FreeAsyncFn),
         free_async_ptsz: optional!(c"cudaFreeAsync_ptsz", FreeAsyncFn),
         get_driver_entry_point: optional!(c"cudaGetDriverEntryPoint", GetDriverEntryPointFn),

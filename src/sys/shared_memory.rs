@@ -1,40 +1,180 @@
 //! Memory shared with the user's other processes (the device pools' neighbour registry, Note
-//! [Neighbours] in device/neighbours.rs): a small file in /dev/shm opened only if it is this
-//! user's own, and futexes that wake across processes.
+//! [Neighbours] in device/neighbours/mod.rs): a small file in the user's own runtime directory,
+//! else in /dev/shm, opened only if it is this user's own and private; and futexes that wake
+//! across processes.
 
-/// Maps the file `/dev/shm/NAME` (NAME: no NUL, no slash), `len` bytes, shared and read-write,
-/// created 0600 if missing. Refused (None) when it is not a plain file of ours with no access for
-/// others (another user's, a symlink, a wrong size: another version's), or when its pages cannot
-/// be reserved (a full /dev/shm: reserving them now means no later write can fault).
-pub fn map_own_file(name: &[u8], len: usize) -> Option<*mut u8> {
-    if name.is_empty() || name.contains(&0) || name.contains(&b'/') {
-        return None;
+use super::files::PATH_MAX_BYTES;
+
+/// Why a shared file could not be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// Another user's file stands at the name (created first: squatted).
+    OtherUser { uid: u32 },
+    /// Ours, but others may read or write it.
+    NotPrivate,
+    /// Not a plain file (a symbolic link, a directory, ...).
+    NotAFile,
+    /// Another size: another version's file, or damaged.
+    WrongSize,
+    /// The system refused (no /dev/shm, a full or read-only one): errno.
+    System(i32),
+}
+
+/// Where a shared file lives: the user's own runtime directory (XDG_RUNTIME_DIR, else
+/// /run/user/UID, when it is a directory of this user's that no one else may enter), where no
+/// other user can create anything; else /dev/shm, where anyone can create any name first.
+pub struct SharedFile {
+    path: [u8; PATH_MAX_BYTES + 1],
+    len: usize,
+    /// The directory, open; -1 when none could be.
+    dir: i32,
+    /// The name inside it.
+    name_at: usize,
+    pub in_runtime_dir: bool,
+}
+
+impl SharedFile {
+    /// Chooses where `name` lives: `NAME` in the user's runtime directory, else `shm_name` in
+    /// /dev/shm (no slash or NUL in either).
+    pub fn locate(name: &[u8], shm_name: &[u8]) -> SharedFile {
+        let mut f = SharedFile { path: [0; PATH_MAX_BYTES + 1], len: 0, dir: -1, name_at: 0, in_runtime_dir: false };
+        let mut dir = [0u8; PATH_MAX_BYTES + 1];
+        let mut uid = [0u8; 20];
+        let uid = super::files::decimal(u64::from(super::process::user_id()), &mut uid);
+        let mut run_user = [0u8; PATH_MAX_BYTES + 1];
+        let fallback = super::files::joined(b"/run/user/", uid, &mut run_user).map(|p| p.len()).unwrap_or(0);
+        let mut xdg_len = 0;
+        if !super::env::is_secure_execution() {
+            super::env::for_each_with_prefix(b"XDG_RUNTIME_DIR", |key, value| {
+                if key == b"XDG_RUNTIME_DIR" && !value.is_empty() {
+                    xdg_len = super::files::joined(value, b"", &mut dir).map_or(0, |p| p.len());
+                }
+            });
+        }
+        let candidates = [dir.get(..xdg_len).unwrap_or(&[]), run_user.get(..fallback).unwrap_or(&[])];
+        for candidate in candidates.into_iter().filter(|c| !c.is_empty()) {
+            if let Some(fd) = open_private_dir(candidate) {
+                f.dir = fd;
+                f.in_runtime_dir = true;
+                f.set_path(candidate, name);
+                return f;
+            }
+        }
+        // SAFETY: a literal path, NUL-terminated.
+        f.dir = unsafe { libc::open(c"/dev/shm".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+        f.set_path(b"/dev/shm", shm_name);
+        f
     }
-    let mut path = [0u8; super::files::PATH_MAX_BYTES + 1];
-    super::files::joined(b"/dev/shm/", name, &mut path)?;
-    // SAFETY: path is NUL-terminated (zeroed past the name, one byte longer than any path
-    // joined writes); the other calls get a descriptor we
-    // own and a stat buffer on our stack.
+
+    fn set_path(&mut self, dir: &[u8], name: &[u8]) {
+        let mut with_slash = [0u8; PATH_MAX_BYTES + 1];
+        let dir = super::files::joined(dir, b"/", &mut with_slash).unwrap_or(b"/");
+        self.name_at = dir.len();
+        self.len = super::files::joined(dir, name, &mut self.path).map_or(0, |p| p.len());
+    }
+
+    /// The file's path, for what is said about it.
+    pub fn path(&self) -> &[u8] {
+        self.path.get(..self.len).unwrap_or(&[])
+    }
+
+    /// Maps the file, `len` bytes, shared and read-write, created 0600 if missing. Refused when
+    /// it is not a plain private file of ours of that size, or when its pages cannot be reserved
+    /// (a full /dev/shm: reserving them now means no later write can fault).
+    pub fn map(&self, len: usize) -> Result<*mut u8, Refused> {
+        let name = self.path.get(self.name_at..=self.len).filter(|n| n.len() > 1 && !n.get(..n.len() - 1).unwrap_or(&[]).contains(&b'/'));
+        let Some(name) = name else { return Err(Refused::System(libc::ENAMETOOLONG)) };
+        if self.dir < 0 {
+            return Err(Refused::System(libc::ENOENT));
+        }
+        // SAFETY: `name` is NUL-terminated (the path buffer is zeroed past its end, one byte longer
+        // than any path joined writes); the other calls get a descriptor we own and a stat
+        // buffer on our stack.
+        unsafe {
+            let fd = libc::openat(self.dir, name.as_ptr().cast(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
+            if fd < 0 {
+                let e = super::process::errno();
+                // Another user's file in a sticky directory (EACCES, also for root where
+                // fs.protected_regular is on), a symbolic link (ELOOP): say whose.
+                let mut st: libc::stat = core::mem::zeroed();
+                if libc::fstatat(self.dir, name.as_ptr().cast(), &mut st, libc::AT_SYMLINK_NOFOLLOW) == 0 {
+                    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+                        return Err(Refused::NotAFile);
+                    }
+                    if st.st_uid != libc::geteuid() {
+                        return Err(Refused::OtherUser { uid: st.st_uid });
+                    }
+                }
+                return Err(Refused::System(e));
+            }
+            let checked = Self::check(fd, len);
+            let mapped = checked.and_then(|()| {
+                let p = super::page_calls::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+                if p == libc::MAP_FAILED {
+                    Err(Refused::System(super::process::errno()))
+                } else {
+                    Ok(p.cast::<u8>())
+                }
+            });
+            libc::close(fd);
+            mapped
+        }
+    }
+
+    /// # Safety
+    /// `fd` is an open descriptor.
+    unsafe fn check(fd: i32, len: usize) -> Result<(), Refused> {
+        let mut st: libc::stat = core::mem::zeroed();
+        if libc::fstat(fd, &mut st) != 0 {
+            return Err(Refused::System(super::process::errno()));
+        }
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Refused::NotAFile);
+        }
+        if st.st_uid != libc::geteuid() {
+            return Err(Refused::OtherUser { uid: st.st_uid });
+        }
+        if st.st_mode & 0o077 != 0 {
+            return Err(Refused::NotPrivate);
+        }
+        if st.st_size != 0 && st.st_size as usize != len {
+            return Err(Refused::WrongSize);
+        }
+        // fallocate reserves the pages (ENOSPC on a full /dev/shm) and leaves contents alone.
+        if libc::fallocate(fd, 0, 0, len as libc::off_t) != 0 {
+            return Err(Refused::System(super::process::errno()));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SharedFile {
+    fn drop(&mut self) {
+        if self.dir >= 0 {
+            // SAFETY: a descriptor we opened and close once.
+            unsafe { libc::close(self.dir) };
+        }
+    }
+}
+
+/// `path`, opened, when it is a directory of this user's that no other user may enter or write
+/// (mode 0700 or tighter); None otherwise.
+fn open_private_dir(path: &[u8]) -> Option<i32> {
+    let mut buf = [0u8; PATH_MAX_BYTES + 1];
+    super::files::joined(path, b"", &mut buf)?;
+    // SAFETY: `buf` is NUL-terminated (zeroed past the path); fstat writes into our stack.
     unsafe {
-        let fd = libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
+        let fd = libc::open(buf.as_ptr().cast(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC);
         if fd < 0 {
             return None;
         }
         let mut st: libc::stat = core::mem::zeroed();
-        let ours = libc::fstat(fd, &mut st) == 0
-            && st.st_mode & libc::S_IFMT == libc::S_IFREG
-            && st.st_uid == libc::geteuid()
-            && st.st_mode & 0o077 == 0
-            && (st.st_size == 0 || st.st_size as usize == len);
-        // fallocate reserves the pages (ENOSPC on a full /dev/shm) and leaves contents alone.
-        let ready = ours && libc::fallocate(fd, 0, 0, len as libc::off_t) == 0;
-        let mapped = if ready {
-            super::page_calls::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
-        } else {
-            libc::MAP_FAILED
-        };
-        libc::close(fd);
-        (mapped != libc::MAP_FAILED).then_some(mapped.cast())
+        let private = libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFDIR && st.st_uid == libc::geteuid() && st.st_mode & 0o077 == 0;
+        if !private {
+            libc::close(fd);
+            return None;
+        }
+        Some(fd)
     }
 }
 
@@ -52,6 +192,17 @@ pub fn wait(word: &core::sync::atomic::AtomicU32, expected: u32, timeout_ns: Opt
 pub fn wake_all(word: &core::sync::atomic::AtomicU32) {
     // SAFETY: a futex wake on a live word.
     unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
+}
+
+/// 64 random bits from the kernel (getrandom; the clock mixed in should it refuse).
+pub fn random_u64() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: getrandom writes at most 8 bytes into `v`.
+    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
+    if n != 8 {
+        v ^= super::clock::now_ns().rotate_left(17) ^ u64::from(super::process::id());
+    }
+    v
 }
 
 /// Whether process `pid` lives and is this user's to signal (signal 0 sends nothing).

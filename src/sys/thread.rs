@@ -1,6 +1,7 @@
 //! Our background threads: detached, named, every signal blocked (signals are the program's
 //! business), running a function that never returns. No allocation of ours (glibc's
-//! pthread_create maps the stack itself).
+//! pthread_create maps the stack itself). And the hook that stops their work when the process
+//! exits.
 
 /// Starts a detached thread named `name` running `main` forever; false when none can be made
 /// (seccomp, thread limits).
@@ -31,4 +32,13 @@ pub fn spawn(name: &core::ffi::CStr, main: fn() -> !) -> bool {
         }
         rc == 0
     }
+}
+
+/// Runs `hook` when the process exits, before the destructors of loaded libraries (glibc runs
+/// exit handlers in the reverse order of their registration, then those destructors). False
+/// when it cannot be registered. glibc may allocate its table entry (calloc) past the first 32.
+pub fn at_exit(hook: extern "C" fn()) -> bool {
+    // SAFETY: registers a function of ours that lives as long as the library (atexit passes our
+    // __dso_handle: glibc also runs it should the library ever be unloaded).
+    unsafe { libc::atexit(hook) == 0 }
 }

@@ -208,3 +208,28 @@ fn another_granularity_is_followed() {
     l.free(small).unwrap();
     l.free(big).unwrap();
 }
+
+/// A refused first reservation (an address-space limit): classic segments from then on, said
+/// once; a refused later one passes that request to the driver, said once too.
+#[test]
+fn a_refused_reservation_falls_back_and_says_so() {
+    use crate::device::fallback::{said, Fallback};
+    let l = layer(CudaSegments::Expandable, 4 * GB);
+    l.runtime().fail_next_reserves(1);
+    let a = l.malloc(64 * MB, 0).unwrap();
+    assert!(said(Fallback::Reservation { device: 0, code: 2, classic: true }));
+    let d = l.runtime().device(0);
+    assert_eq!((d.reserves, d.mallocs, d.maps), (0, 1, 0), "a classic segment: {d:?}");
+    l.for_each_pool(|_, p| assert!(!p.expandable()));
+    l.free(a).unwrap();
+    assert_eq!(l.malloc(64 * MB, 0).unwrap(), a, "pooled as before");
+    // With a range held already, a refused one passes the request through.
+    let l = layer(CudaSegments::Expandable, 4 * GB);
+    let small = l.malloc(4096, 0).unwrap(); // the range for small blocks
+    l.runtime().fail_next_reserves(1);
+    let big = l.malloc(64 * MB, 0).unwrap();
+    assert_eq!(l.range(big), RangeAnswer::NotOurs, "the driver's own allocation");
+    l.for_each_pool(|_, p| assert!(p.expandable()));
+    assert!(l.malloc(64 * MB, 0).is_ok(), "the next reservation is tried again");
+    assert_eq!(l.free(small), Ok(FreeAnswer::Pooled));
+}

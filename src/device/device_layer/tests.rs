@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::device::device_layer::{Export, RangeAnswer};
+use crate::backing::PrimaryContext;
 use crate::config::Config;
 use crate::sim::leak_table;
 use crate::sim::SimRuntime;
@@ -210,13 +211,24 @@ fn a_reset_while_a_segment_is_being_mapped_drops_that_segment() {
     assert_ne!(l.pools[0].lock().generation(), generation);
 }
 
+/// Note [IPC]: a whole-segment block gets the driver's handle; a block sharing its segment, the
+/// segment's handle and its offset (the route publishes them); either, once named, is dead at its
+/// free: never handed out again, and its segment goes back whole when no live block is left.
 #[test]
-fn ipc_export_names_whole_segments_only_and_they_leave_the_pool() {
+fn ipc_exports_name_blocks_and_exported_blocks_are_never_reused() {
     let l = layer(Config::default(), &[4 * GB]);
     let small_a = l.malloc(MB, 0).unwrap();
     let small_b = l.malloc(MB, 0).unwrap();
-    assert_eq!(l.export(small_b), Export::Shared { addr: small_b as u64, size: MB as u64 });
-    assert_eq!(l.export(small_b + 100), Export::Shared { addr: small_b as u64, size: MB as u64 }, "interior pointer");
+    let Export::Shared(b) = l.export(small_b) else { panic!("{:?}", l.export(small_b)) };
+    let segment = l.runtime().allocation_range(small_b).unwrap().0 as u64;
+    assert_eq!((b.addr, b.size, b.offset, b.segment_len), (small_b as u64, MB as u64, small_b as u64 - segment, 20 * MB as u64));
+    assert_eq!(&b.real[..8], b"SIMIPC\0\0", "the segment's own handle");
+    assert_eq!(u64::from_le_bytes(b.real[8..16].try_into().unwrap()), segment);
+    assert_eq!(l.export(small_b + 100), Export::Shared(b), "an interior pointer names its block");
+    assert!(l.mark_shared_export(&b, 7));
+    assert!(!l.mark_shared_export(&b, 8), "named once");
+    let Export::Shared(again) = l.export(small_b) else { panic!() };
+    assert_eq!(again.entry, Some(7), "the entry naming it already");
     let big = l.malloc(64 * MB, 0).unwrap();
     assert_eq!(l.export(big), Export::Whole);
     assert_eq!(l.export(0xdead_0000), Export::NotOurs);
@@ -226,9 +238,26 @@ fn ipc_export_names_whole_segments_only_and_they_leave_the_pool() {
     let again = l.malloc(64 * MB, 0).unwrap();
     assert_eq!(l.runtime().device(0).mallocs, mallocs + 1, "and is never reused from the cache");
     l.free(again).unwrap();
-    l.free(small_a).unwrap();
+    // The exported small block freed: dead, never handed out again while its segment lives.
     l.free(small_b).unwrap();
+    assert_eq!(l.export(small_b), Export::NotLive);
+    assert_eq!(l.free(small_b), Ok(FreeAnswer::Refused), "a dead block freed again");
     l.for_each_pool(|_, p| p.check_invariants().unwrap());
+    let others: Vec<usize> = (0..30).map(|_| l.malloc(MB, 0).unwrap()).collect();
+    assert!(others.iter().all(|&o| o + MB <= small_b || o >= small_b + MB), "no block over the dead one");
+    assert!(others.iter().filter(|&&o| o.abs_diff(small_b) < 20 * MB).count() > 10, "its segment filled around it");
+    l.for_each_pool(|_, p| p.check_invariants().unwrap());
+    for o in others {
+        l.free(o).unwrap();
+    }
+    let frees = l.runtime().device(0).frees;
+    l.free(small_a).unwrap();
+    assert_eq!(l.runtime().device(0).frees, frees + 1, "its segment's last live block: the segment goes back whole");
+    assert!(!l.runtime().is_live(segment as usize));
+    l.for_each_pool(|_, p| {
+        p.check_invariants().unwrap();
+        assert_eq!(p.stats.live_bytes, 0);
+    });
     // Binned: every block is its segment.
     let l = layer(Config { cuda_pool: crate::config::CudaPool::Binned, ..Config::default() }, &[4 * GB]);
     let a = l.malloc(MB, 0).unwrap();
@@ -332,6 +361,7 @@ fn out_of_memory_outside_the_pool_gets_its_cache_back_once() {
     l.free(a).unwrap();
     l.runtime().set_context(Some(0x77)); // a user context on the device: not the pool's
     let b = l.malloc(700 * MB, 0).expect("the pool's segment given back in its own context, then retried");
+    assert!(crate::device::fallback::said(crate::device::fallback::Fallback::OtherContext { device: 0 }), "said once on stderr");
     assert_eq!(l.runtime().last_error(), 0, "no stale error after a recovered OOM");
     assert_eq!(l.malloc(700 * MB, 0), Err(DeviceError::OutOfMemory), "nothing cached: the runtime's answer");
     l.runtime().set_context(None);
@@ -540,6 +570,35 @@ fn a_segment_waiting_for_a_sync_is_looked_at_later_not_at_once() {
     assert_eq!(l.runtime().device(0).frees, 0, "a stream may still use it");
 }
 
+/// Note [No driver call after exit]: once exit began, neither the background pass nor a
+/// neighbour's ask makes a driver call; the program's own calls still work.
+#[test]
+fn after_exit_began_the_background_makes_no_driver_call() {
+    let l = layer(Config { cuda_release_ms: 0, ..Config::default() }, &[1 * GB]);
+    let a = l.malloc(64 * MB, 0).unwrap();
+    let b = l.malloc(64 * MB, 0).unwrap();
+    l.free(a).unwrap();
+    l.free(b).unwrap();
+    assert!(l.stop_background(1_000_000), "no batch under way");
+    let before = l.runtime().device(0);
+    assert_eq!(l.release_idle(), None);
+    assert!(!l.release_for_neighbour(0, u64::MAX));
+    let after = l.runtime().device(0);
+    assert_eq!((after.frees, after.syncs), (before.frees, before.syncs), "not one driver call");
+    assert_eq!(l.trim(), 128 * MB as u64, "the program's own call gives the cache back");
+}
+
+/// A forked child's exit does not wait for a background batch its parent had under way (the
+/// thread that ran it is not the child's).
+#[test]
+fn a_forked_child_does_not_wait_for_its_parents_background_batch() {
+    let l = layer(Config::default(), &[1 * GB]);
+    let batch = l.background_batch().unwrap(); // the parent's thread, mid-batch, at the fork
+    core::mem::forget(batch);
+    l.after_fork_in_child();
+    assert!(l.stop_background(0), "nothing to wait for");
+}
+
 thread_local! {
     /// The layer whose runtime the neighbour of `neighbour_gives_back` shares.
     static ASKER: core::cell::Cell<*const DeviceLayer<SimRuntime>> = const { core::cell::Cell::new(core::ptr::null()) };
@@ -588,10 +647,11 @@ fn a_failed_allocation_asks_the_neighbours_once_and_retries() {
     }
 }
 
-/// Note [Neighbours]: asked, a pool gives back every idle segment at once whatever its age
-/// (the release delay is a minute), counted apart; a segment a live block keeps stays.
+/// Note [Neighbours]: asked, a pool gives back the segments idle since the time given, whatever
+/// the release delay (a minute here), counted apart; a younger idle segment stays (and is said
+/// to be left), and so does one a live block keeps.
 #[test]
-fn a_neighbours_ask_gives_back_every_idle_segment_now() {
+fn a_neighbours_ask_gives_back_what_stayed_idle_long_enough() {
     let l = Box::new(DeviceLayer::new(SimRuntime::new(&[1 * GB]), leak_table, fake_now));
     l.configure(&Config { cuda_release_ms: 60_000, ..Config::default() });
     let big = l.malloc(256 * MB, 0).unwrap();
@@ -599,12 +659,46 @@ fn a_neighbours_ask_gives_back_every_idle_segment_now() {
     let kept = l.malloc(200, 0).unwrap();
     l.free(big).unwrap();
     l.free(small).unwrap();
-    assert_eq!(l.release_for_neighbour(0), 256 * MB as u64, "the small segment holds a live block");
-    let mut stats = (0, 0, 0);
-    l.for_each_pool(|_, p| stats = (p.stats.neighbour_released_bytes, p.stats.idle_released_bytes, p.stats.reserved_bytes));
-    assert_eq!(stats, (256 * MB as u64, 256 * MB as u64, 2 * MB as u64));
+    let freed_at = fake_now();
+    advance_ms(50);
+    let young = l.malloc(300 * MB, 0).unwrap(); // a segment of its own
+    l.free(young).unwrap();
+    let reserved_before = l.runtime().device(0).used;
+    assert!(l.release_for_neighbour(0, freed_at - 1), "idle only since after the cutoff: nothing goes, both are left");
+    assert_eq!(l.runtime().device(0).used, reserved_before);
+    assert!(l.release_for_neighbour(0, freed_at), "the young one is left");
+    let mut stats = (0, 0);
+    l.for_each_pool(|_, p| stats = (p.stats.neighbour_released_bytes, p.stats.idle_released_bytes));
+    assert_eq!(stats, (256 * MB as u64, 256 * MB as u64), "the small segment holds a live block");
     assert_eq!(l.runtime().device(0).frees, 1);
-    assert_eq!(l.release_for_neighbour(0), 0, "nothing idle left");
-    assert_eq!(l.release_for_neighbour(-1) + l.release_for_neighbour(99), 0, "no such device");
+    assert!(!l.release_for_neighbour(0, fake_now()), "the young one goes too; nothing idle left");
+    assert_eq!(l.runtime().device(0).frees, 2);
+    assert!(!l.release_for_neighbour(-1, u64::MAX) && !l.release_for_neighbour(99, u64::MAX), "no such device");
     l.free(kept).unwrap();
+}
+
+#[test]
+fn a_stream_ordered_free_finds_its_block_once() {
+    // One lookup of the block in the pool that owns it, and one in each pool tried before it
+    // (the caller's device first for the pluggable free); before, a free looked its owner up
+    // three times.
+    let l = layer(Config::default(), &[4 * GB, 4 * GB]);
+    let a = l.malloc(MB, 0).unwrap();
+    l.runtime().set_device(1).unwrap();
+    let b = l.malloc(MB, 0).unwrap();
+    let lookups = |l: &DeviceLayer<SimRuntime>| {
+        let mut n = 0;
+        l.for_each_pool(|_, p| n += p.lookups.load(Relaxed));
+        n
+    };
+    let before = lookups(&l);
+    assert_eq!(l.free_async(a, 7), FreeAnswer::Pooled);
+    assert_eq!(lookups(&l) - before, 1, "device 0's block, found in the first pool");
+    let before = lookups(&l);
+    assert_eq!(l.free_async(b, 7), FreeAnswer::Pooled);
+    assert_eq!(lookups(&l) - before, 2, "device 1's block: pool 0 says no, pool 1 takes it");
+    let c = l.malloc(MB, 0).unwrap();
+    let before = lookups(&l);
+    assert_eq!(l.free_on_stream(c, 1, 7), FreeAnswer::Pooled);
+    assert_eq!(lookups(&l) - before, 1, "the caller's device is tried first");
 }

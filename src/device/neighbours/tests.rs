@@ -27,9 +27,9 @@ fn an_ask_reaches_the_live_processes_on_the_same_gpu_only() {
     r.enter(c, GPU).unwrap();
     let mut out = [Asked::default(); 4];
     // Process 100 asks: not itself, not 200 (another GPU), not 300 when it died.
-    assert_eq!(r.ask(100, GPU, |pid| pid != 300, &mut out), 0);
-    let n = r.ask(100, GPU, |_| true, &mut out);
-    assert_eq!(&out[..n], &[Asked { slot: c, ticket: 1 }]);
+    assert_eq!(r.ask(100, GPU, |_, pid| pid != 300, &mut out), 0);
+    let n = r.ask(100, GPU, |_, _| true, &mut out);
+    assert_eq!(&out[..n], &[Asked { slot: c, pid: 300, ticket: 1 }]);
     assert!(!r.answered(out[0]));
     // The owner of c sees device entry 0 wanted, serves, answers the doorbell it read.
     let mut seen = [0; DEVICES];
@@ -49,7 +49,7 @@ fn an_ask_after_the_owner_read_its_doorbell_waits_for_the_next_answer() {
     let bell = r.doorbell(c).unwrap().load(Acquire);
     r.take_wanted(c, &mut seen);
     let mut out = [Asked::default(); 1];
-    r.ask(1, GPU, |_| true, &mut out);
+    r.ask(1, GPU, |_, _| true, &mut out);
     r.answer(c, bell);
     assert!(!r.answered(out[0]), "served before the ask: not its answer");
     let bell = r.doorbell(c).unwrap().load(Acquire);
@@ -70,7 +70,7 @@ fn a_dead_processs_slot_is_taken_with_its_devices_forgotten() {
     let taken = r.claim(999, |pid| pid != 100).unwrap();
     assert_eq!(taken, old);
     let mut out = [Asked::default(); 4];
-    assert_eq!(r.ask(1, GPU, |_| true, &mut out), 0, "the dead process's GPU is not the new one's");
+    assert_eq!(r.ask(1, GPU, |_, _| true, &mut out), 0, "the dead process's GPU is not the new one's");
     assert_eq!(r.claim(999, |_| true), Some(taken), "a pid holds one slot");
 }
 
@@ -84,7 +84,7 @@ fn garbage_in_the_file_never_indexes_or_sizes_anything() {
     r.slots[c].answered.store(12345, Relaxed);
     r.slots[c].devices[0].wanted.store(0x7fff_0000, Relaxed);
     let mut out = [Asked::default(); 2];
-    let n = r.ask(1, GPU, |_| true, &mut out);
+    let n = r.ask(1, GPU, |_, _| true, &mut out);
     assert_eq!(n, 1);
     assert_eq!(out[0].ticket, 0, "the doorbell wrapped");
     let mut seen = [0; DEVICES];
@@ -102,4 +102,22 @@ fn counters_compare_across_the_wrap() {
     assert!(reached(3, u32::MAX));
     assert!(!reached(u32::MAX, 3));
     assert!(reached(5, 5));
+}
+
+#[test]
+fn an_ask_reaches_every_process_the_table_holds() {
+    // Issue 36: asks stopped at 16; every slot's process is asked now.
+    let r = registry();
+    for pid in 1..=SLOTS as u32 {
+        let s = r.claim(pid, |_| true).unwrap();
+        r.enter(s, GPU).unwrap();
+    }
+    let mut out = [Asked::default(); SLOTS];
+    assert_eq!(r.ask(1, GPU, |_, _| true, &mut out), SLOTS - 1);
+    assert!(out.iter().take(SLOTS - 1).all(|a| a.pid != 1 && r.pid(a.slot) == a.pid));
+    // A process let the last ask wait out its bound: it is skipped by slot and pid.
+    let silent = out[40];
+    assert_eq!(r.ask(1, GPU, |slot, pid| (slot, pid) != (silent.slot, silent.pid), &mut out), SLOTS - 2);
+    r.leave(silent.slot, silent.pid);
+    assert_eq!(r.pid(silent.slot), 0, "left: free for the next process");
 }

@@ -1,7 +1,7 @@
 //! Pinned host memory served for the device: the device layer's cudaHostAlloc / cudaFreeHost
 //! through the pinned cache (cache.rs), with every runtime call outside the cache's lock, as for
-//! device blocks (device_layer.rs). A pinned block freed into the cache and freed again is
-//! refused (Note [Unexpected frees] in device_layer.rs).
+//! device blocks (device_layer/). A pinned block freed into the cache and freed again is
+//! refused (Note [Unexpected frees] in device_layer/free.rs).
 
 use crate::device::device_layer::{DeviceLayer, FreeAnswer};
 use crate::backing::{DeviceError, DeviceRuntime};
@@ -12,7 +12,11 @@ use core::sync::atomic::Ordering::Relaxed;
 impl<R: DeviceRuntime> DeviceLayer<R> {
     /// cudaHostAlloc / cudaMallocHost through the pinned cache, for `holder` (Note [Holders]).
     pub fn host_alloc(&self, size: usize, flags: u32, holder: u64) -> Result<usize, DeviceError> {
-        if !self.enabled() || !self.pinned.lock().init(self.pinned_limit_bytes.load(Relaxed), self.table_source) {
+        if !self.enabled() {
+            return self.runtime.host_alloc(size, flags);
+        }
+        if !self.pinned.lock().init(self.pinned_limit_bytes.load(Relaxed), self.table_source) {
+            crate::device::fallback::say(crate::device::fallback::Fallback::PinnedTables);
             return self.runtime.host_alloc(size, flags);
         }
         if !self.used.load(Relaxed) {

@@ -1,8 +1,24 @@
 //! The pool's free lists and carving: finding a fit, taking a block (split, carved from the tail
-//! at a segment's base: Note [Frees that bypass us] in device/pool/mod.rs), and merging free neighbours.
+//! at a segment's base: Note [Frees that bypass us]), merging free neighbours, and making every
+//! free block reusable after a synchronization (Note [Safe reuse]).
 //! Bookkeeping only, under the pool's lock; never calls CUDA.
 
 use super::*;
+
+// Note [Frees that bypass us]
+// A plugin loaded with RTLD_DEEPBIND and linked with -lcuda binds its cuMemFree_v2 to the driver
+// itself, past our symbols (its allocations are the driver's, untouched by us). Freeing a block
+// the pool gave the main program, it reaches the driver, which frees only a pointer that is an
+// allocation's base, our segment's, with every block in it. So a split pool never hands out a
+// segment's base unless the block is the whole segment: a request is carved from the tail of a
+// free block that starts a segment, and a free head is taken only with room left before the
+// carved block. The driver then refuses such a free with invalid value, as it does for any
+// pointer inside an allocation, and no live neighbour dies. A whole-segment block (binned
+// blocks, large ones) freed that way frees exactly itself, as without us; the pool's record of it
+// stays live, so the pool never hands it out again (if the driver reuses the address, a free of
+// that new allocation through us is taken for the old block's: a limit, for programs that free
+// the pool's blocks past it). Cost: no device memory; at most one block's room per segment for
+// requests that divide a segment exactly (three 512 KiB blocks per 2 MiB segment, not four).
 
 impl DevicePool {
     pub(super) fn usable(&self, b: &Block, need: u64, tag: u64) -> bool {
@@ -213,5 +229,31 @@ impl DevicePool {
             }
         }
         i
+    }
+
+    /// The caller synchronized the device: every free block becomes reusable by anyone.
+    pub fn mark_all_synced(&mut self) {
+        self.stats.syncs += 1;
+        if self.pending_free_bytes == 0 && self.other_tag_free_bytes == 0 {
+            return;
+        }
+        for small in [false, true] {
+            for bin in 0..BINS {
+                loop {
+                    // Take one tagged block from this bin, retag and merge it, relink it.
+                    let mut i = self.bin_head(small, bin);
+                    while i != NONE && self.blocks.get(i).tag == SYNCED {
+                        i = self.blocks.get(i).bin_next;
+                    }
+                    if i == NONE {
+                        break;
+                    }
+                    self.unlink(i);
+                    self.blocks.get_mut(i).tag = SYNCED;
+                    let merged = self.merge_neighbours(i);
+                    self.link(merged);
+                }
+            }
+        }
     }
 }

@@ -73,6 +73,15 @@ impl DevicePool {
         self.chunk_bytes
     }
 
+    /// The first reservation was refused (Note [Expandable segments]): with no range yet, the pool
+    /// goes on with classic segments, for good. False when it holds a range already.
+    pub fn fall_back_to_classic(&mut self) -> bool {
+        if self.range_count == 0 {
+            self.chunk_bytes = 0;
+        }
+        !self.expandable()
+    }
+
     /// The reserved range containing `addr`.
     fn range_containing(&self, addr: u64) -> Option<&Range> {
         self.ranges.iter().take(self.range_count).find(|r| addr.wrapping_sub(r.base) < r.len)
@@ -105,7 +114,7 @@ impl DevicePool {
                 return false; // never reused: the table only grows until forget_all
             }
         }
-        let block = Block { addr: base, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0, holder: 0, exported: false, buffer_id: 0 };
+        let block = Block { addr: base, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0, holder: 0, exported: false, dead: false, ipc_entry: NONE, buffer_id: 0 };
         let Some(i) = self.blocks.insert(block) else { return false };
         if !self.segments.insert(base, i) {
             self.blocks.remove(i);

@@ -36,8 +36,8 @@ impl DevicePool {
                 }
             }
         }
-        if free_bytes + self.stats.live_bytes != self.stats.reserved_bytes {
-            return Err(format!("free {free_bytes} + live {} != reserved {}", self.stats.live_bytes, self.stats.reserved_bytes));
+        if free_bytes + self.stats.live_bytes + self.dead_bytes != self.stats.reserved_bytes {
+            return Err(format!("free {free_bytes} + live {} + dead {} != reserved {}", self.stats.live_bytes, self.dead_bytes, self.stats.reserved_bytes));
         }
         if pending != self.pending_free_bytes {
             return Err("pending byte count is off".into());

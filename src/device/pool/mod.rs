@@ -16,19 +16,6 @@
 // cudaMalloc (SYNCED request) also asks for a sync when blocks freed on streams
 // (cudaFreeAsync) would fit.
 //
-// Note [IPC]
-// An IPC handle names a whole runtime allocation, our segment: the peer maps all of it from its
-// base. So a handle is handed out only for a block that is a whole segment (binned blocks always
-// are; split blocks when they were not split), and that segment never returns to the cache: its
-// free gives it back to the runtime, so no later block can be read through an old handle.
-//
-// Note [Buffer ids]
-// The runtime gives every allocation an id (CU_POINTER_ATTRIBUTE_BUFFER_ID) that no other
-// allocation ever has; libraries that cache registrations of memory (NCCL, UCX, MPI) key them by
-// it, so a block handed out again must not keep the id of its last life, and two blocks of one
-// segment must not share the segment's. Each allocation of a block takes the pool's next number;
-// the layer makes it an id no other pool and no runtime allocation has.
-//
 // Note [Context lifetime]
 // A device reset, a context destroy, or the last release of a primary context frees every
 // allocation of that context behind our back.
@@ -39,22 +26,6 @@
 // reset, a primary context released to zero), before the handle can name another. The pool
 // records its owner under its own lock, bound by its first segment (`bind`) and checked at every
 // hand-out (`serves`): two contexts racing their first allocation never share a pool.
-
-//
-// Note [Frees that bypass us]
-// A plugin loaded with RTLD_DEEPBIND and linked with -lcuda binds its cuMemFree_v2 to the driver
-// itself, past our symbols (its allocations are the driver's, untouched by us). Freeing a block
-// the pool gave the main program, it reaches the driver, which frees only a pointer that is an
-// allocation's base, our segment's, with every block in it. So a split pool never hands out a
-// segment's base unless the block is the whole segment: a request is carved from the tail of a
-// free block that starts a segment, and a free head is taken only with room left before the
-// carved block. The driver then refuses such a free with invalid value, as it does for any
-// pointer inside an allocation, and no live neighbour dies. A whole-segment block (binned
-// blocks, large ones) freed that way frees exactly itself, as without us; the pool's record of it
-// stays live, so the pool never hands it out again (if the driver reuses the address, a free of
-// that new allocation through us is taken for the old block's: a limit, for programs that free
-// the pool's blocks past it). Cost: no device memory; at most one block's room per segment for
-// requests that divide a segment exactly (three 512 KiB blocks per 2 MiB segment, not four).
 
 use super::table::{AddrMap, Slab, NONE};
 use crate::backing::TableSource;
@@ -108,9 +79,12 @@ struct Block {
     born_ns: u64,
     /// Its holder word while live (Note [Holders]).
     holder: u64,
-    /// An IPC handle names this block (a whole segment): on free the segment goes back to the
-    /// runtime instead of the cache (Note [IPC]).
+    /// An IPC handle names this block (Note [IPC]): its free leaves it dead, never reused.
     exported: bool,
+    /// Freed after an export (Note [IPC]): out of every list until its segment goes back.
+    dead: bool,
+    /// The IPC registry entry its handle names (Note [IPC]); NONE: the driver's own handle.
+    ipc_entry: u32,
     /// Note [Buffer ids]: this pool's number for the block's current life.
     buffer_id: u64,
 }
@@ -130,28 +104,6 @@ pub enum Alloc {
     Untracked,
 }
 
-/// Why idle segments go back to the driver (the stats count each way apart).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Release {
-    /// Idle for the release delay.
-    Time,
-    /// Idle for a second on a device short of memory.
-    Pressure,
-    /// Another process on the GPU is short of memory and asked (Note [Neighbours]).
-    Neighbour,
-}
-
-/// What `release_idle_segments` did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IdleRelease {
-    /// Segments put in `out`.
-    pub count: usize,
-    /// The stamp of the oldest whole free segment left (synchronized), if any.
-    pub oldest_left_ns: Option<u64>,
-    /// A whole free segment waits for a synchronization (a stream may still use it).
-    pub pending_left: bool,
-}
-
 /// What a free did with a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Freed {
@@ -160,23 +112,13 @@ pub struct Freed {
     pub holder: u64,
     /// A segment that left the pool (Note [IPC]): the caller gives it back to the runtime.
     pub release: Option<(u64, u64)>,
+    /// The IPC registry entry the block's handle named (Note [IPC]): withdrawn by the caller.
+    pub ipc_entry: Option<u32>,
     /// The free left its whole segment free: it may go back to the driver once idle (Note
     /// [Idle segments]).
     pub segment_idle: bool,
     /// When (the caller's `now_ns`).
     pub freed_ns: u64,
-}
-
-/// A block that contains an address, for pointer queries and IPC.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BlockView {
-    pub addr: u64,
-    pub size: u64,
-    pub allocated: bool,
-    /// The block is its segment, whole: an IPC handle would name exactly it.
-    pub whole_segment: bool,
-    /// Note [Buffer ids]: new at every allocation of the block (0 while it is free).
-    pub buffer_id: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -229,6 +171,12 @@ pub struct DevicePool {
     ready: bool,
     /// A segment was just added for the request being served: its next allocation is a miss.
     serving_miss: bool,
+    /// Note [IPC]: blocks freed after an export, and their bytes (still reserved).
+    dead_blocks: u64,
+    dead_bytes: u64,
+    /// Tests: how many times a block was looked up by its address (a free finds it once).
+    #[cfg(test)]
+    pub lookups: core::sync::atomic::AtomicU64,
     /// Note [Expandable segments] (chunks.rs): the chunk size; 0 in classic mode.
     chunk_bytes: u64,
     chunks: Slab<chunks::Chunk>,
@@ -289,6 +237,10 @@ impl DevicePool {
             },
             ready: false,
             serving_miss: false,
+            dead_blocks: 0,
+            dead_bytes: 0,
+            #[cfg(test)]
+            lookups: core::sync::atomic::AtomicU64::new(0),
             chunk_bytes: 0,
             chunks: Slab::empty(),
             ranges: [chunks::Range { base: 0, len: 0, first_chunk: 0 }; chunks::MAX_RANGES],
@@ -331,48 +283,6 @@ impl DevicePool {
     /// Bytes reserved from the device but not handed out: memory cudaMemGetInfo reports as free.
     pub fn cached_bytes(&self) -> u64 {
         self.stats.reserved_bytes - self.stats.live_bytes
-    }
-
-    /// Bytes in segments with no live block: what giving the cache back returns to the driver
-    /// (the free part of a partly used segment never leaves it, and can never hold a block
-    /// larger than itself).
-    pub fn releasable_bytes(&self) -> u64 {
-        if self.expandable() {
-            return self.idle_chunk_bytes();
-        }
-        let mut total = 0;
-        self.segments.for_each(|_, first| {
-            let b = self.blocks.get(first);
-            if !b.allocated && b.seg_next == NONE {
-                total += b.size;
-            }
-        });
-        total
-    }
-
-    /// The largest free block (0 with none): a request larger than it needs a new segment
-    /// however much is cached (fragmentation, for the out-of-memory report).
-    pub fn largest_free_bytes(&self) -> u64 {
-        if self.expandable() {
-            // Address space is never short: what one request can get is what the idle chunks hold.
-            return self.idle_chunk_bytes();
-        }
-        let mut largest = 0;
-        self.segments.for_each(|_, first| {
-            let mut i = first;
-            while i != NONE {
-                let b = self.blocks.get(i);
-                if !b.allocated {
-                    largest = largest.max(b.size);
-                }
-                i = b.seg_next;
-            }
-        });
-        largest
-    }
-
-    pub fn owns(&self, addr: u64) -> bool {
-        self.live.get(addr).is_some()
     }
 
     /// The size actually reserved for a request; None past MAX_POOLED_BYTES.
@@ -459,7 +369,7 @@ impl DevicePool {
 
     /// Records a segment the caller mapped after `NeedSegment`.
     pub fn add_segment(&mut self, addr: u64, len: u64, small: bool) -> bool {
-        let block = Block { addr, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0, holder: 0, exported: false, buffer_id: 0 };
+        let block = Block { addr, size: len, seg_prev: NONE, seg_next: NONE, bin_prev: NONE, bin_next: NONE, allocated: false, small, tag: SYNCED, born_ns: 0, holder: 0, exported: false, dead: false, ipc_entry: NONE, buffer_id: 0 };
         let Some(i) = self.blocks.insert(block) else { return false };
         if !self.segments.insert(addr, i) {
             self.blocks.remove(i);
@@ -474,31 +384,13 @@ impl DevicePool {
         true
     }
 
-    // Note [Idle segments]
-    // A segment with no live block that stays so for the release delay goes back to the driver,
-    // from the background thread (DeviceLayer::release_idle), so that other processes on the
-    // GPU get what we hold idle. A free stamps the free block it leaves with the time (the
-    // block's `born_ns`, which only live blocks use otherwise); a segment is idle when its one
-    // block is free, synchronized (no stream may still use it: Note [Safe reuse]; a pending one
-    // waits for the next synchronization) and stamped before the cutoff. A loop that reuses its
-    // blocks every step never leaves one idle that long, so it never pays a driver call.
-    // Under pressure (the driver reports less than TENSORMALLOC_CUDA_RELEASE_BELOW percent of the
-    // device free: another process needs memory) the delay is one second: while idle segments
-    // are held, the background thread asks the driver about once a second (one cuMemGetInfo).
-    // A loop whose steps reuse a segment within a second still never pays; a process that leaves
-    // memory idle longer than that on a full device gives it to whoever is waiting for it. The
-    // stats count these releases apart (`pressure_released_bytes`).
-    // The background thread frees what it took out in the pool's context, after checking that no
-    // reset or end of that context came meanwhile (the generation); a context's end through us
-    // (cuCtxDestroy, a primary reset or release) first waits for a release under way to finish
-    // (DeviceLayer::lock_between_releases), so the check and the frees are never split by it.
-    // Not covered: a primary context released to zero by a call that does not come through us
-    // right between the check and a free, and re-created with an allocation at that very address
-    // within those microseconds.
-
     /// Takes a block back at `now_ns`; `None` when `addr` is not a live block of this pool.
     pub fn free(&mut self, addr: u64, tag: u64, now_ns: u64) -> Option<Freed> {
+        self.looked_up();
         let i = self.live.remove(addr)?;
+        if self.blocks.get(i).exported {
+            return Some(self.retire_exported(i, now_ns));
+        }
         let b = {
             let r = self.blocks.get_mut(i);
             r.allocated = false;
@@ -506,73 +398,16 @@ impl DevicePool {
             *r
         };
         self.stats.live_bytes -= b.size;
-        if b.exported {
-            // Note [IPC]: a whole segment, never merged or split; it leaves the pool.
-            self.segments.remove(b.addr);
-            self.blocks.remove(i);
-            self.stats.reserved_bytes -= b.size;
-            self.stats.segments_released += 1;
-            return Some(Freed { size: b.size, holder: b.holder, release: Some((b.addr, b.size)), segment_idle: false, freed_ns: now_ns });
-        }
         let chunk_idle = self.expandable() && self.untouch(b.addr, b.size, now_ns);
         let merged = self.merge_neighbours(i);
         self.link(merged);
         let m = self.blocks.get_mut(merged);
         m.born_ns = now_ns;
         let segment_idle = chunk_idle || (m.seg_prev == NONE && m.seg_next == NONE && self.chunk_bytes == 0);
-        Some(Freed { size: b.size, holder: b.holder, release: None, segment_idle, freed_ns: now_ns })
-    }
-
-    /// The block of segment `segment_base` that contains `addr`; `None` when that segment is
-    /// not ours or `addr` lies outside it.
-    pub fn block_at(&self, segment_base: u64, addr: u64) -> Option<BlockView> {
-        let mut i = self.segments.get(segment_base)?;
-        loop {
-            let b = self.blocks.get(i);
-            if addr < b.addr {
-                return None;
-            }
-            if addr - b.addr < b.size {
-                let whole_segment = b.seg_prev == NONE && b.seg_next == NONE;
-                let buffer_id = if b.allocated { b.buffer_id } else { 0 };
-                return Some(BlockView { addr: b.addr, size: b.size, allocated: b.allocated, whole_segment, buffer_id });
-            }
-            if b.seg_next == NONE {
-                return None;
-            }
-            i = b.seg_next;
-        }
-    }
-
-    /// Looks a live block up by its start.
-    pub fn live_block(&self, addr: u64) -> Option<BlockView> {
-        let b = self.blocks.get(self.live.get(addr)?);
-        Some(BlockView { addr: b.addr, size: b.size, allocated: true, whole_segment: b.seg_prev == NONE && b.seg_next == NONE, buffer_id: b.buffer_id })
-    }
-
-    /// Whether `addr` is the base of one of our segments.
-    pub fn has_segment(&self, addr: u64) -> bool {
-        self.segments.get(addr).is_some()
-    }
-
-    /// Whether `addr` may lie inside one of our segments (false: it certainly does not).
-    pub fn may_contain(&self, addr: u64) -> bool {
-        self.span.0 <= addr && addr < self.span.1
-    }
-
-    /// Marks the live block starting at `addr`, a whole segment, as named by an IPC handle
-    /// (Note [IPC]); false when it is not such a block.
-    pub fn mark_exported(&mut self, addr: u64) -> bool {
-        let Some(i) = self.live.get(addr) else { return false };
-        let b = self.blocks.get_mut(i);
-        if b.seg_prev != NONE || b.seg_next != NONE {
-            return false;
-        }
-        if !b.exported {
-            b.exported = true;
-            self.stats.ipc_exports += 1;
-        }
-        true
+        // Note [IPC]: the last live block of a segment that holds dead ones takes it back.
+        let release = if self.dead_blocks > 0 { self.release_if_dead(merged) } else { None };
+        let segment_idle = segment_idle && release.is_none();
+        Some(Freed { size: b.size, holder: b.holder, release, segment_idle, freed_ns: now_ns, ipc_entry: None })
     }
 
     /// Bumped by every `forget_all`.
@@ -591,6 +426,8 @@ impl DevicePool {
         self.pending_free_bytes = 0;
         self.other_tag_free_bytes = 0;
         self.serving_miss = false;
+        self.dead_blocks = 0;
+        self.dead_bytes = 0;
         self.chunks.clear();
         self.range_count = 0;
         self.idle_chunks = 0;
@@ -601,109 +438,6 @@ impl DevicePool {
         self.stats.resets += 1;
         self.generation += 1;
         self.owner = 0;
-    }
-
-    /// The caller synchronized the device: every free block becomes reusable by anyone.
-    pub fn mark_all_synced(&mut self) {
-        self.stats.syncs += 1;
-        if self.pending_free_bytes == 0 && self.other_tag_free_bytes == 0 {
-            return;
-        }
-        for small in [false, true] {
-            for bin in 0..BINS {
-                loop {
-                    // Take one tagged block from this bin, retag and merge it, relink it.
-                    let mut i = self.bin_head(small, bin);
-                    while i != NONE && self.blocks.get(i).tag == SYNCED {
-                        i = self.blocks.get(i).bin_next;
-                    }
-                    if i == NONE {
-                        break;
-                    }
-                    self.unlink(i);
-                    self.blocks.get_mut(i).tag = SYNCED;
-                    let merged = self.merge_neighbours(i);
-                    self.link(merged);
-                }
-            }
-        }
-    }
-
-    /// Removes up to `out.len()` fully free segments (at most `max_bytes` in all) and writes
-    /// their (address, length) to `out` for the caller to cudaFree; returns how many.
-    pub fn release_free_segments(&mut self, max_bytes: u64, out: &mut [(u64, u64)]) -> usize {
-        let mut count = 0;
-        let mut released = 0u64;
-        for small in [false, true] {
-            for bin in (0..BINS).rev() {
-                let mut i = self.bin_head(small, bin);
-                while i != NONE && count < out.len() && released < max_bytes {
-                    let b = *self.blocks.get(i);
-                    let next = b.bin_next;
-                    if b.seg_prev == NONE && b.seg_next == NONE {
-                        self.unlink(i);
-                        self.segments.remove(b.addr);
-                        self.blocks.remove(i);
-                        if let Some(slot) = out.get_mut(count) {
-                            *slot = (b.addr, b.size);
-                        }
-                        count += 1;
-                        released += b.size;
-                        self.stats.reserved_bytes -= b.size;
-                        self.stats.segments_released += 1;
-                    }
-                    i = next;
-                }
-            }
-        }
-        count
-    }
-
-    /// Takes out of the pool, into `out`, the idle segments (Note [Idle segments]) free since
-    /// `cutoff_ns` or before, counted as released for `why`.
-    pub fn release_idle_segments(&mut self, cutoff_ns: u64, why: Release, out: &mut [(u64, u64)]) -> IdleRelease {
-        let mut count = 0;
-        let mut next = None::<u64>;
-        let mut pending = false;
-        for small in [false, true] {
-            for bin in 0..BINS {
-                let mut i = self.bin_head(small, bin);
-                while i != NONE {
-                    let b = *self.blocks.get(i);
-                    let whole = b.seg_prev == NONE && b.seg_next == NONE;
-                    if whole && b.tag == SYNCED && b.born_ns <= cutoff_ns && count < out.len() {
-                        self.unlink(i);
-                        self.segments.remove(b.addr);
-                        self.blocks.remove(i);
-                        if let Some(slot) = out.get_mut(count) {
-                            *slot = (b.addr, b.size);
-                        }
-                        count += 1;
-                        self.stats.reserved_bytes -= b.size;
-                        self.stats.segments_released += 1;
-                        self.stats.idle_released_segments += 1;
-                        self.stats.idle_released_bytes += b.size;
-                        match why {
-                            Release::Time => {}
-                            Release::Pressure => {
-                                self.stats.pressure_released_segments += 1;
-                                self.stats.pressure_released_bytes += b.size;
-                            }
-                            Release::Neighbour => {
-                                self.stats.neighbour_released_segments += 1;
-                                self.stats.neighbour_released_bytes += b.size;
-                            }
-                        }
-                    } else if whole && b.tag == SYNCED {
-                        next = Some(next.map_or(b.born_ns, |n| n.min(b.born_ns)));
-                    } else if whole {
-                        pending = true;
-                    }
-                    i = b.bin_next;
-                }
-            }
-        }
-        IdleRelease { count, oldest_left_ns: next, pending_left: pending }
     }
 
     /// Calls `f(addr, size, born_ns)` for every live block (the leak report).
@@ -722,6 +456,12 @@ impl Default for DevicePool {
 }
 
 mod blocks;
+
+mod pointers;
+pub use pointers::BlockView;
+
+mod release;
+pub use release::{IdleRelease, Release};
 
 pub mod chunks;
 

@@ -6,7 +6,7 @@
 //! second time). With no driver to reach, the answer is "not initialized".
 
 use crate::record::holders::Asker;
-use super::{answer_free, export_checked, pool_on, pool_ready, pool_answers, without_context, FreeOf};
+use super::{answer_free, pool_on, pool_ready, pool_answers, without_context, FreeOf};
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
 use crate::device::device_layer::RangeAnswer;
 use crate::sys::cuda_driver::{driver, DriverFns};
@@ -203,19 +203,6 @@ pub unsafe fn ctx_destroy(ctx: *mut c_void, spelling: Spelling<unsafe extern "C"
     rc
 }
 
-/// Note [IPC] (device/pool/mod.rs).
-///
-/// # Safety
-/// As cuIpcGetMemHandle: `handle` points to a CUipcMemHandle.
-pub unsafe fn ipc_get_mem_handle(handle: *mut c_void, ptr: u64) -> c_int {
-    let Some(get) = real(|d| d.ipc_get_mem_handle) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pool_answers()) else { return get(handle, ptr) };
-    match export_checked("cuIpcGetMemHandle", ptr as usize) {
-        Ok(()) => get(handle, ptr),
-        Err(()) => CUDA_ERROR_INVALID_VALUE,
-    }
-}
-
 /// Our block's start and size for a pooled pointer, not the segment the driver sees.
 ///
 /// # Safety
@@ -245,7 +232,7 @@ pub unsafe fn address_range(base: *mut u64, size: *mut usize, ptr: u64) -> c_int
 }
 
 /// The range and buffer-id attributes answer for our block (Note [Buffer ids] in
-/// device/pool/mod.rs); every other attribute is the driver's.
+/// device/pool/pointers.rs); every other attribute is the driver's.
 ///
 /// # Safety
 /// As cuPointerGetAttribute.

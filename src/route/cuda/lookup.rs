@@ -39,6 +39,8 @@ fn versioned(base: &[u8], cuda_version: c_int, per_thread: bool) -> Option<&'sta
         b"cuMemHostAlloc" => Some(b"cuMemHostAlloc"),
         b"cuMemFreeHost" => Some(b"cuMemFreeHost"),
         b"cuIpcGetMemHandle" => Some(b"cuIpcGetMemHandle"),
+        b"cuIpcOpenMemHandle" => at(11000, b"cuIpcOpenMemHandle_v2", b"cuIpcOpenMemHandle"),
+        b"cuIpcCloseMemHandle" => Some(b"cuIpcCloseMemHandle"),
         b"cuPointerGetAttribute" => Some(b"cuPointerGetAttribute"),
         b"cuPointerGetAttributes" => Some(b"cuPointerGetAttributes"),
         _ => None,

@@ -4,7 +4,7 @@
 //! the real function (`sys::reentry`); with no runtime to reach, the answer is "not initialized".
 
 use crate::record::holders::Asker;
-use super::{answer_free, context_bound, export_checked, runtime_ready, warn_refused, FreeOf};
+use super::{answer_free, context_bound, runtime_ready, warn_refused, FreeOf};
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_SUCCESS};
 use crate::device::device_layer::FreeAnswer;
 use crate::sys::cuda_runtime::{real, CudaFns, FreeAsyncFn};
@@ -20,7 +20,7 @@ const NO_RUNTIME: c_int = CUDA_ERROR_INITIALIZATION;
 /// a free of address 1 (no allocation is there: invalid value) or an allocation no device can
 /// hold (out of memory). The runtime's driver calls meet our re-entry guard and go straight to
 /// the driver. Error paths only.
-fn as_the_runtime(rt: &CudaFns, code: c_int) -> c_int {
+pub(super) fn as_the_runtime(rt: &CudaFns, code: c_int) -> c_int {
     // SAFETY: calls of the real runtime with arguments it refuses without touching memory.
     unsafe {
         match code {
@@ -180,22 +180,6 @@ pub unsafe fn device_reset() -> c_int {
         DEVICE.forget_primary(d);
     }
     rc
-}
-
-/// Note [IPC]: a handle names a whole runtime allocation. A pooled block that is its own segment
-/// gets the runtime's handle (and its segment never returns to the cache); a block sharing a
-/// segment is refused, since the peer would map its neighbours.
-///
-/// # Safety
-/// As cudaIpcGetMemHandle: `handle` points to a cudaIpcMemHandle_t.
-pub unsafe fn ipc_get_mem_handle(handle: *mut c_void, ptr: *mut c_void) -> c_int {
-    let Some(rt) = real() else { return NO_RUNTIME };
-    let Some(get) = rt.ipc_get_mem_handle else { return NO_RUNTIME };
-    let Some(_entered) = reentry::enter() else { return get(handle, ptr) };
-    match export_checked("cudaIpcGetMemHandle", ptr as usize) {
-        Ok(()) => get(handle, ptr),
-        Err(()) => as_the_runtime(rt, CUDA_ERROR_INVALID_VALUE),
-    }
 }
 
 /// A pooled pointer returns to our pool, reusable on `stream` at once and by others after a

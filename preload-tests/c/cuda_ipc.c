@@ -1,0 +1,151 @@
+/* Issue 36, item 3: CUDA IPC of pooled blocks between two processes over the stand-in driver and
+ * runtime (c/fakecuda.c, c/fakecudart.c: simulators). argv[1] is the role, argv[2] the API the
+ * handles go through ("runtime": cudaIpc*, "driver": cuIpc*).
+ *   send     allocates two blocks of each size in TM_TEST_SIZES (KiB, comma-separated; blocks of
+ *            one size side by side, so small ones share segments), fills each with its own byte
+ *            (a stand-in kernel), exports each and prints "block I SIZE VALUE HEX" (HEX: the
+ *            handle; "refused RC" when the export was refused), then "ready"; then obeys stdin:
+ *            "check" prints "written I yes|no" (whether the receiver's write of VALUE^0x5a reached
+ *            the block's last byte), "free I" frees block I and fills a new block of its size
+ *            with 0xee ("freed"), "exit" ends.
+ *   receive  reads "block ..." lines until "end"; for each, opens the handle and prints
+ *            "open I ok" (the block's first, middle and last bytes hold VALUE), "open I wrong"
+ *            (they do not: other memory) or "open I rc RC" (refused); on an open block it
+ *            writes VALUE^0x5a at the last byte; once all are open, closes each ("close I rc RC"). */
+#include <string.h>
+#include "check.h"
+#include "standin.h"
+
+typedef struct { char reserved[64]; } CUipcMemHandle;
+typedef unsigned long long CUdeviceptr;
+int cudaMalloc(void **, size_t);
+int cudaFree(void *);
+int cudaSetDevice(int);
+int cudaGetLastError(void);
+int cudaIpcGetMemHandle(CUipcMemHandle *, void *);
+int cudaIpcOpenMemHandle(void **, CUipcMemHandle, unsigned);
+int cudaIpcCloseMemHandle(void *);
+int cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
+int cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned);
+int cuIpcCloseMemHandle(CUdeviceptr);
+
+static int by_driver;
+
+static void to_hex(const CUipcMemHandle *h, char *out) {
+    for (int i = 0; i < 64; i++) sprintf(out + 2 * i, "%02x", (unsigned char)h->reserved[i]);
+}
+
+static void from_hex(const char *s, CUipcMemHandle *h) {
+    CHECK(strlen(s) >= 128);
+    for (int i = 0; i < 64; i++) {
+        unsigned v;
+        CHECK(sscanf(s + 2 * i, "%2x", &v) == 1);
+        h->reserved[i] = (char)v;
+    }
+}
+
+#define MAX_BLOCKS 64
+static void *blocks[MAX_BLOCKS];
+static size_t sizes[MAX_BLOCKS];
+static int values[MAX_BLOCKS];
+
+static void send(void) {
+    const char *list = getenv("TM_TEST_SIZES");
+    CHECK(list);
+    char copy[512];
+    snprintf(copy, sizeof copy, "%s", list);
+    int n = 0;
+    for (char *tok = strtok(copy, ","); tok && n + 2 <= MAX_BLOCKS; tok = strtok(NULL, ",")) {
+        size_t size = strtoull(tok, NULL, 10) * 1024;
+        for (int k = 0; k < 2; k++, n++) {
+            CHECK(cudaMalloc(&blocks[n], size) == 0);
+            sizes[n] = size;
+            values[n] = 0x10 + n;
+            CHECK(fakecuda_launch_memset(blocks[n], values[n], size) == 0);
+        }
+    }
+    CHECK(cudaDeviceSynchronize() == 0);
+    for (int i = 0; i < n; i++) {
+        CUipcMemHandle h;
+        memset(&h, 0, sizeof h);
+        int rc = by_driver ? cuIpcGetMemHandle(&h, (CUdeviceptr)(uintptr_t)blocks[i]) : cudaIpcGetMemHandle(&h, blocks[i]);
+        if (rc) {
+            cudaGetLastError();
+            printf("refused %d\n", rc);
+            continue;
+        }
+        char hex[129];
+        to_hex(&h, hex);
+        printf("block %d %zu %d %s\n", i, sizes[i], values[i], hex);
+    }
+    printf("ready\n");
+    fflush(stdout);
+    char line[256];
+    while (fgets(line, sizeof line, stdin)) {
+        int i;
+        if (!strncmp(line, "check", 5)) {
+            for (int k = 0; k < n; k++) printf("written %d %s\n", k, byte_at((char *)blocks[k] + sizes[k] - 1) == (values[k] ^ 0x5a) ? "yes" : "no");
+        } else if (sscanf(line, "free %d", &i) == 1 && i >= 0 && i < n) {
+            CHECK(cudaFree(blocks[i]) == 0);
+            void *fresh = NULL;
+            CHECK(cudaMalloc(&fresh, sizes[i]) == 0);
+            kernel_works(fresh, sizes[i], 0xee);
+            printf("freed\n");
+        } else if (!strncmp(line, "exit", 4)) {
+            break;
+        }
+        fflush(stdout);
+    }
+}
+
+static void receive(void) {
+    CHECK(cudaSetDevice(0) == 0);
+    char line[512];
+    void *opened[MAX_BLOCKS] = {0};
+    int ids[MAX_BLOCKS], n = 0;
+    while (fgets(line, sizeof line, stdin) && strncmp(line, "end", 3) && n < MAX_BLOCKS) {
+        int i, value;
+        size_t size;
+        char hex[160];
+        if (sscanf(line, "block %d %zu %d %159s", &i, &size, &value, hex) != 4) continue;
+        CUipcMemHandle h;
+        from_hex(hex, &h);
+        void *p = NULL;
+        int rc;
+        if (by_driver) {
+            CUdeviceptr d = 0;
+            rc = cuIpcOpenMemHandle_v2(&d, h, 1);
+            p = (void *)(uintptr_t)d;
+        } else {
+            rc = cudaIpcOpenMemHandle(&p, h, 1);
+        }
+        if (rc) {
+            cudaGetLastError();
+            printf("open %d rc %d\n", i, rc);
+            continue;
+        }
+        int right = holds(p, size, value);
+        printf("open %d %s\n", i, right ? "ok" : "wrong");
+        if (right) {
+            CHECK(fakecuda_launch_memset((char *)p + size - 1, value ^ 0x5a, 1) == 0);
+            CHECK(cudaDeviceSynchronize() == 0);
+        }
+        opened[n] = p, ids[n++] = i;
+    }
+    /* Closed once all are open: blocks of one segment share its mapping meanwhile. */
+    for (int k = 0; k < n; k++) {
+        int rc = by_driver ? cuIpcCloseMemHandle((CUdeviceptr)(uintptr_t)opened[k]) : cudaIpcCloseMemHandle(opened[k]);
+        printf("close %d rc %d\n", ids[k], rc);
+    }
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc == 3);
+    by_driver = !strcmp(argv[2], "driver");
+    CHECK(cudaSetDevice(0) == 0);
+    if (!strcmp(argv[1], "send")) send();
+    else if (!strcmp(argv[1], "receive")) receive();
+    else CHECK(!"unknown role");
+    printf("%s done\n", argv[1]);
+    return 0;
+}

@@ -1,0 +1,189 @@
+//! The segments this process opened for handles of ours (Note [IPC] in device/pool/pointers.rs):
+//! the driver maps a handle once per process, so every handle of ours that names the same
+//! segment shares one mapping, counted; each pointer handed out is remembered until its close,
+//! and the segment is closed with its last one. Fixed tables under one lock, never held across a
+//! driver call: a segment being opened or closed is marked so, and another thread that needs it
+//! waits for that to end. Unit-tested; never calls the system.
+
+use crate::sys::lock::Lock;
+
+const SEGMENTS: usize = 1024;
+const POINTERS: usize = 4096;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    Empty,
+    Opening,
+    Open,
+    Closing,
+}
+
+#[derive(Clone, Copy)]
+struct Segment {
+    state: State,
+    real: [u8; 64],
+    base: u64,
+    refs: u32,
+}
+
+#[derive(Clone, Copy)]
+struct Pointer {
+    ptr: u64,
+    /// Its segment's index plus one; 0: an empty slot.
+    segment: u32,
+}
+
+struct Tables {
+    segments: [Segment; SEGMENTS],
+    pointers: [Pointer; POINTERS],
+}
+
+pub struct Opened {
+    tables: Lock<Tables>,
+}
+
+/// What `begin_open` found for a segment's driver handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Begin {
+    /// Open already, counted once more: the pointer is `base` plus the block's offset, recorded.
+    Mapped { base: u64 },
+    /// The caller opens it with the driver now, then calls `end_open` with slot `slot`.
+    Open { slot: usize },
+    /// Another thread opens or closes it: try again in a moment.
+    Busy,
+    /// The tables are full.
+    Full,
+}
+
+/// What `close` found for a pointer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Close {
+    /// Not a pointer of ours: the driver's to close.
+    NotOurs,
+    /// Counted off; the segment stays open for other pointers.
+    Kept,
+    /// Its last pointer: the caller closes mapping `base` with the driver, then `end_close(slot)`.
+    Last { slot: usize, base: u64 },
+}
+
+const EMPTY_SEGMENT: Segment = Segment { state: State::Empty, real: [0; 64], base: 0, refs: 0 };
+
+impl Opened {
+    pub const fn new() -> Self {
+        Opened { tables: Lock::new(Tables { segments: [EMPTY_SEGMENT; SEGMENTS], pointers: [Pointer { ptr: 0, segment: 0 }; POINTERS] }) }
+    }
+
+    /// A handle of ours names the segment `real`, the block at `offset` in it.
+    pub fn begin_open(&self, real: &[u8; 64], offset: u64) -> Begin {
+        let mut t = self.tables.lock();
+        if let Some(i) = t.segments.iter().position(|s| s.state != State::Empty && s.real == *real) {
+            let s = t.segments.get(i).copied().unwrap_or(EMPTY_SEGMENT);
+            if s.state != State::Open {
+                return Begin::Busy;
+            }
+            if !Self::remember(&mut t, s.base.wrapping_add(offset), i) {
+                return Begin::Full;
+            }
+            if let Some(s) = t.segments.get_mut(i) {
+                s.refs += 1;
+            }
+            return Begin::Mapped { base: s.base };
+        }
+        let Some(slot) = t.segments.iter().position(|s| s.state == State::Empty) else { return Begin::Full };
+        if !t.pointers.iter().any(|p| p.segment == 0) {
+            return Begin::Full;
+        }
+        if let Some(s) = t.segments.get_mut(slot) {
+            *s = Segment { state: State::Opening, real: *real, base: 0, refs: 0 };
+        }
+        Begin::Open { slot }
+    }
+
+    /// The driver opened segment `slot` at `base` (or refused: None); the block's pointer is
+    /// `base` plus `offset`, recorded. False when it could not be recorded (the caller closes).
+    pub fn end_open(&self, slot: usize, base: Option<u64>, offset: u64) -> bool {
+        let mut t = self.tables.lock();
+        let Some(base) = base else {
+            if let Some(s) = t.segments.get_mut(slot) {
+                *s = EMPTY_SEGMENT;
+            }
+            return false;
+        };
+        if !Self::remember(&mut t, base.wrapping_add(offset), slot) {
+            if let Some(s) = t.segments.get_mut(slot) {
+                *s = EMPTY_SEGMENT;
+            }
+            return false;
+        }
+        if let Some(s) = t.segments.get_mut(slot) {
+            s.state = State::Open;
+            s.base = base;
+            s.refs = 1;
+        }
+        true
+    }
+
+    fn remember(t: &mut Tables, ptr: u64, segment: usize) -> bool {
+        let Some(p) = t.pointers.iter_mut().find(|p| p.segment == 0) else { return false };
+        *p = Pointer { ptr, segment: segment as u32 + 1 };
+        true
+    }
+
+    /// A close of `ptr`.
+    pub fn close(&self, ptr: u64) -> Close {
+        let mut t = self.tables.lock();
+        let Some(p) = t.pointers.iter_mut().find(|p| p.segment != 0 && p.ptr == ptr) else { return Close::NotOurs };
+        let slot = p.segment as usize - 1;
+        p.segment = 0;
+        let Some(s) = t.segments.get_mut(slot) else { return Close::Kept };
+        s.refs = s.refs.saturating_sub(1);
+        if s.refs > 0 {
+            return Close::Kept;
+        }
+        s.state = State::Closing;
+        Close::Last { slot, base: s.base }
+    }
+
+    /// The driver closed segment `slot`'s mapping: the slot is free.
+    pub fn end_close(&self, slot: usize) {
+        if let Some(s) = self.tables.lock().segments.get_mut(slot) {
+            *s = EMPTY_SEGMENT;
+        }
+    }
+}
+
+impl Default for Opened {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_of_one_segment_share_its_mapping_until_their_last_close() {
+        let o = Box::new(Opened::new());
+        let real = [3u8; 64];
+        let Begin::Open { slot } = o.begin_open(&real, 4096) else { panic!() };
+        assert_eq!(o.begin_open(&real, 0), Begin::Busy, "another thread waits while it opens");
+        assert!(o.end_open(slot, Some(0x1000_0000), 4096));
+        assert_eq!(o.begin_open(&real, 8192), Begin::Mapped { base: 0x1000_0000 });
+        assert_eq!(o.close(0x1000_0000 + 4096), Close::Kept);
+        assert_eq!(o.close(0x1000_0000 + 4096), Close::NotOurs, "closed once only");
+        assert_eq!(o.close(0x5000), Close::NotOurs);
+        assert_eq!(o.close(0x1000_0000 + 8192), Close::Last { slot, base: 0x1000_0000 });
+        assert_eq!(o.begin_open(&real, 0), Begin::Busy, "until the driver closed it");
+        o.end_close(slot);
+        assert!(matches!(o.begin_open(&real, 0), Begin::Open { .. }), "opened anew");
+    }
+
+    #[test]
+    fn a_refused_open_leaves_nothing() {
+        let o = Box::new(Opened::new());
+        let Begin::Open { slot } = o.begin_open(&[9; 64], 0) else { panic!() };
+        assert!(!o.end_open(slot, None, 0));
+        assert!(matches!(o.begin_open(&[9; 64], 0), Begin::Open { .. }));
+    }
+}
