@@ -599,8 +599,11 @@ impl<M: PageMemory> HostLayer<M> {
             if zeroed && !t.facts.zero {
                 votes = self.zero_reused(t.addr, size, t.len, votes);
             }
-            let marks = Marks::default().with_votes(votes);
-            self.registry.keep_marks(t.addr, if t.facts.advised_by == 0 { marks } else { marks.with_huge() });
+            // What the block carries on (a fresh record has neither): its votes, its advice.
+            if votes != 0 || t.facts.advised_by != 0 {
+                let marks = Marks::default().with_votes(votes);
+                self.registry.keep_marks(t.addr, if t.facts.advised_by == 0 { marks } else { marks.with_huge() });
+            }
             self.stats.hits.add(1);
             self.stats.hit_bytes.add(t.len as u64);
             if t.was_released {
@@ -949,8 +952,15 @@ impl<M: PageMemory> HostLayer<M> {
         let drop_pages = match self.release_mode() {
             Release::Free => false,
             Release::DontNeed => true,
-            // Only with something cached is the question worth a few reads.
-            Release::Auto => self.stats.cached.current() > 0 && self.memory.near_limit(),
+            // Only with something due, or lazily freed, is the question worth a few reads (the
+            // pass comes every second while the cache holds anything: Note [Room for others]).
+            Release::Auto => {
+                let (due, lazy) = {
+                    let cache = self.cache();
+                    (cache.next_deadline_ns().is_some_and(|d| d <= now), cache.resident_split().1 > 0)
+                };
+                (due || lazy) && self.memory.near_limit()
+            }
         };
         let (due, transit) = {
             let mut cache = self.cache();
