@@ -113,8 +113,16 @@ int tm_scope_current(tm_scope_t *out);     /* reads the innermost without closin
 /* Who holds the memory: one row per holder (the shared object whose code asked for the block,
  * or a hook's library: "numpy", "torch", "cupy", "numba") and place, for every large host block,
  * device block and pinned block, then what tensormalloc keeps cached in each place (cached = 1).
- * Live plus unused bytes add up to host_live_bytes and cuda_live_bytes of tm_stats_t. */
+ * Live plus unused bytes add up to host_live_bytes and cuda_live_bytes of tm_stats_t.
+ * It can grow, as tm_stats_t: tm_get_holders writes rows `row_size` bytes apart (pass
+ * sizeof(tm_holder_t); the tm_holders macro below does), fills at most that many bytes of each,
+ * sets `size` to what it filled and `version` to TM_HOLDER_VERSION; check `version` before
+ * reading fields added after version 3. */
+#define TM_HOLDER_VERSION 3
+
 typedef struct tm_holder_t {
+    uint32_t size;                  /* bytes of this row the library filled */
+    uint32_t version;               /* the library's TM_HOLDER_VERSION */
     char name[64];                  /* the object's file name, NUL-terminated */
     int32_t place;                  /* -1 host, -2 pinned host memory, N >= 0 CUDA device N */
     int32_t cached;                 /* 1: tensormalloc's own cache in that place */
@@ -125,17 +133,54 @@ typedef struct tm_holder_t {
                                        block a little larger than the request) */
 } tm_holder_t;
 
-/* Writes up to `capacity` rows, biggest first, every holder its own row, and returns how many
- * rows there are (call again with more room when that is more than `capacity`). `out` may be
- * NULL when capacity is 0. Live plus unused bytes of the holders' rows add up to
- * host_live_bytes and cuda_live_bytes of tm_stats_t. The table names up to 511 holders; more
- * are counted in the "unknown" row (the exit report says how many).
+/* Writes up to `capacity` rows, `row_size` bytes apart, biggest first, every holder its own row,
+ * and returns how many rows there are (call again with more room when that is more than
+ * `capacity`). `out` may be NULL when capacity is 0; a `row_size` under 8 writes nothing. The
+ * table names up to 511 holders at once (the rows of unloaded libraries that hold nothing are
+ * reused); more are counted in the "unknown" row (the exit report says how many).
  * A block is charged to the shared object whose code called the malloc family (or operator
  * new, or a hook that names its library), by a call or by a tail call: a wrapper such as
  * xmalloc() is its library's whether it calls malloc and returns or jumps to it (`return
  * malloc(n);` at -O2). Only a wrapper reached through a function pointer that ends in a tail
  * call is invisible (its caller is then charged). */
-size_t tm_holders(tm_holder_t *out, size_t capacity);
+size_t tm_get_holders(tm_holder_t *out, size_t capacity, size_t row_size);
+
+/* The call of the headers before TM_HOLDER_VERSION, kept for programs built against them: it
+ * writes rows of the first layout below (96 bytes), so it never writes past an array of either
+ * earlier layout (a program built against the header with unused_bytes and no size gets those
+ * rows misread: rebuild it). New code calls tm_holders(out, capacity), the macro, which is
+ * tm_get_holders. */
+typedef struct tm_holder_v1_t {
+    char name[64];
+    int32_t place;
+    int32_t cached;
+    uint64_t live_bytes;
+    uint64_t peak_bytes;
+    uint64_t blocks;
+} tm_holder_v1_t;
+size_t (tm_holders)(tm_holder_v1_t *out, size_t capacity);
+#define tm_holders(out, capacity) tm_get_holders((out), (capacity), sizeof(tm_holder_t))
+
+/* PyTorch's pluggable allocator for CUDA memory, from the device pool:
+ * torch.cuda.memory.CUDAPluggableAllocator("libtensormalloc.so", "tm_cuda_alloc", "tm_cuda_free").
+ * `stream` is a cudaStream_t. Blocks freed on a stream are reused on it with no synchronization. */
+void *tm_cuda_alloc(ptrdiff_t size, int device, void *stream);
+void tm_cuda_free(void *ptr, ptrdiff_t size, int device, void *stream);
+/* tm_cuda_alloc whose blocks are charged to a hook's library in the holders table: torch's, or
+ * `hook`'s (1 numpy, 2 torch, 3 cupy, 4 numba, 5 jax; anything else: the caller's own). */
+void *tm_cuda_alloc_torch(ptrdiff_t size, int device, void *stream);
+void *tm_cuda_alloc_as(ptrdiff_t size, int device, void *stream, int hook);
+
+/* numpy's data-memory handler (NEP 49), for the Python package: tm_numpy_handler is a
+ * PyDataMem_Handler named "tensormalloc", installed in a capsule named tm_numpy_capsule_name
+ * ("mem_handler") with PyDataMem_SetHandler; its four functions are these. */
+struct tm_numpy_handler_s;
+extern const struct tm_numpy_handler_s tm_numpy_handler;
+extern const char tm_numpy_capsule_name[12];
+void *tm_numpy_malloc(void *ctx, size_t size);
+void *tm_numpy_calloc(void *ctx, size_t count, size_t size);
+void *tm_numpy_realloc(void *ctx, void *ptr, size_t size);
+void tm_numpy_free(void *ctx, void *ptr, size_t size);
 
 #ifdef __cplusplus
 }

@@ -47,9 +47,23 @@ pub trait PageMemory {
     }
     /// Makes a range whose pages the program changed plain memory again: read-write, unlocked,
     /// no guard regions, default dump and fork advice (Note [Plain memory] in
-    /// host/host_layer.rs). False: it cannot be (part of it is no longer mapped, or it is
-    /// sealed): it must never be handed out again.
-    fn reset_for_cache(&self, addr: usize, len: usize) -> bool;
+    /// host/host_layer.rs); `keyed`: the program tagged part of it with a protection key, which
+    /// goes back to the default one. False: it cannot be (part of it is no longer mapped, or it
+    /// is sealed): it must never be handed out again.
+    fn reset_for_cache(&self, addr: usize, len: usize, keyed: bool) -> bool;
+    /// Replaces the range's pages with fresh zero ones in a new mapping at the same place
+    /// (mmap MAP_FIXED): every attribute the program set on it goes with its contents, huge-page
+    /// advice included, which no madvise can take back to "none" (Note [Huge-page advice] in
+    /// host/host_layer.rs). False: the kernel refused (a sealed range); nothing changed.
+    fn renew(&self, addr: usize, len: usize) -> bool;
+    /// Locks the range in memory as a fresh mapping under mlockall(MCL_FUTURE) would be
+    /// (`on_fault`: MCL_ONFAULT, pages locked as they are touched). False: refused.
+    fn lock(&self, addr: usize, len: usize, on_fault: bool) -> bool;
+    /// Unlocks the range (munlock).
+    fn unlock(&self, addr: usize, len: usize);
+    /// Whether the kernel locks every new mapping now (the program called mlockall with
+    /// MCL_FUTURE): `Some(on_fault)`, `on_fault` for MCL_ONFAULT; `None` otherwise.
+    fn future_locking(&self) -> Option<bool>;
     /// Leaves a cached range out of the child of a fork about to happen (MADV_DONTFORK). False:
     /// the kernel refused; the child then inherits it unrecorded.
     fn keep_from_fork(&self, addr: usize, len: usize) -> bool;
@@ -73,9 +87,10 @@ pub trait PageMemory {
     /// Drops the range's pages (MADV_DONTNEED): it then reads zero, and each page touched
     /// faults in a fresh zero page. Costs about what is resident. False: nothing was done.
     fn discard(&self, addr: usize, len: usize) -> bool;
-    /// Of `probes` pages spread evenly over the range, how many are resident (mincore);
-    /// `None` when the system will not say.
-    fn resident_probes(&self, addr: usize, len: usize, probes: usize) -> Option<usize>;
+    /// As `discard`, and says whether most of the range was resident before: `Some(true)` or
+    /// `Some(false)`, from what dropping the pages cost (Note [calloc costs what is touched] in
+    /// host/host_layer.rs); `None`: nothing was done.
+    fn discard_weighed(&self, addr: usize, len: usize) -> Option<bool>;
     /// How much of the range is mapped in this process (a forked child's check of the blocks it
     /// may not have inherited).
     fn presence(&self, addr: usize, len: usize) -> Presence;

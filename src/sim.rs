@@ -39,6 +39,12 @@ pub struct PageCalls {
     /// Resets of ranges the program changed (`reset_for_cache`), and ranges kept from or
     /// readmitted to forked children: each one or more system calls.
     pub resets: u64,
+    /// Of the resets, those that put back the default protection key (pkey_mprotect).
+    pub keyed_resets: u64,
+    /// Ranges replaced by fresh pages (`renew`), and `lock` and `unlock` calls.
+    pub renews: u64,
+    pub locks: u64,
+    pub unlocks: u64,
     pub fork_advice: u64,
     /// Bytes the program wrote that were not resident: what page faults would bring in.
     pub faulted_bytes: u64,
@@ -65,6 +71,12 @@ struct PageState {
     altered: BTreeMap<usize, usize>,
     /// Ranges a forked child would not inherit (`keep_from_fork` until `readmit`).
     hidden: BTreeMap<usize, usize>,
+    /// Ranges with huge-page advice the program set (only `renew` takes it away).
+    advised: BTreeMap<usize, usize>,
+    /// Locked ranges (`lock`, until `unlock`).
+    locked: BTreeMap<usize, usize>,
+    /// mlockall(MCL_FUTURE) is in force: new mappings come locked (`future_locking`).
+    lock_future: bool,
     /// `reset_for_cache` fails (a sealed range).
     fail_resets: bool,
     /// The largest mapping the simulated system could ever make (0: no limit).
@@ -127,6 +139,38 @@ impl SimPages {
         let mut st = self.state.lock().unwrap();
         assert!(Self::covered(&st.mapped, addr, len), "alter of unmapped memory {addr:#x}+{len}");
         Self::add_range(&mut st.altered, addr, len);
+    }
+
+    /// The program advises huge pages (or none) on the range: only fresh pages (`renew`) lose
+    /// the advice. The library hears of it from its madvise shim: a test tells the layer too.
+    pub fn advise(&self, addr: usize, len: usize) {
+        let mut st = self.state.lock().unwrap();
+        assert!(Self::covered(&st.mapped, addr, len), "advice on unmapped memory {addr:#x}+{len}");
+        Self::add_range(&mut st.advised, addr, len);
+    }
+
+    /// True when some of the range carries huge-page advice the program set.
+    pub fn is_advised(&self, addr: usize, len: usize) -> bool {
+        let st = self.state.lock().unwrap();
+        Self::overlaps(&st.advised, addr, len)
+    }
+
+    /// The program calls mlockall(MCL_FUTURE) (true) or munlockall (false): new mappings come
+    /// locked, as the kernel's do.
+    pub fn lock_future(&self, on: bool) {
+        self.state.lock().unwrap().lock_future = on;
+    }
+
+    /// True when every byte of the range is locked.
+    pub fn is_locked(&self, addr: usize, len: usize) -> bool {
+        let st = self.state.lock().unwrap();
+        Self::overlap_len(&st.locked, addr, len) == len
+    }
+
+    /// True when some byte of the range is locked.
+    pub fn any_locked(&self, addr: usize, len: usize) -> bool {
+        let st = self.state.lock().unwrap();
+        Self::overlaps(&st.locked, addr, len)
     }
 
     /// Memory nears (or no longer nears) a limit, from now on.
@@ -266,6 +310,9 @@ impl PageMemory for SimPages {
         // Without `adjacent`, a guard gap: neighbours only where a block was split.
         st.next_addr = addr + len + if st.adjacent { 0 } else { 4096 };
         st.mapped.insert(addr, len);
+        if st.lock_future {
+            Self::add_range(&mut st.locked, addr, len);
+        }
         st.calls.maps += 1;
         Some(addr)
     }
@@ -278,18 +325,58 @@ impl PageMemory for SimPages {
         Self::remove_range(&mut st.resident, addr, len);
         Self::remove_range(&mut st.altered, addr, len);
         Self::remove_range(&mut st.hidden, addr, len);
+        Self::remove_range(&mut st.advised, addr, len);
+        Self::remove_range(&mut st.locked, addr, len);
         st.calls.unmaps += 1;
     }
 
-    fn reset_for_cache(&self, addr: usize, len: usize) -> bool {
+    fn reset_for_cache(&self, addr: usize, len: usize, keyed: bool) -> bool {
         let mut st = self.state.lock().unwrap();
         if st.fail_resets || !Self::covered(&st.mapped, addr, len) {
             return false;
         }
         st.calls.resets += 1;
+        st.calls.keyed_resets += u64::from(keyed);
         Self::remove_range(&mut st.altered, addr, len);
         Self::remove_range(&mut st.hidden, addr, len);
+        Self::remove_range(&mut st.locked, addr, len);
         true
+    }
+
+    fn renew(&self, addr: usize, len: usize) -> bool {
+        let mut st = self.state.lock().unwrap();
+        assert!(Self::covered(&st.mapped, addr, len), "renew of unmapped memory {addr:#x}+{len}");
+        if st.fail_resets {
+            return false;
+        }
+        st.calls.renews += 1;
+        let st = &mut *st;
+        for ranges in [&mut st.dirty, &mut st.resident, &mut st.altered, &mut st.hidden, &mut st.advised, &mut st.locked] {
+            Self::remove_range(ranges, addr, len);
+        }
+        if st.lock_future {
+            Self::add_range(&mut st.locked, addr, len);
+        }
+        true
+    }
+
+    fn lock(&self, addr: usize, len: usize, _on_fault: bool) -> bool {
+        let mut st = self.state.lock().unwrap();
+        assert!(Self::covered(&st.mapped, addr, len), "lock of unmapped memory {addr:#x}+{len}");
+        st.calls.locks += 1;
+        Self::add_range(&mut st.locked, addr, len);
+        true
+    }
+
+    fn future_locking(&self) -> Option<bool> {
+        self.state.lock().unwrap().lock_future.then_some(false)
+    }
+
+    fn unlock(&self, addr: usize, len: usize) {
+        let mut st = self.state.lock().unwrap();
+        assert!(Self::covered(&st.mapped, addr, len), "unlock of unmapped memory {addr:#x}+{len}");
+        st.calls.unlocks += 1;
+        Self::remove_range(&mut st.locked, addr, len);
     }
 
     fn keep_from_fork(&self, addr: usize, len: usize) -> bool {
@@ -360,7 +447,7 @@ impl PageMemory for SimPages {
         if !Self::one_mapping(&st, from, len) {
             if st.lose_destinations {
                 let st = &mut *st;
-                for ranges in [&mut st.mapped, &mut st.dirty, &mut st.resident, &mut st.altered, &mut st.hidden] {
+                for ranges in [&mut st.mapped, &mut st.dirty, &mut st.resident, &mut st.altered, &mut st.hidden, &mut st.advised, &mut st.locked] {
                     Self::remove_range(ranges, to, len);
                 }
                 return Moved::DestinationLost;
@@ -374,7 +461,7 @@ impl PageMemory for SimPages {
             st.mapped.insert(to, len);
         }
         let st = &mut *st;
-        for ranges in [&mut st.dirty, &mut st.resident, &mut st.altered, &mut st.hidden] {
+        for ranges in [&mut st.dirty, &mut st.resident, &mut st.altered, &mut st.hidden, &mut st.advised, &mut st.locked] {
             Self::remove_range(ranges, to, len);
             Self::move_range(ranges, from, len, to);
         }
@@ -419,11 +506,13 @@ impl PageMemory for SimPages {
         }
     }
 
-    fn resident_probes(&self, addr: usize, len: usize, probes: usize) -> Option<usize> {
-        let st = self.state.lock().unwrap();
-        assert!(Self::covered(&st.mapped, addr, len), "probe of unmapped memory");
-        let step = (len / probes.max(1)) & !4095;
-        Some((0..probes).filter(|i| Self::overlaps(&st.resident, addr + i * step + ((step / 2) & !4095), 1)).count())
+    /// Exact here: whether at least half the range was resident.
+    fn discard_weighed(&self, addr: usize, len: usize) -> Option<bool> {
+        let resident = {
+            let st = self.state.lock().unwrap();
+            Self::overlap_len(&st.resident, addr, len)
+        };
+        self.discard(addr, len).then_some(resident * 2 >= len)
     }
 
     fn copy(&self, dst: usize, src: usize, len: usize) {

@@ -71,6 +71,7 @@ fn init_slow() -> Option<&'static Globals> {
     };
     crate::sys::memory::read_commit_limit();
     crate::sys::caller::init();
+    crate::sys::page_calls::resolve_next();
     HOST.configure(&config, crate::sys::memory::usable_bytes());
     reaper::set_work(background_pass);
     DEVICE.configure(&config);

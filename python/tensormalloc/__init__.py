@@ -58,8 +58,16 @@ class _Stats(ctypes.Structure):
 
 
 class _Holder(ctypes.Structure):
+    """tm_holder_t, version 3 (include/tensormalloc.h), filled by tm_get_holders."""
+    _fields_ = [("size", ctypes.c_uint32), ("version", ctypes.c_uint32), ("name", ctypes.c_char * 64),
+                ("place", ctypes.c_int32), ("cached", ctypes.c_int32), ("live_bytes", _u64), ("peak_bytes", _u64),
+                ("blocks", _u64), ("unused_bytes", _u64)]
+
+
+class _HolderV1(ctypes.Structure):
+    """tm_holder_v1_t: what tm_holders writes, and all a library without tm_get_holders has."""
     _fields_ = [("name", ctypes.c_char * 64), ("place", ctypes.c_int32), ("cached", ctypes.c_int32),
-                ("live_bytes", _u64), ("peak_bytes", _u64), ("blocks", _u64), ("unused_bytes", _u64)]
+                ("live_bytes", _u64), ("peak_bytes", _u64), ("blocks", _u64)]
 
 
 class _Scope(ctypes.Structure):
@@ -88,8 +96,11 @@ def _bind(lib):
     lib.tm_trim.restype = ctypes.c_size_t
     lib.tm_version.restype = ctypes.c_char_p
     lib.tm_scope_begin.argtypes = [ctypes.c_char_p]
+    if hasattr(lib, "tm_get_holders"):
+        lib.tm_get_holders.argtypes = [ctypes.POINTER(_Holder), ctypes.c_size_t, ctypes.c_size_t]
+        lib.tm_get_holders.restype = ctypes.c_size_t
     if hasattr(lib, "tm_holders"):
-        lib.tm_holders.argtypes = [ctypes.POINTER(_Holder), ctypes.c_size_t]
+        lib.tm_holders.argtypes = [ctypes.POINTER(_HolderV1), ctypes.c_size_t]
         lib.tm_holders.restype = ctypes.c_size_t
     lib.tm_scope_end.argtypes = [ctypes.POINTER(_Scope)]
     lib.tm_scope_current.argtypes = [ctypes.POINTER(_Scope)]
@@ -224,16 +235,17 @@ def holders():
     if not lib:
         _warn_not_loaded()
         return []
+    sized = hasattr(lib, "tm_get_holders")
     capacity = 64
     while True:
-        rows = (_Holder * capacity)()
-        n = lib.tm_holders(rows, capacity)
+        rows = ((_Holder if sized else _HolderV1) * capacity)()
+        n = lib.tm_get_holders(rows, capacity, ctypes.sizeof(_Holder)) if sized else lib.tm_holders(rows, capacity)
         if n <= capacity:
             break
         capacity = n
     place = lambda p: "host" if p == -1 else "pinned" if p == -2 else f"cuda:{p}"
     return [{"holder": r.name.decode(errors="replace"), "place": place(r.place), "live_bytes": r.live_bytes,
-             "peak_bytes": r.peak_bytes, "blocks": r.blocks, "unused_bytes": r.unused_bytes,
+             "peak_bytes": r.peak_bytes, "blocks": r.blocks, "unused_bytes": getattr(r, "unused_bytes", 0),
              "cached": bool(r.cached)} for r in rows[:n]]
 
 

@@ -84,12 +84,91 @@ pub const MAX_DEFERRED: usize = 32;
 /// The length of one window over which the live peak is taken (Note [Bounds follow the working set]).
 pub const PEAK_WINDOW_NS: u64 = 10_000_000_000;
 
+/// Zeroings in a row that found a block mostly resident before calloc writes zeros over it
+/// rather than dropping its pages (Note [calloc costs what is touched] in host/host_layer.rs).
+pub const DENSE_VOTES: u8 = 2;
+
 /// Whether calloc should zero `len` reused bytes by discarding their pages rather than writing
-/// zeros, given `resident` of `probes` probed pages (None: unknown). Discarding costs about the
-/// resident pages and makes each page the program then touches fault; writing costs every byte
-/// and faults in every page not resident. So: discard a big block mostly not resident.
-pub fn zero_by_discard(len: usize, resident: Option<usize>, probes: usize, discard_min: usize) -> bool {
-    len >= discard_min && resident.is_some_and(|r| r * 2 < probes)
+/// zeros, given the block's votes. Discarding costs about the resident pages and makes each
+/// page the program then touches fault; writing costs every byte and faults in every page not
+/// resident. So: discard a big block unless it was found mostly resident twice in a row.
+pub fn zero_by_discard(len: usize, votes: u8, discard_min: usize) -> bool {
+    len >= discard_min && votes < DENSE_VOTES
+}
+
+/// A block's votes after a zeroing: one more when a discard found it mostly resident, none when
+/// it found it mostly not (`None`: it was written, which says nothing; or nothing was done).
+pub fn votes_after(votes: u8, mostly_resident: Option<bool>) -> u8 {
+    match mostly_resident {
+        Some(true) => (votes + 1).min(DENSE_VOTES),
+        Some(false) => 0,
+        None => votes,
+    }
+}
+
+/// The advice tag of a block whose huge-page advice came from more than one holder: it fits no
+/// request (Note [Huge-page advice] in host/host_layer.rs).
+pub const MIXED_ADVICE: u32 = u32::MAX;
+
+/// What is known of a cached block's pages, beside where they are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageFacts {
+    /// Every page reads zero (Note [Known zero]).
+    pub zero: bool,
+    /// Zeroings in a row that found it mostly resident (Note [calloc costs what is touched]).
+    pub votes: u8,
+    /// MADV_HUGEPAGE advice the previous owner left on it: its holder's tag (0: none;
+    /// MIXED_ADVICE: several). Note [Huge-page advice] in host/host_layer.rs.
+    pub advised_by: u32,
+    /// Kept from forked children (MADV_DONTFORK) since a fork, wholly and in part (Note [Fork
+    /// at the fork] in host/host_layer.rs).
+    pub kept_all: bool,
+    pub kept_any: bool,
+}
+
+impl PageFacts {
+    /// A block the program freed: it may hold data.
+    pub const DIRTY: PageFacts = PageFacts { zero: false, votes: 0, advised_by: 0, kept_all: false, kept_any: false };
+    /// Fresh pages: zero, untouched, as the kernel maps them.
+    pub const FRESH: PageFacts = PageFacts { zero: true, ..PageFacts::DIRTY };
+
+    /// Zero as `zero` says, nothing else known.
+    pub const fn zeroed(zero: bool) -> PageFacts {
+        PageFacts { zero, ..PageFacts::DIRTY }
+    }
+
+    /// The facts of two neighbours merged into one block (Note [Neighbours merge]).
+    pub fn merge(self, other: PageFacts) -> PageFacts {
+        let advised_by = match (self.advised_by, other.advised_by) {
+            (0, b) => b,
+            (a, 0) => a,
+            (a, b) if a == b => a,
+            _ => MIXED_ADVICE,
+        };
+        PageFacts {
+            zero: self.zero && other.zero,
+            votes: self.votes.min(other.votes),
+            advised_by,
+            kept_all: self.kept_all && other.kept_all,
+            kept_any: self.kept_any || other.kept_any,
+        }
+    }
+
+    /// Whether it may go, pages and all, to code whose holder tag is `asker` (Note [Huge-page
+    /// advice]): it carries no advice, or that code's own.
+    pub const fn fits(self, asker: u32) -> bool {
+        self.advised_by == 0 || self.advised_by == asker
+    }
+
+    /// How well it suits `asker` (which it fits), best first: its own advice (so blocks without
+    /// any stay for other code), then none.
+    const fn rank(self, asker: u32) -> u8 {
+        if self.advised_by == asker {
+            0
+        } else {
+            1
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,8 +189,7 @@ pub struct CachedBlock {
     pub state: BlockState,
     /// Trimmed while Releasing: unmap it once the release returns.
     doomed: bool,
-    /// Every page reads zero (Note [Known zero]).
-    pub zero: bool,
+    pub facts: PageFacts,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,8 +223,7 @@ pub const MAX_PARTS: usize = 8;
 pub struct Part {
     pub addr: usize,
     pub len: usize,
-    /// Every page reads zero (Note [Known zero]).
-    pub known_zero: bool,
+    pub facts: PageFacts,
 }
 
 /// What `take_parts` hands out, largest part first.
@@ -161,7 +238,7 @@ pub struct Parts {
 
 impl Parts {
     const fn new() -> Self {
-        Parts { items: [Part { addr: 0, len: 0, known_zero: false }; MAX_PARTS], count: 0, total: 0, rest_kept: None }
+        Parts { items: [Part { addr: 0, len: 0, facts: PageFacts::DIRTY }; MAX_PARTS], count: 0, total: 0, rest_kept: None }
     }
     pub fn iter(&self) -> impl Iterator<Item = &Part> {
         self.items.iter().take(self.count)
@@ -189,8 +266,8 @@ pub struct Taken {
     pub len: usize,
     /// It had been MADV_FREE'd (contents unspecified, pages may fault back in).
     pub was_released: bool,
-    /// Every page reads zero: calloc needs no memset (Note [Known zero]).
-    pub known_zero: bool,
+    /// What is known of its pages (`facts.zero`: calloc needs no memset, Note [Known zero]).
+    pub facts: PageFacts,
     /// A tail cut off and kept in the cache: the caller records it as cached.
     pub tail_kept: Option<Range>,
 }
@@ -274,33 +351,36 @@ impl BlockCache {
         self.slots.iter().flatten()
     }
 
-    /// Best fit among available blocks of at least `need` bytes whose start honours `align`.
-    /// A rest of more than `waste_percent` of the block is split off and stays cached (Note
-    /// [Neighbours merge]); a shorter one goes out with the block.
-    pub fn take(&mut self, need: usize, align: usize) -> Option<Taken> {
+    /// Best fit among available blocks of at least `need` bytes whose start honours `align`,
+    /// for code whose holder tag is `asker`: only blocks that fit it (`PageFacts::fits`), its
+    /// own huge-page advice first. A rest of more than `waste_percent` of the block is split
+    /// off and stays cached (Note [Neighbours merge]); a shorter one goes out with the block.
+    pub fn take(&mut self, need: usize, align: usize, asker: u32) -> Option<Taken> {
         let align_mask = align.max(1) - 1;
-        let mut best: Option<(usize, usize, bool)> = None; // (slot, waste, released)
+        let mut best: Option<(usize, u8, usize, bool)> = None; // (slot, rank, waste, released)
         for (i, slot) in self.slots.iter().enumerate() {
             let Some(b) = slot else { continue };
-            if b.state == BlockState::Releasing || b.len < need || b.addr & align_mask != 0 {
+            if b.state == BlockState::Releasing || b.len < need || b.addr & align_mask != 0 || !b.facts.fits(asker) {
                 continue;
             }
             let waste = b.len - need;
             let released = b.state == BlockState::Released;
+            let rank = b.facts.rank(asker);
             let better = match best {
                 None => true,
-                // Prefer less waste; on a tie prefer a hot block (Note [Hot stays hot]).
-                Some((_, w, r)) => waste < w || (waste == w && r && !released),
+                // Prefer a better rank, then less waste; on a tie prefer a hot block (Note [Hot
+                // stays hot]).
+                Some((_, k, w, r)) => rank < k || (rank == k && (waste < w || (waste == w && r && !released))),
             };
             if better {
-                best = Some((i, waste, released));
+                best = Some((i, rank, waste, released));
             }
         }
-        let (index, waste, was_released) = best?;
+        let (index, _, waste, was_released) = best?;
         let block = self.slots.get_mut(index)?.take()?;
         self.cached_bytes -= block.len;
 
-        let mut taken = Taken { addr: block.addr, len: block.len, was_released, known_zero: block.zero, tail_kept: None };
+        let mut taken = Taken { addr: block.addr, len: block.len, was_released, facts: block.facts, tail_kept: None };
         let allowed_waste = block.len / 100 * self.waste_percent();
         if waste > allowed_waste {
             let tail = Range { addr: block.addr + need, len: waste };
@@ -315,16 +395,16 @@ impl BlockCache {
     }
 
     /// On a miss: blocks whose pages together make up `need` bytes, largest first, at most
-    /// MAX_PARTS of them (Note [Gathering pages]). The last one may be cut: its rest stays
-    /// cached. Empty when nothing is cached.
-    pub fn take_parts(&mut self, need: usize) -> Parts {
+    /// MAX_PARTS of them, each fitting `asker` (Note [Gathering pages]). The last one may be
+    /// cut: its rest stays cached. Empty when nothing is cached.
+    pub fn take_parts(&mut self, need: usize, asker: u32) -> Parts {
         let mut parts = Parts::new();
         while parts.count < MAX_PARTS && parts.total < need {
             let Some(index) = self
                 .slots
                 .iter()
                 .enumerate()
-                .filter_map(|(i, s)| s.filter(|b| b.state != BlockState::Releasing).map(|b| (i, b.len)))
+                .filter_map(|(i, s)| s.filter(|b| b.state != BlockState::Releasing && b.facts.fits(asker)).map(|b| (i, b.len)))
                 .max_by_key(|&(_, len)| len)
                 .map(|(i, _)| i)
             else {
@@ -340,19 +420,19 @@ impl BlockCache {
                 self.cached_bytes += rest.len;
                 parts.rest_kept = Some(rest);
             }
-            parts.push(Part { addr: block.addr, len: block.len.min(want), known_zero: block.zero });
+            parts.push(Part { addr: block.addr, len: block.len.min(want), facts: block.facts });
         }
         parts
     }
 
-    /// Offers a freed block (`zero`: known to read zero, Note [Known zero]); `live` is the live
-    /// large memory before this free. It merges with cached blocks on either side (Note
-    /// [Neighbours merge]); older blocks are evicted (least recently freed first) to respect
-    /// the bounds; a block larger than the byte bound is refused.
-    pub fn insert(&mut self, addr: usize, len: usize, zero: bool, now_ns: u64, live: Live) -> Inserted {
+    /// Offers a freed block (`facts`: what is known of its pages); `live` is the live large
+    /// memory before this free. It merges with cached blocks on either side (Note [Neighbours
+    /// merge]); older blocks are evicted (least recently freed first) to respect the bounds; a
+    /// block larger than the byte bound is refused.
+    pub fn insert(&mut self, addr: usize, len: usize, facts: PageFacts, now_ns: u64, live: Live) -> Inserted {
         self.note_live(now_ns, live);
         let (max_blocks, max_bytes) = self.bounds();
-        let mut block = CachedBlock { addr, len, idle_since_ns: now_ns, state: BlockState::Hot, doomed: false, zero };
+        let mut block = CachedBlock { addr, len, idle_since_ns: now_ns, state: BlockState::Hot, doomed: false, facts };
         let mut out = Inserted { accepted: false, block: Range { addr, len }, absorbed: [None; 2], evicted: RangeList::new() };
         if max_blocks == 0 || len > max_bytes {
             return out;
@@ -361,7 +441,7 @@ impl BlockCache {
             let Some(neighbour) = self.take_neighbour(&block, max_bytes) else { break };
             block.addr = block.addr.min(neighbour.addr);
             block.len += neighbour.len;
-            block.zero &= neighbour.zero;
+            block.facts = block.facts.merge(neighbour.facts);
             *absorbed = Some(neighbour.addr);
         }
         out.block = Range { addr: block.addr, len: block.len };
@@ -379,11 +459,19 @@ impl BlockCache {
     }
 
     /// Removes and returns an available cached block that ends where `block` starts or starts
-    /// where it ends, when the two together stay within `max_bytes`.
+    /// where it ends, with the same huge-page advice, when the two together stay within
+    /// `max_bytes`.
     fn take_neighbour(&mut self, block: &CachedBlock, max_bytes: usize) -> Option<CachedBlock> {
         let end = block.addr + block.len;
         let slot = self.slots.iter_mut().find(|s| {
-            s.is_some_and(|b| b.state != BlockState::Releasing && (b.addr + b.len == block.addr || b.addr == end) && b.len + block.len <= max_bytes)
+            s.is_some_and(|b| {
+                b.state != BlockState::Releasing
+                    && (b.addr + b.len == block.addr || b.addr == end)
+                    && b.len + block.len <= max_bytes
+                    // Advice from different code (or none beside some) stays apart: a merged
+                    // block would suit neither (Note [Huge-page advice] in host/host_layer.rs).
+                    && b.facts.advised_by == block.facts.advised_by
+            })
         })?;
         let neighbour = slot.take()?;
         self.cached_bytes -= neighbour.len;
@@ -485,7 +573,7 @@ impl BlockCache {
         for slot in self.slots.iter_mut() {
             let Some(b) = slot else { continue };
             let idle = now_ns.saturating_sub(b.idle_since_ns);
-            let lazily_freed = b.state == BlockState::Released && !b.zero;
+            let lazily_freed = b.state == BlockState::Released && !b.facts.zero;
             let expire_after = if near_limit && lazily_freed { limits.release_after_ns } else { limits.expire_after_ns };
             if b.state != BlockState::Releasing && idle >= expire_after {
                 due.expire.push(Range { addr: b.addr, len: b.len });
@@ -512,8 +600,37 @@ impl BlockCache {
             return Some(r);
         }
         b.state = BlockState::Released;
-        b.zero = zero;
+        // MADV_FREE'd pages may go at any time: nothing is known of their residency.
+        b.facts = PageFacts { zero, votes: 0, ..b.facts };
         None
+    }
+
+    /// Marks every block not yet wholly kept from forked children as kept, and returns them: the
+    /// caller advises each MADV_DONTFORK (Note [Fork at the fork] in host/host_layer.rs).
+    pub fn keep_from_fork(&mut self) -> RangeList {
+        let mut out = RangeList::new();
+        for b in self.slots.iter_mut().flatten() {
+            if !b.facts.kept_all {
+                b.facts.kept_all = true;
+                b.facts.kept_any = true;
+                out.push(Range { addr: b.addr, len: b.len });
+            }
+        }
+        out
+    }
+
+    /// Evicts the least recently freed blocks until at most `max_bytes` stay cached (a lower
+    /// address-space limit, Note [Room for others]); the caller unmaps what comes back. Blocks
+    /// being released stay.
+    pub fn shrink_to(&mut self, max_bytes: usize) -> RangeList {
+        let mut out = RangeList::new();
+        while self.cached_bytes > max_bytes {
+            match self.evict_oldest() {
+                Some(r) => out.push(r),
+                None => break,
+            }
+        }
+        out
     }
 
     /// Empties the cache: every available block comes back for unmapping; blocks being
@@ -553,7 +670,7 @@ impl BlockCache {
     /// cgroup's usage meanwhile). The rest (dropped with MADV_DONTNEED) costs nothing.
     pub fn resident_split(&self) -> (usize, usize) {
         self.blocks().fold((0, 0), |(hot, lazy), b| match b.state {
-            BlockState::Released if b.zero => (hot, lazy),
+            BlockState::Released if b.facts.zero => (hot, lazy),
             BlockState::Released => (hot, lazy + b.len),
             _ => (hot + b.len, lazy),
         })

@@ -5,14 +5,22 @@
 //
 // Note [calloc costs what is touched]
 // A calloc served from the cache must read zero. A block known zero (Note [Known zero]) goes
-// out as it is. Another one of DISCARD_MIN bytes or more is probed (mincore, a few pages): when
-// fewer than half the probes are resident, the program touched it sparsely, and MADV_DONTNEED
-// (cost ~ resident pages; untouched pages then cost nothing) beats writing zeros over all of it
-// (which also faults in every page never touched). A mostly resident block is memset: dropping
-// its pages would make the program fault each one in again (MADV_DONTNEED then a rewrite: 16 ms
-// against 1.2 ms for 80 MB). Measured in BENCHMARKS.md ("calloc"): sparse 64 MiB from 2.2 ms to microseconds,
-// dense unchanged.
-//
+// out as it is. Another one of DISCARD_MIN bytes or more is zeroed either by dropping its pages
+// (MADV_DONTNEED: costs about the resident pages; the program then faults in only what it
+// touches) or by writing zeros (costs every byte, and faults in every page not resident).
+// Dropping wins when the previous owner touched the block sparsely (64 MiB with two pages
+// touched: microseconds against milliseconds), writing when it used all of it (dropping then
+// rewriting 80 MB costs 16 ms against 1.2 ms). Which one it was is learnt from what we did, with
+// no call that asks the kernel (mincore is refused by systemd's @system-service filter):
+// a block is dropped first, and the drop's own duration says whether it was mostly resident
+// (PageMemory::discard_weighed: a resident 4 KiB page costs 60-250 ns to drop, one never
+// touched nothing). Two such findings in a row (a vote each, kept with the block in the
+// registry while it is live and in the cache while it is cached; one finding could be a drop
+// the scheduler interrupted) make calloc write zeros over the block from then on; a finding of
+// "mostly not" starts over, and so does releasing the block (MADV_FREE'd pages may go at any
+// time). A block the program fills after each calloc pays one dropped-and-refaulted round (a
+// fresh mapping's cost, what glibc pays every time) before it is written over instead.
+
 // Note [Plain memory]
 // A block we hand out is plain memory whatever its previous owner did to its pages: read-write
 // (a JIT's read+exec buffer, a PROT_NONE guard page, a protection key), not locked, no guard
@@ -23,6 +31,31 @@
 // (which refuses it), and gathered pages are all alike. A block that cannot be restored (sealed),
 // or part of which the program unmapped, moved or mapped over, is unmapped, never reused, as
 // glibc's free would unmap it.
+//
+// Note [Huge-page advice]
+// MADV_HUGEPAGE and MADV_NOHUGEPAGE set a flag on the mapping that no madvise takes back to
+// "neither" (each one clears the other): only a fresh mapping has neither. So a block whose pages
+// the program advised MADV_NOHUGEPAGE (the madvise shim marks it) is renewed at its free
+// (PageMemory::renew: fresh pages mapped over it, contents and every other attribute gone) and
+// cached known zero. MADV_HUGEPAGE is what numpy sets on every array from 4 MiB up: renewing
+// those would make every reuse fault its pages in again, the cache's whole point lost. Such a
+// block is cached with its pages and the tag of its holder (Note [Holders]: the library whose
+// code asked for it), and goes back only to code of that same library, which will advise it
+// again, before any block without advice; other code never gets it (it takes a block without
+// advice, or a fresh mapping), and it merges only with neighbours of the same tag. The block
+// handed back carries the mark on, so its next free tags it again. Renewing such a block for
+// other code instead cost numpy's seed expression every page each time: Python's bytes
+// (`c.tobytes()`) and numpy's temporary took turns at one 80 MB block, 19,532 faults per
+// evaluation against none; with a mapping of its own for each, none. Advice set with a raw
+// system call escapes the marks, as other changes do (Note [Pages the program changed]).
+
+// Note [Locked memory]
+// Under mlockall(MCL_FUTURE) the kernel locks every new mapping, ours included, so a block
+// freed into the cache would stay locked (VmLck counts it, and the program's RLIMIT_MEMLOCK
+// with it), where glibc's free would have unmapped it. Under MCL_FUTURE a block entering the cache is
+// unlocked, and one leaving it is locked as a fresh mapping would be (with MCL_ONFAULT, as
+// its pages are touched). mlockall(MCL_CURRENT) would lock and fault in every cached block:
+// the shim empties the cache before and after the call (route/page_calls.rs).
 //
 // Note [Pages the program changed]
 // Resetting every freed block cost seven system calls per malloc/free pair (4.7 us: 25-45x what
@@ -43,19 +76,27 @@
 // A forked child must inherit none of the cache: it could not know which of the parent's cached
 // blocks are its own, and fork() would copy page tables for idle memory and make the parent's
 // next write to each cached page a copy. The fork's prepare handler, holding the cache lock,
-// marks every cached block and every range waiting to be unmapped MADV_DONTFORK; the parent's
-// and child's handlers readmit what is still cached (in the child: only blocks other handlers
-// freed there), and the child forgets the parent's records with no system call. A block that
-// leaves the cache during the fork (another library's handler allocating, Note [Fork handlers
-// that allocate]) is readmitted as it goes out; one entering it is kept from the child as it
-// comes in. Ranges between the cache and the kernel (taken out of the records, not yet unmapped:
-// `Transit`) would reach the child unrecorded, so the prepare handler first waits for them, a
-// bounded wait (a fork from a signal handler may interrupt its own thread's unmap). Gathering
-// pages into a new mapping takes the lock again before it ends and is not waited for: a fork
-// in its middle can leave the moved pages in the child unrecorded, leaked there as glibc leaves
-// a block some thread of the parent held. Per malloc/free pair this costs nothing; per fork,
-// two madvise calls per cached block (at most MAX_CACHE_BLOCKS).
-//
+// advises MADV_DONTFORK every cached block not already kept from children and every range
+// waiting to be unmapped; a block stays kept while it is cached (PageFacts::kept_all/kept_any),
+// and is readmitted (MADV_DOFORK) only as it leaves the cache for the program. So a fork makes
+// a system call only for the blocks cached since the last fork, and the handlers after it none:
+// with blocks cached and threads churning, each madvise took the address-space lock behind the
+// other threads' page faults, and readmitting every block at every fork doubled that (the parent
+// spent 8-21 ms in fork(), against glibc's 0.8-4). The child forgets the parent's records with no
+// system call. A block that enters the cache during the fork (another library's handler
+// freeing, Note [Fork handlers that allocate]) is kept from the child as it comes in. Ranges
+// between the cache and the kernel (taken out of the records, not yet unmapped: `Transit`) would
+// reach the child unrecorded, so the prepare handler first waits for them, a bounded wait (a fork
+// from a signal handler may interrupt its own thread's unmap). Gathering pages into a new mapping
+// takes the lock again before it ends and is not waited for: a fork in its middle can leave the
+// moved pages in the child unrecorded, leaked there as glibc leaves a block some thread of the
+// parent held. Per malloc/free pair this costs nothing; per fork, one madvise per block cached
+// since the last fork, and one per such block when it is next handed out. A block still kept
+// from children is recorded live only once it is readmitted: a fork meanwhile leaves it out of
+// the child, records and all, and never with a record of a block the child would not have. The
+// prepare handler sleeps while it waits for ranges in transit (a spinning wait took the CPU of
+// the very thread it waited for: 3-5 ms per fork with four threads churning on two cores).
+
 // Note [Room for others]
 // Cached blocks take address space and, under strict overcommit, commit charge, whether or not
 // their pages were released. glibc unmaps a large block at free, so a program under `ulimit -v`
@@ -69,8 +110,14 @@
 // the call made once more, as for our own mappings (route.rs installs the entry points that do
 // this once a limit is seen, so the fast paths are unchanged otherwise). (3) The cache is
 // emptied for a failed request only when the request could then succeed: a 64 TiB request that
-// no limit could ever allow leaves the cache alone. Mappings the program makes itself (mmap,
-// thread stacks) we never see: rule 1 is what leaves them room.
+// no limit could ever allow leaves the cache alone. (4) A lower limit takes effect at once: the
+// cache is cut to its new ceiling and the deferred unmaps are done before the program's
+// setrlimit or prlimit returns; a limit another process lowers (prlimit), or the program with a
+// raw prlimit64, is seen by the background pass, which comes at least once a second while the
+// cache holds anything. (5) The program's own mmap and mremap (our shims) and pthread_create
+// (whose stack glibc maps itself) that fail for want of room empty the cache and try once more,
+// as rule 2 does for the next allocator: so they succeed as under glibc alone even before the
+// background pass has seen a limit.
 //
 // Note [What RSS shows]
 // A cached block's pages are resident while it is hot (reused soon, Note [Hot stays hot]). After
@@ -86,15 +133,15 @@
 // as before. `free` and `dontneed` fix the choice. The report and `stats()` split the cache into
 // resident (hot) and lazily freed bytes so RSS can be read against them.
 
-use super::cache::{BlockCache, CacheLimits, Live, Part, Parts};
-use super::registry::{Birth, Owner, PageChange, Registry};
+use super::cache::{BlockCache, CacheLimits, Live, PageFacts, Part, Parts};
+use super::registry::{Birth, Marks, Owner, PageChange, Registry};
 use crate::backing::{Moved, PageMemory, Presence, TableSource, BLOCK_ALIGN};
 use crate::config::{Config, HugePages, Release, MAX_CACHE_BLOCKS};
 use crate::ranges::{Range, RangeList};
 use crate::record::stats::{HostStats, PhaseTimer};
 use crate::record::{self, Block, Found};
-use crate::sys::lock::{Guard, Lock};
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering, Ordering::{Acquire, Relaxed}};
+use crate::sys::lock::{Gate, Guard, Lock, Pass};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 
 pub const PAGE: usize = 4096;
 const HUGE_PAGE: usize = 2 << 20;
@@ -103,8 +150,6 @@ const HUGE_PAGE: usize = 2 << 20;
 const HUGE_MIN: usize = 4 << 20;
 /// From this many bytes a calloc hit may discard pages instead of writing zeros.
 const DISCARD_MIN: usize = 1 << 20;
-/// Pages probed for residency before choosing (Note [calloc costs what is touched]).
-const RESIDENT_PROBES: usize = 2;
 /// The byte bound never follows the live peak below this (the fixed bound it replaced).
 const MIN_FOLLOWED_BYTES: usize = 1 << 30;
 /// The block bound never follows the live peak below this.
@@ -126,7 +171,7 @@ pub struct HostLayer<M: PageMemory> {
     registry: Registry,
     cache: Lock<BlockCache>,
     /// Ranges out of the cache's records and not yet unmapped (Note [Fork at the fork]).
-    transit: AtomicUsize,
+    transit: Gate,
     /// A fork is under way: the cache's blocks are kept from the child (Note [Fork at the fork]).
     forking: AtomicBool,
     /// TENSORMALLOC_RESET=always (Note [Pages the program changed]).
@@ -214,7 +259,7 @@ impl<M: PageMemory> HostLayer<M> {
             memory,
             registry: Registry::new(table_source),
             cache: Lock::new(BlockCache::new(DEFAULTS)),
-            transit: AtomicUsize::new(0),
+            transit: Gate::new(),
             forking: AtomicBool::new(false),
             reset_always: AtomicBool::new(false),
             threshold_bytes: AtomicUsize::new(Config::DEFAULT.threshold_bytes as usize),
@@ -255,13 +300,30 @@ impl<M: PageMemory> HostLayer<M> {
     /// The process may map no more than `bytes` (RLIMIT_AS, a strict commit limit; u64::MAX
     /// for none): the cache's ceiling becomes an eighth of it, unless the user set the bound,
     /// and nothing leaving the cache waits to be unmapped (Note [Room for others]).
+    /// A lower limit takes effect at once: the cache is cut to its new ceiling and the deferred
+    /// unmaps are done before this returns (the program's next mmap or thread must find the room
+    /// glibc's free would have left).
     pub fn limit_address_space(&self, bytes: u64) {
-        self.address_space_bytes.store(bytes, Relaxed);
-        let mut cache = self.cache();
-        let limits = *cache.limits();
-        if limits.follow_bytes {
+        let was = self.address_space_bytes.swap(bytes, Relaxed);
+        let (evicted, transit) = {
+            let mut cache = self.cache();
+            let limits = *cache.limits();
             let ceiling = usize::try_from(bytes / 8).unwrap_or(usize::MAX);
-            cache.set_limits(CacheLimits { max_bytes: limits.max_bytes.min(ceiling), ..limits });
+            if limits.follow_bytes {
+                cache.set_limits(CacheLimits { max_bytes: limits.max_bytes.min(ceiling), ..limits });
+            }
+            let bound = cache.bounds().1;
+            let evicted = if bytes < was { cache.shrink_to(bound) } else { RangeList::new() };
+            for r in evicted.iter() {
+                self.registry.clear(r.addr);
+            }
+            self.stats.cached.set(cache.cached_bytes() as u64);
+            (evicted, self.transit())
+        };
+        self.unmap_all(&evicted);
+        drop(transit);
+        if bytes < was {
+            self.unmap_deferred();
         }
     }
 
@@ -343,14 +405,13 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// Under the cache lock: ranges leaving the records for the kernel are in transit until the
     /// guard drops (Note [Fork at the fork]).
-    fn transit(&self) -> Transit<'_> {
-        self.transit.fetch_add(1, Relaxed);
-        Transit(&self.transit)
+    fn transit(&self) -> Pass<'_> {
+        self.transit.enter()
     }
 
     /// Under the cache lock: puts ranges leaving us on the deferred list (Note [Deferred
     /// unmaps]); returns those the caller must unmap itself, and whether to wake the thread.
-    fn defer_unmaps(&self, cache: &mut BlockCache, ranges: &RangeList) -> (RangeList, bool, Transit<'_>) {
+    fn defer_unmaps(&self, cache: &mut BlockCache, ranges: &RangeList) -> (RangeList, bool, Pass<'_>) {
         let mut inline = RangeList::new();
         let was_empty = cache.deferred_bytes() == 0;
         // Under an address-space limit the room is needed now, not when the thread wakes.
@@ -365,7 +426,7 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     /// After the lock: unmaps what could not wait and wakes the thread for the rest.
-    fn finish_unmaps(&self, (inline, wake, transit): (RangeList, bool, Transit<'_>)) {
+    fn finish_unmaps(&self, (inline, wake, transit): (RangeList, bool, Pass<'_>)) {
         self.unmap_all(&inline);
         drop(transit);
         if wake {
@@ -397,40 +458,58 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     /// calloc on a reused range of `len` bytes that may hold data, of which the program asked
-    /// for the first `asked` (Note [calloc costs what is touched]). The rest reads zero too:
-    /// malloc_usable_size promises it to the program, and glibc's calloc zeroes it. It is
-    /// dropped rather than written: a program rarely touches it.
-    fn zero_reused(&self, addr: usize, asked: usize, len: usize) {
+    /// for the first `asked`, with `votes` (Note [calloc costs what is touched]); returns its
+    /// votes after. The rest reads zero too: malloc_usable_size promises it to the program, and
+    /// glibc's calloc zeroes it. It is dropped rather than written: a program rarely touches it.
+    fn zero_reused(&self, addr: usize, asked: usize, len: usize, votes: u8) -> u8 {
         let head = asked.checked_add(PAGE - 1).map_or(len, |a| a & !(PAGE - 1)).min(len);
         self.timed(&self.stats.phases.alloc_zero, || {
+            let mut votes = votes;
             if head > 0 {
-                if super::cache::zero_by_discard(head, self.memory.resident_probes(addr, head, RESIDENT_PROBES), RESIDENT_PROBES, DISCARD_MIN)
-                    && self.memory.discard(addr, head)
-                {
-                    self.stats.zeroed_by_discard.add(1);
-                } else {
-                    self.memory.zero(addr, head);
+                let dropped = if super::cache::zero_by_discard(head, votes, DISCARD_MIN) { self.memory.discard_weighed(addr, head) } else { None };
+                match dropped {
+                    Some(found) => {
+                        self.stats.zeroed_by_discard.add(1);
+                        votes = super::cache::votes_after(votes, Some(found));
+                    }
+                    None => self.memory.zero(addr, head),
                 }
             }
             let tail = len - head;
             if tail > 0 && !self.memory.discard(addr + head, tail) {
                 self.memory.zero(addr + head, tail);
             }
-        });
+            votes
+        })
     }
 
-    /// A block taken from the cache goes back to being inherited by forked children; if the
-    /// kernel refuses, it is unmapped (it is out of the cache, and its record goes) and the
-    /// request is served otherwise. Note [Plain memory].
-    fn readmit_or_drop(&self, addr: usize, len: usize) -> bool {
-        if self.memory.readmit(addr, len) {
-            return true;
+    /// Makes a block taken from the cache ready for the program (its record says live, or
+    /// will once it is readmitted): inherited by forked children again if a fork kept it from
+    /// them (Note [Fork at the fork]), locked under mlockall(MCL_FUTURE) (Note [Locked
+    /// memory]). Returns what is then known of its pages; `None` when the kernel refused: the
+    /// block is unmapped (its record goes) and the request is served otherwise. Note [Plain
+    /// memory].
+    fn make_fit(&self, addr: usize, len: usize, facts: PageFacts) -> Option<PageFacts> {
+        if facts.kept_any && !self.memory.readmit(addr, len) {
+            return self.drop_taken(addr, len);
         }
+        if let Some(on_fault) = self.memory.future_locking() {
+            // A refusal (RLIMIT_MEMLOCK) leaves the block as glibc's mmap would have failed to
+            // make it: the request is served otherwise, or fails as it would have.
+            if !self.memory.lock(addr, len, on_fault) {
+                return self.drop_taken(addr, len);
+            }
+        }
+        Some(PageFacts { kept_all: false, kept_any: false, ..facts })
+    }
+
+    /// A block taken from the cache that cannot be handed out: unmapped, its record gone.
+    fn drop_taken(&self, addr: usize, len: usize) -> Option<PageFacts> {
         self.registry.clear(addr);
         self.memory.unmap(addr, len);
         self.stats.unmapped_blocks.add(1);
         self.stats.unmapped_bytes.add(len as u64);
-        false
+        None
     }
 
     /// A large block of at least `size` bytes starting at a multiple of `align` (a power of
@@ -483,27 +562,47 @@ impl<M: PageMemory> HostLayer<M> {
         let (need, granule) = self.block_shape(size)?;
         let align = align.max(BLOCK_ALIGN);
         let hit_start = (self.clock)();
-        let (taken, forking) = {
+        let tag = holder_tag(birth.holder);
+        let live = Birth { ns: hit_start, ..birth };
+        let taken = {
             let mut cache = self.cache();
-            let taken = cache.take(need, align);
+            let taken = cache.take(need, align, tag);
             if let Some(t) = &taken {
-                // The leaf exists: the block was recorded as cached.
-                let _ = self.registry.set_live(t.addr, t.len, Birth { ns: hit_start, ..birth });
+                // The leaf exists: the block was recorded as cached. One still kept from
+                // children is recorded only once readmitted (Note [Fork at the fork]).
+                if t.facts.kept_any {
+                    self.registry.clear(t.addr);
+                } else {
+                    let _ = self.registry.set_live(t.addr, t.len, live);
+                }
                 if let Some(tail) = t.tail_kept {
                     let _ = self.registry.set_cached(tail.addr, tail.len);
                 }
                 self.stats.cached.set(cache.cached_bytes() as u64);
             }
-            (taken, self.forking.load(Relaxed))
+            taken
         };
-        // Note [Fork at the fork]: only during a fork may a cached block be kept from children.
-        let taken = taken.filter(|t| !forking || self.readmit_or_drop(t.addr, t.len));
+        let taken = taken.and_then(|t| {
+            let facts = self.make_fit(t.addr, t.len, t.facts)?;
+            // Cannot fail: its leaf exists.
+            if t.facts.kept_any && !self.registry.set_live(t.addr, t.len, live) {
+                self.memory.unmap(t.addr, t.len);
+                return None;
+            }
+            Some(super::cache::Taken { facts, ..t })
+        });
         if let Some(t) = taken {
             if t.tail_kept.is_some() {
                 self.stats.splits.add(1);
             }
-            if zeroed && !t.known_zero {
-                self.zero_reused(t.addr, size, t.len);
+            let mut votes = t.facts.votes;
+            if zeroed && !t.facts.zero {
+                votes = self.zero_reused(t.addr, size, t.len, votes);
+            }
+            // What the block carries on (a fresh record has neither): its votes, its advice.
+            if votes != 0 || t.facts.advised_by != 0 {
+                let marks = Marks::default().with_votes(votes);
+                self.registry.keep_marks(t.addr, if t.facts.advised_by == 0 { marks } else { marks.with_huge() });
             }
             self.stats.hits.add(1);
             self.stats.hit_bytes.add(t.len as u64);
@@ -518,7 +617,7 @@ impl<M: PageMemory> HostLayer<M> {
             if zeroed {
                 // Only the moved parts may hold data; the rest of the mapping is fresh.
                 for part in dirty.iter() {
-                    self.zero_reused(part.addr, (addr + size).saturating_sub(part.addr).min(part.len), part.len);
+                    self.zero_reused(part.addr, (addr + size).saturating_sub(part.addr).min(part.len), part.len, 0);
                 }
             }
             return Some((addr, need, Found::Grown));
@@ -539,7 +638,7 @@ impl<M: PageMemory> HostLayer<M> {
     fn gather_cached(&self, need: usize, align: usize, birth: Birth) -> Option<(usize, RangeList)> {
         let parts = {
             let mut cache = self.cache();
-            let parts = cache.take_parts(need);
+            let parts = cache.take_parts(need, holder_tag(birth.holder));
             for part in parts.iter() {
                 self.registry.clear(part.addr);
             }
@@ -559,7 +658,7 @@ impl<M: PageMemory> HostLayer<M> {
     fn move_into_new_mapping(&self, parts: &Parts, need: usize, align: usize, birth: Birth) -> Option<(usize, RangeList)> {
         let Some(dest) = self.map_recordable(need, align) else {
             for part in parts.iter() {
-                self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), Live::default());
+                self.cache_block(part.addr, part.len, part.facts, (self.clock)(), Live::default());
             }
             return None;
         };
@@ -569,7 +668,7 @@ impl<M: PageMemory> HostLayer<M> {
         let mut lost = None;
         for part in parts.iter() {
             if lost.is_some() {
-                self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), Live::default());
+                self.cache_block(part.addr, part.len, part.facts, (self.clock)(), Live::default());
             } else {
                 let to = dest + offset;
                 lost = self.move_part(*part, to, &mut dirty);
@@ -588,8 +687,13 @@ impl<M: PageMemory> HostLayer<M> {
             self.unmap_all(&ours);
             return None;
         }
-        // During a fork the moved pages may come kept from children (Note [Fork at the fork]).
-        if self.forking.load(Relaxed) && !self.memory.readmit(dest, need) {
+        // The moved pages may come kept from children (Note [Fork at the fork]), and advised by
+        // the asker's own library (Note [Huge-page advice]); under mlockall(MCL_FUTURE) they
+        // came unlocked (Note [Locked memory]).
+        let kept = parts.iter().any(|p| p.facts.kept_any);
+        let advised = parts.iter().any(|p| p.facts.advised_by != 0);
+        let locked = self.memory.future_locking().is_none_or(|on_fault| self.memory.lock(dest, need, on_fault));
+        if (kept && !self.memory.readmit(dest, need)) || !locked {
             self.memory.unmap(dest, need);
             return None;
         }
@@ -597,6 +701,9 @@ impl<M: PageMemory> HostLayer<M> {
         if !self.registry.set_live(dest, need, birth) {
             self.memory.unmap(dest, need);
             return None;
+        }
+        if advised {
+            self.registry.keep_marks(dest, Marks::default().with_huge());
         }
         self.stats.grows.add(1);
         Some((dest, dirty))
@@ -610,24 +717,24 @@ impl<M: PageMemory> HostLayer<M> {
     fn move_part(&self, part: Part, to: usize, dirty: &mut RangeList) -> Option<Range> {
         match self.memory.move_pages(part.addr, part.len, to) {
             Moved::Done => {
-                if !part.known_zero {
+                if !part.facts.zero {
                     dirty.push_covering(Range { addr: to, len: part.len });
                 }
                 None
             }
             Moved::DestinationLost => {
-                self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), Live::default());
+                self.cache_block(part.addr, part.len, part.facts, (self.clock)(), Live::default());
                 Some(Range { addr: to, len: part.len })
             }
             Moved::Refused => {
                 let half = (part.len / 2) & !(HUGE_PAGE - 1);
                 let second = Part { addr: part.addr + half, len: part.len - half, ..part };
                 if half == 0 {
-                    self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), Live::default());
+                    self.cache_block(part.addr, part.len, part.facts, (self.clock)(), Live::default());
                     return None;
                 }
                 if let Some(gone) = self.move_part(Part { len: half, ..part }, to, dirty) {
-                    self.cache_block(second.addr, second.len, second.known_zero, (self.clock)(), Live::default());
+                    self.cache_block(second.addr, second.len, second.facts, (self.clock)(), Live::default());
                     return Some(gone);
                 }
                 self.move_part(second, to + half, dirty)
@@ -675,8 +782,13 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// Whether the cache or the deferred list holds anything `make_room` could give back.
     pub fn holds_idle_memory(&self) -> bool {
+        self.idle_bytes() > 0
+    }
+
+    /// Bytes cached or waiting to be unmapped.
+    pub fn idle_bytes(&self) -> usize {
         let cache = self.cache();
-        cache.cached_bytes() > 0 || cache.deferred_bytes() > 0
+        cache.cached_bytes() + cache.deferred_bytes()
     }
 
     /// Takes back a live block (`owner` said `Live { len }`).
@@ -684,15 +796,34 @@ impl<M: PageMemory> HostLayer<M> {
         let start = (self.clock)();
         // Live before this free: the bounds follow its peak, reached just before some free.
         let live = Live { bytes: self.stats.live.current() as usize, blocks: self.stats.live_blocks.current() as usize };
-        self.record_free(addr, len, self.registry.birth(addr).holder);
+        let holder = self.registry.birth(addr).holder;
+        self.record_free(addr, len, holder);
         // Note [Pages the program changed]: most blocks need no system call here.
-        let (changed, replaced) = self.registry.changes(addr);
-        let reset = changed || self.reset_always.load(Relaxed);
-        if !replaced && (!reset || self.memory.reset_for_cache(addr, len)) {
+        let marks = self.registry.marks(addr);
+        let reset = marks.changed() || self.reset_always.load(Relaxed);
+        let facts = PageFacts { votes: marks.votes(), advised_by: if marks.huge() { holder_tag(holder) } else { 0 }, ..PageFacts::DIRTY };
+        let kept = if marks.replaced() {
+            None
+        } else if marks.no_huge() {
+            // Note [Huge-page advice]: fresh pages are the only way back to no advice.
+            self.memory.renew(addr, len).then(|| {
+                self.stats.resets.add(1); // a renewal is a reset (stats.rs counts them together)
+                PageFacts::FRESH
+            })
+        } else if !reset || self.memory.reset_for_cache(addr, len, marks.keyed()) {
             if reset {
                 self.stats.resets.add(1);
             }
-            self.cache_block(addr, len, false, start, live);
+            Some(facts)
+        } else {
+            None
+        };
+        if let Some(facts) = kept {
+            // Note [Locked memory]: what the cache holds is never locked.
+            if self.memory.future_locking().is_some() {
+                self.memory.unlock(addr, len);
+            }
+            self.cache_block(addr, len, facts, start, live);
         } else {
             // Never reused: part of it is gone or it is sealed. Whatever is still ours goes.
             self.registry.clear(addr);
@@ -705,11 +836,14 @@ impl<M: PageMemory> HostLayer<M> {
     /// Offers a block that is ours and in no record (a freed one, or a part that could not be
     /// gathered) to the cache at time `now_ns`; unmaps what leaves it. `live`: live large
     /// memory before a free.
-    fn cache_block(&self, addr: usize, len: usize, zero: bool, now_ns: u64, live: Live) {
+    fn cache_block(&self, addr: usize, len: usize, facts: PageFacts, now_ns: u64, live: Live) {
         let (accepted, unmaps, due_ns) = {
             let mut cache = self.cache();
             let due_ns = now_ns.saturating_add(cache.limits().release_after_ns.min(cache.limits().expire_after_ns));
-            let inserted = cache.insert(addr, len, zero, now_ns, live);
+            // Note [Fork at the fork]: a block freed by a fork handler is kept from the child.
+            let forking = self.forking.load(Relaxed);
+            let facts = if forking && self.memory.keep_from_fork(addr, len) { PageFacts { kept_all: true, kept_any: true, ..facts } } else { facts };
+            let inserted = cache.insert(addr, len, facts, now_ns, live);
             // The merged block's records: its parts' go, then its own (the leaves exist: its
             // start and last page were the starts and last pages of blocks recorded before). A
             // block cached where it starts keeps its entry, rewritten: clearing it would unmark
@@ -722,10 +856,6 @@ impl<M: PageMemory> HostLayer<M> {
             }
             if inserted.accepted {
                 let _ = self.registry.set_cached(inserted.block.addr, inserted.block.len);
-                // Note [Fork at the fork]: a block freed by a fork handler.
-                if self.forking.load(Relaxed) {
-                    self.memory.keep_from_fork(inserted.block.addr, inserted.block.len);
-                }
             }
             for r in inserted.evicted.iter() {
                 self.registry.clear(r.addr);
@@ -756,7 +886,7 @@ impl<M: PageMemory> HostLayer<M> {
     fn resize_untimed(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
         let (need, granule) = self.block_shape(new_size)?;
         let born = self.registry.birth(addr);
-        let changes = self.registry.changes(addr);
+        let marks = self.registry.marks(addr);
         let was_asked = self.registry.asked(addr);
         if need <= len {
             let spare = len - need;
@@ -764,7 +894,7 @@ impl<M: PageMemory> HostLayer<M> {
                 let mut cache = self.cache();
                 (spare > len / 100 * cache.waste_percent()).then(|| {
                     let _ = self.registry.set_live(addr, need, born);
-                    self.registry.keep_changes(addr, changes);
+                    self.registry.keep_marks(addr, marks);
                     self.defer_unmaps(&mut cache, &single(Range { addr: addr + need, len: spare }))
                 })
             };
@@ -783,13 +913,13 @@ impl<M: PageMemory> HostLayer<M> {
             if let Some(moved) = moved {
                 // Cannot fail: the spare leaf was reserved above.
                 let _ = self.registry.set_live(moved, need, born);
-                self.registry.keep_changes(moved, changes);
+                self.registry.keep_marks(moved, marks);
                 self.stats.remaps.add(1);
                 self.record_resize((addr, len, was_asked), (moved, need), new_size, born);
                 return Some(moved);
             }
             let _ = self.registry.set_live(addr, len, born);
-            self.registry.keep_changes(addr, changes);
+            self.registry.keep_marks(addr, marks);
         }
         // mremap refuses ranges that span several mappings (a program may have madvised part
         // of the block): copy instead.
@@ -822,8 +952,15 @@ impl<M: PageMemory> HostLayer<M> {
         let drop_pages = match self.release_mode() {
             Release::Free => false,
             Release::DontNeed => true,
-            // Only with something cached is the question worth a few reads.
-            Release::Auto => self.stats.cached.current() > 0 && self.memory.near_limit(),
+            // Only with something due, or lazily freed, is the question worth a few reads (the
+            // pass comes every second while the cache holds anything: Note [Room for others]).
+            Release::Auto => {
+                let (due, lazy) = {
+                    let cache = self.cache();
+                    (cache.next_deadline_ns().is_some_and(|d| d <= now), cache.resident_split().1 > 0)
+                };
+                (due || lazy) && self.memory.near_limit()
+            }
         };
         let (due, transit) = {
             let mut cache = self.cache();
@@ -860,6 +997,13 @@ impl<M: PageMemory> HostLayer<M> {
         };
         self.unmap_all(&doomed);
         drop(transit);
+        // While it holds idle memory, the background pass (which reads the address-space limit
+        // first) comes at least once a second: a limit another process lowers with prlimit, or
+        // the program with a raw system call, is seen within one (Note [Room for others]).
+        if self.holds_idle_memory() {
+            let poll = (self.clock)().saturating_add(LIMIT_POLL_NS);
+            return Some(deadline.map_or(poll, |d| d.min(poll)));
+        }
         deadline
     }
 
@@ -893,7 +1037,7 @@ impl<M: PageMemory> HostLayer<M> {
         for r in cache.forget_all().iter() {
             self.registry.clear(r.addr);
         }
-        self.transit.store(0, Relaxed); // the threads that had ranges in transit are not here
+        self.transit.clear(); // the threads that had ranges in transit are not here
         self.stats.cached.set(0);
         self.forget_blocks_kept_from_children();
         self.stats.deferred.set(0);
@@ -948,6 +1092,11 @@ impl<M: PageMemory> HostLayer<M> {
         }
     }
 
+    /// Calls `f(addr, len)` for each of our own tables (Note [Locked memory]).
+    pub fn for_each_table(&self, f: impl FnMut(usize, usize)) {
+        self.registry.for_each_table(f);
+    }
+
     /// The program changes the pages of [addr, addr+len) through libc: the live blocks there
     /// are reset, or unmapped when replaced, at their free (Note [Pages the program changed]).
     #[inline]
@@ -961,16 +1110,11 @@ impl<M: PageMemory> HostLayer<M> {
         self.fork_pid.store(self.memory.process_id(), Relaxed);
         self.cache.lock_for_fork();
         self.forking.store(true, Relaxed);
-        let start = (self.clock)();
-        for spins in 0u64.. {
-            if self.transit.load(Acquire) == 0 || (spins % 1024 == 1023 && (self.clock)().saturating_sub(start) > TRANSIT_WAIT_NS) {
-                break;
-            }
-            core::hint::spin_loop();
-        }
-        let cache = self.cache(); // this thread's again: it holds the lock
-        for b in cache.blocks() {
-            self.memory.keep_from_fork(b.addr, b.len);
+        // Asleep, not spinning: the threads it waits for may need this CPU.
+        self.transit.wait_empty(self.clock, (self.clock)().saturating_add(TRANSIT_WAIT_NS));
+        let mut cache = self.cache(); // this thread's again: it holds the lock
+        for r in cache.keep_from_fork().iter() {
+            self.memory.keep_from_fork(r.addr, r.len);
         }
         for r in cache.deferred().iter() {
             self.memory.keep_from_fork(r.addr, r.len);
@@ -978,16 +1122,12 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     /// # Safety
-    /// Only in the fork handlers, after `lock_for_fork`.
+    /// Only in the fork handlers, after `lock_for_fork`. The cached blocks stay kept from
+    /// children until they leave the cache (Note [Fork at the fork]).
     pub unsafe fn unlock_after_fork(&self) {
-        {
-            // In the child, this forgets the parent's blocks first (Note [Fork handlers that
-            // allocate]); what is left was freed here.
-            let cache = self.cache();
-            for b in cache.blocks() {
-                self.memory.readmit(b.addr, b.len);
-            }
-        }
+        // In the child, this forgets the parent's blocks first (Note [Fork handlers that
+        // allocate]).
+        drop(self.cache());
         self.forking.store(false, Relaxed);
         self.cache.force_unlock();
     }
@@ -1017,16 +1157,17 @@ impl<M: PageMemory> HostLayer<M> {
     }
 }
 
+/// The longest the background pass waits while the cache holds something (Note [Room for
+/// others]).
+const LIMIT_POLL_NS: u64 = 1_000_000_000;
+
 /// How long a fork waits for ranges in transit (Note [Fork at the fork]).
 const TRANSIT_WAIT_NS: u64 = 100_000_000;
 
-/// Ranges in transit until dropped (Note [Fork at the fork]).
-struct Transit<'a>(&'a AtomicUsize);
-
-impl Drop for Transit<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Release);
-    }
+/// The tag of the library a holder word names, as a cached block's advice records it (Note
+/// [Huge-page advice]): never 0.
+fn holder_tag(holder: u64) -> u32 {
+    u32::from(crate::record::holders::id_of(holder)) + 1
 }
 
 fn single(r: Range) -> RangeList {

@@ -37,6 +37,19 @@ const CHANGED: u64 = 4;
 const REPLACED: u64 = 8;
 /// A live block the program advised MADV_DONTFORK: a forked child may not have it.
 const KEPT_FROM_CHILDREN: u64 = 16;
+/// Two bits: how many zeroings in a row found the block mostly resident (Note [calloc costs
+/// what is touched] in host/host_layer.rs).
+const VOTES_SHIFT: u32 = 5;
+const VOTES_MASK: u64 = 3 << VOTES_SHIFT;
+/// A live block part of which the program advised MADV_HUGEPAGE (Note [Huge-page advice]).
+const HUGE_ADVICE: u64 = 128;
+/// ... MADV_NOHUGEPAGE.
+const NO_HUGE_ADVICE: u64 = 256;
+/// A live block part of which the program tagged with a protection key other than the default
+/// (pkey_mprotect): its reset at free uses pkey_mprotect, every other one plain mprotect.
+const KEYED: u64 = 512;
+/// Every mark of what the program did, the votes aside.
+const PROGRAM_MARKS: u64 = CHANGED | REPLACED | KEPT_FROM_CHILDREN | HUGE_ADVICE | NO_HUGE_ADVICE | KEYED;
 
 /// What the program did to a range's pages (`note_change`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +60,54 @@ pub enum PageChange {
     Replaced,
     /// MADV_DONTFORK: as Changed, and a forked child checks that it has the block.
     KeptFromChildren,
+    /// pkey_mprotect with a key other than the default: as Changed, reset with keys.
+    Keyed,
+    /// MADV_HUGEPAGE (true) or MADV_NOHUGEPAGE (false): Note [Huge-page advice].
+    HugeAdvice(bool),
+}
+
+/// What the registry knows of a live block's pages: the program's marks (`note_change`) and
+/// the zeroing votes (`set_votes`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Marks(u64);
+
+impl Marks {
+    /// Protection, locks or advice changed: reset at free.
+    pub const fn changed(self) -> bool {
+        self.0 & CHANGED != 0
+    }
+    /// Part of it unmapped, moved or mapped over: never reused.
+    pub const fn replaced(self) -> bool {
+        self.0 & REPLACED != 0
+    }
+    /// Tagged with a protection key: reset with pkey_mprotect.
+    pub const fn keyed(self) -> bool {
+        self.0 & KEYED != 0
+    }
+    /// Advised MADV_HUGEPAGE somewhere (and never MADV_NOHUGEPAGE).
+    pub const fn huge(self) -> bool {
+        self.0 & (HUGE_ADVICE | NO_HUGE_ADVICE) == HUGE_ADVICE
+    }
+    /// Advised MADV_NOHUGEPAGE somewhere.
+    pub const fn no_huge(self) -> bool {
+        self.0 & NO_HUGE_ADVICE != 0
+    }
+    /// Zeroings in a row that found it mostly resident (0-3).
+    pub const fn votes(self) -> u8 {
+        ((self.0 & VOTES_MASK) >> VOTES_SHIFT) as u8
+    }
+    /// The same marks with `votes` votes.
+    pub const fn with_votes(self, votes: u8) -> Marks {
+        Marks(self.0 & !VOTES_MASK | ((votes as u64) << VOTES_SHIFT) & VOTES_MASK)
+    }
+    /// The same marks plus MADV_HUGEPAGE advice (a block handed back to the code that advised it).
+    pub const fn with_huge(self) -> Marks {
+        Marks(self.0 | HUGE_ADVICE)
+    }
+    #[cfg(test)]
+    pub const fn bits(self) -> u64 {
+        self.0
+    }
 }
 
 /// Set once any block was kept from children (the child's check is skipped otherwise).
@@ -376,6 +437,9 @@ impl Registry {
                 ANY_KEPT_FROM_CHILDREN.store(true, Ordering::Relaxed);
                 KEPT_FROM_CHILDREN | CHANGED
             }
+            PageChange::Keyed => KEYED | CHANGED,
+            PageChange::HugeAdvice(true) => HUGE_ADVICE,
+            PageChange::HugeAdvice(false) => NO_HUGE_ADVICE,
         };
         let mut page = addr & !(PAGE - 1);
         if let Some(start) = self.block_containing(page) {
@@ -423,6 +487,26 @@ impl Registry {
         Some(unsafe { &*leaf.add(ASKED_AT + index) })
     }
 
+    /// Calls `f(addr, len)` for each table of ours: the root, every leaf, and the filter shared
+    /// by every registry (the mlockall shim unlocks them: Note [Locked memory] in
+    /// host/host_layer.rs).
+    pub fn for_each_table(&self, mut f: impl FnMut(usize, usize)) {
+        f(EVER_OVERLAPPED.as_ptr() as usize, core::mem::size_of_val(&EVER_OVERLAPPED));
+        let Some(root) = self.root(false) else { return };
+        f(root as usize, ROOT_ENTRIES * core::mem::size_of::<AtomicPtr<AtomicU64>>());
+        for r in 0..ROOT_ENTRIES {
+            // SAFETY: r < ROOT_ENTRIES; the root table lives forever.
+            let leaf = unsafe { (*root.add(r)).load(Ordering::Acquire) };
+            if !leaf.is_null() {
+                f(leaf as usize, LEAF_BYTES);
+            }
+        }
+        let spare = self.spare.load(Ordering::Acquire);
+        if !spare.is_null() {
+            f(spare as usize, LEAF_BYTES);
+        }
+    }
+
     /// Calls `f(addr, len)` for every live block the program kept from forked children (a walk
     /// of every table, only once any block was: for a forked child's handler).
     pub fn for_each_kept_from_children(&self, mut f: impl FnMut(usize, usize)) {
@@ -436,18 +520,17 @@ impl Registry {
         });
     }
 
-    /// What the program did to the pages of the live block at `addr`: (changed, replaced).
-    pub fn changes(&self, addr: usize) -> (bool, bool) {
+    /// What is known of the pages of the live block at `addr` (nothing for any other address).
+    pub fn marks(&self, addr: usize) -> Marks {
         let entry = self.slot(addr, false).map_or(0, |s| s.load(Ordering::Acquire));
-        (entry & CHANGED != 0, entry & REPLACED != 0)
+        Marks(if entry & KIND_MASK == LIVE { entry & (PROGRAM_MARKS | VOTES_MASK) } else { 0 })
     }
 
-    /// Marks the live block at `addr` as the program left it (a resize that keeps the block
-    /// keeps what was done to its pages).
-    pub fn keep_changes(&self, addr: usize, (changed, replaced): (bool, bool)) {
-        let flag = if changed { CHANGED } else { 0 } | if replaced { REPLACED } else { 0 };
+    /// Adds `marks` to the live block at `addr`, its votes replacing the block's (a resize that
+    /// keeps the block keeps what was done to its pages; a block handed out carries its votes).
+    pub fn keep_marks(&self, addr: usize, marks: Marks) {
         if let Some(slot) = self.slot(addr, false) {
-            let _ = slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| (e & KIND_MASK == LIVE).then_some(e | flag));
+            let _ = slot.fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| (e & KIND_MASK == LIVE).then_some(e & !VOTES_MASK | marks.0));
         }
     }
 
@@ -604,25 +687,36 @@ mod tests {
         let (b, c, d) = (a + 8 * mib, a + 12 * mib, a + 40 * mib);
         assert!(reg.set_live(a, 4 * mib, born(1)) && reg.set_cached(b, 4 * mib));
         assert!(reg.set_live(c, 16 * mib, born(1)) && reg.set_live(d, 64 * mib, born(1)));
-        let clean = (false, false);
+        let clean = Marks::default();
+        let flags = |x| (reg.marks(x).changed(), reg.marks(x).replaced());
         reg.note_change(a + 5 * mib, PAGE, PageChange::Changed);
         reg.note_change(a - 64 * mib, 60 * mib, PageChange::Replaced);
-        assert!([a, b, c, d].iter().all(|&x| reg.changes(x) == clean), "ranges beside the blocks mark none");
+        assert!([a, b, c, d].iter().all(|&x| reg.marks(x) == clean), "ranges beside the blocks mark none");
         reg.note_change(c + 3 * PAGE, PAGE, PageChange::Changed);
-        assert_eq!(reg.changes(c), (true, false), "one page inside a block marks it");
-        assert_eq!([reg.changes(a), reg.changes(d)], [clean, clean]);
+        assert_eq!(flags(c), (true, false), "one page inside a block marks it");
+        assert_eq!([reg.marks(a), reg.marks(d)], [clean, clean]);
         reg.note_change(a + 4 * mib - PAGE, 10 * mib, PageChange::Replaced);
-        assert_eq!(reg.changes(a), (true, true), "a range from a block's last page on");
-        assert_eq!(reg.changes(c), (true, true), "a range that reaches into the next block");
+        assert_eq!(flags(a), (true, true), "a range from a block's last page on");
+        assert_eq!(flags(c), (true, true), "a range that reaches into the next block");
         assert_eq!(reg.owner(b), Owner::Cached, "cached blocks are not the program's: unmarked");
-        assert_eq!(reg.changes(d), clean);
+        assert_eq!(reg.marks(b), clean);
+        assert_eq!(reg.marks(d), clean);
+        reg.note_change(d + mib, PAGE, PageChange::HugeAdvice(true));
+        assert!(reg.marks(d).huge() && !reg.marks(d).changed(), "huge-page advice alone needs no reset");
+        reg.note_change(d, PAGE, PageChange::Keyed);
+        assert!(reg.marks(d).keyed() && reg.marks(d).changed());
+        reg.note_change(d + 2 * mib, PAGE, PageChange::HugeAdvice(false));
+        assert!(reg.marks(d).no_huge() && !reg.marks(d).huge(), "both kinds of advice: undone as MADV_NOHUGEPAGE");
         reg.note_change(0, usize::MAX, PageChange::Changed);
-        assert_eq!(reg.changes(d), (true, false), "the whole address space");
+        assert_eq!(flags(d), (true, false), "the whole address space");
         assert_eq!(reg.owner(d), Owner::Live { len: 64 * mib }, "the length survives the marks");
         assert!(reg.set_live(d, 64 * mib, born(2)));
-        assert_eq!(reg.changes(d), clean, "a block handed out again starts as the kernel made it");
-        reg.keep_changes(d, (true, false));
-        assert_eq!(reg.changes(d), (true, false));
+        assert_eq!(reg.marks(d), clean, "a block handed out again starts as the kernel made it");
+        reg.keep_marks(d, Marks::default().with_votes(2).with_huge());
+        assert_eq!((reg.marks(d).votes(), reg.marks(d).huge(), reg.marks(d).changed()), (2, true, false));
+        reg.keep_marks(d, reg.marks(d).with_votes(1));
+        assert_eq!(reg.marks(d).votes(), 1, "votes are replaced, marks kept");
+        assert_eq!(reg.owner(d), Owner::Live { len: 64 * mib });
         for x in [a, b, c, d] {
             reg.clear(x);
         }

@@ -24,6 +24,13 @@ use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 // A call site keeps its holder until its object is unloaded by dlclose (then it is retired, see
 // below); an object unloaded some other way (the loader's own, never) would leave its row named
 // after whatever object starts at its base then ("(unloaded object)" when none does).
+// A row whose object is unloaded with nothing live (or whose last block is freed after) is free
+// for the next holder: a plugin loaded and unloaded 10,000 times takes one row, not the table.
+// Freed keys become TOMBSTONE, which a lookup passes over (the keys after it in its probe
+// sequence stay found) and a new key takes; a retired row with live blocks is freed when the
+// table is full and its blocks are gone. The call sites' cache holds 8192 sets of two entries:
+// 2,048 call sites in rotation stay in it but for a few percent (a miss reads the loader's
+// tables, a few hundred nanoseconds, no system call).
 
 /// Places: host blocks, pinned host blocks (cudaMallocHost), then one per device.
 pub const PLACE_HOST: u8 = 0;
@@ -50,10 +57,22 @@ pub const KEY_ANONYMOUS: u64 = 15;
 
 const CALLER_BITS: u32 = 48;
 const CALLER_MASK: u64 = (1 << CALLER_BITS) - 1;
-const CALLER_CACHE: usize = 512;
+/// Sets of two entries in the call sites' cache.
+const CALLER_SETS: usize = 8192;
+
+/// A call site's set: the address mixed (murmur3's finalizer) so that sites spaced evenly in
+/// code spread evenly over the sets.
+fn caller_set(caller: u64) -> usize {
+    let mut x = caller;
+    x = (x ^ (x >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x = (x ^ (x >> 33)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    (x ^ (x >> 33)) as usize % CALLER_SETS
+}
 
 /// Marks the key of an unloaded object: no load base has this bit.
 const RETIRED: u64 = 1 << 63;
+/// The key of a freed row: a lookup passes over it, a new key takes it.
+const TOMBSTONE: u64 = u64::MAX;
 /// Bytes of a retired holder's name kept.
 pub const RETIRED_NAME_BYTES: usize = 56;
 
@@ -120,8 +139,8 @@ pub struct Holders {
     /// The key of each id (0: free; id UNKNOWN's stays 0).
     keys: [AtomicU64; MAX_HOLDERS],
     rows: [[Row; PLACES]; MAX_HOLDERS],
-    /// Return address -> id, direct-mapped: `caller | id << 48`, one load per lookup.
-    callers: [AtomicU64; CALLER_CACHE],
+    /// Return address -> id, two ways per set: `caller | id << 48`, two loads per lookup.
+    callers: [[AtomicU64; 2]; CALLER_SETS],
     /// Keys refused a row: the table was full (Note [Holders]).
     refused: AtomicU64,
     /// The names of retired holders (unloaded objects), by id: length, then bytes.
@@ -139,7 +158,7 @@ impl Holders {
         Holders {
             keys: [const { AtomicU64::new(0) }; MAX_HOLDERS],
             rows: [const { [const { Row::new() }; PLACES] }; MAX_HOLDERS],
-            callers: [const { AtomicU64::new(0) }; CALLER_CACHE],
+            callers: [const { [const { AtomicU64::new(0) }; 2] }; CALLER_SETS],
             refused: AtomicU64::new(0),
             retired_names: crate::sys::lock::Lock::new([(0, [0; RETIRED_NAME_BYTES]); MAX_HOLDERS]),
         }
@@ -147,30 +166,123 @@ impl Holders {
 
     /// The id of `key`, given one if new; UNKNOWN for key 0 or once every id is taken.
     pub fn id_of_key(&self, key: u64) -> u16 {
-        if key == 0 {
+        if key == 0 || key == TOMBSTONE {
             return UNKNOWN;
         }
-        let start = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize % (MAX_HOLDERS - 1);
-        for probe in 0..MAX_HOLDERS - 1 {
-            let id = 1 + (start + probe) % (MAX_HOLDERS - 1);
-            let Some(slot) = self.keys.get(id) else { break };
-            // A read first: a known key (every hook's allocation) takes no locked instruction.
-            let k = slot.load(Relaxed);
-            if k == key {
-                return id as u16;
-            }
-            if k == 0 && slot.compare_exchange(0, key, Relaxed, Relaxed).map_or_else(|theirs| theirs == key, |_| true) {
-                return id as u16;
+        if let Some(id) = self.find_or_claim(key) {
+            return id;
+        }
+        // Full: rows of unloaded objects whose blocks are all gone make room.
+        if self.free_retired_rows() > 0 {
+            if let Some(id) = self.find_or_claim(key) {
+                return id;
             }
         }
         self.refused.fetch_add(1, Relaxed);
         UNKNOWN
     }
 
-    /// The object that started at `start` was unloaded: its row keeps its blocks under `name`,
-    /// and its call sites are forgotten (code loaded there later is another holder).
+    /// One pass of the probe sequence of `key`: its id, or a free row claimed for it (the first
+    /// tombstone passed, else the empty key that ends the sequence); None when full.
+    fn find_or_claim(&self, key: u64) -> Option<u16> {
+        let start = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize % (MAX_HOLDERS - 1);
+        let mut first_free = None;
+        for probe in 0..MAX_HOLDERS - 1 {
+            let id = 1 + (start + probe) % (MAX_HOLDERS - 1);
+            let Some(slot) = self.keys.get(id) else { break };
+            // A read first: a known key (every hook's allocation) takes no locked instruction.
+            match slot.load(Relaxed) {
+                k if k == key => return Some(id as u16),
+                TOMBSTONE => {
+                    first_free.get_or_insert(id);
+                }
+                0 => {
+                    first_free.get_or_insert(id);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let id = first_free?;
+        let slot = self.keys.get(id)?;
+        let was = slot.load(Relaxed);
+        if was == key {
+            return Some(id as u16);
+        }
+        if was != 0 && was != TOMBSTONE {
+            return self.find_or_claim_again(key);
+        }
+        match slot.compare_exchange(was, key, Relaxed, Relaxed) {
+            Ok(_) => Some(id as u16),
+            Err(theirs) if theirs == key => Some(id as u16),
+            // Another key took it meanwhile: look again.
+            Err(_) => self.find_or_claim_again(key),
+        }
+    }
+
+    #[cold]
+    fn find_or_claim_again(&self, key: u64) -> Option<u16> {
+        (1..MAX_HOLDERS).find(|&id| self.keys.get(id).is_some_and(|k| k.load(Relaxed) == key)).map(|id| id as u16).or_else(|| {
+            (1..MAX_HOLDERS).find_map(|id| {
+                let slot = self.keys.get(id)?;
+                let was = slot.load(Relaxed);
+                ((was == 0 || was == TOMBSTONE) && slot.compare_exchange(was, key, Relaxed, Relaxed).is_ok()).then_some(id as u16)
+            })
+        })
+    }
+
+    /// Whether holder `id` holds nothing in any place.
+    fn is_empty(&self, id: usize) -> bool {
+        self.rows.get(id).is_some_and(|places| places.iter().all(|r| r.blocks.load(Relaxed) == 0 && r.live.load(Relaxed) == 0))
+    }
+
+    /// Frees row `id`: its figures are zeroed and its key becomes TOMBSTONE.
+    fn free_row(&self, id: usize) {
+        if let Some(places) = self.rows.get(id) {
+            for r in places {
+                r.live.store(0, Relaxed);
+                r.peak.store(0, Relaxed);
+                r.blocks.store(0, Relaxed);
+                r.unused.store(0, Relaxed);
+            }
+        }
+        if let Some(k) = self.keys.get(id) {
+            k.store(TOMBSTONE, Relaxed);
+        }
+    }
+
+    /// Frees the rows of unloaded objects that hold nothing now; returns how many.
+    fn free_retired_rows(&self) -> usize {
+        let mut freed = 0;
+        for id in 1..MAX_HOLDERS {
+            let key = self.keys.get(id).map_or(0, |k| k.load(Relaxed));
+            if key != TOMBSTONE && key & RETIRED != 0 && self.is_empty(id) {
+                self.free_row(id);
+                freed += 1;
+            }
+        }
+        freed
+    }
+
+    /// Forgets every call site cached for holder `id`.
+    fn forget_call_sites(&self, id: usize) {
+        for c in self.callers.iter().flatten() {
+            if usize::from(id_of(c.load(Relaxed))) == id {
+                c.store(0, Relaxed);
+            }
+        }
+    }
+
+    /// The object that started at `start` was unloaded: its call sites are forgotten (code
+    /// loaded there later is another holder); its row is freed if it holds nothing, else keeps
+    /// its blocks under `name`.
     pub fn retire(&self, start: u64, name: &[u8]) {
         let Some(id) = (1..MAX_HOLDERS).find(|&id| self.keys.get(id).is_some_and(|k| k.load(Relaxed) == start)) else { return };
+        if self.is_empty(id) {
+            self.free_row(id);
+            self.forget_call_sites(id);
+            return;
+        }
         {
             let mut names = self.retired_names.lock();
             if let Some((len, bytes)) = names.get_mut(id) {
@@ -184,16 +296,13 @@ impl Holders {
         if let Some(k) = self.keys.get(id) {
             k.store(start | RETIRED, Relaxed);
         }
-        for c in &self.callers {
-            if usize::from(id_of(c.load(Relaxed))) == id {
-                c.store(0, Relaxed);
-            }
-        }
+        self.forget_call_sites(id);
     }
 
     /// The saved name of a retired holder (an unloaded object), given to `f`.
     pub fn retired_name<T>(&self, id: u16, f: impl FnOnce(Option<&[u8]>) -> T) -> T {
-        if self.key(id) & RETIRED == 0 {
+        let key = self.key(id);
+        if key & RETIRED == 0 || key == TOMBSTONE {
             return f(None);
         }
         let names = self.retired_names.lock();
@@ -217,13 +326,19 @@ impl Holders {
         if caller == 0 {
             return 0;
         }
-        let slot = self.callers.get((caller.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize % CALLER_CACHE);
-        if let Some(cached) = slot.map(|s| s.load(Relaxed)).filter(|&c| c & CALLER_MASK == caller) {
-            return cached;
+        let Some([first, second]) = self.callers.get(caller_set(caller)) else { return 0 };
+        for way in [first, second] {
+            let cached = way.load(Relaxed);
+            if cached & CALLER_MASK == caller {
+                return cached;
+            }
         }
         let word = caller | u64::from(self.id_of_key(key_of(caller as usize))) << CALLER_BITS;
-        if let Some(s) = slot {
-            s.store(word, Relaxed);
+        // The newest in the first way, the one it pushes out in the second (each entry names
+        // its own call site: a reader racing these stores finds its site or misses).
+        let pushed = first.swap(word, Relaxed);
+        if pushed != 0 {
+            second.store(pushed, Relaxed);
         }
         word
     }
@@ -371,6 +486,9 @@ pub fn describe<T>(word: u64, f: impl FnOnce(&Description) -> T) -> T {
 /// The short name of holder `id` (its object's file name, or its hook's library).
 pub fn holder_name<T>(id: u16, f: impl FnOnce(&[u8]) -> T) -> T {
     let key = HOLDERS.key(id);
+    if key == TOMBSTONE {
+        return f(b"(unloaded object)");
+    }
     if key & RETIRED != 0 {
         return HOLDERS.retired_name(id, |name| {
             let mut w = crate::sys::stderr::StackWriter::<80>::new();
@@ -472,5 +590,85 @@ mod tests {
         h.for_each_row(|r| rows.push(*r));
         assert_eq!((rows[0].live_bytes, rows[0].peak_bytes, rows[0].blocks, rows[0].unused_bytes), (20, 40, 1, 4076));
         assert_eq!(hook_name(h.key(rows[0].id)), Some("numpy"));
+    }
+}
+
+#[cfg(test)]
+mod reuse_tests {
+    use super::*;
+
+    #[test]
+    fn rows_of_unloaded_objects_are_reused_and_the_next_holder_named() {
+        let h = Holders::new();
+        // 10,000 loads of a plugin at one address, each with a block freed before the unload.
+        for cycle in 0..10_000u64 {
+            let word = h.holder_of_call(0x7000_1000 + (cycle as usize % 7) * 16, |_| 0x7000_0000);
+            assert_ne!(id_of(word), UNKNOWN, "cycle {cycle}");
+            h.on_alloc(word, PLACE_HOST, 100, 4096);
+            h.on_free(word, PLACE_HOST, 100, 4096);
+            h.retire(0x7000_0000, b"libplugin.so");
+        }
+        assert_eq!(h.refused(), 0);
+        let mut rows = 0;
+        h.for_each_row(|_| rows += 1);
+        assert_eq!(rows, 0, "no row left for the unloaded plugin");
+        // Plugins at 500 other addresses, each unloaded with nothing live: the table never fills.
+        for i in 0..2000u64 {
+            let start = 0x1_0000_0000 + i * 0x10_0000;
+            let w = h.holder_of_call(start as usize + 64, |_| start);
+            assert_ne!(id_of(w), UNKNOWN);
+            h.retire(start, b"libp.so");
+        }
+        let next = h.holder_of_call(0x9000_0040, |_| 0x9000_0000);
+        assert_ne!(id_of(next), UNKNOWN);
+        assert_eq!(h.key(id_of(next)), 0x9000_0000, "the next library has a row of its own");
+    }
+
+    #[test]
+    fn a_retired_row_with_live_blocks_keeps_its_name_until_they_are_freed() {
+        let h = Holders::new();
+        let w = h.holder_of_call(0x7000_1000, |_| 0x7000_0000);
+        h.on_alloc(w, PLACE_HOST, 100, 4096);
+        h.retire(0x7000_0000, b"libkept.so");
+        assert_eq!(h.retired_name(id_of(w), |n| n.map(<[u8]>::to_vec)), Some(b"libkept.so".to_vec()));
+        // Fill the table: the retired row is not taken while its block lives.
+        let mut ids = 0;
+        for i in 0..(MAX_HOLDERS as u64 * 2) {
+            if h.id_of_key(0x10_0000_0000 + (i << 12)) != UNKNOWN {
+                ids += 1;
+            }
+        }
+        assert_eq!(ids, MAX_HOLDERS - 2, "every row but UNKNOWN's and the retired one's");
+        assert_eq!(h.retired_name(id_of(w), |n| n.is_some()), true);
+        h.on_free(w, PLACE_HOST, 100, 4096);
+        assert_ne!(h.id_of_key(0x20_0000_0000), UNKNOWN, "a full table frees the retired row once its blocks are gone");
+    }
+
+    #[test]
+    fn keys_after_a_freed_row_in_their_probe_sequence_are_still_found() {
+        let h = Holders::new();
+        // Keys that collide: same probe start.
+        let keys: Vec<u64> = (1..u64::MAX).map(|i| i << 12).filter(|k| (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) % (MAX_HOLDERS as u64 - 1) == 3).take(4).collect();
+        let ids: Vec<u16> = keys[..3].iter().map(|&k| h.id_of_key(k)).collect();
+        h.retire(keys[0], b"first");
+        assert_eq!(h.id_of_key(keys[1]), ids[1]);
+        assert_eq!(h.id_of_key(keys[2]), ids[2]);
+        assert_eq!(h.id_of_key(keys[3]), ids[0], "a new key takes the freed row");
+    }
+
+    #[test]
+    fn two_thousand_call_sites_stay_cached() {
+        let h = Holders::new();
+        let asked = std::cell::Cell::new(0);
+        let sites: Vec<usize> = (0..2048).map(|i| 0x40_0000 + i * 37).collect();
+        for _ in 0..3 {
+            for &site in &sites {
+                h.holder_of_call(site, |_| {
+                    asked.set(asked.get() + 1);
+                    0x40_0000
+                });
+            }
+        }
+        assert!(asked.get() < 2048 + 2 * 2048 / 20, "{} lookups for 2048 sites over three rounds: more than 5% missed", asked.get());
     }
 }

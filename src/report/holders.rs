@@ -197,10 +197,16 @@ pub fn write_json<W: Write>(w: &mut W, t: &Table) -> fmt::Result {
     w.write_str("]")
 }
 
-/// `tm_holder_t` in include/tensormalloc.h.
+/// TM_HOLDER_VERSION in include/tensormalloc.h.
+pub const C_HOLDER_VERSION: u32 = 3;
+
+/// `tm_holder_t` in include/tensormalloc.h (version 3).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CHolderRow {
+    /// Bytes of the row filled.
+    pub size: u32,
+    pub version: u32,
     /// The holder's short name, NUL-terminated (cut to fit).
     pub name: [u8; 64],
     /// -1 host, -2 pinned host memory, N >= 0 device N.
@@ -213,17 +219,32 @@ pub struct CHolderRow {
     pub unused_bytes: u64,
 }
 
-/// Writes the first `capacity` rows, in the reports' order, every holder its own row (none
-/// summed), to `out`; returns how many rows there are. Each row written is picked by one pass
-/// over all of them: no table to sort, no allocation.
-///
-/// # Safety
-/// `out` points to `capacity` writable rows (or `capacity` is 0).
-pub unsafe fn fill_c_rows(out: *mut CHolderRow, capacity: usize) -> usize {
+/// `tm_holder_v1_t`: the first layout, which the legacy `tm_holders` writes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CHolderRowV1 {
+    pub name: [u8; 64],
+    pub place: i32,
+    pub cached: i32,
+    pub live_bytes: u64,
+    pub peak_bytes: u64,
+    pub blocks: u64,
+}
+
+impl From<&CHolderRow> for CHolderRowV1 {
+    fn from(r: &CHolderRow) -> Self {
+        CHolderRowV1 { name: r.name, place: r.place, cached: r.cached, live_bytes: r.live_bytes, peak_bytes: r.peak_bytes, blocks: r.blocks }
+    }
+}
+
+/// Calls `f` with each of the first `limit` rows, in the reports' order, every holder its own
+/// row (none summed); returns how many rows there are. Each row is picked by one pass over all
+/// of them: no table to sort, no allocation.
+fn for_each_c_row(limit: usize, mut f: impl FnMut(usize, &CHolderRow)) -> usize {
     let mut count = 0;
     for_each_row(|_| count += 1);
     let mut previous = None;
-    for i in 0..(if out.is_null() { 0 } else { capacity.min(count) }) {
+    for i in 0..limit.min(count) {
         let mut next: Option<HolderRow> = None;
         for_each_row(|r| {
             let after_previous = previous.is_none_or(|p| order_key(&r) > p);
@@ -245,7 +266,9 @@ pub unsafe fn fill_c_rows(out: *mut CHolderRow, capacity: usize) -> usize {
             PLACE_PINNED => -2,
             d => i32::from(d) - 2,
         };
-        let row = CHolderRow {
+        f(i, &CHolderRow {
+            size: core::mem::size_of::<CHolderRow>() as u32,
+            version: C_HOLDER_VERSION,
             name,
             place,
             cached: i32::from(r.id == CACHED),
@@ -253,11 +276,37 @@ pub unsafe fn fill_c_rows(out: *mut CHolderRow, capacity: usize) -> usize {
             peak_bytes: r.peak_bytes,
             blocks: r.blocks,
             unused_bytes: r.unused_bytes,
-        };
-        // SAFETY: i < capacity, and out has room for capacity rows.
-        unsafe { out.add(i).write(row) };
+        });
     }
     count
+}
+
+/// Writes the first `capacity` rows to `out`, `row_size` bytes apart, at most `row_size` bytes
+/// of each (`size` says how many); returns how many rows there are.
+///
+/// # Safety
+/// `out` points to `capacity * row_size` writable bytes (or `capacity` is 0).
+pub unsafe fn fill_c_rows(out: *mut u8, capacity: usize, row_size: usize) -> usize {
+    let limit = if out.is_null() || row_size < 8 { 0 } else { capacity };
+    for_each_c_row(limit, |i, row| {
+        let filled = row_size.min(core::mem::size_of::<CHolderRow>());
+        let row = CHolderRow { size: filled as u32, ..*row };
+        // SAFETY: i < capacity, so row i's `row_size` bytes are the caller's; we write `filled`
+        // of them, from a row of ours at least that long.
+        unsafe { core::ptr::copy_nonoverlapping((&row as *const CHolderRow).cast::<u8>(), out.add(i * row_size), filled) };
+    })
+}
+
+/// The legacy `tm_holders`: the first `capacity` rows in the first layout.
+///
+/// # Safety
+/// `out` points to `capacity` writable `tm_holder_v1_t` (or `capacity` is 0).
+pub unsafe fn fill_v1_rows(out: *mut CHolderRowV1, capacity: usize) -> usize {
+    let limit = if out.is_null() { 0 } else { capacity };
+    for_each_c_row(limit, |i, row| {
+        // SAFETY: i < capacity, and out has room for capacity rows.
+        unsafe { out.add(i).write_unaligned(CHolderRowV1::from(row)) };
+    })
 }
 
 /// Formats a value into a stack buffer first, so width, alignment and a cut (precision) apply to
@@ -300,6 +349,17 @@ mod tests {
         assert_eq!(rows.iter().map(|r| r.unused_bytes).sum::<u64>(), 3 * (MAX_ROWS as u64 + 5));
         assert_eq!(t.others, 6, "the last row sums six");
         assert_eq!(row_name(&others, t.others, |n| n.to_vec()), b"(6 more rows)");
+    }
+
+    /// The C layouts: version 3 and the first one, as include/tensormalloc.h declares them.
+    #[test]
+    fn c_rows_have_the_headers_layouts() {
+        assert_eq!(core::mem::size_of::<CHolderRow>(), 112);
+        assert_eq!(core::mem::offset_of!(CHolderRow, name), 8);
+        assert_eq!(core::mem::offset_of!(CHolderRow, live_bytes), 80);
+        assert_eq!(core::mem::offset_of!(CHolderRow, unused_bytes), 104);
+        assert_eq!(core::mem::size_of::<CHolderRowV1>(), 96);
+        assert_eq!(core::mem::offset_of!(CHolderRowV1, blocks), 88);
     }
 
     #[test]

@@ -1,10 +1,13 @@
 //! The program's page calls: each marks the live blocks of ours its range touches (Note [Pages
-//! the program changed] in host/host_layer.rs) before the kernel hears of it; the limit calls
-//! let the cache follow a new address-space limit (Note [Room for others]).
+//! the program changed] in host/host_layer.rs) before the next interposer or the kernel hears of
+//! it (Note [The next interposer] in sys/page_calls.rs); a mapping refused for want of room
+//! empties the cache and is tried once more; the limit and lock calls make the cache follow a
+//! new address-space limit and mlockall at once (Note [Room for others], Note [Locked memory]).
 
 use crate::host::registry::PageChange;
 use crate::state::HOST;
-use crate::sys::page_calls as kernel;
+use crate::sys::page_calls::{program as next, Call};
+use crate::sys::process::{errno, set_errno};
 use core::ffi::{c_int, c_void};
 
 /// Advice after which a block is still plain memory: contents (DONTNEED, FREE, REMOVE refused
@@ -29,8 +32,6 @@ fn advice_keeps_plain(advice: c_int) -> bool {
             | libc::MADV_DOFORK
             | libc::MADV_KEEPONFORK
             | libc::MADV_DODUMP
-            | libc::MADV_HUGEPAGE
-            | libc::MADV_NOHUGEPAGE
             | libc::MADV_MERGEABLE
             | libc::MADV_UNMERGEABLE
             | COLD
@@ -43,14 +44,38 @@ fn advice_keeps_plain(advice: c_int) -> bool {
     )
 }
 
+/// Whether a call that failed with ENOMEM could succeed once the cache is emptied: it is, when
+/// it holds something and the request could then fit (Note [Room for others]). The program's own
+/// mappings and threads must find the room glibc's free would have left, even before the
+/// background thread has seen a limit another process lowered.
+#[cold]
+fn room_made(len: usize) -> bool {
+    let before = HOST.idle_bytes();
+    if before == 0 {
+        return false;
+    }
+    let saved = errno();
+    // A limit lowered behind our back (another process's prlimit, a raw prlimit64) cuts the
+    // cache here already; what is left goes if the request could then fit.
+    super::follow_address_limit();
+    HOST.make_room(len);
+    set_errno(saved);
+    HOST.idle_bytes() < before
+}
+
 /// # Safety
-/// As libc's `mmap`.
-pub unsafe fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, offset: libc::off_t) -> *mut c_void {
+/// As libc's `mmap`; `call` is the name it came by (mmap or mmap64).
+pub unsafe fn mmap(call: Call, addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, offset: libc::off_t) -> *mut c_void {
     if flags & libc::MAP_FIXED != 0 {
         HOST.note_page_change(addr as usize, len, PageChange::Replaced);
     }
     // SAFETY: the caller's contract.
-    unsafe { kernel::mmap(addr, len, prot, flags, fd, offset) }
+    let p = unsafe { next::mmap(call, addr, len, prot, flags, fd, offset) };
+    if p == libc::MAP_FAILED && errno() == libc::ENOMEM && room_made(len) {
+        // SAFETY: as above: the same call once more.
+        return unsafe { next::mmap(call, addr, len, prot, flags, fd, offset) };
+    }
+    p
 }
 
 /// # Safety
@@ -58,7 +83,7 @@ pub unsafe fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd:
 pub unsafe fn munmap(addr: *mut c_void, len: usize) -> c_int {
     HOST.note_page_change(addr as usize, len, PageChange::Replaced);
     // SAFETY: the caller's contract.
-    unsafe { kernel::munmap(addr, len) }
+    unsafe { next::munmap(addr, len) }
 }
 
 /// # Safety
@@ -69,7 +94,12 @@ pub unsafe fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: c_
         HOST.note_page_change(new_addr as usize, new_len, PageChange::Replaced);
     }
     // SAFETY: the caller's contract.
-    unsafe { kernel::mremap(old, old_len, new_len, flags, new_addr) }
+    let p = unsafe { next::mremap(old, old_len, new_len, flags, new_addr) };
+    if p == libc::MAP_FAILED && errno() == libc::ENOMEM && new_len > old_len && room_made(new_len - old_len) {
+        // SAFETY: as above.
+        return unsafe { next::mremap(old, old_len, new_len, flags, new_addr) };
+    }
+    p
 }
 
 /// # Safety
@@ -77,62 +107,122 @@ pub unsafe fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: c_
 pub unsafe fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
     HOST.note_page_change(addr as usize, len, PageChange::Changed);
     // SAFETY: the caller's contract.
-    unsafe { kernel::mprotect(addr, len, prot) }
+    unsafe { next::mprotect(addr, len, prot) }
 }
 
 /// # Safety
 /// As libc's `pkey_mprotect`.
 pub unsafe fn pkey_mprotect(addr: *mut c_void, len: usize, prot: c_int, key: c_int) -> c_int {
-    HOST.note_page_change(addr as usize, len, PageChange::Changed);
+    // Key 0 is the default and -1 changes no key: only another one makes the reset use keys.
+    HOST.note_page_change(addr as usize, len, if key > 0 { PageChange::Keyed } else { PageChange::Changed });
     // SAFETY: the caller's contract.
-    unsafe { kernel::pkey_mprotect(addr, len, prot, key) }
+    unsafe { next::pkey_mprotect(addr, len, prot, key) }
 }
 
 /// # Safety
 /// As libc's `madvise`.
 pub unsafe fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
-    if advice == libc::MADV_DONTFORK {
-        HOST.note_page_change(addr as usize, len, PageChange::KeptFromChildren);
-    } else if !advice_keeps_plain(advice) {
-        HOST.note_page_change(addr as usize, len, PageChange::Changed);
+    match advice {
+        libc::MADV_DONTFORK => HOST.note_page_change(addr as usize, len, PageChange::KeptFromChildren),
+        libc::MADV_HUGEPAGE | libc::MADV_NOHUGEPAGE => HOST.note_page_change(addr as usize, len, PageChange::HugeAdvice(advice == libc::MADV_HUGEPAGE)),
+        _ if !advice_keeps_plain(advice) => HOST.note_page_change(addr as usize, len, PageChange::Changed),
+        _ => {}
     }
     // SAFETY: the caller's contract.
-    unsafe { kernel::madvise(addr, len, advice) }
+    unsafe { next::madvise(addr, len, advice) }
 }
 
 pub fn mlock(addr: *const c_void, len: usize) -> c_int {
     HOST.note_page_change(addr as usize, len, PageChange::Changed);
     // SAFETY: locking changes no contents; the kernel checks the range.
-    unsafe { kernel::mlock(addr, len) }
+    unsafe { next::mlock(addr, len) }
 }
 
 pub fn mlock2(addr: *const c_void, len: usize, flags: u32) -> c_int {
     HOST.note_page_change(addr as usize, len, PageChange::Changed);
     // SAFETY: as in mlock.
-    unsafe { kernel::mlock2(addr, len, flags) }
+    unsafe { next::mlock2(addr, len, flags) }
 }
 
 pub fn munlock(addr: *const c_void, len: usize) -> c_int {
     // SAFETY: as in mlock.
-    unsafe { kernel::munlock(addr, len) }
+    unsafe { next::munlock(addr, len) }
 }
 
 /// MCL_CURRENT locks every live block: all are marked (a walk of the registry's tables, once).
+/// It would lock and fault in every cached block too, and our own mostly untouched tables: the
+/// cache is emptied before and after (a block freed meanwhile), and our tables are unlocked
+/// (Note [Locked memory]). MCL_FUTURE locks new mappings, ours too: the host layer unlocks
+/// what it caches and locks what it hands out from then on.
 pub fn mlockall(flags: c_int) -> c_int {
-    if flags & libc::MCL_CURRENT != 0 {
+    let current = flags & libc::MCL_CURRENT != 0;
+    if current {
         HOST.note_page_change(0, usize::MAX, PageChange::Changed);
+        HOST.trim();
     }
     // SAFETY: as in mlock.
-    unsafe { kernel::mlockall(flags) }
-}
-
-/// # Safety
-/// As libc's `prlimit`.
-pub unsafe fn prlimit(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit, old: *mut libc::rlimit) -> c_int {
-    // SAFETY: the caller's contract.
-    let answer = unsafe { kernel::prlimit(pid, resource, new, old) };
-    if answer == 0 && !new.is_null() && resource == libc::RLIMIT_AS as c_int {
-        super::follow_address_limit();
+    let answer = unsafe { next::mlockall(flags) };
+    if answer == 0 {
+        let saved = errno();
+        // Every mlockall sets the future locking anew (none without MCL_FUTURE).
+        crate::sys::os_pages::set_future_locking((flags & libc::MCL_FUTURE != 0).then_some(flags & libc::MCL_ONFAULT != 0));
+        if current {
+            HOST.trim();
+            HOST.for_each_table(crate::sys::os_pages::unlock_ours);
+            crate::sys::next::for_each_table(crate::sys::os_pages::unlock_ours);
+        }
+        set_errno(saved);
     }
     answer
 }
+
+pub fn munlockall() -> c_int {
+    // SAFETY: unlocking changes no contents.
+    let answer = unsafe { next::munlockall() };
+    if answer == 0 {
+        crate::sys::os_pages::set_future_locking(None);
+    }
+    answer
+}
+
+/// After a limit call that may have changed this process's RLIMIT_AS.
+fn limit_set(answer: c_int, resource: c_int, new: *const libc::rlimit) -> c_int {
+    if answer == 0 && !new.is_null() && resource == libc::RLIMIT_AS as c_int {
+        let saved = errno();
+        super::follow_address_limit();
+        set_errno(saved);
+    }
+    answer
+}
+
+/// # Safety
+/// As libc's `setrlimit`; `call` is the name it came by.
+pub unsafe fn setrlimit(call: Call, resource: c_int, new: *const libc::rlimit) -> c_int {
+    // SAFETY: the caller's contract.
+    limit_set(unsafe { next::setrlimit(call, resource, new) }, resource, new)
+}
+
+/// # Safety
+/// As libc's `prlimit`; `call` is the name it came by.
+pub unsafe fn prlimit(call: Call, pid: libc::pid_t, resource: c_int, new: *const libc::rlimit, old: *mut libc::rlimit) -> c_int {
+    // SAFETY: the caller's contract.
+    limit_set(unsafe { next::prlimit(call, pid, resource, new, old) }, resource, new)
+}
+
+/// A thread whose stack could not be mapped (EAGAIN) is made once more after the cache is
+/// emptied, as the program's own mmap (Note [Room for others]).
+/// # Safety
+/// As libc's `pthread_create`.
+pub unsafe fn pthread_create(thread: *mut libc::pthread_t, attr: *const libc::pthread_attr_t, start: next::StartFn, arg: *mut c_void) -> c_int {
+    // SAFETY: the caller's contract.
+    let answer = unsafe { next::pthread_create(thread, attr, start, arg) };
+    if answer == libc::EAGAIN && room_made(THREAD_STACK_BYTES) {
+        // SAFETY: as above.
+        return unsafe { next::pthread_create(thread, attr, start, arg) };
+    }
+    answer
+}
+
+/// The room a thread needs at least (glibc's default stack is RLIMIT_STACK, often 8 MiB): what
+/// emptying the cache must be able to give for a retry to make sense.
+const THREAD_STACK_BYTES: usize = 1 << 20;

@@ -29,15 +29,29 @@ pub unsafe extern "C" fn tm_get_stats(out: *mut Snapshot) -> c_int {
     0
 }
 
-/// The holders table (Note [Holders]): up to `capacity` rows into `out`, biggest first, the
-/// caches last among equals. Returns how many rows there are (more than `capacity` when `out`
-/// was too short; call again with room for them). `out` may be null when `capacity` is 0.
+/// The holders table (Note [Holders]): up to `capacity` rows into `out`, `row_size` bytes
+/// apart (the caller's `sizeof(tm_holder_t)`), biggest first, the caches last among equals; at
+/// most `row_size` bytes of each are written, `size` saying how many. Returns how many rows there
+/// are (more than `capacity` when `out` was too short; call again with room for them). `out` may
+/// be null when `capacity` is 0.
 ///
 /// # Safety
-/// `out` points to `capacity` writable `tm_holder_t`.
+/// `out` points to `capacity * row_size` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn tm_holders(out: *mut crate::report::holders::CHolderRow, capacity: usize) -> usize {
-    crate::report::holders::fill_c_rows(out, capacity)
+pub unsafe extern "C" fn tm_get_holders(out: *mut u8, capacity: usize, row_size: usize) -> usize {
+    // SAFETY: the caller's contract.
+    unsafe { crate::report::holders::fill_c_rows(out, capacity, row_size) }
+}
+
+/// The call of the headers before TM_HOLDER_VERSION 3: rows of the first layout (96 bytes), so
+/// a program built against any earlier header gets no byte past its array.
+///
+/// # Safety
+/// `out` points to `capacity` writable `tm_holder_v1_t`.
+#[no_mangle]
+pub unsafe extern "C" fn tm_holders(out: *mut crate::report::holders::CHolderRowV1, capacity: usize) -> usize {
+    // SAFETY: the caller's contract.
+    unsafe { crate::report::holders::fill_v1_rows(out, capacity) }
 }
 
 /// Gives every cached block (host, device and pinned) back now; returns the bytes released.

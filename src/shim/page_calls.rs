@@ -1,20 +1,23 @@
 //! The page calls under libc's names (Note [Pages the program changed] in host/host_layer.rs):
-//! each one call into `route::page_calls`. setrlimit and prlimit let the cache follow a new
-//! address-space limit.
+//! each one call into `route::page_calls`, which goes on to the next interposer or the kernel
+//! (Note [The next interposer] in sys/page_calls.rs). The limit calls let the cache follow a new
+//! address-space limit, and pthread_create makes room for a thread's stack (Note [Room for
+//! others]).
 
 use crate::route::page_calls as route;
+use crate::sys::page_calls::Call;
 use core::ffi::{c_int, c_void};
 
 #[no_mangle]
 pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, offset: libc::off_t) -> *mut c_void {
     // SAFETY: the caller's contract is libc's.
-    unsafe { route::mmap(addr, len, prot, flags, fd, offset) }
+    unsafe { route::mmap(Call::Mmap, addr, len, prot, flags, fd, offset) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, offset: libc::off_t) -> *mut c_void {
     // SAFETY: as mmap (the same call on 64-bit systems).
-    unsafe { route::mmap(addr, len, prot, flags, fd, offset) }
+    unsafe { route::mmap(Call::Mmap64, addr, len, prot, flags, fd, offset) }
 }
 
 #[no_mangle]
@@ -70,25 +73,41 @@ pub extern "C" fn mlockall(flags: c_int) -> c_int {
 }
 
 #[no_mangle]
+pub extern "C" fn munlockall() -> c_int {
+    route::munlockall()
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn setrlimit(resource: c_int, limit: *const libc::rlimit) -> c_int {
     // SAFETY: as in mmap.
-    unsafe { route::prlimit(0, resource, limit, core::ptr::null_mut()) }
+    unsafe { route::setrlimit(Call::Setrlimit, resource, limit) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn setrlimit64(resource: c_int, limit: *const libc::rlimit) -> c_int {
     // SAFETY: as in mmap.
-    unsafe { route::prlimit(0, resource, limit, core::ptr::null_mut()) }
+    unsafe { route::setrlimit(Call::Setrlimit64, resource, limit) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn prlimit(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit, old: *mut libc::rlimit) -> c_int {
     // SAFETY: as in mmap.
-    unsafe { route::prlimit(pid, resource, new, old) }
+    unsafe { route::prlimit(Call::Prlimit, pid, resource, new, old) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn prlimit64(pid: libc::pid_t, resource: c_int, new: *const libc::rlimit, old: *mut libc::rlimit) -> c_int {
     // SAFETY: as in mmap.
-    unsafe { route::prlimit(pid, resource, new, old) }
+    unsafe { route::prlimit(Call::Prlimit64, pid, resource, new, old) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: extern "C" fn(*mut c_void) -> *mut c_void,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: as in mmap.
+    unsafe { route::pthread_create(thread, attr, start, arg) }
 }

@@ -30,6 +30,21 @@ pub fn init() {
     FIND_OBJECT.store(if p.is_null() { ABSENT } else { p as usize }, Release);
 }
 
+/// What `_dl_find_object` says of `addr`; `None` when it lies in no loaded object or glibc is
+/// too old to say.
+fn find_object(addr: usize) -> Option<DlFindObject> {
+    let f = FIND_OBJECT.load(Acquire);
+    if f == UNRESOLVED || f == ABSENT {
+        return None;
+    }
+    // SAFETY: FIND_OBJECT holds _dl_find_object (set once by init).
+    let find = unsafe { core::mem::transmute::<usize, FindObjectFn>(f) };
+    // SAFETY: an all-zero struct of plain fields and pointers is valid.
+    let mut found: DlFindObject = unsafe { core::mem::zeroed() };
+    // SAFETY: any address may be asked; the struct is ours and large enough.
+    (unsafe { find(addr as *mut c_void, &mut found) } == 0).then_some(found)
+}
+
 /// Where the object holding code address `addr` starts; `None` when `addr` lies in no loaded
 /// object (a JIT's code), `Some(addr)` itself when glibc is too old to say (each call site then
 /// stands for itself).
@@ -38,12 +53,7 @@ pub fn object_start(addr: usize) -> Option<usize> {
     if f == UNRESOLVED || f == ABSENT {
         return Some(addr);
     }
-    // SAFETY: FIND_OBJECT holds _dl_find_object (set once by init).
-    let find = unsafe { core::mem::transmute::<usize, FindObjectFn>(f) };
-    // SAFETY: an all-zero struct of plain fields and pointers is valid.
-    let mut found: DlFindObject = unsafe { core::mem::zeroed() };
-    // SAFETY: any address may be asked; the struct is ours and large enough.
-    (unsafe { find(addr as *mut c_void, &mut found) } == 0).then_some(found.map_start as usize)
+    find_object(addr).map(|found| found.map_start as usize)
 }
 
 // Note [Wrappers and tail calls]
@@ -54,9 +64,12 @@ pub fn object_start(addr: usize) -> Option<usize> {
 // address is read: a direct `call rel32` (through a PLT stub, resolved by its GOT slot) or a
 // `call *GOT(%rip)` (-fno-plt). When what it called is not one of our entry points, that function
 // ended in a jump to us: the block is its object's. Calls through a register (a function pointer,
-// a hook table) say nothing and keep the return address's object. Code is read with
-// process_vm_readv, which answers EFAULT instead of faulting on an unmapped or unreadable page;
-// where it is refused (a seccomp filter), the return address's object is the answer.
+// a hook table) say nothing and keep the return address's object. Code is read as plain memory,
+// with no system call (process_vm_readv, which browser-style sandboxes kill, read it before),
+// and only where the loader's own tables say it lies: inside a loaded segment of a loaded object
+// (`_dl_find_object`, lock-free, then the object's program headers in its first page, which
+// libgcc's unwinder reads too), executable for code, readable for a GOT slot. Anything else (a
+// JIT's code, an address past a segment) keeps the return address's object.
 
 /// The object a block asked for from return address `ret` is charged to (Note [Wrappers and
 /// tail calls]); None for code in no object.
@@ -85,7 +98,7 @@ fn call_target(ret: usize) -> Option<usize> {
     }
     if before[0] == 0xFF && before[1] == 0x15 {
         let slot = ret.checked_add_signed(rel(before.get(2..6)?)?)?;
-        return read_code::<8>(slot).map(usize::from_le_bytes);
+        return read_slot(slot);
     }
     None
 }
@@ -102,17 +115,73 @@ fn through_plt(stub: usize) -> Option<usize> {
     }
     let disp = i32::from_le_bytes(code.get(at + 2..at + 6)?.try_into().ok()?) as isize;
     let slot = stub.checked_add(at + 6)?.checked_add_signed(disp)?;
-    read_code::<8>(slot).map(usize::from_le_bytes)
+    read_slot(slot)
 }
 
-/// N bytes of this process's memory at `addr`, or None where they cannot be read (no fault).
+/// N bytes of code at `addr` (Note [Wrappers and tail calls]): inside an executable segment of
+/// a loaded object, or None.
 fn read_code<const N: usize>(addr: usize) -> Option<[u8; N]> {
-    let mut out = [0u8; N];
-    let local = libc::iovec { iov_base: out.as_mut_ptr().cast(), iov_len: N };
-    let remote = libc::iovec { iov_base: addr as *mut c_void, iov_len: N };
-    // SAFETY: the kernel copies N bytes into our buffer, or fails (EFAULT) without faulting.
-    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    (n == N as isize).then_some(out)
+    read_mapped::<N>(addr, PF_X)
+}
+
+/// A GOT slot's value at `addr`: inside a readable segment of a loaded object, or None.
+fn read_slot(addr: usize) -> Option<usize> {
+    read_mapped::<8>(addr, PF_R).map(usize::from_le_bytes)
+}
+
+/// N bytes at `addr` if they lie inside one loaded segment (PT_LOAD) with `flag` of the object
+/// `_dl_find_object` finds there.
+fn read_mapped<const N: usize>(addr: usize, flag: u32) -> Option<[u8; N]> {
+    let found = find_object(addr)?;
+    let end = addr.checked_add(N)?;
+    if !in_segment(found.map_start as usize, found.link_map, addr, end, flag) {
+        return None;
+    }
+    // SAFETY: [addr, end) lies inside a loaded segment of a loaded object, mapped readable
+    // (x86-64 has no execute-only pages).
+    Some(unsafe { core::ptr::read_unaligned(addr as *const [u8; N]) })
+}
+
+const PT_LOAD: u64 = 1;
+const PF_X: u32 = 1;
+const PF_R: u32 = 4;
+/// The size of Elf64_Phdr and where its fields lie.
+const PHDR_BYTES: usize = 56;
+
+/// Whether [addr, end) lies inside one PT_LOAD segment with `flag` of the object mapped from
+/// `map_start` (its ELF header), loaded at `link_map`'s bias. Reads only the object's first page,
+/// where the header and program headers are.
+fn in_segment(map_start: usize, link_map: *mut c_void, addr: usize, end: usize, flag: u32) -> bool {
+    if map_start == 0 || link_map.is_null() || !map_start.is_multiple_of(4096) {
+        return false;
+    }
+    // SAFETY: the first page of a loaded object, mapped readable (its first segment holds the
+    // ELF header and program headers; the loader and the unwinder read them there too).
+    let page = unsafe { core::slice::from_raw_parts(map_start as *const u8, 4096) };
+    if page.get(..5) != Some(&b"\x7fELF\x02"[..]) {
+        return false;
+    }
+    let field = |at: usize, n: usize| -> Option<u64> {
+        let b = page.get(at..at + n)?;
+        Some(b.iter().rev().fold(0u64, |v, &x| v << 8 | u64::from(x)))
+    };
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (field(32, 8), field(54, 2), field(56, 2)) else { return false };
+    if phentsize != PHDR_BYTES as u64 {
+        return false;
+    }
+    // SAFETY: link_map is the loader's `struct link_map` of this object; l_addr comes first.
+    let bias = unsafe { (*(link_map as *const LinkMap)).addr };
+    (0..phnum as usize).any(|i| {
+        let at = phoff as usize + i * PHDR_BYTES;
+        let seg = |off: usize, n: usize| field(at + off, n);
+        match (seg(0, 4), seg(4, 4), seg(16, 8), seg(40, 8)) {
+            (Some(PT_LOAD), Some(flags), Some(vaddr), Some(memsz)) if flags as u32 & flag != 0 => {
+                let start = bias.wrapping_add(vaddr as usize);
+                addr >= start && end <= start.saturating_add(memsz as usize)
+            }
+            _ => false,
+        }
+    })
 }
 
 /// What dladdr says of `addr`: the object's path (the program's own name for the main program,

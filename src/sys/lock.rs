@@ -165,6 +165,94 @@ impl<T> Drop for Guard<'_, T> {
     }
 }
 
+/// A count of threads inside a short section, which another thread may wait to see empty:
+/// asleep on a futex (so the threads it waits for have its CPU), woken by the last one out.
+/// The fork's prepare handler waits on one for ranges in transit (Note [Fork at the fork] in
+/// host/host_layer.rs).
+pub struct Gate {
+    inside: AtomicU32,
+    /// A thread waits for `inside` to reach 0: the last one out wakes it.
+    waiting: core::sync::atomic::AtomicBool,
+}
+
+/// One thread inside a `Gate`, until dropped.
+pub struct Pass<'a>(&'a Gate);
+
+impl Gate {
+    pub const fn new() -> Self {
+        Gate { inside: AtomicU32::new(0), waiting: core::sync::atomic::AtomicBool::new(false) }
+    }
+
+    pub fn enter(&self) -> Pass<'_> {
+        self.inside.fetch_add(1, Ordering::SeqCst);
+        Pass(self)
+    }
+
+    /// Forgets every thread inside (a forked child, where they do not exist).
+    pub fn clear(&self) {
+        self.inside.store(0, Ordering::SeqCst);
+        self.waiting.store(false, Ordering::SeqCst);
+    }
+
+    /// Waits until nobody is inside, or `deadline_ns` passes on `clock` (monotonic ns).
+    pub fn wait_empty(&self, clock: fn() -> u64, deadline_ns: u64) {
+        loop {
+            // Announced first, read after (both SeqCst, as the exit's decrement and read are): a
+            // thread leaving after this read sees the announcement and wakes us.
+            self.waiting.store(true, Ordering::SeqCst);
+            let inside = self.inside.load(Ordering::SeqCst);
+            if inside == 0 || clock() >= deadline_ns {
+                break;
+            }
+            // A millisecond at most: a wake lost to a signal costs no more.
+            futex_wait_for(&self.inside, inside, 1_000_000);
+        }
+        self.waiting.store(false, Ordering::SeqCst);
+    }
+
+    #[cfg(test)]
+    pub fn inside(&self) -> u32 {
+        self.inside.load(Ordering::SeqCst)
+    }
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        let was = self.0.inside.fetch_sub(1, Ordering::SeqCst);
+        if was <= 1 && self.0.waiting.load(Ordering::SeqCst) {
+            futex_wake_all(&self.0.inside);
+        }
+    }
+}
+
+#[cfg(not(miri))]
+fn futex_wait_for(word: &AtomicU32, expected: u32, timeout_ns: u64) {
+    let t = super::clock::timespec(timeout_ns);
+    // SAFETY: a futex wait on a word we own with a relative timeout on our stack; returns at once
+    // if the word is no longer `expected`.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, expected, &t as *const libc::timespec) };
+}
+
+#[cfg(not(miri))]
+fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: a futex wake on a word we own.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX) };
+}
+
+#[cfg(miri)]
+fn futex_wait_for(_word: &AtomicU32, _expected: u32, _timeout_ns: u64) {
+    std::thread::yield_now();
+}
+
+#[cfg(miri)]
+fn futex_wake_all(_word: &AtomicU32) {}
+
 /// Registers fork handlers with the C library: `prepare` runs in the forking thread before
 /// fork, `parent` and `child` after it on each side (pthread_atfork).
 pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
@@ -176,6 +264,32 @@ pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern 
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn a_gate_wakes_its_waiter_when_the_last_one_leaves() {
+        let gate = Arc::new(Gate::new());
+        let pass = gate.enter();
+        let inside = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                let p = gate.enter();
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                drop(p);
+            })
+        };
+        drop(pass);
+        while gate.inside() == 0 && !inside.is_finished() {
+            std::thread::yield_now();
+        }
+        gate.wait_empty(crate::sys::clock::now_ns, u64::MAX);
+        assert_eq!(gate.inside(), 0);
+        inside.join().unwrap();
+        let stuck = gate.enter();
+        let start = crate::sys::clock::now_ns();
+        gate.wait_empty(crate::sys::clock::now_ns, start + 5_000_000);
+        assert_eq!(gate.inside(), 1, "a bounded wait ends with someone still inside");
+        drop(stuck);
+    }
 
     #[test]
     fn serializes_increments() {

@@ -167,6 +167,12 @@ pub fn is_bootstrap(p: *const c_void) -> bool {
     (p as usize).wrapping_sub(arena_base()) < BOOTSTRAP_BYTES
 }
 
+/// Calls `f(addr, len)` for the arena (the mlockall shim unlocks it: Note [Locked memory] in
+/// host/host_layer.rs).
+pub fn for_each_table(mut f: impl FnMut(usize, usize)) {
+    f(arena_base(), BOOTSTRAP_BYTES);
+}
+
 /// Serves one request from the arena, on a BLOCK_ALIGN boundary like every block of ours (free's
 /// fast path relies on it); null with ENOMEM when it is used up.
 /// `align` is a power of two. Memory is zero (the arena is never reused), so calloc is

@@ -2,7 +2,7 @@
 //! over-mapping and trimming, so every block we own starts exactly at the address we return.
 
 use crate::backing::{Moved, PageMemory, Presence};
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 pub const PAGE: usize = 4096;
 
@@ -14,12 +14,56 @@ static NO_MADV_FREE: AtomicBool = AtomicBool::new(false);
 /// no block can carry one.
 static PKEYS: AtomicBool = AtomicBool::new(true);
 
+/// What mlockall last asked of future mappings (route/page_calls.rs keeps it): NOT_LOCKED, or
+/// LOCKED / LOCKED_ON_FAULT under MCL_FUTURE (with MCL_ONFAULT).
+static FUTURE_LOCKING: AtomicU8 = AtomicU8::new(NOT_LOCKED);
+const NOT_LOCKED: u8 = 0;
+const LOCKED: u8 = 1;
+const LOCKED_ON_FAULT: u8 = 2;
+
+/// The program's mlockall (or munlockall: `None`) succeeded: new mappings are locked from now
+/// on (`Some(on_fault)`), or no longer.
+pub fn set_future_locking(mode: Option<bool>) {
+    FUTURE_LOCKING.store(
+        match mode {
+            None => NOT_LOCKED,
+            Some(false) => LOCKED,
+            Some(true) => LOCKED_ON_FAULT,
+        },
+        Ordering::Relaxed,
+    );
+}
+
+/// Unlocks a table of ours, which mlockall(MCL_CURRENT) locked (Note [Locked memory] in
+/// host/host_layer.rs): its pages stay as they are.
+pub fn unlock_ours(addr: usize, len: usize) {
+    // SAFETY: our own table; unlocking changes no contents (munlock rounds to pages).
+    unsafe { calls::munlock(addr as *const libc::c_void, len) };
+}
+
+fn future_locking() -> Option<bool> {
+    match FUTURE_LOCKING.load(Ordering::Relaxed) {
+        LOCKED => Some(false),
+        LOCKED_ON_FAULT => Some(true),
+        _ => None,
+    }
+}
+
+/// Dropping a resident 4 KiB page costs 60-250 ns, a resident 2 MiB huge page about 5 us (10 ns
+/// per 4 KiB of it), a page never touched about nothing: a drop that took more than this per 4
+/// KiB, past the call's own cost, found the range mostly resident (Note [calloc costs what is
+/// touched] in host/host_layer.rs).
+const RESIDENT_NS_PER_PAGE: u64 = 4;
+const DROP_CALL_NS: u64 = 2_000;
+
 use super::page_calls as calls;
 use super::process::errno;
 
 /// Removes the guard regions MADV_GUARD_INSTALL put in a range (Linux 6.13; EINVAL before, when
 /// no range can have any).
 const MADV_GUARD_REMOVE: i32 = 103;
+/// mlock2's flag: lock pages as they are touched (MCL_ONFAULT's counterpart).
+const MLOCK_ONFAULT: u32 = 1;
 
 /// Whether MADV_FREE works on a page of our own, fresh and unlocked.
 fn kernel_has_madv_free() -> bool {
@@ -93,7 +137,7 @@ impl PageMemory for OsPages {
         self.discard(addr, len)
     }
 
-    fn reset_for_cache(&self, addr: usize, len: usize) -> bool {
+    fn reset_for_cache(&self, addr: usize, len: usize, keyed: bool) -> bool {
         let p = addr as *mut libc::c_void;
         let rw = libc::PROT_READ | libc::PROT_WRITE;
         // SAFETY: the caller owns the range (a block the program freed); these calls change only
@@ -101,9 +145,11 @@ impl PageMemory for OsPages {
         // is partly unmapped fails with ENOMEM, a sealed one with EPERM.
         unsafe {
             // Key 0 is the default protection key: a block the program tagged with another goes
-            // back to it. Where the process has no keys (no PKU: EINVAL; before 4.9: ENOSYS),
-            // plain mprotect, from then on directly.
-            if PKEYS.load(Ordering::Relaxed) {
+            // back to it. Only such a block (we saw the program's pkey_mprotect) pays for
+            // pkey_mprotect, which filters such as systemd's @system-service refuse; where the
+            // process has no keys (no PKU: EINVAL; before 4.9: ENOSYS), plain mprotect, from then
+            // on directly.
+            if keyed && PKEYS.load(Ordering::Relaxed) {
                 if calls::pkey_mprotect(p, len, rw, 0) != 0 {
                     if calls::mprotect(p, len, rw) != 0 {
                         return false;
@@ -127,6 +173,35 @@ impl PageMemory for OsPages {
             }
         }
         true
+    }
+
+    fn renew(&self, addr: usize, len: usize) -> bool {
+        // SAFETY: the caller owns the range and gives up its contents; MAP_FIXED replaces only
+        // these pages, atomically (no moment where another thread could map into a hole).
+        let p = unsafe {
+            calls::mmap(addr as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED, -1, 0)
+        };
+        p as usize == addr
+    }
+
+    fn lock(&self, addr: usize, len: usize, on_fault: bool) -> bool {
+        // SAFETY: the caller owns the range; locking changes no contents.
+        unsafe {
+            if on_fault {
+                calls::mlock2(addr as *const libc::c_void, len, MLOCK_ONFAULT) == 0
+            } else {
+                calls::mlock(addr as *const libc::c_void, len) == 0
+            }
+        }
+    }
+
+    fn unlock(&self, addr: usize, len: usize) {
+        // SAFETY: as in lock.
+        unsafe { calls::munlock(addr as *const libc::c_void, len) };
+    }
+
+    fn future_locking(&self) -> Option<bool> {
+        future_locking()
     }
 
     fn near_limit(&self) -> bool {
@@ -207,32 +282,26 @@ impl PageMemory for OsPages {
         unsafe { calls::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) == 0 }
     }
 
-    fn resident_probes(&self, addr: usize, len: usize, probes: usize) -> Option<usize> {
-        let step = (len / probes.max(1)) & !(PAGE - 1);
-        let mut resident = 0;
-        for i in 0..probes {
-            // The middle of each of `probes` equal parts, on a page.
-            let page = addr + i * step + ((step / 2) & !(PAGE - 1));
-            let mut vec = 0u8;
-            // SAFETY: one page of a range the caller owns; mincore writes one byte.
-            if unsafe { libc::mincore(page as *mut libc::c_void, PAGE, &mut vec) } != 0 {
-                return None;
-            }
-            resident += usize::from(vec & 1);
+    fn discard_weighed(&self, addr: usize, len: usize) -> Option<bool> {
+        let start = super::clock::now_ns();
+        if !self.discard(addr, len) {
+            return None;
         }
-        Some(resident)
+        let took_ns = super::clock::now_ns().saturating_sub(start);
+        let pages = (len / PAGE) as u64;
+        Some(took_ns > DROP_CALL_NS.saturating_add(pages.saturating_mul(RESIDENT_NS_PER_PAGE)))
     }
 
     fn presence(&self, addr: usize, len: usize) -> Presence {
-        let mut vec = 0u8;
-        // SAFETY: mincore of one page writes one byte we own; ENOMEM: the page is not mapped.
-        if unsafe { libc::mincore(addr as *mut libc::c_void, PAGE, &mut vec) } != 0 {
-            return Presence::None;
-        }
         // SAFETY: msync(MS_ASYNC) of anonymous memory does nothing but check that the whole
-        // range is mapped (ENOMEM otherwise).
-        if unsafe { libc::msync(addr as *mut libc::c_void, len, libc::MS_ASYNC) } != 0 {
-            return Presence::Part;
+        // range is mapped (ENOMEM otherwise): first its first page, then all of it.
+        unsafe {
+            if libc::msync(addr as *mut libc::c_void, PAGE, libc::MS_ASYNC) != 0 {
+                return Presence::None;
+            }
+            if libc::msync(addr as *mut libc::c_void, len, libc::MS_ASYNC) != 0 {
+                return Presence::Part;
+            }
         }
         Presence::All
     }
@@ -246,5 +315,23 @@ impl PageMemory for OsPages {
 /// Fresh zeroed memory for our own tables, never freed. Not on any allocation path after the
 /// first use, and never through the malloc family.
 pub fn map_table(len: usize) -> Option<usize> {
-    OsPages.map(len, PAGE)
+    if future_locking().is_none() {
+        return OsPages.map(len, PAGE);
+    }
+    // Under mlockall(MCL_FUTURE) a read-write mapping comes locked with every page faulted in,
+    // and our tables are mostly never touched: mapped inaccessible (which mlock does not fault
+    // in), unlocked, then opened.
+    // SAFETY: a fresh mapping of our own, changed only by us.
+    unsafe {
+        let p = calls::mmap(core::ptr::null_mut(), len, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        calls::munlock(p, len);
+        if calls::mprotect(p, len, libc::PROT_READ | libc::PROT_WRITE) != 0 {
+            OsPages.unmap(p as usize, len);
+            return None;
+        }
+        Some(p as usize)
+    }
 }

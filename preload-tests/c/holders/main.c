@@ -22,14 +22,14 @@ int cudaFree(void *p);
 #define MIB (1ul << 20)
 
 static void print_table(void) {
-    size_t (*holders)(tm_holder_t *, size_t) = (size_t (*)(tm_holder_t *, size_t))dlsym(RTLD_DEFAULT, "tm_holders");
+    size_t (*get_holders)(tm_holder_t *, size_t, size_t) = (size_t (*)(tm_holder_t *, size_t, size_t))dlsym(RTLD_DEFAULT, "tm_get_holders");
     int (*get_stats)(tm_stats_t *) = (int (*)(tm_stats_t *))dlsym(RTLD_DEFAULT, "tm_get_stats");
-    if (!holders || !get_stats) {
+    if (!get_holders || !get_stats) {
         printf("no tensormalloc\n");
         return;
     }
     tm_holder_t rows[64];
-    size_t n = holders(rows, 64);
+    size_t n = get_holders(rows, 64, sizeof(tm_holder_t));
     for (size_t i = 0; i < n && i < 64; i++)
         printf("ROW %s %d %d %llu %llu %llu\n", rows[i].name, rows[i].place, rows[i].cached,
                (unsigned long long)rows[i].live_bytes, (unsigned long long)rows[i].peak_bytes,

@@ -53,11 +53,11 @@ int main(int argc, char **argv) {
             asked += size + i;
         }
     }
-    size_t (*holders)(tm_holder_t *, size_t) = (size_t (*)(tm_holder_t *, size_t))dlsym(RTLD_DEFAULT, "tm_holders");
+    size_t (*get_holders)(tm_holder_t *, size_t, size_t) = (size_t (*)(tm_holder_t *, size_t, size_t))dlsym(RTLD_DEFAULT, "tm_get_holders");
     int (*get_stats)(tm_stats_t *) = (int (*)(tm_stats_t *))dlsym(RTLD_DEFAULT, "tm_get_stats");
-    if (!holders || !get_stats) return 5;
+    if (!get_holders || !get_stats) return 5;
     static tm_holder_t rows[MAX_ROWS];
-    size_t count = holders(rows, MAX_ROWS);
+    size_t count = get_holders(rows, MAX_ROWS, sizeof(tm_holder_t));
     for (size_t i = 0; i < count && i < MAX_ROWS; i++)
         printf("ROW %s %d %d %llu %llu %llu %llu\n", rows[i].name, rows[i].place, rows[i].cached,
                (unsigned long long)rows[i].live_bytes, (unsigned long long)rows[i].peak_bytes,

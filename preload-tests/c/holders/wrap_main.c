@@ -19,10 +19,10 @@ int main(void) {
     char *d = make(8 * MIB);
     if (!a || !b || !c || !d) return 3;
     memset(a, 1, 8 * MIB);
-    size_t (*holders)(tm_holder_t *, size_t) = (size_t (*)(tm_holder_t *, size_t))dlsym(RTLD_DEFAULT, "tm_holders");
-    if (!holders) return 5;
+    size_t (*get_holders)(tm_holder_t *, size_t, size_t) = (size_t (*)(tm_holder_t *, size_t, size_t))dlsym(RTLD_DEFAULT, "tm_get_holders");
+    if (!get_holders) return 5;
     tm_holder_t rows[64];
-    size_t n = holders(rows, 64);
+    size_t n = get_holders(rows, 64, sizeof(tm_holder_t));
     for (size_t i = 0; i < n && i < 64; i++)
         printf("ROW %s %d %d %llu\n", rows[i].name, rows[i].place, rows[i].cached, (unsigned long long)rows[i].live_bytes);
     return 0;

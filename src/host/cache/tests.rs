@@ -22,8 +22,8 @@ fn limits() -> CacheLimits {
 #[test]
 fn reuses_hot_block_untouched() {
     let mut c = BlockCache::new(limits());
-    assert!(c.insert(0x1000_0000, 80 * MB, false, 0, Live::default()).accepted);
-    let t = c.take(80 * MB, 4096).unwrap();
+    assert!(c.insert(0x1000_0000, 80 * MB, PageFacts::zeroed(false), 0, Live::default()).accepted);
+    let t = c.take(80 * MB, 4096, 0).unwrap();
     assert_eq!((t.addr, t.len, t.was_released), (0x1000_0000, 80 * MB, false));
     assert_eq!(c.cached_bytes(), 0);
     c.check_invariants().unwrap();
@@ -32,33 +32,33 @@ fn reuses_hot_block_untouched() {
 #[test]
 fn best_fit_and_alignment() {
     let mut c = BlockCache::new(limits());
-    c.insert(0x1000_0000, 100 * MB, false, 0, Live::default());
-    c.insert(0x2000_0000 + 4096, 90 * MB, false, 1, Live::default());
-    c.insert(0x3000_0000, 82 * MB, false, 2, Live::default());
-    assert_eq!(c.take(80 * MB, 4096).unwrap().addr, 0x3000_0000);
+    c.insert(0x1000_0000, 100 * MB, PageFacts::zeroed(false), 0, Live::default());
+    c.insert(0x2000_0000 + 4096, 90 * MB, PageFacts::zeroed(false), 1, Live::default());
+    c.insert(0x3000_0000, 82 * MB, PageFacts::zeroed(false), 2, Live::default());
+    assert_eq!(c.take(80 * MB, 4096, 0).unwrap().addr, 0x3000_0000);
     // 0x2000_1000 is not 64 KiB aligned, so the 100 MB block serves this one.
-    assert_eq!(c.take(85 * MB, 65536).unwrap().addr, 0x1000_0000);
+    assert_eq!(c.take(85 * MB, 65536, 0).unwrap().addr, 0x1000_0000);
     c.check_invariants().unwrap();
 }
 
 #[test]
 fn never_a_huge_block_for_a_small_request() {
     let mut c = BlockCache::new(limits());
-    c.insert(0x4000_0000, 1024 * MB, false, 0, Live::default());
-    let t = c.take(8 * MB, 4096).unwrap();
+    c.insert(0x4000_0000, 1024 * MB, PageFacts::zeroed(false), 0, Live::default());
+    let t = c.take(8 * MB, 4096, 0).unwrap();
     assert_eq!(t.len, 8 * MB);
     assert_eq!(t.tail_kept, Some(Range { addr: 0x4000_0000 + 8 * MB, len: 1016 * MB }));
     assert_eq!(c.cached_bytes(), 1016 * MB);
     // A short tail within max_waste_percent goes out with the block.
-    let t = c.take(1014 * MB, 4096).unwrap();
+    let t = c.take(1014 * MB, 4096, 0).unwrap();
     assert_eq!((t.len, t.tail_kept), (1016 * MB, None), "2 MB of 1016 is within 25%");
     c.check_invariants().unwrap();
-    c.insert(0x9000_0000, 12 * MB, false, 0, Live::default());
-    let t = c.take(8 * MB, 4096).unwrap();
+    c.insert(0x9000_0000, 12 * MB, PageFacts::zeroed(false), 0, Live::default());
+    let t = c.take(8 * MB, 4096, 0).unwrap();
     assert_eq!(t.tail_kept, Some(Range { addr: 0x9000_0000 + 8 * MB, len: 4 * MB }));
     // Past it, it is split off and kept, though shorter than any request.
-    c.insert(0xa000_0000, 11 * MB, false, 0, Live::default());
-    let t = c.take(8 * MB, 4096).unwrap();
+    c.insert(0xa000_0000, 11 * MB, PageFacts::zeroed(false), 0, Live::default());
+    let t = c.take(8 * MB, 4096, 0).unwrap();
     assert_eq!((t.len, t.tail_kept), (8 * MB, Some(Range { addr: 0xa000_0000 + 8 * MB, len: 3 * MB })));
     c.check_invariants().unwrap();
 }
@@ -66,42 +66,42 @@ fn never_a_huge_block_for_a_small_request() {
 #[test]
 fn a_miss_gathers_the_largest_blocks() {
     let mut c = BlockCache::new(limits());
-    c.insert(0x1000_0000, 8 * MB, false, 0, Live::default());
-    c.insert(0x2000_0000, 40 * MB, true, 1, Live::default());
-    c.insert(0x3000_0000, 90 * MB, false, 2, Live::default());
-    assert!(c.take(100 * MB, 4096).is_none());
-    let parts = c.take_parts(100 * MB);
+    c.insert(0x1000_0000, 8 * MB, PageFacts::zeroed(false), 0, Live::default());
+    c.insert(0x2000_0000, 40 * MB, PageFacts::zeroed(true), 1, Live::default());
+    c.insert(0x3000_0000, 90 * MB, PageFacts::zeroed(false), 2, Live::default());
+    assert!(c.take(100 * MB, 4096, 0).is_none());
+    let parts = c.take_parts(100 * MB, 0);
     let got: Vec<Part> = parts.iter().copied().collect();
-    assert_eq!(got, [Part { addr: 0x3000_0000, len: 90 * MB, known_zero: false }, Part { addr: 0x2000_0000, len: 10 * MB, known_zero: true }]);
+    assert_eq!(got, [Part { addr: 0x3000_0000, len: 90 * MB, facts: PageFacts::DIRTY }, Part { addr: 0x2000_0000, len: 10 * MB, facts: PageFacts::FRESH }]);
     assert_eq!(parts.total_bytes(), 100 * MB);
     assert_eq!(parts.rest_kept, Some(Range { addr: 0x2000_0000 + 10 * MB, len: 30 * MB }), "the rest of the cut block stays");
     assert_eq!(c.cached_bytes(), 38 * MB);
     c.check_invariants().unwrap();
     // A rest shorter than any request stays cached too.
-    let parts = c.take_parts(36 * MB);
+    let parts = c.take_parts(36 * MB, 0);
     assert_eq!(parts.total_bytes(), 36 * MB);
     assert_eq!(parts.rest_kept, Some(Range { addr: 0x1000_0000 + 6 * MB, len: 2 * MB }));
     assert_eq!(c.cached_bytes(), 2 * MB);
     // All that is cached is not enough: all of it.
-    assert_eq!(c.take_parts(8 * MB).total_bytes(), 2 * MB);
-    assert!(c.take_parts(MB).is_empty());
+    assert_eq!(c.take_parts(8 * MB, 0).total_bytes(), 2 * MB);
+    assert!(c.take_parts(MB, 0).is_empty());
     // At most MAX_PARTS blocks.
     let mut c = BlockCache::new(CacheLimits { max_blocks: 16, ..limits() });
     for i in 0..12 {
-        c.insert(0x1_0000_0000 + i * 0x1000_0000, 8 * MB, false, i as u64, Live::default());
+        c.insert(0x1_0000_0000 + i * 0x1000_0000, 8 * MB, PageFacts::zeroed(false), i as u64, Live::default());
     }
-    assert_eq!(c.take_parts(200 * MB).total_bytes(), MAX_PARTS * 8 * MB);
+    assert_eq!(c.take_parts(200 * MB, 0).total_bytes(), MAX_PARTS * 8 * MB);
     c.check_invariants().unwrap();
 }
 
 #[test]
 fn freed_neighbours_merge_and_requests_take_what_they_need() {
     let mut c = BlockCache::new(limits());
-    let ins = c.insert(0x1000_0000, 8 * MB, true, 0, Live::default());
+    let ins = c.insert(0x1000_0000, 8 * MB, PageFacts::zeroed(true), 0, Live::default());
     assert_eq!((ins.block, ins.absorbed), (Range { addr: 0x1000_0000, len: 8 * MB }, [None, None]));
-    c.insert(0x1000_0000 + 16 * MB, 8 * MB, true, 1, Live::default());
+    c.insert(0x1000_0000 + 16 * MB, 8 * MB, PageFacts::zeroed(true), 1, Live::default());
     // The block between them joins both.
-    let ins = c.insert(0x1000_0000 + 8 * MB, 8 * MB, false, 2, Live::default());
+    let ins = c.insert(0x1000_0000 + 8 * MB, 8 * MB, PageFacts::zeroed(false), 2, Live::default());
     assert!(ins.accepted);
     assert_eq!(ins.block, Range { addr: 0x1000_0000, len: 24 * MB });
     let mut absorbed: Vec<usize> = ins.absorbed.iter().flatten().copied().collect();
@@ -109,52 +109,52 @@ fn freed_neighbours_merge_and_requests_take_what_they_need() {
     assert_eq!(absorbed, [0x1000_0000, 0x1000_0000 + 16 * MB]);
     assert_eq!((c.block_count(), c.cached_bytes()), (1, 24 * MB));
     let b = c.blocks().next().unwrap();
-    assert!(!b.zero && b.state == BlockState::Hot && b.idle_since_ns == 2, "zero only if every part was; freed now");
+    assert!(!b.facts.zero && b.state == BlockState::Hot && b.idle_since_ns == 2, "zero only if every part was; freed now");
     // A request takes what it needs; a rest past max_waste_percent stays cached.
-    let t = c.take(16 * MB, 4096).unwrap();
+    let t = c.take(16 * MB, 4096, 0).unwrap();
     assert_eq!((t.addr, t.len, t.tail_kept), (0x1000_0000, 16 * MB, Some(Range { addr: 0x1000_0000 + 16 * MB, len: 8 * MB })));
     // A neighbour being released is left alone.
-    c.insert(0x5000_0000, 8 * MB, false, 3, Live::default());
+    c.insert(0x5000_0000, 8 * MB, PageFacts::zeroed(false), 3, Live::default());
     let due = c.due(3 + 1000 * MS, false);
     assert_eq!(due.release.len(), 2);
-    assert!(!c.insert(0x5000_0000 + 8 * MB, 8 * MB, false, 4, Live::default()).absorbed.iter().any(Option::is_some));
+    assert!(!c.insert(0x5000_0000 + 8 * MB, 8 * MB, PageFacts::zeroed(false), 4, Live::default()).absorbed.iter().any(Option::is_some));
     c.check_invariants().unwrap();
 }
 
 #[test]
 fn limits_evict_oldest_first() {
     let mut c = BlockCache::new(CacheLimits { max_bytes: 200 * MB, ..limits() });
-    c.insert(0x1000_0000, 80 * MB, false, 10, Live::default());
-    c.insert(0x2000_0000, 80 * MB, false, 20, Live::default());
-    let ins = c.insert(0x3000_0000, 80 * MB, false, 30, Live::default());
+    c.insert(0x1000_0000, 80 * MB, PageFacts::zeroed(false), 10, Live::default());
+    c.insert(0x2000_0000, 80 * MB, PageFacts::zeroed(false), 20, Live::default());
+    let ins = c.insert(0x3000_0000, 80 * MB, PageFacts::zeroed(false), 30, Live::default());
     assert!(ins.accepted);
     assert_eq!(ins.evicted.iter().next(), Some(&Range { addr: 0x1000_0000, len: 80 * MB }));
-    assert!(!c.insert(0x5000_0000, 300 * MB, false, 40, Live::default()).accepted, "bigger than the whole cache");
+    assert!(!c.insert(0x5000_0000, 300 * MB, PageFacts::zeroed(false), 40, Live::default()).accepted, "bigger than the whole cache");
     c.check_invariants().unwrap();
     let mut c = BlockCache::new(limits());
     for i in 0..6 {
-        c.insert(0x1000_0000 * (i + 1), 8 * MB, false, i as u64, Live::default());
+        c.insert(0x1000_0000 * (i + 1), 8 * MB, PageFacts::zeroed(false), i as u64, Live::default());
     }
     assert_eq!(c.block_count(), 4);
     assert!(c.blocks().all(|b| b.idle_since_ns >= 2));
     let mut off = BlockCache::new(CacheLimits { max_blocks: 0, ..limits() });
-    assert!(!off.insert(0x1000_0000, 8 * MB, false, 0, Live::default()).accepted);
+    assert!(!off.insert(0x1000_0000, 8 * MB, PageFacts::zeroed(false), 0, Live::default()).accepted);
 }
 
 #[test]
 fn idle_blocks_are_released_then_expired() {
     let mut c = BlockCache::new(limits());
-    c.insert(0x1000_0000, 80 * MB, false, 0, Live::default());
+    c.insert(0x1000_0000, 80 * MB, PageFacts::zeroed(false), 0, Live::default());
     assert_eq!(c.next_deadline_ns(), Some(1000 * MS));
     assert!(c.due(999 * MS, false).release.is_empty());
     let due = c.due(1000 * MS, false);
     assert_eq!(due.release.len(), 1);
-    assert!(c.take(80 * MB, 4096).is_none(), "not while the madvise runs");
+    assert!(c.take(80 * MB, 4096, 0).is_none(), "not while the madvise runs");
     assert_eq!(c.release_done(0x1000_0000, false), None);
     assert_eq!(c.next_deadline_ns(), Some(10_000 * MS));
-    let t = c.take(80 * MB, 4096).unwrap();
+    let t = c.take(80 * MB, 4096, 0).unwrap();
     assert!(t.was_released);
-    c.insert(t.addr, t.len, false, 2000 * MS, Live::default());
+    c.insert(t.addr, t.len, PageFacts::zeroed(false), 2000 * MS, Live::default());
     c.due(3000 * MS, false);
     c.release_done(t.addr, false);
     let due = c.due(12_000 * MS, false);
@@ -166,22 +166,26 @@ fn idle_blocks_are_released_then_expired() {
 
 #[test]
 fn calloc_discards_only_big_blocks_mostly_not_resident() {
-    assert!(zero_by_discard(64 * MB, Some(0), 8, MB));
-    assert!(zero_by_discard(64 * MB, Some(3), 8, MB));
-    assert!(!zero_by_discard(64 * MB, Some(4), 8, MB), "half resident: write zeros");
-    assert!(!zero_by_discard(64 * MB, None, 8, MB), "unknown: write zeros");
-    assert!(!zero_by_discard(MB - 4096, Some(0), 8, MB), "small: write zeros");
+    assert!(zero_by_discard(64 * MB, 0, MB), "nothing known: drop the pages (a fresh mapping's cost at most)");
+    assert!(zero_by_discard(64 * MB, 1, MB), "one dense finding could be a preempted drop");
+    assert!(!zero_by_discard(64 * MB, DENSE_VOTES, MB), "found mostly resident twice: write zeros");
+    assert!(!zero_by_discard(MB - 4096, 0, MB), "small: write zeros");
+    assert_eq!(votes_after(0, Some(true)), 1);
+    assert_eq!(votes_after(1, Some(true)), DENSE_VOTES);
+    assert_eq!(votes_after(DENSE_VOTES, Some(true)), DENSE_VOTES);
+    assert_eq!(votes_after(1, Some(false)), 0, "a sparse finding starts over");
+    assert_eq!(votes_after(DENSE_VOTES, None), DENSE_VOTES, "writing zeros says nothing");
 }
 
 #[test]
 fn known_zero_follows_the_block_and_its_split_tail() {
     let mut c = BlockCache::new(limits());
-    c.insert(0x1000_0000, 100 * MB, true, 0, Live::default());
-    let t = c.take(10 * MB, 4096).unwrap();
-    assert!(t.known_zero && t.tail_kept.is_some());
-    assert!(c.take(90 * MB, 4096).unwrap().known_zero, "the tail of a zero block is zero");
-    c.insert(0x2000_0000, 10 * MB, false, 1, Live::default());
-    assert!(!c.take(10 * MB, 4096).unwrap().known_zero, "a freed block is never known zero");
+    c.insert(0x1000_0000, 100 * MB, PageFacts::zeroed(true), 0, Live::default());
+    let t = c.take(10 * MB, 4096, 0).unwrap();
+    assert!(t.facts.zero && t.tail_kept.is_some());
+    assert!(c.take(90 * MB, 4096, 0).unwrap().facts.zero, "the tail of a zero block is zero");
+    c.insert(0x2000_0000, 10 * MB, PageFacts::zeroed(false), 1, Live::default());
+    assert!(!c.take(10 * MB, 4096, 0).unwrap().facts.zero, "a freed block is never known zero");
 }
 
 #[test]
@@ -192,17 +196,17 @@ fn bounds_follow_the_live_peak_within_floor_and_ceiling() {
     // 64 live blocks of 40 MB: all of them fit when freed.
     let live = Live { bytes: 64 * 40 * MB, blocks: 64 };
     for i in 0..64 {
-        let ins = c.insert(0x1_0000_0000 + i * 64 * MB, 40 * MB, false, i as u64, live);
+        let ins = c.insert(0x1_0000_0000 + i * 64 * MB, 40 * MB, PageFacts::zeroed(false), i as u64, live);
         assert!(ins.accepted && ins.evicted.is_empty(), "block {i}");
     }
     assert_eq!(c.bounds(), (64, 64 * 40 * MB));
     c.check_invariants().unwrap();
     // The ceiling holds whatever the peak.
-    c.insert(0x9_0000_0000, 40 * MB, false, 100, Live { bytes: 10_000 * MB, blocks: 500 });
+    c.insert(0x9_0000_0000, 40 * MB, PageFacts::DIRTY, 100, Live { bytes: 10_000 * MB, blocks: 500 });
     assert_eq!(c.bounds(), (100, 4096 * MB));
     // Two quiet windows later the peak is forgotten: back to the floor.
     let later = 2 * PEAK_WINDOW_NS + 200;
-    let ins = c.insert(0xa_0000_0000, 40 * MB, false, later, Live { bytes: 40 * MB, blocks: 1 });
+    let ins = c.insert(0xa_0000_0000, 40 * MB, PageFacts::DIRTY, later, Live { bytes: 40 * MB, blocks: 1 });
     assert_eq!(c.bounds(), (16, 1024 * MB));
     assert_eq!(c.block_count(), 16);
     assert!(c.cached_bytes() <= 1024 * MB && ins.accepted && ins.evicted.len() == 50);
@@ -211,7 +215,7 @@ fn bounds_follow_the_live_peak_within_floor_and_ceiling() {
     let mut fixed = BlockCache::new(CacheLimits { max_blocks: 2, ..follow });
     fixed.set_limits(CacheLimits { follow_blocks: false, ..*fixed.limits() });
     for i in 0..4 {
-        fixed.insert(0x1_0000_0000 + i * 64 * MB, 40 * MB, false, i as u64, live);
+        fixed.insert(0x1_0000_0000 + i * 64 * MB, 40 * MB, PageFacts::zeroed(false), i as u64, live);
     }
     assert_eq!(fixed.block_count(), 2);
 }
@@ -233,8 +237,8 @@ fn deferred_unmaps_are_bounded_and_taken_once() {
 #[test]
 fn trim_during_release_unmaps_when_release_returns() {
     let mut c = BlockCache::new(limits());
-    c.insert(0x1000_0000, 80 * MB, false, 0, Live::default());
-    c.insert(0x2000_0000, 80 * MB, false, 5000 * MS, Live::default());
+    c.insert(0x1000_0000, 80 * MB, PageFacts::zeroed(false), 0, Live::default());
+    c.insert(0x2000_0000, 80 * MB, PageFacts::zeroed(false), 5000 * MS, Live::default());
     c.due(1000 * MS, false);
     let drained = c.drain();
     assert_eq!(drained.len(), 1);
@@ -247,16 +251,91 @@ fn trim_during_release_unmaps_when_release_returns() {
 fn waste_follows_how_many_blocks_are_live() {
     let mut c = BlockCache::new(CacheLimits { max_waste_percent: None, min_blocks: 16, max_blocks: 64, ..limits() });
     // Few live blocks: a 100 MB block serves 60 MB whole (40% unused).
-    c.insert(0x1000_0000, 100 * MB, false, 0, Live { bytes: 400 * MB, blocks: 4 });
+    c.insert(0x1000_0000, 100 * MB, PageFacts::DIRTY, 0, Live { bytes: 400 * MB, blocks: 4 });
     assert_eq!(c.waste_percent(), WASTE_FEW_LIVE);
-    let t = c.take(60 * MB, 4096).unwrap();
+    let t = c.take(60 * MB, 4096, 0).unwrap();
     assert_eq!((t.len, t.tail_kept), (100 * MB, None));
     // Many: the rest is split off and stays cached.
-    c.insert(t.addr, t.len, false, 1, Live { bytes: 2000 * MB, blocks: 64 });
+    c.insert(t.addr, t.len, PageFacts::DIRTY, 1, Live { bytes: 2000 * MB, blocks: 64 });
     assert_eq!(c.waste_percent(), WASTE_MANY_LIVE);
-    let t = c.take(60 * MB, 4096).unwrap();
+    let t = c.take(60 * MB, 4096, 0).unwrap();
     assert_eq!((t.len, t.tail_kept), (60 * MB, Some(Range { addr: 0x1000_0000 + 60 * MB, len: 40 * MB })));
     // A value the user set holds either way.
     let c = BlockCache::new(CacheLimits { max_waste_percent: Some(0), min_blocks: 16, ..limits() });
     assert_eq!(c.waste_percent(), 0);
+}
+
+#[test]
+fn a_block_advised_by_one_holder_goes_to_that_holder_first() {
+    let mut c = BlockCache::new(limits());
+    let advised = PageFacts { advised_by: 7, ..PageFacts::DIRTY };
+    c.insert(0x1000_0000, 8 * MB, advised, 0, Live::default());
+    c.insert(0x3000_0000, 16 * MB, PageFacts::DIRTY, 1, Live::default());
+    // Holder 9 gets the plain block though it wastes more (its rest stays cached), then the rest.
+    assert_eq!(c.take(8 * MB, 4096, 9).unwrap().addr, 0x3000_0000);
+    assert_eq!(c.take(8 * MB, 4096, 9).unwrap().addr, 0x3000_0000 + 8 * MB);
+    // Holder 7 gets its own block back, advice and all, before a plain one.
+    c.insert(0x7000_0000, 8 * MB, PageFacts::DIRTY, 2, Live::default());
+    let t = c.take(8 * MB, 4096, 7).unwrap();
+    assert_eq!((t.addr, t.facts.advised_by), (0x1000_0000, 7));
+    c.insert(t.addr, t.len, t.facts, 3, Live::default());
+    assert_eq!(c.take(8 * MB, 4096, 9).unwrap().addr, 0x7000_0000, "holder 9: the plain one");
+    // Another holder's advised block never serves holder 9: a miss (a fresh mapping) instead.
+    assert!(c.take(8 * MB, 4096, 9).is_none());
+    assert_eq!(c.take(8 * MB, 4096, 7).unwrap().facts.advised_by, 7);
+    // Gathering takes only what fits.
+    c.insert(0x5000_0000, 8 * MB, advised, 4, Live::default());
+    assert!(c.take_parts(8 * MB, 9).is_empty());
+    assert_eq!(c.take_parts(8 * MB, 7).total_bytes(), 8 * MB);
+}
+
+#[test]
+fn facts_merge_as_the_pages_do() {
+    let a = PageFacts { zero: true, votes: 2, advised_by: 7, kept_all: true, kept_any: true };
+    let b = PageFacts { zero: false, votes: 1, advised_by: 0, kept_all: false, kept_any: false };
+    let m = a.merge(b);
+    assert_eq!(m, PageFacts { zero: false, votes: 1, advised_by: 7, kept_all: false, kept_any: true });
+    assert_eq!(a.merge(PageFacts { advised_by: 8, ..a }).advised_by, MIXED_ADVICE);
+    assert!(!PageFacts { advised_by: MIXED_ADVICE, ..b }.fits(7) && b.fits(7) && a.fits(7) && !a.fits(8));
+    let mut c = BlockCache::new(limits());
+    c.insert(0x1000_0000, 8 * MB, PageFacts { votes: 2, advised_by: 7, ..PageFacts::DIRTY }, 0, Live::default());
+    let ins = c.insert(0x1000_0000 + 8 * MB, 8 * MB, a, 1, Live::default());
+    assert!(ins.accepted && ins.absorbed[0].is_some());
+    let t = c.take(16 * MB, 4096, 7).unwrap();
+    assert_eq!((t.facts.votes, t.facts.advised_by, t.facts.kept_all, t.facts.kept_any), (2, 7, false, true));
+    // Neighbours with different advice stay apart.
+    c.insert(0x3000_0000, 8 * MB, PageFacts::DIRTY, 2, Live::default());
+    assert!(c.insert(0x3000_0000 + 8 * MB, 8 * MB, a, 3, Live::default()).absorbed.iter().all(Option::is_none));
+}
+
+#[test]
+fn a_fork_keeps_each_block_once_and_releases_forget_residency() {
+    let mut c = BlockCache::new(limits());
+    c.insert(0x1000_0000, 8 * MB, PageFacts::DIRTY, 0, Live::default());
+    c.insert(0x3000_0000, 8 * MB, PageFacts::DIRTY, 0, Live::default());
+    assert_eq!(c.keep_from_fork().len(), 2);
+    assert_eq!(c.keep_from_fork().len(), 0, "kept since the last fork: no second madvise");
+    c.insert(0x5000_0000, 8 * MB, PageFacts { votes: 2, ..PageFacts::DIRTY }, 0, Live::default());
+    let again = c.keep_from_fork();
+    assert_eq!((again.len(), again.iter().next().map(|r| r.addr)), (1, Some(0x5000_0000)));
+    let t = c.take(8 * MB, 4096, 0).unwrap();
+    assert!(t.facts.kept_all && t.facts.kept_any, "the taker readmits it");
+    let due = c.due(2000 * MS, false);
+    for r in due.release.iter() {
+        assert_eq!(c.release_done(r.addr, false), None);
+    }
+    assert!(c.blocks().all(|b| b.facts.votes == 0), "MADV_FREE'd pages may go at any time");
+}
+
+#[test]
+fn a_lower_ceiling_evicts_the_oldest_first() {
+    let mut c = BlockCache::new(limits());
+    for i in 0..3u64 {
+        c.insert(0x1000_0000 * (i as usize + 1), 100 * MB, PageFacts::DIRTY, i, Live::default());
+    }
+    let out = c.shrink_to(150 * MB);
+    assert_eq!(out.iter().map(|r| r.addr).collect::<Vec<_>>(), [0x1000_0000, 0x2000_0000]);
+    assert_eq!(c.cached_bytes(), 100 * MB);
+    assert!(c.shrink_to(100 * MB).is_empty());
+    c.check_invariants().unwrap();
 }
