@@ -170,6 +170,13 @@ void tm_cuda_free(void *ptr, ptrdiff_t size, int device, void *stream);
  * `hook`'s (1 numpy, 2 torch, 3 cupy, 4 numba, 5 jax; anything else: the caller's own). */
 void *tm_cuda_alloc_torch(ptrdiff_t size, int device, void *stream);
 void *tm_cuda_alloc_as(ptrdiff_t size, int device, void *stream, int hook);
+/* tm_cuda_alloc_torch for tensormalloc.torch.enable(): a request the device cannot hold throws
+ * PyTorch's c10::OutOfMemoryError (torch.OutOfMemoryError in Python) instead of returning NULL,
+ * which PyTorch's pluggable allocator would keep as a tensor at address 0. x86-64; elsewhere NULL. */
+void *tm_cuda_alloc_torch_raising(ptrdiff_t size, int device, void *stream);
+/* What tm_cuda_alloc_torch_raising throws in this process: 3 c10::OutOfMemoryError,
+ * 2 std::bad_alloc (no libc10.so), 1 nothing (no C++ runtime: NULL and one stderr line). */
+int tm_cuda_oom_raises(void);
 
 /* numpy's data-memory handler (NEP 49), for the Python package: tm_numpy_handler is a
  * PyDataMem_Handler named "tensormalloc", installed in a capsule named tm_numpy_capsule_name
