@@ -8,10 +8,10 @@ use crate::config::Config;
 
 pub mod glibc;
 pub mod holders;
+pub mod children;
 pub mod leaks;
 pub mod oom;
 pub mod pickle;
-pub mod shared_path;
 pub mod snapshot;
 pub mod summary;
 pub mod units;

@@ -5,6 +5,7 @@
 
 pub mod bind;
 pub mod caller;
+pub mod claim;
 pub mod clock;
 pub mod cuda_runtime;
 pub mod cuda_driver;
