@@ -30,7 +30,7 @@ MAX_BYTES = 16 << 20
 # record/ledger.rs's layout (little-endian).
 LEDGER_MAGIC = b"TMLEDGER"
 LEDGER_VERSION = 1
-HEADER = struct.Struct("<8s12I4Q16s8I8Q4Q")
+HEADER = struct.Struct("<8s12I4Q16s8I8Q5Q")
 HEADER_FIELDS = ("magic", "version", "file_bytes", "places_at", "places", "place_bytes", "detail_at", "detail_bytes", "pid",
                  "ppid", "uid", "forked_from", "ancestors", "ticks_per_second", "start_ticks", "image_started_wall_ns",
                  "process_started_wall_ns", "command")
@@ -110,13 +110,17 @@ def _alive(pid, start_ticks):
     except OSError:
         return False
     fields = line[line.rfind(b")") + 2:].split()
-    return len(fields) > 19 and fields[19] == str(start_ticks).encode()
+    # fields[0] is the state (field 3): a zombie or a dead process does not run.
+    return len(fields) > 19 and fields[0] not in (b"Z", b"X", b"x") and fields[19] == str(start_ticks).encode()
 
 
 def _ended(fd, header):
-    """exit, running, killed or exec, for a counters file (its writer holds a lock while it runs)."""
+    """exit, running, killed or exec, for a counters file (its writer holds a lock while it runs;
+    the image after an exec marks the one before)."""
     if header["exited"]:
         return "exit"
+    if header["replaced_wall_ns"]:
+        return "exec"
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -136,7 +140,7 @@ def read_ledger(data, fd):
     values = HEADER.unpack_from(data)
     h["ancestor_pids"] = values[18:26]
     h["ancestor_starts"] = values[26:34]
-    h["exited"], h["detail_seq"], h["detail_len"], h["detail_wall_ns"] = values[34:38]
+    h["exited"], h["detail_seq"], h["detail_len"], h["detail_wall_ns"], h["replaced_wall_ns"] = values[34:39]
     if h["version"] != LEDGER_VERSION:
         raise Bad(f"counters of version {h['version']}, which this reader does not know (it reads {LEDGER_VERSION})")
     if len(data) < h["file_bytes"] or not (0 < h["places"] <= 64 and h["place_bytes"] >= 104

@@ -70,6 +70,9 @@ pub struct Header {
     pub detail_len: AtomicU64,
     /// When the detail was last written (wall ns).
     pub detail_wall_ns: AtomicU64,
+    /// 0, or when the image after an exec of this one claimed its own file (wall ns): this
+    /// image ended by exec, its counts are final.
+    pub replaced_wall_ns: AtomicU64,
 }
 
 /// One place's counts (a place: host, pinned, or a device).
@@ -375,6 +378,7 @@ fn claim_file() {
                 SHOWN.set(claim::Shown::of(path, claimed.name()).get());
                 claim::say(claim::Output::Stats, path, SHOWN.get(), why, forked_from);
             }
+            mark_earlier_images(claimed.index);
             crate::sys::reaper::start_now();
         }
         Err(e) => {
@@ -393,6 +397,48 @@ fn claim_file() {
 
 fn show(path: &[u8]) -> &str {
     core::str::from_utf8(path).unwrap_or("(path)")
+}
+
+/// Marks the files of this process's images before an exec, among the names tried before the
+/// one claimed, as ended by exec (a reader cannot tell that from a kill once the process is
+/// gone).
+fn mark_earlier_images(claimed_index: u32) {
+    let (Where::Path(path), Some(dir_fd)) = (place_to_use(), Some(DIR_FD.load(Acquire)).filter(|&fd| fd >= 0)) else {
+        return mark_in_runtime_dir(claimed_index);
+    };
+    // SAFETY: our directory, open for the process's life; borrowed.
+    let dir = core::mem::ManuallyDrop::new(unsafe { Dir::from_raw(dir_fd) });
+    mark_in(&dir, files::split(path).1, claimed_index);
+}
+
+fn mark_in_runtime_dir(claimed_index: u32) {
+    let dir_fd = DIR_FD.load(Acquire);
+    if dir_fd >= 0 {
+        // SAFETY: as above.
+        let dir = core::mem::ManuallyDrop::new(unsafe { Dir::from_raw(dir_fd) });
+        mark_in(&dir, b"%p.stats", claimed_index);
+    }
+}
+
+fn mark_in(dir: &Dir, base: &[u8], claimed_index: u32) {
+    use crate::sys::process;
+    let (own, start, image) = (process::id(), process::start_ticks(), process::started_wall_ns());
+    for k in 0..claimed_index {
+        let mut name = [0u8; NAME_MAX_BYTES + 1];
+        let Some(n) = claim::candidate(base, own, k, &mut name) else { continue };
+        let name = name.get(..n).unwrap_or(&[]);
+        let files::Standing::Ours(found) = files::look(dir, name) else { continue };
+        let mut head = [0u8; DETAIL_AT];
+        if found.read_at(&mut head, 0) < head.len() {
+            continue;
+        }
+        if let Some(r) = read(&head) {
+            if r.pid == own && r.start_ticks == start && r.image_started_wall_ns != image && !r.exited {
+                let now = crate::sys::clock::wall_ns().to_le_bytes();
+                found.write_at(dir, name, core::mem::offset_of!(Header, replaced_wall_ns) as u64, &now);
+            }
+        }
+    }
 }
 
 type Made = (*mut u8, i32, Dir, claim::Claimed);

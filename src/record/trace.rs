@@ -287,6 +287,10 @@ fn write_records(fd: i32, records: &[Event]) -> bool {
                 cut.size = last.size;
             }
             let marked = crate::sys::files::write_at(fd, as_bytes(core::slice::from_ref(&cut)), kept);
+            if !marked {
+                // Part of it may have gone in before the limit: the file ends at `kept` again.
+                let _ = crate::sys::files::truncate(fd, kept);
+            }
             ON.store(false, Ordering::Release);
             FD.store(-1, Ordering::Release);
             let mut text = [0u8; 128];

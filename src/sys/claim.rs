@@ -66,6 +66,8 @@ pub struct Claimed {
     name: Name,
     /// Why the first name was not taken (None: it was).
     pub passed_over: Option<PassedOver>,
+    /// Which of the names (`candidate`'s k) it is.
+    pub index: u32,
 }
 
 impl Claimed {
@@ -202,13 +204,13 @@ pub fn claim(dir: &Dir, base: &[u8], file: &mut Unnamed, who: &Claimant) -> Resu
         // A name emptied between the link and the look is tried again, a few times.
         for _ in 0..3 {
             if file.link(this)? {
-                return Ok(Claimed { name, passed_over });
+                return Ok(Claimed { name, passed_over, index: k });
             }
             let why = match files::look(dir, this) {
                 Standing::Nothing => continue,
                 Standing::Other(e) => PassedOver::Other(e),
                 Standing::Ours(old) => match take_over(dir, this, &old, file, who) {
-                    Ok(()) => return Ok(Claimed { name, passed_over }),
+                    Ok(()) => return Ok(Claimed { name, passed_over, index: k }),
                     Err(why) => why,
                 },
             };

@@ -413,8 +413,11 @@ impl Unnamed {
     }
 
     /// Names the file `name`, in place of the file there (which the caller checked is ours: a
-    /// rename never writes into the file it replaces).
+    /// rename never writes into the file it replaces). Signals wait meanwhile: a SIGTERM between
+    /// the temporary name and the rename (a Pool's workers end so, at times in their exit hook)
+    /// would leave the temporary name behind.
     pub fn replace(&mut self, name: &[u8]) -> Result<(), Refused> {
+        let _quiet = SignalsHeld::now();
         let n = self::name(name)?;
         if self.temp[0] == 0 {
             // A name of its own first (rename takes names, not descriptors).
@@ -466,6 +469,29 @@ impl Drop for Unnamed {
     }
 }
 
+/// Every signal the thread can hold waits until this is dropped (SIGKILL and SIGSTOP cannot).
+struct SignalsHeld(libc::sigset_t);
+
+impl SignalsHeld {
+    fn now() -> SignalsHeld {
+        // SAFETY: sigset operations on sets we own; pthread_sigmask of the calling thread.
+        unsafe {
+            let mut all: libc::sigset_t = core::mem::zeroed();
+            let mut old: libc::sigset_t = core::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+            SignalsHeld(old)
+        }
+    }
+}
+
+impl Drop for SignalsHeld {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask `now` saved, on the same thread.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, core::ptr::null_mut()) };
+    }
+}
+
 /// A file of ours opened to be looked at or read: regular, ours, one link (Note [Files others
 /// can reach]). Closed when dropped.
 pub struct Found {
@@ -498,6 +524,22 @@ impl Found {
     /// Whether it still has a name (unlinked files have none).
     pub fn linked(&self) -> bool {
         stat(self.fd).is_some_and(|st| st.st_nlink > 0)
+    }
+
+    /// Writes `bytes` at `offset` of this file, found at `name` in `dir` (reopened for writing,
+    /// without following a link or blocking, and only if the name still names this file: a file
+    /// of ours, checked); whether it all went out.
+    pub fn write_at(&self, dir: &Dir, name: &[u8], offset: u64, bytes: &[u8]) -> bool {
+        let Ok(n) = self::name(name) else { return false };
+        // SAFETY: n is NUL-terminated; the descriptor is closed below.
+        let fd = unsafe { libc::openat(dir.0, n.as_ptr().cast(), libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY) };
+        if fd < 0 {
+            return false;
+        }
+        let same = stat(fd).is_some_and(|st| st.st_dev == self.dev && st.st_ino == self.ino);
+        let written = same && write_at(fd, bytes, offset);
+        let _ = close(fd);
+        written
     }
 
     /// pread of up to `buf.len()` bytes at `offset`; the count read.
