@@ -375,7 +375,8 @@ fn open_file(path: &[u8]) -> Option<i32> {
 
 /// Makes and names the file; its descriptor, the claim, and its path as shown in messages.
 fn claimed_file(path: &[u8]) -> Result<(i32, crate::sys::claim::Claimed, crate::sys::claim::Shown), crate::sys::files::Refused> {
-    use crate::sys::files::{self, Dir, Refused, Unnamed};
+    use crate::sys::dir::{Dir, Unnamed};
+    use crate::sys::files::{self, Refused};
     let (dir_part, base) = files::split(path);
     let mut dir_path = [0u8; files::PATH_MAX_BYTES + 1];
     let n = files::expand_path(dir_part, crate::sys::process::id(), &mut dir_path).ok_or(Refused::Os(libc::ENAMETOOLONG))?;

@@ -8,7 +8,8 @@
 
 use crate::record::ledger;
 use crate::report::units::Bytes;
-use crate::sys::files::{self, Standing};
+use crate::sys::dir::{self, Standing};
+use crate::sys::files;
 
 /// "1 process", "3 processes".
 struct Processes(u64);
@@ -84,7 +85,7 @@ pub fn report_at_exit() {
         if !name.ends_with(b".stats") {
             return;
         }
-        let Standing::Ours(file) = files::look(&dir, name) else { return };
+        let Standing::Ours(file) = dir::look(&dir, name) else { return };
         let mut head = [0u8; ledger::DETAIL_AT];
         if file.read_at(&mut head, 0) < head.len() {
             return;
@@ -103,7 +104,7 @@ pub fn report_at_exit() {
             return;
         }
         ended.add(&r);
-        files::remove(&dir, name, &file);
+        dir::remove(&dir, name, &file);
     });
     if ended.processes > 0 {
         let mut w = crate::sys::stderr::StackWriter::<768>::new();

@@ -9,7 +9,8 @@ use crate::record::holders::{PLACE_HOST, PLACE_PINNED};
 use crate::report::pickle::{FdSink, Pickler};
 use crate::sys::os_pages::{OsPages, PAGE};
 use crate::sys::claim;
-use crate::sys::files::{self, Dir, Refused, Unnamed};
+use crate::sys::dir::{Dir, Unnamed};
+use crate::sys::files::{self, Refused};
 use core::ffi::c_int;
 
 // Note [Snapshot format]

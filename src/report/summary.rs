@@ -1,15 +1,10 @@
-//! What the user sees: the stats snapshot behind `tm_get_stats`, and the report printed at exit
-//! (text to stderr, or JSON to a file). Formatting happens in a fixed stack buffer (or the
+//! What the user sees: the stats snapshot behind `tm_get_stats`, and the report it makes, as text
+//! or JSON (report/stats_file.rs says where it goes). Formatting happens in a fixed stack buffer (or the
 //! mapped counters file's detail area) and leaves with write(2): no allocation, no lock but the
-//! cache's own brief one. Under TENSORMALLOC_STATS the process's counts live in a mapped file
-//! from its first event (record/ledger.rs, Note [Numbers that survive]); the JSON written here
-//! is kept in it while the process runs and replaces it at a normal exit.
+//! cache's own brief one. The stats file the JSON goes to is report/stats_file.rs's.
 
-use crate::config::{Config, StatsOutput};
 use crate::record::stats::PhaseTimer;
-use crate::sys::stderr::StackWriter;
 use crate::report::units::{Bytes, Count, Nanos};
-use crate::record::ledger;
 use crate::state::{DEVICE, HOST};
 use core::fmt::{self, Write};
 
@@ -382,66 +377,6 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot, ending: Ending) -> fmt::Res
     w.write_str("]}\n")
 }
 
-/// Room for the report: the counters, the phase table and up to MAX_ROWS holder rows.
-const REPORT_BYTES: usize = crate::record::ledger::DETAIL_BYTES;
-
-/// At load: where the counters go under TENSORMALLOC_STATS (Note [Numbers that survive]), and
-/// the background pass that keeps their detail current.
-pub fn start(config: &'static Config) {
-    match config.stats {
-        StatsOutput::Off => return,
-        StatsOutput::Json => ledger::start(ledger::Where::Path(config.stats_path())),
-        StatsOutput::Stderr => ledger::start(ledger::Where::RuntimeDir),
-    }
-    crate::state::keep_current(keep_current);
-}
-
-/// Writes the report now (tm_print_stats): to stderr, or into this process's stats file (made
-/// now if no event made it yet), where `tensormalloc report PATH` reads it while the process
-/// runs; whatever `stats` is set to.
-pub fn write_report(config: &Config) {
-    if config.stats == StatsOutput::Json {
-        ledger::ensure_claimed();
-        refresh(Ending::Running);
-        return;
-    }
-    let snap = Snapshot::take();
-    let mut w = StackWriter::<REPORT_BYTES>::new();
-    let _ = write_text(&mut w, &snap);
-    w.flush_to(2);
-}
-
-/// Rewrites the JSON kept in the counters file; false when there is none.
-fn refresh(ending: Ending) -> bool {
-    let _one = WRITING.lock();
-    let snap = Snapshot::take();
-    ledger::write_detail(|d| write_json(d, &snap, ending))
-}
-
-/// At exit, the report asked for, from a process that made a large request or a CUDA call: a
-/// wrapper's helper processes (a pyenv shim starts about 30) stay silent and write no file.
-pub fn at_exit(config: &Config) {
-    match config.stats {
-        StatsOutput::Off => {}
-        StatsOutput::Stderr => {
-            if did_anything() {
-                let snap = Snapshot::take();
-                let mut w = StackWriter::<REPORT_BYTES>::new();
-                let _ = write_text(&mut w, &snap);
-                w.flush_to(2);
-            }
-            // Its numbers are printed: its counters file has done its work.
-            ledger::mark_exited();
-            remove_own_file();
-            crate::report::children::report_at_exit();
-        }
-        StatsOutput::Json => {
-            if did_anything() || ledger::claimed() {
-                json_at_exit(config.stats_path());
-            }
-        }
-    }
-}
 
 /// The process made a large host request or a CUDA call through us (the runtime or the driver
 /// bound, whatever the pool's setting); with the cache off (TENSORMALLOC_DISABLE, which counts
@@ -450,106 +385,10 @@ pub(crate) fn did_anything() -> bool {
     !HOST.is_enabled() || HOST.stats.requests.get() > 0 || crate::sys::cuda_runtime::is_bound() || crate::sys::cuda_driver::is_bound()
 }
 
-/// One writer of the JSON at a time (the background pass, tm_print_stats, the exit hook).
-static WRITING: crate::sys::lock::Lock<()> = crate::sys::lock::Lock::new(());
-
-/// In a forked child: a writer the parent's background thread was in at the fork is not in
-/// this process; its lock would stay held for good.
-pub fn after_fork_in_child() {
-    // SAFETY: the child has one thread, which holds no lock of ours here.
-    unsafe { WRITING.force_unlock() };
-}
-
-/// The JSON at a normal exit: it replaces the counters file (the JSON is rendered into the file
-/// first, which then says the exit hook ran), or, when no event made one, takes a name of its own
-/// (Note [One file per process]).
-fn json_at_exit(path: &[u8]) {
-    use crate::sys::files::{self, Dir, Unnamed};
-    let written = if refresh(Ending::Exit) {
-        ledger::mark_exited();
-        let _one = WRITING.lock();
-        match (ledger::own_file(), ledger::detail()) {
-            (Some((dir_fd, name, fd)), Some(json)) => {
-                // SAFETY: the counters' directory, open for the process's life; borrowed here.
-                let dir = core::mem::ManuallyDrop::new(unsafe { Dir::from_raw(dir_fd) });
-                Unnamed::create(&dir, name).and_then(|mut file| {
-                    files::write_all(file.fd(), json)?;
-                    if files::names(&dir, name, fd) {
-                        file.replace(name)
-                    } else {
-                        // Our file was moved or removed meanwhile: the JSON takes a name anew.
-                        claim_for_json(&dir, path, &mut file)
-                    }
-                })
-            }
-            _ => Err(files::Refused::Os(libc::ENOSPC)),
-        }
-    } else {
-        let snap = Snapshot::take();
-        let mut w = StackWriter::<REPORT_BYTES>::new();
-        let _ = write_json(&mut w, &snap, Ending::Exit);
-        let (dir_part, _) = files::split(path);
-        let mut dir_path = [0u8; files::PATH_MAX_BYTES + 1];
-        files::expand_path(dir_part, crate::sys::process::id(), &mut dir_path)
-            .ok_or(files::Refused::Os(libc::ENAMETOOLONG))
-            .and_then(|n| Dir::open(dir_path.get(..n).unwrap_or(&[])))
-            .and_then(|dir| {
-                let mut file = Unnamed::create(&dir, files::split(path).1)?;
-                files::write_all(file.fd(), w.as_bytes())?;
-                claim_for_json(&dir, path, &mut file)
-            })
-    };
-    if let Err(e) = written {
-        let mut text = [0u8; 128];
-        crate::warn_line!("cannot write the stats to {} ({})", core::str::from_utf8(path).unwrap_or("(path)"), e.text(&mut text));
-    }
-}
-
-/// Names the JSON file as a process of a run names its stats (Note [One file per process]).
-fn claim_for_json(dir: &crate::sys::files::Dir, path: &[u8], file: &mut crate::sys::files::Unnamed) -> Result<(), crate::sys::files::Refused> {
-    use crate::sys::claim;
-    let parent = crate::state::parent_at_fork();
-    let claimed = claim::claim(dir, crate::sys::files::split(path).1, file, &claim::Claimant::this(parent.is_some()))?;
-    if let Some(why) = claimed.passed_over {
-        claim::say(claim::Output::Stats, path, claim::Shown::of(path, claimed.name()).get(), why, parent.unwrap_or(0));
-    }
-    Ok(())
-}
-
-/// Removes this process's counters file (TENSORMALLOC_STATS=1, once its report is printed).
-fn remove_own_file() {
-    use crate::sys::files::{self, Dir, Standing};
-    let Some((dir_fd, name, fd)) = ledger::own_file() else { return };
-    // SAFETY: as in json_at_exit.
-    let dir = core::mem::ManuallyDrop::new(unsafe { Dir::from_raw(dir_fd) });
-    if let Standing::Ours(found) = files::look(&dir, name) {
-        if files::names(&dir, name, fd) {
-            files::remove(&dir, name, &found);
-        }
-    }
-}
-
-/// The sum of the counts that change when the process does anything: the detail is rewritten
-/// only when it moved.
-static WRITTEN_ACTIVITY: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(u64::MAX);
-
-/// From the background thread, about every second: the JSON kept in the counters file made
-/// current (Note [Numbers that survive]: the counts are current at every event; this brings the
-/// rest, cached bytes, phases, holders, to within a second).
-pub fn keep_current() {
-    if !ledger::claimed() {
-        return;
-    }
-    let s = Snapshot::take();
-    let activity = s.host_requests.wrapping_add(s.host_frees).wrapping_add(s.cuda_requests).wrapping_add(s.pinned_requests).wrapping_add(s.cuda_segments_released);
-    if WRITTEN_ACTIVITY.swap(activity, core::sync::atomic::Ordering::Relaxed) != activity {
-        refresh(Ending::Running);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::stderr::StackWriter;
 
     #[test]
     fn text_report_has_the_phase_table() {

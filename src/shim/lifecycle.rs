@@ -17,7 +17,7 @@ extern "C" fn on_load() {
             sys::reaper::start_now();
         }
         // Note [Numbers that survive]: the counters' file, made at the first event.
-        report::summary::start(&g.config);
+        report::stats_file::start(&g.config);
     }
 }
 
@@ -45,7 +45,7 @@ extern "C" fn after_fork_in_child() {
     HOST.forget_cache_in_child();
     crate::state::forked_from(sys::process::parent_id());
     crate::record::ledger::restart_in_child(sys::process::parent_id(), HOST.stats.live.current(), HOST.stats.live_blocks.current());
-    report::summary::after_fork_in_child();
+    report::stats_file::after_fork_in_child();
     if DEVICE.after_fork_in_child() {
         // Note [Forked children]: the parent's device and pinned blocks are not this process's.
         for place in (0..crate::record::holders::PLACES as u8).filter(|&p| p != crate::record::holders::PLACE_HOST) {

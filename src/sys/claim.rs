@@ -23,7 +23,8 @@
 // from /proc, the same across exec), and is kept. Anything else at a name (a FIFO, a link,
 // another user's file) is never opened for writing nor replaced (Note [Files others can reach]).
 
-use super::files::{self, Dir, Found, Name, Refused, Standing, Unnamed, NAME_MAX_BYTES};
+use super::dir::{self, Dir, Found, Standing, Unnamed};
+use super::files::{self, Name, Refused, NAME_MAX_BYTES};
 
 /// A file counts as an earlier run's only when written this long before the claimant started:
 /// file times come from a coarse clock (a few ms behind) and a process's start is known to a
@@ -206,7 +207,7 @@ pub fn claim(dir: &Dir, base: &[u8], file: &mut Unnamed, who: &Claimant) -> Resu
             if file.link(this)? {
                 return Ok(Claimed { name, passed_over, index: k });
             }
-            let why = match files::look(dir, this) {
+            let why = match dir::look(dir, this) {
                 Standing::Nothing => continue,
                 Standing::Other(e) => PassedOver::Other(e),
                 Standing::Ours(old) => match take_over(dir, this, &old, file, who) {
@@ -239,7 +240,7 @@ pub fn put_in_place(dir: &Dir, name: &[u8], file: &mut Unnamed) -> Result<(), Re
         if file.link(name)? {
             return Ok(());
         }
-        match files::look(dir, name) {
+        match dir::look(dir, name) {
             Standing::Nothing => continue,
             Standing::Other(e) => return Err(e),
             Standing::Ours(old) => {
@@ -364,7 +365,7 @@ mod tests {
         let got = claim(&dir, b"s.json", &mut a, &who).unwrap();
         assert_eq!((got.name(), got.passed_over), (&b"s.json"[..], None));
         // A writer holds its file: the next process goes beside.
-        let held = match files::look(&dir, b"s.json") { Standing::Ours(f) => f, _ => panic!() };
+        let held = match dir::look(&dir, b"s.json") { Standing::Ours(f) => f, _ => panic!() };
         assert!(held.try_lock());
         let mut b = new_file(&dir, b"b");
         let got = claim(&dir, b"s.json", &mut b, &who).unwrap();

@@ -9,6 +9,7 @@ pub mod claim;
 pub mod clock;
 pub mod cuda_runtime;
 pub mod cuda_driver;
+pub mod dir;
 pub mod dlsym;
 pub mod env;
 pub mod files;
