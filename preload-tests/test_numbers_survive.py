@@ -222,3 +222,24 @@ def test_a_running_processs_file_reads_as_running_with_its_counts_so_far(tmp_pat
     assert p.returncode == 0
     data = json.loads(path.read_text())
     assert (data["host"]["requests"], data["host"]["frees"], data["complete"], data["ended"]) == (6, 6, True, "exit")
+
+
+def test_counts_made_while_the_file_is_named_are_all_in_it(tmp_path):
+    """Note [Numbers that survive]: 16 threads make their first large requests at one instant,
+    while the first of them names the counters' file; the process is then killed (SIGKILL), so
+    only the file speaks: 20 runs, every count is there (none lost in the counts kept aside
+    meanwhile, none counted twice)."""
+    prog = compile_c("outputs")
+    e = {k: v for k, v in os.environ.items() if not k.startswith("TENSORMALLOC_")}
+    e["LD_PRELOAD"] = str(ROOT / "target" / "release" / "libtensormalloc.so")
+    for i in range(20):
+        path = tmp_path / f"s{i}.json"
+        p = subprocess.Popen([prog, "threads", "16", "5"], env={**e, "TENSORMALLOC_STATS": f"json:{path}"},
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            pid = int(p.stdout.readline())
+        finally:
+            p.kill()
+            p.wait(timeout=60)
+        row = report_json([path])["processes"][0]
+        assert (row["pid"], row["requests"], row["frees"], row["ended"]) == (pid, 80, 80, "killed"), (i, row)

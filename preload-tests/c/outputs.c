@@ -10,9 +10,25 @@
  *   outputs many N         N requests of sizes 4 to 12 MiB, none freed before the next: a long
  *                          trace (a full disk cuts it)
  *   outputs hold N         makes N requests, keeps the last one live, prints its pid and waits
- *                          for stdin to close (a process that runs while others read its files) */
+ *                          for stdin to close (a process that runs while others read its files)
+ *   outputs threads T N    T threads released at once make N requests each (the first of them
+ *                          while the counters' file is being named), then it prints its pid and
+ *                          waits for stdin to close */
 #include "check.h"
+#include <pthread.h>
 #include <unistd.h>
+
+static pthread_barrier_t start;
+static int per_thread;
+
+static void requests(int n, size_t size);
+
+static void *worker(void *arg) {
+    (void)arg;
+    pthread_barrier_wait(&start);
+    requests(per_thread, 8 * MB);
+    return NULL;
+}
 
 static void requests(int n, size_t size) {
     for (int i = 0; i < n; i++) {
@@ -65,6 +81,22 @@ int main(int argc, char **argv) {
             last = p;
         }
         free(last);
+        return 0;
+    }
+    if (!strcmp(mode, "threads")) {
+        CHECK(argc == 4);
+        int n = atoi(argv[2]);
+        per_thread = atoi(argv[3]);
+        pthread_t t[64];
+        CHECK(n > 0 && n <= 64);
+        CHECK(pthread_barrier_init(&start, NULL, (unsigned)n) == 0);
+        for (int i = 0; i < n; i++) CHECK(pthread_create(&t[i], NULL, worker, NULL) == 0);
+        for (int i = 0; i < n; i++) CHECK(pthread_join(t[i], NULL) == 0);
+        printf("%d\n", (int)getpid());
+        fflush(stdout);
+        char c;
+        while (read(0, &c, 1) > 0) {
+        }
         return 0;
     }
     if (!strcmp(mode, "hold")) {
