@@ -41,18 +41,18 @@ pub fn user_id() -> u32 {
 /// When this image started (wall ns: the library's load, or in a forked child its fork).
 static STARTED_WALL_NS: AtomicU64 = AtomicU64::new(0);
 /// The process's start in clock ticks after boot (/proc/self/stat field 22: the same across
-/// exec, new in a forked child), read once per image and after a fork; 0: not read (or no /proc).
-static START_TICKS: AtomicU64 = AtomicU64::new(0);
+/// exec, new in a forked child), read once, when first needed (an output claims a name: by
+/// default a process reads no file); UNKNOWN until then, 0 when there is no /proc.
+static START_TICKS: AtomicU64 = AtomicU64::new(UNKNOWN);
 /// The process's start in wall ns, from START_TICKS (see `ticks_to_wall_ns`).
 static PROCESS_STARTED_WALL_NS: AtomicU64 = AtomicU64::new(0);
+const UNKNOWN: u64 = u64::MAX;
 
-/// At load, and in a forked child: this image starts now; the process's own start is read once.
+/// At load, and in a forked child: this image starts now (the process's own start is read when
+/// first asked for).
 pub fn note_start() {
-    let now = super::clock::wall_ns();
-    STARTED_WALL_NS.store(now, Relaxed);
-    let ticks = stat_of(0).map_or(0, |s| s.start_ticks);
-    START_TICKS.store(ticks, Relaxed);
-    PROCESS_STARTED_WALL_NS.store(if ticks == 0 { now } else { ticks_to_wall_ns(ticks).min(now) }, Relaxed);
+    STARTED_WALL_NS.store(super::clock::wall_ns(), Relaxed);
+    START_TICKS.store(UNKNOWN, Relaxed);
 }
 
 /// When this image started (wall ns).
@@ -60,15 +60,30 @@ pub fn started_wall_ns() -> u64 {
     STARTED_WALL_NS.load(Relaxed)
 }
 
+/// Reads the process's start, once.
+fn read_start() -> u64 {
+    let ticks = START_TICKS.load(Relaxed);
+    if ticks != UNKNOWN {
+        return ticks;
+    }
+    let image = STARTED_WALL_NS.load(Relaxed);
+    let image = if image == 0 { super::clock::wall_ns() } else { image };
+    let ticks = stat_of(0).map_or(0, |s| s.start_ticks);
+    PROCESS_STARTED_WALL_NS.store(if ticks == 0 { image } else { ticks_to_wall_ns(ticks).min(image) }, Relaxed);
+    START_TICKS.store(ticks, Relaxed);
+    ticks
+}
+
 /// When this process started (wall ns; the same for every image it execs, to a clock tick).
 pub fn process_started_wall_ns() -> u64 {
+    read_start();
     PROCESS_STARTED_WALL_NS.load(Relaxed)
 }
 
 /// This process's start in clock ticks after boot; with the pid it names the process (pids are
 /// reused, a start is not).
 pub fn start_ticks() -> u64 {
-    START_TICKS.load(Relaxed)
+    read_start()
 }
 
 /// Clock ticks per second, as /proc counts them.
