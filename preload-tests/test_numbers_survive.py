@@ -8,6 +8,7 @@ with TENSORMALLOC_STATS=1 a parent whose workers did the work prints their numbe
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -45,12 +46,11 @@ if __name__ == "__main__":
     elif ending == "terminate":
         pool.terminate()  # SIGTERM
     else:
-        # SIGKILL; a worker killed while it holds the task queue's lock leaves a pool that can
-        # no longer be joined (Python's own behaviour): the parent leaves with them.
-        for p in pool._pool:
-            os.kill(p.pid, signal.SIGKILL)
+        # SIGKILL to the whole run (its own session): the workers, any the pool was starting in
+        # their place, its helper processes and the parent itself (a pool whose worker died
+        # holding the task queue's lock can no longer be joined: Python's own behaviour).
         print(*pids, flush=True)
-        os._exit(0)
+        os.killpg(0, signal.SIGKILL)
     pool.join()
     print(*pids)
 """
@@ -78,8 +78,9 @@ def test_a_pools_total_is_exact_every_run_however_its_workers_end(tmp_path, meth
     for i in range(RUNS):
         d = tmp_path / f"run{i}"
         d.mkdir()
-        out = ok(run([sys.executable, str(script), method, ending, str(WORKERS), str(PER_TASK)],
-                     env={"TENSORMALLOC_STATS": f"json:{d}/s.%p.json"}, timeout=120))
+        out = run([sys.executable, str(script), method, ending, str(WORKERS), str(PER_TASK)],
+                  env={"TENSORMALLOC_STATS": f"json:{d}/s.%p.json"}, timeout=120, start_new_session=True)
+        assert out.returncode == (-signal.SIGKILL if ending == "sigkill" else 0), out.stderr
         pids = sorted(map(int, out.stdout.split()))
         files = sorted(d.iterdir())
         assert [f.name for f in files] == sorted(f"s.{pid}.json" for pid in pids), (i, out.stderr)

@@ -40,7 +40,7 @@ EVENT = np.dtype([("time_ns", "<u8"), ("size", "<u8"), ("extra", "<u8"), ("kind"
 HOST, DEVICE, SAMPLE, NAME = 0, 1, 2, 3
 ALLOC, FREE = 0, 1
 MAGICS = (b"TMTRACE1", b"TMTRACE2")  # 1: before holders (no names, holder id 0 everywhere)
-END, CUT = 1, 2  # a sample's op at the end of a file closed at exit, or cut by its writer
+END, CUT, ID = 1, 2, 3  # a sample's op: the end of a file closed at exit or cut by its writer; who writes it
 TOP_HOLDERS = 5
 PIXELS = 2000  # columns a panel is drawn in, at most (Note at the top: at scale)
 USAGE = ("usage: tensormalloc plot TRACE [OUT.png]   (TRACE: a file written under TENSORMALLOC_TRACE=TRACE)\n"
@@ -89,7 +89,7 @@ def check(events, path):
     kinds = events["kind"]
     blocks = (kinds == HOST) | (kinds == DEVICE)
     if (np.any(kinds > NAME) or np.any(events["op"][blocks] > FREE) or np.any(events["outcome"][blocks] > 2)
-            or np.any(events["op"][kinds == SAMPLE] > CUT)):
+            or np.any(events["op"][kinds == SAMPLE] > ID)):
         raise Damaged(f"{path}: damaged (records of unknown kinds)")
     times = events["time_ns"][kinds != NAME].astype(np.int64)
     back = int(np.sum(np.diff(times) < -1_000_000_000)) if len(times) > 1 else 0
@@ -132,7 +132,7 @@ def arrays(events, t0=None):
         t0 = int(ev["time_ns"][0]) if len(ev) else 0
     t_all = (ev["time_ns"].astype(np.int64) - np.int64(t0)) / 1e9
     kinds = ev["kind"]
-    samples = kinds == SAMPLE
+    samples = (kinds == SAMPLE) & (ev["op"] != ID)
     blk = (kinds == HOST) | (kinds == DEVICE)
     b, t, bk = ev[blk], t_all[blk], kinds[blk]
     n = len(b)
@@ -233,7 +233,7 @@ def summary(events):
     hits = int(np.sum(allocs["outcome"] == 0))
     return {"events": int(np.sum(kinds != NAME)), "allocs": len(allocs),
             "frees": int(np.sum(blocks["op"] == FREE)), "hits": hits,
-            "samples": int(np.sum(kinds == SAMPLE)),
+            "samples": int(np.sum((kinds == SAMPLE) & (events["op"] != ID))),
             "bytes_requested": int(allocs["size"].sum()) if len(allocs) else 0,
             "holders": len(np.unique(blocks["pages"]))}
 

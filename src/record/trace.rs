@@ -19,7 +19,10 @@
 //! A sample's op is 0, but for the file's last record: 1 (END) when the process closed the trace
 //! at exit, 2 (CUT) when the writer stopped because the file took no more (a full disk, a file
 //! size limit). A file whose last record is neither was cut short (its process killed, or
-//! still running, or its disk full with no room left even for the CUT record).
+//! still running, or its disk full with no room left even for the CUT record). The first record
+//! after the magic is a sample of op 3 (ID): size the writer's pid, extra its process start
+//! (/proc ticks), so an image after an exec knows the file of the one before (Note [One file
+//! per process] in sys/claim.rs); readers skip it as a sample.
 //!
 //! Note [No torn trace]: the writer knows how many bytes of whole records the file holds; when a
 //! write fails or falls short it cuts the file back there (ftruncate), adds the CUT record if it
@@ -38,6 +41,8 @@ pub const OP_FREE: u8 = 1;
 /// A sample's op: the last record of a file closed at exit, or of one the writer stopped.
 pub const OP_END: u8 = 1;
 pub const OP_CUT: u8 = 2;
+/// A sample's op: the file's first record, who writes it.
+pub const OP_ID: u8 = 3;
 pub const HIT: u8 = 0;
 pub const MISS: u8 = 1;
 pub const GROWN: u8 = 2;
@@ -359,7 +364,7 @@ fn open_file(path: &[u8]) -> Option<i32> {
     match claimed_file(path) {
         Ok((fd, claimed, shown)) => {
             NAME.set(shown.get());
-            WHOLE_BYTES.store(MAGIC.len() as u64, Ordering::Relaxed);
+            WHOLE_BYTES.store((MAGIC.len() + core::mem::size_of::<Event>()) as u64, Ordering::Relaxed);
             if let Some(why) = claimed.passed_over {
                 crate::sys::claim::say(crate::sys::claim::Output::Trace, path, NAME.get(), why, 0);
             }
@@ -373,6 +378,19 @@ fn open_file(path: &[u8]) -> Option<i32> {
     }
 }
 
+/// The file's first record: this process (pid, process start), for an image after an exec.
+fn identity() -> Event {
+    let (pid, start) = (u64::from(crate::sys::process::id()), crate::sys::process::start_ticks());
+    Event { time_ns: crate::sys::clock::now_ns(), size: pid, extra: start, kind: KIND_SAMPLE, op: OP_ID, ..Event::default() }
+}
+
+/// The (pid, process start) an ID record names, from its 32 bytes; None for any other record.
+fn writer_of(record: &[u8]) -> Option<(u64, u64)> {
+    let word = |at: usize| Some(u64::from_le_bytes(record.get(at..at + 8)?.try_into().ok()?));
+    (record.get(24..26)? == [KIND_SAMPLE, OP_ID]).then_some(())?;
+    Some((word(8)?, word(16)?))
+}
+
 /// Makes and names the file; its descriptor, the claim, and its path as shown in messages.
 fn claimed_file(path: &[u8]) -> Result<(i32, crate::sys::claim::Claimed, crate::sys::claim::Shown), crate::sys::files::Refused> {
     use crate::sys::dir::{Dir, Unnamed};
@@ -383,8 +401,13 @@ fn claimed_file(path: &[u8]) -> Result<(i32, crate::sys::claim::Claimed, crate::
     let dir = Dir::open(dir_path.get(..n).unwrap_or(&[]))?;
     let mut file = Unnamed::create(&dir, base)?;
     files::write_all(file.fd(), MAGIC)?;
+    files::write_all(file.fd(), as_bytes(core::slice::from_ref(&identity())))?;
     files::try_lock(file.fd());
-    let claimed = crate::sys::claim::claim(&dir, base, &mut file, &crate::sys::claim::Claimant::this(FORKED.load(Ordering::Relaxed)))?;
+    let me = (u64::from(crate::sys::process::id()), crate::sys::process::start_ticks());
+    let claimed = crate::sys::claim::claim(&dir, base, &mut file, &crate::sys::claim::Claimant::this(FORKED.load(Ordering::Relaxed)), |f| {
+        let mut head = [0u8; 8 + core::mem::size_of::<Event>()];
+        f.read_at(&mut head, 0) == head.len() && head.get(..8) == Some(&MAGIC[..]) && writer_of(head.get(8..).unwrap_or(&[])) == Some(me)
+    })?;
     let shown = crate::sys::claim::Shown::of(path, claimed.name());
     Ok((file.into_fd(), claimed, shown))
 }
@@ -438,6 +461,15 @@ mod tests {
     #[test]
     fn events_are_32_bytes() {
         assert_eq!(core::mem::size_of::<Event>(), 32);
+    }
+
+    #[test]
+    fn the_first_record_names_its_writer() {
+        let id = identity();
+        assert_eq!(writer_of(as_bytes(core::slice::from_ref(&id))), Some((u64::from(std::process::id()), crate::sys::process::start_ticks())));
+        let sample = Event { kind: KIND_SAMPLE, ..Event::default() };
+        assert_eq!(writer_of(as_bytes(core::slice::from_ref(&sample))), None);
+        assert_eq!(writer_of(&[0u8; 20]), None, "cut short");
     }
 
     #[test]

@@ -547,7 +547,7 @@ fn write_named(path: &[u8], claim: bool) -> Result<(), Refused> {
     let mut name = [0u8; files::NAME_MAX_BYTES + 1];
     let name_len = if claim {
         let parent = crate::state::parent_at_fork();
-        let claimed = claim::claim(&dir, base, &mut main, &claim::Claimant::this(parent.is_some()))?;
+        let claimed = claim::claim(&dir, base, &mut main, &claim::Claimant::this(parent.is_some()), |_| false)?;
         if let Some(why) = claimed.passed_over {
             claim::say(claim::Output::Snapshot, path, claim::Shown::of(path, claimed.name()).get(), why, parent.unwrap_or(0));
         }

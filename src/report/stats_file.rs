@@ -144,7 +144,7 @@ pub(super) fn json_at_exit(path: &[u8]) {
 fn claim_for_json(dir: &crate::sys::dir::Dir, path: &[u8], file: &mut crate::sys::dir::Unnamed) -> Result<(), crate::sys::files::Refused> {
     use crate::sys::claim;
     let parent = crate::state::parent_at_fork();
-    let claimed = claim::claim(dir, crate::sys::files::split(path).1, file, &claim::Claimant::this(parent.is_some()))?;
+    let claimed = claim::claim(dir, crate::sys::files::split(path).1, file, &claim::Claimant::this(parent.is_some()), |_| false)?;
     if let Some(why) = claimed.passed_over {
         claim::say(claim::Output::Stats, path, claim::Shown::of(path, claimed.name()).get(), why, parent.unwrap_or(0));
     }

@@ -15,21 +15,35 @@
 // parent's).
 // A name that is taken is passed over, unless what stands there is a file of ours that no live
 // writer holds (each writer holds an exclusive flock on its file for its whole life; a file
-// written at exit holds none) and that was last written before this process started (an
-// earlier run's: a rerun takes PATH back): that file is replaced by a rename, made while holding
-// its lock and after checking the name still names it, so two processes that both find it stale
-// cannot both take it ("before" with a second's margin: file times and start times are coarse). A file written since this process started is its run's (a sibling that
-// ended first, or this process's own image before an exec: its start is the process's, read
-// from /proc, the same across exec), and is kept. Anything else at a name (a FIFO, a link,
-// another user's file) is never opened for writing nor replaced (Note [Files others can reach]).
+// written at exit holds none), that was last written before this process was forked (an
+// earlier run's: a rerun takes PATH back), and that this process did not write before an exec
+// (the counters and the trace say who wrote them: pid and process start). That file is replaced
+// by a rename, made while holding its lock and after checking the name still names it, so two
+// processes that both find it stale cannot both take it. A file written since this process was
+// forked is its run's (a sibling that ended first, even while this one was still being exec'd:
+// 16 processes started at once) and is kept. The fork's time is known to a clock tick (/proc's
+// start, 10 ms) and is taken at the tick's start, file times may be a coarse-clock tick behind
+// (two of those ticks are allowed): so a rerun forked within about 10 to 20 ms of the previous
+// run's last write is taken for its sibling and writes beside PATH, saying so; never the
+// reverse. Anything else at a name (a FIFO, a link, another user's file) is never opened for
+// writing nor replaced (Note [Files others can reach]).
 
 use super::dir::{self, Dir, Found, Standing, Unnamed};
 use super::files::{self, Name, Refused, NAME_MAX_BYTES};
 
 /// A file counts as an earlier run's only when written this long before the claimant started:
-/// file times come from a coarse clock (a few ms behind) and a process's start is known to a
-/// clock tick (10 ms), so a sibling's file written just after we started could read as older.
-const STALE_MARGIN_NS: u64 = 1_000_000_000;
+/// file times may come from the coarse clock, up to a tick behind the time they stand for (Note
+/// [One file per process]); two ticks, at least 2 ms and at most 50 ms.
+fn stale_margin_ns() -> u64 {
+    let mut res = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_getres writes one timespec we own.
+    let tick = if unsafe { libc::clock_getres(libc::CLOCK_REALTIME_COARSE, &mut res) } == 0 {
+        (res.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(res.tv_nsec as u64)
+    } else {
+        10_000_000
+    };
+    tick.saturating_mul(2).clamp(2_000_000, 50_000_000)
+}
 
 /// How many names past the first are tried.
 const NAMES_TRIED: u32 = 64;
@@ -38,7 +52,8 @@ const NAMES_TRIED: u32 = 64;
 #[derive(Clone, Copy, Debug)]
 pub struct Claimant {
     pub pid: u32,
-    /// When the process started (wall ns): a file written since is its run's.
+    /// When the process started (wall ns, its fork, to a clock tick below): a file written since
+    /// is its run's.
     pub started_wall_ns: u64,
     /// A forked child of a process with us loaded: the first name is its parent's.
     pub forked: bool,
@@ -58,6 +73,8 @@ pub enum PassedOver {
     Forked,
     /// Another process of the run holds it, or wrote it since this process started.
     Run,
+    /// This process's own image before an exec wrote it.
+    EarlierImage,
     /// Something stands there that is not a file of ours to replace.
     Other(Refused),
 }
@@ -191,9 +208,10 @@ pub fn candidate(base: &[u8], pid: u32, k: u32, out: &mut [u8; NAME_MAX_BYTES + 
 }
 
 /// Gives `file` the first name of `base`'s (a file name in `dir`, `%p` in it the pid) that it may
-/// have (Note [One file per process]). Err: the system refused (no such directory, no room...),
-/// or every name was taken.
-pub fn claim(dir: &Dir, base: &[u8], file: &mut Unnamed, who: &Claimant) -> Result<Claimed, Refused> {
+/// have (Note [One file per process]). `earlier_image` says, of a file found at a name, whether
+/// this process wrote it before an exec (what the file says of its writer; never replaced). Err:
+/// the system refused (no such directory, no room...), or every name was taken.
+pub fn claim(dir: &Dir, base: &[u8], file: &mut Unnamed, who: &Claimant, earlier_image: impl Fn(&Found) -> bool) -> Result<Claimed, Refused> {
     // A forked child's own name, with %p, is its own; without, PATH is its parent's.
     let beside = who.forked && !base.windows(2).any(|w| w == b"%p");
     let mut passed_over = beside.then_some(PassedOver::Forked);
@@ -210,7 +228,7 @@ pub fn claim(dir: &Dir, base: &[u8], file: &mut Unnamed, who: &Claimant) -> Resu
             let why = match dir::look(dir, this) {
                 Standing::Nothing => continue,
                 Standing::Other(e) => PassedOver::Other(e),
-                Standing::Ours(old) => match take_over(dir, this, &old, file, who) {
+                Standing::Ours(old) => match take_over(dir, this, &old, file, who, &earlier_image) {
                     Ok(()) => return Ok(Claimed { name, passed_over, index: k }),
                     Err(why) => why,
                 },
@@ -224,11 +242,14 @@ pub fn claim(dir: &Dir, base: &[u8], file: &mut Unnamed, who: &Claimant) -> Resu
 
 /// Replaces `old`, at `name`, by `file` if no live writer holds it and it was written before the
 /// claimant started; else why not.
-fn take_over(dir: &Dir, name: &[u8], old: &Found, file: &mut Unnamed, who: &Claimant) -> Result<(), PassedOver> {
+fn take_over(dir: &Dir, name: &[u8], old: &Found, file: &mut Unnamed, who: &Claimant, earlier_image: &impl Fn(&Found) -> bool) -> Result<(), PassedOver> {
     // The lock is held until `old` is dropped, after the rename: a second claimant that finds
     // the same file stale waits out our lock, then finds the name no longer names it.
-    if !old.try_lock() || old.mtime_ns.saturating_add(STALE_MARGIN_NS) >= who.started_wall_ns || !old.is_at(dir, name) {
+    if !old.try_lock() || old.mtime_ns.saturating_add(stale_margin_ns()) >= who.started_wall_ns || !old.is_at(dir, name) {
         return Err(PassedOver::Run);
+    }
+    if earlier_image(old) {
+        return Err(PassedOver::EarlierImage);
     }
     file.replace(name).map_err(PassedOver::Other)
 }
@@ -278,6 +299,9 @@ pub fn say(what: Output, path: &[u8], shown: &[u8], why: PassedOver, forked_from
         }
         (PassedOver::Forked | PassedOver::Run, _) => {
             crate::warn_line!("{prefix}{path} is written by another process of this run; process {own} {verb} beside it, to {actual}")
+        }
+        (PassedOver::EarlierImage, _) => {
+            crate::warn_line!("{prefix}{path} is this process's before its exec; process {own} {verb} beside it, to {actual}")
         }
         (PassedOver::Other(e), _) => {
             let mut text = [0u8; 128];
@@ -362,28 +386,45 @@ mod tests {
         let started = super::super::clock::wall_ns();
         let who = Claimant { pid: 42, started_wall_ns: started, forked: false };
         let mut a = new_file(&dir, b"a");
-        let got = claim(&dir, b"s.json", &mut a, &who).unwrap();
+        let got = claim(&dir, b"s.json", &mut a, &who, |_| false).unwrap();
         assert_eq!((got.name(), got.passed_over), (&b"s.json"[..], None));
         // A writer holds its file: the next process goes beside.
         let held = match dir::look(&dir, b"s.json") { Standing::Ours(f) => f, _ => panic!() };
         assert!(held.try_lock());
         let mut b = new_file(&dir, b"b");
-        let got = claim(&dir, b"s.json", &mut b, &who).unwrap();
+        let got = claim(&dir, b"s.json", &mut b, &who, |_| false).unwrap();
         assert_eq!((got.name(), got.passed_over), (&b"s.json.42"[..], Some(PassedOver::Run)));
         drop(held);
         // Unheld but written since the claimant started: its run's, kept.
         let mut c = new_file(&dir, b"c");
-        assert_eq!(claim(&dir, b"s.json", &mut c, &who).unwrap().name(), b"s.json.42.2");
+        assert_eq!(claim(&dir, b"s.json", &mut c, &who, |_| false).unwrap().name(), b"s.json.42.2");
         // A later run takes the unheld, older file back.
-        let later = Claimant { pid: 43, started_wall_ns: super::super::clock::wall_ns() + 3 * STALE_MARGIN_NS, forked: false };
+        let later = Claimant { pid: 43, started_wall_ns: super::super::clock::wall_ns() + 3 * stale_margin_ns(), forked: false };
         let mut e = new_file(&dir, b"e");
-        let got = claim(&dir, b"s.json", &mut e, &later).unwrap();
+        let got = claim(&dir, b"s.json", &mut e, &later, |_| false).unwrap();
         assert_eq!((got.name(), got.passed_over), (&b"s.json"[..], None));
         assert_eq!(std::fs::read(d.join("s.json")).unwrap(), b"e");
         // A forked child starts beside.
         let mut f = new_file(&dir, b"f");
-        let got = claim(&dir, b"s.json", &mut f, &Claimant { forked: true, ..later }).unwrap();
+        let got = claim(&dir, b"s.json", &mut f, &Claimant { forked: true, ..later }, |_| false).unwrap();
         assert_eq!((got.name(), got.passed_over), (&b"s.json.43"[..], Some(PassedOver::Forked)));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_file_this_process_wrote_before_an_exec_is_never_taken() {
+        let (d, dir) = tmpdir("image");
+        let mut a = new_file(&dir, b"first image");
+        claim(&dir, b"s.json", &mut a, &Claimant { pid: 7, started_wall_ns: 0, forked: false }, |_| false).unwrap();
+        let later = Claimant { pid: 7, started_wall_ns: super::super::clock::wall_ns() + 3 * stale_margin_ns(), forked: false };
+        let mut b = new_file(&dir, b"second image");
+        let got = claim(&dir, b"s.json", &mut b, &later, |f| {
+            let mut head = [0u8; 11];
+            f.read_at(&mut head, 0) == 11 && &head == b"first image"
+        })
+        .unwrap();
+        assert_eq!((got.name(), got.passed_over), (&b"s.json.7"[..], Some(PassedOver::EarlierImage)));
+        assert_eq!(std::fs::read(d.join("s.json")).unwrap(), b"first image");
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -397,7 +438,7 @@ mod tests {
         std::fs::hard_link(d.join("victim"), d.join("s.json.9.2")).unwrap();
         let who = Claimant { pid: 9, started_wall_ns: u64::MAX, forked: false };
         let mut a = new_file(&dir, b"ours");
-        let got = claim(&dir, b"s.json", &mut a, &who).unwrap();
+        let got = claim(&dir, b"s.json", &mut a, &who, |_| false).unwrap();
         assert_eq!((got.name(), got.passed_over), (&b"s.json.9.3"[..], Some(PassedOver::Other(Refused::NotRegular))));
         assert_eq!(std::fs::read(d.join("victim")).unwrap(), b"precious");
         let mut b = new_file(&dir, b"snap");
@@ -420,7 +461,7 @@ mod tests {
                     s.spawn(move || {
                         let dir = Dir::open(path.as_bytes()).unwrap();
                         let mut f = new_file(&dir, format!("{i}").as_bytes());
-                        let got = claim(&dir, b"s.json", &mut f, &Claimant { pid: 1000 + i, started_wall_ns: started, forked: false }).unwrap();
+                        let got = claim(&dir, b"s.json", &mut f, &Claimant { pid: 1000 + i, started_wall_ns: started, forked: false }, |_| false).unwrap();
                         String::from_utf8(got.name().to_vec()).unwrap()
                     })
                 })

@@ -202,6 +202,16 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
+/// Who wrote a counters file, from its first bytes (its header): (pid, process start ticks);
+/// None when they are not a counters file of this version.
+pub fn writer(b: &[u8]) -> Option<(u32, u64)> {
+    use core::mem::offset_of;
+    if b.get(..8)? != MAGIC || u32_at(b, offset_of!(Header, version))? != VERSION {
+        return None;
+    }
+    Some((u32_at(b, offset_of!(Header, pid))?, u64_at(b, offset_of!(Header, start_ticks))?))
+}
+
 /// A counters file's bytes (its first DETAIL_AT at least) as a reader takes them; None when
 /// they are not such a file of this version.
 pub fn read(b: &[u8]) -> Option<Read> {

@@ -2,8 +2,8 @@
 //! recorded event, every allocation, free, resize and segment changes them in the file itself,
 //! so a process ended by SIGKILL, os._exit, SIGTERM or exec leaves every count it made. Beside
 //! them the library's whole report (its JSON), rewritten by the background thread while the
-//! numbers move and once more at exit (report/summary.rs). `tensormalloc report` reads both
-//! (python/tensormalloc/report.py: the layout below is read there too).
+//! numbers move and once more at exit (report/stats_file.rs). `tensormalloc report` reads both
+//! (python/tensormalloc/report.py reads the layout of layout.rs).
 //
 // Note [Numbers that survive]
 // The file is made with no name, sized and reserved on disk (so writing its pages never faults
@@ -20,7 +20,6 @@
 // Layout (little-endian, offsets in bytes): a header (`Header`: magic "TMLEDGER", version 1,
 // the sizes below, identity), PLACES counters of `Place` (host, pinned, devices 0..15) at
 // PLACES_AT, and the JSON text at DETAIL_AT under a sequence lock (odd while written).
-
 
 pub mod layout;
 
@@ -301,11 +300,18 @@ fn make_file(forked_from: u32) -> Result<Made, files::Refused> {
     // The writer's lock, held for the process's life (Note [One file per process]).
     files::try_lock(file.fd());
     let mut file = file;
-    let claimed = claim::claim(&dir, base, &mut file, &Claimant::this(forked_from != 0)).inspect_err(|_| {
+    let claimed = claim::claim(&dir, base, &mut file, &Claimant::this(forked_from != 0), written_by_an_earlier_image).inspect_err(|_| {
         // SAFETY: nothing else knows the mapping yet.
         unsafe { files::unmap(map, FILE_BYTES) };
     })?;
     Ok((map, file.into_fd(), dir, claimed))
+}
+
+/// Whether a counters file found at a name was written by this process before an exec.
+fn written_by_an_earlier_image(f: &dir::Found) -> bool {
+    use crate::sys::process;
+    let mut head = [0u8; PLACES_AT];
+    f.read_at(&mut head, 0) == head.len() && layout::writer(&head) == Some((process::id(), process::start_ticks()))
 }
 
 fn fill_header(h: &mut Header, forked_from: u32) {
