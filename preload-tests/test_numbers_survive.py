@@ -1,5 +1,5 @@
 """Numbers that survive any death, one file per process (issue 35, items 2 and 3): a process's
-counts live in a file of its own, mapped shared, from its first event (src/record/ledger.rs, Note
+counts live in a file of its own, mapped shared, from its first event (src/record/ledger/, Note
 [Numbers that survive]), and every file gets a name of its own, claimed atomically (src/sys/claim.rs,
 Note [One file per process]). Pools of 16 workers ended every way, 20 runs each: `tensormalloc
 report`'s total is exact every run; 16 processes started at one instant on one path, 100 batches:

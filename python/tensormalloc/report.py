@@ -5,7 +5,7 @@ bytes summed as they were at the end; peaks are each process's own and are not a
 of peaks reached at different moments would be no process's figure).
 
 A file is the JSON a process wrote at its exit, or, for one that is still running or ended
-without its exit hook (SIGKILL, SIGTERM, os._exit, exec), its mapped counters (record/ledger.rs,
+without its exit hook (SIGKILL, SIGTERM, os._exit, exec), its mapped counters (src/record/ledger/,
 Note [Numbers that survive]): their counts are exact to the last event; the rest of the report
 (cached bytes, phases, holders) is as of its last second. Each row says which: `ended` is exit,
 running, killed or exec, and `complete` is true only for exit.
@@ -27,7 +27,7 @@ COLUMNS = ("pid", "command", "parent", "requests", "hits", "frees", "live", "pea
 VERSIONS = (1, 2)  # of the JSON (tm_stats_t's version)
 MAX_BYTES = 16 << 20
 
-# record/ledger.rs's layout (little-endian).
+# src/record/ledger/layout.rs's layout (little-endian).
 LEDGER_MAGIC = b"TMLEDGER"
 LEDGER_VERSION = 1
 HEADER = struct.Struct("<8s12I4Q16s8I8Q5Q")

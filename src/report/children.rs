@@ -1,7 +1,7 @@
 //! At the exit of a process run with TENSORMALLOC_STATS=1: the numbers of the processes it
 //! started (children, grandchildren: a forkserver's workers) and of its own images before an
 //! exec, that ended without printing their report (killed, SIGTERM'd Pool workers, os._exit,
-//! exec), read from their counters files in the user's runtime directory (record/ledger.rs) and
+//! exec), read from their counters files in the user's runtime directory (record/ledger) and
 //! summed in one line; those files are then removed. A descendant still running is counted in a
 //! second line that says where its file is. No allocation: names come from getdents64 into a
 //! stack buffer, files are read with pread.
