@@ -80,7 +80,8 @@ size_t tm_cuda_trim(int device);
 int tm_set_enabled(int on);
 int tm_is_enabled(void);
 
-/* Writes the report now: to stderr, or as JSON to the path in TENSORMALLOC_STATS=json:PATH. */
+/* Writes the report now: to stderr, or (TENSORMALLOC_STATS=json:PATH) into this process's stats
+ * file, which `tensormalloc report PATH` reads while it runs; the file becomes JSON at exit. */
 void tm_print_stats(void);
 
 /* Writes a memory snapshot in the format of PyTorch's (torch.cuda.memory._dump_snapshot), for

@@ -310,7 +310,7 @@ pub static OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "TENSORMALLOC_STATS",
         default: "0",
-        doc: "1: print a report to stderr at exit; json:PATH: write it as JSON to PATH (%p: the process id; files are 0600, never written through a symlink); 0, off, none, false or empty: none",
+        doc: "1: print a report to stderr at exit, and the numbers of the processes it started that ended without theirs; json:PATH: write it as JSON to PATH (%p: the process id; files are 0600, never written through a symlink; until a normal exit the file holds the process's counts, which tensormalloc report reads); 0, off, none, false or empty: none",
         apply: |c, v| {
             if let Some(path) = v.strip_prefix(b"json:") {
                 if path.is_empty() || path.len() >= STATS_PATH_MAX {

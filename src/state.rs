@@ -137,7 +137,7 @@ pub(crate) fn watch_limits(f: fn()) {
 }
 
 /// What the background pass calls about every second to keep the outputs current (the exit
-/// hooks' side: the JSON stats, Note [One file per process]).
+/// hooks' side: the JSON kept in the stats file, Note [Numbers that survive]).
 static KEEP_CURRENT: AtomicUsize = AtomicUsize::new(0);
 
 /// How often outputs are kept current.

@@ -25,7 +25,7 @@ SETTINGS = (
     ("TENSORMALLOC_HUGEPAGES", "auto",
      "auto: 2 MiB-align blocks of 4 MiB+ so MADV_HUGEPAGE works; always: also advise it; never"),
     ("TENSORMALLOC_STATS", "0",
-     "1: print a report to stderr at exit; json:PATH: write it as JSON to PATH (%p: the process id; files are 0600, never written through a symlink); 0, off, none, false or empty: none"),
+     "1: print a report to stderr at exit, and the numbers of the processes it started that ended without theirs; json:PATH: write it as JSON to PATH (%p: the process id; files are 0600, never written through a symlink; until a normal exit the file holds the process's counts, which tensormalloc report reads); 0, off, none, false or empty: none"),
     ("TENSORMALLOC_TRACE", "off",
      "PATH: record large allocations and frees (and memory samples) to PATH, for tensormalloc plot (scripts/plot-trace); %p: the process id; off, 0, none, false or empty: no trace"),
     ("TENSORMALLOC_SNAPSHOT_AT_EXIT", "off",

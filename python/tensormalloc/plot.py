@@ -19,17 +19,30 @@ what the process really holds.
 Every level is a step: it holds from one event or sample until the next (live bytes change at
 allocations and frees; cached and resident bytes are known only at the 100 ms samples, so they
 are drawn as held between samples, not ramped). Traces written before holders (TMTRACE1) draw
-one holder, "unknown"."""
+one holder, "unknown".
+
+At scale (more events than a panel has pixel columns) each lane is drawn per pixel column: every
+band at the moment in that column when the lane's live bytes were highest (so peaks stay, and
+the stack stays one moment's), the series themselves computed with numpy, not event by event.
+A file is read as src/sys/files.rs reads (never blocking, never through a link, a regular file of
+ours); one that was cut (no END record at its end: Note [No torn trace] in src/record/trace.rs)
+is drawn as far as it goes, and a line says how many records were read and that it was cut."""
+import io
+import os
 import sys
 
 import numpy as np
+
+from ._files import Refused, open_input, write_output
 
 EVENT = np.dtype([("time_ns", "<u8"), ("size", "<u8"), ("extra", "<u8"), ("kind", "u1"), ("op", "u1"),
                   ("outcome", "u1"), ("device", "u1"), ("pages", "<u4")])
 HOST, DEVICE, SAMPLE, NAME = 0, 1, 2, 3
 ALLOC, FREE = 0, 1
 MAGICS = (b"TMTRACE1", b"TMTRACE2")  # 1: before holders (no names, holder id 0 everywhere)
+END, CUT, ID = 1, 2, 3  # a sample's op: the end of a file closed at exit or cut by its writer; who writes it
 TOP_HOLDERS = 5
+PIXELS = 2000  # columns a panel is drawn in, at most (Note at the top: at scale)
 USAGE = ("usage: tensormalloc plot TRACE [OUT.png]   (TRACE: a file written under TENSORMALLOC_TRACE=TRACE)\n"
          "       tensormalloc plot TRACE... -o OUT.png   (several processes: one lane each, one time axis)")
 
@@ -40,24 +53,45 @@ class Damaged(Exception):
 
 def load(path):
     """Every record of the file, name records included (holder_names reads them, the rest skip them).
-    Raises Damaged for another format or records no writer of ours makes."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if data[:8] not in MAGICS:
-        raise Damaged(f"{path}: not a tensormalloc trace of a version this reader knows (it starts {data[:8]!r})")
-    usable = (len(data) - 8) // EVENT.itemsize * EVENT.itemsize
-    events = np.frombuffer(data[8:8 + usable], dtype=EVENT)
+    Raises Damaged for another format or records no writer of ours makes, OSError (a Refused one
+    for what is not a regular file of ours) when it cannot be read."""
+    return load_checked(path)[0]
+
+
+def load_checked(path):
+    """(records, None) for a whole file, (records, why) for one that was cut."""
+    try:
+        fd, st = open_input(path)
+    except Refused as e:
+        raise OSError(0, str(e)) from None
+    with os.fdopen(fd, "rb") as f:
+        magic = f.read(8)
+        if magic not in MAGICS:
+            raise Damaged(f"{path}: not a tensormalloc trace of a version this reader knows (it starts {magic!r})")
+        whole = (st.st_size - 8) // EVENT.itemsize
+        events = np.fromfile(f, dtype=EVENT, count=whole)
     check(events, path)
-    return events
+    partial = (st.st_size - 8) % EVENT.itemsize
+    last = events[-1] if len(events) else None
+    if last is not None and last["kind"] == SAMPLE and last["op"] == END and not partial:
+        return events, None
+    if last is not None and last["kind"] == SAMPLE and last["op"] == CUT:
+        why = "by its writer: the file took no more (a full disk, or a file size limit)"
+    else:
+        why = ("it has no end record: its process was killed or is still running, or its disk filled"
+               + (f"; its last {partial} bytes are part of a record" if partial else ""))
+    return events, why
 
 
 def check(events, path):
     """Refuses records no writer of ours makes: unknown kinds, ops or outcomes, or time going back
     by more than a second (two processes' records interleaved in one file)."""
-    blocks = events[(events["kind"] == HOST) | (events["kind"] == DEVICE)]
-    if np.any(events["kind"] > NAME) or np.any(blocks["op"] > FREE) or np.any(blocks["outcome"] > 2):
+    kinds = events["kind"]
+    blocks = (kinds == HOST) | (kinds == DEVICE)
+    if (np.any(kinds > NAME) or np.any(events["op"][blocks] > FREE) or np.any(events["outcome"][blocks] > 2)
+            or np.any(events["op"][kinds == SAMPLE] > ID)):
         raise Damaged(f"{path}: damaged (records of unknown kinds)")
-    times = events[events["kind"] != NAME]["time_ns"].astype(np.int64)
+    times = events["time_ns"][kinds != NAME].astype(np.int64)
     back = int(np.sum(np.diff(times) < -1_000_000_000)) if len(times) > 1 else 0
     if back:
         raise Damaged(f"{path}: damaged (time goes back {back} times: several processes wrote it; use %p)")
@@ -80,45 +114,59 @@ def series(events, t0=None):
     """Live host and device bytes after each alloc and free (at times t, of kinds kind), and per
     holder (holders[kind][id]: the times its live bytes changed and the levels; names[id]: its
     name); cached and resident bytes at each sample. A free is charged to the holder of the alloc
-    it ends."""
-    names = holder_names(events)
-    events = np.sort(events[events["kind"] != NAME], order="time_ns", kind="stable")
-    if t0 is None:
-        t0 = events["time_ns"][0] if len(events) else 0
-    live = {HOST: 0, DEVICE: 0}
-    blocks = {}
-    holders = {HOST: {}, DEVICE: {}}
-    holder_live = {HOST: {}, DEVICE: {}}
-    out = {"t": [], "kind": [], "host": [], "device": [], "sample_t": [], "rss": [], "cached": [], "lazily_freed": [],
-           "holders": holders, "names": names}
-    for e in events:
-        t = (int(e["time_ns"]) - int(t0)) / 1e9
-        kind = int(e["kind"])
-        if kind == SAMPLE:
-            out["sample_t"].append(t)
-            out["rss"].append(int(e["size"]))
-            out["cached"].append(int(e["extra"]))
-            out["lazily_freed"].append(int(e["pages"]) * 4096)
-            continue
-        if kind not in live:
-            continue
-        key = (kind, int(e["device"]), int(e["extra"]))
-        if int(e["op"]) == ALLOC:
-            size, holder = int(e["size"]), int(e["pages"])
-            blocks[key] = (size, holder)
-        else:
-            size, holder = blocks.pop(key, (0, int(e["pages"])))
-            size = -size
-        live[kind] += size
-        level = holder_live[kind][holder] = holder_live[kind].get(holder, 0) + size
-        ts, levels = holders[kind].setdefault(holder, ([], []))
-        ts.append(t)
-        levels.append(level)
-        out["t"].append(t)
-        out["kind"].append(kind)
-        out["host"].append(live[HOST])
-        out["device"].append(live[DEVICE])
+    it ends. Lists (arrays(): the same as numpy arrays, for the drawing)."""
+    d = arrays(events, t0)
+    out = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in d.items() if k != "holders"}
+    out["holders"] = {k: {h: (ts.tolist(), lv.tolist()) for h, (ts, lv) in hs.items()} for k, hs in d["holders"].items()}
     return out
+
+
+def arrays(events, t0=None):
+    """series() as numpy arrays, computed without a loop over events: each free is matched to
+    the last alloc of its (kind, device, address) before it, when the record just before it in
+    that order is an alloc (a free with none, after records were dropped, changes nothing)."""
+    names = holder_names(events)
+    ev = events[events["kind"] != NAME]
+    ev = ev[np.argsort(ev["time_ns"], kind="stable")]
+    if t0 is None:
+        t0 = int(ev["time_ns"][0]) if len(ev) else 0
+    t_all = (ev["time_ns"].astype(np.int64) - np.int64(t0)) / 1e9
+    kinds = ev["kind"]
+    samples = (kinds == SAMPLE) & (ev["op"] != ID)
+    blk = (kinds == HOST) | (kinds == DEVICE)
+    b, t, bk = ev[blk], t_all[blk], kinds[blk]
+    n = len(b)
+    op, size, holder = b["op"], b["size"].astype(np.int64), b["pages"].astype(np.int64)
+    place = bk.astype(np.int64) * 256 + b["device"]
+    order = np.lexsort((np.arange(n), b["extra"], place))
+    so_addr, so_place, so_op = b["extra"][order], place[order], op[order]
+    matched = np.zeros(n, dtype=bool)
+    if n > 1:
+        matched[1:] = (so_addr[1:] == so_addr[:-1]) & (so_place[1:] == so_place[:-1]) & (so_op[:-1] == ALLOC) & (so_op[1:] != ALLOC)
+    at = np.flatnonzero(matched)
+    freed, charged = np.zeros(n, dtype=np.int64), holder.copy()
+    freed[order[at]] = size[order[at - 1]]
+    charged[order[at]] = holder[order[at - 1]]
+    is_free = op != ALLOC
+    delta = np.where(is_free, -freed, size)
+    charged = np.where(is_free, charged, holder)
+    holders = {HOST: {}, DEVICE: {}}
+    for kind in (HOST, DEVICE):
+        mask = bk == kind
+        hk, dk, tk = charged[mask], delta[mask], t[mask]
+        if not len(hk):
+            continue
+        by = np.argsort(hk, kind="stable")
+        hs, levels = hk[by], np.cumsum(dk[by])
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(hs)) + 1])
+        ends = np.concatenate([starts[1:], [len(hs)]])
+        for start, end in zip(starts, ends):
+            base = levels[start - 1] if start else 0
+            holders[kind][int(hs[start])] = (tk[by[start:end]], levels[start:end] - base)
+    return {"t": t, "kind": bk, "host": np.cumsum(np.where(bk == HOST, delta, 0)),
+            "device": np.cumsum(np.where(bk == DEVICE, delta, 0)), "sample_t": t_all[samples],
+            "rss": ev["size"][samples].astype(np.int64), "cached": ev["extra"][samples].astype(np.int64),
+            "lazily_freed": ev["pages"][samples].astype(np.int64) * 4096, "holders": holders, "names": names}
 
 
 def step_at(ts, levels, grid):
@@ -133,12 +181,28 @@ def step_at(ts, levels, grid):
 def holder_bands(d, kind, grid, top=TOP_HOLDERS):
     """[(label, live bytes at each time of grid)]: the `top` holders of `kind` with the highest
     peak, highest first, then "others" (the rest summed) when there are more."""
-    by_peak = sorted(d["holders"][kind].items(), key=lambda item: (-max(item[1][1]), item[0]))
+    by_peak = sorted(d["holders"][kind].items(), key=lambda item: (-np.max(item[1][1]), item[0]))
     bands = [(holder_label(d["names"], h), step_at(ts, levels, grid)) for h, (ts, levels) in by_peak[:top]]
     if len(by_peak) > top:
-        rest = sum(step_at(ts, levels, grid) for _, (ts, levels) in by_peak[top:])
+        rest = np.zeros(len(grid))
+        for _, (ts, levels) in by_peak[top:]:
+            rest += step_at(ts, levels, grid)
         bands.append((f"others ({len(by_peak) - top} holders)", rest))
     return bands
+
+
+def envelope(times, levels, end, pixels=PIXELS):
+    """Columns for a panel of many events: (x, at): x the left edge of each of `pixels` columns
+    over [0, end], then `end`; at, per column, the time in it when `levels` (after each event at
+    `times`) was highest, or the column's start when no event falls in it (the level holds)."""
+    edges = np.linspace(0.0, end or 1.0, pixels + 1)
+    at = edges[:-1].copy()
+    if len(times):
+        col = np.clip(np.searchsorted(edges, times, side="right") - 1, 0, pixels - 1)
+        order = np.lexsort((-np.asarray(levels, dtype=float), col))
+        cols, first = np.unique(col[order], return_index=True)
+        at[cols] = times[order[first]]
+    return edges, np.append(at, edges[-1])
 
 
 def human(n):
@@ -156,20 +220,22 @@ def size_bins(sizes):
     if not len(sizes):
         return [], []
     exps = np.floor(np.log2(np.maximum(sizes.astype(float), 1))).astype(int)
-    ks = range(int(exps.min()), int(exps.max()) + 1)
+    low = int(exps.min())
+    ks = range(low, int(exps.max()) + 1)
     labels = [f"{human(2**k)}-{human(2**(k + 1))}" for k in ks]
-    return labels, [int(np.sum(exps == k)) for k in ks]
+    return labels, [int(c) for c in np.bincount(exps - low, minlength=len(ks))]
 
 
 def summary(events):
-    blocks = events[(events["kind"] == HOST) | (events["kind"] == DEVICE)]
+    kinds = events["kind"]
+    blocks = events[(kinds == HOST) | (kinds == DEVICE)]
     allocs = blocks[blocks["op"] == ALLOC]
     hits = int(np.sum(allocs["outcome"] == 0))
-    return {"events": int(np.sum(events["kind"] != NAME)), "allocs": len(allocs),
+    return {"events": int(np.sum(kinds != NAME)), "allocs": len(allocs),
             "frees": int(np.sum(blocks["op"] == FREE)), "hits": hits,
-            "samples": int(np.sum(events["kind"] == SAMPLE)),
+            "samples": int(np.sum((kinds == SAMPLE) & (events["op"] != ID))),
             "bytes_requested": int(allocs["size"].sum()) if len(allocs) else 0,
-            "holders": len(set(blocks["pages"].tolist()))}
+            "holders": len(np.unique(blocks["pages"]))}
 
 
 def _stack(ax, grid, bands, base=None):
@@ -204,24 +270,40 @@ def _memory_axes(ax, title):
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
 
 
+def _columns(d, kind, extra_t=()):
+    """(x to draw at, times to take every band at): every change of `kind` (and `extra_t`) while
+    they fit the panel's pixels, else per pixel column at the lane's highest moment in it."""
+    mask = d["kind"] == kind
+    times = d["t"][mask]
+    if len(times) + len(extra_t) <= 2 * PIXELS:
+        grid = np.unique(np.concatenate([[0.0], times, extra_t]))
+        return grid, grid
+    level = d["host"][mask] if kind == HOST else d["device"][mask]
+    end = max(float(times.max()) if len(times) else 0.0, float(np.max(extra_t)) if len(extra_t) else 0.0)
+    return envelope(times, level, end)
+
+
 def _host_panel(ax, d, color, title):
     mib = 2**20
-    grid = np.unique(np.concatenate([[0.0], [t for t, k in zip(d["t"], d["kind"]) if k == HOST], d["sample_t"]]))
-    cached = step_at(d["sample_t"], d["cached"], grid)
-    lazy = np.minimum(step_at(d["sample_t"], d["lazily_freed"], grid), cached)
-    top = _stack(ax, grid, [(f"live: {label}", v / mib, {"facecolor": color(label)}) for label, v in holder_bands(d, HOST, grid)])
-    _stack(ax, grid, [("cached by tensormalloc, resident", (cached - lazy) / mib,
-                       {"facecolor": "#e3d3b4", "hatch": "//", "edgecolor": "0.4"}),
-                      ("cached, released with MADV_FREE (in RSS until the kernel needs it)", lazy / mib,
-                       {"facecolor": "#f4eee0", "hatch": "..", "edgecolor": "0.4"})], base=top)
-    ax.plot(d["sample_t"], np.array(d["rss"]) / mib, color="black", linewidth=1.2, label="resident, RSS (sampled)",
-            drawstyle="steps-post")
+    x, at = _columns(d, HOST, d["sample_t"])
+    cached = step_at(d["sample_t"], d["cached"], at)
+    lazy = np.minimum(step_at(d["sample_t"], d["lazily_freed"], at), cached)
+    top = _stack(ax, x, [(f"live: {label}", v / mib, {"facecolor": color(label)}) for label, v in holder_bands(d, HOST, at)])
+    _stack(ax, x, [("cached by tensormalloc, resident", (cached - lazy) / mib,
+                    {"facecolor": "#e3d3b4", "hatch": "//", "edgecolor": "0.4"}),
+                   ("cached, released with MADV_FREE (in RSS until the kernel needs it)", lazy / mib,
+                    {"facecolor": "#f4eee0", "hatch": "..", "edgecolor": "0.4"})], base=top)
+    sample_t, rss = d["sample_t"], np.asarray(d["rss"], dtype=float)
+    if len(sample_t) > 2 * PIXELS:
+        sx, sat = envelope(sample_t, rss, float(sample_t.max()))
+        sample_t, rss = sx, step_at(d["sample_t"], rss, sat)
+    ax.plot(sample_t, rss / mib, color="black", linewidth=1.2, label="resident, RSS (sampled)", drawstyle="steps-post")
     _memory_axes(ax, title)
 
 
 def _device_panel(ax, d, color, title):
-    grid = np.unique(np.concatenate([[0.0], [t for t, k in zip(d["t"], d["kind"]) if k == DEVICE]]))
-    _stack(ax, grid, [(f"live: {label}", v / 2**20, {"facecolor": color(label)}) for label, v in holder_bands(d, DEVICE, grid)])
+    x, at = _columns(d, DEVICE)
+    _stack(ax, x, [(f"live: {label}", v / 2**20, {"facecolor": color(label)}) for label, v in holder_bands(d, DEVICE, at)])
     _memory_axes(ax, title)
 
 
@@ -252,9 +334,9 @@ def draw_lanes(lanes, out_png):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    starts = [int(e[e["kind"] != NAME]["time_ns"].min()) for _, e in lanes if np.any(e["kind"] != NAME)]
+    starts = [int(e["time_ns"][e["kind"] != NAME].min()) for _, e in lanes if np.any(e["kind"] != NAME)]
     t0 = min(starts) if starts else 0
-    data = [(name, events, series(events, t0)) for name, events in lanes]
+    data = [(name, events, arrays(events, t0)) for name, events in lanes]
     has_device = any(any(d["holders"][DEVICE]) for _, _, d in data)
     cols = 3 if has_device else 2
     fig, axes = plt.subplots(len(data), cols, figsize=(19 if has_device else 13, 6 * len(data)), squeeze=False,
@@ -267,12 +349,14 @@ def draw_lanes(lanes, out_png):
             _device_panel(axes[row][1], d, color, f"{lane}device: live blocks by holder (all devices)")
         _sizes_panel(axes[row][-1], events)
     if len(data) > 1:
-        end = max([max(d["t"] + d["sample_t"], default=0) for _, _, d in data] + [0])
+        end = max([float(np.max(np.concatenate([d["t"], d["sample_t"], [0.0]]))) for _, _, d in data] + [0])
         for row in axes:
             for ax in row[:-1]:
                 ax.set_xlim(0, end * 1.02 or 1)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=100, format="png")
+    write_output(out_png, png.getvalue())
     return fig
 
 
@@ -297,13 +381,15 @@ def main(argv=None):
     lanes = []
     for path in argv:
         try:
-            events = load(path)
+            events, cut = load_checked(path)
         except OSError as e:
             print(f"tensormalloc plot: cannot read {path}: {e.strerror}", file=sys.stderr)
             return 1
         except Damaged as e:
             print(f"tensormalloc plot: {e}; not plotted", file=sys.stderr)
             return 1
+        if cut:
+            print(f"tensormalloc plot: {path}: read {len(events)} records; the file was cut: {cut}", file=sys.stderr)
         print(("" if len(argv) == 1 else f"{path}: ") + " ".join(f"{k}={v}" for k, v in summary(events).items()))
         lanes.append((path if len(argv) > 1 else "", events))
     out_png = out_png or argv[0] + ".png"
@@ -311,6 +397,9 @@ def main(argv=None):
         draw_lanes(lanes, out_png)
     except ImportError as e:
         print(f"tensormalloc plot: needs matplotlib ({e}): pip install matplotlib", file=sys.stderr)
+        return 1
+    except Refused as e:
+        print(f"tensormalloc plot: cannot write {out_png}: {e}", file=sys.stderr)
         return 1
     print(f"wrote {out_png}")
     return 0

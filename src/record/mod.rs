@@ -1,8 +1,9 @@
 //! What happened to memory, recorded where it happens. The layers call one function per event
 //! (`alloc`, `free`, `resize`, `forgotten`, `segment`, `out_of_memory`), once, from one place
 //! each; the event goes from here into the per-thread scopes (`scopes`), who holds each block
-//! (`holders`), the ring of recent events for the snapshot (`history`) and the trace file's ring
-//! (`trace`). Counters for people live in `stats`. Nothing here calls a layer, a route or a
+//! (`holders`), the ring of recent events for the snapshot (`history`), the trace file's ring
+//! (`trace`) and, under TENSORMALLOC_STATS, the process's mapped counters (`ledger`). Counters
+//! for people live in `stats`. Nothing here calls a layer, a route or a
 //! report: the out-of-memory report is a listener the shim side registers.
 //
 // Note [One recording point]
@@ -17,6 +18,7 @@ use core::sync::atomic::{AtomicPtr, Ordering};
 
 pub mod history;
 pub mod holders;
+pub mod ledger;
 pub mod scopes;
 pub mod stats;
 pub mod trace;
@@ -78,6 +80,7 @@ const fn trace_kind(place: u8) -> Option<(u8, u8)> {
 
 /// A block handed out; `found` says how.
 pub fn alloc(b: Block, found: Found) {
+    ledger::on_alloc(b.place, b.bytes, found);
     HOLDERS.on_alloc(b.holder, b.place, b.asked, b.bytes);
     history::record(history::ALLOC, b.place, b.addr, b.bytes, b.holder, b.stream);
     if let Some((kind, device)) = trace_kind(b.place) {
@@ -88,6 +91,7 @@ pub fn alloc(b: Block, found: Found) {
 
 /// A block given back by the program.
 pub fn free(b: Block) {
+    ledger::on_free(b.place, b.bytes);
     HOLDERS.on_free(b.holder, b.place, b.asked, b.bytes);
     history::record(history::FREE, b.place, b.addr, b.bytes, b.holder, b.stream);
     if let Some((kind, device)) = trace_kind(b.place) {
@@ -100,6 +104,7 @@ pub fn free(b: Block) {
 /// history and the trace, a free of the old block and an alloc of the new one. (A copying
 /// resize records an alloc and a free.)
 pub fn resize(old: Block, new: Block) {
+    ledger::on_resize(old.place, old.bytes, new.bytes);
     HOLDERS.on_resize(old.holder, old.place, (old.asked, old.bytes), (new.asked, new.bytes));
     history::record(history::FREE, old.place, old.addr, old.bytes, old.holder, old.stream);
     history::record(history::ALLOC, new.place, new.addr, new.bytes, new.holder, new.stream);
@@ -115,6 +120,7 @@ pub fn resize(old: Block, new: Block) {
 /// holders table, and, unless pinned, the history's timeline (the snapshot must not keep it).
 /// No scope or trace event: the program did not free it.
 pub fn forgotten(b: Block) {
+    ledger::on_forgotten(b.place, b.bytes);
     HOLDERS.on_free(b.holder, b.place, b.asked, b.bytes);
     if b.place != PLACE_PINNED {
         history::record(history::FREE, b.place, b.addr, b.bytes, b.holder, b.stream);
@@ -123,6 +129,7 @@ pub fn forgotten(b: Block) {
 
 /// A device segment mapped into a pool (`mapped`) or given back.
 pub fn segment(place: u8, addr: u64, bytes: u64, mapped: bool) {
+    ledger::on_segment(place, bytes, mapped);
     let action = if mapped { history::SEGMENT_MAP } else { history::SEGMENT_UNMAP };
     history::record(action, place, addr, bytes, 0, 0);
 }
@@ -153,6 +160,7 @@ pub fn on_out_of_memory(listener: fn(&OutOfMemory)) {
 /// A request that failed for good: into the history (with the free bytes where an event's
 /// address goes, PyTorch's `device_free`), then to the listener. Called with no lock held.
 pub fn out_of_memory(e: &OutOfMemory) {
+    ledger::on_failure(e.place);
     history::record(history::OOM, e.place, e.free_bytes, e.request_bytes, 0, 0);
     let listener = OUT_OF_MEMORY_LISTENER.load(Ordering::Acquire);
     if !listener.is_null() {

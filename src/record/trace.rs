@@ -16,6 +16,17 @@
 //! extra hold them in file order, zero-padded (a name of up to NAME_CHUNKS_MAX chunks, longer
 //! ones cut). "TMTRACE1" files (before holders) have no kind 3 and pages 0 in allocs and frees;
 //! the magic changed because their readers took every non-sample record for an alloc or a free.
+//! A sample's op is 0, but for the file's last record: 1 (END) when the process closed the trace
+//! at exit, 2 (CUT) when the writer stopped because the file took no more (a full disk, a file
+//! size limit). A file whose last record is neither was cut short (its process killed, or
+//! still running, or its disk full with no room left even for the CUT record). The first record
+//! after the magic is a sample of op 3 (ID): size the writer's pid, extra its process start
+//! (/proc ticks), so an image after an exec knows the file of the one before (Note [One file
+//! per process] in sys/claim.rs); readers skip it as a sample.
+//!
+//! Note [No torn trace]: the writer knows how many bytes of whole records the file holds; when a
+//! write fails or falls short it cuts the file back there (ftruncate), adds the CUT record if it
+//! can, says so in one line, and stops: the file always ends at a whole record.
 
 use crate::record::holders::MAX_HOLDERS;
 use crate::sys::lock::Lock;
@@ -27,6 +38,11 @@ pub const KIND_SAMPLE: u8 = 2;
 pub const KIND_NAME: u8 = 3;
 pub const OP_ALLOC: u8 = 0;
 pub const OP_FREE: u8 = 1;
+/// A sample's op: the last record of a file closed at exit, or of one the writer stopped.
+pub const OP_END: u8 = 1;
+pub const OP_CUT: u8 = 2;
+/// A sample's op: the file's first record, who writes it.
+pub const OP_ID: u8 = 3;
 pub const HIT: u8 = 0;
 pub const MISS: u8 = 1;
 pub const GROWN: u8 = 2;
@@ -57,6 +73,12 @@ static SEQS: AtomicPtr<AtomicU64> = AtomicPtr::new(core::ptr::null_mut());
 static HEAD: AtomicU64 = AtomicU64::new(0);
 static TAIL: AtomicU64 = AtomicU64::new(0);
 static FD: AtomicI32 = AtomicI32::new(-1);
+/// Bytes of whole records (and the magic) in the file (Note [No torn trace]); the writer's.
+static WHOLE_BYTES: AtomicU64 = AtomicU64::new(0);
+/// The name the file was given (for the line a failed write prints).
+static NAME: crate::sys::claim::NameSlot = crate::sys::claim::NameSlot::new();
+/// A forked child of a process with us loaded (its first name is its parent's).
+static FORKED: AtomicBool = AtomicBool::new(false);
 pub static DROPPED: AtomicU64 = AtomicU64::new(0);
 /// Serializes writers (the reaper and the exit flush); never taken on allocation paths. Holds
 /// the holder ids already named in the file.
@@ -151,6 +173,15 @@ fn record_with_pages(kind: u8, op: u8, outcome: u8, device: u8, size: u64, extra
     if kind != KIND_SAMPLE && CLAIM.load(Ordering::Acquire) == UNCLAIMED {
         claim_file();
     }
+    put(kind, op, outcome, device, size, extra, pages);
+}
+
+/// Claims a slot in the ring and fills it (the file's writer calls it for samples, even at
+/// exit once events are no longer taken).
+fn put(kind: u8, op: u8, outcome: u8, device: u8, size: u64, extra: u64, pages: u32) {
+    if EVENTS.load(Ordering::Acquire).is_null() {
+        return;
+    }
     // Claim an index only when its slot is free: a claimed index must always be completed,
     // or the writer would stop at it.
     let mut index = HEAD.load(Ordering::Acquire);
@@ -175,11 +206,21 @@ fn record_with_pages(kind: u8, op: u8, outcome: u8, device: u8, size: u64, extra
 }
 
 /// Writes every completed event to the file, after a memory sample. Called by the reaper
-/// every 100 ms and at exit.
+/// every 100 ms.
 pub fn flush() {
-    if !enabled() {
-        return;
+    if enabled() {
+        flush_with(OP_ALLOC);
     }
+}
+
+/// At exit: no event is taken any more; the last sample, marked END, closes the file.
+pub fn finish() {
+    if ON.swap(false, Ordering::AcqRel) {
+        flush_with(OP_END);
+    }
+}
+
+fn flush_with(sample_op: u8) {
     let mut named = WRITER.lock();
     let sampler = SAMPLER.load(Ordering::Acquire);
     let (cached, lazily_freed) = if sampler.is_null() {
@@ -189,7 +230,7 @@ pub fn flush() {
         unsafe { core::mem::transmute::<*mut (), fn() -> (u64, u64)>(sampler)() }
     };
     let pages = u32::try_from(lazily_freed / 4096).unwrap_or(u32::MAX);
-    record_with_pages(KIND_SAMPLE, OP_ALLOC, HIT, 0, crate::sys::memory::resident_bytes(), cached, pages);
+    put(KIND_SAMPLE, sample_op, HIT, 0, crate::sys::memory::resident_bytes(), cached, pages);
     let fd = FD.load(Ordering::Acquire);
     let events = EVENTS.load(Ordering::Acquire);
     let seqs = SEQS.load(Ordering::Acquire);
@@ -218,10 +259,55 @@ pub fn flush() {
             TAIL.store(tail, Ordering::Release);
             continue;
         }
-        new_holders(run, &mut named, |id| write_name(fd, id));
-        crate::sys::stderr::write_all(fd, as_bytes(run));
+        let mut ok = true;
+        new_holders(run, &mut named, |id| ok = ok && write_name(fd, id));
+        ok = ok && write_records(fd, run);
         tail = end;
         TAIL.store(tail, Ordering::Release);
+        if !ok {
+            return;
+        }
+    }
+}
+
+/// Writes whole records; on a failed or short write, cuts the file back to its last whole
+/// record, adds the CUT record if it can, says so and stops the trace (Note [No torn trace]).
+/// False once stopped.
+fn write_records(fd: i32, records: &[Event]) -> bool {
+    if FD.load(Ordering::Acquire) != fd {
+        return false;
+    }
+    let bytes = as_bytes(records);
+    let whole = WHOLE_BYTES.load(Ordering::Relaxed);
+    match crate::sys::files::write_counted(fd, bytes) {
+        Ok(()) => {
+            WHOLE_BYTES.store(whole + bytes.len() as u64, Ordering::Relaxed);
+            true
+        }
+        Err((e, sent)) => {
+            let kept = whole + (sent - sent % core::mem::size_of::<Event>()) as u64;
+            let _ = crate::sys::files::truncate(fd, kept);
+            let mut cut = Event { time_ns: crate::sys::clock::now_ns(), kind: KIND_SAMPLE, op: OP_CUT, ..Event::default() };
+            if let Some(last) = records.last() {
+                cut.size = last.size;
+            }
+            let marked = crate::sys::files::write_at(fd, as_bytes(core::slice::from_ref(&cut)), kept);
+            if !marked {
+                // Part of it may have gone in before the limit: the file ends at `kept` again.
+                let _ = crate::sys::files::truncate(fd, kept);
+            }
+            ON.store(false, Ordering::Release);
+            FD.store(-1, Ordering::Release);
+            let mut text = [0u8; 128];
+            let reason = crate::sys::files::Refused::Os(e).text(&mut text);
+            let n = kept.saturating_sub(MAGIC.len() as u64) / core::mem::size_of::<Event>() as u64;
+            crate::warn_line!(
+                "TENSORMALLOC_TRACE: {}: {reason}; the trace ends at its last whole record ({n} records{}) and records no more",
+                core::str::from_utf8(NAME.get()).unwrap_or("(trace)"),
+                if marked { ", then a record saying it was cut" } else { "" }
+            );
+            false
+        }
     }
 }
 
@@ -235,13 +321,16 @@ fn new_holders(run: &[Event], named: &mut Named, mut f: impl FnMut(u16)) {
     }
 }
 
-/// Writes holder `id`'s name records (the name is looked up here: dladdr, no allocation).
-fn write_name(fd: i32, id: u16) {
+/// Writes holder `id`'s name records (the name is looked up here: dladdr, no allocation);
+/// false once the trace stopped.
+fn write_name(fd: i32, id: u16) -> bool {
+    let mut ok = true;
     crate::record::holders::holder_name(id, |name| {
         let mut records = [Event::default(); NAME_CHUNKS_MAX];
         let count = name_records(id, name, &mut records);
-        crate::sys::stderr::write_all(fd, as_bytes(records.get(..count).unwrap_or(&[])));
+        ok = write_records(fd, records.get(..count).unwrap_or(&[]));
     });
+    ok
 }
 
 /// Fills `out` with the name records of holder `id` (format at the top); returns how many.
@@ -267,27 +356,60 @@ fn as_bytes(records: &[Event]) -> &[u8] {
     unsafe { core::slice::from_raw_parts(records.as_ptr().cast::<u8>(), core::mem::size_of_val(records)) }
 }
 
-/// In a forked child: stop tracing (the parent owns the file).
-/// The trace file, claimed (`create_claimed_output`: a process of the run that finds PATH held by
-/// another writes PATH.PID beside it, and says so once), with its magic written.
+/// The trace file, made with no name, its magic written, locked for the process's life, then
+/// named (Note [One file per process] in sys/claim.rs: a process that finds PATH another's of the
+/// run traces into PATH.PID beside it, and says so once).
 fn open_file(path: &[u8]) -> Option<i32> {
     let name = core::str::from_utf8(path).unwrap_or("(path)");
-    match crate::sys::files::create_claimed_output(path, crate::sys::process::started_wall_ns()) {
-        Ok((fd, beside)) => {
-            if beside {
-                let own = crate::sys::process::id();
-                crate::warn_line!("TENSORMALLOC_TRACE: {name} is written by another process of this run; process {own} traces beside it, to {name}.{own}");
+    match claimed_file(path) {
+        Ok((fd, claimed, shown)) => {
+            NAME.set(shown.get());
+            WHOLE_BYTES.store((MAGIC.len() + core::mem::size_of::<Event>()) as u64, Ordering::Relaxed);
+            if let Some(why) = claimed.passed_over {
+                crate::sys::claim::say(crate::sys::claim::Output::Trace, path, NAME.get(), why, 0);
             }
-            crate::sys::stderr::write_all(fd, MAGIC);
             Some(fd)
         }
         Err(e) => {
             let mut text = [0u8; 128];
-            let reason = crate::sys::files::refusal_text(e, &mut text);
-            crate::warn_line!("TENSORMALLOC_TRACE: cannot open {} ({}); no trace", name, reason);
+            crate::warn_line!("TENSORMALLOC_TRACE: cannot open {} ({}); no trace", name, e.text(&mut text));
             None
         }
     }
+}
+
+/// The file's first record: this process (pid, process start), for an image after an exec.
+fn identity() -> Event {
+    let (pid, start) = (u64::from(crate::sys::process::id()), crate::sys::process::start_ticks());
+    Event { time_ns: crate::sys::clock::now_ns(), size: pid, extra: start, kind: KIND_SAMPLE, op: OP_ID, ..Event::default() }
+}
+
+/// The (pid, process start) an ID record names, from its 32 bytes; None for any other record.
+fn writer_of(record: &[u8]) -> Option<(u64, u64)> {
+    let word = |at: usize| Some(u64::from_le_bytes(record.get(at..at + 8)?.try_into().ok()?));
+    (record.get(24..26)? == [KIND_SAMPLE, OP_ID]).then_some(())?;
+    Some((word(8)?, word(16)?))
+}
+
+/// Makes and names the file; its descriptor, the claim, and its path as shown in messages.
+fn claimed_file(path: &[u8]) -> Result<(i32, crate::sys::claim::Claimed, crate::sys::claim::Shown), crate::sys::files::Refused> {
+    use crate::sys::dir::{Dir, Unnamed};
+    use crate::sys::files::{self, Refused};
+    let (dir_part, base) = files::split(path);
+    let mut dir_path = [0u8; files::PATH_MAX_BYTES + 1];
+    let n = files::expand_path(dir_part, crate::sys::process::id(), &mut dir_path).ok_or(Refused::Os(libc::ENAMETOOLONG))?;
+    let dir = Dir::open(dir_path.get(..n).unwrap_or(&[]))?;
+    let mut file = Unnamed::create(&dir, base)?;
+    files::write_all(file.fd(), MAGIC)?;
+    files::write_all(file.fd(), as_bytes(core::slice::from_ref(&identity())))?;
+    files::try_lock(file.fd());
+    let me = (u64::from(crate::sys::process::id()), crate::sys::process::start_ticks());
+    let claimed = crate::sys::claim::claim(&dir, base, &mut file, &crate::sys::claim::Claimant::this(FORKED.load(Ordering::Relaxed)), |f| {
+        let mut head = [0u8; 8 + core::mem::size_of::<Event>()];
+        f.read_at(&mut head, 0) == head.len() && head.get(..8) == Some(&MAGIC[..]) && writer_of(head.get(8..).unwrap_or(&[])) == Some(me)
+    })?;
+    let shown = crate::sys::claim::Shown::of(path, claimed.name());
+    Ok((file.into_fd(), claimed, shown))
 }
 
 /// In a forked child: the parent's file and its pending events are the parent's. The child
@@ -308,6 +430,7 @@ pub fn restart_in_child() {
         let _ = crate::sys::files::close(inherited);
     }
     CLAIM.store(UNCLAIMED, Ordering::Release);
+    FORKED.store(true, Ordering::Relaxed);
     ON.store(true, Ordering::Release);
 }
 
@@ -338,6 +461,15 @@ mod tests {
     #[test]
     fn events_are_32_bytes() {
         assert_eq!(core::mem::size_of::<Event>(), 32);
+    }
+
+    #[test]
+    fn the_first_record_names_its_writer() {
+        let id = identity();
+        assert_eq!(writer_of(as_bytes(core::slice::from_ref(&id))), Some((u64::from(std::process::id()), crate::sys::process::start_ticks())));
+        let sample = Event { kind: KIND_SAMPLE, ..Event::default() };
+        assert_eq!(writer_of(as_bytes(core::slice::from_ref(&sample))), None);
+        assert_eq!(writer_of(&[0u8; 20]), None, "cut short");
     }
 
     #[test]

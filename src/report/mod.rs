@@ -8,17 +8,18 @@ use crate::config::Config;
 
 pub mod glibc;
 pub mod holders;
+pub mod children;
 pub mod leaks;
 pub mod oom;
 pub mod pickle;
-pub mod shared_path;
 pub mod snapshot;
+pub mod stats_file;
 pub mod summary;
 pub mod units;
 
 /// At unload or exit: the summary, the leak report and the snapshot, each if asked for.
 pub fn at_exit(config: &Config) {
-    summary::at_exit(config);
+    stats_file::at_exit(config);
     if config.leaks {
         leaks::report_at_exit();
     }

@@ -8,6 +8,9 @@ use crate::record::history::{self, HistoryEvent};
 use crate::record::holders::{PLACE_HOST, PLACE_PINNED};
 use crate::report::pickle::{FdSink, Pickler};
 use crate::sys::os_pages::{OsPages, PAGE};
+use crate::sys::claim;
+use crate::sys::dir::{Dir, Unnamed};
+use crate::sys::files::{self, Refused};
 use core::ffi::c_int;
 
 // Note [Snapshot format]
@@ -410,10 +413,8 @@ fn index_in(file: File, place: u8) -> Option<u64> {
     }
 }
 
-fn write_file(path: &[u8], file: File, c: &Collected, wall_offset_ns: u64) -> Result<(), c_int> {
-    // Written whole under a temporary name, then renamed into place (Note [Output files]).
-    let out = crate::sys::files::begin_output(path)?;
-    let fd = out.fd();
+/// Writes one file's pickle to `fd` (a file with no name yet: Note [Files others can reach]).
+fn write_file(fd: c_int, file: File, c: &Collected, wall_offset_ns: u64) -> Result<(), c_int> {
     let mut w = Writer { p: Pickler::new(FdSink::new(fd)), frames: [(0, 0); FRAME_CACHE], next_memo: crate::report::pickle::SHORT_MEMO as u32, wall_offset_ns };
     let devices = match file {
         File::Host => 2,
@@ -459,8 +460,7 @@ fn write_file(path: &[u8], file: File, c: &Collected, wall_offset_ns: u64) -> Re
     w.p.setitems();
     w.p.setitems();
     w.p.stop();
-    w.p.sink.finish()?;
-    out.commit()
+    w.p.sink.finish()
 }
 
 /// The longest path `write` takes (PATH_MAX, with its NUL).
@@ -508,22 +508,30 @@ impl Drop for Scratch {
     }
 }
 
-/// Writes the snapshot to `path`, and the host's to `path` + ".host.pickle". Err: an errno.
+/// Writes the snapshot to `path` (`%p` in it: the pid), and the host's to `path` +
+/// ".host.pickle", replacing files of ours there (tm_snapshot). Err: an errno.
 pub fn write(path: &[u8]) -> Result<(), c_int> {
+    write_named(path, false).map_err(|e| e.errno())
+}
+
+/// How the two files are named: each made with no name, written whole, then named (Note [Files
+/// others can reach]); the main one at `path` in place of a file of ours (`claim`: false), or at
+/// the first name of the run's it may take (Note [One file per process]); the host one beside it.
+fn write_named(path: &[u8], claim: bool) -> Result<(), Refused> {
     if path.is_empty() {
-        return Err(libc::ENOENT);
+        return Err(Refused::Os(libc::ENOENT));
     }
     if path.contains(&0) {
-        return Err(libc::EINVAL);
+        return Err(Refused::Os(libc::EINVAL));
     }
     if path.len() >= PATH_BYTES {
-        return Err(libc::ENAMETOOLONG);
+        return Err(Refused::Os(libc::ENAMETOOLONG));
     }
-    let main = path;
-    let mut host_path = [0u8; PATH_BYTES + HOST_SUFFIX.len()];
-    host_path.get_mut(..path.len()).ok_or(libc::ENAMETOOLONG)?.copy_from_slice(path);
-    host_path.get_mut(path.len()..path.len() + HOST_SUFFIX.len()).ok_or(libc::ENAMETOOLONG)?.copy_from_slice(HOST_SUFFIX);
-    let host = host_path.get(..path.len() + HOST_SUFFIX.len()).ok_or(libc::ENAMETOOLONG)?;
+    let own = crate::sys::process::id();
+    let (dir_part, base) = files::split(path);
+    let mut dir_path = [0u8; files::PATH_MAX_BYTES + 1];
+    let n = files::expand_path(dir_part, own, &mut dir_path).ok_or(Refused::Os(libc::ENAMETOOLONG))?;
+    let dir = Dir::open(dir_path.get(..n).unwrap_or(&[]))?;
     let head_at_cut = history::recorded();
     let wall_offset_ns = crate::sys::clock::wall_offset_ns();
     let (segs, blocks) = count();
@@ -531,24 +539,42 @@ pub fn write(path: &[u8]) -> Result<(), c_int> {
     let (seg_cap, blk_cap, ev_cap) = (segs + segs / 4 + 64, blocks + blocks / 4 + 256, history::EVENTS);
     let bytes = seg_cap * core::mem::size_of::<Seg>() + blk_cap * core::mem::size_of::<Blk>() + ev_cap * core::mem::size_of::<HistoryEvent>() + 3 * 64;
     let len = bytes.div_ceil(PAGE) * PAGE;
-    let mut scratch = Scratch { addr: OsPages.map(len, PAGE).ok_or(libc::ENOMEM)?, len };
+    let mut scratch = Scratch { addr: OsPages.map(len, PAGE).ok_or(Refused::Os(libc::ENOMEM))?, len };
     let mut c = scratch.collected(seg_cap, blk_cap, ev_cap);
     collect(&mut c, head_at_cut);
-    write_file(main, File::Devices, &c, wall_offset_ns).and_then(|_| write_file(host, File::Host, &c, wall_offset_ns))
+    let mut main = Unnamed::create(&dir, base)?;
+    write_file(main.fd(), File::Devices, &c, wall_offset_ns)?;
+    let mut name = [0u8; files::NAME_MAX_BYTES + 1];
+    let name_len = if claim {
+        let parent = crate::state::parent_at_fork();
+        let claimed = claim::claim(&dir, base, &mut main, &claim::Claimant::this(parent.is_some()), |_| false)?;
+        if let Some(why) = claimed.passed_over {
+            claim::say(claim::Output::Snapshot, path, claim::Shown::of(path, claimed.name()).get(), why, parent.unwrap_or(0));
+        }
+        let got = claimed.name();
+        name.get_mut(..got.len()).ok_or(Refused::Os(libc::ENAMETOOLONG))?.copy_from_slice(got);
+        got.len()
+    } else {
+        let n = files::expand_path(base, own, &mut name).ok_or(Refused::Os(libc::ENAMETOOLONG))?;
+        claim::put_in_place(&dir, name.get(..n).unwrap_or(&[]), &mut main)?;
+        n
+    };
+    let mut host_name = [0u8; files::PATH_MAX_BYTES + 1];
+    let host_name = files::joined(name.get(..name_len).unwrap_or(&[]), HOST_SUFFIX, &mut host_name).ok_or(Refused::Os(libc::ENAMETOOLONG))?;
+    let mut host = Unnamed::create(&dir, host_name)?;
+    write_file(host.fd(), File::Host, &c, wall_offset_ns)?;
+    claim::put_in_place(&dir, host_name, &mut host)
 }
 
 /// TENSORMALLOC_SNAPSHOT_AT_EXIT: writes the snapshot, or says in one line why it could not.
 pub fn at_exit(path: &[u8]) {
-    let mut beside = [0u8; 4096];
-    let Some(path) = crate::report::shared_path::snapshot_target(path, &mut beside) else { return };
-    if let Err(e) = write(path) {
+    if let Err(e) = write_named(path, true) {
         let mut text = [0u8; 128];
-        let reason = crate::sys::files::refusal_text(e, &mut text);
         crate::warn_line!(
             "TENSORMALLOC_SNAPSHOT_AT_EXIT={}: cannot write the memory snapshot ({}, errno {})",
             core::str::from_utf8(path).unwrap_or("(path)"),
-            reason,
-            e
+            e.text(&mut text),
+            e.errno()
         );
     }
 }

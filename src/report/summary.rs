@@ -1,10 +1,9 @@
-//! What the user sees: the stats snapshot behind `tm_get_stats`, and the report printed at exit
-//! (text to stderr, or JSON to a file). Formatting happens in a fixed stack buffer and leaves
-//! with write(2): no allocation, no lock but the cache's own brief one.
+//! What the user sees: the stats snapshot behind `tm_get_stats`, and the report it makes, as text
+//! or JSON (report/stats_file.rs says where it goes). Formatting happens in a fixed stack buffer (or the
+//! mapped counters file's detail area) and leaves with write(2): no allocation, no lock but the
+//! cache's own brief one. The stats file the JSON goes to is report/stats_file.rs's.
 
-use crate::config::{Config, StatsOutput};
 use crate::record::stats::PhaseTimer;
-use crate::sys::stderr::StackWriter;
 use crate::report::units::{Bytes, Count, Nanos};
 use crate::state::{DEVICE, HOST};
 use core::fmt::{self, Write};
@@ -266,7 +265,14 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     crate::report::holders::write_text(w, &crate::report::holders::Table::gather())
 }
 
-pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
+/// Whether a JSON report is the last one of its image (its exit hook ran) or one of the way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    Running,
+    Exit,
+}
+
+pub fn write_json<W: Write>(w: &mut W, s: &Snapshot, ending: Ending) -> fmt::Result {
     let mut name = [0u8; 32];
     let command = crate::sys::process::command_name(&mut name);
     write!(
@@ -274,7 +280,7 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         "{{\"version\":{},\"pid\":{},\"started_ns\":{},\"ppid\":{},\"command\":",
         s.version,
         std::process::id(),
-        crate::report::shared_path::started_ns(),
+        crate::sys::process::started_wall_ns(),
         crate::sys::process::parent_id()
     )?;
     write!(w, "\"{}\"", crate::report::units::JsonText(command))?;
@@ -282,6 +288,11 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         Some(parent) => write!(w, ",\"forked_from\":{parent}")?,
         None => w.write_str(",\"forked_from\":null")?,
     }
+    let (complete, ended) = match ending {
+        Ending::Exit => (true, "exit"),
+        Ending::Running => (false, "running"),
+    };
+    write!(w, ",\"process_start_ticks\":{},\"complete\":{complete},\"ended\":\"{ended}\"", crate::sys::process::start_ticks())?;
     write!(w, ",\"enabled\":{},", s.enabled != 0)?;
     write!(
         w,
@@ -366,36 +377,6 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     w.write_str("]}\n")
 }
 
-/// Room for the report: the counters, the phase table and up to MAX_ROWS holder rows.
-const REPORT_BYTES: usize = 16384;
-
-/// Writes the report where the configuration says, whatever `stats` is set to (tm_print_stats).
-pub fn write_report(config: &Config) {
-    let snap = Snapshot::take();
-    let mut w = StackWriter::<REPORT_BYTES>::new();
-    if config.stats == StatsOutput::Json {
-        let _ = write_json(&mut w, &snap);
-        // One writer at a time: the background thread's and the exit hook's share a temporary
-        // file name.
-        let _one = WRITING.lock();
-        let mut beside = [0u8; 4096];
-        if let Some(path) = crate::report::shared_path::stats_target(config.stats_path(), &mut beside) {
-            write_to_path(path, w.as_bytes());
-        }
-    } else {
-        let _ = write_text(&mut w, &snap);
-        w.flush_to(2);
-    }
-}
-
-/// The report at exit, when asked for.
-/// At exit, the report asked for, from a process that made a large request or a CUDA call: a
-/// wrapper's helper processes (a pyenv shim starts about 30) stay silent and write no file.
-pub fn at_exit(config: &Config) {
-    if config.stats != StatsOutput::Off && did_anything() {
-        write_report(config);
-    }
-}
 
 /// The process made a large host request or a CUDA call through us (the runtime or the driver
 /// bound, whatever the pool's setting); with the cache off (TENSORMALLOC_DISABLE, which counts
@@ -404,50 +385,10 @@ pub(crate) fn did_anything() -> bool {
     !HOST.is_enabled() || HOST.stats.requests.get() > 0 || crate::sys::cuda_runtime::is_bound() || crate::sys::cuda_driver::is_bound()
 }
 
-static WRITING: crate::sys::lock::Lock<()> = crate::sys::lock::Lock::new(());
-
-/// The process that said why the stats could not be written (0: none).
-static REFUSAL_SAID_IN: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
-
-/// The JSON stats, whole, put in place by a rename (Note [Output files]).
-fn write_to_path(path: &[u8], bytes: &[u8]) {
-    let written = crate::sys::files::begin_output(path).and_then(|out| {
-        crate::sys::files::write_all(out.fd(), bytes)?;
-        out.commit()
-    });
-    // Said once per process: the background thread tries again every second.
-    let own = crate::sys::process::id();
-    if let Err(e) = written {
-        if REFUSAL_SAID_IN.swap(own, core::sync::atomic::Ordering::Relaxed) == own {
-            return;
-        }
-        let mut text = [0u8; 128];
-        let reason = crate::sys::files::refusal_text(e, &mut text);
-        crate::warn_line!("cannot write the stats to {} ({})", core::str::from_utf8(path).unwrap_or("(path)"), reason);
-    }
-}
-
-/// The sum of the counts that change when the process does anything: the file is rewritten only
-/// when it moved.
-static WRITTEN_ACTIVITY: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(u64::MAX);
-
-/// From the background thread, about every second (Note [One file per process]): the JSON
-/// stats kept current, so that a worker ended by os._exit or SIGTERM leaves its numbers.
-pub fn keep_current() {
-    let Some(g) = crate::state::globals() else { return };
-    if g.config.stats != StatsOutput::Json || !did_anything() {
-        return;
-    }
-    let s = Snapshot::take();
-    let activity = s.host_requests.wrapping_add(s.host_frees).wrapping_add(s.cuda_requests).wrapping_add(s.pinned_requests).wrapping_add(s.cuda_segments_released);
-    if WRITTEN_ACTIVITY.swap(activity, core::sync::atomic::Ordering::Relaxed) != activity {
-        write_report(&g.config);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::stderr::StackWriter;
 
     #[test]
     fn text_report_has_the_phase_table() {

@@ -100,7 +100,7 @@ pub extern "C" fn tm_is_enabled() -> c_int {
 #[no_mangle]
 pub extern "C" fn tm_print_stats() {
     if let Some(g) = crate::state::globals() {
-        crate::report::summary::write_report(&g.config);
+        crate::report::stats_file::write_report(&g.config);
     }
 }
 

@@ -16,11 +16,8 @@ extern "C" fn on_load() {
         if !g.config.trace_path().is_empty() && trace::start(g.config.trace_path(), trace_sample) {
             sys::reaper::start_now();
         }
-        if g.config.stats == crate::config::StatsOutput::Json {
-            // Note [One file per process]: the stats file is kept current by the background thread.
-            crate::state::keep_current(report::summary::keep_current);
-            sys::reaper::start_now();
-        }
+        // Note [Numbers that survive]: the counters' file, made at the first event.
+        report::stats_file::start(&g.config);
     }
 }
 
@@ -47,6 +44,8 @@ extern "C" fn after_fork_in_child() {
     unsafe { HOST.unlock_after_fork() };
     HOST.forget_cache_in_child();
     crate::state::forked_from(sys::process::parent_id());
+    crate::record::ledger::restart_in_child(sys::process::parent_id(), HOST.stats.live.current(), HOST.stats.live_blocks.current());
+    report::stats_file::after_fork_in_child();
     if DEVICE.after_fork_in_child() {
         // Note [Forked children]: the parent's device and pinned blocks are not this process's.
         for place in (0..crate::record::holders::PLACES as u8).filter(|&p| p != crate::record::holders::PLACE_HOST) {
@@ -67,7 +66,7 @@ extern "C" fn after_fork_in_child() {
 /// Runs at unload or exit, after the program's atexit handlers: the reports asked for.
 extern "C" fn on_unload() {
     if let Some(g) = globals() {
-        trace::flush();
+        trace::finish();
         report::at_exit(&g.config);
     }
 }

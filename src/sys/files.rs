@@ -1,53 +1,73 @@
-//! The files we write (the stats, the trace, the snapshots) and the small ones we read (/proc,
-//! /sys): one way to open an output file, one write loop, one small read. No allocation: paths
-//! are made NUL-terminated in a stack buffer.
+//! The files we write (stats, trace, snapshots) and read, at the level of bytes: paths and names
+//! as the kernel takes them (`%p` expanded, NUL-terminated in stack buffers), why a file was
+//! refused, one write loop, reserving and mapping a file. How a file is made and named where
+//! others can reach is sys/dir.rs's (Note [Files others can reach]); which name it gets,
+//! sys/claim.rs's. No allocation.
 
 use super::process::errno;
 
 /// The longest path accepted, without its NUL (PATH_MAX less one).
 pub const PATH_MAX_BYTES: usize = 4095;
+/// The longest file name we make, without its NUL (the kernel's NAME_MAX).
+pub const NAME_MAX_BYTES: usize = 255;
+/// A file name, NUL-terminated.
+pub type Name = [u8; NAME_MAX_BYTES + 1];
 
-/// Creates or truncates the file at `path` (no NUL; `%p` in it is this process's id, `%%` a
-/// percent sign), write-only, closed on exec, mode 0600 (our outputs hold addresses and names
-/// of code), never through a symlink at its last component (ELOOP): how every output file is
-/// opened. The file descriptor, or an errno.
-pub fn create_output(path: &[u8]) -> Result<i32, i32> {
-    let mut cpath = [0u8; PATH_MAX_BYTES + 1];
-    target_path(path, &mut cpath)?;
-    // SAFETY: cpath is NUL-terminated (one byte longer than any path written into it).
-    let fd = unsafe { libc::open(cpath.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600) };
-    if fd < 0 {
-        return Err(errno());
-    }
-    Ok(fd)
+/// Why a file was refused or could not be made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// What the system said (an errno).
+    Os(i32),
+    /// A symbolic link stands at the name.
+    Symlink,
+    /// A FIFO, a device, a socket or a directory stands at the name.
+    NotRegular,
+    /// The file there is another user's.
+    NotOurs,
+    /// The file there has other hard links.
+    Linked,
+    /// Every name tried is taken.
+    Taken,
 }
 
-/// `path` as the kernel is to get it, in `out` (zeroed, so NUL-terminated): `%p` expanded to
-/// this process's id; its length. ENOENT for an empty path, EINVAL for one with a NUL,
-/// ENAMETOOLONG past PATH_MAX.
-fn target_path(path: &[u8], out: &mut [u8; PATH_MAX_BYTES + 1]) -> Result<usize, i32> {
-    if path.is_empty() {
-        return Err(libc::ENOENT);
-    }
-    if path.contains(&0) {
-        return Err(libc::EINVAL);
-    }
-    expand_path(path, super::process::id(), out).filter(|&n| n <= PATH_MAX_BYTES).ok_or(libc::ENAMETOOLONG)
-}
-
-/// `v` in decimal, in the tail of `buf` (file names that carry a pid or a uid).
-pub fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut start = buf.len();
-    for slot in buf.iter_mut().rev() {
-        *slot = b'0' + (v % 10) as u8;
-        start -= 1;
-        v /= 10;
-        if v == 0 {
-            break;
+impl Refused {
+    /// The errno a C caller gets for it.
+    pub fn errno(self) -> i32 {
+        match self {
+            Refused::Os(e) => e,
+            Refused::Symlink => libc::ELOOP,
+            Refused::NotRegular => libc::EINVAL,
+            Refused::NotOurs => libc::EPERM,
+            Refused::Linked => libc::EMLINK,
+            Refused::Taken => libc::EEXIST,
         }
     }
-    buf.get(start..).unwrap_or(&[])
+
+    /// In words (`buf` holds the C library's text for an errno).
+    pub fn text(self, buf: &mut [u8; 128]) -> &str {
+        match self {
+            Refused::Os(libc::ELOOP) | Refused::Symlink => "a symbolic link stands at that path; not followed",
+            Refused::NotRegular => "not a regular file (a FIFO, a device, a socket or a directory stands there)",
+            Refused::NotOurs => "the file there is another user's",
+            Refused::Linked => "the file there has other hard links",
+            Refused::Taken => "that name and the names beside it are taken",
+            Refused::Os(e) => super::process::error_text(e, buf),
+        }
+    }
 }
+
+impl From<i32> for Refused {
+    fn from(e: i32) -> Self {
+        Refused::Os(e)
+    }
+}
+
+/// The last errno as a refusal.
+pub(super) fn last() -> Refused {
+    Refused::Os(errno())
+}
+
+pub use super::process::decimal;
 
 /// `path` then `suffix`, as they are (nothing expanded), in `out`; None past PATH_MAX.
 pub fn joined<'a>(path: &[u8], suffix: &[u8], out: &'a mut [u8; PATH_MAX_BYTES + 1]) -> Option<&'a [u8]> {
@@ -59,177 +79,15 @@ pub fn joined<'a>(path: &[u8], suffix: &[u8], out: &'a mut [u8; PATH_MAX_BYTES +
     Some(&*dst)
 }
 
-/// A file's modification time, in wall ns.
-fn mtime_ns(st: &libc::stat) -> u64 {
-    (st.st_mtime as u64).saturating_mul(1_000_000_000).saturating_add(st.st_mtime_nsec as u64)
-}
-
-// Note [Output files]
-// Files other processes read while we run (the JSON stats, kept current by the background
-// thread) are written whole under a temporary name beside the target and renamed over it: a
-// reader sees the old file or the new one, never half of one, and a file another process is
-// writing is never truncated under it. A symbolic link at the target is refused (ELOOP), as
-// `create_output` refuses it, so a planted link neither redirects nor disappears.
-
-/// An output file being written under a temporary name (Note [Output files]); `commit` puts it
-/// in place, dropping it unfinished removes it.
-pub struct Output {
-    fd: i32,
-    temp: [u8; PATH_MAX_BYTES + 1],
-    target: [u8; PATH_MAX_BYTES + 1],
-}
-
-impl Output {
-    pub fn fd(&self) -> i32 {
-        self.fd
-    }
-
-    /// Closes the file and renames it over the target; the errno of a failure (the temporary
-    /// file is then removed).
-    pub fn commit(mut self) -> Result<(), i32> {
-        let fd = core::mem::replace(&mut self.fd, -1);
-        close(fd)?;
-        // SAFETY: both paths are NUL-terminated buffers we own.
-        if unsafe { libc::rename(self.temp.as_ptr().cast(), self.target.as_ptr().cast()) } != 0 {
-            let e = errno();
-            // SAFETY: as above.
-            unsafe { libc::unlink(self.temp.as_ptr().cast()) };
-            return Err(e);
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Output {
-    fn drop(&mut self) {
-        if self.fd >= 0 {
-            let _ = close(self.fd);
-            // SAFETY: a NUL-terminated path we own.
-            unsafe { libc::unlink(self.temp.as_ptr().cast()) };
-        }
-    }
-}
-
-/// Starts an output file at `path` (`%p` expanded; see `create_output`), written under
-/// `PATH.tmp.PID` until committed; mode 0600; ELOOP when a symbolic link stands at the target.
-pub fn begin_output(path: &[u8]) -> Result<Output, i32> {
-    let mut target = [0u8; PATH_MAX_BYTES + 1];
-    target_path(path, &mut target)?;
-    if is_symlink(&target) {
-        return Err(libc::ELOOP);
-    }
-    let mut raw = [0u8; PATH_MAX_BYTES + 1];
-    let mut temp = [0u8; PATH_MAX_BYTES + 1];
-    target_path(joined(path, b".tmp.%p", &mut raw).ok_or(libc::ENAMETOOLONG)?, &mut temp)?;
-    // SAFETY: temp is NUL-terminated (zeroed past the path).
-    let fd = unsafe { libc::open(temp.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600) };
-    if fd < 0 {
-        return Err(errno());
-    }
-    Ok(Output { fd, temp, target })
-}
-
-/// Whether a symbolic link stands at the NUL-terminated `path`.
-fn is_symlink(path: &[u8]) -> bool {
-    // SAFETY: lstat fills the struct we own; path is NUL-terminated.
-    let mut st: libc::stat = unsafe { core::mem::zeroed() };
-    (unsafe { libc::lstat(path.as_ptr().cast(), &mut st) }) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFLNK
-}
-
-/// Renames the file at `path` (`%p` expanded) to `path.PID` for `pid`: a younger process's file
-/// steps aside for the run's first (Note [One file per process]). Nothing when it cannot.
-pub fn move_beside(path: &[u8], pid: u32) {
-    let mut from = [0u8; PATH_MAX_BYTES + 1];
-    let mut to = [0u8; PATH_MAX_BYTES + 1];
-    let mut suffix = [0u8; 16];
-    let (Ok(n), Some(m)) = (target_path(path, &mut from), expand_path(b".%p", pid, &mut suffix)) else { return };
-    if joined(from.get(..n).unwrap_or(&[]), suffix.get(..m).unwrap_or(&[]), &mut to).is_none() {
-        return;
-    }
-    // SAFETY: both paths are NUL-terminated buffers we own.
-    unsafe { libc::rename(from.as_ptr().cast(), to.as_ptr().cast()) };
-}
-
-/// Whether process `pid` exists (signal 0: EPERM means it does, as another user's).
-pub fn process_exists(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
-    // SAFETY: signal 0 only checks that the process exists.
-    pid > 0 && (unsafe { libc::kill(pid, 0) } == 0 || errno() == libc::EPERM)
-}
-
-/// The first bytes of the file at `path` (`%p` expanded), and its modification time (wall ns);
-/// None when it cannot be read.
-pub fn peek(path: &[u8], buf: &mut [u8]) -> Option<(usize, u64)> {
-    let mut target = [0u8; PATH_MAX_BYTES + 1];
-    target_path(path, &mut target).ok()?;
-    // SAFETY: target is NUL-terminated; the struct and buffer are ours.
-    unsafe {
-        let fd = libc::open(target.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW);
-        if fd < 0 {
-            return None;
-        }
-        let mut st: libc::stat = core::mem::zeroed();
-        let ok = libc::fstat(fd, &mut st) == 0;
-        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-        libc::close(fd);
-        (ok && n >= 0).then_some((n as usize, mtime_ns(&st)))
-    }
-}
-
-/// A file written for the process's whole life (the trace), claimed with an exclusive flock that
-/// lasts as long as the process holds it open (Note [One file per process] in
-/// report/shared_path.rs): the first process of a run to open PATH (no `%p`) writes it; one
-/// that finds it claimed by a live process, or written since `started_wall_ns` (by a process of
-/// the run that has ended), writes `PATH.PID` beside it. The descriptor, and whether it is the
-/// one beside.
-pub fn create_claimed_output(path: &[u8], started_wall_ns: u64) -> Result<(i32, bool), i32> {
-    if path.windows(2).any(|w| w == b"%p") {
-        let fd = create_output(path)?;
-        // SAFETY: a lock on our own descriptor; a failure only means no claim.
-        unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
-        return Ok((fd, false));
-    }
-    let mut cpath = [0u8; PATH_MAX_BYTES + 1];
-    target_path(path, &mut cpath)?;
-    // SAFETY: cpath is NUL-terminated. No O_TRUNC: the file may be another live process's.
-    let fd = unsafe { libc::open(cpath.as_ptr().cast(), libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600) };
-    if fd < 0 {
-        return Err(errno());
-    }
-    // SAFETY: flock and ftruncate on the descriptor we just opened.
-    unsafe {
-        let mut st: libc::stat = core::mem::zeroed();
-        let written_since = libc::fstat(fd, &mut st) == 0 && st.st_size > 0 && mtime_ns(&st) >= started_wall_ns;
-        if !written_since && libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) == 0 {
-            if libc::ftruncate(fd, 0) != 0 {
-                let e = errno();
-                libc::close(fd);
-                return Err(e);
-            }
-            return Ok((fd, false));
-        }
-        libc::close(fd);
-    }
-    let mut beside = [0u8; PATH_MAX_BYTES + 1];
-    let fd = create_output(joined(path, b".%p", &mut beside).ok_or(libc::ENAMETOOLONG)?)?;
-    // SAFETY: as above.
-    unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
-    Ok((fd, true))
-}
-
-/// Why `create_output` refused, in words (`buf` holds the C library's text).
-pub fn refusal_text(e: i32, buf: &mut [u8; 128]) -> &str {
-    if e == libc::ELOOP {
-        return "a symbolic link stands at that path; not followed";
-    }
-    super::process::error_text(e, buf)
-}
-
 /// `path` with `%p` replaced by `pid` and `%%` by `%` (any other `%` kept), into `out`; its
 /// length, or None when it does not fit.
 pub fn expand_path(path: &[u8], pid: u32, out: &mut [u8]) -> Option<usize> {
     let mut buf = [0u8; 20];
-    let digits = decimal(u64::from(pid), &mut buf);
+    expand_with(path, decimal(u64::from(pid), &mut buf), out)
+}
+
+/// `path` with `%p` replaced by `id` (a pid, or a pid and an image number) and `%%` by `%`.
+pub fn expand_with(path: &[u8], id: &[u8], out: &mut [u8]) -> Option<usize> {
     let mut len = 0;
     let mut put = |b: u8| -> Option<()> {
         *out.get_mut(len)? = b;
@@ -240,7 +98,7 @@ pub fn expand_path(path: &[u8], pid: u32, out: &mut [u8]) -> Option<usize> {
     while let Some(&b) = path.get(i) {
         match (b, path.get(i + 1)) {
             (b'%', Some(b'p')) => {
-                for &d in digits {
+                for &d in id {
                     put(d)?;
                 }
                 i += 2;
@@ -258,6 +116,99 @@ pub fn expand_path(path: &[u8], pid: u32, out: &mut [u8]) -> Option<usize> {
     Some(len)
 }
 
+/// A path's directory and its last component: ("dir/sub", "name") for "dir/sub/name", (".",
+/// "name") for "name", ("/", "name") for "/name".
+pub fn split(path: &[u8]) -> (&[u8], &[u8]) {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(0) => (b"/", path.get(1..).unwrap_or(&[])),
+        Some(at) => (path.get(..at).unwrap_or(&[]), path.get(at + 1..).unwrap_or(&[])),
+        None => (b".", path),
+    }
+}
+
+/// `bytes` NUL-terminated in `out` (zeroed past them); None when they hold a NUL or do not fit.
+pub(super) fn terminated<'a, const N: usize>(bytes: &[u8], out: &'a mut [u8; N]) -> Option<&'a [u8; N]> {
+    if bytes.contains(&0) || bytes.len() >= N {
+        return None;
+    }
+    *out = [0; N];
+    out.get_mut(..bytes.len())?.copy_from_slice(bytes);
+    Some(out)
+}
+
+/// A file name as the kernel takes it: ENOENT for an empty one, EINVAL for a NUL or a slash in
+/// it, ENAMETOOLONG past NAME_MAX.
+pub fn name(bytes: &[u8]) -> Result<Name, Refused> {
+    if bytes.is_empty() {
+        return Err(Refused::Os(libc::ENOENT));
+    }
+    if bytes.contains(&b'/') || bytes.contains(&0) {
+        return Err(Refused::Os(libc::EINVAL));
+    }
+    let mut out = [0u8; NAME_MAX_BYTES + 1];
+    terminated(bytes, &mut out).ok_or(Refused::Os(libc::ENAMETOOLONG))?;
+    Ok(out)
+}
+
+/// fstat of a descriptor we hold.
+pub(super) fn stat(fd: i32) -> Option<libc::stat> {
+    // SAFETY: fstat fills a struct we own.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st)
+}
+
+/// An exclusive flock on `fd` without waiting; false when another open file holds one.
+pub fn try_lock(fd: i32) -> bool {
+    // SAFETY: flock on a descriptor the caller holds.
+    unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// Reserves `len` bytes of `fd`'s file on disk (fallocate; where the file system has none,
+/// zeros written), so that a full disk is found now and a mapping of it never faults on one.
+pub fn reserve(fd: i32, len: usize) -> Result<(), Refused> {
+    // SAFETY: fallocate of a file we hold.
+    if unsafe { libc::fallocate(fd, 0, 0, len as libc::off_t) } == 0 {
+        return Ok(());
+    }
+    if errno() != libc::EOPNOTSUPP {
+        return Err(last());
+    }
+    let zeros = [0u8; 4096];
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(zeros.len());
+        write_all(fd, zeros.get(..n).unwrap_or(&[]))?;
+        left -= n;
+    }
+    Ok(())
+}
+
+/// Maps `len` bytes of `fd`'s file shared, read-write (our own mapping: the raw system call,
+/// Note [Pages the program changed]).
+pub fn map_shared(fd: i32, len: usize) -> Option<*mut u8> {
+    // SAFETY: a new mapping of a file we hold, placed by the kernel.
+    let p = unsafe { super::page_calls::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+    (p != libc::MAP_FAILED).then_some(p.cast())
+}
+
+/// Unmaps what `map_shared` mapped.
+///
+/// # Safety
+/// Nothing uses the mapping any more.
+pub unsafe fn unmap(p: *mut u8, len: usize) {
+    // SAFETY: the caller's promise.
+    unsafe { super::page_calls::munmap(p.cast(), len) };
+}
+
+/// ftruncate: the file ends at `len`.
+pub fn truncate(fd: i32, len: u64) -> Result<(), Refused> {
+    // SAFETY: ftruncate of a file we hold.
+    if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+        return Err(last());
+    }
+    Ok(())
+}
+
 /// close(2); the errno when it reports a failed write-back.
 pub fn close(fd: i32) -> Result<(), i32> {
     // SAFETY: the caller owns fd and does not use it again.
@@ -269,40 +220,42 @@ pub fn close(fd: i32) -> Result<(), i32> {
 
 /// write(2) of all of `bytes`, retrying short writes and EINTR; the errno of a real failure
 /// (EIO when the file takes nothing).
-pub fn write_all(fd: i32, mut bytes: &[u8]) -> Result<(), i32> {
+pub fn write_all(fd: i32, bytes: &[u8]) -> Result<(), i32> {
+    write_counted(fd, bytes).map_err(|(e, _)| e)
+}
+
+/// As `write_all`; a failure also says how many bytes went out before it.
+pub fn write_counted(fd: i32, mut bytes: &[u8]) -> Result<(), (i32, usize)> {
+    let mut sent = 0;
     while !bytes.is_empty() {
         // SAFETY: the pointer and length describe a live slice.
         let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
         if n < 0 {
             match errno() {
                 libc::EINTR => continue,
-                e => return Err(e),
+                e => return Err((e, sent)),
             }
         }
         if n == 0 {
-            return Err(libc::EIO);
+            return Err((libc::EIO, sent));
         }
+        sent += n as usize;
         bytes = bytes.get(n as usize..).unwrap_or(&[]);
     }
     Ok(())
 }
 
-/// Reads up to `buf.len()` bytes of the file at `path` (NUL-terminated) with one read(2); the
-/// count read.
+/// One pwrite of all of `bytes` at `offset`; whether it all went out.
+pub fn write_at(fd: i32, bytes: &[u8], offset: u64) -> bool {
+    // SAFETY: the pointer and length describe a live slice.
+    let n = unsafe { libc::pwrite(fd, bytes.as_ptr().cast(), bytes.len(), offset as libc::off_t) };
+    usize::try_from(n).is_ok_and(|n| n == bytes.len())
+}
+
+/// Reads up to `buf.len()` bytes of a kernel file (`path` NUL-terminated: /proc, /sys) with one
+/// read(2), never blocking; the count read.
 pub fn read_small(path: &[u8], buf: &mut [u8]) -> Option<usize> {
-    if path.last() != Some(&0) {
-        return None;
-    }
-    // SAFETY: `path` is NUL-terminated; read writes at most buf.len() bytes into buf.
-    unsafe {
-        let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return None;
-        }
-        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-        libc::close(fd);
-        usize::try_from(n).ok()
-    }
+    super::process::read_kernel_file(path, buf)
 }
 
 /// A pipe's two ends (read, write), for tests of what a writer sends.
@@ -326,46 +279,31 @@ mod tests {
         let n = expand_path(b"%p-%%p-%x-%", 7, &mut out).unwrap();
         assert_eq!(&out[..n], b"7-%p-%x-%");
         assert_eq!(expand_path(b"%p%p%p%p", 1234567890, &mut out), None, "too long for the buffer");
+        let n = expand_with(b"s.%p.json", b"12.2", &mut out).unwrap();
+        assert_eq!(&out[..n], b"s.12.2.json");
     }
 
     #[test]
-    fn output_files_are_private_and_never_written_through_a_symlink() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("tm-files-link-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let victim = dir.join("victim");
-        std::fs::write(&victim, b"precious").unwrap();
-        let link = dir.join("out");
-        std::os::unix::fs::symlink(&victim, &link).unwrap();
-        assert_eq!(create_output(link.to_str().unwrap().as_bytes()), Err(libc::ELOOP));
-        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
-        let fresh = dir.join("fresh.%p");
-        let fd = create_output(fresh.to_str().unwrap().as_bytes()).unwrap();
-        close(fd).unwrap();
-        let written = dir.join(format!("fresh.{}", std::process::id()));
-        assert_eq!(std::fs::metadata(&written).unwrap().permissions().mode() & 0o777, 0o600);
-        std::fs::remove_dir_all(&dir).unwrap();
+    fn paths_split_into_directory_and_name() {
+        assert_eq!(split(b"a/b/c"), (&b"a/b"[..], &b"c"[..]));
+        assert_eq!(split(b"c"), (&b"."[..], &b"c"[..]));
+        assert_eq!(split(b"/c"), (&b"/"[..], &b"c"[..]));
+        assert_eq!(name(b""), Err(Refused::Os(libc::ENOENT)));
+        assert_eq!(name(b"a/b"), Err(Refused::Os(libc::EINVAL)));
+        assert_eq!(name(&[b'x'; 256]), Err(Refused::Os(libc::ENAMETOOLONG)));
     }
 
     #[test]
-    fn output_files_are_created_truncated_and_refuse_bad_paths() {
-        let dir = std::env::temp_dir().join(format!("tm-files-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("out");
-        std::fs::write(&path, b"old contents, longer").unwrap();
-        let fd = create_output(path.to_str().unwrap().as_bytes()).unwrap();
-        write_all(fd, b"new").unwrap();
-        close(fd).unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"new");
-        let mut cpath = path.to_str().unwrap().as_bytes().to_vec();
-        cpath.push(0);
-        let mut buf = [0u8; 16];
-        assert_eq!(read_small(&cpath, &mut buf), Some(3));
-        assert_eq!(read_small(path.to_str().unwrap().as_bytes(), &mut buf), None, "no NUL: refused");
-        assert_eq!(create_output(b""), Err(libc::ENOENT));
-        assert_eq!(create_output(b"a\0b"), Err(libc::EINVAL));
-        assert_eq!(create_output(&[b'x'; PATH_MAX_BYTES + 1]), Err(libc::ENAMETOOLONG));
-        assert_eq!(create_output(dir.join("no/such/dir").to_str().unwrap().as_bytes()), Err(libc::ENOENT));
-        std::fs::remove_dir_all(&dir).unwrap();
+    fn writes_count_what_went_out_and_kernel_files_read() {
+        let (r, w) = pipe();
+        write_all(w, b"hello").unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(unsafe { libc::read(r, buf.as_mut_ptr().cast(), 8) }, 5);
+        close(r).unwrap();
+        assert_eq!(write_counted(w, b"x"), Err((libc::EPIPE, 0)));
+        close(w).unwrap();
+        let mut comm = [0u8; 64];
+        assert!(read_small(b"/proc/self/comm\0", &mut comm).unwrap() > 0);
+        assert_eq!(read_small(b"/proc/self/comm", &mut comm), None, "no NUL: refused");
     }
 }

@@ -5,12 +5,14 @@
 
 pub mod bind;
 pub mod caller;
+pub mod claim;
 pub mod clock;
 pub mod cuda_runtime;
 pub mod cuda_driver;
 // Its user, tensormalloc.torch's raising allocation function, is not built for tests and the no-interpose harnesses.
 #[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]
 pub mod cxx_throw;
+pub mod dir;
 pub mod dlsym;
 pub mod env;
 pub mod files;

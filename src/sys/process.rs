@@ -1,4 +1,9 @@
-//! The calling thread's errno, its text, and the abort glibc answers a corrupted heap with.
+//! This process as the kernel knows it: the calling thread's errno and its text, the ids, when
+//! the process and this image started, its ancestors (/proc/PID/stat), its command name, and the
+//! abort glibc answers a corrupted heap with. Reads of /proc and /sys go through
+//! `read_kernel_file` here (sys/files.rs builds on this file, never the other way round).
+
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// The calling thread's errno.
 pub fn errno() -> i32 {
@@ -33,17 +38,70 @@ pub fn user_id() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// When this process started (wall ns; a forked child: its fork), for "written since it
-/// started" (Note [One file per process] in report/shared_path.rs).
-static STARTED_WALL_NS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+/// When this image started (wall ns: the library's load, or in a forked child its fork).
+static STARTED_WALL_NS: AtomicU64 = AtomicU64::new(0);
+/// The process's start in clock ticks after boot (/proc/self/stat field 22: the same across
+/// exec, new in a forked child), read once, when first needed (an output claims a name: by
+/// default a process reads no file); UNKNOWN until then, 0 when there is no /proc.
+static START_TICKS: AtomicU64 = AtomicU64::new(UNKNOWN);
+/// The process's start in wall ns, from START_TICKS (see `ticks_to_wall_ns`).
+static PROCESS_STARTED_WALL_NS: AtomicU64 = AtomicU64::new(0);
+const UNKNOWN: u64 = u64::MAX;
 
-/// At load, and in a forked child: this process starts now.
+/// At load, and in a forked child: this image starts now (the process's own start is read when
+/// first asked for).
 pub fn note_start() {
-    STARTED_WALL_NS.store(super::clock::wall_ns(), core::sync::atomic::Ordering::Relaxed);
+    STARTED_WALL_NS.store(super::clock::wall_ns(), Relaxed);
+    START_TICKS.store(UNKNOWN, Relaxed);
 }
 
+/// When this image started (wall ns).
 pub fn started_wall_ns() -> u64 {
-    STARTED_WALL_NS.load(core::sync::atomic::Ordering::Relaxed)
+    STARTED_WALL_NS.load(Relaxed)
+}
+
+/// Reads the process's start, once.
+fn read_start() -> u64 {
+    let ticks = START_TICKS.load(Relaxed);
+    if ticks != UNKNOWN {
+        return ticks;
+    }
+    let image = STARTED_WALL_NS.load(Relaxed);
+    let image = if image == 0 { super::clock::wall_ns() } else { image };
+    let ticks = stat_of(0).map_or(0, |s| s.start_ticks);
+    PROCESS_STARTED_WALL_NS.store(if ticks == 0 { image } else { ticks_to_wall_ns(ticks).min(image) }, Relaxed);
+    START_TICKS.store(ticks, Relaxed);
+    ticks
+}
+
+/// When this process started (wall ns; the same for every image it execs, to a clock tick).
+pub fn process_started_wall_ns() -> u64 {
+    read_start();
+    PROCESS_STARTED_WALL_NS.load(Relaxed)
+}
+
+/// This process's start in clock ticks after boot; with the pid it names the process (pids are
+/// reused, a start is not).
+pub fn start_ticks() -> u64 {
+    read_start()
+}
+
+/// Clock ticks per second, as /proc counts them.
+pub fn ticks_per_second() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(n).ok().filter(|&n| n > 0).unwrap_or(100)
+}
+
+/// A start in ticks after boot as wall ns: now (wall) less the time since it (CLOCK_BOOTTIME,
+/// which counts suspend as /proc's start times do). Rounded down to a tick.
+fn ticks_to_wall_ns(ticks: u64) -> u64 {
+    let mut boot = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut boot) };
+    let boot_ns = (boot.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(boot.tv_nsec as u64);
+    let start_ns = ticks.saturating_mul(1_000_000_000) / ticks_per_second();
+    super::clock::wall_ns().saturating_sub(boot_ns.saturating_sub(start_ns))
 }
 
 /// The parent process's id.
@@ -52,12 +110,110 @@ pub fn parent_id() -> u32 {
     unsafe { libc::getppid() as u32 }
 }
 
+/// What /proc/PID/stat says of a process: its parent and its start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub ppid: u32,
+    pub start_ticks: u64,
+}
+
+/// /proc/PID/stat of `pid` (0: this process); None when it is gone or unreadable.
+pub fn stat_of(pid: u32) -> Option<Stat> {
+    let mut path = [0u8; 32];
+    let mut digits = [0u8; 20];
+    let name: &[u8] = if pid == 0 { b"self" } else { decimal(u64::from(pid), &mut digits) };
+    let mut at = 0;
+    for &b in b"/proc/".iter().chain(name).chain(b"/stat") {
+        *path.get_mut(at)? = b;
+        at += 1;
+    }
+    let mut buf = [0u8; 512];
+    let n = read_kernel_file(path.get(..=at)?, &mut buf)?;
+    parse_stat(buf.get(..n)?)
+}
+
+/// The parent (field 4) and start (field 22) of a /proc/PID/stat line: fields are counted after
+/// the command's closing parenthesis (a command may hold spaces and parentheses itself).
+pub fn parse_stat(line: &[u8]) -> Option<Stat> {
+    let close = line.iter().rposition(|&b| b == b')')?;
+    // Field 3 (the state) is the first after ")"; the parent is the 2nd, the start the 20th.
+    let mut fields = line.get(close + 1..)?.split(|&b| b == b' ').filter(|f| !f.is_empty());
+    let ppid = number(fields.nth(1)?)?;
+    let start_ticks = number(fields.nth(17)?)?;
+    Some(Stat { ppid: u32::try_from(ppid).ok()?, start_ticks })
+}
+
+fn number(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| if d.is_ascii_digit() { n.checked_mul(10)?.checked_add(u64::from(d - b'0')) } else { None })
+}
+
+/// Whether process `pid` that started at `start_ticks` still lives (a reused pid is another).
+pub fn alive(pid: u32, start_ticks: u64) -> bool {
+    pid > 0 && stat_of(pid).is_some_and(|s| s.start_ticks == start_ticks)
+}
+
+/// Fills `out` with this process's ancestors, parent first: (pid, start ticks) up to pid 1 or
+/// as many as fit; their number.
+pub fn ancestors(out: &mut [(u32, u64)]) -> usize {
+    let mut pid = match stat_of(0) {
+        Some(s) => s.ppid,
+        None => return 0,
+    };
+    let mut n = 0;
+    while pid > 1 {
+        let (Some(slot), Some(s)) = (out.get_mut(n), stat_of(pid)) else { break };
+        *slot = (pid, s.start_ticks);
+        n += 1;
+        pid = s.ppid;
+    }
+    n
+}
+
+/// `v` in decimal, in the tail of `buf` (file names that carry a pid or a uid).
+pub fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut start = buf.len();
+    for slot in buf.iter_mut().rev() {
+        *slot = b'0' + (v % 10) as u8;
+        start -= 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    buf.get(start..).unwrap_or(&[])
+}
+
 /// This process's command name (/proc/self/comm: argv[0]'s base name, at most 15 bytes), in
 /// `buf`; empty when it cannot be read.
 pub fn command_name(buf: &mut [u8; 32]) -> &[u8] {
-    let n = super::files::read_small(b"/proc/self/comm\0", buf).unwrap_or(0);
+    let n = read_kernel_file(b"/proc/self/comm\0", buf).unwrap_or(0);
     let name = buf.get(..n).unwrap_or(&[]);
     name.strip_suffix(b"\n").unwrap_or(name)
+}
+
+/// Reads up to `buf.len()` bytes of a kernel file (/proc, /sys; `path` NUL-terminated) with one
+/// read(2), never blocking; the count read. None when it cannot be opened or is not a regular
+/// file (something mounted over /proc could put a FIFO there).
+pub fn read_kernel_file(path: &[u8], buf: &mut [u8]) -> Option<usize> {
+    if path.last() != Some(&0) {
+        return None;
+    }
+    // SAFETY: `path` is NUL-terminated; fstat fills a struct we own; read writes at most
+    // buf.len() bytes into buf.
+    unsafe {
+        let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY);
+        if fd < 0 {
+            return None;
+        }
+        let mut st: libc::stat = core::mem::zeroed();
+        let regular = libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG;
+        let n = if regular { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) } else { -1 };
+        libc::close(fd);
+        usize::try_from(n).ok()
+    }
 }
 
 /// Ends the process as glibc does on a bad free: SIGABRT.
@@ -76,5 +232,26 @@ mod tests {
         assert_eq!(errno(), libc::ENOMEM);
         let mut buf = [0u8; 128];
         assert_eq!(error_text(libc::ENOENT, &mut buf), "No such file or directory");
+    }
+
+    #[test]
+    fn stat_lines_are_read_after_the_command() {
+        let line = b"4242 (a (weird) name) S 17 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10\n";
+        assert_eq!(parse_stat(line), Some(Stat { ppid: 17, start_ticks: 987654 }));
+        assert_eq!(parse_stat(b"1 (x) S 0 1"), None, "cut before the start");
+        assert_eq!(parse_stat(b"no parenthesis"), None);
+    }
+
+    #[test]
+    fn this_process_has_a_start_and_ancestors() {
+        let me = stat_of(0).unwrap();
+        assert_eq!(me.ppid, parent_id());
+        assert!(alive(id(), me.start_ticks));
+        assert!(!alive(id(), me.start_ticks + 1), "another start: another process");
+        let mut out = [(0, 0); 8];
+        let n = ancestors(&mut out);
+        assert!(n >= 1 && out[0].0 == parent_id(), "{:?}", &out[..n]);
+        note_start();
+        assert!(process_started_wall_ns() <= started_wall_ns() && started_wall_ns() - process_started_wall_ns() < 3600 * 1_000_000_000);
     }
 }

@@ -1,0 +1,92 @@
+"""No torn trace (issue 35, item 4; Note [No torn trace] in src/record/trace.rs): a trace whose
+writes fail part way (a file size limit with SIGXFSZ ignored, a full tmpfs) ends at its last whole
+record, the program says so in one line and runs on, and `tensormalloc plot` draws what is there,
+saying how many records it read and that the file was cut. On the full disk the stats' counters,
+reserved on disk when their file was made, still hold every count though the JSON at exit finds
+no room (one line says so). A file closed at exit ends with its END record and draws silently."""
+import os
+import re
+import resource
+import signal
+
+import pytest
+
+from conftest import compile_c, ok, run
+from test_cli import ENV, PY
+
+REQUESTS = 5000
+LINE = re.compile(r"tensormalloc: TENSORMALLOC_TRACE: (\S+): ([^;]+); the trace ends at its last whole record \((\d+) records(, then a record saying it was cut)?\) and records no more")
+
+
+def check_cut(trace, out):
+    """The one line, the whole records, and what plot says of the file."""
+    lines = [line for line in out.stderr.splitlines() if "TENSORMALLOC_TRACE" in line]
+    assert len(lines) == 1, out.stderr
+    said = LINE.fullmatch(lines[0])
+    assert said, lines[0]
+    size = trace.stat().st_size
+    assert (size - 8) % 32 == 0, f"{size} bytes: a record cut in half"
+    records = (size - 8) // 32
+    assert records == int(said.group(3)) + (1 if said.group(4) else 0), (records, lines[0])
+    drawn = run([PY, "-m", "tensormalloc", "plot", str(trace), str(trace) + ".png"], preload=False, env=ENV, timeout=120)
+    assert drawn.returncode == 0, drawn.stderr
+    assert drawn.stderr.strip() == f"tensormalloc plot: {trace}: read {records} records; the file was cut: " + (
+        "by its writer: the file took no more (a full disk, or a file size limit)" if said.group(4)
+        else "it has no end record: its process was killed or is still running, or its disk filled"), drawn.stderr
+    allocs = int(re.search(r"allocs=(\d+)", drawn.stdout).group(1))
+    assert 0 < allocs < REQUESTS, drawn.stdout
+    return said
+
+
+def test_a_file_size_limit_cuts_the_trace_at_a_whole_record(tmp_path):
+    trace = tmp_path / "t.bin"
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    out = ok(run([compile_c("outputs"), "many", str(REQUESTS)], env={"TENSORMALLOC_TRACE": str(trace)}, preexec_fn=limited))
+    said = check_cut(trace, out)
+    assert said.group(2) == "File too large", said.group(0)
+
+
+def test_a_full_disk_cuts_the_trace_and_keeps_the_counts(tmp_path):
+    """A 64 KiB tmpfs mounted for the program alone (a mount namespace of its own; mapped root
+    where the test is not root): the trace fills it."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    root = [] if os.geteuid() == 0 else ["--map-root-user"]
+    keep = f"cp {disk}/t.bin {disk}/s.json {tmp_path}/"
+    script = f"mount -t tmpfs -o size=64k tmpfs {disk} && {compile_c('outputs')} many {REQUESTS}; rc=$?; {keep}; exit $rc"
+    out = ok(run(["unshare", "--mount", "--propagation", "private", *root, "sh", "-c", script],
+                 env={"TENSORMALLOC_TRACE": f"{disk}/t.bin", "TENSORMALLOC_STATS": f"json:{disk}/s.json"}))
+    said = check_cut(tmp_path / "t.bin", out)
+    assert said.group(2) == "No space left on device", said.group(0)
+    assert [line for line in out.stderr.splitlines() if "stats" in line] == [
+        f"tensormalloc: cannot write the stats to {disk}/s.json (No space left on device)"], out.stderr
+    import json
+    report = json.loads(ok(run([PY, "-m", "tensormalloc", "report", str(tmp_path / "s.json"), "--json"], preload=False, env=ENV)).stdout)
+    row = report["processes"][0]
+    assert (row["requests"], row["frees"], row["ended"], row["complete"]) == (REQUESTS, REQUESTS, "exit", True), row
+
+
+def test_a_trace_closed_at_exit_ends_with_its_end_record(tmp_path):
+    trace = tmp_path / "t.bin"
+    ok(run([compile_c("outputs"), "many", "10"], env={"TENSORMALLOC_TRACE": str(trace)}))
+    data = trace.read_bytes()
+    assert (len(data) - 8) % 32 == 0 and data[-8:-4] == bytes([2, 1, 0, 0]), "a sample (kind 2), op END (1), last"
+    drawn = ok(run([PY, "-m", "tensormalloc", "plot", str(trace), str(tmp_path / "t.png")], preload=False, env=ENV))
+    assert drawn.stderr == "" and "allocs=10 frees=10" in drawn.stdout, drawn
+
+
+@pytest.mark.parametrize("cut", [7, 32 * 3 + 5])
+def test_plot_says_a_record_was_cut_in_half(tmp_path, cut):
+    """A trace whose end was lost mid-record (written by an older version, or copied while
+    written): plot draws the whole records and says it was cut."""
+    trace = tmp_path / "t.bin"
+    ok(run([compile_c("outputs"), "many", "10"], env={"TENSORMALLOC_TRACE": str(trace)}))
+    data = trace.read_bytes()
+    trace.write_bytes(data[:len(data) - cut])
+    drawn = ok(run([PY, "-m", "tensormalloc", "plot", str(trace), str(tmp_path / "t.png")], preload=False, env=ENV))
+    whole = (len(data) - cut - 8) // 32
+    assert drawn.stderr.startswith(f"tensormalloc plot: {trace}: read {whole} records; the file was cut") and "part of a record" in drawn.stderr, drawn.stderr
