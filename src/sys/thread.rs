@@ -34,6 +34,21 @@ pub fn spawn(name: &core::ffi::CStr, main: fn() -> !) -> bool {
     }
 }
 
+/// Runs `f` with every signal blocked for this thread (SIGKILL and SIGSTOP excepted): a
+/// SIGTERM cannot land between two steps that must happen together.
+pub fn with_signals_held<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: masks of our own on the stack; the old mask is put back as it was.
+    unsafe {
+        let mut all: libc::sigset_t = core::mem::zeroed();
+        let mut was: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut was);
+        let r = f();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &was, core::ptr::null_mut());
+        r
+    }
+}
+
 /// Runs `hook` when the process exits, before the destructors of loaded libraries (glibc runs
 /// exit handlers in the reverse order of their registration, then those destructors). False
 /// when it cannot be registered. glibc may allocate its table entry (calloc) past the first 32.
