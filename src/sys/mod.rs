@@ -7,7 +7,9 @@ pub mod bind;
 pub mod caller;
 pub mod clock;
 pub mod cuda_runtime;
+pub mod cuda_backing;
 pub mod cuda_driver;
+pub mod cuda_shareable;
 // Its user, tensormalloc.torch's raising allocation function, is not built for tests and the no-interpose harnesses.
 #[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]
 pub mod cxx_throw;
@@ -29,3 +31,4 @@ pub mod shared_memory;
 pub mod stderr;
 pub mod stdio;
 pub mod thread;
+pub mod unix_socket;
