@@ -47,7 +47,7 @@ SETTINGS = (
     ("TENSORMALLOC_CUDA_RELEASE_BELOW", "10",
      "when less than this percent of a device's memory is free (the driver's figure: other processes need it), device segments idle for a second go back to the driver at once, not after TENSORMALLOC_CUDA_RELEASE_MS (0 to 100; 0: never)"),
     ("TENSORMALLOC_CUDA_SEGMENTS", "classic",
-     "classic: device segments from cuMemAlloc; expandable: reserved address ranges backed 2 MiB chunk by chunk (the driver's virtual memory API), so free memory between live blocks goes back to the driver and a request that fits in the device's free memory never fails for fragmentation (no legacy IPC handles for its blocks)"),
+     "classic: device segments from cuMemAlloc; expandable: reserved address ranges backed 2 MiB chunk by chunk (the driver's virtual memory API), so free memory between live blocks goes back to the driver and a request that fits in the device's free memory never fails for fragmentation (IPC handles of its blocks are tensormalloc's own, which a process under the preload opens)"),
     ("TENSORMALLOC_CUDA_NEIGHBOUR_WAIT_MS", "1000",
      "a device allocation that fails, our own cache given back, asks this user's other processes on the GPU to give back their idle segments and waits at most this long for their answers before retrying (0 to 60000 ms; 0: neither ask nor answer)"),
     ("TENSORMALLOC_LIB", "auto",
