@@ -12,9 +12,9 @@
 
 use super::handle::{ChunkRun, Handle};
 use crate::sys::unix_socket::{self, Peer, MAX_FDS};
-use crate::sys::{clock, files, process, thread};
+use crate::sys::{clock, files, process, shared_memory, thread};
 use core::ffi::c_int;
-use core::sync::atomic::{AtomicI32, AtomicPtr, AtomicU8, Ordering::{AcqRel, Acquire, Release}};
+use core::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, AtomicU8, Ordering::{AcqRel, Acquire, Release}};
 
 /// How long a peer waits for the exporter per message, and the exporter for a peer.
 const PEER_WAIT_NS: u64 = 5_000_000_000;
@@ -72,17 +72,50 @@ fn parse_answer(bytes: &[u8; 16]) -> Option<(u32, usize)> {
     (word(0)? == ANSWER_MAGIC).then_some((w as u32, (w >> 32) as usize))
 }
 
-/// The socket's abstract name for user `uid`'s exporting process `pid`.
-pub fn socket_name(uid: u32, pid: u32, out: &mut [u8; 64]) -> &[u8] {
+/// The socket's abstract name for user `uid`'s exporting process `pid`, whose channel took
+/// `nonce`: an abstract name is anyone's to bind, so a name another process could know in
+/// advance (uid and pid alone) could be held first by another user, and every export refused.
+pub fn socket_name(uid: u32, pid: u32, nonce: u64, out: &mut [u8; 64]) -> &[u8] {
     let (mut a, mut b) = ([0u8; 20], [0u8; 20]);
     let (uid, pid) = (files::decimal(u64::from(uid), &mut a), files::decimal(u64::from(pid), &mut b));
+    let mut hex = [0u8; 16];
+    for (k, d) in hex.iter_mut().enumerate() {
+        let digit = ((nonce >> (60 - 4 * k)) & 15) as u8;
+        *d = if digit < 10 { b'0' + digit } else { b'a' + digit - 10 };
+    }
     let mut n = 0;
-    for (slot, &c) in out.iter_mut().zip(b"tensormalloc-ipc-".iter().chain(uid).chain(b"-").chain(pid)) {
+    for (slot, &c) in out.iter_mut().zip(b"tensormalloc-ipc-".iter().chain(uid).chain(b"-").chain(pid).chain(b"-").chain(&hex)) {
         *slot = c;
         n += 1;
     }
     out.get(..n).unwrap_or(&[])
 }
+
+/// How many names the channel tries before it gives up (each taken: another process holds it).
+const NAME_TRIES: usize = 8;
+
+/// Listens on the first free name of `tries` nonces (`next` gives each, never 0): the
+/// listener and its nonce, or the last errno.
+fn listen_on_fresh_name(uid: u32, pid: u32, mut next: impl FnMut() -> u64, tries: usize) -> Result<(i32, u64), i32> {
+    let mut last = libc::EADDRINUSE;
+    for _ in 0..tries {
+        let nonce = next().max(1);
+        let mut buf = [0u8; 64];
+        match unix_socket::listen(socket_name(uid, pid, nonce, &mut buf)) {
+            Ok(fd) => return Ok((fd, nonce)),
+            Err(libc::EADDRINUSE) => last = libc::EADDRINUSE,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last)
+}
+
+/// The nonce this process's channel listens under (0: it serves none).
+pub fn name_nonce() -> u64 {
+    NONCE.load(Acquire)
+}
+
+static NONCE: AtomicU64 = AtomicU64::new(0);
 
 /// What the serving thread answers with (the device layer's `exported_fds`, set by the route):
 /// duplicates of the descriptors of the chunks from the `first`-th on of `run`'s block, exported
@@ -121,10 +154,10 @@ pub fn serve(fds: FdsFn) -> Result<(), Unavailable> {
                 return Err(if e == 0 { Unavailable::NoThread } else { Unavailable::Socket(e) });
             }
             UNTRIED if SERVER.compare_exchange(UNTRIED, STARTING, AcqRel, Acquire).is_ok() => {
-                let mut buf = [0u8; 64];
-                let outcome = match unix_socket::listen(socket_name(process::user_id(), process::id(), &mut buf)) {
+                let outcome = match listen_on_fresh_name(process::user_id(), process::id(), shared_memory::random_u64, NAME_TRIES) {
                     Err(e) => Err(e),
-                    Ok(listener) => {
+                    Ok((listener, nonce)) => {
+                        NONCE.store(nonce, Release);
                         LISTENER.store(listener, Release);
                         if thread::spawn(c"tensormalloc-ip", serve_forever) {
                             Ok(())
@@ -211,7 +244,7 @@ pub enum Fetch {
 pub fn fetch(h: &Handle, chunks: u64, mut map: impl FnMut(u64, i32) -> Result<(), c_int>) -> Result<(), Fetch> {
     let me = process::user_id();
     let mut buf = [0u8; 64];
-    let conn = unix_socket::connect(socket_name(me, h.pid, &mut buf)).map_err(Fetch::Unreachable)?;
+    let conn = unix_socket::connect(socket_name(me, h.pid, h.channel, &mut buf)).map_err(Fetch::Unreachable)?;
     unix_socket::set_timeouts(conn, PEER_WAIT_NS);
     let result = (|| {
         match unix_socket::peer(conn) {
@@ -259,6 +292,7 @@ pub fn after_fork_in_child() {
     if listener >= 0 {
         let _ = files::close(listener);
     }
+    NONCE.store(0, Release);
     SERVER.store(UNTRIED, Release);
     WHY_NOT.store(0, Release);
 }
@@ -277,6 +311,21 @@ mod tests {
         assert_eq!(parse_answer(&answer(SENT, 33)), Some((SENT, 33)));
         assert_eq!(parse_answer(&[7; 16]), None);
         let mut buf = [0u8; 64];
-        assert_eq!(socket_name(1000, 4242, &mut buf), b"tensormalloc-ipc-1000-4242");
+        assert_eq!(socket_name(1000, 4242, 0x0123_4567_89ab_cdef, &mut buf), b"tensormalloc-ipc-1000-4242-0123456789abcdef");
+    }
+
+    #[test]
+    fn a_name_another_process_holds_is_passed_over_for_a_fresh_one() {
+        let (uid, pid) = (process::user_id(), 0x7fff_fff0 - process::id() % 1000);
+        let mut buf = [0u8; 64];
+        let held = unix_socket::listen(socket_name(uid, pid, 0xaaaa, &mut buf)).expect("a free abstract name");
+        let mut nonces = [0xaaaa, 0xbbbb].into_iter();
+        let (fd, nonce) = listen_on_fresh_name(uid, pid, || nonces.next().unwrap_or(0xcccc), NAME_TRIES).expect("the second name");
+        assert_eq!(nonce, 0xbbbb);
+        let again = listen_on_fresh_name(uid, pid, || 0xaaaa, 3);
+        assert_eq!(again, Err(libc::EADDRINUSE), "every name tried is held: the errno, no listener");
+        for f in [held, fd] {
+            let _ = files::close(f);
+        }
     }
 }

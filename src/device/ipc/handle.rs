@@ -20,12 +20,15 @@ pub struct Handle {
     /// The block's size and its offset in its segment.
     pub size: u64,
     pub offset: u64,
+    /// The exporter's channel (device/ipc/channel.rs): the unpredictable part of its socket's
+    /// name, so that no other process can hold that name first (0: it serves none).
+    pub channel: u64,
 }
 
 fn checksum(h: &Handle) -> u64 {
     // A mix of every field (no secret: it tells our bytes from others', not a forgery).
     let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (u64::from(h.pid) << 32 | u64::from(h.entry));
-    for v in [h.token, h.size, h.offset] {
+    for v in [h.token, h.size, h.offset, h.channel] {
         x = (x ^ v).wrapping_mul(0xbf58_476d_1ce4_e5b9).rotate_left(31);
     }
     x
@@ -34,7 +37,7 @@ fn checksum(h: &Handle) -> u64 {
 impl Handle {
     pub fn encode(&self) -> [u8; 64] {
         let mut out = [0u8; 64];
-        let fields: [&[u8]; 7] = [&MAGIC, &self.pid.to_le_bytes(), &self.entry.to_le_bytes(), &self.token.to_le_bytes(), &self.size.to_le_bytes(), &self.offset.to_le_bytes(), &checksum(self).to_le_bytes()];
+        let fields: [&[u8]; 8] = [&MAGIC, &self.pid.to_le_bytes(), &self.entry.to_le_bytes(), &self.token.to_le_bytes(), &self.size.to_le_bytes(), &self.offset.to_le_bytes(), &checksum(self).to_le_bytes(), &self.channel.to_le_bytes()];
         let mut at = 0;
         for f in fields {
             if let Some(dst) = out.get_mut(at..at + f.len()) {
@@ -52,8 +55,8 @@ impl Handle {
         }
         let u32_at = |at: usize| bytes.get(at..at + 4).and_then(|b| b.try_into().ok()).map(u32::from_le_bytes);
         let u64_at = |at: usize| bytes.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
-        let h = Handle { pid: u32_at(8)?, entry: u32_at(12)?, token: u64_at(16)?, size: u64_at(24)?, offset: u64_at(32)? };
-        let rest_zero = bytes.get(48..)?.iter().all(|&b| b == 0);
+        let h = Handle { pid: u32_at(8)?, entry: u32_at(12)?, token: u64_at(16)?, size: u64_at(24)?, offset: u64_at(32)?, channel: u64_at(48)? };
+        let rest_zero = bytes.get(56..)?.iter().all(|&b| b == 0);
         (u64_at(40)? == checksum(&h) && rest_zero && h.token != 0).then_some(h)
     }
 
@@ -130,7 +133,7 @@ mod tests {
 
     #[test]
     fn a_handle_survives_its_bytes_and_nothing_else_decodes() {
-        let h = Handle { pid: 4242, entry: 17, token: 0xdead_beef_1234, size: 4096, offset: 6 << 20 };
+        let h = Handle { pid: 4242, entry: 17, token: 0xdead_beef_1234, size: 4096, offset: 6 << 20, channel: 0x5eed };
         let bytes = h.encode();
         assert_eq!(Handle::decode(&bytes), Some(h));
         for i in 0..48 {

@@ -109,7 +109,7 @@ pub fn publish(what: &Published) -> Option<(Handle, u32)> {
         }
         return None;
     };
-    Some((Handle { pid: me, entry, token, size: what.size, offset: what.offset }, entry))
+    Some((Handle { pid: me, entry, token, size: what.size, offset: what.offset, channel: channel::name_nonce() }, entry))
 }
 
 /// Says once, at the first handle of ours, that such handles need the preload in the receiver.
@@ -126,7 +126,7 @@ pub fn say_ours() {
 pub fn handle_of(entry: u32, what: &Published) -> Option<Handle> {
     let me = process::id();
     let token = registry()?.token(entry, me)?;
-    Some(Handle { pid: me, entry, token, size: what.size, offset: what.offset })
+    Some(Handle { pid: me, entry, token, size: what.size, offset: what.offset, channel: channel::name_nonce() })
 }
 
 /// The block entry `entry` names was freed (or its context ended): later opens of its handle

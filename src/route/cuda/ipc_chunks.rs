@@ -91,7 +91,7 @@ fn say_unreachable(h: &Handle, why: Fetch) {
     }
     let mut buf = [0u8; 128];
     let mut name = [0u8; 64];
-    let name = core::str::from_utf8(channel::socket_name(process::user_id(), h.pid, &mut name)).unwrap_or("");
+    let name = core::str::from_utf8(channel::socket_name(process::user_id(), h.pid, h.channel, &mut name)).unwrap_or("");
     let text = match why {
         Fetch::WrongPeer(p) => {
             crate::warn_line!(
