@@ -10,8 +10,9 @@ pub const GIB: u64 = 1 << 30;
 pub const TIB: u64 = 1 << 40;
 
 /// Most cached host blocks the fixed-size cache can hold (`TENSORMALLOC_CACHE_BLOCKS` ceiling):
-/// room for 16 threads each keeping 4 large blocks (bench-numpy's churn sweep).
-pub const MAX_CACHE_BLOCKS: usize = 128;
+/// room for 16 threads each keeping 4 large blocks (bench-numpy's churn sweep), and for the
+/// mid-size tensors of a training step (hundreds from 128 KiB up).
+pub const MAX_CACHE_BLOCKS: usize = 1024;
 pub const STATS_PATH_MAX: usize = 256;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -244,7 +245,7 @@ pub static OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "TENSORMALLOC_CACHE_BLOCKS",
         default: "auto",
-        doc: "most freed large blocks kept for reuse (0 to 128; 0 turns the cache off); auto: as many as were live at the recent peak, at least 16",
+        doc: "most freed large blocks kept for reuse (0 to 1024; 0 turns the cache off); auto: as many as were live at the recent peak, at least 16",
         apply: |c, v| auto_or(v, |v| parse_u64_in(v, 0, MAX_CACHE_BLOCKS as u64, Unit::Count)).map(|n| c.cache_blocks = n.map(|n| n as usize)),
     },
     OptionSpec {
@@ -645,7 +646,7 @@ mod tests {
     fn out_of_range_is_rejected() {
         let mut c = Config::default();
         assert!(c.apply(b"TENSORMALLOC_THRESHOLD", b"1K").is_err());
-        assert!(c.apply(b"TENSORMALLOC_CACHE_BLOCKS", b"129").is_err());
+        assert!(c.apply(b"TENSORMALLOC_CACHE_BLOCKS", b"1025").is_err());
         assert!(c.apply(b"TENSORMALLOC_CUDA_LIMIT", b"0%").is_err());
         assert!(c.apply(b"TENSORMALLOC_CUDA_LIMIT", b"101%").is_err());
         assert_eq!(c, Config::default());
@@ -657,7 +658,7 @@ mod tests {
         let mut c = Config::default();
         let cases: [(&[u8], &[u8], &str); 6] = [
             (b"TENSORMALLOC_THRESHOLD", b"1K", "out of range (allowed: 4K to 1T); using the default 4M"),
-            (b"TENSORMALLOC_CACHE_BLOCKS", b"129", "out of range (allowed: 0 to 128); using the default auto"),
+            (b"TENSORMALLOC_CACHE_BLOCKS", b"1025", "out of range (allowed: 0 to 1024); using the default auto"),
             (b"TENSORMALLOC_MAX_WASTE", b"101", "out of range (allowed: 0 to 100)"),
             (b"TENSORMALLOC_RELEASE_MS", b"86400001", "out of range (allowed: 0 to 86400000 ms)"),
             (b"TENSORMALLOC_CUDA_LIMIT", b"0%", "out of range (allowed: 1% to 100%)"),

@@ -86,7 +86,8 @@
 // as before. `free` and `dontneed` fix the choice. The report and `stats()` split the cache into
 // resident (hot) and lazily freed bytes so RSS can be read against them.
 
-use super::cache::{BlockCache, CacheLimits, Live, Part, Parts};
+use super::cache::{BlockCache, CacheLimits, Live, Part, Parts, Taken};
+use super::tally::{CallTimer, Tally};
 use super::registry::{Birth, Owner, PageChange, Registry};
 use crate::backing::{Moved, PageMemory, Presence, TableSource, BLOCK_ALIGN};
 use crate::config::{Config, HugePages, Release, MAX_CACHE_BLOCKS};
@@ -143,7 +144,11 @@ pub struct HostLayer<M: PageMemory> {
     /// forgotten its parent's cache (Note [Fork handlers that allocate]).
     fork_pid: AtomicU32,
     forgotten_in: AtomicU32,
+    /// Timestamps: when a block was born, freed, due (the coarse clock: Note [Timing one call
+    /// in 64] in host/tally.rs).
     clock: fn() -> u64,
+    /// The timing table's clock (precise).
+    precise: fn() -> u64,
     background: Background,
     pub stats: HostStats,
 }
@@ -208,6 +213,8 @@ fn hugepages_code(h: HugePages) -> u8 {
 }
 
 impl<M: PageMemory> HostLayer<M> {
+    /// `clock` gives the timestamps (when blocks are born, freed and due); the timing table
+    /// reads the precise monotonic clock.
     pub const fn new(memory: M, table_source: TableSource, clock: fn() -> u64, background: Background) -> Self {
         const DEFAULTS: CacheLimits = limits_from(&Config::DEFAULT, 4 << 30, u64::MAX);
         HostLayer {
@@ -225,6 +232,7 @@ impl<M: PageMemory> HostLayer<M> {
             forgotten_in: AtomicU32::new(NO_PROCESS),
             hugepages: AtomicU8::new(0),
             clock,
+            precise: crate::sys::clock::now_ns,
             background,
             stats: HostStats::new(),
         }
@@ -326,7 +334,7 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     fn timed<T>(&self, phase: &PhaseTimer, f: impl FnOnce() -> T) -> T {
-        crate::record::stats::timed_by(self.clock, phase, f)
+        crate::record::stats::timed_by(self.precise, phase, f)
     }
 
     fn unmap_all(&self, ranges: &RangeList) {
@@ -437,30 +445,40 @@ impl<M: PageMemory> HostLayer<M> {
     /// two); zero-filled when `zeroed`; `holder` is its holder word (Note [Holders]). `None`
     /// means out of memory.
     pub fn alloc(&self, size: usize, align: usize, zeroed: bool, holder: u64) -> Option<usize> {
-        let start = (self.clock)();
-        let birth = Birth { ns: start, holder };
-        let out = self.alloc_untimed(size, align, zeroed, birth);
-        self.stats.phases.alloc.record((self.clock)().saturating_sub(start));
-        let (addr, len, outcome) = out?;
-        self.record_alloc(addr, len, size, outcome, birth);
+        let mut timer = CallTimer::begin(self.stats.requests.get(), self.precise);
+        let birth = Birth { ns: (self.clock)(), holder };
+        let out = self.alloc_untimed(size, align, zeroed, birth, &mut timer);
+        let (addr, len, found) = match out {
+            Some(o) => o,
+            None => {
+                timer.exact(self.precise);
+                timer.finish(self.precise, &[&self.stats.phases.alloc]);
+                return None;
+            }
+        };
+        self.registry.set_asked(addr, size as u64);
+        record::alloc(Block::host(addr as u64, len as u64, size as u64, holder), found);
+        let phases = &self.stats.phases;
+        if found == Found::Hit {
+            timer.finish(self.precise, &[&phases.alloc, &phases.alloc_hit]);
+        } else {
+            timer.finish(self.precise, &[&phases.alloc]);
+        }
         Some(addr)
     }
 
-    // Note [One recording point] (record/mod.rs): a block's event is recorded in record_alloc,
+    // Note [One recording point] (record/mod.rs): a block's event is recorded in alloc,
     // record_free and record_resize, with its mapped length; beside it, the live figures the
-    // cache's bounds follow.
+    // cache's bounds follow, in the tally (Note [Figures under the lock] in host/tally.rs).
 
-    fn record_alloc(&self, addr: usize, len: usize, asked: usize, found: Found, birth: Birth) {
-        self.stats.live.add(len as u64);
-        self.stats.live_blocks.add(1);
-        self.registry.set_asked(addr, asked as u64);
-        record::alloc(Block::host(addr as u64, len as u64, asked as u64, birth.holder), found);
+    /// A block mapped or gathered outside the lock became live.
+    fn went_live(&self, len: usize) {
+        let mut cache = self.cache();
+        cache.tally.went_live(len);
+        cache.tally.publish(&self.stats);
     }
 
     fn record_free(&self, addr: usize, len: usize, holder: u64) {
-        self.stats.frees.add(1);
-        self.stats.live.sub(len as u64);
-        self.stats.live_blocks.sub(1);
         record::free(Block::host(addr as u64, len as u64, self.registry.asked(addr), holder));
     }
 
@@ -468,69 +486,95 @@ impl<M: PageMemory> HostLayer<M> {
     /// through alloc and free.
     /// `was_asked`: what the block was asked for before.
     fn record_resize(&self, (addr, len, was_asked): (usize, usize, u64), (moved, need): (usize, usize), asked: usize, birth: Birth) {
-        if need >= len {
-            self.stats.live.add((need - len) as u64);
-        } else {
-            self.stats.live.sub((len - need) as u64);
+        {
+            let mut cache = self.cache();
+            cache.tally.resized(len, need);
+            cache.tally.publish(&self.stats);
         }
         self.registry.set_asked(moved, asked as u64);
         record::resize(Block::host(addr as u64, len as u64, was_asked, birth.holder), Block::host(moved as u64, need as u64, asked as u64, birth.holder));
     }
 
     /// The block, its mapped length and how it was found.
-    fn alloc_untimed(&self, size: usize, align: usize, zeroed: bool, birth: Birth) -> Option<(usize, usize, Found)> {
-        self.stats.requests.add(1);
-        let (need, granule) = self.block_shape(size)?;
-        let align = align.max(BLOCK_ALIGN);
-        let hit_start = (self.clock)();
-        let (taken, forking) = {
+    fn alloc_untimed(&self, size: usize, align: usize, zeroed: bool, birth: Birth, timer: &mut CallTimer) -> Option<(usize, usize, Found)> {
+        let Some((need, granule)) = self.block_shape(size) else {
             let mut cache = self.cache();
+            cache.tally.requests += 1;
+            cache.tally.publish(&self.stats);
+            return None;
+        };
+        let align = align.max(BLOCK_ALIGN);
+        let taken = {
+            let mut cache = self.cache();
+            cache.tally.requests += 1;
             let taken = cache.take(need, align);
+            // Note [Fork at the fork]: only during a fork may a cached block be kept from
+            // children; then it is counted once readmitted.
+            let forking = self.forking.load(Relaxed);
             if let Some(t) = &taken {
                 // The leaf exists: the block was recorded as cached.
-                let _ = self.registry.set_live(t.addr, t.len, Birth { ns: hit_start, ..birth });
+                let _ = self.registry.set_live(t.addr, t.len, birth);
                 if let Some(tail) = t.tail_kept {
                     let _ = self.registry.set_cached(tail.addr, tail.len);
                 }
                 self.stats.cached.set(cache.cached_bytes() as u64);
+                if !forking {
+                    Self::count_hit(&mut cache.tally, t);
+                }
             }
-            (taken, self.forking.load(Relaxed))
+            cache.tally.publish(&self.stats);
+            taken.map(|t| (t, forking))
         };
-        // Note [Fork at the fork]: only during a fork may a cached block be kept from children.
-        let taken = taken.filter(|t| !forking || self.readmit_or_drop(t.addr, t.len));
-        if let Some(t) = taken {
-            if t.tail_kept.is_some() {
-                self.stats.splits.add(1);
+        let taken = taken.filter(|&(t, forking)| {
+            if !forking {
+                return true;
             }
+            timer.exact(self.precise);
+            let kept = self.readmit_or_drop(t.addr, t.len);
+            if kept {
+                let mut cache = self.cache();
+                Self::count_hit(&mut cache.tally, &t);
+                cache.tally.publish(&self.stats);
+            }
+            kept
+        });
+        if let Some((t, _)) = taken {
             if zeroed && !t.known_zero {
+                timer.exact(self.precise);
                 self.zero_reused(t.addr, size, t.len);
             }
-            self.stats.hits.add(1);
-            self.stats.hit_bytes.add(t.len as u64);
-            if t.was_released {
-                self.stats.hits_after_release.add(1);
-            }
-            self.stats.phases.alloc_hit.record((self.clock)().saturating_sub(hit_start));
             return Some((t.addr, t.len, Found::Hit));
         }
 
-        if let Some((addr, dirty)) = self.gather_cached(need, align.max(granule), Birth { ns: hit_start, ..birth }) {
+        timer.exact(self.precise);
+        if let Some((addr, dirty)) = self.gather_cached(need, align.max(granule), birth) {
             if zeroed {
                 // Only the moved parts may hold data; the rest of the mapping is fresh.
                 for part in dirty.iter() {
                     self.zero_reused(part.addr, (addr + size).saturating_sub(part.addr).min(part.len), part.len);
                 }
             }
+            self.went_live(need);
             return Some((addr, need, Found::Grown));
         }
         self.stats.misses.add(1);
         let addr = self.timed(&self.stats.phases.alloc_map, || self.map_fresh(need, align.max(granule)))?;
-        if !self.registry.set_live(addr, need, Birth { ns: hit_start, ..birth }) {
+        if !self.registry.set_live(addr, need, birth) {
             self.memory.unmap(addr, need);
             self.stats.map_failures.add(1);
             return None;
         }
+        self.went_live(need);
         Some((addr, need, Found::Miss))
+    }
+
+    /// Under the cache lock: a block taken from the cache is live.
+    fn count_hit(tally: &mut Tally, t: &Taken) {
+        tally.hits += 1;
+        tally.hit_bytes += t.len as u64;
+        tally.hits_after_release += u64::from(t.was_released);
+        tally.splits += u64::from(t.tail_kept.is_some());
+        tally.went_live(t.len);
     }
 
     /// A miss that cached blocks can still serve together: their pages move into a fresh
@@ -559,7 +603,7 @@ impl<M: PageMemory> HostLayer<M> {
     fn move_into_new_mapping(&self, parts: &Parts, need: usize, align: usize, birth: Birth) -> Option<(usize, RangeList)> {
         let Some(dest) = self.map_recordable(need, align) else {
             for part in parts.iter() {
-                self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), Live::default());
+                self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), false, &mut CallTimer::untimed());
             }
             return None;
         };
@@ -569,7 +613,7 @@ impl<M: PageMemory> HostLayer<M> {
         let mut lost = None;
         for part in parts.iter() {
             if lost.is_some() {
-                self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), Live::default());
+                self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), false, &mut CallTimer::untimed());
             } else {
                 let to = dest + offset;
                 lost = self.move_part(*part, to, &mut dirty);
@@ -616,18 +660,18 @@ impl<M: PageMemory> HostLayer<M> {
                 None
             }
             Moved::DestinationLost => {
-                self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), Live::default());
+                self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), false, &mut CallTimer::untimed());
                 Some(Range { addr: to, len: part.len })
             }
             Moved::Refused => {
                 let half = (part.len / 2) & !(HUGE_PAGE - 1);
                 let second = Part { addr: part.addr + half, len: part.len - half, ..part };
                 if half == 0 {
-                    self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), Live::default());
+                    self.cache_block(part.addr, part.len, part.known_zero, (self.clock)(), false, &mut CallTimer::untimed());
                     return None;
                 }
                 if let Some(gone) = self.move_part(Part { len: half, ..part }, to, dirty) {
-                    self.cache_block(second.addr, second.len, second.known_zero, (self.clock)(), Live::default());
+                    self.cache_block(second.addr, second.len, second.known_zero, (self.clock)(), false, &mut CallTimer::untimed());
                     return Some(gone);
                 }
                 self.move_part(second, to + half, dirty)
@@ -681,33 +725,48 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// Takes back a live block (`owner` said `Live { len }`).
     pub fn free(&self, addr: usize, len: usize) {
-        let start = (self.clock)();
-        // Live before this free: the bounds follow its peak, reached just before some free.
-        let live = Live { bytes: self.stats.live.current() as usize, blocks: self.stats.live_blocks.current() as usize };
+        let mut timer = CallTimer::begin(self.stats.frees.get(), self.precise);
+        let now = (self.clock)();
         self.record_free(addr, len, self.registry.birth(addr).holder);
         // Note [Pages the program changed]: most blocks need no system call here.
         let (changed, replaced) = self.registry.changes(addr);
         let reset = changed || self.reset_always.load(Relaxed);
+        if reset {
+            timer.exact(self.precise);
+        }
         if !replaced && (!reset || self.memory.reset_for_cache(addr, len)) {
             if reset {
                 self.stats.resets.add(1);
             }
-            self.cache_block(addr, len, false, start, live);
+            self.cache_block(addr, len, false, now, true, &mut timer);
         } else {
             // Never reused: part of it is gone or it is sealed. Whatever is still ours goes.
+            timer.exact(self.precise);
+            {
+                let mut cache = self.cache();
+                cache.tally.frees += 1;
+                cache.tally.left(len);
+                cache.tally.publish(&self.stats);
+            }
             self.registry.clear(addr);
             self.unmap_all(&single(Range { addr, len }));
             self.stats.unresettable.add(1);
         }
-        self.stats.phases.free.record((self.clock)().saturating_sub(start));
+        timer.finish(self.precise, &[&self.stats.phases.free]);
     }
 
     /// Offers a block that is ours and in no record (a freed one, or a part that could not be
-    /// gathered) to the cache at time `now_ns`; unmaps what leaves it. `live`: live large
-    /// memory before a free.
-    fn cache_block(&self, addr: usize, len: usize, zero: bool, now_ns: u64, live: Live) {
+    /// gathered) to the cache at time `now_ns`; unmaps what leaves it. `freed`: the program
+    /// freed it (a live block leaves; the bounds follow what was live before).
+    fn cache_block(&self, addr: usize, len: usize, zero: bool, now_ns: u64, freed: bool, timer: &mut CallTimer) {
         let (accepted, unmaps, due_ns) = {
             let mut cache = self.cache();
+            // Live before this free: the bounds follow its peak, reached just before some free.
+            let live = if freed { Live { bytes: cache.tally.live_bytes as usize, blocks: cache.tally.live_blocks as usize } } else { Live::default() };
+            if freed {
+                cache.tally.frees += 1;
+                cache.tally.left(len);
+            }
             let due_ns = now_ns.saturating_add(cache.limits().release_after_ns.min(cache.limits().expire_after_ns));
             let inserted = cache.insert(addr, len, zero, now_ns, live);
             // The merged block's records: its parts' go, then its own (the leaves exist: its
@@ -727,17 +786,28 @@ impl<M: PageMemory> HostLayer<M> {
                     self.memory.keep_from_fork(inserted.block.addr, inserted.block.len);
                 }
             }
-            for r in inserted.evicted.iter() {
+            for r in cache.evicted(&inserted) {
                 self.registry.clear(r.addr);
             }
             self.stats.cached.set(cache.cached_bytes() as u64);
-            let mut leaving = inserted.evicted;
-            if !inserted.accepted {
-                leaving.push(inserted.block);
-            }
-            (inserted.accepted, self.defer_unmaps(&mut cache, &leaving), due_ns)
+            cache.tally.publish(&self.stats);
+            // Most frees leave nothing to unmap: no list is built for them.
+            let unmaps = (inserted.evicted > 0 || !inserted.accepted).then(|| {
+                let mut leaving = RangeList::new();
+                for r in cache.evicted(&inserted) {
+                    leaving.push(*r);
+                }
+                if !inserted.accepted {
+                    leaving.push(inserted.block);
+                }
+                self.defer_unmaps(&mut cache, &leaving)
+            });
+            (inserted.accepted, unmaps, due_ns)
         };
-        self.finish_unmaps(unmaps);
+        if let Some(unmaps) = unmaps {
+            timer.exact(self.precise);
+            self.finish_unmaps(unmaps);
+        }
         if accepted {
             (self.background.on_cached)(due_ns);
         }
@@ -747,9 +817,9 @@ impl<M: PageMemory> HostLayer<M> {
     /// fits, by mremap otherwise (no copy), by copying as a last resort. `None` leaves the
     /// block as it was.
     pub fn resize(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
-        let start = (self.clock)();
+        let start = (self.precise)();
         let out = self.resize_untimed(addr, len, new_size);
-        self.stats.phases.realloc.record((self.clock)().saturating_sub(start));
+        self.stats.phases.realloc.record((self.precise)().saturating_sub(start));
         out
     }
 
@@ -801,18 +871,25 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// Unmaps every cached block now; returns the bytes given back.
     pub fn trim(&self) -> usize {
-        let (drained, transit) = {
-            let mut cache = self.cache();
-            let drained = cache.drain();
-            for r in drained.iter() {
-                self.registry.clear(r.addr);
+        let mut bytes = 0;
+        loop {
+            let (drained, transit) = {
+                let mut cache = self.cache();
+                let drained = cache.drain();
+                for r in drained.iter() {
+                    self.registry.clear(r.addr);
+                }
+                self.stats.cached.set(cache.cached_bytes() as u64);
+                (drained, self.transit())
+            };
+            self.unmap_all(&drained);
+            drop(transit);
+            if drained.is_empty() {
+                break;
             }
-            self.stats.cached.set(cache.cached_bytes() as u64);
-            (drained, self.transit())
-        };
-        self.unmap_all(&drained);
-        drop(transit);
-        drained.total_bytes() + self.unmap_deferred()
+            bytes += drained.total_bytes();
+        }
+        bytes + self.unmap_deferred()
     }
 
     /// Releases and expires idle blocks; returns when it next has work (monotonic ns).
@@ -840,7 +917,7 @@ impl<M: PageMemory> HostLayer<M> {
             self.stats.unmapped_bytes.add(r.len as u64);
         }
         drop(transit);
-        let mut zeroed = [false; MAX_CACHE_BLOCKS + 1];
+        let mut zeroed = [false; RangeList::CAPACITY];
         for (r, zero) in due.release.iter().zip(zeroed.iter_mut()) {
             *zero = self.timed(&self.stats.phases.release, || if drop_pages { self.memory.discard(r.addr, r.len) } else { self.memory.release(r.addr, r.len) });
             self.stats.released_blocks.add(1);
@@ -890,12 +967,12 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     fn forget_blocks_of_parent(&self, cache: &mut BlockCache) {
-        for r in cache.forget_all().iter() {
-            self.registry.clear(r.addr);
-        }
+        cache.forget_all(|r| self.registry.clear(r.addr));
         self.transit.store(0, Relaxed); // the threads that had ranges in transit are not here
         self.stats.cached.set(0);
-        self.forget_blocks_kept_from_children();
+        cache.tally.restart();
+        self.forget_blocks_kept_from_children(&mut cache.tally);
+        cache.tally.publish(&self.stats);
         self.stats.deferred.set(0);
     }
 
@@ -903,7 +980,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// in part). Its record goes when its first page is missing (a free of it then fails as under
     /// glibc alone, and a mapping the child makes there is never taken for ours); a block missing
     /// only in part is never reused (its free unmaps what is left).
-    fn forget_blocks_kept_from_children(&self) {
+    fn forget_blocks_kept_from_children(&self, tally: &mut Tally) {
         self.registry.for_each_kept_from_children(|addr, len| match self.memory.presence(addr, len) {
             Presence::All => {}
             Presence::Part => self.registry.note_change(addr, len, PageChange::Replaced),
@@ -911,8 +988,7 @@ impl<M: PageMemory> HostLayer<M> {
                 let asked = self.registry.asked(addr);
                 let holder = self.registry.birth(addr).holder;
                 self.registry.clear(addr);
-                self.stats.live.sub(len as u64);
-                self.stats.live_blocks.sub(1);
+                tally.left(len);
                 record::forgotten(Block::host(addr as u64, len as u64, asked, holder));
             }
         });
