@@ -132,7 +132,9 @@ impl Default for Config {
 impl Config {
     pub const DEFAULT: Config = Config {
             disabled: false,
-            threshold_bytes: 4 * MIB,
+            // glibc's own mmap threshold: from here up glibc maps and unmaps every block (until
+            // its threshold rises past one), so the loop of a training step faults (issue 38).
+            threshold_bytes: 128 * KIB,
             cache_blocks: None,
             cache_bytes: None,
             release_ms: 1000,
@@ -238,7 +240,7 @@ pub static OPTIONS: &[OptionSpec] = &[
     },
     OptionSpec {
         name: "TENSORMALLOC_THRESHOLD",
-        default: "4M",
+        default: "128K",
         doc: "requests of this size and more are served by the large-block cache (4K to 1T)",
         apply: |c, v| parse_size_in(v, 4 * KIB, TIB).map(|n| c.threshold_bytes = n),
     },
@@ -636,10 +638,10 @@ mod tests {
     fn bad_value_keeps_default_and_says_so() {
         let mut c = Config::default();
         let err = c.apply(b"TENSORMALLOC_THRESHOLD", b"lots").unwrap_err();
-        assert_eq!(c.threshold_bytes, 4 * MIB);
+        assert_eq!(c.threshold_bytes, 128 * KIB);
         let line = err.to_string();
         assert!(line.starts_with("TENSORMALLOC_THRESHOLD='lots' is not a size"), "{line}");
-        assert!(line.ends_with("using the default 4M"), "{line}");
+        assert!(line.ends_with("using the default 128K"), "{line}");
     }
 
     #[test]
@@ -657,7 +659,7 @@ mod tests {
     fn out_of_range_names_the_allowed_range() {
         let mut c = Config::default();
         let cases: [(&[u8], &[u8], &str); 6] = [
-            (b"TENSORMALLOC_THRESHOLD", b"1K", "out of range (allowed: 4K to 1T); using the default 4M"),
+            (b"TENSORMALLOC_THRESHOLD", b"1K", "out of range (allowed: 4K to 1T); using the default 128K"),
             (b"TENSORMALLOC_CACHE_BLOCKS", b"1025", "out of range (allowed: 0 to 1024); using the default auto"),
             (b"TENSORMALLOC_MAX_WASTE", b"101", "out of range (allowed: 0 to 100)"),
             (b"TENSORMALLOC_RELEASE_MS", b"86400001", "out of range (allowed: 0 to 86400000 ms)"),

@@ -4,7 +4,7 @@
 SETTINGS = (
     ("TENSORMALLOC_DISABLE", "0",
      "1: pass every call straight to the next allocator and the CUDA runtime (for profilers and memory tools)"),
-    ("TENSORMALLOC_THRESHOLD", "4M",
+    ("TENSORMALLOC_THRESHOLD", "128K",
      "requests of this size and more are served by the large-block cache (4K to 1T)"),
     ("TENSORMALLOC_CACHE_BLOCKS", "auto",
      "most freed large blocks kept for reuse (0 to 1024; 0 turns the cache off); auto: as many as were live at the recent peak, at least 16"),

@@ -420,8 +420,10 @@ impl<M: PageMemory> HostLayer<M> {
                     self.memory.zero(addr, head);
                 }
             }
+            // A tail shorter than BLOCK_ALIGN (a mid-size request's rounding) is written: dropping
+            // it costs a system call, and the next request that reaches its pages faults.
             let tail = len - head;
-            if tail > 0 && !self.memory.discard(addr + head, tail) {
+            if tail > 0 && (tail < BLOCK_ALIGN || !self.memory.discard(addr + head, tail)) {
                 self.memory.zero(addr + head, tail);
             }
         });
@@ -830,20 +832,24 @@ impl<M: PageMemory> HostLayer<M> {
         let was_asked = self.registry.asked(addr);
         if need <= len {
             let spare = len - need;
-            let unmaps = {
-                let mut cache = self.cache();
-                (spare > len / 100 * cache.waste_percent()).then(|| {
-                    let _ = self.registry.set_live(addr, need, born);
-                    self.registry.keep_changes(addr, changes);
-                    self.defer_unmaps(&mut cache, &single(Range { addr: addr + need, len: spare }))
-                })
-            };
-            // Kept whole when the spare was too small to give back.
-            let kept = if unmaps.is_some() { need } else { len };
-            if let Some(unmaps) = unmaps {
-                self.finish_unmaps(unmaps);
+            // Kept whole when the spare is too small to give back.
+            let cut = spare > len / 100 * self.cache().waste_percent();
+            if cut {
+                let _ = self.registry.set_live(addr, need, born);
+                self.registry.keep_changes(addr, changes);
+                let tail = Range { addr: addr + need, len: spare };
+                if changes == (false, false) {
+                    // Plain pages, written before: cached like a freed block (a page heap keeps
+                    // what a realloc cut off; unmapped, its pages faulted in again at the next
+                    // request that reached them).
+                    self.cache_block(tail.addr, tail.len, false, (self.clock)(), false, &mut CallTimer::untimed());
+                } else {
+                    // Note [Plain memory]: pages the program changed are not cached unreset.
+                    let unmaps = self.defer_unmaps(&mut self.cache(), &single(tail));
+                    self.finish_unmaps(unmaps);
+                }
             }
-            self.record_resize((addr, len, was_asked), (addr, kept), new_size, born);
+            self.record_resize((addr, len, was_asked), (addr, if cut { need } else { len }), new_size, born);
             return Some(addr);
         }
         if self.registry.reserve_spare() {
