@@ -12,8 +12,9 @@ with the lowest median), and the verdict on the median of those ratios is made o
 interval allows it (verdict.py), else "no verdict". CPU time (the process's threads and its
 reaped workers) is judged the same way. Faults are minor faults per counted step. Memory: peak
 RSS, and 3 s after the loop (model and optimizer alive, the step's temporaries freed) the
-anonymous memory held (Anonymous less LazyFree, which the kernel takes back at no cost), with
-LazyFree and the whole RSS beside it. Losses must be identical under every setup.
+anonymous memory held (Anonymous less LazyFree, which the kernel takes back at no cost), the part
+of it added since torch was loaded (the ~400 MB torch's libraries hold anyway vary by +-10 MB from
+run to run), with LazyFree and the whole RSS beside it. Losses must be identical under every setup.
 
 OpenMP threads wait passively (OMP_WAIT_POLICY=PASSIVE, every setup alike): spinning threads
 would burn CPU time while their partner waits for a core of this 2-core machine, and CPU time
@@ -132,6 +133,8 @@ def summarise(workload, setups, per_round, memory, losses):
             "faults": statistics.mean(x["faults"] for x in rr),
             "peak_rss_mb": m["peak_rss_mb"],
             "idle_held_mb": m["anon_mb"] - m["lazyfree_mb"],
+            # What the workload and the allocator hold after idling, over what torch held before.
+            "idle_added_mb": (m["anon_mb"] - m["lazyfree_mb"]) - (m["base_anon_mb"] - m["base_lazyfree_mb"]),
             "idle_lazyfree_mb": m["lazyfree_mb"],
             "idle_rss_mb": m["rss_mb"],
         }
@@ -160,13 +163,13 @@ def render(results, meta):
         f"Date {meta['date']}; {meta['machine']}; torch {meta['torch']}; {meta['rounds']} rounds of "
         f"{meta['turn']} steps (the first of each turn not counted); load average {meta['load_before']} before, "
         f"{meta['load_after']} after.", "",
-        "| workload | setup | ms/step (wall) | CPU ms/step | faults/step | peak RSS MB | idle held MB (LazyFree aside) | idle LazyFree MB | idle RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| workload | setup | ms/step (wall) | CPU ms/step | faults/step | peak RSS MB | idle held MB (LazyFree aside) | of it added by the workload | idle LazyFree MB | idle RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for w, res in results.items():
         for s, r in res["rows"].items():
             lines.append(f"| {w} | {s} | {r['wall_ms']:.1f} | {r['cpu_ms']:.1f} | {r['faults']:.0f} | {r['peak_rss_mb']:.0f} | "
-                         f"{r['idle_held_mb']:.0f} | {r['idle_lazyfree_mb']:.0f} | {r['idle_rss_mb']:.0f} |")
+                         f"{r['idle_held_mb']:.0f} | {r['idle_added_mb']:.0f} | {r['idle_lazyfree_mb']:.0f} | {r['idle_rss_mb']:.0f} |")
     lines += ["", "Ratios to the best peer (median of per-round ratios [95% interval], verdict against 1.03):", ""]
     lines.append("| workload | setup | wall vs best peer | CPU vs best CPU peer | faults vs tcmalloc | idle held vs jemalloc | losses |")
     lines.append("|---|---|---|---|---|---|---|")
@@ -174,7 +177,8 @@ def render(results, meta):
         rows = res["rows"]
         for s, v in res["verdicts"].items():
             faults = f"{rows[s]['faults']:.0f} vs {rows['tcmalloc']['faults']:.0f}" if "tcmalloc" in rows else "-"
-            held = f"{rows[s]['idle_held_mb']:.0f} vs {rows['jemalloc']['idle_held_mb']:.0f}" if "jemalloc" in rows else "-"
+            held = (f"{rows[s]['idle_held_mb']:.0f} vs {rows['jemalloc']['idle_held_mb']:.0f} "
+                    f"(added {rows[s]['idle_added_mb']:.0f} vs {rows['jemalloc']['idle_added_mb']:.0f})") if "jemalloc" in rows else "-"
             same = "identical" if res["losses_identical"] else "DIFFER: " + " ".join(res["losses_differ"])
             lines.append(f"| {w} | {s} | {v['wall']} ({v['best_peer']}) | {v['cpu']} ({v['best_cpu_peer']}) | {faults} | {held} | {same} |")
     return "\n".join(lines) + "\n"

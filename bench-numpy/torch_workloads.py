@@ -8,7 +8,9 @@ allocator the runner preloaded. Two threads, seeded, no dropout.
                                     seconds and reports memory, "quit" ends.
 
 Losses are float.hex() strings so the runner can check they are identical under every allocator.
-Memory: peak RSS (VmHWM), and RSS, anonymous memory and LazyFree from smaps_rollup."""
+Memory: peak RSS (VmHWM), and RSS, anonymous memory and LazyFree from smaps_rollup, at the end
+and once torch is loaded, before the workload is built (so the memory the workload and the
+allocator account for can be told from the ~400 MB torch's libraries hold anyway)."""
 import json
 import resource
 import sys
@@ -161,7 +163,7 @@ def timed_step(work):
     return wall, cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f, float(loss).hex()
 
 
-def serve(work):
+def serve(work, base):
     print("ready", flush=True)
     for line in sys.stdin:
         cmd, _, arg = line.strip().partition(" ")
@@ -170,7 +172,7 @@ def serve(work):
             out = {k: [s[i] for s in steps] for i, k in enumerate(("wall_ms", "cpu_ms", "faults", "losses"))}
         elif cmd == "idle":
             time.sleep(float(arg))
-            out = memory_mb()
+            out = {**memory_mb(), "base_anon_mb": base["anon_mb"], "base_lazyfree_mb": base["lazyfree_mb"]}
         else:
             return
         print(json.dumps(out), flush=True)
@@ -180,15 +182,17 @@ def main():
     name, steps = sys.argv[1], sys.argv[2]
     torch.manual_seed(0)
     torch.set_num_threads(2)
+    base = memory_mb()  # torch and its libraries loaded, nothing of the workload yet
     work = WORKLOADS[name]()
     losses = [float(work.step()).hex() for _ in range(WARMUP)]
     if steps == "serve":
-        return serve(work)
+        return serve(work, base)
     runs = [timed_step(work) for _ in range(int(steps))]
     time.sleep(IDLE_S)  # the model and optimizer stay; the step's temporaries are gone
     print(json.dumps({
         "wall_ms": [r[0] for r in runs], "cpu_ms": [r[1] for r in runs],
         "faults": sum(r[2] for r in runs) / len(runs), "losses": losses + [r[3] for r in runs], **memory_mb(),
+        "base_anon_mb": base["anon_mb"], "base_lazyfree_mb": base["lazyfree_mb"],
     }))
 
 
