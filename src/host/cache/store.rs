@@ -336,7 +336,8 @@ impl Store {
     fn index_get(&self, addr: usize, end: bool) -> Option<NodeId> {
         let key = Self::index_key(addr, end);
         let mut i = Self::index_home(key);
-        loop {
+        // Bounded, though an empty slot always ends the probe (at most half the slots hold keys).
+        for _ in 0..INDEX_SLOTS {
             let word = *self.index.get(i)?;
             if word == 0 {
                 return None;
@@ -346,6 +347,7 @@ impl Store {
             }
             i = (i + 1) & (INDEX_SLOTS - 1);
         }
+        None
     }
 
     fn index_put(&mut self, addr: usize, end: bool, id: NodeId) {
@@ -367,16 +369,19 @@ impl Store {
         let key = Self::index_key(addr, end);
         let mask = INDEX_SLOTS - 1;
         let mut i = Self::index_home(key);
+        let mut probes = 0;
         loop {
             match self.index.get(i) {
                 Some(&0) | None => return,
                 Some(&w) if w & !((1 << NODE_BITS) - 1) == key => break,
+                _ if probes == INDEX_SLOTS => return,
                 _ => i = (i + 1) & mask,
             }
+            probes += 1;
         }
         let mut hole = i;
         let mut j = i;
-        loop {
+        for _ in 0..INDEX_SLOTS {
             j = (j + 1) & mask;
             let w = self.index.get(j).copied().unwrap_or(0);
             if w == 0 {
