@@ -21,6 +21,7 @@ would burn CPU time while their partner waits for a core of this 2-core machine,
 would say nothing.
 
     torch_cpu.py [--rounds N] [--turn K] [--only WORKLOAD...] [--setups NAME...]
+                 [--extra NAME=PRELOAD[:VAR=VALUE,...]...]   (more setups, interleaved.py's syntax)
 
 BENCH_BEFORE=/path/to/old/libtensormalloc.so adds the setup "tensormalloc-before"."""
 import argparse
@@ -190,7 +191,14 @@ def main():
     ap.add_argument("--turn", type=int, default=3, help="steps per turn; the first is not counted")
     ap.add_argument("--only", nargs="*", choices=WORKLOADS, metavar="WORKLOAD")
     ap.add_argument("--setups", nargs="*", choices=list(SETUPS), metavar="SETUP", default=list(SETUPS))
+    ap.add_argument("--extra", nargs="*", default=[], metavar="NAME=PRELOAD[:VAR=VALUE,...]",
+                    help="more setups, e.g. tm-4M=target/release/libtensormalloc.so:TENSORMALLOC_THRESHOLD=4M")
     args = ap.parse_args()
+    for text in args.extra:
+        name, _, rest = text.partition("=")
+        preload, _, variables = rest.partition(":")
+        SETUPS[name] = {**dict(v.split("=", 1) for v in variables.split(",") if v), **({"LD_PRELOAD": preload} if preload else {})}
+        args.setups.append(name)
     if not PYTHON.exists():
         print(f"torch_cpu: no PyTorch venv at {PYTHON.parent.parent} (scripts/setup makes it where the "
               "registry is reachable): nothing measured")
@@ -199,7 +207,7 @@ def main():
         if not Path(lib).exists():
             raise SystemExit(f"torch_cpu: {lib} is missing (scripts/setup installs the peers; cargo build --release builds ours)")
     workloads = args.only or list(WORKLOADS)
-    outdir = HERE / "results" if not args.only and args.setups == list(SETUPS) else HERE / "results" / "partial"
+    outdir = HERE / "results" if not args.only and not args.extra and args.setups == list(SETUPS) else HERE / "results" / "partial"
     outdir.mkdir(parents=True, exist_ok=True)
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -27,11 +27,11 @@ def mid_size(preload, env=None, steps=16):
 
 def test_a_training_loop_of_mid_size_blocks_stops_faulting():
     """malloc, calloc, posix_memalign and realloc from 128 KiB to 4 MiB, every page written,
-    freed in a changing order: under glibc every step faults thousands of pages in; under us
+    freed in a changing order: under glibc every step faults a thousand pages in; under us
     the steps after the first four fault at most a few pages (none of them the blocks')."""
     _, glibc_settled, glibc_out = mid_size(False)
     first, settled, out = mid_size(True)
-    assert glibc_settled > 1000, glibc_out  # the problem is there under glibc alone
+    assert glibc_settled > 500, glibc_out  # the problem is there under glibc alone (1,024 here)
     assert first > 1000, out  # the first step maps its blocks, as glibc does
     assert settled <= SETTLED_MAX, out
 
@@ -43,7 +43,7 @@ def test_mid_size_blocks_over_jemalloc_stop_faulting_too():
     env = {"MALLOC_CONF": "oversize_threshold:1,background_thread:true,metadata_thp:auto"}
     _, jemalloc_settled, jemalloc_out = mid_size(jemalloc, env)
     _, settled, out = mid_size(f"{LIB} {jemalloc}", env)
-    assert jemalloc_settled > 1000, jemalloc_out
+    assert jemalloc_settled > 500, jemalloc_out  # 9,500 here
     assert settled <= SETTLED_MAX, out
 
 
