@@ -12,13 +12,20 @@ from conftest import LIB, compile_c, find_peer, ok, run
 
 PY = sys.executable
 HERE = Path(__file__).resolve().parent
-FAULTS = re.compile(r"faults: first (\d+), most in a step from the fifth on (\d+)")
+FAULTS = re.compile(r"faults: first (\d+), most in a step from the ninth on (\d+)")
 # Pages the history ring's .bss takes on as it fills (about one a step here) and the stdio
 # buffer: not the blocks'.
 SETTLED_MAX = 4
 
 
-def mid_size(preload, env=None, steps=16):
+# A process a loaded machine stalls for a second sees its idle blocks released, and with memory
+# short (MemAvailable under an eighth, as when the whole suite runs) dropped with MADV_DONTNEED:
+# the next step faults them in again. That is the idle policy at work, not this test's subject.
+NO_IDLE_RELEASE = {"TENSORMALLOC_RELEASE_MS": "60000"}
+
+
+def mid_size(preload, env=None, steps=20):
+    env = {**NO_IDLE_RELEASE, **(env or {})}
     out = ok(run([compile_c("mid_size"), str(steps)], preload=preload, env=env))
     assert "mid size ok" in out.stdout
     first, settled = (int(x) for x in FAULTS.search(out.stdout).groups())
@@ -28,7 +35,9 @@ def mid_size(preload, env=None, steps=16):
 def test_a_training_loop_of_mid_size_blocks_stops_faulting():
     """malloc, calloc, posix_memalign and realloc from 128 KiB to 4 MiB, every page written,
     freed in a changing order: under glibc every step faults a thousand pages in; under us
-    the steps after the first four fault at most a few pages (none of them the blocks')."""
+    the steps from the ninth on fault at most a few pages (none of them the blocks'). (At the
+    old 4M threshold glibc, serving these, settles too in this program: the numpy loop below is
+    the one the old default fails.)"""
     _, glibc_settled, glibc_out = mid_size(False)
     first, settled, out = mid_size(True)
     assert glibc_settled > 500, glibc_out  # the problem is there under glibc alone (1,024 here)
@@ -70,7 +79,7 @@ for _ in range(50):
     assert step() == want
 print(json.dumps({"faults_per_iter": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f) / 50}))
 """
-    ours = json.loads(ok(run([PY, "-c", code], env=setting)).stdout)
+    ours = json.loads(ok(run([PY, "-c", code], env={**NO_IDLE_RELEASE, **setting})).stdout)
     glibc = json.loads(ok(run([PY, "-c", code], preload=False)).stdout)
     if setting:
         assert ours["faults_per_iter"] > 10, (ours, glibc)  # the old threshold left them to glibc

@@ -121,8 +121,9 @@ def test_block_runs_as_written(readme_run, block):
     if "pool.py" in body:
         total = next(l for l in out.stdout.splitlines() if l.split()[:1] == ["total"]).split()
         # Two workers, 50 arrays each, all but the first a hit; Python's own blocks of 128 KiB and
-        # more (spawning a worker imports numpy) come on top.
-        assert total[1:3] == ["2", "processes"] and int(total[3]) >= 100 and int(total[4]) >= 98, out.stdout
+        # more (spawning a worker imports numpy) come on top, and the parent and the resource
+        # tracker make some too.
+        assert int(total[1]) >= 2 and total[2] == "processes" and int(total[3]) >= 100 and int(total[4]) >= 98, out.stdout
         assert "wrote run.png" in out.stdout, out.stdout
 
 
