@@ -2,7 +2,8 @@
 under each setup, in an order that rotates every round, so this machine's drift (noisy 2-core
 VMs) falls on all setups alike. The command must print a JSON line with "ms" (and may print
 "faults" and "peak_rss_mb"), as bench-numpy/c/*.c and workloads.py do. Prints each setup's
-medians and the median of its per-round ratio to the first setup.
+medians and the median of its per-round ratio to the first setup, with its quartiles and its 95%
+interval and verdict against 1.0 (verdict.py: "no verdict" when the noise forbids one).
 
     interleaved.py [--reps N] NAME=PRELOAD[:VAR=VALUE,...] ... -- COMMAND...
 
@@ -21,6 +22,10 @@ import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from verdict import describe, load_average  # noqa: E402
 
 
 def parse_setup(text):
@@ -59,7 +64,7 @@ def main():
         for name, preload, env in setups[k:] + setups[:k]:
             results[name].append(run_once(command, preload, env))
     first = setups[0][0]
-    print(f"{' '.join(command)}: medians of {args.reps} interleaved rounds")
+    print(f"{' '.join(command)}: medians of {args.reps} interleaved rounds (load average now {load_average()})")
     for name, _, _ in setups:
         runs = results[name]
         line = f"  {name:>12}: {statistics.median(x['ms'] for x in runs):.4g} ms"
@@ -69,7 +74,7 @@ def main():
         if name != first:
             ratios = [a["ms"] / b["ms"] for a, b in zip(runs, results[first])]
             q = statistics.quantiles(ratios, n=4)
-            line += f"; vs {first}: {statistics.median(ratios):.3f} (quartiles {q[0]:.3f}-{q[2]:.3f})"
+            line += f"; vs {first}: {statistics.median(ratios):.3f} (quartiles {q[0]:.3f}-{q[2]:.3f}; {describe(ratios, 1.0)})"
         print(line, flush=True)
 
 

@@ -105,7 +105,7 @@ def test_extra_brings_numpy_and_the_hooks_are_attributes(pkg):
 
 def test_help_and_plot_ship_in_the_package(pkg, tmp_path):
     out = ok(sh([pkg["venv"] / "bin" / "tensormalloc", "--help"], env=pkg["env"]))
-    assert "  TENSORMALLOC_THRESHOLD=4M\n" in out.stdout and "tensormalloc plot TRACE" in out.stdout, out.stdout
+    assert "  TENSORMALLOC_THRESHOLD=128K\n" in out.stdout and "tensormalloc plot TRACE" in out.stdout, out.stdout
     trace = tmp_path / "trace.bin"
     code = "import numpy as np\nkept = [np.ones(4_000_000) for _ in range(3)]\n"
     ok(sh([pkg["venv"] / "bin" / "tensormalloc", "python", "-c", code], cwd=pkg["tmp"],

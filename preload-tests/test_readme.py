@@ -120,7 +120,10 @@ def test_block_runs_as_written(readme_run, block):
         assert "wrote trace.bin.png" in out.stdout, out.stdout
     if "pool.py" in body:
         total = next(l for l in out.stdout.splitlines() if l.split()[:1] == ["total"]).split()
-        assert total[1:5] == ["2", "processes", "100", "98"], out.stdout   # two workers, 50 requests each
+        # Two workers, 50 arrays each, all but the first a hit; Python's own blocks of 128 KiB and
+        # more (spawning a worker imports numpy) come on top, and the parent and the resource
+        # tracker make some too.
+        assert int(total[1]) >= 2 and total[2] == "processes" and int(total[3]) >= 100 and int(total[4]) >= 98, out.stdout
         assert "wrote run.png" in out.stdout, out.stdout
 
 

@@ -5,10 +5,10 @@ from conftest import compile_c, ok, run
 
 
 def test_out_of_range_setting_names_the_allowed_range():
-    env = {"TENSORMALLOC_THRESHOLD": "1K", "TENSORMALLOC_CACHE_BLOCKS": "500", "TENSORMALLOC_CUDA_LIMIT": "150%"}
+    env = {"TENSORMALLOC_THRESHOLD": "1K", "TENSORMALLOC_CACHE_BLOCKS": "5000", "TENSORMALLOC_CUDA_LIMIT": "150%"}
     err = ok(run(["true"], env=env)).stderr
-    assert "TENSORMALLOC_THRESHOLD='1K' is out of range (allowed: 4K to 1T); using the default 4M" in err, err
-    assert "TENSORMALLOC_CACHE_BLOCKS='500' is out of range (allowed: 0 to 128); using the default auto" in err, err
+    assert "TENSORMALLOC_THRESHOLD='1K' is out of range (allowed: 4K to 1T); using the default 128K" in err, err
+    assert "TENSORMALLOC_CACHE_BLOCKS='5000' is out of range (allowed: 0 to 1024); using the default auto" in err, err
     assert "TENSORMALLOC_CUDA_LIMIT='150%' is out of range (allowed: 1% to 100%)" in err, err
 
 

@@ -84,6 +84,10 @@ pub trait PageMemory {
     fn advise_huge(&self, addr: usize, len: usize);
     /// Writes zeros over the range.
     fn zero(&self, addr: usize, len: usize);
+    /// As `zero`, and says whether most of the range was resident before, from what writing
+    /// it cost (a page not resident faults in as it is written). Note [calloc costs what is
+    /// touched] in host/host_layer.rs.
+    fn zero_weighed(&self, addr: usize, len: usize) -> bool;
     /// Drops the range's pages (MADV_DONTNEED): it then reads zero, and each page touched
     /// faults in a fresh zero page. Costs about what is resident. False: nothing was done.
     fn discard(&self, addr: usize, len: usize) -> bool;

@@ -10,8 +10,9 @@ pub const GIB: u64 = 1 << 30;
 pub const TIB: u64 = 1 << 40;
 
 /// Most cached host blocks the fixed-size cache can hold (`TENSORMALLOC_CACHE_BLOCKS` ceiling):
-/// room for 16 threads each keeping 4 large blocks (bench-numpy's churn sweep).
-pub const MAX_CACHE_BLOCKS: usize = 128;
+/// room for 16 threads each keeping 4 large blocks (bench-numpy's churn sweep), and for the
+/// mid-size tensors of a training step (hundreds from 128 KiB up).
+pub const MAX_CACHE_BLOCKS: usize = 1024;
 pub const STATS_PATH_MAX: usize = 256;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,7 +132,9 @@ impl Default for Config {
 impl Config {
     pub const DEFAULT: Config = Config {
             disabled: false,
-            threshold_bytes: 4 * MIB,
+            // glibc's own mmap threshold: from here up glibc maps and unmaps every block (until
+            // its threshold rises past one), so the loop of a training step faults (issue 38).
+            threshold_bytes: 128 * KIB,
             cache_blocks: None,
             cache_bytes: None,
             release_ms: 1000,
@@ -237,14 +240,14 @@ pub static OPTIONS: &[OptionSpec] = &[
     },
     OptionSpec {
         name: "TENSORMALLOC_THRESHOLD",
-        default: "4M",
+        default: "128K",
         doc: "requests of this size and more are served by the large-block cache (4K to 1T)",
         apply: |c, v| parse_size_in(v, 4 * KIB, TIB).map(|n| c.threshold_bytes = n),
     },
     OptionSpec {
         name: "TENSORMALLOC_CACHE_BLOCKS",
         default: "auto",
-        doc: "most freed large blocks kept for reuse (0 to 128; 0 turns the cache off); auto: as many as were live at the recent peak, at least 16",
+        doc: "most freed large blocks kept for reuse (0 to 1024; 0 turns the cache off); auto: as many as were live at the recent peak, at least 16",
         apply: |c, v| auto_or(v, |v| parse_u64_in(v, 0, MAX_CACHE_BLOCKS as u64, Unit::Count)).map(|n| c.cache_blocks = n.map(|n| n as usize)),
     },
     OptionSpec {
@@ -635,17 +638,17 @@ mod tests {
     fn bad_value_keeps_default_and_says_so() {
         let mut c = Config::default();
         let err = c.apply(b"TENSORMALLOC_THRESHOLD", b"lots").unwrap_err();
-        assert_eq!(c.threshold_bytes, 4 * MIB);
+        assert_eq!(c.threshold_bytes, 128 * KIB);
         let line = err.to_string();
         assert!(line.starts_with("TENSORMALLOC_THRESHOLD='lots' is not a size"), "{line}");
-        assert!(line.ends_with("using the default 4M"), "{line}");
+        assert!(line.ends_with("using the default 128K"), "{line}");
     }
 
     #[test]
     fn out_of_range_is_rejected() {
         let mut c = Config::default();
         assert!(c.apply(b"TENSORMALLOC_THRESHOLD", b"1K").is_err());
-        assert!(c.apply(b"TENSORMALLOC_CACHE_BLOCKS", b"129").is_err());
+        assert!(c.apply(b"TENSORMALLOC_CACHE_BLOCKS", b"1025").is_err());
         assert!(c.apply(b"TENSORMALLOC_CUDA_LIMIT", b"0%").is_err());
         assert!(c.apply(b"TENSORMALLOC_CUDA_LIMIT", b"101%").is_err());
         assert_eq!(c, Config::default());
@@ -656,8 +659,8 @@ mod tests {
     fn out_of_range_names_the_allowed_range() {
         let mut c = Config::default();
         let cases: [(&[u8], &[u8], &str); 6] = [
-            (b"TENSORMALLOC_THRESHOLD", b"1K", "out of range (allowed: 4K to 1T); using the default 4M"),
-            (b"TENSORMALLOC_CACHE_BLOCKS", b"129", "out of range (allowed: 0 to 128); using the default auto"),
+            (b"TENSORMALLOC_THRESHOLD", b"1K", "out of range (allowed: 4K to 1T); using the default 128K"),
+            (b"TENSORMALLOC_CACHE_BLOCKS", b"1025", "out of range (allowed: 0 to 1024); using the default auto"),
             (b"TENSORMALLOC_MAX_WASTE", b"101", "out of range (allowed: 0 to 100)"),
             (b"TENSORMALLOC_RELEASE_MS", b"86400001", "out of range (allowed: 0 to 86400000 ms)"),
             (b"TENSORMALLOC_CUDA_LIMIT", b"0%", "out of range (allowed: 1% to 100%)"),

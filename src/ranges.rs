@@ -1,8 +1,6 @@
 //! Address ranges and fixed-capacity lists of them: what the host cache and the pinned cache hand
-//! back for their callers to unmap or release outside their locks. A list never allocates; its
-//! capacity is one more than the most blocks a cache holds.
-
-use crate::config::MAX_CACHE_BLOCKS;
+//! back for their callers to unmap or release outside their locks. A list never allocates; it
+//! holds RangeList::CAPACITY ranges (the host cache hands out longer answers a list at a time).
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Range {
@@ -13,13 +11,16 @@ pub struct Range {
 /// A fixed-capacity list of ranges, so outcomes never allocate.
 #[derive(Clone, Copy, Debug)]
 pub struct RangeList {
-    items: [Range; MAX_CACHE_BLOCKS + 1],
+    items: [Range; RangeList::CAPACITY],
     count: usize,
 }
 
 impl RangeList {
+    /// Room for every block the pinned cache holds (64) and an answer's worth of the host cache's.
+    pub const CAPACITY: usize = 129;
+
     pub const fn new() -> Self {
-        RangeList { items: [Range { addr: 0, len: 0 }; MAX_CACHE_BLOCKS + 1], count: 0 }
+        RangeList { items: [Range { addr: 0, len: 0 }; Self::CAPACITY], count: 0 }
     }
     pub fn push(&mut self, r: Range) {
         if let Some(slot) = self.items.get_mut(self.count) {

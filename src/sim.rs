@@ -507,6 +507,15 @@ impl PageMemory for SimPages {
     }
 
     /// Exact here: whether at least half the range was resident.
+    fn zero_weighed(&self, addr: usize, len: usize) -> bool {
+        let resident = {
+            let st = self.state.lock().unwrap();
+            Self::overlap_len(&st.resident, addr, len)
+        };
+        self.zero(addr, len);
+        resident * 2 >= len
+    }
+
     fn discard_weighed(&self, addr: usize, len: usize) -> Option<bool> {
         let resident = {
             let st = self.state.lock().unwrap();

@@ -42,7 +42,7 @@ pub(crate) static DEVICE: DeviceLayer<CudaDriver> = DeviceLayer::new(CudaDriver,
 pub(crate) static HOST: HostLayer<OsPages> = HostLayer::new(
     OsPages,
     map_table,
-    clock::now_ns,
+    clock::coarse_ns,
     Background { on_cached: reaper::on_block_cached, running: reaper::running, wake: reaper::wake },
 );
 

@@ -21,7 +21,7 @@ static void check_aligned_family(size_t size) {
 }
 
 int main(void) {
-    size_t t = env_size("TENSORMALLOC_THRESHOLD", 4 * MB);
+    size_t t = env_size("TENSORMALLOC_THRESHOLD", 128 << 10);
 
     void *p = malloc(0);
     CHECK(p != NULL);

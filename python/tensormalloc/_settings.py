@@ -4,10 +4,10 @@
 SETTINGS = (
     ("TENSORMALLOC_DISABLE", "0",
      "1: pass every call straight to the next allocator and the CUDA runtime (for profilers and memory tools)"),
-    ("TENSORMALLOC_THRESHOLD", "4M",
+    ("TENSORMALLOC_THRESHOLD", "128K",
      "requests of this size and more are served by the large-block cache (4K to 1T)"),
     ("TENSORMALLOC_CACHE_BLOCKS", "auto",
-     "most freed large blocks kept for reuse (0 to 128; 0 turns the cache off); auto: as many as were live at the recent peak, at least 16"),
+     "most freed large blocks kept for reuse (0 to 1024; 0 turns the cache off); auto: as many as were live at the recent peak, at least 16"),
     ("TENSORMALLOC_CACHE_BYTES", "auto",
      "most bytes kept in freed large blocks; auto: as many as were live at the recent peak, at least 1G, at most a quarter of physical memory or of the cgroup's limit"),
     ("TENSORMALLOC_RELEASE_MS", "1000",

@@ -2,7 +2,9 @@
 //! are known to read zero, how big the cache may grow (Note [Bounds follow the working set]),
 //! when idle blocks are released (MADV_FREE) and expired (unmapped), and which unmaps wait for
 //! the background thread. Pure: no system calls, the time comes in as an argument, outcomes come
-//! back as fixed-size lists of ranges for the caller to act on outside its lock.
+//! back as fixed-size lists of ranges for the caller to act on outside its lock. The blocks live
+//! in `store` (size bins, free order, address index: Note [Size bins]), so a request or a free
+//! costs a few loads whatever the number of blocks cached.
 //
 // Note [Hot stays hot]
 // A block reused soon after its free is handed out untouched: no madvise, so no faults and no
@@ -62,6 +64,16 @@
 // threads replacing 1-64 MB blocks faulted in more than tcmalloc, whose page heap reuses any
 // free span: a request bigger than each cached block missed although the cache held enough.
 //
+// Note [The block freed last]
+// A loop that frees a block and asks for one of the same size again (a scratch buffer, numpy's
+// temporaries) is the commonest use of the cache. The block freed last is therefore kept apart
+// ("parked") when it has no cached neighbour to merge with and fits the bounds as they are:
+// a request of exactly its length (hot, so no other block serves it better) takes it back with
+// no bin, free order or index touched. Any other insert, request of another size or question
+// about the whole cache puts it in the store first, as if it had gone there when freed.
+// A parked block without huge-page advice is not taken back so by code whose own advised blocks
+// the store may hold: those come first (Note [Huge-page advice] in host/host_layer.rs).
+//
 // Note [Deferred unmaps]
 // Unmapping an evicted 5-25 MB block costs about 0.85 ms; inside the program's free that was
 // most of a churn benchmark's time. Blocks leaving the cache (evicted or refused, and tails a
@@ -76,13 +88,23 @@
 // (address space only: its pages are the parent's copy-on-write ones), as does a range the
 // parent's thread had taken off the list but not yet unmapped.
 
-use crate::config::MAX_CACHE_BLOCKS;
 use crate::ranges::{Range, RangeList};
+use super::tally::Tally;
+use store::{bin_of, NodeId, Store, NONE};
+
+mod store;
+
+pub use store::CAPACITY;
 
 /// Unmaps waiting for the background thread (Note [Deferred unmaps]).
 pub const MAX_DEFERRED: usize = 32;
 /// The length of one window over which the live peak is taken (Note [Bounds follow the working set]).
 pub const PEAK_WINDOW_NS: u64 = 10_000_000_000;
+/// The most blocks one insert evicts; a block that would need more is refused.
+pub const MAX_EVICTED: usize = 128;
+/// The most blocks of one bin a request looks at (Note [Size bins] in host/cache/store.rs): past
+/// it, a fit further back is missed and a longer block serves, or a fresh mapping.
+const SCAN_LIMIT: usize = 64;
 
 /// Zeroings in a row that found a block mostly resident before calloc writes zeros over it
 /// rather than dropping its pages (Note [calloc costs what is touched] in host/host_layer.rs).
@@ -94,6 +116,17 @@ pub const DENSE_VOTES: u8 = 2;
 /// resident. So: discard a big block unless it was found mostly resident twice in a row.
 pub fn zero_by_discard(len: usize, votes: u8, discard_min: usize) -> bool {
     len >= discard_min && votes < DENSE_VOTES
+}
+
+/// Votes after zeros were written over a block (`resident`: the write found it mostly so):
+/// one more, or one fewer (a write the scheduler interrupted looks like one that faulted, so
+/// it takes two such findings to go from writing back to dropping).
+pub fn votes_after_write(votes: u8, resident: bool) -> u8 {
+    if resident {
+        (votes + 1).min(DENSE_VOTES)
+    } else {
+        votes.saturating_sub(1)
+    }
 }
 
 /// A block's votes after a zeroing: one more when a discard found it mostly resident, none when
@@ -172,9 +205,10 @@ impl PageFacts {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum BlockState {
     /// Freed recently; contents and pages intact.
-    Hot,
+    Hot = 0,
     /// Handed to the caller for MADV_FREE; not available until `release_done`.
     Releasing,
     /// MADV_FREE'd: the kernel may have taken the pages (they read back as zero).
@@ -190,6 +224,10 @@ pub struct CachedBlock {
     /// Trimmed while Releasing: unmap it once the release returns.
     doomed: bool,
     pub facts: PageFacts,
+}
+
+impl CachedBlock {
+    const EMPTY: CachedBlock = CachedBlock { addr: 0, len: 0, idle_since_ns: 0, state: BlockState::Hot, doomed: false, facts: PageFacts::DIRTY };
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -280,8 +318,9 @@ pub struct Inserted {
     pub block: Range,
     /// The starts of the neighbours merged into `block`: their records go.
     pub absorbed: [Option<usize>; 2],
-    /// Older blocks pushed out to make room: the caller unmaps them.
-    pub evicted: RangeList,
+    /// How many older blocks were pushed out to make room: `BlockCache::evicted` lists them
+    /// for the caller to unmap.
+    pub evicted: usize,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -307,7 +346,10 @@ struct Peak {
 }
 
 pub struct BlockCache {
-    slots: [Option<CachedBlock>; MAX_CACHE_BLOCKS],
+    store: Store,
+    /// The block freed last, kept out of the store while nothing else happens (Note [The
+    /// block freed last]); its length is 0 when there is none. Counted in `cached_bytes`.
+    parked: CachedBlock,
     limits: CacheLimits,
     cached_bytes: usize,
     /// The peaks of this window and the one before.
@@ -315,24 +357,32 @@ pub struct BlockCache {
     deferred: [Range; MAX_DEFERRED],
     deferred_count: usize,
     deferred_bytes: usize,
+    /// The blocks the last insert evicted (its `evicted` first ones).
+    evicted: [Range; MAX_EVICTED],
+    /// The host layer's figures that change on every call, counted under this cache's lock
+    /// (Note [Figures under the lock] in host/tally.rs).
+    pub tally: Tally,
 }
 
 impl BlockCache {
     pub const fn new(limits: CacheLimits) -> Self {
         const NO_PEAK: Peak = Peak { since_ns: 0, live: Live { bytes: 0, blocks: 0 } };
         BlockCache {
-            slots: [None; MAX_CACHE_BLOCKS],
+            store: Store::new(),
+            parked: CachedBlock::EMPTY,
             limits,
             cached_bytes: 0,
             peaks: [NO_PEAK; 2],
             deferred: [Range { addr: 0, len: 0 }; MAX_DEFERRED],
             deferred_count: 0,
             deferred_bytes: 0,
+            evicted: [Range { addr: 0, len: 0 }; MAX_EVICTED],
+            tally: Tally::new(),
         }
     }
 
     pub fn set_limits(&mut self, limits: CacheLimits) {
-        self.limits = CacheLimits { max_blocks: limits.max_blocks.min(MAX_CACHE_BLOCKS), ..limits };
+        self.limits = CacheLimits { max_blocks: limits.max_blocks.min(CAPACITY), ..limits };
     }
 
     pub fn limits(&self) -> &CacheLimits {
@@ -344,52 +394,83 @@ impl BlockCache {
     }
 
     pub fn block_count(&self) -> usize {
-        self.slots.iter().flatten().count()
+        self.store.count() + usize::from(self.parked.len != 0)
     }
 
     pub fn blocks(&self) -> impl Iterator<Item = &CachedBlock> {
-        self.slots.iter().flatten()
+        self.store.iter().map(|(_, b)| b).chain(core::iter::once(&self.parked).filter(|b| b.len != 0))
+    }
+
+    /// Puts the parked block in the store, where every question can find it (Note [The block
+    /// freed last]). It was counted when parked, and nothing was freed since: it goes in newest,
+    /// with no merge and no eviction.
+    fn unpark(&mut self) {
+        if self.parked.len != 0 {
+            let _ = self.store.add(self.parked);
+            self.parked = CachedBlock::EMPTY;
+        }
+    }
+
+    /// The blocks the last `insert` evicted, for the caller to unmap.
+    pub fn evicted(&self, inserted: &Inserted) -> &[Range] {
+        self.evicted.get(..inserted.evicted).unwrap_or(&[])
     }
 
     /// Best fit among available blocks of at least `need` bytes whose start honours `align`,
-    /// for code whose holder tag is `asker`: only blocks that fit it (`PageFacts::fits`), its
-    /// own huge-page advice first. A rest of more than `waste_percent` of the block is split
-    /// off and stays cached (Note [Neighbours merge]); a shorter one goes out with the block.
+    /// for code whose holder tag is `asker`: only blocks that fit it (`PageFacts::fits`).
+    /// Note [Size bins]: the first bin with a fit holds the best one; in it, the asker's own
+    /// huge-page advice first (blocks without any stay for other code), then less waste, then
+    /// hot before released. A rest of more than `waste_percent` of the block is split off and
+    /// stays cached (Note [Neighbours merge]); a shorter one goes out with the block.
     pub fn take(&mut self, need: usize, align: usize, asker: u32) -> Option<Taken> {
         let align_mask = align.max(1) - 1;
-        let mut best: Option<(usize, u8, usize, bool)> = None; // (slot, rank, waste, released)
-        for (i, slot) in self.slots.iter().enumerate() {
-            let Some(b) = slot else { continue };
-            if b.state == BlockState::Releasing || b.len < need || b.addr & align_mask != 0 || !b.facts.fits(asker) {
-                continue;
-            }
-            let waste = b.len - need;
-            let released = b.state == BlockState::Released;
-            let rank = b.facts.rank(asker);
-            let better = match best {
-                None => true,
-                // Prefer a better rank, then less waste; on a tie prefer a hot block (Note [Hot
-                // stays hot]).
-                Some((_, k, w, r)) => rank < k || (rank == k && (waste < w || (waste == w && r && !released))),
-            };
-            if better {
-                best = Some((i, rank, waste, released));
-            }
+        let p = self.parked;
+        // An exact fit, and hot: nothing in the store serves better, unless it carries no
+        // advice and the store may hold a block of the asker's own (Note [The block freed last]).
+        if p.len == need && p.addr & align_mask == 0 && p.facts.fits(asker) && (p.facts.rank(asker) == 0 || self.store.count() == 0) {
+            self.parked = CachedBlock::EMPTY;
+            self.cached_bytes -= p.len;
+            return Some(Taken { addr: p.addr, len: p.len, was_released: false, facts: p.facts, tail_kept: None });
         }
-        let (index, _, waste, was_released) = best?;
-        let block = self.slots.get_mut(index)?.take()?;
-        self.cached_bytes -= block.len;
-
-        let mut taken = Taken { addr: block.addr, len: block.len, was_released, facts: block.facts, tail_kept: None };
-        let allowed_waste = block.len / 100 * self.waste_percent();
-        if waste > allowed_waste {
-            let tail = Range { addr: block.addr + need, len: waste };
-            taken.len = need;
-            if let Some(slot) = self.slots.get_mut(index) {
-                *slot = Some(CachedBlock { addr: tail.addr, len: tail.len, ..block });
+        if p.len >= need {
+            self.unpark();
+        }
+        let mut best: Option<(NodeId, u8, usize, bool)> = None; // (node, rank, waste, released)
+        let mut bin = bin_of(need);
+        while let Some((found, blocks)) = self.store.next_bin(bin) {
+            for (id, b) in blocks.take(SCAN_LIMIT) {
+                if b.len < need || b.addr & align_mask != 0 || !b.facts.fits(asker) {
+                    continue;
+                }
+                let waste = b.len - need;
+                let released = b.state == BlockState::Released;
+                let rank = b.facts.rank(asker);
+                // Prefer the better rank, then less waste; on a tie prefer a hot block (Note
+                // [Hot stays hot]).
+                if best.is_none_or(|(_, k, w, r)| rank < k || (rank == k && (waste < w || (waste == w && r && !released)))) {
+                    best = Some((id, rank, waste, released));
+                    if rank == 0 && waste == 0 && !released {
+                        break;
+                    }
+                }
             }
-            self.cached_bytes += tail.len;
+            if best.is_some() {
+                break;
+            }
+            bin = found + 1;
+        }
+        let (id, _, waste, was_released) = best?;
+        let block = *self.store.get(id);
+        let mut taken = Taken { addr: block.addr, len: block.len, was_released, facts: block.facts, tail_kept: None };
+        if waste > block.len / 100 * self.waste_percent() {
+            let tail = Range { addr: block.addr + need, len: waste };
+            self.store.cut_front(id, tail.addr, tail.len);
+            self.cached_bytes -= need;
+            taken.len = need;
             taken.tail_kept = Some(tail);
+        } else {
+            self.store.remove(id);
+            self.cached_bytes -= block.len;
         }
         Some(taken)
     }
@@ -398,27 +479,22 @@ impl BlockCache {
     /// MAX_PARTS of them, each fitting `asker` (Note [Gathering pages]). The last one may be
     /// cut: its rest stays cached. Empty when nothing is cached.
     pub fn take_parts(&mut self, need: usize, asker: u32) -> Parts {
+        self.unpark();
         let mut parts = Parts::new();
         while parts.count < MAX_PARTS && parts.total < need {
-            let Some(index) = self
-                .slots
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| s.filter(|b| b.state != BlockState::Releasing && b.facts.fits(asker)).map(|b| (i, b.len)))
-                .max_by_key(|&(_, len)| len)
-                .map(|(i, _)| i)
-            else {
+            let Some(id) = self.store.iter().filter(|(_, b)| b.state != BlockState::Releasing && b.facts.fits(asker)).max_by_key(|(_, b)| b.len).map(|(id, _)| id) else {
                 break;
             };
-            let Some(slot) = self.slots.get_mut(index) else { break };
-            let Some(block) = slot.take() else { break };
-            self.cached_bytes -= block.len;
+            let block = *self.store.get(id);
             let want = need - parts.total;
             if block.len > want {
                 let rest = Range { addr: block.addr + want, len: block.len - want };
-                *slot = Some(CachedBlock { addr: rest.addr, len: rest.len, ..block });
-                self.cached_bytes += rest.len;
+                self.store.cut_front(id, rest.addr, rest.len);
+                self.cached_bytes -= want;
                 parts.rest_kept = Some(rest);
+            } else {
+                self.store.remove(id);
+                self.cached_bytes -= block.len;
             }
             parts.push(Part { addr: block.addr, len: block.len.min(want), facts: block.facts });
         }
@@ -426,17 +502,19 @@ impl BlockCache {
     }
 
     /// Offers a freed block (`facts`: what is known of its pages); `live` is the live large
-    /// memory before this free. It merges with cached blocks on either side (Note [Neighbours
-    /// merge]); older blocks are evicted (least recently freed first) to respect the bounds; a
-    /// block larger than the byte bound is refused.
+    /// memory before this free. It merges with cached blocks on either side (Note
+    /// [Neighbours merge]); older blocks are evicted (least recently freed first) to respect
+    /// the bounds; a block larger than the byte bound, or one that would need more than
+    /// MAX_EVICTED blocks out, is refused.
     pub fn insert(&mut self, addr: usize, len: usize, facts: PageFacts, now_ns: u64, live: Live) -> Inserted {
         self.note_live(now_ns, live);
         let (max_blocks, max_bytes) = self.bounds();
         let mut block = CachedBlock { addr, len, idle_since_ns: now_ns, state: BlockState::Hot, doomed: false, facts };
-        let mut out = Inserted { accepted: false, block: Range { addr, len }, absorbed: [None; 2], evicted: RangeList::new() };
+        let mut out = Inserted { accepted: false, block: Range { addr, len }, absorbed: [None; 2], evicted: 0 };
         if max_blocks == 0 || len > max_bytes {
             return out;
         }
+        self.unpark();
         for absorbed in out.absorbed.iter_mut() {
             let Some(neighbour) = self.take_neighbour(&block, max_bytes) else { break };
             block.addr = block.addr.min(neighbour.addr);
@@ -445,14 +523,23 @@ impl BlockCache {
             *absorbed = Some(neighbour.addr);
         }
         out.block = Range { addr: block.addr, len: block.len };
-        while self.block_count() >= max_blocks || self.cached_bytes + block.len > max_bytes {
-            match self.evict_oldest() {
-                Some(r) => out.evicted.push(r),
-                None => return out,
-            }
+        if out.absorbed[0].is_none() && self.store.count() < max_blocks && self.cached_bytes + block.len <= max_bytes {
+            // Nothing to merge and room as it is: parked (Note [The block freed last]).
+            self.parked = block;
+            self.cached_bytes += block.len;
+            out.accepted = true;
+            return out;
         }
-        let Some(free_slot) = self.slots.iter_mut().find(|s| s.is_none()) else { return out };
-        *free_slot = Some(block);
+        while self.store.count() >= max_blocks || self.cached_bytes + block.len > max_bytes {
+            let Some(slot) = self.evicted.get_mut(out.evicted) else { return out };
+            let Some(r) = Self::evict_oldest(&mut self.store) else { return out };
+            *slot = r;
+            self.cached_bytes -= r.len;
+            out.evicted += 1;
+        }
+        if self.store.add(block).is_none() {
+            return out;
+        }
         self.cached_bytes += block.len;
         out.accepted = true;
         out
@@ -462,18 +549,14 @@ impl BlockCache {
     /// where it ends, with the same huge-page advice, when the two together stay within
     /// `max_bytes`.
     fn take_neighbour(&mut self, block: &CachedBlock, max_bytes: usize) -> Option<CachedBlock> {
-        let end = block.addr + block.len;
-        let slot = self.slots.iter_mut().find(|s| {
-            s.is_some_and(|b| {
-                b.state != BlockState::Releasing
-                    && (b.addr + b.len == block.addr || b.addr == end)
-                    && b.len + block.len <= max_bytes
-                    // Advice from different code (or none beside some) stays apart: a merged
-                    // block would suit neither (Note [Huge-page advice] in host/host_layer.rs).
-                    && b.facts.advised_by == block.facts.advised_by
-            })
-        })?;
-        let neighbour = slot.take()?;
+        // Advice from different code (or none beside some) stays apart: a merged block would
+        // suit neither (Note [Huge-page advice] in host/host_layer.rs).
+        let fits = |b: &CachedBlock| b.state != BlockState::Releasing && b.len + block.len <= max_bytes && b.facts.advised_by == block.facts.advised_by;
+        let id = [self.store.ending_at(block.addr), self.store.starting_at(block.addr + block.len)]
+            .into_iter()
+            .flatten()
+            .find(|&id| fits(self.store.get(id)))?;
+        let neighbour = self.store.remove(id);
         self.cached_bytes -= neighbour.len;
         Some(neighbour)
     }
@@ -512,7 +595,7 @@ impl BlockCache {
         let [older, current] = &self.peaks;
         let blocks = if l.follow_blocks { older.live.blocks.max(current.live.blocks).max(l.min_blocks).min(l.max_blocks) } else { l.max_blocks };
         let bytes = if l.follow_bytes { older.live.bytes.max(current.live.bytes).max(l.min_bytes).min(l.max_bytes) } else { l.max_bytes };
-        (blocks.min(MAX_CACHE_BLOCKS), bytes)
+        (blocks.min(CAPACITY), bytes)
     }
 
     /// Puts a range on the list the background thread unmaps; false when the list is full
@@ -541,48 +624,48 @@ impl BlockCache {
 
     /// Empties the deferred list: the caller unmaps every range.
     pub fn take_deferred(&mut self) -> RangeList {
-        let mut out = RangeList::new();
-        for r in self.deferred.iter().take(self.deferred_count) {
-            out.push(*r);
-        }
+        let out = self.deferred();
         self.deferred_count = 0;
         self.deferred_bytes = 0;
         out
     }
 
-    fn evict_oldest(&mut self) -> Option<Range> {
-        let index = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.filter(|b| b.state != BlockState::Releasing).map(|b| (i, b.idle_since_ns)))
-            .min_by_key(|&(_, t)| t)?
-            .0;
-        let b = self.slots.get_mut(index)?.take()?;
-        self.cached_bytes -= b.len;
+    /// The least recently freed block that is not being released, out of the store.
+    fn evict_oldest(store: &mut Store) -> Option<Range> {
+        let id = store.oldest_first().find(|(_, b)| b.state != BlockState::Releasing)?.0;
+        let b = store.remove(id);
         Some(Range { addr: b.addr, len: b.len })
     }
 
-    /// Blocks whose idle time has passed a delay: expired ones leave the cache, hot ones
-    /// become Releasing. `near_limit`: released blocks whose pages the kernel may still hold
+    /// Blocks whose idle time has passed a delay, oldest first, as many as the lists hold (the
+    /// rest are due at once on the next call): expired ones leave the cache, hot ones become
+    /// Releasing. `near_limit`: released blocks whose pages the kernel may still hold
     /// (MADV_FREE'd) expire as soon as they are due for release (Note [What RSS shows] in
     /// host/host_layer.rs).
     pub fn due(&mut self, now_ns: u64, near_limit: bool) -> Due {
+        self.unpark();
         let mut due = Due::default();
         let limits = self.limits;
-        for slot in self.slots.iter_mut() {
-            let Some(b) = slot else { continue };
+        let first_due = limits.release_after_ns.min(limits.expire_after_ns);
+        let mut at = self.store.oldest();
+        while at != NONE && due.release.len() < RangeList::CAPACITY && due.expire.len() < RangeList::CAPACITY {
+            let b = *self.store.get(at);
+            let next = self.store.newer(at);
             let idle = now_ns.saturating_sub(b.idle_since_ns);
+            if idle < first_due {
+                break; // every block after it was freed later
+            }
             let lazily_freed = b.state == BlockState::Released && !b.facts.zero;
             let expire_after = if near_limit && lazily_freed { limits.release_after_ns } else { limits.expire_after_ns };
             if b.state != BlockState::Releasing && idle >= expire_after {
                 due.expire.push(Range { addr: b.addr, len: b.len });
+                self.store.remove(at);
                 self.cached_bytes -= b.len;
-                *slot = None;
             } else if b.state == BlockState::Hot && idle >= limits.release_after_ns {
-                b.state = BlockState::Releasing;
+                self.store.set_state(at, BlockState::Releasing);
                 due.release.push(Range { addr: b.addr, len: b.len });
             }
+            at = next;
         }
         due
     }
@@ -590,79 +673,84 @@ impl BlockCache {
     /// The madvise for a Releasing block has returned (`zero`: it dropped the pages, Note
     /// [Known zero]). Returns the block if it was trimmed meanwhile: the caller unmaps it.
     pub fn release_done(&mut self, addr: usize, zero: bool) -> Option<Range> {
-        let index = self.slots.iter().position(|s| s.is_some_and(|b| b.addr == addr && b.state == BlockState::Releasing))?;
-        let slot = self.slots.get_mut(index)?;
-        let b = slot.as_mut()?;
+        let id = self.store.starting_at(addr).filter(|&id| self.store.get(id).state == BlockState::Releasing)?;
+        let b = *self.store.get(id);
         if b.doomed {
-            let r = Range { addr: b.addr, len: b.len };
+            self.store.remove(id);
             self.cached_bytes -= b.len;
-            *slot = None;
-            return Some(r);
+            return Some(Range { addr: b.addr, len: b.len });
         }
-        b.state = BlockState::Released;
         // MADV_FREE'd pages may go at any time: nothing is known of their residency.
-        b.facts = PageFacts { zero, votes: 0, ..b.facts };
+        let facts = &mut self.store.block_mut(id).facts;
+        *facts = PageFacts { zero, votes: 0, ..*facts };
+        self.store.set_state(id, BlockState::Released);
         None
     }
 
-    /// Marks every block not yet wholly kept from forked children as kept, and returns them: the
-    /// caller advises each MADV_DONTFORK (Note [Fork at the fork] in host/host_layer.rs).
-    pub fn keep_from_fork(&mut self) -> RangeList {
-        let mut out = RangeList::new();
-        for b in self.slots.iter_mut().flatten() {
+    /// Marks every block not yet wholly kept from forked children as kept, and gives each to
+    /// `f`, which advises it MADV_DONTFORK (Note [Fork at the fork] in host/host_layer.rs).
+    pub fn keep_from_fork(&mut self, mut f: impl FnMut(Range)) {
+        self.unpark();
+        let mut at = self.store.oldest();
+        while at != NONE {
+            let next = self.store.newer(at);
+            let b = self.store.block_mut(at);
             if !b.facts.kept_all {
                 b.facts.kept_all = true;
                 b.facts.kept_any = true;
-                out.push(Range { addr: b.addr, len: b.len });
+                f(Range { addr: b.addr, len: b.len });
             }
+            at = next;
         }
-        out
     }
 
     /// Evicts the least recently freed blocks until at most `max_bytes` stay cached (a lower
-    /// address-space limit, Note [Room for others]); the caller unmaps what comes back. Blocks
-    /// being released stay.
+    /// address-space limit, Note [Room for others]), as many as a list holds: the caller unmaps
+    /// them and asks again until the list comes back empty. Blocks being released stay.
     pub fn shrink_to(&mut self, max_bytes: usize) -> RangeList {
+        self.unpark();
         let mut out = RangeList::new();
-        while self.cached_bytes > max_bytes {
-            match self.evict_oldest() {
-                Some(r) => out.push(r),
-                None => break,
-            }
+        while self.cached_bytes > max_bytes && out.len() < RangeList::CAPACITY {
+            let Some(r) = Self::evict_oldest(&mut self.store) else { break };
+            self.cached_bytes -= r.len;
+            out.push(r);
         }
         out
     }
 
-    /// Empties the cache: every available block comes back for unmapping; blocks being
-    /// released are unmapped by `release_done`.
+    /// Empties the cache, as many blocks at a time as a list holds: the caller unmaps them and
+    /// asks again until the list comes back empty. Blocks being released are unmapped by
+    /// `release_done`.
     pub fn drain(&mut self) -> RangeList {
+        self.unpark();
         let mut out = RangeList::new();
-        for slot in self.slots.iter_mut() {
-            let Some(b) = slot else { continue };
+        let mut at = self.store.oldest();
+        while at != NONE && out.len() < RangeList::CAPACITY {
+            let next = self.store.newer(at);
+            let b = *self.store.get(at);
             if b.state == BlockState::Releasing {
-                b.doomed = true;
-                continue;
+                self.store.block_mut(at).doomed = true;
+            } else {
+                out.push(Range { addr: b.addr, len: b.len });
+                self.store.remove(at);
+                self.cached_bytes -= b.len;
             }
-            out.push(Range { addr: b.addr, len: b.len });
-            self.cached_bytes -= b.len;
-            *slot = None;
+            at = next;
         }
         out
     }
 
     /// Empties the cache and the deferred list with nothing left for the caller to unmap (a
-    /// forked child, which inherited none of it); returns the blocks that were cached.
-    pub fn forget_all(&mut self) -> RangeList {
-        let mut out = RangeList::new();
-        for slot in self.slots.iter_mut() {
-            if let Some(b) = slot.take() {
-                out.push(Range { addr: b.addr, len: b.len });
-            }
+    /// forked child, which inherited none of it); `f` hears of every block that was cached.
+    pub fn forget_all(&mut self, mut f: impl FnMut(Range)) {
+        for b in self.blocks() {
+            f(Range { addr: b.addr, len: b.len });
         }
+        self.store = Store::new();
+        self.parked = CachedBlock::EMPTY;
         self.cached_bytes = 0;
         self.deferred_count = 0;
         self.deferred_bytes = 0;
-        out
     }
 
     /// Cached bytes by what they cost in RSS: (hot: freed recently, pages resident; lazily
@@ -694,6 +782,10 @@ impl BlockCache {
     /// Checks the bookkeeping; tests call it after every step.
     #[cfg(test)]
     pub fn check_invariants(&self) -> Result<(), &'static str> {
+        self.store.check()?;
+        if self.parked.len != 0 && (self.parked.state != BlockState::Hot || self.store.iter().any(|(_, b)| b.idle_since_ns > self.parked.idle_since_ns)) {
+            return Err("the parked block is not the hot one freed last");
+        }
         let bytes: usize = self.blocks().map(|b| b.len).sum();
         if bytes != self.cached_bytes {
             return Err("cached_bytes disagrees with the blocks");
@@ -704,20 +796,11 @@ impl BlockCache {
         if self.block_count() > self.limits.max_blocks.max(1) && self.limits.max_blocks > 0 {
             return Err("more blocks than the limit");
         }
-        let mut blocks: [(usize, usize); MAX_CACHE_BLOCKS + MAX_DEFERRED] = [(0, 0); MAX_CACHE_BLOCKS + MAX_DEFERRED];
-        let mut n = 0;
-        for b in self.blocks() {
-            if b.len == 0 {
-                return Err("empty block");
-            }
-            blocks[n] = (b.addr, b.len);
-            n += 1;
+        let mut blocks: Vec<(usize, usize)> = self.blocks().map(|b| (b.addr, b.len)).collect();
+        if blocks.iter().any(|b| b.1 == 0) {
+            return Err("empty block");
         }
-        for r in self.deferred.iter().take(self.deferred_count) {
-            blocks[n] = (r.addr, r.len);
-            n += 1;
-        }
-        let blocks = &mut blocks[..n];
+        blocks.extend(self.deferred.iter().take(self.deferred_count).map(|r| (r.addr, r.len)));
         blocks.sort_unstable();
         for w in blocks.windows(2) {
             if w[0].0 + w[0].1 > w[1].0 {

@@ -20,6 +20,12 @@
 // "mostly not" starts over, and so does releasing the block (MADV_FREE'd pages may go at any
 // time). A block the program fills after each calloc pays one dropped-and-refaulted round (a
 // fresh mapping's cost, what glibc pays every time) before it is written over instead.
+// Blocks change hands, though (a training loop frees its buffers in another order each step,
+// and the next calloc gets one whose votes were never counted): the process keeps votes of its
+// own beside each block's, counted the same way, and calloc writes zeros when either side has
+// two. A write is weighed too (PageMemory::zero_weighed: pages not resident fault as they are
+// written, 0.6-2 us each against 0.1-0.3): one that found the block mostly not resident takes
+// a vote away, so a program whose callocs turned sparse is back to drops after two such.
 
 // Note [Plain memory]
 // A block we hand out is plain memory whatever its previous owner did to its pages: read-write
@@ -133,7 +139,8 @@
 // as before. `free` and `dontneed` fix the choice. The report and `stats()` split the cache into
 // resident (hot) and lazily freed bytes so RSS can be read against them.
 
-use super::cache::{BlockCache, CacheLimits, Live, PageFacts, Part, Parts};
+use super::cache::{BlockCache, CacheLimits, Live, PageFacts, Part, Parts, Taken};
+use super::tally::{CallTimer, Tally};
 use super::registry::{Birth, Marks, Owner, PageChange, Registry};
 use crate::backing::{Moved, PageMemory, Presence, TableSource, BLOCK_ALIGN};
 use crate::config::{Config, HugePages, Release, MAX_CACHE_BLOCKS};
@@ -176,6 +183,8 @@ pub struct HostLayer<M: PageMemory> {
     forking: AtomicBool,
     /// TENSORMALLOC_RESET=always (Note [Pages the program changed]).
     reset_always: AtomicBool,
+    /// The process's own votes, beside each block's (Note [calloc costs what is touched]).
+    calloc_votes: AtomicU8,
     threshold_bytes: AtomicUsize,
     /// Large requests come here (TENSORMALLOC_DISABLE turns it off, tm_set_enabled at run time).
     enabled: AtomicBool,
@@ -188,7 +197,11 @@ pub struct HostLayer<M: PageMemory> {
     /// forgotten its parent's cache (Note [Fork handlers that allocate]).
     fork_pid: AtomicU32,
     forgotten_in: AtomicU32,
+    /// Timestamps: when a block was born, freed, due (the coarse clock: Note [Timing one call
+    /// in 64] in host/tally.rs).
     clock: fn() -> u64,
+    /// The timing table's clock (precise).
+    precise: fn() -> u64,
     background: Background,
     pub stats: HostStats,
 }
@@ -253,6 +266,8 @@ fn hugepages_code(h: HugePages) -> u8 {
 }
 
 impl<M: PageMemory> HostLayer<M> {
+    /// `clock` gives the timestamps (when blocks are born, freed and due); the timing table
+    /// reads the precise monotonic clock.
     pub const fn new(memory: M, table_source: TableSource, clock: fn() -> u64, background: Background) -> Self {
         const DEFAULTS: CacheLimits = limits_from(&Config::DEFAULT, 4 << 30, u64::MAX);
         HostLayer {
@@ -262,6 +277,7 @@ impl<M: PageMemory> HostLayer<M> {
             transit: Gate::new(),
             forking: AtomicBool::new(false),
             reset_always: AtomicBool::new(false),
+            calloc_votes: AtomicU8::new(0),
             threshold_bytes: AtomicUsize::new(Config::DEFAULT.threshold_bytes as usize),
             enabled: AtomicBool::new(false),
             address_space_bytes: AtomicU64::new(u64::MAX),
@@ -270,6 +286,7 @@ impl<M: PageMemory> HostLayer<M> {
             forgotten_in: AtomicU32::new(NO_PROCESS),
             hugepages: AtomicU8::new(0),
             clock,
+            precise: crate::sys::clock::now_ns,
             background,
             stats: HostStats::new(),
         }
@@ -305,23 +322,29 @@ impl<M: PageMemory> HostLayer<M> {
     /// glibc's free would have left).
     pub fn limit_address_space(&self, bytes: u64) {
         let was = self.address_space_bytes.swap(bytes, Relaxed);
-        let (evicted, transit) = {
-            let mut cache = self.cache();
-            let limits = *cache.limits();
-            let ceiling = usize::try_from(bytes / 8).unwrap_or(usize::MAX);
-            if limits.follow_bytes {
-                cache.set_limits(CacheLimits { max_bytes: limits.max_bytes.min(ceiling), ..limits });
+        // A list at a time (the cache may hold more blocks than one list).
+        loop {
+            let (evicted, transit) = {
+                let mut cache = self.cache();
+                let limits = *cache.limits();
+                let ceiling = usize::try_from(bytes / 8).unwrap_or(usize::MAX);
+                if limits.follow_bytes {
+                    cache.set_limits(CacheLimits { max_bytes: limits.max_bytes.min(ceiling), ..limits });
+                }
+                let bound = cache.bounds().1;
+                let evicted = if bytes < was { cache.shrink_to(bound) } else { RangeList::new() };
+                for r in evicted.iter() {
+                    self.registry.clear(r.addr);
+                }
+                self.stats.cached.set(cache.cached_bytes() as u64);
+                (evicted, self.transit())
+            };
+            self.unmap_all(&evicted);
+            drop(transit);
+            if evicted.is_empty() {
+                break;
             }
-            let bound = cache.bounds().1;
-            let evicted = if bytes < was { cache.shrink_to(bound) } else { RangeList::new() };
-            for r in evicted.iter() {
-                self.registry.clear(r.addr);
-            }
-            self.stats.cached.set(cache.cached_bytes() as u64);
-            (evicted, self.transit())
-        };
-        self.unmap_all(&evicted);
-        drop(transit);
+        }
         if bytes < was {
             self.unmap_deferred();
         }
@@ -388,7 +411,7 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     fn timed<T>(&self, phase: &PhaseTimer, f: impl FnOnce() -> T) -> T {
-        crate::record::stats::timed_by(self.clock, phase, f)
+        crate::record::stats::timed_by(self.precise, phase, f)
     }
 
     fn unmap_all(&self, ranges: &RangeList) {
@@ -464,19 +487,30 @@ impl<M: PageMemory> HostLayer<M> {
     fn zero_reused(&self, addr: usize, asked: usize, len: usize, votes: u8) -> u8 {
         let head = asked.checked_add(PAGE - 1).map_or(len, |a| a & !(PAGE - 1)).min(len);
         self.timed(&self.stats.phases.alloc_zero, || {
+            use super::cache::{votes_after, votes_after_write, zero_by_discard};
             let mut votes = votes;
-            if head > 0 {
-                let dropped = if super::cache::zero_by_discard(head, votes, DISCARD_MIN) { self.memory.discard_weighed(addr, head) } else { None };
+            let process = self.calloc_votes.load(Relaxed);
+            if head >= DISCARD_MIN {
+                let dropped = if zero_by_discard(head, votes.max(process), DISCARD_MIN) { self.memory.discard_weighed(addr, head) } else { None };
                 match dropped {
                     Some(found) => {
                         self.stats.zeroed_by_discard.add(1);
-                        votes = super::cache::votes_after(votes, Some(found));
+                        votes = votes_after(votes, Some(found));
+                        self.calloc_votes.store(votes_after(process, Some(found)), Relaxed);
                     }
-                    None => self.memory.zero(addr, head),
+                    None => {
+                        let resident = self.memory.zero_weighed(addr, head);
+                        votes = votes_after_write(votes, resident);
+                        self.calloc_votes.store(votes_after_write(process, resident), Relaxed);
+                    }
                 }
+            } else if head > 0 {
+                self.memory.zero(addr, head);
             }
+            // A tail shorter than BLOCK_ALIGN (a mid-size request's rounding) is written: dropping
+            // it costs a system call, and the next request that reaches its pages faults.
             let tail = len - head;
-            if tail > 0 && !self.memory.discard(addr + head, tail) {
+            if tail > 0 && (tail < BLOCK_ALIGN || !self.memory.discard(addr + head, tail)) {
                 self.memory.zero(addr + head, tail);
             }
             votes
@@ -516,30 +550,40 @@ impl<M: PageMemory> HostLayer<M> {
     /// two); zero-filled when `zeroed`; `holder` is its holder word (Note [Holders]). `None`
     /// means out of memory.
     pub fn alloc(&self, size: usize, align: usize, zeroed: bool, holder: u64) -> Option<usize> {
-        let start = (self.clock)();
-        let birth = Birth { ns: start, holder };
-        let out = self.alloc_untimed(size, align, zeroed, birth);
-        self.stats.phases.alloc.record((self.clock)().saturating_sub(start));
-        let (addr, len, outcome) = out?;
-        self.record_alloc(addr, len, size, outcome, birth);
+        let mut timer = CallTimer::begin(self.stats.requests.get(), self.precise);
+        let birth = Birth { ns: (self.clock)(), holder };
+        let out = self.alloc_untimed(size, align, zeroed, birth, &mut timer);
+        let (addr, len, found) = match out {
+            Some(o) => o,
+            None => {
+                timer.exact(self.precise);
+                timer.finish(self.precise, &[&self.stats.phases.alloc]);
+                return None;
+            }
+        };
+        self.registry.set_asked(addr, size as u64);
+        record::alloc(Block::host(addr as u64, len as u64, size as u64, holder), found);
+        let phases = &self.stats.phases;
+        if found == Found::Hit {
+            timer.finish(self.precise, &[&phases.alloc, &phases.alloc_hit]);
+        } else {
+            timer.finish(self.precise, &[&phases.alloc]);
+        }
         Some(addr)
     }
 
-    // Note [One recording point] (record/mod.rs): a block's event is recorded in record_alloc,
+    // Note [One recording point] (record/mod.rs): a block's event is recorded in alloc,
     // record_free and record_resize, with its mapped length; beside it, the live figures the
-    // cache's bounds follow.
+    // cache's bounds follow, in the tally (Note [Figures under the lock] in host/tally.rs).
 
-    fn record_alloc(&self, addr: usize, len: usize, asked: usize, found: Found, birth: Birth) {
-        self.stats.live.add(len as u64);
-        self.stats.live_blocks.add(1);
-        self.registry.set_asked(addr, asked as u64);
-        record::alloc(Block::host(addr as u64, len as u64, asked as u64, birth.holder), found);
+    /// A block mapped or gathered outside the lock became live.
+    fn went_live(&self, len: usize) {
+        let mut cache = self.cache();
+        cache.tally.went_live(len);
+        cache.tally.publish(&self.stats);
     }
 
     fn record_free(&self, addr: usize, len: usize, holder: u64) {
-        self.stats.frees.add(1);
-        self.stats.live.sub(len as u64);
-        self.stats.live_blocks.sub(1);
         record::free(Block::host(addr as u64, len as u64, self.registry.asked(addr), holder));
     }
 
@@ -547,56 +591,80 @@ impl<M: PageMemory> HostLayer<M> {
     /// through alloc and free.
     /// `was_asked`: what the block was asked for before.
     fn record_resize(&self, (addr, len, was_asked): (usize, usize, u64), (moved, need): (usize, usize), asked: usize, birth: Birth) {
-        if need >= len {
-            self.stats.live.add((need - len) as u64);
-        } else {
-            self.stats.live.sub((len - need) as u64);
+        {
+            let mut cache = self.cache();
+            cache.tally.resized(len, need);
+            cache.tally.publish(&self.stats);
         }
         self.registry.set_asked(moved, asked as u64);
         record::resize(Block::host(addr as u64, len as u64, was_asked, birth.holder), Block::host(moved as u64, need as u64, asked as u64, birth.holder));
     }
 
     /// The block, its mapped length and how it was found.
-    fn alloc_untimed(&self, size: usize, align: usize, zeroed: bool, birth: Birth) -> Option<(usize, usize, Found)> {
-        self.stats.requests.add(1);
-        let (need, granule) = self.block_shape(size)?;
+    fn alloc_untimed(&self, size: usize, align: usize, zeroed: bool, birth: Birth, timer: &mut CallTimer) -> Option<(usize, usize, Found)> {
+        let Some((need, granule)) = self.block_shape(size) else {
+            let mut cache = self.cache();
+            cache.tally.requests += 1;
+            cache.tally.publish(&self.stats);
+            return None;
+        };
         let align = align.max(BLOCK_ALIGN);
-        let hit_start = (self.clock)();
         let tag = holder_tag(birth.holder);
-        let live = Birth { ns: hit_start, ..birth };
         let taken = {
             let mut cache = self.cache();
+            cache.tally.requests += 1;
             let taken = cache.take(need, align, tag);
+            let mut counted = false;
             if let Some(t) = &taken {
                 // The leaf exists: the block was recorded as cached. One still kept from
                 // children is recorded only once readmitted (Note [Fork at the fork]).
                 if t.facts.kept_any {
                     self.registry.clear(t.addr);
                 } else {
-                    let _ = self.registry.set_live(t.addr, t.len, live);
+                    let _ = self.registry.set_live(t.addr, t.len, birth);
                 }
                 if let Some(tail) = t.tail_kept {
                     let _ = self.registry.set_cached(tail.addr, tail.len);
                 }
                 self.stats.cached.set(cache.cached_bytes() as u64);
+                // A block that make_fit may still drop is counted once it is fit.
+                counted = !t.facts.kept_any && self.memory.future_locking().is_none();
+                if counted {
+                    Self::count_hit(&mut cache.tally, t);
+                }
             }
-            taken
+            cache.tally.publish(&self.stats);
+            taken.map(|t| (t, counted))
         };
-        let taken = taken.and_then(|t| {
-            let facts = self.make_fit(t.addr, t.len, t.facts)?;
+        let taken = taken.and_then(|(t, counted)| {
+            if !counted {
+                timer.exact(self.precise);
+            }
+            let Some(facts) = self.make_fit(t.addr, t.len, t.facts) else {
+                if counted {
+                    // mlockall came meanwhile, and the lock was refused: the block left.
+                    let mut cache = self.cache();
+                    cache.tally.left(t.len);
+                    cache.tally.publish(&self.stats);
+                }
+                return None;
+            };
             // Cannot fail: its leaf exists.
-            if t.facts.kept_any && !self.registry.set_live(t.addr, t.len, live) {
+            if t.facts.kept_any && !self.registry.set_live(t.addr, t.len, birth) {
                 self.memory.unmap(t.addr, t.len);
                 return None;
             }
-            Some(super::cache::Taken { facts, ..t })
+            if !counted {
+                let mut cache = self.cache();
+                Self::count_hit(&mut cache.tally, &t);
+                cache.tally.publish(&self.stats);
+            }
+            Some(Taken { facts, ..t })
         });
         if let Some(t) = taken {
-            if t.tail_kept.is_some() {
-                self.stats.splits.add(1);
-            }
             let mut votes = t.facts.votes;
             if zeroed && !t.facts.zero {
+                timer.exact(self.precise);
                 votes = self.zero_reused(t.addr, size, t.len, votes);
             }
             // What the block carries on (a fresh record has neither): its votes, its advice.
@@ -604,32 +672,38 @@ impl<M: PageMemory> HostLayer<M> {
                 let marks = Marks::default().with_votes(votes);
                 self.registry.keep_marks(t.addr, if t.facts.advised_by == 0 { marks } else { marks.with_huge() });
             }
-            self.stats.hits.add(1);
-            self.stats.hit_bytes.add(t.len as u64);
-            if t.was_released {
-                self.stats.hits_after_release.add(1);
-            }
-            self.stats.phases.alloc_hit.record((self.clock)().saturating_sub(hit_start));
             return Some((t.addr, t.len, Found::Hit));
         }
 
-        if let Some((addr, dirty)) = self.gather_cached(need, align.max(granule), Birth { ns: hit_start, ..birth }) {
+        timer.exact(self.precise);
+        if let Some((addr, dirty)) = self.gather_cached(need, align.max(granule), birth) {
             if zeroed {
                 // Only the moved parts may hold data; the rest of the mapping is fresh.
                 for part in dirty.iter() {
                     self.zero_reused(part.addr, (addr + size).saturating_sub(part.addr).min(part.len), part.len, 0);
                 }
             }
+            self.went_live(need);
             return Some((addr, need, Found::Grown));
         }
         self.stats.misses.add(1);
         let addr = self.timed(&self.stats.phases.alloc_map, || self.map_fresh(need, align.max(granule)))?;
-        if !self.registry.set_live(addr, need, Birth { ns: hit_start, ..birth }) {
+        if !self.registry.set_live(addr, need, birth) {
             self.memory.unmap(addr, need);
             self.stats.map_failures.add(1);
             return None;
         }
+        self.went_live(need);
         Some((addr, need, Found::Miss))
+    }
+
+    /// Under the cache lock: a block taken from the cache is live.
+    fn count_hit(tally: &mut Tally, t: &Taken) {
+        tally.hits += 1;
+        tally.hit_bytes += t.len as u64;
+        tally.hits_after_release += u64::from(t.was_released);
+        tally.splits += u64::from(t.tail_kept.is_some());
+        tally.went_live(t.len);
     }
 
     /// A miss that cached blocks can still serve together: their pages move into a fresh
@@ -658,7 +732,7 @@ impl<M: PageMemory> HostLayer<M> {
     fn move_into_new_mapping(&self, parts: &Parts, need: usize, align: usize, birth: Birth) -> Option<(usize, RangeList)> {
         let Some(dest) = self.map_recordable(need, align) else {
             for part in parts.iter() {
-                self.cache_block(part.addr, part.len, part.facts, (self.clock)(), Live::default());
+                self.cache_block(part.addr, part.len, part.facts, (self.clock)(), false, &mut CallTimer::untimed());
             }
             return None;
         };
@@ -668,7 +742,7 @@ impl<M: PageMemory> HostLayer<M> {
         let mut lost = None;
         for part in parts.iter() {
             if lost.is_some() {
-                self.cache_block(part.addr, part.len, part.facts, (self.clock)(), Live::default());
+                self.cache_block(part.addr, part.len, part.facts, (self.clock)(), false, &mut CallTimer::untimed());
             } else {
                 let to = dest + offset;
                 lost = self.move_part(*part, to, &mut dirty);
@@ -723,18 +797,18 @@ impl<M: PageMemory> HostLayer<M> {
                 None
             }
             Moved::DestinationLost => {
-                self.cache_block(part.addr, part.len, part.facts, (self.clock)(), Live::default());
+                self.cache_block(part.addr, part.len, part.facts, (self.clock)(), false, &mut CallTimer::untimed());
                 Some(Range { addr: to, len: part.len })
             }
             Moved::Refused => {
                 let half = (part.len / 2) & !(HUGE_PAGE - 1);
                 let second = Part { addr: part.addr + half, len: part.len - half, ..part };
                 if half == 0 {
-                    self.cache_block(part.addr, part.len, part.facts, (self.clock)(), Live::default());
+                    self.cache_block(part.addr, part.len, part.facts, (self.clock)(), false, &mut CallTimer::untimed());
                     return None;
                 }
                 if let Some(gone) = self.move_part(Part { len: half, ..part }, to, dirty) {
-                    self.cache_block(second.addr, second.len, second.facts, (self.clock)(), Live::default());
+                    self.cache_block(second.addr, second.len, second.facts, (self.clock)(), false, &mut CallTimer::untimed());
                     return Some(gone);
                 }
                 self.move_part(second, to + half, dirty)
@@ -793,14 +867,16 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// Takes back a live block (`owner` said `Live { len }`).
     pub fn free(&self, addr: usize, len: usize) {
-        let start = (self.clock)();
-        // Live before this free: the bounds follow its peak, reached just before some free.
-        let live = Live { bytes: self.stats.live.current() as usize, blocks: self.stats.live_blocks.current() as usize };
+        let mut timer = CallTimer::begin(self.stats.frees.get(), self.precise);
+        let now = (self.clock)();
         let holder = self.registry.birth(addr).holder;
         self.record_free(addr, len, holder);
         // Note [Pages the program changed]: most blocks need no system call here.
         let marks = self.registry.marks(addr);
         let reset = marks.changed() || self.reset_always.load(Relaxed);
+        if reset || marks.no_huge() {
+            timer.exact(self.precise);
+        }
         let facts = PageFacts { votes: marks.votes(), advised_by: if marks.huge() { holder_tag(holder) } else { 0 }, ..PageFacts::DIRTY };
         let kept = if marks.replaced() {
             None
@@ -821,24 +897,38 @@ impl<M: PageMemory> HostLayer<M> {
         if let Some(facts) = kept {
             // Note [Locked memory]: what the cache holds is never locked.
             if self.memory.future_locking().is_some() {
+                timer.exact(self.precise);
                 self.memory.unlock(addr, len);
             }
-            self.cache_block(addr, len, facts, start, live);
+            self.cache_block(addr, len, facts, now, true, &mut timer);
         } else {
             // Never reused: part of it is gone or it is sealed. Whatever is still ours goes.
+            timer.exact(self.precise);
+            {
+                let mut cache = self.cache();
+                cache.tally.frees += 1;
+                cache.tally.left(len);
+                cache.tally.publish(&self.stats);
+            }
             self.registry.clear(addr);
             self.unmap_all(&single(Range { addr, len }));
             self.stats.unresettable.add(1);
         }
-        self.stats.phases.free.record((self.clock)().saturating_sub(start));
+        timer.finish(self.precise, &[&self.stats.phases.free]);
     }
 
     /// Offers a block that is ours and in no record (a freed one, or a part that could not be
-    /// gathered) to the cache at time `now_ns`; unmaps what leaves it. `live`: live large
-    /// memory before a free.
-    fn cache_block(&self, addr: usize, len: usize, facts: PageFacts, now_ns: u64, live: Live) {
+    /// gathered) to the cache at time `now_ns`; unmaps what leaves it. `freed`: the program
+    /// freed it (a live block leaves; the bounds follow what was live before).
+    fn cache_block(&self, addr: usize, len: usize, facts: PageFacts, now_ns: u64, freed: bool, timer: &mut CallTimer) {
         let (accepted, unmaps, due_ns) = {
             let mut cache = self.cache();
+            // Live before this free: the bounds follow its peak, reached just before some free.
+            let live = if freed { Live { bytes: cache.tally.live_bytes as usize, blocks: cache.tally.live_blocks as usize } } else { Live::default() };
+            if freed {
+                cache.tally.frees += 1;
+                cache.tally.left(len);
+            }
             let due_ns = now_ns.saturating_add(cache.limits().release_after_ns.min(cache.limits().expire_after_ns));
             // Note [Fork at the fork]: a block freed by a fork handler is kept from the child.
             let forking = self.forking.load(Relaxed);
@@ -857,17 +947,28 @@ impl<M: PageMemory> HostLayer<M> {
             if inserted.accepted {
                 let _ = self.registry.set_cached(inserted.block.addr, inserted.block.len);
             }
-            for r in inserted.evicted.iter() {
+            for r in cache.evicted(&inserted) {
                 self.registry.clear(r.addr);
             }
             self.stats.cached.set(cache.cached_bytes() as u64);
-            let mut leaving = inserted.evicted;
-            if !inserted.accepted {
-                leaving.push(inserted.block);
-            }
-            (inserted.accepted, self.defer_unmaps(&mut cache, &leaving), due_ns)
+            cache.tally.publish(&self.stats);
+            // Most frees leave nothing to unmap: no list is built for them.
+            let unmaps = (inserted.evicted > 0 || !inserted.accepted).then(|| {
+                let mut leaving = RangeList::new();
+                for r in cache.evicted(&inserted) {
+                    leaving.push(*r);
+                }
+                if !inserted.accepted {
+                    leaving.push(inserted.block);
+                }
+                self.defer_unmaps(&mut cache, &leaving)
+            });
+            (inserted.accepted, unmaps, due_ns)
         };
-        self.finish_unmaps(unmaps);
+        if let Some(unmaps) = unmaps {
+            timer.exact(self.precise);
+            self.finish_unmaps(unmaps);
+        }
         if accepted {
             (self.background.on_cached)(due_ns);
         }
@@ -877,9 +978,9 @@ impl<M: PageMemory> HostLayer<M> {
     /// fits, by mremap otherwise (no copy), by copying as a last resort. `None` leaves the
     /// block as it was.
     pub fn resize(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
-        let start = (self.clock)();
+        let start = (self.precise)();
         let out = self.resize_untimed(addr, len, new_size);
-        self.stats.phases.realloc.record((self.clock)().saturating_sub(start));
+        self.stats.phases.realloc.record((self.precise)().saturating_sub(start));
         out
     }
 
@@ -890,20 +991,28 @@ impl<M: PageMemory> HostLayer<M> {
         let was_asked = self.registry.asked(addr);
         if need <= len {
             let spare = len - need;
-            let unmaps = {
-                let mut cache = self.cache();
-                (spare > len / 100 * cache.waste_percent()).then(|| {
-                    let _ = self.registry.set_live(addr, need, born);
-                    self.registry.keep_marks(addr, marks);
-                    self.defer_unmaps(&mut cache, &single(Range { addr: addr + need, len: spare }))
-                })
-            };
-            // Kept whole when the spare was too small to give back.
-            let kept = if unmaps.is_some() { need } else { len };
-            if let Some(unmaps) = unmaps {
-                self.finish_unmaps(unmaps);
+            // Kept whole when the spare is too small to give back.
+            let cut = spare > len / 100 * self.cache().waste_percent();
+            if cut {
+                let _ = self.registry.set_live(addr, need, born);
+                self.registry.keep_marks(addr, marks);
+                let tail = Range { addr: addr + need, len: spare };
+                if !marks.changed() && !marks.replaced() && !marks.no_huge() {
+                    // Plain pages, written before: cached like a freed block (a page heap keeps
+                    // what a realloc cut off; unmapped, its pages faulted in again at the next
+                    // request that reached them). Note [Locked memory]: never cached locked.
+                    if self.memory.future_locking().is_some() {
+                        self.memory.unlock(tail.addr, tail.len);
+                    }
+                    let facts = PageFacts { advised_by: if marks.huge() { holder_tag(born.holder) } else { 0 }, ..PageFacts::DIRTY };
+                    self.cache_block(tail.addr, tail.len, facts, (self.clock)(), false, &mut CallTimer::untimed());
+                } else {
+                    // Note [Plain memory]: pages the program changed are not cached unreset.
+                    let unmaps = self.defer_unmaps(&mut self.cache(), &single(tail));
+                    self.finish_unmaps(unmaps);
+                }
             }
-            self.record_resize((addr, len, was_asked), (addr, kept), new_size, born);
+            self.record_resize((addr, len, was_asked), (addr, if cut { need } else { len }), new_size, born);
             return Some(addr);
         }
         if self.registry.reserve_spare() {
@@ -931,18 +1040,25 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// Unmaps every cached block now; returns the bytes given back.
     pub fn trim(&self) -> usize {
-        let (drained, transit) = {
-            let mut cache = self.cache();
-            let drained = cache.drain();
-            for r in drained.iter() {
-                self.registry.clear(r.addr);
+        let mut bytes = 0;
+        loop {
+            let (drained, transit) = {
+                let mut cache = self.cache();
+                let drained = cache.drain();
+                for r in drained.iter() {
+                    self.registry.clear(r.addr);
+                }
+                self.stats.cached.set(cache.cached_bytes() as u64);
+                (drained, self.transit())
+            };
+            self.unmap_all(&drained);
+            drop(transit);
+            if drained.is_empty() {
+                break;
             }
-            self.stats.cached.set(cache.cached_bytes() as u64);
-            (drained, self.transit())
-        };
-        self.unmap_all(&drained);
-        drop(transit);
-        drained.total_bytes() + self.unmap_deferred()
+            bytes += drained.total_bytes();
+        }
+        bytes + self.unmap_deferred()
     }
 
     /// Releases and expires idle blocks; returns when it next has work (monotonic ns).
@@ -977,7 +1093,7 @@ impl<M: PageMemory> HostLayer<M> {
             self.stats.unmapped_bytes.add(r.len as u64);
         }
         drop(transit);
-        let mut zeroed = [false; MAX_CACHE_BLOCKS + 1];
+        let mut zeroed = [false; RangeList::CAPACITY];
         for (r, zero) in due.release.iter().zip(zeroed.iter_mut()) {
             *zero = self.timed(&self.stats.phases.release, || if drop_pages { self.memory.discard(r.addr, r.len) } else { self.memory.release(r.addr, r.len) });
             self.stats.released_blocks.add(1);
@@ -1034,12 +1150,12 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     fn forget_blocks_of_parent(&self, cache: &mut BlockCache) {
-        for r in cache.forget_all().iter() {
-            self.registry.clear(r.addr);
-        }
+        cache.forget_all(|r| self.registry.clear(r.addr));
         self.transit.clear(); // the threads that had ranges in transit are not here
         self.stats.cached.set(0);
-        self.forget_blocks_kept_from_children();
+        cache.tally.restart();
+        self.forget_blocks_kept_from_children(&mut cache.tally);
+        cache.tally.publish(&self.stats);
         self.stats.deferred.set(0);
     }
 
@@ -1047,7 +1163,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// in part). Its record goes when its first page is missing (a free of it then fails as under
     /// glibc alone, and a mapping the child makes there is never taken for ours); a block missing
     /// only in part is never reused (its free unmaps what is left).
-    fn forget_blocks_kept_from_children(&self) {
+    fn forget_blocks_kept_from_children(&self, tally: &mut Tally) {
         self.registry.for_each_kept_from_children(|addr, len| match self.memory.presence(addr, len) {
             Presence::All => {}
             Presence::Part => self.registry.note_change(addr, len, PageChange::Replaced),
@@ -1055,8 +1171,7 @@ impl<M: PageMemory> HostLayer<M> {
                 let asked = self.registry.asked(addr);
                 let holder = self.registry.birth(addr).holder;
                 self.registry.clear(addr);
-                self.stats.live.sub(len as u64);
-                self.stats.live_blocks.sub(1);
+                tally.left(len);
                 record::forgotten(Block::host(addr as u64, len as u64, asked, holder));
             }
         });
@@ -1113,9 +1228,9 @@ impl<M: PageMemory> HostLayer<M> {
         // Asleep, not spinning: the threads it waits for may need this CPU.
         self.transit.wait_empty(self.clock, (self.clock)().saturating_add(TRANSIT_WAIT_NS));
         let mut cache = self.cache(); // this thread's again: it holds the lock
-        for r in cache.keep_from_fork().iter() {
+        cache.keep_from_fork(|r| {
             self.memory.keep_from_fork(r.addr, r.len);
-        }
+        });
         for r in cache.deferred().iter() {
             self.memory.keep_from_fork(r.addr, r.len);
         }

@@ -4,3 +4,4 @@
 pub mod cache;
 pub mod host_layer;
 pub mod registry;
+pub mod tally;

@@ -357,8 +357,15 @@ impl Registry {
 
     /// Sets `entry`, the entry of the block starting at `addr`, and keeps its tail and the
     /// granule counts in step with the length it had and the length it now has.
+    /// A load and a store, not a swap (a locked instruction on every large malloc and free): an
+    /// entry has one writer at a time, the thread handing its block out, caching or clearing
+    /// it, under the cache lock or before anyone else can know the block. `note_change` may set
+    /// a flag on a live entry meanwhile only if the program changes the pages of a block while
+    /// another of its threads frees it; the flag is then lost with the block, as glibc's munmap
+    /// at free would lose the change.
     fn write(&self, addr: usize, entry: &AtomicU64, value: u64) {
-        let old = entry.swap(value, Ordering::AcqRel);
+        let old = entry.load(Ordering::Acquire);
+        entry.store(value, Ordering::Release);
         let (old_len, new_len) = (block_len(old), block_len(value));
         if old_len != new_len {
             if old_len != 0 {

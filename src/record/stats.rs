@@ -17,6 +17,11 @@ impl Counter {
     pub fn get(&self) -> u64 {
         self.0.load(Relaxed)
     }
+    /// A count kept elsewhere under a lock, copied here with a plain store (Note [Figures under
+    /// the lock] in host/tally.rs).
+    pub fn set(&self, n: u64) {
+        self.0.store(n, Relaxed);
+    }
     pub fn reset(&self) {
         self.0.store(0, Relaxed);
     }
@@ -52,6 +57,15 @@ impl Level {
         self.current.store(n, Relaxed);
         if n > self.peak.load(Relaxed) {
             self.peak.fetch_max(n, Relaxed);
+        }
+    }
+    /// What is held and the total that came in, kept elsewhere under a lock, copied here with
+    /// plain stores; the peak rises with them (Note [Figures under the lock] in host/tally.rs).
+    pub fn publish(&self, current: u64, total: u64) {
+        self.current.store(current, Relaxed);
+        self.total.store(total, Relaxed);
+        if current > self.peak.load(Relaxed) {
+            self.peak.fetch_max(current, Relaxed);
         }
     }
     pub fn sub(&self, n: u64) {

@@ -128,7 +128,7 @@ fn limits_evict_oldest_first() {
     c.insert(0x2000_0000, 80 * MB, PageFacts::zeroed(false), 20, Live::default());
     let ins = c.insert(0x3000_0000, 80 * MB, PageFacts::zeroed(false), 30, Live::default());
     assert!(ins.accepted);
-    assert_eq!(ins.evicted.iter().next(), Some(&Range { addr: 0x1000_0000, len: 80 * MB }));
+    assert_eq!(c.evicted(&ins), [Range { addr: 0x1000_0000, len: 80 * MB }]);
     assert!(!c.insert(0x5000_0000, 300 * MB, PageFacts::zeroed(false), 40, Live::default()).accepted, "bigger than the whole cache");
     c.check_invariants().unwrap();
     let mut c = BlockCache::new(limits());
@@ -197,7 +197,7 @@ fn bounds_follow_the_live_peak_within_floor_and_ceiling() {
     let live = Live { bytes: 64 * 40 * MB, blocks: 64 };
     for i in 0..64 {
         let ins = c.insert(0x1_0000_0000 + i * 64 * MB, 40 * MB, PageFacts::zeroed(false), i as u64, live);
-        assert!(ins.accepted && ins.evicted.is_empty(), "block {i}");
+        assert!(ins.accepted && ins.evicted == 0, "block {i}");
     }
     assert_eq!(c.bounds(), (64, 64 * 40 * MB));
     c.check_invariants().unwrap();
@@ -209,7 +209,7 @@ fn bounds_follow_the_live_peak_within_floor_and_ceiling() {
     let ins = c.insert(0xa_0000_0000, 40 * MB, PageFacts::DIRTY, later, Live { bytes: 40 * MB, blocks: 1 });
     assert_eq!(c.bounds(), (16, 1024 * MB));
     assert_eq!(c.block_count(), 16);
-    assert!(c.cached_bytes() <= 1024 * MB && ins.accepted && ins.evicted.len() == 50);
+    assert!(c.cached_bytes() <= 1024 * MB && ins.accepted && ins.evicted == 50);
     c.check_invariants().unwrap();
     // A bound the user set is exact.
     let mut fixed = BlockCache::new(CacheLimits { max_blocks: 2, ..follow });
@@ -313,11 +313,15 @@ fn a_fork_keeps_each_block_once_and_releases_forget_residency() {
     let mut c = BlockCache::new(limits());
     c.insert(0x1000_0000, 8 * MB, PageFacts::DIRTY, 0, Live::default());
     c.insert(0x3000_0000, 8 * MB, PageFacts::DIRTY, 0, Live::default());
-    assert_eq!(c.keep_from_fork().len(), 2);
-    assert_eq!(c.keep_from_fork().len(), 0, "kept since the last fork: no second madvise");
+    let kept = |c: &mut BlockCache| {
+        let mut out = Vec::new();
+        c.keep_from_fork(|r| out.push(r.addr));
+        out
+    };
+    assert_eq!(kept(&mut c).len(), 2);
+    assert_eq!(kept(&mut c).len(), 0, "kept since the last fork: no second madvise");
     c.insert(0x5000_0000, 8 * MB, PageFacts { votes: 2, ..PageFacts::DIRTY }, 0, Live::default());
-    let again = c.keep_from_fork();
-    assert_eq!((again.len(), again.iter().next().map(|r| r.addr)), (1, Some(0x5000_0000)));
+    assert_eq!(kept(&mut c), [0x5000_0000]);
     let t = c.take(8 * MB, 4096, 0).unwrap();
     assert!(t.facts.kept_all && t.facts.kept_any, "the taker readmits it");
     let due = c.due(2000 * MS, false);
@@ -337,5 +341,167 @@ fn a_lower_ceiling_evicts_the_oldest_first() {
     assert_eq!(out.iter().map(|r| r.addr).collect::<Vec<_>>(), [0x1000_0000, 0x2000_0000]);
     assert_eq!(c.cached_bytes(), 100 * MB);
     assert!(c.shrink_to(100 * MB).is_empty());
+    c.check_invariants().unwrap();
+}
+
+/// The store's structures (bins, free order, address index) over random programs, against a
+/// model that recomputes every answer from the list of blocks: takes are best fits (hot on a
+/// tie), merges join exactly the neighbours, evictions take the least recently freed, and no
+/// byte is lost or counted twice.
+#[test]
+fn random_programs_keep_every_structure_and_answer_as_a_scan_would() {
+    const PAGE: usize = 4096;
+    for seed in 1..=crate::sim::rounds(24, 4) as u64 {
+        let limits = CacheLimits {
+            max_blocks: [3, 16, 200, CAPACITY][seed as usize % 4],
+            max_bytes: if seed % 3 == 0 { 64 * MB } else { 1 << 40 },
+            max_waste_percent: Some([0, 10, 50][seed as usize % 3]),
+            release_after_ns: 100 * MS,
+            expire_after_ns: 400 * MS,
+            ..limits()
+        };
+        let mut c = BlockCache::new(limits);
+        let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        // Address space handed out in slices of a big arena; `owned` are ranges the program
+        // holds (never cached), so inserts never overlap what is cached.
+        let mut owned: Vec<(usize, usize)> = Vec::new();
+        let mut cursor = 0x10_0000_0000usize;
+        let mut now = 0u64;
+        for _ in 0..crate::sim::rounds(2000, 200) {
+            now += next() % (20 * MS);
+            let before: Vec<CachedBlock> = c.blocks().copied().collect();
+            match next() % 10 {
+                0..=3 => {
+                    // Free a block: a held one (perhaps next to cached ones) or a fresh range.
+                    let (addr, len) = if !owned.is_empty() && next() % 2 == 0 {
+                        owned.swap_remove(next() as usize % owned.len())
+                    } else {
+                        let len = (1 + next() as usize % 64) * 16 * PAGE;
+                        cursor += len + if next() % 3 == 0 { 0 } else { 16 * PAGE };
+                        (cursor - len, len)
+                    };
+                    // A third carry another holder's huge-page advice: holder 9 never gets them.
+                    let facts = PageFacts { zero: next() % 4 == 0, advised_by: if next() % 3 == 0 { 7 } else { 0 }, ..PageFacts::DIRTY };
+                    let ins = c.insert(addr, len, facts, now, Live { bytes: 0, blocks: next() as usize % 300 });
+                    let evicted: Vec<Range> = c.evicted(&ins).to_vec();
+                    let absorbed: Vec<usize> = ins.absorbed.iter().flatten().copied().collect();
+                    // The merged block is the freed one and exactly the absorbed neighbours.
+                    let merged_len: usize = len + absorbed.iter().map(|a| before.iter().find(|b| b.addr == *a).unwrap().len).sum::<usize>();
+                    assert_eq!(ins.block.len, merged_len, "seed {seed}");
+                    assert!(ins.block.addr <= addr && addr + len <= ins.block.addr + ins.block.len);
+                    for a in &absorbed {
+                        let b = before.iter().find(|b| b.addr == *a).unwrap();
+                        assert_ne!(b.state, BlockState::Releasing, "a releasing block never merges");
+                    }
+                    // Evicted blocks are the least recently freed of those that could go.
+                    let stayed = c.blocks().filter(|b| b.addr != ins.block.addr || !ins.accepted);
+                    let youngest_evicted = evicted.iter().map(|r| before.iter().find(|b| b.addr == r.addr).unwrap().idle_since_ns).max();
+                    if let Some(y) = youngest_evicted {
+                        for b in stayed.filter(|b| b.state != BlockState::Releasing) {
+                            assert!(b.idle_since_ns >= y, "seed {seed}: evicted a block younger than one kept");
+                        }
+                    }
+                    if ins.accepted {
+                        let b = c.blocks().find(|b| b.addr == ins.block.addr).unwrap();
+                        assert_eq!((b.len, b.state, b.idle_since_ns), (ins.block.len, BlockState::Hot, now));
+                    }
+                    let kept: usize = c.blocks().map(|b| b.len).sum();
+                    let went: usize = evicted.iter().map(|r| r.len).sum::<usize>() + if ins.accepted { 0 } else { ins.block.len };
+                    assert_eq!(kept + went, before.iter().map(|b| b.len).sum::<usize>() + len, "seed {seed}: bytes lost");
+                }
+                4..=6 => {
+                    let need = (1 + next() as usize % 80) * 16 * PAGE;
+                    let align = if next() % 4 == 0 { 2 * MB } else { 64 << 10 };
+                    // The model: least waste among fitting, aligned, available blocks; hot on a tie.
+                    let best = before
+                        .iter()
+                        .filter(|b| b.state != BlockState::Releasing && b.len >= need && b.addr % align == 0 && b.facts.fits(9))
+                        .map(|b| (b.len - need, b.state == BlockState::Released))
+                        .min();
+                    let t = c.take(need, align, 9);
+                    match (best, t) {
+                        (None, None) => {}
+                        (Some((waste, released)), Some(t)) => {
+                            let whole = t.len + t.tail_kept.map_or(0, |r| r.len);
+                            assert_eq!((whole - need, t.was_released), (waste, released), "seed {seed}: not the best fit");
+                            assert!(t.addr % align == 0 && t.len >= need);
+                            assert_eq!(t.facts.advised_by, 0, "seed {seed}: another holder's advice");
+                            owned.push((t.addr, t.len));
+                        }
+                        (b, t) => panic!("seed {seed}: model {b:?}, cache {t:?}"),
+                    }
+                }
+                7 => {
+                    let due = c.due(now, next() % 2 == 0);
+                    for r in due.release.iter() {
+                        if next() % 4 != 0 {
+                            assert_eq!(c.release_done(r.addr, next() % 2 == 0), None);
+                        }
+                    }
+                    // Still releasing ones finish later, or are trimmed meanwhile.
+                    for b in before.iter().filter(|b| b.state == BlockState::Releasing) {
+                        if next() % 2 == 0 {
+                            let _ = c.release_done(b.addr, false);
+                        }
+                    }
+                }
+                8 => {
+                    if next() % 8 == 0 {
+                        while !c.drain().is_empty() {}
+                        assert!(c.blocks().all(|b| b.state == BlockState::Releasing));
+                        for b in before.iter().filter(|b| b.state == BlockState::Releasing) {
+                            assert!(c.release_done(b.addr, false).is_some(), "a trimmed releasing block is unmapped when done");
+                        }
+                    }
+                }
+                _ => {
+                    // Parts gathered for a miss: largest first, their bytes leave the cache.
+                    if next() % 4 == 0 {
+                        let need = (1 + next() as usize % 200) * 16 * PAGE;
+                        let parts = c.take_parts(need, 9);
+                        let total: usize = before.iter().filter(|b| b.state != BlockState::Releasing && b.facts.fits(9)).map(|b| b.len).sum();
+                        assert!(parts.total_bytes() == need.min(total) || parts.iter().count() == MAX_PARTS);
+                        for p in parts.iter() {
+                            owned.push((p.addr, p.len));
+                        }
+                    }
+                }
+            }
+            c.check_invariants().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        }
+    }
+}
+
+#[test]
+fn many_blocks_of_one_size_are_served_hot_first_and_evicted_oldest_first() {
+    let mut c = BlockCache::new(CacheLimits { max_blocks: 500, ..limits() });
+    for i in 0..500usize {
+        assert!(c.insert(0x1_0000_0000 + i * 0x100_0000, 256 << 10, PageFacts::zeroed(false), i as u64, Live::default()).accepted);
+    }
+    // The 100 oldest are released; the rest stay hot.
+    let due = c.due(1000 * MS + 99, false);
+    assert_eq!(due.release.len(), 100);
+    for r in due.release.iter() {
+        c.release_done(r.addr, false);
+    }
+    for _ in 0..400 {
+        assert!(!c.take(256 << 10, 4096, 0).unwrap().was_released, "hot blocks go first");
+    }
+    assert!(c.take(256 << 10, 4096, 0).unwrap().was_released);
+    c.check_invariants().unwrap();
+    // A full cache evicts the block freed longest ago.
+    let mut c = BlockCache::new(CacheLimits { max_blocks: CAPACITY, ..limits() });
+    for i in 0..CAPACITY + 3 {
+        let ins = c.insert(0x1_0000_0000 + i * 0x100_0000, 128 << 10, PageFacts::zeroed(false), i as u64, Live::default());
+        let want: &[Range] = if i < CAPACITY { &[] } else { &[Range { addr: 0x1_0000_0000 + (i - CAPACITY) * 0x100_0000, len: 128 << 10 }] };
+        assert_eq!(c.evicted(&ins), want);
+    }
+    assert_eq!(c.block_count(), CAPACITY);
     c.check_invariants().unwrap();
 }
