@@ -57,7 +57,7 @@ def help_text(width=100):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv:
+    if not argv or argv in (["run"], ["--"]):
         print(USAGE + "\n(tensormalloc --help: every setting, the report and the trace)", file=sys.stderr)
         return 2
     if argv[0] in ("-h", "--help"):
@@ -67,7 +67,12 @@ def main(argv=None):
         print(f"tensormalloc {__version__}")
         return 0
     if argv[0] == "plot":
-        from .plot import main as plot
+        try:
+            from .plot import main as plot
+        except ImportError as e:  # numpy, which the trace's reader needs; matplotlib is asked for later
+            print(f"tensormalloc plot: needs numpy and matplotlib ({e}): {sys.executable} -m pip install numpy matplotlib",
+                  file=sys.stderr)
+            return 1
         return plot(argv[1:])
     if argv[0] == "report":
         from .report import main as report
@@ -75,9 +80,6 @@ def main(argv=None):
     path_only = argv[0] == "--path"
     if argv[0] in ("--", "run"):
         argv = argv[1:]
-        if not argv:
-            print(USAGE, file=sys.stderr)
-            return 2
     try:
         lib = library_path()
     except FileNotFoundError as e:
