@@ -125,7 +125,7 @@ fn phase_rows() -> [PhaseRow<'static>; 16] {
         (0, "large alloc", &p.alloc),
         (1, "cache hit", &p.alloc_hit),
         (1, "zero (calloc hit)", &p.alloc_zero),
-        (1, "gather cached pages (miss)", &p.alloc_grow),
+        (1, "grow (gather cached pages)", &p.alloc_grow),
         (1, "fresh mmap (miss)", &p.alloc_map),
         (0, "large free", &p.free),
         (1, "munmap (evict, refuse)", &p.free_unmap),
