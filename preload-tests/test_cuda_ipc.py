@@ -1,10 +1,12 @@
-"""Issue 36, item 3: CUDA IPC of pooled blocks (Note [IPC] in src/device/pool/pointers.rs), between
-two processes over the stand-in driver and runtime (c/fakecuda.c, c/fakecudart.c: simulators),
-c/cuda_ipc.c as sender and receiver: blocks of 4 KiB to 64 MiB (two of each, side by side, so the
-small ones share segments), their values checked in the receiver and its writes in the sender,
-through the runtime's and the driver's entry points, in each pool mode, the receiver under the
-preload or not, beside the driver alone."""
+"""Issue 36, item 3: CUDA IPC of pooled blocks (Note [IPC] in src/device/pool/pointers.rs, Note [IPC
+of expandable segments] in src/device/pool/exports.rs), between two processes over the stand-in
+driver and runtime (c/fakecuda.c, c/fakecudart.c: simulators), c/cuda_ipc.c as sender and
+receiver: blocks of 4 KiB to 64 MiB (two of each, side by side, so the small ones share segments
+and chunks), their values checked in the receiver and its writes in the sender, through the
+runtime's and the driver's entry points, in each pool mode and in expandable segments, the
+receiver under the preload or not, beside the driver alone."""
 import os
+import signal
 import subprocess
 
 import pytest
@@ -14,7 +16,10 @@ from cudasim import cuda_program
 
 # KiB: 4 KiB to 64 MiB; PyTorch's segment sizes (2 MiB, 20 MiB) among them.
 SIZES = [4, 64, 512, 1024, 2048, 3000, 20480, 65536]
-POOLS = {"split": {}, "binned": {"TENSORMALLOC_CUDA_POOL": "binned"}, "sync-reuse": {"TENSORMALLOC_CUDA_SYNC": "reuse"}}
+EXPANDABLE = {"TENSORMALLOC_CUDA_SEGMENTS": "expandable"}
+POOLS = {"split": {}, "binned": {"TENSORMALLOC_CUDA_POOL": "binned"}, "sync-reuse": {"TENSORMALLOC_CUDA_SYNC": "reuse"}, "expandable": EXPANDABLE}
+SEGMENTS = {"classic": {}, "expandable": EXPANDABLE}
+OURS = "746d495043763100"  # "tmIPCv1\0": a handle of ours
 
 
 def env_for(tmp_path, preloaded, extra=None):
@@ -28,8 +33,9 @@ def env_for(tmp_path, preloaded, extra=None):
 
 
 class Sender:
-    def __init__(self, env, api):
-        self.p = subprocess.Popen([cuda_program("cuda_ipc"), "send", api], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    def __init__(self, env, api, role="send"):
+        self.role = role
+        self.p = subprocess.Popen([cuda_program("cuda_ipc"), role, api], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
         self.blocks, self.refused = [], []
         for line in iter(self.p.stdout.readline, ""):
@@ -53,15 +59,23 @@ class Sender:
 
     def finish(self):
         out, err = self.p.communicate("exit\n", timeout=60)
-        assert self.p.returncode == 0 and "send done" in out, err
+        assert self.p.returncode == 0 and f"{self.role} done" in out, err
         return err
+
+
+def lines_of(stdout, word):
+    """{block id: the word after it} for the receiver's lines that start with `word`."""
+    return {l.split()[1]: l.split()[2] for l in stdout.splitlines() if l.startswith(word + " ")}
 
 
 def receive(blocks, env, api):
     r = subprocess.run([cuda_program("cuda_ipc"), "receive", api], input="".join(blocks) + "end\n", env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "receive done" in r.stdout, r.stderr
-    opens = dict(tuple(l.split()[1:3]) for l in r.stdout.splitlines() if l.startswith("open "))
+    opens = lines_of(r.stdout, "open")
     closes = {l.split()[1]: l.split()[3] for l in r.stdout.splitlines() if l.startswith("close ")}
+    # Every pointer an open handed out is unknown to the driver once closed (its mapping went).
+    gone = lines_of(r.stdout, "gone")
+    assert set(gone.values()) <= {"yes"} and len(gone) == sum(v in ("ok", "wrong") for v in opens.values()), r.stdout
     return opens, closes, r
 
 
@@ -87,40 +101,43 @@ def test_a_receiver_under_the_preload_reaches_the_same_bytes(tmp_path, pool, api
     assert all(closes.get(i) == "0" for i in ids), closes
     assert set(written(sender, len(ids)).values()) == {"yes"}
     err = sender.finish()
-    ours = [b for b in sender.blocks if b.split()[4].startswith("746d495043763100")]  # "tmIPCv1\0"
-    if pool in ("split", "sync-reuse"):
-        # Blocks under 10 MiB share 2 and 20 MiB segments: handles of ours, said once.
-        assert len(ours) == 2 * sum(1 for s in SIZES if s < 10240), sender.blocks
+    ours = [b for b in sender.blocks if b.split()[4].startswith(OURS)]
+    if pool in ("split", "sync-reuse", "expandable"):
+        # Blocks under 10 MiB share 2 and 20 MiB segments: handles of ours, said once; in
+        # expandable segments every block's (the driver has no legacy handle for such memory).
+        assert len(ours) == (len(sender.blocks) if pool == "expandable" else 2 * sum(1 for s in SIZES if s < 10240)), sender.blocks
         assert sum("tensormalloc's own" in l for l in err.splitlines()) == 1, err
     else:
         assert ours == [], sender.blocks
 
 
 @pytest.mark.parametrize("api", ["runtime", "driver"])
-def test_a_receiver_without_the_preload_gets_an_error_never_other_memory(tmp_path, api):
+@pytest.mark.parametrize("segments", list(SEGMENTS))
+def test_a_receiver_without_the_preload_gets_an_error_never_other_memory(tmp_path, segments, api):
     """A receiver without the library cannot read our handles: the driver answers each with its
     error (invalid value); a handle the driver gave (a block that is its whole segment) opens onto
     the block. No open ever lands on other memory."""
-    sender = Sender(env_for(tmp_path, True), api)
+    sender = Sender(env_for(tmp_path, True, SEGMENTS[segments]), api)
     opens, _, r = receive(sender.blocks, env_for(tmp_path, False), api)
     for b in sender.blocks:
         i, size, handle = b.split()[1], int(b.split()[2]), b.split()[4]
-        if handle.startswith("746d495043763100"):
+        if handle.startswith(OURS):
             assert opens[i] == "rc", (i, opens, r.stdout)
             assert f"open {i} rc 1" in r.stdout
         else:
-            assert size >= 10 << 20 and opens[i] == "ok", (i, opens)
+            assert segments == "classic" and size >= 10 << 20 and opens[i] == "ok", (i, opens)
     assert "wrong" not in opens.values()
     sender.finish()
 
 
 @pytest.mark.parametrize("api", ["runtime", "driver"])
-def test_the_handle_of_a_freed_block_never_opens_a_later_block(tmp_path, api):
+@pytest.mark.parametrize("segments", list(SEGMENTS))
+def test_the_handle_of_a_freed_block_never_opens_a_later_block(tmp_path, segments, api):
     """The sender frees an exported block and fills a new block of its size with 0xee: its
     handle opens nothing any more (its registry entry is withdrawn), and the new block never
     takes the freed one's place (a peer still mapping the segment would see it): a receiver
     gets an error, never 0xee."""
-    env = env_for(tmp_path, True)
+    env = env_for(tmp_path, True, SEGMENTS[segments])
     sender = Sender(env, api)
     small = [b for b in sender.blocks if int(b.split()[2]) == 4096]
     for b in small:
@@ -135,10 +152,88 @@ def test_the_handle_of_a_freed_block_never_opens_a_later_block(tmp_path, api):
     sender.finish()
 
 
-def test_expandable_segments_refuse_with_the_setting_that_works(tmp_path):
-    """Expandable segments (memory of the driver's virtual memory API) have no legacy handle:
-    each export is refused with invalid value, and one line (once) names the setting that works."""
-    sender = Sender(env_for(tmp_path, True, {"TENSORMALLOC_CUDA_SEGMENTS": "expandable"}), "runtime")
+
+@pytest.mark.parametrize("segments", list(SEGMENTS))
+def test_a_peer_that_still_maps_a_freed_block_keeps_its_bytes(tmp_path, segments):
+    """A receiver keeps every block open while the sender frees half of them, fills new blocks of
+    their sizes with 0xee and gives its cache back (tm_trim): the receiver still reads each
+    block's own values (an exported block is never handed out again, its memory never moved
+    elsewhere), and every close succeeds. Then the sender frees the rest and trims: nothing of its
+    pool is left at the driver, and no descriptor is left open but the channel's socket."""
+    env = env_for(tmp_path, True, SEGMENTS[segments])
+    sender = Sender(env, "runtime")
+    r = subprocess.Popen([cuda_program("cuda_ipc"), "receive", "runtime", "hold"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    r.stdin.write("".join(sender.blocks) + "end\n")
+    r.stdin.flush()
+    seen = []
+    for line in iter(r.stdout.readline, ""):
+        seen.append(line)
+        if line == "opened\n":
+            break
+    assert set(lines_of("".join(seen), "open").values()) == {"ok"}, ("".join(seen), r.stderr.read() if r.poll() is not None else "")
+    for b in sender.blocks[::2]:
+        sender.say(f"free {b.split()[1]}", lambda ls: ls[-1] == "freed\n")
+    sender.say("trim", lambda ls: ls[-1] == "trimmed\n")
+    out, err = r.communicate("recheck\n", timeout=60)
+    assert r.returncode == 0 and "receive done" in out, err
+    assert set(lines_of(out, "still").values()) == {"yes"} and len(lines_of(out, "still")) == len(sender.blocks), out
+    closes = {l.split()[1]: l.split()[3] for l in out.splitlines() if l.startswith("close ")}
+    assert set(closes.values()) == {"0"} and len(closes) == len(sender.blocks), out
+    assert set(lines_of(out, "gone").values()) == {"yes"}, out
+    used, fds = sender.say("drain", lambda ls: ls[-1].startswith("drained"))[-1].split()[1:]
+    assert int(used) == 0, "the pool gave everything back to the driver"
+    assert int(fds) == (1 if segments == "expandable" else 0), f"descriptors left open: {fds}"
+    sender.finish()
+
+
+def unix_names(pid):
+    """The abstract socket names our channel bound for process `pid` (from /proc/net/unix)."""
+    with open("/proc/net/unix") as f:
+        return [l.split()[-1] for l in f if l.split()[-1].startswith(f"@tensormalloc-ipc-{os.geteuid()}-{pid}")]
+
+
+def threads(pid):
+    return [open(f"/proc/{pid}/task/{t}/comm").read().strip() for t in os.listdir(f"/proc/{pid}/task")]
+
+
+def test_the_channel_exists_only_once_something_was_exported(tmp_path):
+    """Expandable segments make no socket and no thread of their own until a block is exported:
+    a process that only allocates has neither; the first export starts both."""
+    env = env_for(tmp_path, True, EXPANDABLE)
+    holder = Sender(env, "runtime", role="hold")
+    assert unix_names(holder.p.pid) == [] and "tensormalloc-ip" not in threads(holder.p.pid)
+    holder.finish()
+    sender = Sender(env, "runtime")
+    assert unix_names(sender.p.pid) == [f"@tensormalloc-ipc-{os.geteuid()}-{sender.p.pid}"]
+    assert threads(sender.p.pid).count("tensormalloc-ip") == 1
+    sender.finish()
+
+
+@pytest.mark.parametrize("api", ["runtime", "driver"])
+def test_a_receiver_whose_sender_is_gone_gets_an_error_and_one_line(tmp_path, api):
+    """The sender exported its blocks and died (its registry entries stay until reused): the
+    receiver cannot reach it for the chunks' memory, and each open answers the system's error
+    (304, cudaErrorOperatingSystem) with one stderr line naming TENSORMALLOC_CUDA_SEGMENTS=classic;
+    never other memory."""
+    env = env_for(tmp_path, True, EXPANDABLE)
+    sender = Sender(env, api)
+    sender.p.send_signal(signal.SIGKILL)
+    sender.p.communicate(timeout=60)
+    opens, _, r = receive(sender.blocks, env, api)
+    assert set(opens.values()) == {"rc"} and r.stdout.count(" rc 304") == len(sender.blocks), r.stdout
+    lines = [l for l in r.stderr.splitlines() if "TENSORMALLOC_CUDA_SEGMENTS=classic" in l]
+    assert len(lines) == 1 and "Connection refused" in lines[0], r.stderr
+
+
+def test_a_driver_without_posix_descriptors_refuses_with_its_error_and_one_line(tmp_path):
+    """A device whose memory cannot be exported as POSIX file descriptors (the stand-in's
+    FAKECUDA_NO_POSIX_FD=1): each export answers the driver's error (801, not supported) with one
+    stderr line naming TENSORMALLOC_CUDA_SEGMENTS=classic; the blocks work and are freed as any."""
+    sender = Sender(env_for(tmp_path, True, {**EXPANDABLE, "FAKECUDA_NO_POSIX_FD": "1"}), "runtime")
+    assert sender.blocks == [] and set(sender.refused) == {"refused 801\n"} and len(sender.refused) == 2 * len(SIZES), sender.refused
+    used, fds = sender.say("drain", lambda ls: ls[-1].startswith("drained"))[-1].split()[1:]
+    assert (int(used), int(fds)) == (0, 0)
     err = sender.finish()
-    assert sender.blocks == [] and set(sender.refused) == {"refused 1\n"}, sender.refused
-    assert sum("TENSORMALLOC_CUDA_SEGMENTS=classic" in l for l in err.splitlines()) == 1, err
+    lines = [l for l in err.splitlines() if "TENSORMALLOC_CUDA_SEGMENTS=classic" in l]
+    assert len(lines) == 1 and "refused (error 801)" in lines[0], err

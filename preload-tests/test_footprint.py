@@ -14,6 +14,8 @@ library does only what a malloc may do, each case beside glibc alone.
   the holders table naming the next library; huge-page advice on a freed block is undone; a
   program built against an older header keeps its canary; the header declares every export; the
   library has a versioned soname.
+- A program that drops privileges as setpriv does (capabilities are per thread, setgid is every
+  thread's) is not aborted by glibc for our background thread's sake.
 TM_TEST_LIB=PATH runs them against another build (an older library, to see them fail)."""
 import os
 import re
@@ -298,3 +300,30 @@ def test_the_library_has_a_versioned_soname():
     needed = subprocess.run(["readelf", "-d", exe], capture_output=True, text=True, check=True).stdout
     assert "[libtensormalloc.so.0]" in needed, needed
     assert "linked ok" in ok(run([exe], preload=False)).stdout
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing credentials needs root (CI runs as root)")
+
+
+@needs_root
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_a_program_that_changes_its_capabilities_per_thread_is_not_aborted(preload):
+    """Note [Threads and credentials]: keep capabilities, setresuid, capset in this thread,
+    setresgid, with our background thread running; glibc aborts a process whose threads disagree
+    on a setgid. The thread steps aside around capset and comes back with the new credentials."""
+    out = ok(run([compile_c("credentials")], preload=PRELOAD if preload else False))
+    _, before, after = out.stdout.split()
+    assert (int(before), int(after)) == ((2, 2) if preload else (1, 1)), out.stdout
+
+
+@needs_root
+@pytest.mark.parametrize("env", [{}, {"TENSORMALLOC_TRACE": "trace.%p.bin"}, {"TENSORMALLOC_STATS": "1"}], ids=["default", "trace", "stats"])
+def test_setpriv_drops_privileges_under_the_preload(tmp_path, env):
+    """setpriv (util-linux) does exactly that sequence; with the trace on our thread runs from
+    load, so it aborted with SIGABRT before."""
+    setpriv = subprocess.run(["sh", "-c", "command -v setpriv"], capture_output=True, text=True).stdout.strip()
+    assert setpriv, "setpriv (util-linux) is on every Debian machine"
+    tmp_path.chmod(0o777)
+    argv = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "/bin/true"]
+    assert run(argv, preload=False, cwd=tmp_path).returncode == 0
+    ok(run(argv, preload=PRELOAD, env=env, cwd=tmp_path))

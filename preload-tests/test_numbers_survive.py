@@ -199,10 +199,17 @@ def test_stats_1_prints_the_workers_numbers_at_the_parents_exit(tmp_path, method
     script = tmp_path / "pool.py"
     script.write_text(POOL)
     out = ok(run([sys.executable, str(script), method, "terminate", "4", "5"], env={"TENSORMALLOC_STATS": "1", "XDG_RUNTIME_DIR": str(xdg)}, timeout=120))
-    lines = [line for line in out.stderr.splitlines() if line.startswith("tensormalloc:")]
-    assert "report (pid" not in out.stderr, "no process printed a report of its own"
-    assert len(lines) == 1, out.stderr
-    assert re.match(r"tensormalloc: 4 processes started by process \d+ .* requests 20  hits \d+ \([\d.]+%\)  frees 20 ", lines[0]), lines[0]
+    # pool.terminate() hands the workers their sentinel too: a worker that reads it first ends
+    # normally (spawn's runs its exit hook and prints its own report, of 5 requests). The rest
+    # are counted in the parent's line, and nobody twice.
+    printed = out.stderr.count("report (pid")
+    assert printed == len(re.findall(r"\n\s+requests 5  hits \d+ ", out.stderr)), out.stderr
+    assert printed == 0 or method == "spawn", out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith("tensormalloc:") and "report (pid" not in line]
+    assert len(lines) == (printed < 4), out.stderr
+    if printed < 4:
+        ended = 4 - printed
+        assert re.match(rf"tensormalloc: {ended} process(es)? started by process \d+ .* requests {5 * ended}  hits \d+ \([\d.]+%\)  frees {5 * ended} ", lines[0]), lines[0]
     assert list((xdg / "tensormalloc").iterdir()) == []
 
 

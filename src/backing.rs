@@ -167,7 +167,7 @@ impl DeviceError {
 }
 
 /// The CUDA calls the device layer makes, all on the calling thread's current context unless a
-/// device is entered. `sys::cuda_driver::CudaDriver` makes them through the program's own driver
+/// device is entered. `sys::cuda_backing::CudaDriver` makes them through the program's own driver
 /// (libcuda.so.1), whatever runtime (shared, static, none) the program uses; `sim::SimRuntime`
 /// simulates one or more devices for tests. Error codes are the driver's, which the runtime
 /// shares for every code the pool returns (1, 2, 3, 201, 700, 709).
@@ -225,6 +225,14 @@ pub trait DeviceRuntime {
     /// cuIpcGetMemHandle of the allocation at `base`, in the current context: the driver's
     /// legacy IPC handle (Note [IPC] in device/pool/pointers.rs).
     fn ipc_handle(&self, base: u64) -> Result<[u8; 64], DeviceError>;
+    /// Note [IPC of expandable segments] (device/pool/exports.rs): the memory of chunk `handle`
+    /// as a POSIX file descriptor (cuMemExportToShareableHandle); the driver's error when it
+    /// cannot (a chunk created without that handle type, a driver without it).
+    fn export_chunk(&self, handle: u64) -> Result<i32, DeviceError>;
+    /// Closes a descriptor `export_chunk` gave (its chunk went back to the driver).
+    fn close_exported(&self, fd: i32);
+    /// A duplicate of descriptor `fd`, for a peer; None when the system refuses.
+    fn dup_exported(&self, fd: i32) -> Option<i32>;
 }
 
 /// Devices the pool serves (more are passed through to the runtime).

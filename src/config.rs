@@ -361,7 +361,7 @@ pub static OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "TENSORMALLOC_CUDA_SEGMENTS",
         default: "classic",
-        doc: "classic: device segments from cuMemAlloc; expandable: reserved address ranges backed 2 MiB chunk by chunk (the driver's virtual memory API), so idle memory between live blocks is released and a request that fits in the device's free memory never fails for fragmentation (no IPC handles for its blocks)",
+        doc: "classic: device segments from cuMemAlloc; expandable: reserved address ranges backed 2 MiB chunk by chunk (the driver's virtual memory API), so idle memory between live blocks is released and a request that fits in the device's free memory never fails for fragmentation (IPC handles of its blocks are tensormalloc's own, which a process under the preload opens)",
         apply: |c, v| {
             let choices: &[(&[u8], CudaSegments)] = &[(b"classic", CudaSegments::Classic), (b"expandable", CudaSegments::Expandable)];
             choose(v, choices, "not one of classic, expandable").map(|s| c.cuda_segments = s)

@@ -571,6 +571,11 @@ struct RuntimeState {
     /// (chunk address, peer device) pairs a chunk is accessible to besides its own device.
     access: std::collections::BTreeSet<(u64, usize)>,
     next_handle: u64,
+    /// Open descriptors of exported chunk memory: fd -> physical handle.
+    exported: BTreeMap<i32, u64>,
+    next_fd: i32,
+    /// Exports refused (a driver without shareable handles).
+    refuse_exports: bool,
 }
 
 impl SimRuntime {
@@ -588,6 +593,18 @@ impl SimRuntime {
     pub fn accessible(&self, addr: u64, device: usize) -> bool {
         let st = self.state.lock().unwrap();
         st.mapped.range(..=addr).next_back().is_some_and(|(&base, &(d, len, _))| addr < base + len && (d == device || st.access.contains(&(base, device))))
+    }
+    /// Open descriptors of exported chunk memory, and the handles they name.
+    pub fn exported_fds(&self) -> Vec<(i32, u64)> {
+        self.state.lock().unwrap().exported.iter().map(|(&fd, &h)| (fd, h)).collect()
+    }
+    /// The physical handle mapped at chunk `addr`.
+    pub fn chunk_handle(&self, addr: u64) -> Option<u64> {
+        self.state.lock().unwrap().mapped.get(&addr).map(|m| m.2)
+    }
+    /// A driver whose chunks cannot be exported (no POSIX file descriptor handles).
+    pub fn refuse_exports(&self) {
+        self.state.lock().unwrap().refuse_exports = true;
     }
     /// Whether `addr` lies in a mapped chunk (device memory a kernel could use).
     pub fn is_mapped(&self, addr: u64) -> bool {
@@ -848,6 +865,8 @@ impl DeviceRuntime for SimRuntime {
     }
     fn move_chunk(&self, device: i32, from: u64, to: u64, len: u64, handle: u64, peers: u64) -> Result<(), DeviceError> {
         let mut st = self.state.lock().unwrap();
+        // Note [IPC of expandable segments]: a peer may map this memory at the block's place.
+        assert!(!st.exported.values().any(|&h| h == handle), "exported chunk memory {handle} moved from {from:#x} to {to:#x}");
         let overlaps = st.mapped.range(..to + len).next_back().is_some_and(|(&b, &(_, l, _))| to < b + l);
         match st.mapped.get(&from) {
             Some(&(d, l, h)) if l == len && h == handle && d == device as usize && !overlaps => {
@@ -862,6 +881,30 @@ impl DeviceRuntime for SimRuntime {
             }
             _ => Err(DeviceError::Other(1)),
         }
+    }
+    fn export_chunk(&self, handle: u64) -> Result<i32, DeviceError> {
+        let mut st = self.state.lock().unwrap();
+        if st.refuse_exports {
+            return Err(DeviceError::Other(801)); // CUDA_ERROR_NOT_SUPPORTED
+        }
+        if !st.mapped.values().any(|m| m.2 == handle) {
+            return Err(DeviceError::Other(1));
+        }
+        st.next_fd += 1;
+        let fd = 1000 + st.next_fd;
+        st.exported.insert(fd, handle);
+        Ok(fd)
+    }
+    fn close_exported(&self, fd: i32) {
+        assert!(self.state.lock().unwrap().exported.remove(&fd).is_some(), "descriptor {fd} closed twice or never exported");
+    }
+    fn dup_exported(&self, fd: i32) -> Option<i32> {
+        let mut st = self.state.lock().unwrap();
+        let handle = *st.exported.get(&fd)?;
+        st.next_fd += 1;
+        let dup = 1000 + st.next_fd;
+        st.exported.insert(dup, handle);
+        Some(dup)
     }
     fn unmap_chunk(&self, addr: u64, len: u64, handle: u64) -> Result<(), DeviceError> {
         let mut st = self.state.lock().unwrap();

@@ -12,7 +12,7 @@ use crate::device::device_layer::DeviceLayer;
 use crate::device::neighbours;
 use crate::host::host_layer::{Background, HostLayer};
 use crate::record::trace;
-use crate::sys::cuda_driver::CudaDriver;
+use crate::sys::cuda_backing::CudaDriver;
 use crate::sys::next::NextAllocator;
 use crate::sys::os_pages::{map_table, OsPages};
 use crate::sys::{clock, reaper};

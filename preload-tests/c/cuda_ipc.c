@@ -1,17 +1,26 @@
 /* Issue 36, item 3: CUDA IPC of pooled blocks between two processes over the stand-in driver and
- * runtime (c/fakecuda.c, c/fakecudart.c: simulators). argv[1] is the role, argv[2] the API the
- * handles go through ("runtime": cudaIpc*, "driver": cuIpc*).
+ * runtime (c/fakecuda.c, c/fakecudart.c: simulators), in classic and expandable segments.
+ * argv[1] is the role, argv[2] the API the handles go through ("runtime": cudaIpc*, "driver":
+ * cuIpc*), argv[3] (receive only) "hold".
  *   send     allocates two blocks of each size in TM_TEST_SIZES (KiB, comma-separated; blocks of
  *            one size side by side, so small ones share segments), fills each with its own byte
  *            (a stand-in kernel), exports each and prints "block I SIZE VALUE HEX" (HEX: the
  *            handle; "refused RC" when the export was refused), then "ready"; then obeys stdin:
  *            "check" prints "written I yes|no" (whether the receiver's write of VALUE^0x5a reached
  *            the block's last byte), "free I" frees block I and fills a new block of its size
- *            with 0xee ("freed"), "exit" ends.
+ *            with 0xee ("freed"), "trim" gives the cache back (tm_trim: "trimmed"), "drain" frees
+ *            every block and trims ("drained USED FDS": the device memory still in use, and the
+ *            descriptors open beyond those before the first allocation), "exit" ends.
+ *   hold     as send, without exporting anything ("block I SIZE VALUE -" lines).
  *   receive  reads "block ..." lines until "end"; for each, opens the handle and prints
  *            "open I ok" (the block's first, middle and last bytes hold VALUE), "open I wrong"
  *            (they do not: other memory) or "open I rc RC" (refused); on an open block it
- *            writes VALUE^0x5a at the last byte; once all are open, closes each ("close I rc RC"). */
+ *            writes VALUE^0x5a at the last byte. With "hold" it then prints "opened" and waits for
+ *            a line, and prints "still I yes|no" (whether the first and middle bytes still hold
+ *            VALUE, whatever the sender did meanwhile). Then it closes each ("close I rc RC"), and
+ *            prints "gone I yes|no" (whether the driver knows the pointer no more). */
+#include <dirent.h>
+#include <dlfcn.h>
 #include <string.h>
 #include "check.h"
 #include "standin.h"
@@ -28,6 +37,18 @@ int cudaIpcCloseMemHandle(void *);
 int cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
 int cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned);
 int cuIpcCloseMemHandle(CUdeviceptr);
+int cuPointerGetAttribute(void *, int, CUdeviceptr);
+int cudaMemGetInfo(size_t *, size_t *);
+
+/* Descriptors open in this process. */
+static int open_fds(void) {
+    DIR *d = opendir("/proc/self/fd");
+    CHECK(d);
+    int n = 0;
+    while (readdir(d)) n++;
+    closedir(d);
+    return n;
+}
 
 static int by_driver;
 
@@ -49,7 +70,11 @@ static void *blocks[MAX_BLOCKS];
 static size_t sizes[MAX_BLOCKS];
 static int values[MAX_BLOCKS];
 
-static void send(void) {
+static void send(int exporting) {
+    int fds_before = open_fds();
+    void *fresh_blocks[MAX_BLOCKS];
+    int nfresh = 0;
+    size_t (*trim)(void) = (size_t (*)(void))dlsym(RTLD_DEFAULT, "tm_trim");
     const char *list = getenv("TM_TEST_SIZES");
     CHECK(list);
     char copy[512];
@@ -65,7 +90,8 @@ static void send(void) {
         }
     }
     CHECK(cudaDeviceSynchronize() == 0);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && !exporting; i++) printf("block %d %zu %d -\n", i, sizes[i], values[i]);
+    for (int i = 0; i < n && exporting; i++) {
         CUipcMemHandle h;
         memset(&h, 0, sizeof h);
         int rc = by_driver ? cuIpcGetMemHandle(&h, (CUdeviceptr)(uintptr_t)blocks[i]) : cudaIpcGetMemHandle(&h, blocks[i]);
@@ -84,13 +110,29 @@ static void send(void) {
     while (fgets(line, sizeof line, stdin)) {
         int i;
         if (!strncmp(line, "check", 5)) {
-            for (int k = 0; k < n; k++) printf("written %d %s\n", k, byte_at((char *)blocks[k] + sizes[k] - 1) == (values[k] ^ 0x5a) ? "yes" : "no");
-        } else if (sscanf(line, "free %d", &i) == 1 && i >= 0 && i < n) {
+            for (int k = 0; k < n; k++) printf("written %d %s\n", k, blocks[k] && byte_at((char *)blocks[k] + sizes[k] - 1) == (values[k] ^ 0x5a) ? "yes" : "no");
+        } else if (sscanf(line, "free %d", &i) == 1 && i >= 0 && i < n && blocks[i]) {
             CHECK(cudaFree(blocks[i]) == 0);
+            blocks[i] = NULL;
             void *fresh = NULL;
-            CHECK(cudaMalloc(&fresh, sizes[i]) == 0);
+            CHECK(cudaMalloc(&fresh, sizes[i]) == 0 && nfresh < MAX_BLOCKS);
             kernel_works(fresh, sizes[i], 0xee);
+            fresh_blocks[nfresh++] = fresh;
             printf("freed\n");
+        } else if (!strncmp(line, "trim", 4)) {
+            if (trim) trim();
+            printf("trimmed\n");
+        } else if (!strncmp(line, "drain", 5)) {
+            for (int k = 0; k < n; k++) {
+                if (blocks[k]) CHECK(cudaFree(blocks[k]) == 0);
+                blocks[k] = NULL;
+            }
+            for (int k = 0; k < nfresh; k++) CHECK(cudaFree(fresh_blocks[k]) == 0);
+            nfresh = 0;
+            if (trim) trim();
+            size_t free_b = 0, total = 0;
+            CHECK(cudaMemGetInfo(&free_b, &total) == 0);
+            printf("drained %zu %d\n", total - free_b, open_fds() - fds_before);
         } else if (!strncmp(line, "exit", 4)) {
             break;
         }
@@ -98,11 +140,12 @@ static void send(void) {
     }
 }
 
-static void receive(void) {
+static void receive(int hold) {
     CHECK(cudaSetDevice(0) == 0);
     char line[512];
     void *opened[MAX_BLOCKS] = {0};
-    int ids[MAX_BLOCKS], n = 0;
+    size_t opened_sizes[MAX_BLOCKS];
+    int ids[MAX_BLOCKS], opened_values[MAX_BLOCKS], n = 0;
     while (fgets(line, sizeof line, stdin) && strncmp(line, "end", 3) && n < MAX_BLOCKS) {
         int i, value;
         size_t size;
@@ -130,21 +173,37 @@ static void receive(void) {
             CHECK(fakecuda_launch_memset((char *)p + size - 1, value ^ 0x5a, 1) == 0);
             CHECK(cudaDeviceSynchronize() == 0);
         }
+        opened_sizes[n] = size, opened_values[n] = value;
         opened[n] = p, ids[n++] = i;
+    }
+    if (hold) {
+        printf("opened\n");
+        fflush(stdout);
+        CHECK(fgets(line, sizeof line, stdin));
+        for (int k = 0; k < n; k++) {
+            int still = byte_at(opened[k]) == opened_values[k] && byte_at((char *)opened[k] + opened_sizes[k] / 2) == opened_values[k];
+            printf("still %d %s\n", ids[k], still ? "yes" : "no");
+        }
     }
     /* Closed once all are open: blocks of one segment share its mapping meanwhile. */
     for (int k = 0; k < n; k++) {
         int rc = by_driver ? cuIpcCloseMemHandle((CUdeviceptr)(uintptr_t)opened[k]) : cudaIpcCloseMemHandle(opened[k]);
         printf("close %d rc %d\n", ids[k], rc);
     }
+    for (int k = 0; k < n; k++) {
+        int type = 0;
+        int known = cuPointerGetAttribute(&type, 2 /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE */, (CUdeviceptr)(uintptr_t)opened[k]) == 0;
+        printf("gone %d %s\n", ids[k], known ? "no" : "yes");
+    }
 }
 
 int main(int argc, char **argv) {
-    CHECK(argc == 3);
+    CHECK(argc == 3 || argc == 4);
     by_driver = !strcmp(argv[2], "driver");
     CHECK(cudaSetDevice(0) == 0);
-    if (!strcmp(argv[1], "send")) send();
-    else if (!strcmp(argv[1], "receive")) receive();
+    if (!strcmp(argv[1], "send")) send(1);
+    else if (!strcmp(argv[1], "hold")) send(0);
+    else if (!strcmp(argv[1], "receive")) receive(argc == 4 && !strcmp(argv[3], "hold"));
     else CHECK(!"unknown role");
     printf("%s done\n", argv[1]);
     return 0;

@@ -79,6 +79,7 @@ struct alloc {
     int maps;        /* K_VMM_HANDLE: its mappings; released while mapped, it lives until the last goes */
     int released;    /* K_VMM_HANDLE: cuMemRelease came (the handle is dead to the program) */
     int access;      /* K_VMM_MAP: the devices cuMemSetAccess made it read-write for, a bit each */
+    int shareable;   /* K_VMM_HANDLE: created with requestedHandleTypes = POSIX file descriptor */
 };
 struct op { int is_free; int slot; uint64_t serial; unsigned char *p; size_t n; int value; };
 struct ipc_handle { uint64_t magic; int32_t pid; int32_t fd; uint64_t size; uint64_t ino; uint64_t dev; };
@@ -836,7 +837,9 @@ static CUresult s_cuIpcCloseMemHandle(CUdeviceptr p) {
  * the granularity (2 MiB); a range is mapped at most once; cuMemUnmap takes whole mappings
  * only; a handle released while mapped keeps its memory until its last mapping goes.
  * FAKECUDA_NO_VMM=1 is a driver without the API: the attribute says 0 and every call answers
- * CUDA_ERROR_NOT_SUPPORTED. FAKECUDA_RESERVE_REFUSED=1 refuses every cuMemAddressReserve with
+ * CUDA_ERROR_NOT_SUPPORTED. FAKECUDA_NO_POSIX_FD=1 is a device without POSIX file descriptor
+ * handles (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED says 0, cuMemCreate
+ * asking for one and every export answer CUDA_ERROR_NOT_SUPPORTED). FAKECUDA_RESERVE_REFUSED=1 refuses every cuMemAddressReserve with
  * CUDA_ERROR_OUT_OF_MEMORY, as an address-space limit would. */
 
 typedef struct { int type; int requestedHandleTypes; struct { int type; int id; } location; void *win32HandleMetaData; unsigned char allocFlags[8]; } CUmemAllocationProp;
@@ -846,6 +849,11 @@ typedef struct { struct { int type; int id; } location; int flags; } CUmemAccess
 
 static int no_vmm(void) {
     const char *v = getenv("FAKECUDA_NO_VMM");
+    return v && *v == '1';
+}
+
+static int no_posix_fd(void) {
+    const char *v = getenv("FAKECUDA_NO_POSIX_FD");
     return v && *v == '1';
 }
 
@@ -909,6 +917,8 @@ static CUresult s_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, cons
     CUresult e = vmm_entry();
     if (e) return e;
     if (!h || !size || !aligned(size) || !device_prop(prop) || flags) return CUDA_ERROR_INVALID_VALUE;
+    int shareable = prop->requestedHandleTypes & 1; /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+    if (shareable && no_posix_fd()) return CUDA_ERROR_NOT_SUPPORTED;
     int dev = prop->location.id;
     pthread_mutex_lock(&lock);
     int slot = free_slot();
@@ -919,6 +929,7 @@ static CUresult s_cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, cons
         e = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         allocs[slot] = (struct alloc){K_VMM_HANDLE, fd, dev, 1, NULL, 0, size, next_serial++};
+        allocs[slot].shareable = shareable;
         *h = (CUmemGenericAllocationHandle)slot + 1;
         vmm_calls++;
     }
@@ -1258,6 +1269,8 @@ EXPORT(cuMemAddressFree, s_cuMemAddressFree, (CUdeviceptr p, size_t n), (p, n))
 EXPORT(cuMemMap, s_cuMemMap, (CUdeviceptr p, size_t n, size_t o, CUmemGenericAllocationHandle h, unsigned long long f), (p, n, o, h, f))
 EXPORT(cuMemSetAccess, s_cuMemSetAccess, (CUdeviceptr p, size_t n, const CUmemAccessDesc *d, size_t c), (p, n, d, c))
 EXPORT(cuMemUnmap, s_cuMemUnmap, (CUdeviceptr p, size_t n), (p, n))
+EXPORT(cuMemExportToShareableHandle, s_cuMemExportToShareableHandle, (void *o, CUmemGenericAllocationHandle h, int t, unsigned long long f), (o, h, t, f))
+EXPORT(cuMemImportFromShareableHandle, s_cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle *h, void *o, int t), (h, o, t))
 
 /* ---------- test hooks ---------- */
 

@@ -73,6 +73,7 @@ static void *stub_for(const char *symbol) {
 #define CU_DEVICE_ATTRIBUTE_PCI_BUS_ID 33
 #define CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID 34
 #define CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID 50
+#define CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED 103
 
 /* An H100-like device (compute capability 9.0, 132 multiprocessors), every device at its own
  * PCI bus; 0 for anything not listed (no textures, no memory pools, no multicast). */
@@ -89,6 +90,7 @@ static int device_attribute(int attr, int d) {
     switch (attr) {
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return 0x10 + d;
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return !no_vmm();
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: return !no_vmm() && !no_posix_fd();
     default:
         for (size_t i = 0; i < sizeof attributes / sizeof attributes[0]; i++)
             if (attributes[i][0] == attr) return attributes[i][1];
@@ -516,10 +518,13 @@ static CUresult s_cuMemHostGetFlags(unsigned *flags, void *p) {
 
 /* ----- shareable handles of the virtual memory API (IPC of expandable segments) -----
  * A POSIX file descriptor names a handle's memory across processes, as NVIDIA's driver gives
- * (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; the receiver gets the descriptor with
- * pidfd_getfd). Here it is a duplicate of the handle's memfd; an imported handle maps the same
- * pages and counts against no device's memory a second time. Fabric handles are refused as on
- * a machine without a fabric. */
+ * (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; PyTorch's receiver gets the descriptor with
+ * pidfd_getfd, tensormalloc's through a Unix socket). Here it is a duplicate of the handle's
+ * memfd; an imported handle maps the same pages and counts against no device's memory a second
+ * time. As NVIDIA documents, only memory created with that handle type requested
+ * (CUmemAllocationProp.requestedHandleTypes) can be exported: other memory answers
+ * CUDA_ERROR_INVALID_VALUE; a device without such handles (FAKECUDA_NO_POSIX_FD=1)
+ * CUDA_ERROR_NOT_SUPPORTED. Fabric handles are refused as on a machine without a fabric. */
 
 #define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
 
@@ -527,9 +532,10 @@ static CUresult s_cuMemExportToShareableHandle(void *out, CUmemGenericAllocation
     CUresult e = vmm_entry();
     if (e) return e;
     if (!out || flags) return CUDA_ERROR_INVALID_VALUE;
-    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || no_posix_fd()) return CUDA_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&lock);
     struct alloc *a = vmm_handle(h);
+    if (a && !a->shareable) a = NULL;
     int fd = a ? fcntl(a->fd, F_DUPFD_CLOEXEC, 0) : -1;
     pthread_mutex_unlock(&lock);
     if (!a) return CUDA_ERROR_INVALID_VALUE;
@@ -571,7 +577,7 @@ static CUresult s_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *pr
     if (a) {
         memset(prop, 0, sizeof *prop);
         prop->type = 1; /* PINNED */
-        prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        prop->requestedHandleTypes = a->shareable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
         prop->location.type = 1; /* DEVICE */
         prop->location.id = a->dev;
     }

@@ -40,7 +40,7 @@ SETTINGS = (
      "a device segment with no live block, idle this long, is released: freed to the driver, for other processes on the GPU (0 to 86400000 ms)",
      ""),
     ("TENSORMALLOC_CUDA_SEGMENTS", "classic", "What most users set",
-     "classic: device segments from cuMemAlloc; expandable: reserved address ranges backed 2 MiB chunk by chunk (the driver's virtual memory API), so idle memory between live blocks is released and a request that fits in the device's free memory never fails for fragmentation (no IPC handles for its blocks)",
+     "classic: device segments from cuMemAlloc; expandable: reserved address ranges backed 2 MiB chunk by chunk (the driver's virtual memory API), so idle memory between live blocks is released and a request that fits in the device's free memory never fails for fragmentation (IPC handles of its blocks are tensormalloc's own, which a process under the preload opens)",
      ""),
     ("TENSORMALLOC_CUDA_LIMIT", "off", "What most users set",
      "cap on the device memory the pool reserves on each device: bytes (K/M/G/T) or a percent of the device, like 80%",

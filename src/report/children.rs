@@ -103,7 +103,10 @@ pub fn report_at_exit() {
         if !file.linked() {
             return;
         }
-        ended.add(&r);
+        // One that printed its own report is not counted again (its exit hook marks the file).
+        if !r.exited {
+            ended.add(&r);
+        }
         dir::remove(&dir, name, &file);
     });
     if ended.processes > 0 {

@@ -34,15 +34,21 @@ pub fn at_exit(config: &Config) {
     match config.stats {
         StatsOutput::Off => {}
         StatsOutput::Stderr => {
-            if did_anything() {
+            let printed = did_anything().then(|| {
                 let snap = Snapshot::take();
                 let mut w = StackWriter::<REPORT_BYTES>::new();
                 let _ = super::summary::write_text(&mut w, &snap);
-                w.flush_to(2);
-            }
-            // Its numbers are printed: its counters file has done its work.
-            ledger::mark_exited();
-            remove_own_file();
+                w
+            });
+            // Printed, then marked and removed with no signal between (a Pool's SIGTERM at
+            // this instant would leave a printed file for the parent to count a second time).
+            crate::sys::thread::with_signals_held(|| {
+                if let Some(mut w) = printed {
+                    w.flush_to(2);
+                }
+                ledger::mark_exited();
+                remove_own_file();
+            });
             crate::report::children::report_at_exit();
         }
         StatsOutput::Json => {

@@ -226,3 +226,14 @@ pub unsafe fn pthread_create(thread: *mut libc::pthread_t, attr: *const libc::pt
 /// The room a thread needs at least (glibc's default stack is RLIMIT_STACK, often 8 MiB): what
 /// emptying the cache must be able to give for a retry to make sense.
 const THREAD_STACK_BYTES: usize = 1 << 20;
+
+/// The program changes its own thread's capabilities: our background thread steps aside around
+/// it (Note [Threads and credentials] in sys/reaper.rs).
+/// # Safety
+/// As libc's `capset`.
+pub unsafe fn capset(header: *mut c_void, data: *const c_void) -> c_int {
+    // SAFETY: the caller's contract.
+    let (answer, error) = crate::sys::reaper::without_thread(|| (unsafe { next::capset(header, data) }, errno()));
+    set_errno(error);
+    answer
+}

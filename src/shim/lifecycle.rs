@@ -54,6 +54,7 @@ extern "C" fn after_fork_in_child() {
     }
     sys::reaper::after_fork_in_child();
     crate::device::neighbours::after_fork_in_child();
+    crate::device::ipc::channel::after_fork_in_child();
     sys::process::note_start();
     if let Some(g) = globals() {
         trace::restart_in_child();

@@ -2,7 +2,7 @@
 //! each one call into `route::page_calls`, which goes on to the next interposer or the kernel
 //! (Note [The next interposer] in sys/page_calls.rs). The limit calls let the cache follow a new
 //! address-space limit, and pthread_create makes room for a thread's stack (Note [Room for
-//! others]).
+//! others]). capset lets our background thread step aside (Note [Threads and credentials]).
 
 use crate::route::page_calls as route;
 use crate::sys::page_calls::Call;
@@ -110,4 +110,10 @@ pub unsafe extern "C" fn pthread_create(
 ) -> c_int {
     // SAFETY: as in mmap.
     unsafe { route::pthread_create(thread, attr, start, arg) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn capset(header: *mut c_void, data: *const c_void) -> c_int {
+    // SAFETY: as in mmap.
+    unsafe { route::capset(header, data) }
 }

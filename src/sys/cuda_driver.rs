@@ -1,15 +1,13 @@
-//! The program's CUDA driver (libcuda.so.1): the backing of the device pool (`CudaDriver`, a
-//! `DeviceRuntime` over the real entry points, so the pool works under any runtime, shared,
-//! static or none) and the real functions behind the driver entry points we interpose. Found
+//! The program's CUDA driver (libcuda.so.1): its real entry points, which the device pool's
+//! backing calls (sys/cuda_backing.rs) and the driver entry points we interpose pass on to. Found
 //! with dlsym(RTLD_NEXT), else in the copy a runtime dlopened privately (dlopen RTLD_NOLOAD),
 //! when first needed and again after any later load until found (`sys::bind`): no number of
 //! look-ups before the driver is loaded stops it being bound. We never load the driver; every
 //! entry is optional, and an answer we cannot get is "unknown" to the policy.
 
-use crate::backing::{DeviceError, DeviceRuntime, PrimaryContext, CUDA_ERROR_INITIALIZATION};
+use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION};
 use core::ffi::{c_int, c_uint, c_void, CStr};
 use super::bind::Binding;
-use core::sync::atomic::{AtomicU64, Ordering};
 
 pub type CtxFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 pub type DeviceFn = unsafe extern "C" fn(c_int) -> c_int;
@@ -54,6 +52,8 @@ pub type MemMapFn = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> c_int;
 pub type MemSetAccessFn = unsafe extern "C" fn(u64, usize, *const MemAccessDesc, usize) -> c_int;
 pub type MemUnmapFn = unsafe extern "C" fn(u64, usize) -> c_int;
 pub type MemReleaseFn = unsafe extern "C" fn(u64) -> c_int;
+pub type MemExportFn = unsafe extern "C" fn(*mut c_void, u64, c_int, u64) -> c_int;
+pub type MemImportFn = unsafe extern "C" fn(*mut u64, *mut c_void, c_int) -> c_int;
 pub type GetProcAddressFn = unsafe extern "C" fn(*const core::ffi::c_char, *mut *mut c_void, c_int, u64) -> c_int;
 pub type GetProcAddressV2Fn = unsafe extern "C" fn(*const core::ffi::c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> c_int;
 
@@ -79,12 +79,18 @@ pub struct MemAccessDesc {
 const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
-const CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int = 102;
+pub(super) const CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: c_int = 102;
 
-fn device_memory(device: i32) -> MemAllocationProp {
+/// Pinned memory on `device`.
+pub(super) fn device_memory(device: i32) -> MemAllocationProp {
+    device_memory_shareable(device, 0)
+}
+
+/// Pinned memory on `device`, exportable as the handle types `types` ask (0: none).
+pub(super) fn device_memory_shareable(device: i32, types: c_int) -> MemAllocationProp {
     MemAllocationProp {
         kind: CU_MEM_ALLOCATION_TYPE_PINNED,
-        requested_handle_types: 0,
+        requested_handle_types: types,
         location_type: CU_MEM_LOCATION_TYPE_DEVICE,
         location_id: device,
         win32_handle_meta_data: core::ptr::null_mut(),
@@ -93,7 +99,7 @@ fn device_memory(device: i32) -> MemAllocationProp {
 }
 
 /// cuMemSetAccess of [addr, addr + len) for `device` and each device in the `peers` bit mask.
-fn set_access(addr: u64, len: u64, device: i32, peers: u64) -> Result<(), DeviceError> {
+pub(super) fn set_access(addr: u64, len: u64, device: i32, peers: u64) -> Result<(), DeviceError> {
     let access = get(|d| d.mem_set_access)?;
     let mut descs = [const { MemAccessDesc { location_type: CU_MEM_LOCATION_TYPE_DEVICE, location_id: 0, flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE } }; 17];
     let mut n = 0;
@@ -154,6 +160,8 @@ pub struct DriverFns {
     pub mem_set_access: Option<MemSetAccessFn>,
     pub mem_unmap: Option<MemUnmapFn>,
     pub mem_release: Option<MemReleaseFn>,
+    pub mem_export: Option<MemExportFn>,
+    pub mem_import: Option<MemImportFn>,
 }
 
 static DRIVER: Binding<DriverFns> = Binding::new();
@@ -218,6 +226,8 @@ unsafe fn resolve_in(handle: *mut c_void) -> DriverFns {
         mem_set_access: find(handle, c"cuMemSetAccess"),
         mem_unmap: find(handle, c"cuMemUnmap"),
         mem_release: find(handle, c"cuMemRelease"),
+        mem_export: find(handle, c"cuMemExportToShareableHandle"),
+        mem_import: find(handle, c"cuMemImportFromShareableHandle"),
     }
 }
 
@@ -314,202 +324,12 @@ pub fn is_bound() -> bool {
     DRIVER.is_bound()
 }
 
-fn check(code: c_int) -> Result<(), DeviceError> {
+pub(super) fn check(code: c_int) -> Result<(), DeviceError> {
     DeviceError::from_code(code)
 }
 
 const NOT_INITIALIZED: DeviceError = DeviceError::Other(CUDA_ERROR_INITIALIZATION);
 
-fn get<T>(pick: impl FnOnce(&DriverFns) -> Option<T>) -> Result<T, DeviceError> {
+pub(super) fn get<T>(pick: impl FnOnce(&DriverFns) -> Option<T>) -> Result<T, DeviceError> {
     driver().and_then(pick).ok_or(NOT_INITIALIZED)
-}
-
-/// Primary contexts the pool retained to enter a device with none of its own (held for the
-/// process's life, as the runtime holds its own).
-static RETAINED_PRIMARY: [AtomicU64; 16] = [const { AtomicU64::new(0) }; 16];
-
-fn retained_primary(device: i32) -> Result<u64, DeviceError> {
-    let slot = usize::try_from(device).ok().and_then(|d| RETAINED_PRIMARY.get(d)).ok_or(DeviceError::Other(101))?;
-    let held = slot.load(Ordering::Acquire);
-    if held != 0 {
-        return Ok(held);
-    }
-    let retain = get(|d| d.primary_retain)?;
-    let mut dev: c_int = device;
-    if let Ok(device_get) = get(|d| d.device_get) {
-        // SAFETY: writes one int.
-        check(unsafe { device_get(&mut dev, device) })?;
-    }
-    let mut ctx: *mut c_void = core::ptr::null_mut();
-    // SAFETY: writes one pointer; the reference is kept for good.
-    check(unsafe { retain(&mut ctx, dev) })?;
-    if slot.compare_exchange(0, ctx as u64, Ordering::AcqRel, Ordering::Acquire).is_err() {
-        if let Ok(release) = get(|d| d.primary_release) {
-            // SAFETY: drops the reference this thread took; another thread's is kept.
-            unsafe { release(dev) };
-        }
-    }
-    Ok(slot.load(Ordering::Acquire))
-}
-
-/// `DeviceRuntime` over the real driver.
-pub struct CudaDriver;
-
-impl DeviceRuntime for CudaDriver {
-    fn current_device(&self) -> Result<i32, DeviceError> {
-        let f = get(|d| d.ctx_get_device)?;
-        let mut device: c_int = 0;
-        // SAFETY: writes one int; fails when no context is current.
-        check(unsafe { f(&mut device) })?;
-        Ok(device)
-    }
-    fn enter_device(&self, device: i32, ctx: u64) -> Result<(), DeviceError> {
-        let push = get(|d| d.ctx_push)?;
-        let ctx = if ctx != 0 { ctx } else { retained_primary(device)? };
-        // SAFETY: a context handle the driver gave us; popped by leave_device.
-        check(unsafe { push(ctx as *mut c_void) })
-    }
-    fn enter_context(&self, ctx: u64) -> Result<(), DeviceError> {
-        let push = get(|d| d.ctx_push)?;
-        // SAFETY: a context handle the driver gave us; popped by leave_device.
-        check(unsafe { push(ctx as *mut c_void) })
-    }
-    fn leave_device(&self) {
-        if let Ok(pop) = get(|d| d.ctx_pop) {
-            let mut ctx: *mut c_void = core::ptr::null_mut();
-            // SAFETY: pops what enter_device pushed.
-            unsafe { pop(&mut ctx) };
-        }
-    }
-    fn malloc(&self, len: usize) -> Result<usize, DeviceError> {
-        let f = get(|d| d.mem_alloc)?;
-        let mut p = 0u64;
-        // SAFETY: writes one CUdeviceptr.
-        check(unsafe { f(&mut p, len) })?;
-        Ok(p as usize)
-    }
-    fn free(&self, addr: usize) -> Result<(), DeviceError> {
-        let f = get(|d| d.mem_free)?;
-        // SAFETY: addr came from the driver's cuMemAlloc.
-        check(unsafe { f(addr as u64) })
-    }
-    fn synchronize(&self) -> Result<(), DeviceError> {
-        let f = get(|d| d.ctx_synchronize)?;
-        // SAFETY: plain call.
-        check(unsafe { f() })
-    }
-    fn mem_info(&self) -> Result<(usize, usize), DeviceError> {
-        let f = get(|d| d.mem_get_info)?;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: writes two size_t.
-        check(unsafe { f(&mut free, &mut total) })?;
-        Ok((free, total))
-    }
-    fn host_alloc(&self, len: usize, flags: u32) -> Result<usize, DeviceError> {
-        let f = get(|d| d.mem_host_alloc)?;
-        let mut p: *mut c_void = core::ptr::null_mut();
-        // SAFETY: writes one pointer.
-        check(unsafe { f(&mut p, len, flags) })?;
-        Ok(p as usize)
-    }
-    fn host_free(&self, addr: usize) -> Result<(), DeviceError> {
-        let f = get(|d| d.mem_free_host)?;
-        // SAFETY: addr came from the driver's cuMemHostAlloc.
-        check(unsafe { f(addr as *mut c_void) })
-    }
-    fn clear_last_error(&self) {
-        // The driver keeps no last error; the runtime never saw our calls.
-    }
-    fn current_context(&self) -> u64 {
-        current_context()
-    }
-    fn primary_context(&self, device: i32) -> PrimaryContext {
-        match primary_context(device) {
-            Some(Some(ctx)) => PrimaryContext::Active(ctx),
-            Some(None) => PrimaryContext::Inactive,
-            None => PrimaryContext::Unknown,
-        }
-    }
-    fn allocation_range(&self, addr: usize) -> Option<(usize, usize)> {
-        allocation_range(addr)
-    }
-    fn granularity(&self, device: i32) -> Option<u64> {
-        let d = driver()?;
-        let (get, attribute, granularity) = (d.device_get?, d.device_get_attribute?, d.mem_get_granularity?);
-        d.mem_create.and(d.mem_address_reserve).and(d.mem_map).and(d.mem_set_access).and(d.mem_unmap).and(d.mem_release)?;
-        let (mut handle, mut supported, mut bytes): (c_int, c_int, usize) = (0, 0, 0);
-        let prop = device_memory(device);
-        // SAFETY: each call writes one value of its documented type; prop lives across the call.
-        let ok = unsafe { get(&mut handle, device) == 0 && attribute(&mut supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, handle) == 0 && supported != 0 && granularity(&mut bytes, &prop, 0) == 0 };
-        (ok && (bytes as u64).is_power_of_two()).then_some(bytes as u64)
-    }
-    fn reserve(&self, len: u64) -> Result<u64, DeviceError> {
-        let f = get(|d| d.mem_address_reserve)?;
-        let mut addr = 0u64;
-        // SAFETY: writes one CUdeviceptr.
-        check(unsafe { f(&mut addr, len as usize, 0, 0, 0) })?;
-        Ok(addr)
-    }
-    fn map_chunk(&self, device: i32, addr: u64, len: u64, peers: u64) -> Result<u64, DeviceError> {
-        let (create, map, unmap, release) = (get(|d| d.mem_create)?, get(|d| d.mem_map)?, get(|d| d.mem_unmap)?, get(|d| d.mem_release)?);
-        let prop = device_memory(device);
-        let mut handle = 0u64;
-        // SAFETY: the documented calls, on a handle we created and a range we reserved; each
-        // failure undoes what came before.
-        unsafe {
-            check(create(&mut handle, len as usize, (&prop as *const MemAllocationProp).cast(), 0))?;
-            if let Err(e) = check(map(addr, len as usize, 0, handle, 0)) {
-                release(handle);
-                return Err(e);
-            }
-            if let Err(e) = set_access(addr, len, device, peers) {
-                unmap(addr, len as usize);
-                release(handle);
-                return Err(e);
-            }
-        }
-        Ok(handle)
-    }
-    fn grant_access(&self, addr: u64, len: u64, device: i32) -> Result<(), DeviceError> {
-        let access = get(|d| d.mem_set_access)?;
-        let desc = MemAccessDesc { location_type: CU_MEM_LOCATION_TYPE_DEVICE, location_id: device, flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-        // SAFETY: chunks we mapped; one descriptor on our stack.
-        check(unsafe { access(addr, len as usize, &desc, 1) })
-    }
-    fn unreserve(&self, addr: u64, len: u64) -> Result<(), DeviceError> {
-        let f = get(|d| d.mem_address_free)?;
-        // SAFETY: a range cuMemAddressReserve gave us, with nothing of ours mapped in it.
-        check(unsafe { f(addr, len as usize) })
-    }
-    fn move_chunk(&self, device: i32, from: u64, to: u64, len: u64, handle: u64, peers: u64) -> Result<(), DeviceError> {
-        let (map, unmap, release) = (get(|d| d.mem_map)?, get(|d| d.mem_unmap)?, get(|d| d.mem_release)?);
-        // SAFETY: the documented calls on a handle we created, mapped by us at `from`, and a
-        // range we reserved at `to`; a failure releases the handle.
-        unsafe {
-            check(unmap(from, len as usize))?;
-            let moved = check(map(to, len as usize, 0, handle, 0)).and_then(|()| {
-                set_access(to, len, device, peers).inspect_err(|_| {
-                    unmap(to, len as usize);
-                })
-            });
-            if moved.is_err() {
-                release(handle);
-            }
-            moved
-        }
-    }
-    fn ipc_handle(&self, base: u64) -> Result<[u8; 64], DeviceError> {
-        let f = get(|d| d.ipc_get_mem_handle)?;
-        let mut handle = [0u8; 64];
-        // SAFETY: writes one CUipcMemHandle (64 bytes) into our buffer.
-        check(unsafe { f(handle.as_mut_ptr().cast(), base) })?;
-        Ok(handle)
-    }
-    fn unmap_chunk(&self, addr: u64, len: u64, handle: u64) -> Result<(), DeviceError> {
-        let (unmap, release) = (get(|d| d.mem_unmap)?, get(|d| d.mem_release)?);
-        // SAFETY: a chunk we mapped with a handle we created.
-        check(unsafe { unmap(addr, len as usize) })?;
-        // SAFETY: as above; the mapping went, so the memory goes back.
-        check(unsafe { release(handle) })
-    }
 }

@@ -8,7 +8,9 @@ pub mod caller;
 pub mod claim;
 pub mod clock;
 pub mod cuda_runtime;
+pub mod cuda_backing;
 pub mod cuda_driver;
+pub mod cuda_shareable;
 // Its user, tensormalloc.torch's raising allocation function, is not built for tests and the no-interpose harnesses.
 #[cfg_attr(any(test, feature = "no-interpose"), allow(dead_code))]
 pub mod cxx_throw;
@@ -31,3 +33,4 @@ pub mod shared_memory;
 pub mod stderr;
 pub mod stdio;
 pub mod thread;
+pub mod unix_socket;

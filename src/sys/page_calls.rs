@@ -93,6 +93,13 @@ pub unsafe fn munlockall() -> c_int {
     raw!(libc::SYS_munlockall) as c_int
 }
 
+/// capset as the kernel answers it (capabilities of the calling thread).
+/// # Safety
+/// As libc's `capset`.
+pub unsafe fn capset(header: *mut c_void, data: *const c_void) -> c_int {
+    raw!(libc::SYS_capset, header, data) as c_int
+}
+
 // Note [The next interposer]
 // Another library preloaded after us may hook the page calls too (gperftools' mmap hooks, a
 // tracer, a sandbox's accounting). The program's calls reach our shims first, as they come
@@ -123,9 +130,10 @@ pub enum Call {
     Prlimit,
     Prlimit64,
     PthreadCreate,
+    Capset,
 }
 
-const CALLS: usize = 17;
+const CALLS: usize = 18;
 const NAMES: [&core::ffi::CStr; CALLS] = [
     c"mmap",
     c"mmap64",
@@ -144,6 +152,7 @@ const NAMES: [&core::ffi::CStr; CALLS] = [
     c"prlimit",
     c"prlimit64",
     c"pthread_create",
+    c"capset",
 ];
 
 /// The next definition of each call when it is not libc's own (0: the kernel directly).
@@ -328,6 +337,16 @@ pub mod program {
     }
 
     pub type StartFn = extern "C" fn(*mut c_void) -> *mut c_void;
+
+    /// # Safety
+    /// As libc's `capset`.
+    pub unsafe fn capset(header: *mut c_void, data: *const c_void) -> c_int {
+        match next(Call::Capset) {
+            // SAFETY: as in mmap.
+            Some(f) => unsafe { transmute::<usize, unsafe extern "C" fn(*mut c_void, *const c_void) -> c_int>(f)(header, data) },
+            None => unsafe { super::capset(header, data) },
+        }
+    }
 
     /// The next pthread_create (libc's, or an interposer's): resolved at init, or here for a
     /// thread made before it (dlsym may allocate: not an allocation path). EAGAIN if none.

@@ -3,15 +3,22 @@
 //! sleeps on a futex until the cache's next deadline, or indefinitely while nothing is due.
 //! It also unmaps blocks the host layer deferred (Note [Deferred unmaps]). If no thread can be
 //! created (seccomp, thread limits), the allocation paths reap instead and unmap inline. What a
-//! pass does is given at init (`set_work`): this file knows nothing above `sys`.
+//! pass does is given at init (`set_work`): this file knows nothing above `sys`. It steps aside
+//! while the program changes its own thread's credentials (Note [Threads and credentials]).
 
 use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 const NOT_STARTED: u8 = 0;
 const RUNNING: u8 = 1;
 const UNAVAILABLE: u8 = 2;
+/// Being made: its handle is not stored yet.
+const STARTING: u8 = 3;
+/// Asked to end (`without_thread`): it returns at its next wake.
+const STOPPING: u8 = 4;
 
 static STATE: AtomicU8 = AtomicU8::new(NOT_STARTED);
+/// The running thread's handle (joinable), 0 when none.
+static THREAD: AtomicU64 = AtomicU64::new(0);
 /// Bumped to wake the reaper; the futex word.
 static WAKE_SEQ: AtomicU32 = AtomicU32::new(0);
 /// When the sleeping reaper will wake by itself; u64::MAX while it sleeps with no deadline.
@@ -39,27 +46,69 @@ fn work() -> Option<u64> {
 /// is first due (its release).
 pub fn on_block_cached(deadline_ns: u64) {
     match STATE.load(Ordering::Acquire) {
-        RUNNING => {
-            // A reaper asleep until later (with no deadline, or until an older block's expiry,
-            // which comes after this block's release) must wake to reschedule.
-            if SLEEPING_UNTIL.load(Ordering::Acquire) > deadline_ns {
-                wake();
-            }
-        }
-        NOT_STARTED => {
-            if STATE.compare_exchange(NOT_STARTED, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_ok() && !spawn() {
-                STATE.store(UNAVAILABLE, Ordering::Release);
-            }
-        }
-        _ => reap_inline(),
+        // A reaper asleep until later (with no deadline, or until an older block's expiry,
+        // which comes after this block's release) must wake to reschedule.
+        RUNNING if SLEEPING_UNTIL.load(Ordering::Acquire) > deadline_ns => wake(),
+        RUNNING => {}
+        NOT_STARTED => start_now(),
+        UNAVAILABLE => reap_inline(),
+        // Being made (its first pass comes) or stepping aside (started again after).
+        _ => {}
     }
 }
 
-/// Starts the reaper at load when the trace needs flushing even before any block is cached.
+/// Starts the reaper (at load when the trace needs flushing even before any block is cached).
 pub fn start_now() {
-    if STATE.compare_exchange(NOT_STARTED, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_ok() && !spawn() {
-        STATE.store(UNAVAILABLE, Ordering::Release);
+    if STATE.compare_exchange(NOT_STARTED, STARTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return;
     }
+    match super::thread::spawn_joinable(c"tensormalloc", reaper_main) {
+        Some(thread) => {
+            THREAD.store(thread, Ordering::Release);
+            STATE.store(RUNNING, Ordering::Release);
+        }
+        None => STATE.store(UNAVAILABLE, Ordering::Release),
+    }
+}
+
+// Note [Threads and credentials]
+// Capabilities are per thread, and glibc makes setuid, setgid and their kin act on every thread
+// of the process (it signals each one to make the same call, and aborts the process when one
+// succeeds where another fails). A program that changes its capabilities with capset (setpriv,
+// libcap-ng: keep capabilities, setresuid, raise them again in this thread, then setresgid) does
+// so believing it is alone: our thread, left with the old capabilities, fails the next setgid
+// and glibc aborts. So around the program's capset the reaper ends (joined: its kernel thread is
+// gone) and a new one is made afterwards by the calling thread, whose new credentials it
+// inherits. Nothing is lost meanwhile: what was due is done by the new thread's first pass.
+
+/// Runs `change` (the program's capset) with no reaper thread alive; starts a new one after it
+/// when one ran before (Note [Threads and credentials]).
+pub fn without_thread<R>(change: impl FnOnce() -> R) -> R {
+    let stopped = stop();
+    let answer = change();
+    if stopped {
+        start_now();
+    }
+    answer
+}
+
+/// Ends the running reaper and waits for it to be gone; false when none ran.
+fn stop() -> bool {
+    loop {
+        match STATE.compare_exchange(RUNNING, STOPPING, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => break,
+            // Another thread is making it: wait until it is made (a handful of instructions).
+            Err(STARTING) => core::hint::spin_loop(),
+            Err(_) => return false,
+        }
+    }
+    wake();
+    let thread = THREAD.swap(0, Ordering::AcqRel);
+    if thread != 0 {
+        super::thread::join(thread);
+    }
+    STATE.store(NOT_STARTED, Ordering::Release);
+    true
 }
 
 /// The fallback when no thread could be made: reap on the allocation paths.
@@ -82,14 +131,14 @@ pub fn wake() {
     unsafe { libc::syscall(libc::SYS_futex, WAKE_SEQ.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, 1) };
 }
 
-fn spawn() -> bool {
-    super::thread::spawn(c"tensormalloc", reaper_main)
-}
-
-fn reaper_main() -> ! {
+fn reaper_main() {
     loop {
-        // Read the sequence before reaping: a block cached after this point wakes us.
+        // Read the sequence before reaping: a block cached after this point wakes us, and so
+        // does a stop asked after it (it is asked before its wake).
         let seq = WAKE_SEQ.load(Ordering::Acquire);
+        if STATE.load(Ordering::Acquire) == STOPPING {
+            return;
+        }
         let deadline = work();
         let now = super::clock::now_ns();
         SLEEPING_UNTIL.store(deadline.unwrap_or(u64::MAX), Ordering::Release);
@@ -104,6 +153,7 @@ fn reaper_main() -> ! {
 
 /// In a forked child the reaper thread does not exist: start a new one on demand.
 pub fn after_fork_in_child() {
+    THREAD.store(0, Ordering::Release);
     STATE.store(NOT_STARTED, Ordering::Release);
     SLEEPING_UNTIL.store(u64::MAX, Ordering::Release);
 }

@@ -7,30 +7,75 @@
 /// (seccomp, thread limits).
 pub fn spawn(name: &core::ffi::CStr, main: fn() -> !) -> bool {
     extern "C" fn start(arg: *mut libc::c_void) -> *mut libc::c_void {
-        // SAFETY: blocks every signal for this thread only; `arg` is the `fn() -> !` spawn got.
-        unsafe {
-            let mut all: libc::sigset_t = core::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &all, core::ptr::null_mut());
-            core::mem::transmute::<*mut libc::c_void, fn() -> !>(arg)()
-        }
+        block_signals();
+        // SAFETY: `arg` is the `fn() -> !` spawn got.
+        unsafe { core::mem::transmute::<*mut libc::c_void, fn() -> !>(arg)() }
     }
-    // SAFETY: plain pthread calls on attributes we own; the thread runs `main`, which never
-    // returns or unwinds.
+    create(name, start, main as *mut libc::c_void, libc::PTHREAD_CREATE_DETACHED).is_some()
+}
+
+/// Starts a joinable thread named `name` running `main` until it returns (the thread then ends
+/// without unwinding: its start routine returns); None when none can be made. `join` waits for
+/// it to be gone.
+pub fn spawn_joinable(name: &core::ffi::CStr, main: fn()) -> Option<libc::pthread_t> {
+    extern "C" fn start(arg: *mut libc::c_void) -> *mut libc::c_void {
+        block_signals();
+        // SAFETY: `arg` is the `fn()` spawn_joinable got.
+        unsafe { core::mem::transmute::<*mut libc::c_void, fn()>(arg)() };
+        core::ptr::null_mut()
+    }
+    create(name, start, main as *mut libc::c_void, libc::PTHREAD_CREATE_JOINABLE)
+}
+
+/// Waits until a thread from `spawn_joinable` has ended (its kernel thread gone).
+pub fn join(thread: libc::pthread_t) {
+    // SAFETY: a joinable thread of ours, joined once.
+    unsafe { libc::pthread_join(thread, core::ptr::null_mut()) };
+}
+
+/// Signals are the program's business: ours block every one glibc lets a thread block.
+fn block_signals() {
+    // SAFETY: blocks signals for the calling thread only, with a set on our stack.
+    unsafe {
+        let mut all: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, core::ptr::null_mut());
+    }
+}
+
+fn create(name: &core::ffi::CStr, start: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void, arg: *mut libc::c_void, detach: libc::c_int) -> Option<libc::pthread_t> {
+    // SAFETY: plain pthread calls on attributes we own; the thread runs `start`, which never
+    // unwinds.
     unsafe {
         let mut attr: libc::pthread_attr_t = core::mem::zeroed();
         if libc::pthread_attr_init(&mut attr) != 0 {
-            return false;
+            return None;
         }
-        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        libc::pthread_attr_setdetachstate(&mut attr, detach);
         libc::pthread_attr_setstacksize(&mut attr, 256 * 1024);
         let mut thread: libc::pthread_t = 0;
-        let rc = libc::pthread_create(&mut thread, &attr, start, main as *mut libc::c_void);
+        let rc = libc::pthread_create(&mut thread, &attr, start, arg);
         libc::pthread_attr_destroy(&mut attr);
-        if rc == 0 {
-            libc::pthread_setname_np(thread, name.as_ptr());
+        if rc != 0 {
+            return None;
         }
-        rc == 0
+        libc::pthread_setname_np(thread, name.as_ptr());
+        Some(thread)
+    }
+}
+
+/// Runs `f` with every signal blocked for this thread (SIGKILL and SIGSTOP excepted): a
+/// SIGTERM cannot land between two steps that must happen together.
+pub fn with_signals_held<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: masks of our own on the stack; the old mask is put back as it was.
+    unsafe {
+        let mut all: libc::sigset_t = core::mem::zeroed();
+        let mut was: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut was);
+        let r = f();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &was, core::ptr::null_mut());
+        r
     }
 }
 

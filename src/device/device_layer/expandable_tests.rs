@@ -111,9 +111,10 @@ fn idle_chunks_go_back_around_live_blocks_and_busy_loops_pay_nothing() {
     assert_eq!(l.runtime().device(0).used, 0, "nothing left at the driver after trim");
 }
 
-/// Pointer queries answer the block, not the chunk the driver would name; IPC is refused.
+/// Pointer queries answer the block, not the chunk the driver would name; an IPC export names
+/// the block and the run of chunks it lies on (sharing_tests.rs).
 #[test]
-fn an_expandable_block_answers_as_a_block_and_refuses_ipc() {
+fn an_expandable_block_answers_as_a_block_and_its_export_names_its_chunks() {
     let l = layer(CudaSegments::Expandable, 4 * GB);
     let a = l.malloc(5 * MB, 0).unwrap();
     let b = l.malloc(3 * MB, 0).unwrap();
@@ -121,7 +122,9 @@ fn an_expandable_block_answers_as_a_block_and_refuses_ipc() {
         RangeAnswer::Live(start, size, _) => assert_eq!((start, size), (b as u64, 3 * MB as u64)),
         other => panic!("{other:?}"),
     }
-    assert_eq!(l.export(a), Export::Expandable { addr: a as u64, size: 5 * MB as u64 });
+    let Export::Expandable(e) = l.export(a) else { panic!("{:?}", l.export(a)) };
+    assert_eq!((e.addr, e.size, e.entry), (a as u64, 5 * MB as u64, None));
+    assert_eq!(l.export(a + 3 * MB), Export::Expandable(e), "an interior pointer names its block");
     l.free(a).unwrap();
     assert_eq!(l.range(a + 100), RangeAnswer::Free);
     assert_eq!(l.free(a), Ok(FreeAnswer::Refused), "a double free is refused, as the runtime's");

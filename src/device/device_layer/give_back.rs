@@ -108,7 +108,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     let mut p = pool.lock();
                     (p.release_idle_chunks(u64::MAX, None, &mut batch), p.chunk_bytes())
                 };
-                self.unmap_chunks(device, chunk, batch.get(..idle.count).unwrap_or(&[]))?;
+                let taken = batch.get(..idle.count).unwrap_or(&[]);
+                let unmapped = self.unmap_chunks(device, chunk, taken);
+                self.close_exported(taken);
+                unmapped?;
                 total += idle.count as u64 * chunk;
                 if idle.count < batch.len() || total >= max_bytes {
                     return Ok(total);
@@ -285,12 +288,14 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         if idle.count == 0 {
             return Some((idle, Ok(())));
         }
+        let taken = batch.get(..idle.count).unwrap_or(&[]);
         let freed = self.with_device(device as i32, || {
             if pool.lock().generation() != generation {
                 return Ok(());
             }
-            self.unmap_chunks(device, chunk, batch.get(..idle.count).unwrap_or(&[]))
+            self.unmap_chunks(device, chunk, taken)
         });
+        self.close_exported(taken);
         releasing.fetch_sub(1, AcqRel);
         Some((idle, freed))
     }

@@ -140,13 +140,22 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         }
     }
 
-    /// Unmaps and releases chunks taken out of `device`'s pool, in the current context.
+    /// Unmaps and releases chunks taken out of `device`'s pool, in the current context (the
+    /// caller closes their exported descriptors: `close_exported`).
     pub(super) fn unmap_chunks(&self, device: usize, chunk: u64, batch: &[Unmap]) -> Result<(), DeviceError> {
         for u in batch {
             timed(&self.stats.phases.free_runtime, || self.runtime.unmap_chunk(u.addr, chunk, u.handle))?;
             record::segment(device_place(device), u.addr, chunk, false);
         }
         Ok(())
+    }
+
+    /// Closes the descriptors exported for chunks taken out of a pool (Note [IPC of expandable
+    /// segments]): the driver keeps a peer's imported memory on its own.
+    pub(super) fn close_exported(&self, batch: &[Unmap]) {
+        for u in batch.iter().filter(|u| u.fd >= 0) {
+            self.runtime.close_exported(u.fd);
+        }
     }
 
     /// Forgets every block of a pool whose context is gone, as the runtime freed them: its live
@@ -179,6 +188,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 let _ = self.runtime.unmap_chunk(u.addr, chunk, u.handle);
                 record::segment(device_place(device), u.addr, chunk, false);
             }
+            self.close_exported(batch.get(..n).unwrap_or(&[]));
             if n < batch.len() {
                 return;
             }

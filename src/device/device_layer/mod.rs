@@ -8,7 +8,8 @@
 //! This file holds the layer's state, its set-up and the hooks it calls; one room per concept
 //! beside it: `alloc` (serving a request), `mapping` (expandable chunks and peer access),
 //! `contexts` (which context a pool lives in, and its end), `free` (a block back), `pointers`
-//! (what an address is: queries, IPC), `give_back` (idle, pressure, neighbours, trim).
+//! (what an address is: queries, IPC), `sharing` (IPC of expandable blocks: their chunks'
+//! descriptors), `give_back` (idle, pressure, neighbours, trim).
 
 use super::fallback::{self, Fallback};
 use super::pinned::cache::PinnedCache;
@@ -28,10 +29,11 @@ mod free;
 mod give_back;
 mod mapping;
 mod pointers;
+mod sharing;
 
 pub use crate::backing::MAX_DEVICES;
 pub use free::FreeAnswer;
-pub use pointers::{Export, RangeAnswer, SharedBlock};
+pub use pointers::{Export, ExpandableBlock, RangeAnswer, SharedBlock};
 
 pub struct DeviceLayer<R: DeviceRuntime> {
     pub(super) runtime: R,
@@ -299,3 +301,6 @@ mod tests;
 
 #[cfg(test)]
 mod expandable_tests;
+
+#[cfg(test)]
+mod sharing_tests;

@@ -20,9 +20,9 @@ pub enum Export {
     /// A live block sharing its segment: the handle is ours (device/ipc), naming the segment's
     /// driver handle `real` and the block's `offset` in it.
     Shared(SharedBlock),
-    /// A block (start, size) of an expandable segment (Note [Expandable segments]): the driver
-    /// gives no legacy IPC handle for such memory.
-    Expandable { addr: u64, size: u64 },
+    /// A live block of an expandable segment (Note [IPC of expandable segments] in
+    /// device/pool/exports.rs): the handle is ours, naming the run of chunks it lies on.
+    Expandable(ExpandableBlock),
     /// The driver refused the segment's handle.
     Failed(DeviceError),
 }
@@ -40,6 +40,22 @@ pub struct SharedBlock {
     pub segment_len: u64,
     /// The segment's driver handle.
     pub real: [u8; 64],
+    /// The registry entry a handle of ours names already, if one does.
+    pub entry: Option<u32>,
+}
+
+/// A live block of an expandable segment, as an export of ours names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpandableBlock {
+    pub device: usize,
+    pub addr: u64,
+    pub size: u64,
+    /// Note [Buffer ids]: its life.
+    pub buffer_id: u64,
+    /// The run of chunks it lies on: the first one's address, how many, and their size.
+    pub first_chunk: u64,
+    pub chunks: u64,
+    pub chunk_bytes: u64,
     /// The registry entry a handle of ours names already, if one does.
     pub entry: Option<u32>,
 }
@@ -151,8 +167,13 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         if !b.allocated {
             return Export::NotLive;
         }
-        if pool.lock().expandable() {
-            return Export::Expandable { addr: b.addr, size: b.size };
+        {
+            let p = pool.lock();
+            if p.expandable() {
+                let Some((first_chunk, chunks)) = p.chunk_run(b.addr, b.size) else { return Export::NotLive };
+                let (chunk_bytes, entry) = (p.chunk_bytes(), p.ipc_entry(b.addr));
+                return Export::Expandable(ExpandableBlock { device: d, addr: b.addr, size: b.size, buffer_id: b.buffer_id, first_chunk, chunks, chunk_bytes, entry });
+            }
         }
         if b.whole_segment {
             return if pool.lock().mark_exported(b.addr, b.buffer_id, NONE) { Export::Whole } else { Export::NotLive };
@@ -169,9 +190,15 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         }
     }
 
-    /// Note [IPC]: block `b` is named by registry entry `entry` from now on, unless it was freed
-    /// meanwhile, or another export named it first (false).
-    pub fn mark_shared_export(&self, b: &SharedBlock, entry: u32) -> bool {
-        self.pools().get(b.device).is_some_and(|p| p.lock().mark_exported(b.addr, b.buffer_id, entry))
+    /// Whether block `addr` of `device`'s pool is live in its life `buffer_id` (Note [Buffer ids]).
+    pub fn is_live_block(&self, device: usize, addr: u64, buffer_id: u64) -> bool {
+        self.pools().get(device).is_some_and(|p| p.lock().live_block(addr).is_some_and(|b| b.buffer_id == buffer_id))
+    }
+
+    /// Note [IPC]: live block `addr` of `device`'s pool, of life `buffer_id`, is named by registry
+    /// entry `entry` from now on, unless it was freed meanwhile, or another export named it first
+    /// (false).
+    pub fn mark_export(&self, device: usize, addr: u64, buffer_id: u64, entry: u32) -> bool {
+        self.pools().get(device).is_some_and(|p| p.lock().mark_exported(addr, buffer_id, entry))
     }
 }

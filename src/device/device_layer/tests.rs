@@ -225,8 +225,8 @@ fn ipc_exports_name_blocks_and_exported_blocks_are_never_reused() {
     assert_eq!(&b.real[..8], b"SIMIPC\0\0", "the segment's own handle");
     assert_eq!(u64::from_le_bytes(b.real[8..16].try_into().unwrap()), segment);
     assert_eq!(l.export(small_b + 100), Export::Shared(b), "an interior pointer names its block");
-    assert!(l.mark_shared_export(&b, 7));
-    assert!(!l.mark_shared_export(&b, 8), "named once");
+    assert!(l.mark_export(b.device, b.addr, b.buffer_id, 7));
+    assert!(!l.mark_export(b.device, b.addr, b.buffer_id, 8), "named once");
     let Export::Shared(again) = l.export(small_b) else { panic!() };
     assert_eq!(again.entry, Some(7), "the entry naming it already");
     let big = l.malloc(64 * MB, 0).unwrap();

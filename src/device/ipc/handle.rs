@@ -1,7 +1,8 @@
 //! Our IPC handle (Note [IPC] in device/pool/pointers.rs): 64 bytes, the size of the driver's
 //! CUipcMemHandle and the runtime's cudaIpcMemHandle_t, that name an entry of the exporting
 //! user's registry and the block's place in the segment that entry names. Encoded and decoded
-//! over plain bytes; a checksum rejects bytes that only start like ours.
+//! over plain bytes; a checksum rejects bytes that only start like ours. And what an entry of an
+//! expandable block names in place of a driver's handle: the run of chunks it lies on.
 
 /// Our handles' first bytes: no driver handle of ours ever starts so, and a driver that is given
 /// one refuses it (it names nothing the driver knows).
@@ -62,9 +63,70 @@ impl Handle {
     }
 }
 
+/// What a registry entry of an expandable block names in place of a driver's handle (Note [IPC
+/// of expandable segments] in device/pool/exports.rs): the exporter's device and block (its
+/// address and life, for the exporter to find it again when a peer asks) and the run of chunks
+/// it lies on; the entry's offset is the block's place in that run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkRun {
+    pub device: u32,
+    pub addr: u64,
+    pub buffer_id: u64,
+    pub chunk_bytes: u64,
+    pub first_chunk: u64,
+    pub chunks: u64,
+}
+
+/// A chunk run's first bytes: no driver handle the registry holds starts so.
+pub const CHUNKS_MAGIC: [u8; 8] = *b"tmVMMv1\0";
+/// The most chunks a run may have (2 TiB of 2 MiB chunks): more is garbage.
+const MAX_CHUNKS: u64 = 1 << 20;
+
+impl ChunkRun {
+    pub fn encode(&self) -> [u8; 64] {
+        let mut out = [0u8; 64];
+        let words = [u64::from_le_bytes(CHUNKS_MAGIC), u64::from(self.device), self.addr, self.buffer_id, self.chunk_bytes, self.first_chunk, self.chunks];
+        for (dst, w) in out.chunks_exact_mut(8).zip(words) {
+            dst.copy_from_slice(&w.to_le_bytes());
+        }
+        out
+    }
+
+    /// A run, or None: bytes that are not one (a driver's handle), or not a plausible one.
+    pub fn decode(bytes: &[u8; 64]) -> Option<ChunkRun> {
+        let word = |k: usize| bytes.get(8 * k..8 * k + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+        if word(0)? != u64::from_le_bytes(CHUNKS_MAGIC) || word(7)? != 0 {
+            return None;
+        }
+        let run = ChunkRun { device: u32::try_from(word(1)?).ok()?, addr: word(2)?, buffer_id: word(3)?, chunk_bytes: word(4)?, first_chunk: word(5)?, chunks: word(6)? };
+        let plausible = run.chunk_bytes.is_power_of_two() && (1..=MAX_CHUNKS).contains(&run.chunks) && run.chunks.checked_mul(run.chunk_bytes).is_some();
+        plausible.then_some(run)
+    }
+
+    /// The run's bytes.
+    pub fn bytes(&self) -> u64 {
+        self.chunks.saturating_mul(self.chunk_bytes)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chunk_run_survives_its_bytes_and_garbage_is_none() {
+        let run = ChunkRun { device: 1, addr: 0x7f00_0020_1000, buffer_id: 42, chunk_bytes: 2 << 20, first_chunk: 0x7f00_0020_0000, chunks: 33 };
+        let bytes = run.encode();
+        assert_eq!(ChunkRun::decode(&bytes), Some(run));
+        assert_eq!(run.bytes(), 66 << 20);
+        assert_eq!(ChunkRun::decode(&[0; 64]), None, "a driver's handle is no run");
+        assert_eq!(ChunkRun::decode(&ChunkRun { chunk_bytes: 3 << 20, ..run }.encode()), None, "not a granularity");
+        assert_eq!(ChunkRun::decode(&ChunkRun { chunks: 0, ..run }.encode()), None);
+        assert_eq!(ChunkRun::decode(&ChunkRun { chunks: u64::MAX >> 8, ..run }.encode()), None, "more than any device");
+        let mut tail = bytes;
+        tail[60] = 1;
+        assert_eq!(ChunkRun::decode(&tail), None, "the tail must stay zero");
+    }
 
     #[test]
     fn a_handle_survives_its_bytes_and_nothing_else_decodes() {

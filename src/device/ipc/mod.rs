@@ -1,10 +1,13 @@
-//! IPC of pooled blocks that share a segment (Note [IPC] in device/pool/pointers.rs): our handle
+//! IPC of pooled blocks that share a segment (Note [IPC] in device/pool/pointers.rs) or lie in an
+//! expandable one (Note [IPC of expandable segments] in device/pool/exports.rs): our handle
 //! (`handle.rs`), the per-user registry it names (`registry.rs`, mapped here on first use: the
-//! user's runtime directory, else /dev/shm, checked as the neighbours' registry is), and the
-//! segments this process opened for such handles (`opened.rs`). This file is this process's side:
+//! user's runtime directory, else /dev/shm, checked as the neighbours' registry is), the segments
+//! and chunk runs this process opened for such handles (`opened.rs`), and the socket that carries
+//! exported chunks' memory to a peer (`channel.rs`). This file is this process's side:
 //! publishing and withdrawing its exports, reading another process's, each way it cannot said
-//! once on stderr. The driver calls are the route's (route/cuda/ipc.rs).
+//! once on stderr. The driver calls are the route's (route/cuda/ipc.rs, ipc_chunks.rs).
 
+pub mod channel;
 pub mod handle;
 pub mod opened;
 pub mod registry;
@@ -70,7 +73,7 @@ fn registry() -> Option<&'static Registry> {
                     Refused::System(errno) => process::error_text(errno, &mut buf),
                 };
                 crate::warn_line!(
-                    "IPC registry {}: {}; IPC handles of pooled blocks that share a segment are refused (a private runtime directory, XDG_RUNTIME_DIR or /run/user/UID mode 0700, keeps the registry where no one else can create it; TENSORMALLOC_CUDA_POOL=binned gives the driver's own handles)",
+                    "IPC registry {}: {}; IPC handles of pooled blocks that share a segment or lie in an expandable one are refused (a private runtime directory, XDG_RUNTIME_DIR or /run/user/UID mode 0700, keeps the registry where no one else can create it; TENSORMALLOC_CUDA_POOL=binned gives the driver's own handles)",
                     text(file.path()),
                     why
                 );
@@ -102,11 +105,21 @@ pub fn publish(what: &Published) -> Option<(Handle, u32)> {
     let Some(entry) = reg.publish(me, token, what, shared_memory::process_alive) else {
         static SAID: AtomicBool = AtomicBool::new(false);
         if !SAID.swap(true, Relaxed) {
-            crate::warn_line!("IPC registry {}: all {} entries are live exports of this user's; IPC handles of pooled blocks that share a segment are refused until some are freed", text(registry_file().path()), registry::ENTRIES);
+            crate::warn_line!("IPC registry {}: all {} entries are live exports of this user's; IPC handles of pooled blocks that share a segment or lie in an expandable one are refused until some are freed", text(registry_file().path()), registry::ENTRIES);
         }
         return None;
     };
     Some((Handle { pid: me, entry, token, size: what.size, offset: what.offset }, entry))
+}
+
+/// Says once, at the first handle of ours, that such handles need the preload in the receiver.
+pub fn say_ours() {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Relaxed) {
+        crate::warn_line!(
+            "IPC of pooled blocks that share a segment or lie in an expandable one: their handles are tensormalloc's own, which a process under the preload opens (LD_PRELOAD=libtensormalloc.so); a process without it gets the driver's error. TENSORMALLOC_CUDA_POOL=binned gives every block the driver's own handle (said once)"
+        );
+    }
 }
 
 /// The handle of ours that entry `entry` (ours, still published) stands for.
@@ -130,19 +143,33 @@ pub fn withdraw(entry: u32) {
     }
 }
 
+/// What this process's own entry `entry` names while live under `token` for a block of `size`
+/// bytes (a peer asks for its memory: device/ipc/channel.rs); never creates the registry.
+pub fn lookup_own(entry: u32, token: u64, size: u64) -> Option<Published> {
+    if STATE.load(Acquire) != READY {
+        return None;
+    }
+    registry()?.lookup(entry, process::id(), token, size)
+}
+
 /// What a handle of ours names, for a process that opens it; None (said once) when it names
 /// nothing live: a freed block's, another user's, a process's under another runtime directory.
 pub fn lookup(h: &Handle) -> Option<Published> {
     let found = registry().and_then(|reg| reg.lookup(h.entry, h.pid, h.token, h.size)).filter(|p| p.offset == h.offset);
     if found.is_none() {
-        static SAID: AtomicBool = AtomicBool::new(false);
-        if !SAID.swap(true, Relaxed) {
-            crate::warn_line!(
-                "cuIpcOpenMemHandle: a tensormalloc handle from process {} names no live block in the IPC registry {} (freed since, or exported by another user or under another XDG_RUNTIME_DIR); refused with invalid value",
-                h.pid,
-                text(registry_file().path())
-            );
-        }
+        say_not_live(h);
     }
     found
+}
+
+/// Says once that handle `h` names no live block (its open is refused with invalid value).
+pub fn say_not_live(h: &Handle) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Relaxed) {
+        crate::warn_line!(
+            "cuIpcOpenMemHandle: a tensormalloc handle from process {} names no live block in the IPC registry {} (freed since, or exported by another user or under another XDG_RUNTIME_DIR); refused with invalid value",
+            h.pid,
+            text(registry_file().path())
+        );
+    }
 }

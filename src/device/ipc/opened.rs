@@ -1,7 +1,9 @@
 //! The segments this process opened for handles of ours (Note [IPC] in device/pool/pointers.rs):
 //! the driver maps a handle once per process, so every handle of ours that names the same
 //! segment shares one mapping, counted; each pointer handed out is remembered until its close,
-//! and the segment is closed with its last one. Fixed tables under one lock, never held across a
+//! and the segment is closed with its last one. A chunk run of an expandable block (Note [IPC of
+//! expandable segments] in device/pool/exports.rs), named by its registry bytes, is opened and
+//! closed the same way. Fixed tables under one lock, never held across a
 //! driver call: a segment being opened or closed is marked so, and another thread that needs it
 //! waits for that to end. Unit-tested; never calls the system.
 
@@ -62,8 +64,9 @@ pub enum Close {
     NotOurs,
     /// Counted off; the segment stays open for other pointers.
     Kept,
-    /// Its last pointer: the caller closes mapping `base` with the driver, then `end_close(slot)`.
-    Last { slot: usize, base: u64 },
+    /// Its last pointer: the caller closes mapping `base` of what `real` names (a driver's handle
+    /// or a chunk run), then `end_close(slot)`.
+    Last { slot: usize, base: u64, real: [u8; 64] },
 }
 
 const EMPTY_SEGMENT: Segment = Segment { state: State::Empty, real: [0; 64], base: 0, refs: 0 };
@@ -141,7 +144,7 @@ impl Opened {
             return Close::Kept;
         }
         s.state = State::Closing;
-        Close::Last { slot, base: s.base }
+        Close::Last { slot, base: s.base, real: s.real }
     }
 
     /// The driver closed segment `slot`'s mapping: the slot is free.
@@ -173,7 +176,7 @@ mod tests {
         assert_eq!(o.close(0x1000_0000 + 4096), Close::Kept);
         assert_eq!(o.close(0x1000_0000 + 4096), Close::NotOurs, "closed once only");
         assert_eq!(o.close(0x5000), Close::NotOurs);
-        assert_eq!(o.close(0x1000_0000 + 8192), Close::Last { slot, base: 0x1000_0000 });
+        assert_eq!(o.close(0x1000_0000 + 8192), Close::Last { slot, base: 0x1000_0000, real });
         assert_eq!(o.begin_open(&real, 0), Begin::Busy, "until the driver closed it");
         o.end_close(slot);
         assert!(matches!(o.begin_open(&real, 0), Begin::Open { .. }), "opened anew");

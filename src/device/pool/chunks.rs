@@ -23,9 +23,9 @@
 // A context's end frees its cuMemAlloc'd memory, not ours: the layer gives every chunk and range
 // back itself before the pool forgets them (DeviceLayer::release_all_chunks).
 // Chunks are made accessible to their device and to the devices the program enabled peer access
-// for (DeviceLayer::peer_access_enabled grants the ones mapped already). Not covered: the legacy
-// IPC handles, which the driver does not give for such memory (the layer answers its error and
-// names TENSORMALLOC_CUDA_SEGMENTS=classic).
+// for (DeviceLayer::peer_access_enabled grants the ones mapped already). IPC of their blocks goes
+// through the chunks' file descriptors (Note [IPC of expandable segments] in exports.rs): a chunk
+// that has one is never moved.
 
 use super::*;
 
@@ -36,9 +36,12 @@ pub(super) const CHUNK_CAPACITY: u32 = 1 << 20;
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Chunk {
-    addr: u64,
+    pub(super) addr: u64,
     /// The physical memory mapped here (cuMemCreate's handle); 0: not mapped.
-    handle: u64,
+    pub(super) handle: u64,
+    /// A file descriptor of that memory, exported for IPC (Note [IPC of expandable segments] in
+    /// exports.rs); -1: none. Closed by the layer when the chunk goes back.
+    pub(super) fd: i32,
     /// Live blocks that touch the chunk.
     live: u32,
     /// When its last live block went (Note [Idle segments]).
@@ -57,10 +60,19 @@ pub(super) struct Range {
 }
 
 /// A chunk taken out of the pool for the layer to unmap and release.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Unmap {
     pub addr: u64,
     pub handle: u64,
+    /// Its exported file descriptor, for the layer to close (Note [IPC of expandable segments]);
+    /// -1: none.
+    pub fd: i32,
+}
+
+impl Default for Unmap {
+    fn default() -> Self {
+        Unmap { addr: 0, handle: 0, fd: -1 }
+    }
 }
 
 impl DevicePool {
@@ -83,7 +95,7 @@ impl DevicePool {
     }
 
     /// The reserved range containing `addr`.
-    fn range_containing(&self, addr: u64) -> Option<&Range> {
+    pub(super) fn range_containing(&self, addr: u64) -> Option<&Range> {
         self.ranges.iter().take(self.range_count).find(|r| addr.wrapping_sub(r.base) < r.len)
     }
 
@@ -93,7 +105,7 @@ impl DevicePool {
     }
 
     /// Chunk-table indices of the chunks [addr, addr + size) touches; empty outside the ranges.
-    fn chunk_span(&self, addr: u64, size: u64) -> core::ops::Range<u32> {
+    pub(super) fn chunk_span(&self, addr: u64, size: u64) -> core::ops::Range<u32> {
         let Some(r) = self.range_containing(addr) else { return 0..0 };
         let first = (addr - r.base) / self.chunk_bytes;
         let last = (addr - r.base + size.max(1) - 1) / self.chunk_bytes;
@@ -107,7 +119,7 @@ impl DevicePool {
         if self.range_count >= MAX_RANGES || chunks == 0 || !len.is_multiple_of(self.chunk_bytes) {
             return false;
         }
-        let chunk = |k: u64| Chunk { addr: base + k * self.chunk_bytes, handle: 0, live: 0, idle_since_ns: 0, prev: NONE, next: NONE };
+        let chunk = |k: u64| Chunk { addr: base + k * self.chunk_bytes, handle: 0, fd: -1, live: 0, idle_since_ns: 0, prev: NONE, next: NONE };
         let Some(first_chunk) = self.chunks.insert(chunk(0)) else { return false };
         for k in 1..chunks {
             if self.chunks.insert(chunk(k)).is_none() {
@@ -240,14 +252,22 @@ impl DevicePool {
     /// Takes the oldest idle chunk out of its place: no longer mapped for the pool.
     fn take_oldest_idle(&mut self) -> Option<Unmap> {
         let i = self.idle_head;
-        if i == NONE {
-            return None;
-        }
+        (i != NONE).then(|| self.take_idle(i))
+    }
+
+    /// Takes idle chunk `i` out of its place: no longer mapped for the pool. A dead block it held
+    /// exported memory for may be free again (Note [IPC of expandable segments]).
+    fn take_idle(&mut self, i: u32) -> Unmap {
         self.unlink_idle(i);
         let c = self.chunks.get_mut(i);
         let handle = core::mem::take(&mut c.handle);
+        let fd = core::mem::replace(&mut c.fd, -1);
+        let addr = c.addr;
         self.stats.reserved_bytes -= self.chunk_bytes;
-        Some(Unmap { addr: c.addr, handle })
+        if fd >= 0 {
+            self.revive_dead_over(addr);
+        }
+        Unmap { addr, handle, fd }
     }
 
     /// Bytes of mapped chunks no live block touches: what giving the cache back returns.
@@ -260,14 +280,26 @@ impl DevicePool {
     /// moved where they are needed rather than new memory made. Below that, new memory is made:
     /// a loop that repeats its sizes then settles with every place it uses mapped, and pays no
     /// driver call after warm-up. None also while a free block waits for a synchronization (a
-    /// stream may still use an idle chunk).
+    /// stream may still use an idle chunk). A chunk whose memory was exported is never moved
+    /// (Note [IPC of expandable segments]): the oldest of the first few idle ones that was not.
     pub fn take_idle_chunk(&mut self) -> Option<Unmap> {
         let live = self.stats.peak_live_bytes;
         let budget = live.saturating_add(live / 10).saturating_add(2 * self.chunk_bytes);
         if self.stats.reserved_bytes.saturating_add(self.chunk_bytes) <= budget || self.pending_free_bytes + self.other_tag_free_bytes > 0 {
             return None;
         }
-        self.take_oldest_idle()
+        let mut i = self.idle_head;
+        for _ in 0..64 {
+            if i == NONE {
+                return None;
+            }
+            let c = self.chunks.get(i);
+            if c.fd < 0 {
+                return Some(self.take_idle(i));
+            }
+            i = c.next;
+        }
+        None
     }
 
     /// Takes out of the pool, into `out`, the chunks idle since `cutoff_ns` or before, oldest
@@ -330,8 +362,10 @@ impl DevicePool {
                 if c.live == 0 {
                     self.unlink_idle(i);
                 }
-                self.chunks.get_mut(i).handle = 0;
-                *slot = Unmap { addr: c.addr, handle: c.handle };
+                let r = self.chunks.get_mut(i);
+                r.handle = 0;
+                r.fd = -1;
+                *slot = Unmap { addr: c.addr, handle: c.handle, fd: c.fd };
                 self.stats.reserved_bytes -= self.chunk_bytes;
                 self.stats.segments_released += 1;
                 n += 1;

@@ -405,7 +405,7 @@ impl DevicePool {
         m.born_ns = now_ns;
         let segment_idle = chunk_idle || (m.seg_prev == NONE && m.seg_next == NONE && self.chunk_bytes == 0);
         // Note [IPC]: the last live block of a segment that holds dead ones takes it back.
-        let release = if self.dead_blocks > 0 { self.release_if_dead(merged) } else { None };
+        let release = if self.dead_blocks > 0 && !self.expandable() { self.release_if_dead(merged) } else { None };
         let segment_idle = segment_idle && release.is_none();
         Some(Freed { size: b.size, holder: b.holder, release, segment_idle, freed_ns: now_ns, ipc_entry: None })
     }
@@ -464,6 +464,8 @@ mod release;
 pub use release::{IdleRelease, Release};
 
 pub mod chunks;
+
+mod exports;
 
 pub mod walk;
 

@@ -142,7 +142,8 @@ impl DevicePool {
     }
 
     /// Note [IPC]: exported block `i`, just out of the live map, is dead now; its segment goes
-    /// back whole when no live block is left in it.
+    /// back whole when no live block is left in it. In an expandable segment (Note [IPC of
+    /// expandable segments]) its chunks stop counting it, and go back by the usual paths.
     pub(super) fn retire_exported(&mut self, i: u32, now_ns: u64) -> Freed {
         let b = {
             let r = self.blocks.get_mut(i);
@@ -152,8 +153,13 @@ impl DevicePool {
         self.stats.live_bytes -= b.size;
         self.dead_blocks += 1;
         self.dead_bytes += b.size;
-        let release = self.release_if_dead(i);
         let ipc_entry = (b.ipc_entry != NONE).then_some(b.ipc_entry);
+        if self.expandable() {
+            let chunk_idle = self.untouch(b.addr, b.size, now_ns);
+            self.revive_if_unshared(i);
+            return Freed { size: b.size, holder: b.holder, release: None, segment_idle: chunk_idle, freed_ns: now_ns, ipc_entry };
+        }
+        let release = self.release_if_dead(i);
         Freed { size: b.size, holder: b.holder, release, segment_idle: false, freed_ns: now_ns, ipc_entry }
     }
 

@@ -1,15 +1,16 @@
 //! IPC handles, routed (Note [IPC] in device/pool/pointers.rs), for the runtime's and the driver's
 //! entry points alike. Exporting a pooled block: the driver's handle when the block is its whole
-//! segment; one of ours (device/ipc) when it shares its segment. Opening a handle of ours: its
-//! registry entry read, the segment opened with the driver once per process (`OPENED`), the
-//! block's pointer handed out; closing that pointer: counted off, the segment closed with its
-//! last. Every other handle and pointer is the driver's (or the runtime's), unchanged.
+//! segment; one of ours (device/ipc) when it shares its segment, or lies in an expandable one
+//! (`ipc_chunks`). Opening a handle of ours: its registry entry read, the segment opened with the
+//! driver once per process (`OPENED`; a chunk run: `ipc_chunks`), the block's pointer handed out;
+//! closing that pointer: counted off, the segment closed with its last. Every other handle and
+//! pointer is the driver's (or the runtime's), unchanged.
 
 use super::runtime::as_the_runtime;
 use super::{context_bound, pool_answers};
 use crate::backing::{CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_SUCCESS};
 use crate::device::device_layer::{Export, SharedBlock};
-use crate::device::ipc::handle::Handle;
+use crate::device::ipc::handle::{ChunkRun, Handle};
 use crate::device::ipc::opened::{Begin, Close};
 use crate::device::ipc::{self, Published, OPENED};
 use crate::state::DEVICE;
@@ -17,7 +18,6 @@ use crate::sys::cuda_driver::{driver, IpcMemHandle, IpcOpenMemHandleFn};
 use crate::sys::cuda_runtime::real;
 use crate::sys::reentry;
 use core::ffi::{c_int, c_uint, c_void};
-use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 const NO_DRIVER: c_int = CUDA_ERROR_INITIALIZATION;
 
@@ -33,16 +33,10 @@ fn export(call: &str, addr: usize) -> Result<Option<[u8; 64]>, c_int> {
             Export::NotOurs | Export::Whole => return Ok(None),
             Export::NotLive => return Err(CUDA_ERROR_INVALID_VALUE),
             Export::Failed(e) => return Err(e.code()),
-            Export::Expandable { addr: block, size } => {
-                static SAID: AtomicBool = AtomicBool::new(false);
-                if SAID.swap(true, Relaxed) {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
+            Export::Expandable(b) => {
+                if let Some(h) = super::ipc_chunks::export(call, &b)? {
+                    return Ok(Some(h));
                 }
-                crate::warn_line!(
-                    "{}({:#x}): the pooled block at {:#x} ({} bytes) lies in an expandable segment (TENSORMALLOC_CUDA_SEGMENTS=expandable), memory of the driver's virtual memory API, for which it gives no legacy IPC handle; refused (cudaErrorInvalidValue). IPC of pooled memory works with TENSORMALLOC_CUDA_SEGMENTS=classic (said once)",
-                    call, addr, block, size
-                );
-                return Err(CUDA_ERROR_INVALID_VALUE);
             }
             Export::Shared(b) => {
                 if let Some(h) = publish(&b) {
@@ -64,16 +58,11 @@ fn publish(b: &SharedBlock) -> Option<Handle> {
         return ipc::handle_of(entry, &what);
     }
     let (handle, entry) = ipc::publish(&what)?;
-    if !DEVICE.mark_shared_export(b, entry) {
+    if !DEVICE.mark_export(b.device, b.addr, b.buffer_id, entry) {
         ipc::withdraw(entry);
         return None;
     }
-    static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Relaxed) {
-        crate::warn_line!(
-            "IPC of pooled blocks that share a segment: their handles are tensormalloc's own, which a process under the preload opens (LD_PRELOAD=libtensormalloc.so); a process without it gets the driver's error. TENSORMALLOC_CUDA_POOL=binned gives every block the driver's own handle (said once)"
-        );
-    }
+    ipc::say_ours();
     Some(handle)
 }
 
@@ -118,6 +107,9 @@ unsafe fn open_ours(h: &Handle, flags: c_uint, open: IpcOpenMemHandleFn) -> Resu
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let what = ipc::lookup(h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if let Some(run) = ChunkRun::decode(&what.real) {
+        return super::ipc_chunks::open(h, &what, &run);
+    }
     loop {
         match OPENED.begin_open(&what.real, what.offset) {
             Begin::Mapped { base } => return Ok(base + what.offset),
@@ -194,8 +186,11 @@ unsafe fn close_ours(ptr: u64) -> Option<c_int> {
     match OPENED.close(ptr) {
         Close::NotOurs => None,
         Close::Kept => Some(CUDA_SUCCESS),
-        Close::Last { slot, base } => {
-            let rc = driver().and_then(|d| d.ipc_close_mem_handle).map_or(NO_DRIVER, |close| close(base));
+        Close::Last { slot, base, real } => {
+            let rc = match ChunkRun::decode(&real) {
+                Some(run) => super::ipc_chunks::close(base, &run),
+                None => driver().and_then(|d| d.ipc_close_mem_handle).map_or(NO_DRIVER, |close| close(base)),
+            };
             OPENED.end_close(slot);
             Some(rc)
         }
