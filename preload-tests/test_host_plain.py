@@ -36,7 +36,7 @@ def run_mode(mode, argv, env=None, **kw):
 TAINTS = ["rdonly", "rx", "guard", "dontfork", "wipeonfork", "mlock", "dontdump", "guardregion", "unmapped", "fixedmap",
           "shrunk"]
 # A change made with a raw system call never reaches our libc shims (Note [Pages the program
-# changed]): only TENSORMALLOC_RESET=always makes such a block plain again (README, Limits).
+# changed]): only TENSORMALLOC_RESET=always makes such a block plain again (docs/limits.md).
 CASES = [(t, m) for t in TAINTS for m in MODES] + [("raw-rdonly", "reset-always"), ("raw-rdonly", "glibc")]
 
 

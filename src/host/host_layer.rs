@@ -68,8 +68,8 @@
 // unmarked one goes to the cache with no system call. Advice that leaves a block plain
 // (MADV_DONTNEED, FREE, HUGEPAGE, WILLNEED...: numpy advises huge pages on every array) marks
 // nothing. A program that changes pages with raw system calls (syscall(2), its own assembly)
-// escapes the marks: TENSORMALLOC_RESET=always resets every block at free, the old cost (README,
-// "Limits"). Our own system calls go straight to the kernel (sys/page_calls.rs), never through
+// escapes the marks: TENSORMALLOC_RESET=always resets every block at free, the old cost
+// (docs/limits.md). Our own system calls go straight to the kernel (sys/page_calls.rs), never through
 // the shims. What a forked child must not inherit is paid at the fork (Note [Fork at the fork]).
 //
 // Note [Fork at the fork]
