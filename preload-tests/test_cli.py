@@ -85,9 +85,41 @@ def test_help_lists_every_setting_with_its_default_and_the_commands():
     out = ok(run([PY, "-m", "tensormalloc", "--", "sh", "-c", "echo $LD_PRELOAD"], preload=False,
                  env={**ENV, "TENSORMALLOC_LIB": str(LIB)}))
     assert out.stdout.strip() == str(LIB)
-    # The source tree's (and the C install's) shell launcher points to the report, trace and settings.
+    # The source tree's (and the C install's) launcher is the same command: the same help.
     out = ok(run([str(ROOT / "scripts" / "tensormalloc"), "--help"], preload=False))
-    assert "TENSORMALLOC_STATS=1" in out.stdout and "tensormalloc --help" in out.stdout, out.stdout
+    assert out.stdout == ok(run([PY, "-m", "tensormalloc", "--help"], preload=False, env=ENV)).stdout
+
+
+def help_settings(text):
+    """{name: (default, words)} of the settings `tensormalloc --help` lists."""
+    settings, name = {}, None
+    for line in text.splitlines():
+        m = re.match(r"^  (TENSORMALLOC_\w+)=(\S*)$", line)
+        if m:
+            name = m.group(1)
+            settings[name] = (m.group(2), [])
+        elif name and line.startswith("      "):
+            settings[name][1].append(line.strip())
+        else:
+            name = None
+    return {k: (d, " ".join(words)) for k, (d, words) in settings.items()}
+
+
+def test_the_docs_reference_is_what_help_lists():
+    """docs/configuration.md and `tensormalloc --help` list the same settings, with the same
+    defaults and words, in the same groups (both written from src/config.rs's table)."""
+    out = ok(run([PY, "-m", "tensormalloc", "--help"], preload=False, env=ENV)).stdout
+    listed = help_settings(out)
+    doc = (ROOT / "docs" / "configuration.md").read_text().split("\n## Earlier names")[0]
+    rows = dict(re.findall(r"^\| `(TENSORMALLOC_\w+)` \| `([^`]*)` \|", doc, re.M))
+    assert set(listed) == set(rows) == {name for name, _ in settings_of_the_library()}, (set(listed) ^ set(rows))
+    for name, (default, words) in listed.items():
+        assert rows[name] == default, name
+        row = next(l for l in doc.splitlines() if l.startswith(f"| `{name}` |"))
+        assert row.split(" | ", 2)[2].rstrip(" |").replace("\\|", "|") == words, (name, row, words)
+    sections = re.findall(r"^## (.+)$", doc, re.M)
+    groups = [line[:-1] for line in out.splitlines() if line.endswith(":") and not line.startswith(" ") and line[0].isupper()]
+    assert groups == sections, (groups, sections)
 
 
 def test_plot_command_labels_bins_by_range_and_steps_its_lines(tmp_path):

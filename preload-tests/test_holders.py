@@ -73,6 +73,27 @@ def test_the_table_names_both_libraries_with_exact_bytes(program):
     assert table[("(cached by tensormalloc)", -1, 1)][0] == 8 * MIB, table  # f1, freed into the cache
 
 
+def test_the_leak_report_names_each_blocks_holder_and_function(program):
+    """TENSORMALLOC_LEAKS=1 lists every block live at exit under the library and the function
+    that asked for it (issue 37: it gave sizes alone, though the holders were tracked)."""
+    _, main = program
+    out = ok(run([main, "table"], env={"TENSORMALLOC_LEAKS": "1"}))
+    rows = {}
+    place = None
+    for line in out.stderr.splitlines():
+        if line.startswith("tensormalloc: leaks at exit: "):
+            place = line.split(": ")[2]
+        elif place and line.startswith("  ") and line.split()[0].isdigit():
+            count, each = map(int, line.split()[:2])
+            rows[(place, line.split("  ")[-1])] = (count, each)
+    assert rows == {
+        ("host (large blocks)", "libframework.so (framework_host)"): (1, 8 * MIB),   # f2; f1 was freed
+        ("host (large blocks)", "libmathlib.so (mathlib_host)"): (1, 16 * MIB),
+        ("cuda device 0", "libframework.so (framework_device)"): (1, 64 * MIB),
+        ("cuda device 0", "libmathlib.so (mathlib_device)"): (1, 32 * MIB),
+    }, out.stderr
+
+
 def test_the_exit_report_and_json_carry_the_table(program, tmp_path):
     _, main = program
     out = ok(run([main, "table"], env={"TENSORMALLOC_STATS": "1"}))

@@ -30,7 +30,7 @@ def test_freed_memory_leaves_room_under_a_limit_the_program_sets(preload, limit_
     assert "900 of 900" in out.stdout and "64 of 64" in out.stdout
 
 
-@pytest.mark.parametrize("setting", [{}, {"TENSORMALLOC_RELEASE_MS": "0"}], ids=["defaults", "release-0"])
+@pytest.mark.parametrize("setting", [{}, {"TENSORMALLOC_HOST_RELEASE_MS": "0"}], ids=["defaults", "release-0"])
 def test_freed_memory_leaves_room_under_ulimit_v(setting):
     limit = 1536 << 20
 
@@ -61,6 +61,6 @@ def test_another_dlsym_hook_sees_every_lookup_in_either_order(order):
 def test_impossible_requests_leave_the_cache_alone(preload):
     """An alignment or a size no memory could satisfy: NULL/ENOMEM as glibc answers, the cache as
     it was, and nothing on stderr (issue 29, item 4)."""
-    out = ok(run([compile_c("impossible")], preload=preload, env={"TENSORMALLOC_EXPIRE_MS": "60000"}))
+    out = ok(run([compile_c("impossible")], preload=preload, env={"TENSORMALLOC_HOST_UNMAP_MS": "60000"}))
     assert "impossible ok" in out.stdout
     assert out.stderr == ""

@@ -19,7 +19,7 @@ PRELOAD = os.environ.get("TM_TEST_LIB") or str(LIB)
 # Library settings; None is glibc alone (no preload).
 MODES = {
     "defaults": {},
-    "release-0": {"TENSORMALLOC_RELEASE_MS": "0"},
+    "release-0": {"TENSORMALLOC_HOST_RELEASE_MS": "0"},
     "no-hugepages": {"TENSORMALLOC_HUGEPAGES": "never"},
     "reset-always": {"TENSORMALLOC_RESET": "always"},
     "glibc": None,
@@ -36,7 +36,7 @@ def run_mode(mode, argv, env=None, **kw):
 TAINTS = ["rdonly", "rx", "guard", "dontfork", "wipeonfork", "mlock", "dontdump", "guardregion", "unmapped", "fixedmap",
           "shrunk"]
 # A change made with a raw system call never reaches our libc shims (Note [Pages the program
-# changed]): only TENSORMALLOC_RESET=always makes such a block plain again (README, Limits).
+# changed]): only TENSORMALLOC_RESET=always makes such a block plain again (docs/limits.md).
 CASES = [(t, m) for t in TAINTS for m in MODES] + [("raw-rdonly", "reset-always"), ("raw-rdonly", "glibc")]
 
 
@@ -59,7 +59,7 @@ TOLERANCE_KB = 64 * 1024
 
 @pytest.fixture(scope="module")
 def glibc_child_rss():
-    out = ok(run([compile_c("fork_release")], preload=False, env={"TENSORMALLOC_RELEASE_MS": "50"}, timeout=60))
+    out = ok(run([compile_c("fork_release")], preload=False, env={"TENSORMALLOC_HOST_RELEASE_MS": "50"}, timeout=60))
     return [int(x) for x in FIG.search(out.stdout).groups()]
 
 
@@ -68,7 +68,7 @@ def test_child_forked_while_blocks_are_released_keeps_none(release_ms, glibc_chi
     """6 x 64 MiB written and freed, fork 0 to 2x the release delay later: the child's RssAnon
     (right after the fork, after tm_trim, after large blocks of its own) is within 64 MiB of a
     child under glibc alone, and tm_trim empties its cache."""
-    out = ok(run([compile_c("fork_release")], preload=PRELOAD, env={"TENSORMALLOC_RELEASE_MS": release_ms}, timeout=60))
+    out = ok(run([compile_c("fork_release")], preload=PRELOAD, env={"TENSORMALLOC_HOST_RELEASE_MS": release_ms}, timeout=60))
     ours = [int(x) for x in FIG.search(out.stdout).groups()]
     for what, kb, plain in zip(["after the fork", "after tm_trim", "after its own blocks"], ours, glibc_child_rss):
         assert kb <= plain + TOLERANCE_KB, f"child RssAnon {what}: {kb} kB, under glibc {plain} kB\n{out.stdout}"

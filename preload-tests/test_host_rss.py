@@ -1,9 +1,9 @@
 """What a memory cgroup and RSS show of idle cached blocks (Note [What RSS shows]), for real: a
 process in a v1 memory cgroup with a limit keeps 300 MiB live and frees two 48 MiB blocks. Near
-the limit (512 MiB), under TENSORMALLOC_RELEASE=auto, the idle blocks leave the cgroup's usage
+the limit (512 MiB), under TENSORMALLOC_HOST_RELEASE=auto, the idle blocks leave the cgroup's usage
 once the release delay has passed, as under glibc alone (which unmaps them at free); with room
-(4 GiB) they stay as lazily freed pages, reused without a fault, and the report says so; `free`
-and `dontneed` fix the choice whatever the room. Needs a writable v1 memory controller (these
+(4 GiB) they stay as lazily freed pages, reused without a fault, and the report says so; `lazy`
+and `now` fix the choice whatever the room. Needs a writable v1 memory controller (these
 machines have one at /sys/fs/cgroup/memory, writable as root). TM_TEST_LIB=PATH runs them
 against another build."""
 import json
@@ -51,7 +51,7 @@ def idle_usage(cgroup_dir, preload, env):
     program = compile_c("cgroup_idle")
     # The shell joins the cgroup, then becomes the program: everything it maps is charged there.
     argv = ["sh", "-c", f'echo $$ > {cgroup_dir}/cgroup.procs && exec {program} 300 1200']
-    out = ok(run(argv, preload=LIB if preload else False, env={"TENSORMALLOC_RELEASE_MS": "200", "TENSORMALLOC_STATS": "1", **env}))
+    out = ok(run(argv, preload=LIB if preload else False, env={"TENSORMALLOC_HOST_RELEASE_MS": "200", "TENSORMALLOC_STATS": "1", **env}))
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     return figures, out.stderr
 
@@ -69,20 +69,20 @@ def test_with_room_idle_blocks_stay_lazily_freed(cgroup):
     assert (figures["lazyfree"], figures["resident"]) == (96 * MIB, 0), "stats() says what RSS holds"
 
 
-@pytest.mark.parametrize("mode", ["dontneed", "free"])
+@pytest.mark.parametrize("mode", ["now", "lazy"])
 def test_the_release_setting_fixes_the_choice(cgroup, mode):
-    # dontneed with room drops at once; free near the limit keeps the pages charged.
-    limit = 4096 * MIB if mode == "dontneed" else 512 * MIB
-    figures, _ = idle_usage(cgroup(limit), True, {"TENSORMALLOC_RELEASE": mode})
+    # now with room drops at once; lazy near the limit keeps the pages charged.
+    limit = 4096 * MIB if mode == "now" else 512 * MIB
+    figures, _ = idle_usage(cgroup(limit), True, {"TENSORMALLOC_HOST_RELEASE": mode})
     left = figures["idle"] - figures["live"]
-    assert (left < 24 * MIB) if mode == "dontneed" else (left > 64 * MIB), figures
+    assert (left < 24 * MIB) if mode == "now" else (left > 64 * MIB), figures
 
 
 def test_the_trace_carries_the_lazily_freed_bytes_for_the_plot(tmp_path):
     # No cgroup needed: the program reads its own (the root one here), and has room.
     trace = tmp_path / "trace.bin"
     ok(run([compile_c("cgroup_idle"), "40", "600"], preload=LIB,
-           env={"TENSORMALLOC_RELEASE_MS": "100", "TENSORMALLOC_RELEASE": "free", "TENSORMALLOC_TRACE": str(trace)}))
+           env={"TENSORMALLOC_HOST_RELEASE_MS": "100", "TENSORMALLOC_HOST_RELEASE": "lazy", "TENSORMALLOC_TRACE": str(trace)}))
     import sys
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
     from tensormalloc import plot

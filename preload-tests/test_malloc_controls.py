@@ -14,7 +14,7 @@ SCENARIOS = ["trim", "mallinfo", "mmap-max", "trim-threshold", "mmap-threshold",
 @pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
 def test_controls(scenario, preload):
     # A long release delay: without malloc_trim the cache would keep every block.
-    out = ok(run([compile_c("malloc_controls"), scenario], preload=preload, env={"TENSORMALLOC_RELEASE_MS": "60000"}))
+    out = ok(run([compile_c("malloc_controls"), scenario], preload=preload, env={"TENSORMALLOC_HOST_RELEASE_MS": "60000"}))
     assert f"{scenario} ok" in out.stdout
     if scenario == "info":
         assert "Total (incl. mmap):" in out.stderr, "the next allocator's malloc_stats"
@@ -38,7 +38,7 @@ print(before, rss(), released)
 @pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
 def test_malloc_trim_through_ctypes_gives_the_cache_back(preload):
     """The idiom of data pipelines and notebooks: malloc_trim through the C library's handle."""
-    out = ok(run([sys.executable, "-c", PYTHON_TRIM], preload=preload, env={"TENSORMALLOC_RELEASE_MS": "60000"}))
+    out = ok(run([sys.executable, "-c", PYTHON_TRIM], preload=preload, env={"TENSORMALLOC_HOST_RELEASE_MS": "60000"}))
     before, after, released = map(int, out.stdout.split())
     base = 60  # the interpreter and numpy
     assert after < base + 40, out.stdout

@@ -21,7 +21,7 @@ SETTLED_MAX = 4
 # A process a loaded machine stalls for a second sees its idle blocks released, and with memory
 # short (MemAvailable under an eighth, as when the whole suite runs) dropped with MADV_DONTNEED:
 # the next step faults them in again. That is the idle policy at work, not this test's subject.
-NO_IDLE_RELEASE = {"TENSORMALLOC_RELEASE_MS": "60000"}
+NO_IDLE_RELEASE = {"TENSORMALLOC_HOST_RELEASE_MS": "60000"}
 
 
 def mid_size(preload, env=None, steps=20):

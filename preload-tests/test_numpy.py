@@ -26,7 +26,7 @@ def test_seed_expression_same_results_far_fewer_faults():
 
 def test_seed_expression_with_every_path_pushed():
     ours = seed(True, TENSORMALLOC_THRESHOLD="64K", TENSORMALLOC_CACHE_BLOCKS="1",
-                TENSORMALLOC_RELEASE_MS="0", TENSORMALLOC_EXPIRE_MS="0")
+                TENSORMALLOC_HOST_RELEASE_MS="0", TENSORMALLOC_HOST_UNMAP_MS="0")
     glibc = seed(False)
     assert ours["digests"] == glibc["digests"]
 

@@ -1,5 +1,5 @@
 """The stress program (c/stress.c) for a few seconds under several settings; the long soak run
-is `scripts/soak MINUTES` (not in CI; its last result is in the README)."""
+is `scripts/soak MINUTES` (not in CI; its last result is in docs/testing.md)."""
 import json
 import sys
 

@@ -1,6 +1,8 @@
 """What the library says, as a user reads it: an out-of-range setting's warning names the range
 the setting allows, the report's counts agree in number ("1 block") and its %tot column is
-explained under the table."""
+explained under the table; the settings' one vocabulary (issue 37, Note [One vocabulary] in
+src/config.rs): earlier names still read, with one line naming the new; off in many spellings;
+US and UK spellings; the nearest setting named for a near miss."""
 from conftest import compile_c, ok, run
 
 
@@ -20,3 +22,37 @@ def test_report_counts_agree_in_number_and_explain_tot():
     assert "3 blocks still live" in out.stderr
     legend = [line for line in out.stderr.splitlines() if line.startswith(" %tot: ")]
     assert legend and "the unindented rows sum to 100%" in legend[0], out.stderr
+
+
+def test_earlier_names_still_work_with_one_line_naming_the_new():
+    """Issue 37's renames: the old names are read as the new ones, each with one stderr line."""
+    env = {"TENSORMALLOC_RELEASE_MS": "500", "TENSORMALLOC_EXPIRE_MS": "20000", "TENSORMALLOC_RELEASE": "dontneed",
+           "TENSORMALLOC_LEAKS": "yes"}
+    err = ok(run([compile_c("leaky")], env=env)).stderr
+    lines = [l for l in err.splitlines() if " is now " in l]
+    assert sorted(lines) == [
+        "tensormalloc: TENSORMALLOC_EXPIRE_MS is now TENSORMALLOC_HOST_UNMAP_MS: read as that (the old name will go)",
+        "tensormalloc: TENSORMALLOC_RELEASE is now TENSORMALLOC_HOST_RELEASE: read as that (the old name will go)",
+        "tensormalloc: TENSORMALLOC_RELEASE_MS is now TENSORMALLOC_HOST_RELEASE_MS: read as that (the old name will go)",
+    ], err
+    assert "leaks at exit" in err  # yes means on
+    # A bad value under an old name says both names.
+    err = ok(run([compile_c("leaky")], env={"TENSORMALLOC_EXPIRE_MS": "soon"})).stderr
+    assert ("tensormalloc: TENSORMALLOC_EXPIRE_MS='soon' is not a number of milliseconds; using the default 10000 "
+            "(TENSORMALLOC_EXPIRE_MS is now TENSORMALLOC_HOST_UNMAP_MS)") in err, err
+
+
+def test_off_is_one_word_with_many_spellings_and_both_spellings_of_neighbour():
+    for word in ("off", "0", "no", "none", "false", "NONE"):
+        err = ok(run([compile_c("leaky")], env={"TENSORMALLOC_LEAKS": word, "TENSORMALLOC_CUDA_LIMIT": word,
+                                                "TENSORMALLOC_CUDA_NEIGHBOR_WAIT_MS": word})).stderr
+        assert "tensormalloc:" not in err, (word, err)
+    err = ok(run([compile_c("leaky")], env={"TENSORMALLOC_CUDA_NEIGHBOR_WAIT_MS": "250",
+                                            "TENSORMALLOC_CUDA_NEIGHBOUR_WAIT_MS": "250"})).stderr
+    assert "tensormalloc:" not in err, err
+
+
+def test_a_near_miss_names_the_nearest_setting():
+    err = ok(run([compile_c("leaky")], env={"TENSORMALLOC_STAT": "1", "TENSORMALLOC_CUDA_RELEASE": "100"})).stderr
+    assert "TENSORMALLOC_STAT is not a tensormalloc setting; ignored (did you mean TENSORMALLOC_STATS?)" in err, err
+    assert "TENSORMALLOC_CUDA_RELEASE is not a tensormalloc setting; ignored (did you mean TENSORMALLOC_CUDA_RELEASE_MS?)" in err, err

@@ -1,6 +1,12 @@
-//! The one options table: every `TENSORMALLOC_*` variable with its default, parser, range and
-//! one-line doc. Pure: `Config::apply` takes a name and a value and says what was wrong; the
-//! caller (lib.rs) reads the environment and prints warnings. A test checks the README's table.
+//! The one options table: every `TENSORMALLOC_*` variable with its default, group, parser, range,
+//! one-line doc and earlier names (Note [One vocabulary]). Pure: `Config::apply` takes a name and
+//! a value and says what to tell the user; the caller (state.rs) reads the environment and prints
+//! the line. `tensormalloc --help`, docs/configuration.md and the README's settings are written
+//! from this table (config/generated.rs); names.rs finds a name and the nearest to a near miss.
+
+mod names;
+#[cfg(test)]
+mod generated;
 
 use core::fmt;
 
@@ -164,9 +170,41 @@ impl Config {
 /// One row of the options table.
 pub struct OptionSpec {
     pub name: &'static str,
+    /// The default as a user would write it (applying it gives `Config::DEFAULT`'s field: a
+    /// test checks); off is always shown `off`, on `1`.
     pub default: &'static str,
+    pub group: Group,
     pub doc: &'static str,
+    /// Earlier names, still read as this one, each with one line naming this one.
+    pub old_names: &'static [&'static str],
+    /// Other spellings read as this name without a word (US and UK).
+    pub spellings: &'static [&'static str],
     apply: fn(&mut Config, &[u8]) -> Result<(), Reason>,
+}
+
+/// Where a setting is listed (`tensormalloc --help`, docs/configuration.md), as mimalloc's
+/// options come in tiers: what most users set first, then by what the setting tunes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    Main,
+    Host,
+    Device,
+    Reports,
+    Tools,
+}
+
+impl Group {
+    pub const ALL: [Group; 5] = [Group::Main, Group::Host, Group::Device, Group::Reports, Group::Tools];
+
+    pub const fn title(self) -> &'static str {
+        match self {
+            Group::Main => "What most users set",
+            Group::Host => "The host cache",
+            Group::Device => "The device pool",
+            Group::Reports => "Reports",
+            Group::Tools => "The tools",
+        }
+    }
 }
 
 /// Why a value was refused: a fixed phrase, or a number outside the range the setting allows
@@ -228,219 +266,311 @@ impl fmt::Display for Reason {
 const SIZE_HINT: &str = "not a size (use bytes or a K/M/G/T suffix, e.g. 4M)";
 const MS_HINT: &str = "not a number of milliseconds";
 
+// Note [One vocabulary]
+// The words the settings, their docs, the reports and the docs/ pages share:
+// - large: a request of TENSORMALLOC_THRESHOLD or more (host), every device request.
+// - cached, idle: a freed large block the host cache keeps, or a device segment (expandable:
+//   a 2 MiB chunk) with no live block; idle is how long it has been so.
+// - release: memory goes back to the system. A host block's pages go to the kernel (its address
+//   range stays mapped, so its reuse is a page fault, not a system call): lazily (MADV_FREE,
+//   counted in RSS until the kernel needs them) or now (MADV_DONTNEED), TENSORMALLOC_HOST_RELEASE
+//   says which. A device segment is freed to the driver. Both after an idle delay
+//   (TENSORMALLOC_HOST_RELEASE_MS, TENSORMALLOC_CUDA_RELEASE_MS), and both counted as released in
+//   the report and the JSON.
+// - unmap: the host block's address range goes too (TENSORMALLOC_HOST_UNMAP_MS).
+// - off: shown `off`; 0, no, none, false (any case) mean it too wherever a setting can be off.
+//   On is shown `1`; on, yes, true mean it too. An empty value is the variable unset.
+// Earlier names (TENSORMALLOC_RELEASE_MS, _RELEASE, _EXPIRE_MS, where "free" meant MADV_FREE
+// beside TENSORMALLOC_CUDA_SYNC's "free", cudaFree) are still read, each with one line naming
+// the new one; a name that is none of them gets the nearest one suggested (config/names.rs).
+
+/// The fields no row sets: no earlier name, no other spelling.
+const PLAIN: OptionSpec = OptionSpec {
+    name: "",
+    default: "",
+    group: Group::Main,
+    doc: "",
+    old_names: &[],
+    spellings: &[],
+    apply: |_, _| Ok(()),
+};
+
 pub static OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "TENSORMALLOC_DISABLE",
-        default: "0",
-        doc: "1: pass every call straight to the next allocator and the CUDA runtime (for profilers and memory tools)",
-        apply: |c, v| {
-            c.disabled = parse_bool(v)?;
-            Ok(())
-        },
+        default: "off",
+        doc: "1: pass every call straight to the next allocator and to CUDA, as if tensormalloc were not loaded (for profilers and memory tools)",
+        apply: |c, v| parse_bool(v).map(|b| c.disabled = b),
+        ..PLAIN
     },
     OptionSpec {
         name: "TENSORMALLOC_THRESHOLD",
         default: "128K",
-        doc: "requests of this size and more are served by the large-block cache (4K to 1T)",
+        doc: "requests of this size and more are large: the host cache serves them; smaller ones go to the next allocator (4K to 1T)",
         apply: |c, v| parse_size_in(v, 4 * KIB, TIB).map(|n| c.threshold_bytes = n),
-    },
-    OptionSpec {
-        name: "TENSORMALLOC_CACHE_BLOCKS",
-        default: "auto",
-        doc: "most freed large blocks kept for reuse (0 to 1024; 0 turns the cache off); auto: as many as were live at the recent peak, at least 16",
-        apply: |c, v| auto_or(v, |v| parse_u64_in(v, 0, MAX_CACHE_BLOCKS as u64, Unit::Count)).map(|n| c.cache_blocks = n.map(|n| n as usize)),
-    },
-    OptionSpec {
-        name: "TENSORMALLOC_CACHE_BYTES",
-        default: "auto",
-        doc: "most bytes kept in freed large blocks; auto: as many as were live at the recent peak, at least 1G, at most a quarter of physical memory or of the cgroup's limit",
-        apply: |c, v| auto_or(v, |v| parse_size_in(v, 0, 64 * TIB)).map(|n| c.cache_bytes = n),
-    },
-    OptionSpec {
-        name: "TENSORMALLOC_RELEASE_MS",
-        default: "1000",
-        doc: "a cached block idle this long is released with MADV_FREE (the kernel may take it back)",
-        apply: |c, v| parse_u64_in(v, 0, 86_400_000, Unit::Ms).map(|n| c.release_ms = n),
-    },
-    OptionSpec {
-        name: "TENSORMALLOC_RELEASE",
-        default: "auto",
-        doc: "how idle blocks leave RSS: free (MADV_FREE: counted in RSS until the kernel needs the pages), dontneed (MADV_DONTNEED: RSS falls at once, reuse faults again), auto: free while the cgroup and the system have room, dontneed near a limit",
-        apply: |c, v| {
-            let choices: &[(&[u8], Release)] = &[(b"auto", Release::Auto), (b"free", Release::Free), (b"dontneed", Release::DontNeed)];
-            choose(v, choices, "not one of auto, free, dontneed").map(|r| c.release = r)
-        },
-    },
-    OptionSpec {
-        name: "TENSORMALLOC_RESET",
-        default: "changed",
-        doc: "which freed blocks get their protection, locks and advice reset before reuse: changed (those the program changed through libc's mprotect, madvise, mlock, munmap...), always (every one, ~5 us per free: for programs that change pages with raw system calls)",
-        apply: |c, v| {
-            let choices: &[(&[u8], bool)] = &[(b"changed", false), (b"always", true)];
-            choose(v, choices, "not one of changed, always").map(|a| c.reset_always = a)
-        },
-    },
-    OptionSpec {
-        name: "TENSORMALLOC_EXPIRE_MS",
-        default: "10000",
-        doc: "a cached block idle this long is unmapped",
-        apply: |c, v| parse_u64_in(v, 0, 86_400_000, Unit::Ms).map(|n| c.expire_ms = n),
-    },
-    OptionSpec {
-        name: "TENSORMALLOC_MAX_WASTE",
-        default: "auto",
-        doc: "percent of a cached block a request may leave unused; past it the rest is split off and stays cached (0 to 100); auto: 50 while at most 16 large blocks were live at the recent peak, 10 with more",
-        apply: |c, v| auto_or(v, |v| parse_u64_in(v, 0, 100, Unit::Count)).map(|n| c.max_waste_percent = n),
-    },
-    OptionSpec {
-        name: "TENSORMALLOC_CHECK_FREE",
-        default: "1",
-        doc: "1: free/realloc of a pointer inside a large block aborts as glibc does; 0: skip the check on small frees",
-        apply: |c, v| {
-            c.check_free = parse_bool(v)?;
-            Ok(())
-        },
-    },
-    OptionSpec {
-        name: "TENSORMALLOC_HUGEPAGES",
-        default: "auto",
-        doc: "auto: 2 MiB-align blocks of 4 MiB+ so MADV_HUGEPAGE works; always: also advise it; never",
-        apply: |c, v| {
-            let choices: &[(&[u8], HugePages)] = &[(b"auto", HugePages::Auto), (b"always", HugePages::Always), (b"never", HugePages::Never)];
-            choose(v, choices, "not one of auto, always, never").map(|h| c.hugepages = h)
-        },
+        ..PLAIN
     },
     OptionSpec {
         name: "TENSORMALLOC_STATS",
-        default: "0",
-        doc: "1: print a report to stderr at exit, and the numbers of the processes it started that ended without theirs; json:PATH: write it as JSON to PATH (%p: the process id; files are 0600, never written through a symlink; until a normal exit the file holds the process's counts, which tensormalloc report reads); 0, off, none, false or empty: none",
+        default: "off",
+        doc: "1: print a report to stderr at exit, and the numbers of the processes it started that ended without theirs; json:PATH: write it as JSON to PATH (%p: the process id; until a normal exit the file holds the process's counts, which tensormalloc report reads)",
         apply: |c, v| {
             if let Some(path) = v.strip_prefix(b"json:") {
-                if path.is_empty() || path.len() >= STATS_PATH_MAX {
+                if means_off(path) || path.len() >= STATS_PATH_MAX {
                     return Err("json: needs a path of 1 to 255 bytes".into());
                 }
                 set_path(&mut c.stats_path, path)?;
-                c.stats = if c.stats_path().is_empty() { StatsOutput::Off } else { StatsOutput::Json };
+                c.stats = StatsOutput::Json;
                 return Ok(());
             }
-            if means_off(v) {
-                c.stats = StatsOutput::Off;
-                return Ok(());
-            }
-            c.stats = if parse_bool(v)? { StatsOutput::Stderr } else { StatsOutput::Off };
+            c.stats = match parse_bool(v) {
+                Ok(true) => StatsOutput::Stderr,
+                Ok(false) => StatsOutput::Off,
+                Err(_) => return Err("not 1, off or json:PATH".into()),
+            };
             Ok(())
         },
+        ..PLAIN
     },
     OptionSpec {
         name: "TENSORMALLOC_TRACE",
         default: "off",
-        doc: "PATH: record large allocations and frees (and memory samples) to PATH, for tensormalloc plot (scripts/plot-trace); %p: the process id; off, 0, none, false or empty: no trace",
+        doc: "PATH: record every large allocation and free, and memory every 100 ms, to PATH, for tensormalloc plot (%p: the process id)",
         apply: |c, v| set_path(&mut c.trace_path, v),
-    },
-    OptionSpec {
-        name: "TENSORMALLOC_SNAPSHOT_AT_EXIT",
-        default: "off",
-        doc: "PATH: at exit, write the device pools' segments and blocks, who holds them, and the recent allocations and frees to PATH as a PyTorch memory snapshot (python -m torch.cuda._memory_viz, pytorch.org/memory_viz), and the host's to PATH.host.pickle; %p: the process id; off, 0, none, false or empty: none",
-        apply: |c, v| set_path(&mut c.snapshot_path, v),
+        ..PLAIN
     },
     OptionSpec {
         name: "TENSORMALLOC_LEAKS",
-        default: "0",
-        doc: "1: at exit, list large host and device blocks still live",
-        apply: |c, v| {
-            c.leaks = parse_bool(v)?;
-            Ok(())
-        },
+        default: "off",
+        doc: "1: at exit, list the large host and device blocks still live, by the holder and function that asked for them",
+        apply: |c, v| parse_bool(v).map(|b| c.leaks = b),
+        ..PLAIN
     },
     OptionSpec {
-        name: "TENSORMALLOC_OOM_REPORT",
-        default: "1",
-        doc: "1: when memory runs out for good (a device allocation after the pool gave its cache back, a host mapping a limit could allow), print who holds it to stderr, at most once per 10 s; 0: stay silent (the JSON stats keep last_oom)",
-        apply: |c, v| {
-            c.oom_report = parse_bool(v)?;
-            Ok(())
-        },
+        name: "TENSORMALLOC_HOST_RELEASE_MS",
+        default: "1000",
+        doc: "a cached host block idle this long is released: its pages go back to the kernel, as TENSORMALLOC_HOST_RELEASE says (0 to 86400000 ms)",
+        old_names: &["TENSORMALLOC_RELEASE_MS"],
+        apply: |c, v| parse_u64_in(v, 0, 86_400_000, Unit::Ms).map(|n| c.release_ms = n),
+        ..PLAIN
     },
     OptionSpec {
-        name: "TENSORMALLOC_CUDA_POOL",
-        default: "split",
-        doc: "device pool strategy: split (blocks split and merged), binned (size classes), none (pass through)",
+        name: "TENSORMALLOC_CUDA_RELEASE_MS",
+        default: "10000",
+        doc: "a device segment with no live block, idle this long, is released: freed to the driver, for other processes on the GPU (0 to 86400000 ms)",
+        apply: |c, v| parse_u64_in(v, 0, 86_400_000, Unit::Ms).map(|n| c.cuda_release_ms = n),
+        ..PLAIN
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CUDA_SEGMENTS",
+        default: "classic",
+        doc: "classic: device segments from cuMemAlloc; expandable: reserved address ranges backed 2 MiB chunk by chunk (the driver's virtual memory API), so idle memory between live blocks is released and a request that fits in the device's free memory never fails for fragmentation (IPC handles of its blocks are tensormalloc's own, which a process under the preload opens)",
         apply: |c, v| {
-            let choices: &[(&[u8], CudaPool)] = &[(b"split", CudaPool::Split), (b"binned", CudaPool::Binned), (b"none", CudaPool::None)];
-            choose(v, choices, "not one of split, binned, none").map(|p| c.cuda_pool = p)
+            let choices: &[(&[u8], CudaSegments)] = &[(b"classic", CudaSegments::Classic), (b"expandable", CudaSegments::Expandable)];
+            choose(v, choices, "not one of classic, expandable").map(|s| c.cuda_segments = s)
         },
+        ..PLAIN
     },
     OptionSpec {
         name: "TENSORMALLOC_CUDA_LIMIT",
-        default: "0",
-        doc: "cap on device memory the pool reserves per device: bytes (K/M/G) or a percent like 80%; 0: none",
+        default: "off",
+        doc: "cap on the device memory the pool reserves on each device: bytes (K/M/G/T) or a percent of the device, like 80%",
         apply: |c, v| {
-            if let Some(pct) = v.strip_suffix(b"%") {
-                let p = parse_u64_in(pct, 1, 100, Unit::Percent)?;
-                c.cuda_limit = DeviceLimit::Percent(p);
+            if means_off(v) {
+                c.cuda_limit = DeviceLimit::Unlimited;
+            } else if let Some(pct) = v.strip_suffix(b"%") {
+                c.cuda_limit = DeviceLimit::Percent(parse_u64_in(pct, 1, 100, Unit::Percent)?);
             } else {
                 let n = parse_size_in(v, 0, 64 * TIB)?;
                 c.cuda_limit = if n == 0 { DeviceLimit::Unlimited } else { DeviceLimit::Bytes(n) };
             }
             Ok(())
         },
-    },
-    OptionSpec {
-        name: "TENSORMALLOC_CUDA_HOST_CACHE_BYTES",
-        default: "1G",
-        doc: "most bytes of freed pinned host memory (cudaMallocHost/cudaHostAlloc) kept for reuse",
-        apply: |c, v| parse_size_in(v, 0, 64 * TIB).map(|n| c.cuda_host_cache_bytes = n),
+        ..PLAIN
     },
     OptionSpec {
         name: "TENSORMALLOC_CUDA_SYNC",
         default: "free",
-        doc: "free: cudaFree synchronizes the device as the runtime does; reuse: only before a freed block is reused",
+        doc: "free: cudaFree synchronizes the device, as the CUDA runtime's does; reuse: only before a freed block is handed out again (faster where the program frees while kernels run)",
         apply: |c, v| {
             let choices: &[(&[u8], CudaSync)] = &[(b"free", CudaSync::Free), (b"reuse", CudaSync::Reuse)];
             choose(v, choices, "not one of free, reuse").map(|s| c.cuda_sync = s)
         },
+        ..PLAIN
     },
     OptionSpec {
-        name: "TENSORMALLOC_CUDA_RELEASE_MS",
+        name: "TENSORMALLOC_CACHE_BLOCKS",
+        default: "auto",
+        group: Group::Host,
+        doc: "most freed large blocks the host cache keeps (0 to 1024; off: none, the cache is off); auto: as many as were live at the recent peak, at least 16",
+        apply: |c, v| {
+            if means_off(v) {
+                c.cache_blocks = Some(0);
+                return Ok(());
+            }
+            auto_or(v, |v| parse_u64_in(v, 0, MAX_CACHE_BLOCKS as u64, Unit::Count)).map(|n| c.cache_blocks = n.map(|n| n as usize))
+        },
+        ..PLAIN
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CACHE_BYTES",
+        default: "auto",
+        group: Group::Host,
+        doc: "most bytes the host cache keeps in freed large blocks; auto: as many as were live at the recent peak, at least 1G, at most a quarter of physical memory or of the cgroup's limit",
+        apply: |c, v| auto_or(v, |v| parse_size_in(v, 0, 64 * TIB)).map(|n| c.cache_bytes = n),
+        ..PLAIN
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_HOST_RELEASE",
+        default: "auto",
+        group: Group::Host,
+        doc: "how an idle host block is released: lazy (MADV_FREE: the kernel takes the pages when it needs them, and until then they count in RSS), now (MADV_DONTNEED: RSS falls at once, and reuse faults the pages in again); auto: lazy while the cgroup and the system have room, now near a limit",
+        old_names: &["TENSORMALLOC_RELEASE"],
+        apply: |c, v| {
+            // free and dontneed: the earlier words, after the madvise flags.
+            let choices: &[(&[u8], Release)] = &[
+                (b"auto", Release::Auto), (b"lazy", Release::Free), (b"now", Release::DontNeed),
+                (b"free", Release::Free), (b"dontneed", Release::DontNeed),
+            ];
+            choose(v, choices, "not one of auto, lazy, now").map(|r| c.release = r)
+        },
+        ..PLAIN
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_HOST_UNMAP_MS",
         default: "10000",
-        doc: "a device segment with no live block, idle this long, is given back to the driver by the background thread, for other processes on the GPU (0 to 86400000 ms)",
-        apply: |c, v| parse_u64_in(v, 0, 86_400_000, Unit::Ms).map(|n| c.cuda_release_ms = n),
+        group: Group::Host,
+        doc: "a cached host block idle this long is unmapped: its address range goes too, and it leaves the cache (0 to 86400000 ms)",
+        old_names: &["TENSORMALLOC_EXPIRE_MS"],
+        apply: |c, v| parse_u64_in(v, 0, 86_400_000, Unit::Ms).map(|n| c.expire_ms = n),
+        ..PLAIN
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_MAX_WASTE",
+        default: "auto",
+        group: Group::Host,
+        doc: "percent of a cached block a request may leave unused; past it the rest is split off and stays cached (0 to 100); auto: 50 while at most 16 large blocks were live at the recent peak, 10 with more",
+        apply: |c, v| auto_or(v, |v| parse_u64_in(v, 0, 100, Unit::Count)).map(|n| c.max_waste_percent = n),
+        ..PLAIN
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_HUGEPAGES",
+        default: "auto",
+        group: Group::Host,
+        doc: "auto: align blocks of 4 MiB and more to 2 MiB, so the program's MADV_HUGEPAGE (numpy's) covers whole huge pages; always: also advise it on every fresh block; off: page alignment only",
+        apply: |c, v| {
+            if means_off(v) {
+                c.hugepages = HugePages::Never;
+                return Ok(());
+            }
+            let choices: &[(&[u8], HugePages)] = &[(b"auto", HugePages::Auto), (b"always", HugePages::Always), (b"never", HugePages::Never)];
+            choose(v, choices, "not one of auto, always, off").map(|h| c.hugepages = h)
+        },
+        ..PLAIN
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_RESET",
+        default: "changed",
+        group: Group::Host,
+        doc: "which freed blocks get their protection, locks and advice reset before reuse: changed (those the program changed through libc's mprotect, madvise, mlock, munmap...), always (every one, about 5 us per free: for programs that change pages with raw system calls)",
+        apply: |c, v| {
+            let choices: &[(&[u8], bool)] = &[(b"changed", false), (b"always", true)];
+            choose(v, choices, "not one of changed, always").map(|a| c.reset_always = a)
+        },
+        ..PLAIN
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CHECK_FREE",
+        default: "1",
+        group: Group::Host,
+        doc: "1: a free or realloc of a pointer inside a large block aborts, as glibc's does; off: skip the check on small frees",
+        apply: |c, v| parse_bool(v).map(|b| c.check_free = b),
+        ..PLAIN
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CUDA_POOL",
+        default: "split",
+        group: Group::Device,
+        doc: "how the device pool keeps blocks: split (split and merged in segments), binned (size classes, a segment each); off: every request goes to the driver, unpooled",
+        apply: |c, v| {
+            if means_off(v) {
+                c.cuda_pool = CudaPool::None;
+                return Ok(());
+            }
+            let choices: &[(&[u8], CudaPool)] = &[(b"split", CudaPool::Split), (b"binned", CudaPool::Binned)];
+            choose(v, choices, "not one of split, binned, off").map(|p| c.cuda_pool = p)
+        },
+        ..PLAIN
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_CUDA_HOST_CACHE_BYTES",
+        default: "1G",
+        group: Group::Device,
+        doc: "most bytes of freed pinned host memory (cudaMallocHost, cudaHostAlloc) kept for reuse",
+        apply: |c, v| parse_size_in(v, 0, 64 * TIB).map(|n| c.cuda_host_cache_bytes = n),
+        ..PLAIN
     },
     OptionSpec {
         name: "TENSORMALLOC_CUDA_RELEASE_BELOW",
         default: "10",
-        doc: "when less than this percent of a device's memory is free (the driver's figure: other processes need it), device segments idle for a second go back to the driver at once, not after TENSORMALLOC_CUDA_RELEASE_MS (0 to 100; 0: never)",
-        apply: |c, v| parse_u64_in(v, 0, 100, Unit::Percent).map(|n| c.cuda_release_below_percent = n),
-    },
-    OptionSpec {
-        name: "TENSORMALLOC_CUDA_SEGMENTS",
-        default: "classic",
-        doc: "classic: device segments from cuMemAlloc; expandable: reserved address ranges backed 2 MiB chunk by chunk (the driver's virtual memory API), so free memory between live blocks goes back to the driver and a request that fits in the device's free memory never fails for fragmentation (IPC handles of its blocks are tensormalloc's own, which a process under the preload opens)",
+        group: Group::Device,
+        doc: "when less than this percent of a device's memory is free (the driver's figure: other processes need it), segments idle for a second are released at once, not after TENSORMALLOC_CUDA_RELEASE_MS (0 to 100; off: never)",
         apply: |c, v| {
-            let choices: &[(&[u8], CudaSegments)] = &[(b"classic", CudaSegments::Classic), (b"expandable", CudaSegments::Expandable)];
-            choose(v, choices, "not one of classic, expandable").map(|s| c.cuda_segments = s)
+            let n = if means_off(v) { 0 } else { parse_u64_in(v, 0, 100, Unit::Percent)? };
+            c.cuda_release_below_percent = n;
+            Ok(())
         },
+        ..PLAIN
     },
     OptionSpec {
         name: "TENSORMALLOC_CUDA_NEIGHBOUR_WAIT_MS",
         default: "1000",
-        doc: "a device allocation that fails, our own cache given back, asks this user's other processes on the GPU to give back their idle segments and waits at most this long for their answers before retrying (0 to 60000 ms; 0: neither ask nor answer)",
-        apply: |c, v| parse_u64_in(v, 0, 60_000, Unit::Ms).map(|n| c.cuda_neighbour_wait_ms = n),
+        group: Group::Device,
+        doc: "a device allocation that fails after the pool released its own idle memory asks this user's other processes on the GPU to release theirs, and waits at most this long for their answers before trying again (0 to 60000 ms; off: neither ask nor answer)",
+        spellings: &["TENSORMALLOC_CUDA_NEIGHBOR_WAIT_MS"],
+        apply: |c, v| {
+            let n = if means_off(v) { 0 } else { parse_u64_in(v, 0, 60_000, Unit::Ms)? };
+            c.cuda_neighbour_wait_ms = n;
+            Ok(())
+        },
+        ..PLAIN
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_SNAPSHOT_AT_EXIT",
+        default: "off",
+        group: Group::Reports,
+        doc: "PATH: at exit, write the device pools' segments and blocks, who holds them, and the recent allocations and frees to PATH as a PyTorch memory snapshot (python -m torch.cuda._memory_viz, pytorch.org/memory_viz), and the host's to PATH.host.pickle (%p: the process id)",
+        apply: |c, v| set_path(&mut c.snapshot_path, v),
+        ..PLAIN
+    },
+    OptionSpec {
+        name: "TENSORMALLOC_OOM_REPORT",
+        default: "1",
+        group: Group::Reports,
+        doc: "1: when memory runs out for good (a device allocation after the pool released its idle memory, a host mapping a limit could allow), print who holds it to stderr, at most once per 10 s; off: stay silent (the JSON stats keep last_oom)",
+        apply: |c, v| parse_bool(v).map(|b| c.oom_report = b),
+        ..PLAIN
     },
     // Read by the tools, not by the library: listed so that setting it draws no warning.
     OptionSpec {
         name: "TENSORMALLOC_LIB",
         default: "auto",
-        doc: "PATH of the libtensormalloc.so that the tensormalloc command, scripts/tensormalloc and the Python package load (auto: the package's own, else target/release); the library ignores it",
+        group: Group::Tools,
+        doc: "PATH of the libtensormalloc.so that the tensormalloc command and the Python package load (auto: the package's own, else the source tree's target/release); the library ignores it",
         apply: |_, _| Ok(()),
+        ..PLAIN
     },
 ];
 
-/// What was wrong with one variable; `Display` gives the one warning line.
+/// What was said of one variable; `Display` gives the one line.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ConfigError<'a> {
-    Unknown { name: &'a [u8] },
-    Invalid { spec: &'static OptionSpec, value: &'a [u8], reason: Reason },
+    /// Not a setting; the nearest name, when one is near.
+    Unknown { name: &'a [u8], nearest: Option<&'static str> },
+    /// A bad value, under `given` (the name or an earlier name): the setting keeps its value.
+    Invalid { spec: &'static OptionSpec, given: &'a [u8], value: &'a [u8], reason: Reason },
+    /// An earlier name: its value WAS applied, as `spec`'s; the line names the new one.
+    Renamed { old: &'static str, spec: &'static OptionSpec },
 }
 
 impl fmt::Debug for OptionSpec {
@@ -476,31 +606,47 @@ fn show_bytes(f: &mut fmt::Formatter<'_>, bytes: &[u8]) -> fmt::Result {
 impl fmt::Display for ConfigError<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ConfigError::Unknown { name } => {
+            ConfigError::Unknown { name, nearest } => {
                 show_bytes(f, name)?;
-                f.write_str(" is not a tensormalloc setting; ignored")
+                f.write_str(" is not a tensormalloc setting; ignored")?;
+                match nearest {
+                    Some(near) => write!(f, " (did you mean {near}?)"),
+                    None => Ok(()),
+                }
             }
-            ConfigError::Invalid { spec, value, reason } => {
-                write!(f, "{}='", spec.name)?;
+            ConfigError::Invalid { spec, given, value, reason } => {
+                show_bytes(f, given)?;
+                f.write_str("='")?;
                 show_bytes(f, value)?;
-                write!(f, "' is {}; using the default {}", reason, spec.default)
+                write!(f, "' is {}; using the default {}", reason, spec.default)?;
+                if *given != spec.name.as_bytes() && !spec.spellings.iter().any(|s| s.as_bytes() == *given) {
+                    write!(f, " ({} is now {})", core::str::from_utf8(given).unwrap_or("?"), spec.name)?;
+                }
+                Ok(())
+            }
+            ConfigError::Renamed { old, spec } => {
+                write!(f, "{old} is now {}: read as that (the old name will go)", spec.name)
             }
         }
     }
 }
 
 impl Config {
-    /// Applies one variable. On error the field keeps the value it had (the default, when
-    /// applied to a fresh `Config`).
+    /// Applies one variable (an empty value: its default, as if unset). On `Err` the setting
+    /// keeps the value it had (the default, when applied to a fresh `Config`), except for
+    /// `Renamed`, whose value was applied: that line only names the new name.
     pub fn apply<'a>(&mut self, name: &'a [u8], value: &'a [u8]) -> Result<(), ConfigError<'a>> {
-        let spec = OPTIONS.iter().find(|s| s.name.as_bytes() == name).ok_or(ConfigError::Unknown { name })?;
+        let (spec, found) = names::find(name).ok_or(ConfigError::Unknown { name, nearest: names::nearest(name) })?;
+        let value_trimmed = trim_ascii(value);
+        let given = if value_trimmed.is_empty() { spec.default.as_bytes() } else { value_trimmed };
         let mut trial = *self;
-        match (spec.apply)(&mut trial, trim_ascii(value)) {
-            Ok(()) => {
-                *self = trial;
-                Ok(())
-            }
-            Err(reason) => Err(ConfigError::Invalid { spec, value, reason }),
+        if let Err(reason) = (spec.apply)(&mut trial, given) {
+            return Err(ConfigError::Invalid { spec, given: name, value, reason });
+        }
+        *self = trial;
+        match found {
+            names::Found::Old(old) => Err(ConfigError::Renamed { old, spec }),
+            names::Found::Name | names::Found::Spelling => Ok(()),
         }
     }
 
@@ -528,44 +674,43 @@ fn trim_ascii(v: &[u8]) -> &[u8] {
     v.get(start..end).unwrap_or(&[])
 }
 
-/// One of a fixed set of words.
+/// One of a fixed set of words (any case).
 fn choose<T: Copy>(v: &[u8], choices: &[(&[u8], T)], hint: &'static str) -> Result<T, Reason> {
-    choices.iter().find(|(word, _)| *word == v).map(|&(_, t)| t).ok_or(Reason::Text(hint))
+    choices.iter().find(|(word, _)| word.eq_ignore_ascii_case(v)).map(|&(_, t)| t).ok_or(Reason::Text(hint))
 }
 
 /// `auto` (None) or a value for `parse`.
 fn auto_or(v: &[u8], parse: impl Fn(&[u8]) -> Result<u64, Reason>) -> Result<Option<u64>, Reason> {
-    if trim_ascii(v).eq_ignore_ascii_case(b"auto") {
+    if v.eq_ignore_ascii_case(b"auto") {
         return Ok(None);
     }
     parse(v).map(Some)
 }
 
-/// A boolean as the messages offer it: 1, yes, true, on / 0, no, false, off, in any case.
-pub fn parse_bool(v: &[u8]) -> Result<bool, &'static str> {
-    let is = |word: &[u8]| v.eq_ignore_ascii_case(word);
-    if is(b"1") || is(b"yes") || is(b"true") || is(b"on") {
+/// On: 1, on, yes, true; off: `means_off`'s words; any case.
+pub fn parse_bool(v: &[u8]) -> Result<bool, Reason> {
+    if [&b"1"[..], b"on", b"yes", b"true"].iter().any(|w| v.eq_ignore_ascii_case(w)) {
         Ok(true)
-    } else if is(b"0") || is(b"no") || is(b"false") || is(b"off") {
+    } else if means_off(v) {
         Ok(false)
     } else {
-        Err("not a boolean (use 1 or 0)")
+        Err("not 1 or off".into())
     }
 }
 
-/// Words that turn a path setting off (any case), as does an empty value.
-fn means_off(v: &[u8]) -> bool {
-    v.is_empty() || [&b"off"[..], b"0", b"none", b"false", b"no"].iter().any(|w| v.eq_ignore_ascii_case(w))
+/// The words for off, wherever a setting can be off (Note [One vocabulary]): shown `off`.
+pub fn means_off(v: &[u8]) -> bool {
+    [&b"off"[..], b"0", b"no", b"none", b"false"].iter().any(|w| v.eq_ignore_ascii_case(w))
 }
 
-/// A path setting: off (an empty path) for `means_off`, else the path (1 to 255 bytes; `%p`
-/// in it becomes the process id when the file is written, `%%` a percent sign).
+/// A path setting: off for `means_off`'s words (an empty path), else the path (1 to 255 bytes;
+/// `%p` in it becomes the process id when the file is written, `%%` a percent sign).
 fn set_path(slot: &mut [u8; STATS_PATH_MAX], v: &[u8]) -> Result<(), Reason> {
     *slot = [0; STATS_PATH_MAX];
     if means_off(v) {
         return Ok(());
     }
-    if v.len() >= STATS_PATH_MAX {
+    if v.is_empty() || v.len() >= STATS_PATH_MAX {
         return Err("not a path of 1 to 255 bytes".into());
     }
     slot.get_mut(..v.len()).ok_or("path too long")?.copy_from_slice(v);
@@ -662,7 +807,7 @@ mod tests {
             (b"TENSORMALLOC_THRESHOLD", b"1K", "out of range (allowed: 4K to 1T); using the default 128K"),
             (b"TENSORMALLOC_CACHE_BLOCKS", b"1025", "out of range (allowed: 0 to 1024); using the default auto"),
             (b"TENSORMALLOC_MAX_WASTE", b"101", "out of range (allowed: 0 to 100)"),
-            (b"TENSORMALLOC_RELEASE_MS", b"86400001", "out of range (allowed: 0 to 86400000 ms)"),
+            (b"TENSORMALLOC_HOST_RELEASE_MS", b"86400001", "out of range (allowed: 0 to 86400000 ms)"),
             (b"TENSORMALLOC_CUDA_LIMIT", b"0%", "out of range (allowed: 1% to 100%)"),
             (b"TENSORMALLOC_CACHE_BYTES", b"65T", "out of range (allowed: 0 to 64T)"),
         ];
@@ -670,7 +815,7 @@ mod tests {
             let line = c.apply(name, value).unwrap_err().to_string();
             assert!(line.contains(want), "{line}");
         }
-        let line = c.apply(b"TENSORMALLOC_RELEASE_MS", b"soon").unwrap_err().to_string();
+        let line = c.apply(b"TENSORMALLOC_HOST_RELEASE_MS", b"soon").unwrap_err().to_string();
         assert!(line.contains("not a number of milliseconds"), "{line}");
     }
 
@@ -739,37 +884,105 @@ mod tests {
         }
     }
 
-    /// python/tensormalloc/_settings.py (what `tensormalloc --help` lists) is this table, as
-    /// this test writes it: `TENSORMALLOC_BLESS=1 cargo test --lib python_settings` rewrites it.
+    /// Each row's default, as shown, is `Config::DEFAULT`'s: applied after another value that
+    /// changes the setting, it gives the default back (so `--help` and the docs show the truth).
     #[test]
-    fn python_settings_match_options() {
-        let mut want = String::from(
-            "# Generated from OPTIONS in src/config.rs by its test python_settings_match_options\n\
-             # (TENSORMALLOC_BLESS=1 cargo test --lib python_settings rewrites it); do not edit.\n\
-             # (name, default, doc): what `tensormalloc --help` lists.\nSETTINGS = (\n",
-        );
+    fn shown_defaults_are_the_defaults() {
+        let values: &[&[u8]] = &[
+            b"1", b"off", b"1M", b"7", b"50%", b"123", b"always", b"never", b"now", b"lazy", b"binned",
+            b"reuse", b"expandable", b"json:/tmp/x.json", b"/tmp/x.bin",
+        ];
         for spec in OPTIONS {
-            want.push_str(&format!("    ({:?}, {:?},\n     {:?}),\n", spec.name, spec.default, spec.doc));
+            let mut c = Config::default();
+            assert_eq!(c.apply(spec.name.as_bytes(), spec.default.as_bytes()), Ok(()), "{}", spec.name);
+            assert_eq!(c, Config::DEFAULT, "{}: its default {} is not Config::DEFAULT's", spec.name, spec.default);
+            if spec.name == "TENSORMALLOC_LIB" {
+                continue;
+            }
+            let changed = values.iter().any(|v| {
+                let mut c = Config::default();
+                if c.apply(spec.name.as_bytes(), v).is_err() || c == Config::DEFAULT {
+                    return false;
+                }
+                c.apply(spec.name.as_bytes(), spec.default.as_bytes()).unwrap();
+                assert_eq!(c, Config::DEFAULT, "{} after {}", spec.name, String::from_utf8_lossy(v));
+                // An empty value is the variable unset: the default again.
+                let mut c2 = Config::default();
+                c2.apply(spec.name.as_bytes(), v).unwrap();
+                c2.apply(spec.name.as_bytes(), b"  ").unwrap();
+                assert_eq!(c2, Config::DEFAULT, "{}: empty after {}", spec.name, String::from_utf8_lossy(v));
+                true
+            });
+            assert!(changed, "{}: no test value changes it", spec.name);
         }
-        want.push_str(")\n");
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/python/tensormalloc/_settings.py");
-        if std::env::var_os("TENSORMALLOC_BLESS").is_some() {
-            std::fs::write(path, &want).unwrap();
-        }
-        let have = std::fs::read_to_string(path).unwrap_or_default();
-        assert!(have == want, "{path} is out of date: run TENSORMALLOC_BLESS=1 cargo test --lib python_settings");
     }
 
-    /// The README documents exactly the variables in this table, with the same defaults.
+    /// Off is written `off`, and 0, no, none, false (any case) mean the same wherever a setting
+    /// takes `off`; on is `1`, and on, yes, true mean the same.
     #[test]
-    fn readme_table_matches_options() {
-        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-        let rows: Vec<&str> = readme.lines().filter(|l| l.starts_with("| `TENSORMALLOC_")).collect();
-        assert_eq!(rows.len(), OPTIONS.len(), "README rows: {rows:#?}");
-        for spec in OPTIONS {
-            let row = rows.iter().find(|r| r.starts_with(&format!("| `{}`", spec.name)));
-            let row = row.unwrap_or_else(|| panic!("{} missing from README", spec.name));
-            assert!(row.contains(&format!("| `{}` |", spec.default)), "{} default in README: {row}", spec.name);
+    fn one_word_for_off_many_accepted() {
+        let mut can_be_off = 0;
+        for spec in OPTIONS.iter().filter(|s| s.name != "TENSORMALLOC_LIB") {
+            let mut off = Config::default();
+            if off.apply(spec.name.as_bytes(), b"off").is_err() {
+                assert!(!spec.doc.contains("off:") && spec.default != "off", "{} says off but refuses it", spec.name);
+                continue;
+            }
+            can_be_off += 1;
+            for word in [&b"0"[..], b"no", b"none", b"false", b"OFF", b"None"] {
+                let mut c = Config::default();
+                c.apply(spec.name.as_bytes(), word).unwrap();
+                assert_eq!(c, off, "{}={}", spec.name, String::from_utf8_lossy(word));
+            }
+            let mut on = Config::default();
+            if on.apply(spec.name.as_bytes(), b"1").is_ok() && spec.doc.starts_with("1:") {
+                for word in [&b"on"[..], b"yes", b"true", b"TRUE"] {
+                    let mut c = Config::default();
+                    c.apply(spec.name.as_bytes(), word).unwrap();
+                    assert_eq!(c, on, "{}={}", spec.name, String::from_utf8_lossy(word));
+                }
+            }
         }
+        assert!(can_be_off >= 12, "{can_be_off}");
+        // Shown one way: no default and no doc offers another word for off.
+        for spec in OPTIONS {
+            assert!(!["0", "none", "false", "no"].contains(&spec.default), "{}: default {}", spec.name, spec.default);
+            for other in ["0:", "none:", "false:", "never:", "; never", "0, off", "(pass through)"] {
+                assert!(!spec.doc.contains(other), "{}: {other}", spec.name);
+            }
+        }
+    }
+
+    /// An earlier name applies its value to the new setting and says the new name; with a bad
+    /// value it says both.
+    #[test]
+    fn earlier_names_still_work_and_name_the_new_one() {
+        let mut c = Config::default();
+        let said = c.apply(b"TENSORMALLOC_RELEASE_MS", b"250").unwrap_err().to_string();
+        assert_eq!(c.release_ms, 250);
+        assert_eq!(said, "TENSORMALLOC_RELEASE_MS is now TENSORMALLOC_HOST_RELEASE_MS: read as that (the old name will go)");
+        assert!(matches!(c.apply(b"TENSORMALLOC_EXPIRE_MS", b"99"), Err(ConfigError::Renamed { .. })));
+        assert_eq!(c.expire_ms, 99);
+        assert!(matches!(c.apply(b"TENSORMALLOC_RELEASE", b"dontneed"), Err(ConfigError::Renamed { .. })));
+        assert_eq!(c.release, Release::DontNeed);
+        c.apply(b"TENSORMALLOC_HOST_RELEASE", b"free").unwrap();
+        assert_eq!(c.release, Release::Free);
+        let said = c.apply(b"TENSORMALLOC_EXPIRE_MS", b"soon").unwrap_err().to_string();
+        assert_eq!(c.expire_ms, 99);
+        assert!(said.starts_with("TENSORMALLOC_EXPIRE_MS='soon' is not a number of milliseconds; using the default 10000"), "{said}");
+        assert!(said.ends_with("(TENSORMALLOC_EXPIRE_MS is now TENSORMALLOC_HOST_UNMAP_MS)"), "{said}");
+        // The other spelling is read without a word.
+        assert_eq!(c.apply(b"TENSORMALLOC_CUDA_NEIGHBOR_WAIT_MS", b"5"), Ok(()));
+        assert_eq!(c.cuda_neighbour_wait_ms, 5);
+    }
+
+    #[test]
+    fn a_near_miss_names_the_nearest_setting() {
+        let mut c = Config::default();
+        let said = c.apply(b"TENSORMALLOC_TRESHOLD", b"1M").unwrap_err().to_string();
+        assert_eq!(said, "TENSORMALLOC_TRESHOLD is not a tensormalloc setting; ignored (did you mean TENSORMALLOC_THRESHOLD?)");
+        let said = c.apply(b"TENSORMALLOC_NOTHING_LIKE_IT", b"1").unwrap_err().to_string();
+        assert_eq!(said, "TENSORMALLOC_NOTHING_LIKE_IT is not a tensormalloc setting; ignored");
+        assert_eq!(c, Config::default());
     }
 }

@@ -5,7 +5,7 @@
 //! Layers call downward only: `shim` (extern "C") -> `route` -> `state` -> `host` | `device`
 //! (policy) -> `backing` traits <- `sys` (the only door to the OS). `record` (one function per
 //! event) stands under the layers it records for; `report` (words and files) above the state it
-//! reads. README.md ("Architecture") draws the same picture.
+//! reads. docs/architecture.md draws the same picture.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic))]
 
 pub mod backing;

@@ -118,7 +118,7 @@ int main(void) {
         CHECK(s.host_requests > 20);
         /* With no expiry delay the reaper thread may unmap each freed block before the next
          * request asks for it (seen under CPU load): a hit is certain only with a delay. */
-        const char *expire = getenv("TENSORMALLOC_EXPIRE_MS");
+        const char *expire = getenv("TENSORMALLOC_HOST_UNMAP_MS");
         if (!expire || strcmp(expire, "0") != 0) CHECK(s.host_hits > 0);
         CHECK(s.host_live_bytes == 0);
     }

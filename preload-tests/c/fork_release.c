@@ -1,5 +1,5 @@
 /* fork() while idle blocks are being released (issue 19, case 2): each round the parent writes
- * and frees 6 x 64 MiB, then forks every few ms for twice TENSORMALLOC_RELEASE_MS (at least
+ * and frees 6 x 64 MiB, then forks every few ms for twice TENSORMALLOC_HOST_RELEASE_MS (at least
  * 20 ms), so that some forks land while the background thread is releasing the blocks. Each
  * child reads its RssAnon right after the fork and after tm_trim() (through dlsym, so the
  * program also runs without the library; then its cache must be empty); the last child of a
@@ -81,7 +81,7 @@ static void child(int fd, int own) {
 
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 4;
-    long release_ms = (long)env_size("TENSORMALLOC_RELEASE_MS", 50);
+    long release_ms = (long)env_size("TENSORMALLOC_HOST_RELEASE_MS", 50);
     double window_ms = 2.0 * release_ms < 20 ? 20 : 2.0 * release_ms;
     long worst[3] = {-1, -1, -1};
     int failed = 0;

@@ -143,7 +143,7 @@ static void taint(void *p, size_t n) {
         void *r = mremap(a, len, len / 2 & ~(PAGE - 1), 0);
         if (r != a) FAIL("mremap: %s", strerror(errno));
     } else if (!strcmp(mode, "raw-rdonly")) {
-        /* Past libc: only TENSORMALLOC_RESET=always sees it (README, Limits). */
+        /* Past libc: only TENSORMALLOC_RESET=always sees it (docs/limits.md). */
         CHECK(syscall(SYS_mprotect, a, len, PROT_READ) == 0);
     } else if (!strcmp(mode, "mlock")) {
         if (mlock(p, n) != 0) {

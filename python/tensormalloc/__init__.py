@@ -21,6 +21,8 @@ import os
 import warnings
 from pathlib import Path
 
+__version__ = "0.1.0"  # the package's and the library's (Cargo.toml): test_package.py checks they agree
+
 __all__ = ["library_path", "load", "loaded", "loaded_by", "loaded_path", "version", "stats", "holders",
            "trim", "set_enabled", "snapshot", "scope", "ScopeResult"]  # the hooks are left out: `import *` must not shadow numpy
 

@@ -3,7 +3,7 @@
 NUMBA_CUDA_MEMORY_MANAGER=tensormalloc.numba in the environment. Numba calls the driver API
 only, which is what the pool runs over. IPC handles: Numba sends the allocation's base and the
 block's offset (cuMemGetAddressRange); under the preload that query answers with the block, so a
-block sharing a pooled segment cannot be exported (README, "What the pool does with the calls
+block sharing a pooled segment cannot be exported (docs/cuda.md, "What the pool does with the calls
 around it")."""
 import ctypes
 

@@ -74,8 +74,8 @@
 // unmarked one goes to the cache with no system call. Advice that leaves a block plain
 // (MADV_DONTNEED, FREE, HUGEPAGE, WILLNEED...: numpy advises huge pages on every array) marks
 // nothing. A program that changes pages with raw system calls (syscall(2), its own assembly)
-// escapes the marks: TENSORMALLOC_RESET=always resets every block at free, the old cost (README,
-// "Limits"). Our own system calls go straight to the kernel (sys/page_calls.rs), never through
+// escapes the marks: TENSORMALLOC_RESET=always resets every block at free, the old cost
+// (docs/limits.md). Our own system calls go straight to the kernel (sys/page_calls.rs), never through
 // the shims. What a forked child must not inherit is paid at the fork (Note [Fork at the fork]).
 //
 // Note [Fork at the fork]
@@ -127,16 +127,16 @@
 //
 // Note [What RSS shows]
 // A cached block's pages are resident while it is hot (reused soon, Note [Hot stays hot]). After
-// TENSORMALLOC_RELEASE_MS idle they are released. MADV_FREE is the cheap way (reuse costs no
+// TENSORMALLOC_HOST_RELEASE_MS idle they are released. MADV_FREE is the cheap way (reuse costs no
 // fault), but its pages stay in RSS and in the cgroup's usage, as LazyFree in smaps, until the
 // kernel needs them or the block expires: a Kubernetes kubelet or a dashboard reading RSS or the
 // working set sees them as used (Go and jemalloc went back to MADV_DONTNEED for this). So under
-// TENSORMALLOC_RELEASE=auto (the default) the background thread first asks whether the process
+// TENSORMALLOC_HOST_RELEASE=auto (the default) the background thread first asks whether the process
 // nears a limit (its cgroup's usage at three quarters of memory.max, memory.high or v1's
 // memory.limit_in_bytes, or the system's MemAvailable under an eighth): if so, idle blocks are
 // dropped with MADV_DONTNEED (RSS and the cgroup's usage fall at once; they read zero after, so
 // calloc takes them as they are) and blocks MADV_FREE'd earlier are unmapped; with room, MADV_FREE
-// as before. `free` and `dontneed` fix the choice. The report and `stats()` split the cache into
+// as before. `lazy` and `now` fix the choice. The report and `stats()` split the cache into
 // resident (hot) and lazily freed bytes so RSS can be read against them.
 
 use super::cache::{BlockCache, CacheLimits, Live, PageFacts, Part, Parts, Taken};

@@ -109,6 +109,9 @@ fn percent(part: u64, whole: u64) -> f64 {
     }
 }
 
+/// Under the phase table: what the words above it mean (they are the JSON's names).
+const WORDS: &str = "grows: misses served by gathering cached pages (no fault); lazyfree: released lazily (MADV_FREE), in RSS until the kernel needs it; released: pages back to the kernel, device memory to the driver; bound: what the cache may hold now; unresettable: freed blocks not reusable";
+
 /// One row of the phase table: (indent, name, timer).
 type PhaseRow<'a> = (usize, &'a str, &'a PhaseTimer);
 const DEVICE_ROWS: usize = 5;
@@ -122,19 +125,19 @@ fn phase_rows() -> [PhaseRow<'static>; 16] {
         (0, "large alloc", &p.alloc),
         (1, "cache hit", &p.alloc_hit),
         (1, "zero (calloc hit)", &p.alloc_zero),
-        (1, "gather cached pages (miss)", &p.alloc_grow),
+        (1, "grow (gather cached pages)", &p.alloc_grow),
         (1, "fresh mmap (miss)", &p.alloc_map),
         (0, "large free", &p.free),
         (1, "munmap (evict, refuse)", &p.free_unmap),
         (0, "deferred munmap (background)", &p.deferred_unmap),
         (0, "large realloc", &p.realloc),
-        (0, "idle release (MADV_FREE)", &p.release),
-        (0, "idle expiry (munmap)", &p.expire),
+        (0, "idle release (madvise)", &p.release),
+        (0, "idle unmap (munmap)", &p.expire),
         (0, "cudaMalloc / cuMemAlloc", &d.malloc),
         (1, "driver cuMemAlloc (segment)", &d.malloc_runtime),
         (0, "cudaFree / cuMemFree", &d.free),
         (1, "synchronize (free, reuse)", &d.sync),
-        (1, "driver cuMemFree (give back)", &d.free_runtime),
+        (1, "driver cuMemFree (release)", &d.free_runtime),
     ]
 }
 
@@ -149,19 +152,22 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         Bytes(s.threshold_bytes),
         if s.enabled != 0 { "enabled" } else { "disabled" }
     )?;
+    // The words are the JSON's names (Note [One vocabulary] in config.rs), explained under the
+    // phase table.
     writeln!(
         w,
-        "  requests {}  hits {} ({:.1}%)  gathered {}  misses {}  served from cache {}",
+        "  requests {}  hits {} ({:.1}%)  grows {}  misses {}  hit bytes {}  frees {}",
         s.host_requests,
         s.host_hits,
         percent(s.host_hits, s.host_requests),
         s.host_grows,
         s.host_misses,
-        Bytes(s.host_hit_bytes)
+        Bytes(s.host_hit_bytes),
+        s.host_frees
     )?;
     writeln!(
         w,
-        "  live {} (peak {})  cached {} in {} (peak {}): resident {}, lazily freed {} (in RSS until the kernel needs it)",
+        "  live {} (peak {})  cached {} in {} (peak {}): resident {}, lazyfree {}",
         Bytes(s.host_live_bytes),
         Bytes(s.host_peak_live_bytes),
         Bytes(s.host_cached_bytes),
@@ -172,7 +178,7 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     )?;
     writeln!(
         w,
-        "  released (MADV_FREE) {}, {}  unmapped {}, {} (waiting for the background thread {})  mmap failures {}",
+        "  released {}, {}  unmapped {}, {}  deferred unmap {}  map failures {}",
         Count(s.host_released_blocks, "block"),
         Bytes(s.host_released_bytes),
         Count(s.host_unmapped_blocks, "block"),
@@ -183,7 +189,7 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     let (bound_blocks, bound_bytes) = HOST.bounds();
     writeln!(
         w,
-        "  cache bound now {}, {}  calloc hits zeroed by dropping pages {}  freed blocks not reusable {}  reset {}  retries after emptying the cache {}",
+        "  bound {}, {}  calloc zeroed by discard {}  unresettable blocks {}  reset blocks {}  retries after trim {}",
         Count(bound_blocks as u64, "block"),
         Bytes(bound_bytes as u64),
         HOST.stats.zeroed_by_discard.get(),
@@ -194,10 +200,10 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
     DEVICE.for_each_pool(|device, pool| {
         let p = &pool.stats;
         // Note [Expandable segments]: there, what is mapped and released is 2 MiB chunks.
-        let unit = if pool.expandable() { "chunks" } else { "segments" };
+        let unit = if pool.expandable() { " (expandable: 2 MiB chunks)" } else { "" };
         let _ = writeln!(
             w,
-            " cuda device {device}: requests {}  hits {} ({:.1}%)  {unit} mapped {} released {}  syncs {}",
+            " cuda device {device}: requests {}  hits {} ({:.1}%)  segments mapped {} released {}{unit}  syncs {}",
             p.requests,
             p.hits,
             percent(p.hits, p.requests),
@@ -207,7 +213,7 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         );
         let _ = writeln!(
             w,
-            "  live {} (peak {})  reserved {} (peak {})  OOM retries {}  OOM failures {}  resets {}  IPC exports {}  given back idle {} in {} segments ({} early, the device short of memory; {} asked by a neighbour)",
+            "  live {} (peak {})  reserved {} (peak {})  oom retries {}  oom failures {}  resets {}  ipc exports {}",
             Bytes(p.live_bytes),
             Bytes(p.peak_live_bytes),
             Bytes(p.reserved_bytes),
@@ -216,10 +222,16 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
             p.oom_failures,
             p.resets,
             p.ipc_exports,
+        );
+        let _ = writeln!(
+            w,
+            "  released: idle {} in {}  pressure {} in {}  neighbour {} in {}",
             Bytes(p.idle_released_bytes),
-            p.idle_released_segments,
+            Count(p.idle_released_segments, "segment"),
             Bytes(p.pressure_released_bytes),
-            Bytes(p.neighbour_released_bytes)
+            Count(p.pressure_released_segments, "segment"),
+            Bytes(p.neighbour_released_bytes),
+            Count(p.neighbour_released_segments, "segment")
         );
     });
     let passed_through = DEVICE.stats.passthrough.get();
@@ -262,6 +274,7 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         )?;
     }
     writeln!(w, " {legend}")?;
+    writeln!(w, " {WORDS}")?;
     crate::report::holders::write_text(w, &crate::report::holders::Table::gather())
 }
 
@@ -396,12 +409,34 @@ mod tests {
         write_text(&mut w, &Snapshot { host_requests: 10, host_hits: 9, ..Default::default() }).unwrap();
         let text = std::str::from_utf8(w.as_bytes()).unwrap();
         assert!(text.contains("hits 9 (90.0%)"), "{text}");
-        assert!(text.contains("Section") && text.contains("idle release (MADV_FREE)"), "{text}");
+        assert!(text.contains("Section") && text.contains("idle release (madvise)"), "{text}");
         assert!(text.contains(" %tot: share of the time spent inside tensormalloc's"), "{text}");
-        assert!(text.contains("cached 0 B in 0 blocks") && text.contains("released (MADV_FREE) 0 blocks"), "{text}");
+        assert!(text.contains("cached 0 B in 0 blocks") && text.contains("released 0 blocks"), "{text}");
         let mut w = StackWriter::<8192>::new();
         write_text(&mut w, &Snapshot { host_cached_blocks: 1, host_released_blocks: 1, ..Default::default() }).unwrap();
         let text = std::str::from_utf8(w.as_bytes()).unwrap();
-        assert!(text.contains("in 1 block (") && text.contains("(MADV_FREE) 1 block,"), "{text}");
+        assert!(text.contains("in 1 block (") && text.contains("released 1 block,"), "{text}");
+    }
+
+    /// Every word the text report names a figure with is the JSON's name for it (host_grows was
+    /// "gathered", host_hit_bytes "served from cache"...): the labels are JSON keys, `_` as ` `.
+    #[test]
+    fn the_texts_words_are_the_jsons_names() {
+        let mut w = StackWriter::<16384>::new();
+        write_text(&mut w, &Snapshot::default()).unwrap();
+        let text = std::str::from_utf8(w.as_bytes()).unwrap().to_owned();
+        let mut j = StackWriter::<65536>::new();
+        write_json(&mut j, &Snapshot::default(), Ending::Exit).unwrap();
+        let json = std::str::from_utf8(j.as_bytes()).unwrap().to_owned();
+        let host_line = |start: &str| text.lines().find(|l| l.starts_with(start)).unwrap().to_owned();
+        let labels = [host_line("  requests"), host_line("  released"), host_line("  bound")].join(" ");
+        for word in ["requests", "hits", "grows", "misses", "hit bytes", "frees", "released", "unmapped", "deferred unmap",
+                     "map failures", "calloc zeroed by discard", "unresettable blocks", "reset blocks", "retries after trim"] {
+            assert!(labels.contains(word), "{word} not in {labels}");
+            assert!(json.contains(&format!("\"{}", word.replace(' ', "_"))), "{word}: no such JSON name");
+        }
+        for stale in ["gathered", "served from cache", "lazily freed", "mmap failures", "given back", "waiting for"] {
+            assert!(!text.contains(stale), "{stale}");
+        }
     }
 }

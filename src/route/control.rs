@@ -1,7 +1,7 @@
 //! glibc's control calls, answered for the blocks we hold as glibc answers for its mmapped ones,
 //! then passed on to the next allocator (which holds the small blocks): `malloc_trim` gives the
 //! cache back; `mallopt` honours the options that concern large blocks in the sense their users
-//! mean them (README, "glibc's malloc controls"):
+//! mean them (docs/host.md, "glibc's malloc controls"):
 //! - M_MMAP_THRESHOLD: requests of at least that many bytes are ours (our threshold);
 //! - M_TRIM_THRESHOLD: the most freed memory kept for reuse (the cache's byte bound);
 //! - M_MMAP_MAX = 0: no large block of ours any more: every request goes to the next allocator,

@@ -4,7 +4,7 @@
 //! name (`dlopen("libcuda.so.1")` then `dlsym`: nvcc's static runtime, Numba, JAX) gets ours for
 //! the few the pool must see; every other lookup tail-jumps to glibc's dlsym with the caller's
 //! registers and return address untouched, so `RTLD_NEXT` keeps meaning "after the caller". On
-//! other targets dlsym is not interposed (README). Each entry point is one call into
+//! other targets dlsym is not interposed (docs/limits.md). Each entry point is one call into
 //! `route::cuda::lookup`, given `served`: the table naming our entry points (`cuda_driver.rs`'s
 //! and this file's), the one thing the route cannot name. This file imports `cuda_driver.rs`;
 //! nothing under `shim/` imports this one.
