@@ -302,8 +302,9 @@ def test_run_report_plot_and_path_from_either_route(route, pkg, prefix, tmp_path
     # report: a stats file of a run under it
     code = "import numpy as np\nkept = [np.ones(4_000_000) for _ in range(3)]\n"
     stats, trace = tmp_path / "stats.json", tmp_path / "trace.bin"
+    # The old threshold: Python's own blocks of 128 KiB and more would count too.
     ok(sh([exe, "python", "-c", code], cwd=tmp_path,
-          env={**env, "TENSORMALLOC_STATS": f"json:{stats}", "TENSORMALLOC_TRACE": str(trace)}))
+          env={**env, "TENSORMALLOC_THRESHOLD": "4M", "TENSORMALLOC_STATS": f"json:{stats}", "TENSORMALLOC_TRACE": str(trace)}))
     report = json.loads(ok(sh([exe, "report", "--json", stats], env=env)).stdout)
     assert report["total"]["requests"] == 3, report
     assert "total 1 process" in ok(sh([exe, "report", stats], env=env)).stdout
@@ -327,7 +328,7 @@ def test_the_installed_command_draws_with_a_python_that_has_matplotlib(prefix, t
     env = clean_env(PATH=f"{bindir}{os.pathsep}{NO_RUST}")
     trace = tmp_path / "trace.bin"
     code = "import numpy as np\nkept = [np.ones(4_000_000) for _ in range(3)]\n"
-    ok(sh([prefix / "bin" / "tensormalloc", "python3", "-c", code], cwd=tmp_path, env={**env, "TENSORMALLOC_TRACE": str(trace)}))
+    ok(sh([prefix / "bin" / "tensormalloc", "python3", "-c", code], cwd=tmp_path, env={**env, "TENSORMALLOC_THRESHOLD": "4M", "TENSORMALLOC_TRACE": str(trace)}))
     out = ok(sh([prefix / "bin" / "tensormalloc", "plot", trace], env=env))
     assert "allocs=3" in out.stdout and f"wrote {trace}.png" in out.stdout, out
     assert (tmp_path / "trace.bin.png").read_bytes().startswith(b"\x89PNG")
