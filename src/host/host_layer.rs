@@ -322,29 +322,19 @@ impl<M: PageMemory> HostLayer<M> {
     /// glibc's free would have left).
     pub fn limit_address_space(&self, bytes: u64) {
         let was = self.address_space_bytes.swap(bytes, Relaxed);
-        // A list at a time (the cache may hold more blocks than one list).
-        loop {
-            let (evicted, transit) = {
-                let mut cache = self.cache();
-                let limits = *cache.limits();
-                let ceiling = usize::try_from(bytes / 8).unwrap_or(usize::MAX);
-                if limits.follow_bytes {
-                    cache.set_limits(CacheLimits { max_bytes: limits.max_bytes.min(ceiling), ..limits });
-                }
-                let bound = cache.bounds().1;
-                let evicted = if bytes < was { cache.shrink_to(bound) } else { RangeList::new() };
-                for r in evicted.iter() {
-                    self.registry.clear(r.addr);
-                }
-                self.stats.cached.set(cache.cached_bytes() as u64);
-                (evicted, self.transit())
-            };
-            self.unmap_all(&evicted);
-            drop(transit);
-            if evicted.is_empty() {
-                break;
+        self.unmap_lists(|cache| {
+            let limits = *cache.limits();
+            let ceiling = usize::try_from(bytes / 8).unwrap_or(usize::MAX);
+            if limits.follow_bytes {
+                cache.set_limits(CacheLimits { max_bytes: limits.max_bytes.min(ceiling), ..limits });
             }
-        }
+            let bound = cache.bounds().1;
+            if bytes < was {
+                cache.shrink_to(bound)
+            } else {
+                RangeList::new()
+            }
+        });
         if bytes < was {
             self.unmap_deferred();
         }
@@ -1038,26 +1028,33 @@ impl<M: PageMemory> HostLayer<M> {
         Some(fresh)
     }
 
-    /// Unmaps every cached block now; returns the bytes given back.
-    pub fn trim(&self) -> usize {
+    /// Takes lists of blocks out of the cache with `take` (a list at a time: the cache may hold
+    /// more blocks than one list), their records cleared under the lock, and unmaps each list
+    /// outside it, until `take` gives an empty one; returns the bytes unmapped.
+    fn unmap_lists(&self, mut take: impl FnMut(&mut BlockCache) -> RangeList) -> usize {
         let mut bytes = 0;
         loop {
-            let (drained, transit) = {
+            let (list, transit) = {
                 let mut cache = self.cache();
-                let drained = cache.drain();
-                for r in drained.iter() {
+                let list = take(&mut cache);
+                for r in list.iter() {
                     self.registry.clear(r.addr);
                 }
                 self.stats.cached.set(cache.cached_bytes() as u64);
-                (drained, self.transit())
+                (list, self.transit())
             };
-            self.unmap_all(&drained);
+            self.unmap_all(&list);
             drop(transit);
-            if drained.is_empty() {
-                break;
+            if list.is_empty() {
+                return bytes;
             }
-            bytes += drained.total_bytes();
+            bytes += list.total_bytes();
         }
+    }
+
+    /// Unmaps every cached block now; returns the bytes given back.
+    pub fn trim(&self) -> usize {
+        let bytes = self.unmap_lists(BlockCache::drain);
         bytes + self.unmap_deferred()
     }
 

@@ -217,20 +217,20 @@ impl Store {
     }
 
     /// The free order, oldest first.
-    pub fn oldest_first(&self) -> OrderIter<'_> {
-        OrderIter { store: self, at: self.oldest }
+    pub fn oldest_first(&self) -> Chain<'_, false> {
+        Chain { store: self, at: self.oldest }
     }
 
     /// The blocks of the first non-empty bin at or past `bin`, front to back, with the bin;
     /// `None` past the last.
-    pub fn next_bin(&self, bin: usize) -> Option<(usize, BinIter<'_>)> {
+    pub fn next_bin(&self, bin: usize) -> Option<(usize, Chain<'_, true>)> {
         let mut word = bin / 64;
         let mut bits = *self.bitmap.get(word)? & (!0u64 << (bin % 64));
         loop {
             if bits != 0 {
                 let b = word * 64 + bits.trailing_zeros() as usize;
                 let front = *self.bin_front.get(b)?;
-                return Some((b, BinIter { store: self, at: front }));
+                return Some((b, Chain { store: self, at: front }));
             }
             word += 1;
             bits = *self.bitmap.get(word)?;
@@ -463,12 +463,14 @@ impl Store {
     }
 }
 
-pub struct OrderIter<'a> {
+/// The blocks along one chain of links, each with its id: a bin's (`IN_BIN`) or the free
+/// order's (a constant, so the scan of a bin makes no indirect call).
+pub struct Chain<'a, const IN_BIN: bool> {
     store: &'a Store,
     at: NodeId,
 }
 
-impl<'a> Iterator for OrderIter<'a> {
+impl<'a, const IN_BIN: bool> Iterator for Chain<'a, IN_BIN> {
     type Item = (NodeId, &'a CachedBlock);
     fn next(&mut self) -> Option<Self::Item> {
         if self.at == NONE {
@@ -476,25 +478,7 @@ impl<'a> Iterator for OrderIter<'a> {
         }
         let id = self.at;
         let n = self.store.node(id);
-        self.at = n.newer;
-        Some((id, &n.block))
-    }
-}
-
-pub struct BinIter<'a> {
-    store: &'a Store,
-    at: NodeId,
-}
-
-impl<'a> Iterator for BinIter<'a> {
-    type Item = (NodeId, &'a CachedBlock);
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.at == NONE {
-            return None;
-        }
-        let id = self.at;
-        let n = self.store.node(id);
-        self.at = n.bin_next;
+        self.at = if IN_BIN { n.bin_next } else { n.newer };
         Some((id, &n.block))
     }
 }

@@ -110,27 +110,52 @@ unsafe fn open_ours(h: &Handle, flags: c_uint, open: IpcOpenMemHandleFn) -> Resu
     if let Some(run) = ChunkRun::decode(&what.real) {
         return super::ipc_chunks::open(h, &what, &run);
     }
+    open_once(&what, || {
+        let mut base = 0u64;
+        // SAFETY: the caller's contract: `open` is the driver's cuIpcOpenMemHandle.
+        let rc = unsafe { open(&mut base, IpcMemHandle { reserved: what.real }, flags) };
+        if rc != CUDA_SUCCESS {
+            return Err(rc);
+        }
+        // The segment must hold the block the entry names (the registry is not trusted).
+        let holds = crate::sys::cuda_driver::allocation_range(base as usize).is_some_and(|(b, len)| b as u64 == base && what.offset + what.size <= len as u64);
+        if !holds {
+            close_driver_mapping(base);
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(base)
+    }, close_driver_mapping)
+}
+
+/// Gives back what the driver's cuIpcOpenMemHandle mapped at `base`.
+fn close_driver_mapping(base: u64) {
+    if let Some(close) = driver().and_then(|d| d.ipc_close_mem_handle) {
+        // SAFETY: the driver's cuIpcMemCloseHandle, on a base its open returned.
+        unsafe { close(base) };
+    }
+}
+
+/// The block registry entry `what` names, mapped once per process (`OPENED`): `map` makes the
+/// mapping (its base, or the code it failed with) while no other thread maps it; `unmap` gives
+/// back one made but not kept (the table was full meanwhile). The block's pointer.
+pub(super) fn open_once(what: &Published, map: impl FnOnce() -> Result<u64, c_int>, unmap: impl FnOnce(u64)) -> Result<u64, c_int> {
+    let mut map = Some(map);
     loop {
         match OPENED.begin_open(&what.real, what.offset) {
             Begin::Mapped { base } => return Ok(base + what.offset),
             Begin::Full => return Err(CUDA_ERROR_MEMORY_ALLOCATION),
             Begin::Busy => crate::sys::clock::pause(),
             Begin::Open { slot } => {
-                let mut base = 0u64;
-                let rc = open(&mut base, IpcMemHandle { reserved: what.real }, flags);
-                // The segment must hold the block the entry names (the registry is not trusted).
-                let holds = rc == CUDA_SUCCESS && crate::sys::cuda_driver::allocation_range(base as usize).is_some_and(|(b, len)| b as u64 == base && what.offset + what.size <= len as u64);
-                if holds && OPENED.end_open(slot, Some(base), what.offset) {
-                    return Ok(base + what.offset);
+                let Some(map) = map.take() else { return Err(CUDA_ERROR_MEMORY_ALLOCATION) };
+                let mapped = map();
+                if let Ok(base) = mapped {
+                    if OPENED.end_open(slot, Some(base), what.offset) {
+                        return Ok(base + what.offset);
+                    }
+                    unmap(base);
                 }
                 OPENED.end_open(slot, None, 0);
-                if rc == CUDA_SUCCESS {
-                    if let Some(close) = driver().and_then(|d| d.ipc_close_mem_handle) {
-                        close(base);
-                    }
-                    return Err(if holds { CUDA_ERROR_MEMORY_ALLOCATION } else { CUDA_ERROR_INVALID_VALUE });
-                }
-                return Err(rc);
+                return Err(mapped.err().unwrap_or(CUDA_ERROR_MEMORY_ALLOCATION));
             }
         }
     }

@@ -7,12 +7,11 @@
 //! unmaps it and frees the address space. Each way it cannot work is said once, naming
 //! TENSORMALLOC_CUDA_SEGMENTS=classic, and answered with the driver's (or the system's) error.
 
-use crate::backing::{DeviceError, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION};
+use crate::backing::{DeviceError, CUDA_ERROR_INVALID_VALUE};
 use crate::device::device_layer::ExpandableBlock;
 use crate::device::ipc::channel::{self, Fetch, Unavailable};
 use crate::device::ipc::handle::{ChunkRun, Handle};
-use crate::device::ipc::opened::Begin;
-use crate::device::ipc::{self, Published, OPENED};
+use crate::device::ipc::{self, Published};
 use crate::state::DEVICE;
 use crate::sys::{cuda_shareable, process};
 use core::ffi::c_int;
@@ -141,24 +140,9 @@ fn map_run(h: &Handle, run: &ChunkRun) -> Result<u64, c_int> {
 
 /// Opens handle `h`, whose registry entry `what` names chunk run `run`: the block's pointer.
 pub(super) fn open(h: &Handle, what: &Published, run: &ChunkRun) -> Result<u64, c_int> {
-    loop {
-        match OPENED.begin_open(&what.real, what.offset) {
-            Begin::Mapped { base } => return Ok(base + what.offset),
-            Begin::Full => return Err(CUDA_ERROR_MEMORY_ALLOCATION),
-            Begin::Busy => crate::sys::clock::pause(),
-            Begin::Open { slot } => {
-                let base = map_run(h, run);
-                if let Ok(base) = base {
-                    if OPENED.end_open(slot, Some(base), what.offset) {
-                        return Ok(base + what.offset);
-                    }
-                    let _ = cuda_shareable::unmap_imported(base, run.chunk_bytes, run.chunks, run.bytes());
-                }
-                OPENED.end_open(slot, None, 0);
-                return Err(base.err().unwrap_or(CUDA_ERROR_MEMORY_ALLOCATION));
-            }
-        }
-    }
+    super::ipc::open_once(what, || map_run(h, run), |base| {
+        let _ = cuda_shareable::unmap_imported(base, run.chunk_bytes, run.chunks, run.bytes());
+    })
 }
 
 /// The last close of a chunk run opened at `base`: unmapped, its address space freed.
