@@ -90,6 +90,7 @@
 
 use crate::ranges::{Range, RangeList};
 use super::tally::Tally;
+use crate::record::HostBook;
 use store::{bin_of, NodeId, Store, NONE};
 
 mod store;
@@ -362,6 +363,9 @@ pub struct BlockCache {
     /// The host layer's figures that change on every call, counted under this cache's lock
     /// (Note [Figures under the lock] in host/tally.rs).
     pub tally: Tally,
+    /// Host blocks' holder rows and history, written under this cache's lock (Note [Host
+    /// records under the cache lock] in record/mod.rs).
+    pub book: HostBook,
 }
 
 impl BlockCache {
@@ -378,6 +382,8 @@ impl BlockCache {
             deferred_bytes: 0,
             evicted: [Range { addr: 0, len: 0 }; MAX_EVICTED],
             tally: Tally::new(),
+            // SAFETY: a cache is kept under its layer's lock, and the process has one host layer.
+            book: unsafe { HostBook::new() },
         }
     }
 

@@ -551,7 +551,6 @@ impl<M: PageMemory> HostLayer<M> {
                 return None;
             }
         };
-        self.registry.set_asked(addr, size as u64);
         record::alloc(Block::host(addr as u64, len as u64, size as u64, holder), found);
         let phases = &self.stats.phases;
         if found == Found::Hit {
@@ -566,28 +565,36 @@ impl<M: PageMemory> HostLayer<M> {
     // record_free and record_resize, with its mapped length; beside it, the live figures the
     // cache's bounds follow, in the tally (Note [Figures under the lock] in host/tally.rs).
 
-    /// A block mapped or gathered outside the lock became live.
-    fn went_live(&self, len: usize) {
+    /// A block mapped or gathered outside the lock became live: asked for `size` bytes by
+    /// `birth`.
+    fn went_live(&self, addr: usize, len: usize, size: usize, birth: Birth) {
+        self.registry.set_asked(addr, size as u64);
         let mut cache = self.cache();
         cache.tally.went_live(len);
+        cache.book.alloc(Block::host(addr as u64, len as u64, size as u64, birth.holder), birth.ns);
         cache.tally.publish(&self.stats);
     }
 
-    fn record_free(&self, addr: usize, len: usize, holder: u64) {
-        record::free(Block::host(addr as u64, len as u64, self.registry.asked(addr), holder));
+    /// A taken block, counted as a hit, is live under the lock.
+    fn hit_went_live(&self, cache: &mut BlockCache, t: &Taken, size: usize, birth: Birth) {
+        Self::count_hit(&mut cache.tally, t);
+        self.registry.set_asked(t.addr, size as u64);
+        cache.book.alloc(Block::host(t.addr as u64, t.len as u64, size as u64, birth.holder), birth.ns);
     }
 
     /// A resize that kept the block (in place or by mremap); the copying fallback records
     /// through alloc and free.
     /// `was_asked`: what the block was asked for before.
     fn record_resize(&self, (addr, len, was_asked): (usize, usize, u64), (moved, need): (usize, usize), asked: usize, birth: Birth) {
+        let (old, new) = (Block::host(addr as u64, len as u64, was_asked, birth.holder), Block::host(moved as u64, need as u64, asked as u64, birth.holder));
+        self.registry.set_asked(moved, asked as u64);
         {
             let mut cache = self.cache();
             cache.tally.resized(len, need);
+            cache.book.resize(old, new, (self.clock)());
             cache.tally.publish(&self.stats);
         }
-        self.registry.set_asked(moved, asked as u64);
-        record::resize(Block::host(addr as u64, len as u64, was_asked, birth.holder), Block::host(moved as u64, need as u64, asked as u64, birth.holder));
+        record::resize(old, new);
     }
 
     /// The block, its mapped length and how it was found.
@@ -620,7 +627,7 @@ impl<M: PageMemory> HostLayer<M> {
                 // A block that make_fit may still drop is counted once it is fit.
                 counted = !t.facts.kept_any && self.memory.future_locking().is_none();
                 if counted {
-                    Self::count_hit(&mut cache.tally, t);
+                    self.hit_went_live(&mut cache, t, size, birth);
                 }
             }
             cache.tally.publish(&self.stats);
@@ -635,6 +642,7 @@ impl<M: PageMemory> HostLayer<M> {
                     // mlockall came meanwhile, and the lock was refused: the block left.
                     let mut cache = self.cache();
                     cache.tally.left(t.len);
+                    cache.book.free(Block::host(t.addr as u64, t.len as u64, size as u64, birth.holder), birth.ns);
                     cache.tally.publish(&self.stats);
                 }
                 return None;
@@ -646,7 +654,7 @@ impl<M: PageMemory> HostLayer<M> {
             }
             if !counted {
                 let mut cache = self.cache();
-                Self::count_hit(&mut cache.tally, &t);
+                self.hit_went_live(&mut cache, &t, size, birth);
                 cache.tally.publish(&self.stats);
             }
             Some(Taken { facts, ..t })
@@ -673,7 +681,7 @@ impl<M: PageMemory> HostLayer<M> {
                     self.zero_reused(part.addr, (addr + size).saturating_sub(part.addr).min(part.len), part.len, 0);
                 }
             }
-            self.went_live(need);
+            self.went_live(addr, need, size, birth);
             return Some((addr, need, Found::Grown));
         }
         self.stats.misses.add(1);
@@ -683,7 +691,7 @@ impl<M: PageMemory> HostLayer<M> {
             self.stats.map_failures.add(1);
             return None;
         }
-        self.went_live(need);
+        self.went_live(addr, need, size, birth);
         Some((addr, need, Found::Miss))
     }
 
@@ -722,7 +730,7 @@ impl<M: PageMemory> HostLayer<M> {
     fn move_into_new_mapping(&self, parts: &Parts, need: usize, align: usize, birth: Birth) -> Option<(usize, RangeList)> {
         let Some(dest) = self.map_recordable(need, align) else {
             for part in parts.iter() {
-                self.cache_block(part.addr, part.len, part.facts, (self.clock)(), false, &mut CallTimer::untimed());
+                self.cache_block(part.addr, part.len, part.facts, (self.clock)(), None, &mut CallTimer::untimed());
             }
             return None;
         };
@@ -732,7 +740,7 @@ impl<M: PageMemory> HostLayer<M> {
         let mut lost = None;
         for part in parts.iter() {
             if lost.is_some() {
-                self.cache_block(part.addr, part.len, part.facts, (self.clock)(), false, &mut CallTimer::untimed());
+                self.cache_block(part.addr, part.len, part.facts, (self.clock)(), None, &mut CallTimer::untimed());
             } else {
                 let to = dest + offset;
                 lost = self.move_part(*part, to, &mut dirty);
@@ -787,18 +795,18 @@ impl<M: PageMemory> HostLayer<M> {
                 None
             }
             Moved::DestinationLost => {
-                self.cache_block(part.addr, part.len, part.facts, (self.clock)(), false, &mut CallTimer::untimed());
+                self.cache_block(part.addr, part.len, part.facts, (self.clock)(), None, &mut CallTimer::untimed());
                 Some(Range { addr: to, len: part.len })
             }
             Moved::Refused => {
                 let half = (part.len / 2) & !(HUGE_PAGE - 1);
                 let second = Part { addr: part.addr + half, len: part.len - half, ..part };
                 if half == 0 {
-                    self.cache_block(part.addr, part.len, part.facts, (self.clock)(), false, &mut CallTimer::untimed());
+                    self.cache_block(part.addr, part.len, part.facts, (self.clock)(), None, &mut CallTimer::untimed());
                     return None;
                 }
                 if let Some(gone) = self.move_part(Part { len: half, ..part }, to, dirty) {
-                    self.cache_block(second.addr, second.len, second.facts, (self.clock)(), false, &mut CallTimer::untimed());
+                    self.cache_block(second.addr, second.len, second.facts, (self.clock)(), None, &mut CallTimer::untimed());
                     return Some(gone);
                 }
                 self.move_part(second, to + half, dirty)
@@ -860,7 +868,8 @@ impl<M: PageMemory> HostLayer<M> {
         let mut timer = CallTimer::begin(self.stats.frees.get(), self.precise);
         let now = (self.clock)();
         let holder = self.registry.birth(addr).holder;
-        self.record_free(addr, len, holder);
+        let block = Block::host(addr as u64, len as u64, self.registry.asked(addr), holder);
+        record::free(block);
         // Note [Pages the program changed]: most blocks need no system call here.
         let marks = self.registry.marks(addr);
         let reset = marks.changed() || self.reset_always.load(Relaxed);
@@ -890,7 +899,7 @@ impl<M: PageMemory> HostLayer<M> {
                 timer.exact(self.precise);
                 self.memory.unlock(addr, len);
             }
-            self.cache_block(addr, len, facts, now, true, &mut timer);
+            self.cache_block(addr, len, facts, now, Some(block), &mut timer);
         } else {
             // Never reused: part of it is gone or it is sealed. Whatever is still ours goes.
             timer.exact(self.precise);
@@ -898,6 +907,7 @@ impl<M: PageMemory> HostLayer<M> {
                 let mut cache = self.cache();
                 cache.tally.frees += 1;
                 cache.tally.left(len);
+                cache.book.free(block, now);
                 cache.tally.publish(&self.stats);
             }
             self.registry.clear(addr);
@@ -909,15 +919,16 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// Offers a block that is ours and in no record (a freed one, or a part that could not be
     /// gathered) to the cache at time `now_ns`; unmaps what leaves it. `freed`: the program
-    /// freed it (a live block leaves; the bounds follow what was live before).
-    fn cache_block(&self, addr: usize, len: usize, facts: PageFacts, now_ns: u64, freed: bool, timer: &mut CallTimer) {
+    /// freed it, this live block (it leaves; the bounds follow what was live before).
+    fn cache_block(&self, addr: usize, len: usize, facts: PageFacts, now_ns: u64, freed: Option<Block>, timer: &mut CallTimer) {
         let (accepted, unmaps, due_ns) = {
             let mut cache = self.cache();
             // Live before this free: the bounds follow its peak, reached just before some free.
-            let live = if freed { Live { bytes: cache.tally.live_bytes as usize, blocks: cache.tally.live_blocks as usize } } else { Live::default() };
-            if freed {
+            let live = if freed.is_some() { Live { bytes: cache.tally.live_bytes as usize, blocks: cache.tally.live_blocks as usize } } else { Live::default() };
+            if let Some(block) = freed {
                 cache.tally.frees += 1;
                 cache.tally.left(len);
+                cache.book.free(block, now_ns);
             }
             let due_ns = now_ns.saturating_add(cache.limits().release_after_ns.min(cache.limits().expire_after_ns));
             // Note [Fork at the fork]: a block freed by a fork handler is kept from the child.
@@ -995,7 +1006,7 @@ impl<M: PageMemory> HostLayer<M> {
                         self.memory.unlock(tail.addr, tail.len);
                     }
                     let facts = PageFacts { advised_by: if marks.huge() { holder_tag(born.holder) } else { 0 }, ..PageFacts::DIRTY };
-                    self.cache_block(tail.addr, tail.len, facts, (self.clock)(), false, &mut CallTimer::untimed());
+                    self.cache_block(tail.addr, tail.len, facts, (self.clock)(), None, &mut CallTimer::untimed());
                 } else {
                     // Note [Plain memory]: pages the program changed are not cached unreset.
                     let unmaps = self.defer_unmaps(&mut self.cache(), &single(tail));
@@ -1151,7 +1162,7 @@ impl<M: PageMemory> HostLayer<M> {
         self.transit.clear(); // the threads that had ranges in transit are not here
         self.stats.cached.set(0);
         cache.tally.restart();
-        self.forget_blocks_kept_from_children(&mut cache.tally);
+        self.forget_blocks_kept_from_children(cache);
         cache.tally.publish(&self.stats);
         self.stats.deferred.set(0);
     }
@@ -1160,7 +1171,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// in part). Its record goes when its first page is missing (a free of it then fails as under
     /// glibc alone, and a mapping the child makes there is never taken for ours); a block missing
     /// only in part is never reused (its free unmaps what is left).
-    fn forget_blocks_kept_from_children(&self, tally: &mut Tally) {
+    fn forget_blocks_kept_from_children(&self, cache: &mut BlockCache) {
         self.registry.for_each_kept_from_children(|addr, len| match self.memory.presence(addr, len) {
             Presence::All => {}
             Presence::Part => self.registry.note_change(addr, len, PageChange::Replaced),
@@ -1168,8 +1179,10 @@ impl<M: PageMemory> HostLayer<M> {
                 let asked = self.registry.asked(addr);
                 let holder = self.registry.birth(addr).holder;
                 self.registry.clear(addr);
-                tally.left(len);
-                record::forgotten(Block::host(addr as u64, len as u64, asked, holder));
+                cache.tally.left(len);
+                let block = Block::host(addr as u64, len as u64, asked, holder);
+                cache.book.forgotten(block, (self.clock)());
+                record::forgotten(block);
             }
         });
     }

@@ -1,9 +1,11 @@
-//! The recent history of large allocations and frees, host and device: a ring of the last
-//! EVENTS events, always kept, for the snapshot's timeline (PyTorch's `device_traces`). The
-//! ring is .bss (resident only as it fills, 896 KiB when full); recording is one atomic add, a
-//! coarse clock read (CLOCK_MONOTONIC_COARSE: 4 ns where the precise clock costs 28 ns here, at a
-//! resolution of a few ms; the ring's order is the events' order) and seven stores. Readers
-//! skip slots being rewritten (a per-slot sequence number).
+//! The recent history of large allocations and frees, host and device: two rings of the last
+//! EVENTS events each, always kept, for the snapshot's timeline (PyTorch's `device_traces`): the
+//! host blocks' (written under the host cache's lock, with plain stores) and everyone else's
+//! (device blocks, pinned blocks, segments, failures: one atomic add claims a slot). The rings
+//! are .bss (resident only as they fill, 896 KiB each when full); an event is a coarse clock
+//! read (CLOCK_MONOTONIC_COARSE: 4 ns where the precise clock costs 28 ns here, at a resolution
+//! of a few ms; a ring's order is its events' order; the host layer passes the time it read) and
+//! seven stores. Readers skip slots being rewritten (a per-slot sequence number).
 //! Why a second ring beside the trace's: this one is always on and overwrites its oldest events
 //! (a snapshot wants the latest), the trace's exists only under TENSORMALLOC_TRACE and drops new
 //! events when its writer falls a ring behind (a file must not have holes in its middle); they
@@ -21,6 +23,8 @@ pub const SEGMENT_UNMAP: u8 = 3;
 pub const OOM: u8 = 4;
 
 pub const EVENTS: usize = 1 << 14;
+/// Events the two rings hold at most.
+pub const HELD: usize = 2 * EVENTS;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HistoryEvent {
@@ -35,6 +39,7 @@ pub struct HistoryEvent {
     pub place: u8,
 }
 
+#[repr(align(64))]
 struct Slot {
     /// 1 + the index of the event the slot holds once complete; 0 while being written.
     seq: AtomicU64,
@@ -60,55 +65,115 @@ impl Slot {
     }
 }
 
-static SLOTS: [Slot; EVENTS] = [const { Slot::new() }; EVENTS];
-static HEAD: AtomicU64 = AtomicU64::new(0);
-
-/// Records an event now: `action` on a block (or segment) of `size` bytes at `addr` in `place`,
-/// held by `holder` (a holder word, 0 for segments), on `stream` (the pool's tag; 0 for none).
-pub fn record(action: u8, place: u8, addr: u64, size: u64, holder: u64, stream: u64) {
-    let time_ns = crate::sys::clock::coarse_ns();
-    let index = HEAD.fetch_add(1, Relaxed);
-    let Some(s) = SLOTS.get(index as usize % EVENTS) else { return };
-    s.seq.store(0, Relaxed);
-    fence(Release);
-    s.time_ns.store(time_ns, Relaxed);
-    s.addr.store(addr, Relaxed);
-    s.size.store(size, Relaxed);
-    s.holder.store(holder, Relaxed);
-    s.stream.store(stream, Relaxed);
-    s.kind.store(u64::from(action) | u64::from(place) << 8, Relaxed);
-    s.seq.store(index + 1, Release);
+/// A ring of EVENTS events and the index of the next.
+struct Ring {
+    slots: [Slot; EVENTS],
+    head: AtomicU64,
 }
 
-/// Calls `f` for each event still in the ring, oldest first; events being written meanwhile are
-/// skipped.
-pub fn for_each(mut f: impl FnMut(&HistoryEvent)) {
-    let head = HEAD.load(Acquire);
-    for index in head.saturating_sub(EVENTS as u64)..head {
-        let Some(s) = SLOTS.get(index as usize % EVENTS) else { continue };
-        if s.seq.load(Acquire) != index + 1 {
-            continue;
+impl Ring {
+    const fn new() -> Self {
+        Ring { slots: [const { Slot::new() }; EVENTS], head: AtomicU64::new(0) }
+    }
+
+    /// Writes the event of index `index` into its slot.
+    fn write(&self, index: u64, e: &HistoryEvent) {
+        let Some(s) = self.slots.get(index as usize % EVENTS) else { return };
+        s.seq.store(0, Relaxed);
+        fence(Release);
+        s.time_ns.store(e.time_ns, Relaxed);
+        s.addr.store(e.addr, Relaxed);
+        s.size.store(e.size, Relaxed);
+        s.holder.store(e.holder, Relaxed);
+        s.stream.store(e.stream, Relaxed);
+        s.kind.store(u64::from(e.action) | u64::from(e.place) << 8, Relaxed);
+        s.seq.store(index + 1, Release);
+        if let Some(next) = self.slots.get((index as usize + 1) % EVENTS) {
+            prefetch_for_write(next);
         }
-        let kind = s.kind.load(Relaxed);
-        let e = HistoryEvent {
-            time_ns: s.time_ns.load(Relaxed),
-            addr: s.addr.load(Relaxed),
-            size: s.size.load(Relaxed),
-            holder: s.holder.load(Relaxed),
-            stream: s.stream.load(Relaxed),
-            action: kind as u8,
-            place: (kind >> 8) as u8,
-        };
-        fence(Acquire);
-        if s.seq.load(Relaxed) == index + 1 {
-            f(&e);
+    }
+
+    /// Calls `f` for the events of indices below `cut` still in the ring, oldest first.
+    fn for_each_before(&self, cut: u64, f: &mut impl FnMut(&HistoryEvent)) {
+        let head = self.head.load(Acquire);
+        for index in head.saturating_sub(EVENTS as u64)..cut.min(head) {
+            let Some(s) = self.slots.get(index as usize % EVENTS) else { continue };
+            if s.seq.load(Acquire) != index + 1 {
+                continue;
+            }
+            let kind = s.kind.load(Relaxed);
+            let e = HistoryEvent {
+                time_ns: s.time_ns.load(Relaxed),
+                addr: s.addr.load(Relaxed),
+                size: s.size.load(Relaxed),
+                holder: s.holder.load(Relaxed),
+                stream: s.stream.load(Relaxed),
+                action: kind as u8,
+                place: (kind >> 8) as u8,
+            };
+            fence(Acquire);
+            if s.seq.load(Relaxed) == index + 1 {
+                f(&e);
+            }
         }
     }
 }
 
-/// Events recorded since the process started (those past EVENTS are gone from the ring).
-pub fn recorded() -> u64 {
-    HEAD.load(Relaxed)
+/// Asks for `slot`'s line ahead of the next event: the ring is larger than the first-level
+/// cache, and a store that misses there makes the next locked instruction wait for it.
+fn prefetch_for_write(slot: &Slot) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch of an address we hold a reference to; it changes nothing.
+    // (PREFETCHW: a no-op on processors without it, which decode it as a hint.)
+    unsafe {
+        core::arch::asm!("prefetchw [{0}]", in(reg) slot as *const Slot, options(nostack, readonly, preserves_flags))
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = slot;
+}
+
+/// The host layer's events, written under its cache lock; everyone else's.
+static HOST: Ring = Ring::new();
+static OTHERS: Ring = Ring::new();
+
+/// Records an event now: `action` on a block (or segment) of `size` bytes at `addr` in `place`,
+/// held by `holder` (a holder word, 0 for segments), on `stream` (the pool's tag; 0 for none).
+/// Not for host blocks (`record_serialized`).
+pub fn record(action: u8, place: u8, addr: u64, size: u64, holder: u64, stream: u64) {
+    let time_ns = crate::sys::clock::coarse_ns();
+    let index = OTHERS.head.fetch_add(1, Relaxed);
+    OTHERS.write(index, &HistoryEvent { time_ns, addr, size, holder, stream, action, place });
+}
+
+/// Records a host block's event, stamped `e.time_ns` (the coarse clock), by the holder of the
+/// host cache's lock, the only writer of its ring (Note [Host records under the cache lock] in
+/// record/mod.rs): the head moves with a plain store once the slot is written.
+pub fn record_serialized(e: &HistoryEvent) {
+    let index = HOST.head.load(Relaxed);
+    HOST.write(index, e);
+    HOST.head.store(index + 1, Release);
+}
+
+/// Where the rings stood at one moment: a reader can leave out what came after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cut([u64; 2]);
+
+/// The rings' heads now.
+pub fn cut() -> Cut {
+    Cut([HOST.head.load(Acquire), OTHERS.head.load(Acquire)])
+}
+
+/// Calls `f` for each event recorded before `cut` and still in a ring, oldest first within each
+/// ring (host blocks' events first: no reader orders events of different places); events being
+/// written meanwhile are skipped.
+pub fn for_each_before(cut: Cut, mut f: impl FnMut(&HistoryEvent)) {
+    HOST.for_each_before(cut.0[0], &mut f);
+    OTHERS.for_each_before(cut.0[1], &mut f);
+}
+
+/// Events recorded since the process started that the rings no longer hold.
+pub fn lost() -> u64 {
+    [&HOST, &OTHERS].iter().map(|r| r.head.load(Relaxed).saturating_sub(EVENTS as u64)).sum()
 }
 
 #[cfg(test)]
@@ -123,7 +188,7 @@ mod tests {
             record(FREE, 3, mark + i, i, 0, 0);
         }
         let mut seen = vec![];
-        for_each(|e| {
+        for_each_before(cut(), |e| {
             if e.addr & !0xffff_ffff == mark {
                 seen.push(e.addr - mark);
                 assert_eq!((e.action, e.place, e.size), (FREE, 3, e.addr - mark));
@@ -132,5 +197,27 @@ mod tests {
         assert!(seen.windows(2).all(|w| w[0] < w[1]));
         assert_eq!(seen.last(), Some(&(EVENTS as u64 + 9)));
         assert!(seen.len() > EVENTS / 2 && seen.first() >= Some(&10));
+    }
+
+    #[test]
+    fn a_cut_leaves_out_what_came_after() {
+        let mark = 0x7e58_0000_0000;
+        record(ALLOC, 4, mark, 1, 0, 0);
+        let at = cut();
+        record(FREE, 4, mark + 1, 1, 0, 0);
+        let mut seen = vec![];
+        for_each_before(at, |e| {
+            if e.addr & !0xffff_ffff == mark {
+                seen.push(e.addr - mark);
+            }
+        });
+        assert_eq!(seen, [0]);
+        let mut now = vec![];
+        for_each_before(cut(), |e| {
+            if e.addr & !0xffff_ffff == mark {
+                now.push(e.addr - mark);
+            }
+        });
+        assert_eq!(now, [0, 1]);
     }
 }

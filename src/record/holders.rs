@@ -99,12 +99,65 @@ impl Row {
         Row { live: AtomicU64::new(0), peak: AtomicU64::new(0), blocks: AtomicU64::new(0), unused: AtomicU64::new(0) }
     }
 
-    /// A read first: below the peak (the steady state) costs no locked instruction.
-    fn raise_peak(&self, live: u64) {
-        if live > self.peak.load(Relaxed) {
-            self.peak.fetch_max(live, Relaxed);
+    /// Adds `delta` (two's complement for a decrease) to `figure`: a locked add where many
+    /// threads may write the row; a load and a store where one lock serializes its writers.
+    fn add(figure: &AtomicU64, delta: u64, writers: Writers) -> u64 {
+        match writers {
+            Writers::Many => figure.fetch_add(delta, Relaxed).wrapping_add(delta),
+            Writers::Serialized => {
+                let now = figure.load(Relaxed).wrapping_add(delta);
+                figure.store(now, Relaxed);
+                now
+            }
         }
     }
+
+    /// A read first: below the peak (the steady state) costs no locked instruction.
+    fn raise_peak(&self, live: u64, writers: Writers) {
+        if live > self.peak.load(Relaxed) {
+            match writers {
+                Writers::Many => {
+                    self.peak.fetch_max(live, Relaxed);
+                }
+                Writers::Serialized => self.peak.store(live, Relaxed),
+            }
+        }
+    }
+
+    fn on_alloc(&self, asked: u64, bytes: u64, writers: Writers) {
+        let asked = asked.min(bytes);
+        let live = Self::add(&self.live, asked, writers);
+        self.raise_peak(live, writers);
+        Self::add(&self.blocks, 1, writers);
+        Self::add(&self.unused, bytes - asked, writers);
+    }
+
+    fn on_free(&self, asked: u64, bytes: u64, writers: Writers) {
+        let asked = asked.min(bytes);
+        Self::add(&self.live, asked.wrapping_neg(), writers);
+        Self::add(&self.blocks, 1u64.wrapping_neg(), writers);
+        Self::add(&self.unused, (bytes - asked).wrapping_neg(), writers);
+    }
+
+    fn on_resize(&self, (old_asked, old_bytes): (u64, u64), (new_asked, new_bytes): (u64, u64), writers: Writers) {
+        let (old_asked, new_asked) = (old_asked.min(old_bytes), new_asked.min(new_bytes));
+        let live = Self::add(&self.live, new_asked.wrapping_sub(old_asked), writers);
+        if new_asked > old_asked {
+            self.raise_peak(live, writers);
+        }
+        Self::add(&self.unused, (new_bytes - new_asked).wrapping_sub(old_bytes - old_asked), writers);
+    }
+}
+
+/// Who may change a place's rows at once (Note [Host records under the cache lock] in
+/// record/mod.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writers {
+    /// Any thread, at any time: locked read-modify-writes.
+    Many,
+    /// Only the holder of the one lock every writer of the place takes: plain loads and stores
+    /// (readers, who take no lock, may see a figure a call old).
+    Serialized,
 }
 
 /// When a block was handed out, and to whom (a holder word).
@@ -352,40 +405,25 @@ impl Holders {
         self.rows.get(usize::from(id_of(word)))?.get(usize::from(place))
     }
 
-    /// A block of `bytes`, `asked` of them asked for.
-    pub fn on_alloc(&self, word: u64, place: u8, asked: u64, bytes: u64) {
+    /// A block of `bytes`, `asked` of them asked for, by `writers`.
+    pub fn on_alloc(&self, word: u64, place: u8, asked: u64, bytes: u64, writers: Writers) {
         if let Some(r) = self.row(word, place) {
-            let asked = asked.min(bytes);
-            let live = r.live.fetch_add(asked, Relaxed).wrapping_add(asked);
-            r.raise_peak(live);
-            r.blocks.fetch_add(1, Relaxed);
-            r.unused.fetch_add(bytes - asked, Relaxed);
+            r.on_alloc(asked, bytes, writers);
         }
     }
 
     /// The block of `on_alloc`'s figures given back.
-    pub fn on_free(&self, word: u64, place: u8, asked: u64, bytes: u64) {
+    pub fn on_free(&self, word: u64, place: u8, asked: u64, bytes: u64, writers: Writers) {
         if let Some(r) = self.row(word, place) {
-            let asked = asked.min(bytes);
-            r.live.fetch_sub(asked, Relaxed);
-            r.blocks.fetch_sub(1, Relaxed);
-            r.unused.fetch_sub(bytes - asked, Relaxed);
+            r.on_free(asked, bytes, writers);
         }
     }
 
     /// A block of the holder changed length in place (a realloc that kept it): (asked, bytes)
     /// before and after.
-    pub fn on_resize(&self, word: u64, place: u8, (old_asked, old_bytes): (u64, u64), (new_asked, new_bytes): (u64, u64)) {
+    pub fn on_resize(&self, word: u64, place: u8, old: (u64, u64), new: (u64, u64), writers: Writers) {
         if let Some(r) = self.row(word, place) {
-            let (old_asked, new_asked) = (old_asked.min(old_bytes), new_asked.min(new_bytes));
-            if new_asked >= old_asked {
-                let live = r.live.fetch_add(new_asked - old_asked, Relaxed).wrapping_add(new_asked - old_asked);
-                r.raise_peak(live);
-            } else {
-                r.live.fetch_sub(old_asked - new_asked, Relaxed);
-            }
-            r.unused.fetch_sub(old_bytes - old_asked, Relaxed);
-            r.unused.fetch_add(new_bytes - new_asked, Relaxed);
+            r.on_resize(old, new, writers);
         }
     }
 
@@ -534,10 +572,10 @@ mod tests {
         let b = h.holder_of_call(0x70_0010, |_| 0x70_0000);
         assert_ne!(id_of(a), id_of(b));
         assert_eq!(caller_of(a), 0x40_1234);
-        h.on_alloc(a, PLACE_HOST, 100, 4096);
-        h.on_alloc(a, PLACE_HOST, 50, 50);
-        h.on_alloc(b, device_place(1), 7, 7);
-        h.on_free(a, PLACE_HOST, 100, 4096);
+        h.on_alloc(a, PLACE_HOST, 100, 4096, Writers::Many);
+        h.on_alloc(a, PLACE_HOST, 50, 50, Writers::Many);
+        h.on_alloc(b, device_place(1), 7, 7, Writers::Many);
+        h.on_free(a, PLACE_HOST, 100, 4096, Writers::Many);
         let mut rows = vec![];
         h.for_each_row(|r| rows.push(*r));
         assert_eq!(rows.len(), 2);
@@ -583,13 +621,33 @@ mod tests {
     fn resizes_move_live_bytes_and_peak() {
         let h = Holders::new();
         let w = h.holder_of_hook(0x1234, KEY_NUMPY);
-        h.on_alloc(w, PLACE_HOST, 10, 4096);
-        h.on_resize(w, PLACE_HOST, (10, 4096), (40, 8192));
-        h.on_resize(w, PLACE_HOST, (40, 8192), (20, 4096));
+        h.on_alloc(w, PLACE_HOST, 10, 4096, Writers::Many);
+        h.on_resize(w, PLACE_HOST, (10, 4096), (40, 8192), Writers::Many);
+        h.on_resize(w, PLACE_HOST, (40, 8192), (20, 4096), Writers::Many);
         let mut rows = vec![];
         h.for_each_row(|r| rows.push(*r));
         assert_eq!((rows[0].live_bytes, rows[0].peak_bytes, rows[0].blocks, rows[0].unused_bytes), (20, 40, 1, 4076));
         assert_eq!(hook_name(h.key(rows[0].id)), Some("numpy"));
+    }
+
+    #[test]
+    fn serialized_writers_keep_the_figures_locked_adds_keep() {
+        // One sequence of allocs, resizes and frees, one table per kind of writer.
+        let figures = |writers| {
+            let h = Holders::new();
+            let w = h.holder_of_hook(0x1234, KEY_NUMPY);
+            h.on_alloc(w, PLACE_HOST, 10, 4096, writers);
+            h.on_alloc(w, PLACE_HOST, 3 << 20, 4 << 20, writers);
+            h.on_resize(w, PLACE_HOST, (10, 4096), (9000, 12288), writers);
+            h.on_free(w, PLACE_HOST, 3 << 20, 4 << 20, writers);
+            h.on_resize(w, PLACE_HOST, (9000, 12288), (100, 4096), writers);
+            let mut rows = vec![];
+            h.for_each_row(|r| rows.push(*r));
+            rows
+        };
+        let serialized = figures(Writers::Serialized);
+        assert_eq!(serialized, figures(Writers::Many));
+        assert_eq!((serialized[0].live_bytes, serialized[0].peak_bytes, serialized[0].blocks, serialized[0].unused_bytes), (100, (3 << 20) + 9000, 1, 3996));
     }
 }
 
@@ -604,8 +662,8 @@ mod reuse_tests {
         for cycle in 0..10_000u64 {
             let word = h.holder_of_call(0x7000_1000 + (cycle as usize % 7) * 16, |_| 0x7000_0000);
             assert_ne!(id_of(word), UNKNOWN, "cycle {cycle}");
-            h.on_alloc(word, PLACE_HOST, 100, 4096);
-            h.on_free(word, PLACE_HOST, 100, 4096);
+            h.on_alloc(word, PLACE_HOST, 100, 4096, Writers::Many);
+            h.on_free(word, PLACE_HOST, 100, 4096, Writers::Many);
             h.retire(0x7000_0000, b"libplugin.so");
         }
         assert_eq!(h.refused(), 0);
@@ -628,7 +686,7 @@ mod reuse_tests {
     fn a_retired_row_with_live_blocks_keeps_its_name_until_they_are_freed() {
         let h = Holders::new();
         let w = h.holder_of_call(0x7000_1000, |_| 0x7000_0000);
-        h.on_alloc(w, PLACE_HOST, 100, 4096);
+        h.on_alloc(w, PLACE_HOST, 100, 4096, Writers::Many);
         h.retire(0x7000_0000, b"libkept.so");
         assert_eq!(h.retired_name(id_of(w), |n| n.map(<[u8]>::to_vec)), Some(b"libkept.so".to_vec()));
         // Fill the table: the retired row is not taken while its block lives.
@@ -640,7 +698,7 @@ mod reuse_tests {
         }
         assert_eq!(ids, MAX_HOLDERS - 2, "every row but UNKNOWN's and the retired one's");
         assert_eq!(h.retired_name(id_of(w), |n| n.is_some()), true);
-        h.on_free(w, PLACE_HOST, 100, 4096);
+        h.on_free(w, PLACE_HOST, 100, 4096, Writers::Many);
         assert_ne!(h.id_of_key(0x20_0000_0000), UNKNOWN, "a full table frees the retired row once its blocks are gone");
     }
 

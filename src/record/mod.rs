@@ -2,7 +2,8 @@
 //! (`alloc`, `free`, `resize`, `forgotten`, `segment`, `out_of_memory`), once, from one place
 //! each; the event goes from here into the per-thread scopes (`scopes`), who holds each block
 //! (`holders`), the ring of recent events for the snapshot (`history`), the trace file's ring
-//! (`trace`) and, under TENSORMALLOC_STATS, the process's mapped counters (`ledger`). Counters
+//! (`trace`) and, under TENSORMALLOC_STATS, the process's mapped counters (`ledger`); a host
+//! block's rows and history go through the host cache's `HostBook` instead. Counters
 //! for people live in `stats`. Nothing here calls a layer, a route or a
 //! report: the out-of-memory report is a listener the shim side registers.
 //
@@ -13,6 +14,18 @@
 // live figures. Those the policy decides by (the host cache's working set, the pool's reserved
 // and live bytes, its cap) stay with the layer that decides: the layer changes them beside its
 // one call here.
+//
+// Note [Host records under the cache lock]
+// Each record of a block is a few locked read-modify-writes on shared figures: three on the
+// holder's row, one on the history ring's head. A large malloc/free pair made eight of them,
+// 8 ns each even with one thread, on top of the four of the cache lock: a third of the pair.
+// The host layer takes its cache lock once per call anyway, and nothing else writes host rows
+// or host events: so a host block's row and event are written by the `HostBook` the cache
+// keeps under that lock, with plain loads and stores (the holders' `Writers::Serialized`, the
+// history's host ring), stamped with the time the layer read. The rest of its record (the
+// ledger, the scopes, the trace, which may create a file) is `alloc`'s, `free`'s, ... below,
+// called after the lock is let go, and skips what the book wrote. Device and pinned blocks
+// keep the locked adds: their pools have locks of their own (per device, and the pinned one).
 
 use core::sync::atomic::{AtomicPtr, Ordering};
 
@@ -23,7 +36,7 @@ pub mod scopes;
 pub mod stats;
 pub mod trace;
 
-use holders::{HOLDERS, PLACE_HOST, PLACE_PINNED};
+use holders::{Writers, HOLDERS, PLACE_HOST, PLACE_PINNED};
 
 /// A block as every record sees it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,11 +91,55 @@ const fn trace_kind(place: u8) -> Option<(u8, u8)> {
     }
 }
 
-/// A block handed out; `found` says how.
+/// The holders' rows and history of host blocks, written under the host cache's lock (Note
+/// [Host records under the cache lock]).
+pub struct HostBook(());
+
+impl HostBook {
+    /// # Safety
+    /// At most one book records at a time: the process's host layer keeps its one book under its
+    /// cache lock. (Test layers, several in one process, may lose counts of each other's rows.)
+    pub const unsafe fn new() -> Self {
+        HostBook(())
+    }
+
+    /// A host block handed out, at `now_ns` (the coarse clock).
+    pub fn alloc(&mut self, b: Block, now_ns: u64) {
+        HOLDERS.on_alloc(b.holder, PLACE_HOST, b.asked, b.bytes, Writers::Serialized);
+        Self::event(history::ALLOC, &b, now_ns);
+    }
+
+    /// A host block given back by the program.
+    pub fn free(&mut self, b: Block, now_ns: u64) {
+        HOLDERS.on_free(b.holder, PLACE_HOST, b.asked, b.bytes, Writers::Serialized);
+        Self::event(history::FREE, &b, now_ns);
+    }
+
+    /// A host block that kept its holder through a resize (see `resize`).
+    pub fn resize(&mut self, old: Block, new: Block, now_ns: u64) {
+        HOLDERS.on_resize(old.holder, PLACE_HOST, (old.asked, old.bytes), (new.asked, new.bytes), Writers::Serialized);
+        Self::event(history::FREE, &old, now_ns);
+        Self::event(history::ALLOC, &new, now_ns);
+    }
+
+    /// A live host block forgotten (see `forgotten`).
+    pub fn forgotten(&mut self, b: Block, now_ns: u64) {
+        HOLDERS.on_free(b.holder, PLACE_HOST, b.asked, b.bytes, Writers::Serialized);
+        Self::event(history::FREE, &b, now_ns);
+    }
+
+    fn event(action: u8, b: &Block, time_ns: u64) {
+        history::record_serialized(&history::HistoryEvent { time_ns, addr: b.addr, size: b.bytes, holder: b.holder, stream: 0, action, place: PLACE_HOST });
+    }
+}
+
+/// A block handed out; `found` says how. A host block's row and history are its book's.
 pub fn alloc(b: Block, found: Found) {
     ledger::on_alloc(b.place, b.bytes, found);
-    HOLDERS.on_alloc(b.holder, b.place, b.asked, b.bytes);
-    history::record(history::ALLOC, b.place, b.addr, b.bytes, b.holder, b.stream);
+    if b.place != PLACE_HOST {
+        HOLDERS.on_alloc(b.holder, b.place, b.asked, b.bytes, Writers::Many);
+        history::record(history::ALLOC, b.place, b.addr, b.bytes, b.holder, b.stream);
+    }
     if let Some((kind, device)) = trace_kind(b.place) {
         scopes::on_alloc(b.bytes);
         trace::record(kind, trace::OP_ALLOC, found.trace_outcome(), device, b.asked, b.addr, b.holder);
@@ -92,8 +149,10 @@ pub fn alloc(b: Block, found: Found) {
 /// A block given back by the program.
 pub fn free(b: Block) {
     ledger::on_free(b.place, b.bytes);
-    HOLDERS.on_free(b.holder, b.place, b.asked, b.bytes);
-    history::record(history::FREE, b.place, b.addr, b.bytes, b.holder, b.stream);
+    if b.place != PLACE_HOST {
+        HOLDERS.on_free(b.holder, b.place, b.asked, b.bytes, Writers::Many);
+        history::record(history::FREE, b.place, b.addr, b.bytes, b.holder, b.stream);
+    }
     if let Some((kind, device)) = trace_kind(b.place) {
         scopes::on_free(b.bytes);
         trace::record(kind, trace::OP_FREE, trace::HIT, device, b.bytes, b.addr, b.holder);
@@ -105,9 +164,11 @@ pub fn free(b: Block) {
 /// resize records an alloc and a free.)
 pub fn resize(old: Block, new: Block) {
     ledger::on_resize(old.place, old.bytes, new.bytes);
-    HOLDERS.on_resize(old.holder, old.place, (old.asked, old.bytes), (new.asked, new.bytes));
-    history::record(history::FREE, old.place, old.addr, old.bytes, old.holder, old.stream);
-    history::record(history::ALLOC, new.place, new.addr, new.bytes, new.holder, new.stream);
+    if old.place != PLACE_HOST {
+        HOLDERS.on_resize(old.holder, old.place, (old.asked, old.bytes), (new.asked, new.bytes), Writers::Many);
+        history::record(history::FREE, old.place, old.addr, old.bytes, old.holder, old.stream);
+        history::record(history::ALLOC, new.place, new.addr, new.bytes, new.holder, new.stream);
+    }
     if let Some((kind, device)) = trace_kind(old.place) {
         scopes::on_free(old.bytes);
         scopes::on_alloc(new.bytes);
@@ -121,9 +182,11 @@ pub fn resize(old: Block, new: Block) {
 /// No scope or trace event: the program did not free it.
 pub fn forgotten(b: Block) {
     ledger::on_forgotten(b.place, b.bytes);
-    HOLDERS.on_free(b.holder, b.place, b.asked, b.bytes);
-    if b.place != PLACE_PINNED {
-        history::record(history::FREE, b.place, b.addr, b.bytes, b.holder, b.stream);
+    if b.place != PLACE_HOST {
+        HOLDERS.on_free(b.holder, b.place, b.asked, b.bytes, Writers::Many);
+        if b.place != PLACE_PINNED {
+            history::record(history::FREE, b.place, b.addr, b.bytes, b.holder, b.stream);
+        }
     }
 }
 

@@ -148,8 +148,8 @@ fn count() -> (usize, usize) {
     (segs, blocks.saturating_add(segs))
 }
 
-/// Fills `c`, leaving out the events recorded after the ring held `head_at_cut`.
-fn collect(c: &mut Collected, head_at_cut: u64) {
+/// Fills `c`, leaving out the events recorded after the rings' `cut`.
+fn collect(c: &mut Collected, cut: history::Cut) {
     crate::state::DEVICE.for_each_pool(|device, pool| {
         let place = crate::record::holders::device_place(device);
         pool.for_each_segment(|s| {
@@ -170,16 +170,12 @@ fn collect(c: &mut Collected, head_at_cut: u64) {
         let b = Blk { addr: p.addr, size: p.len, state: if live { ACTIVE } else { INACTIVE }, holder: if live { p.holder } else { 0 } };
         c.push_segment(PLACE_PINNED, p.addr, false, false, core::iter::once(b));
     });
-    history::for_each(|e| {
+    history::for_each_before(cut, |e| {
         if let Some(slot) = c.events.get_mut(c.nevents) {
             *slot = *e;
             c.nevents += 1;
         }
     });
-    // The ring's order is the events' order, and those recorded since `head_at_cut` are the last
-    // ones read (fewer when some were still being written: then older ones go too, never a
-    // newer one stays).
-    c.nevents = c.nevents.saturating_sub(history::recorded().saturating_sub(head_at_cut) as usize);
     if let Some(segs) = c.segs.get_mut(..c.nsegs) {
         segs.sort_unstable_by_key(|s| (s.place, s.addr));
     }
@@ -454,7 +450,7 @@ fn write_file(fd: c_int, file: File, c: &Collected, wall_offset_ns: u64) -> Resu
     w.p.str(b"allocator");
     w.p.str(concat!("tensormalloc ", env!("CARGO_PKG_VERSION")).as_bytes());
     w.p.str(b"trace_events_lost");
-    w.p.uint(history::recorded().saturating_sub(history::EVENTS as u64));
+    w.p.uint(history::lost());
     w.p.str(b"truncated");
     w.p.bool(c.truncated);
     w.p.setitems();
@@ -532,16 +528,16 @@ fn write_named(path: &[u8], claim: bool) -> Result<(), Refused> {
     let mut dir_path = [0u8; files::PATH_MAX_BYTES + 1];
     let n = files::expand_path(dir_part, own, &mut dir_path).ok_or(Refused::Os(libc::ENAMETOOLONG))?;
     let dir = Dir::open(dir_path.get(..n).unwrap_or(&[]))?;
-    let head_at_cut = history::recorded();
+    let cut = history::cut();
     let wall_offset_ns = crate::sys::clock::wall_offset_ns();
     let (segs, blocks) = count();
     // Room for what may be added while we map (other threads go on).
-    let (seg_cap, blk_cap, ev_cap) = (segs + segs / 4 + 64, blocks + blocks / 4 + 256, history::EVENTS);
+    let (seg_cap, blk_cap, ev_cap) = (segs + segs / 4 + 64, blocks + blocks / 4 + 256, history::HELD);
     let bytes = seg_cap * core::mem::size_of::<Seg>() + blk_cap * core::mem::size_of::<Blk>() + ev_cap * core::mem::size_of::<HistoryEvent>() + 3 * 64;
     let len = bytes.div_ceil(PAGE) * PAGE;
     let mut scratch = Scratch { addr: OsPages.map(len, PAGE).ok_or(Refused::Os(libc::ENOMEM))?, len };
     let mut c = scratch.collected(seg_cap, blk_cap, ev_cap);
-    collect(&mut c, head_at_cut);
+    collect(&mut c, cut);
     let mut main = Unnamed::create(&dir, base)?;
     write_file(main.fd(), File::Devices, &c, wall_offset_ns)?;
     let mut name = [0u8; files::NAME_MAX_BYTES + 1];
