@@ -5,6 +5,7 @@
 //! Small requests are not counted: they belong to the next allocator.
 
 use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 pub const MAX_DEPTH: usize = 16;
 pub const NAME_BYTES: usize = 48;
@@ -48,6 +49,10 @@ thread_local! {
     static STACK: UnsafeCell<Stack> = const { UnsafeCell::new(Stack { frames: [EMPTY; MAX_DEPTH], depth: 0 }) };
 }
 
+/// Whether any thread ever opened a scope: until one does, a block's event reads no
+/// thread-local storage (a call into the loader's __tls_get_addr from a preloaded library).
+static EVER_OPENED: AtomicBool = AtomicBool::new(false);
+
 fn with_stack<T>(f: impl FnOnce(&mut Stack) -> T) -> Option<T> {
     // SAFETY: the stack is this thread's own and no reference to it escapes `f`.
     STACK.try_with(|s| f(unsafe { &mut *s.get() })).ok()
@@ -55,6 +60,7 @@ fn with_stack<T>(f: impl FnOnce(&mut Stack) -> T) -> Option<T> {
 
 /// Opens a scope; returns its depth (1 = outermost), or `None` when MAX_DEPTH are open.
 pub fn begin(name: &[u8]) -> Option<usize> {
+    EVER_OPENED.store(true, Relaxed);
     with_stack(|s| {
         let frame = s.frames.get_mut(s.depth)?;
         *frame = EMPTY;
@@ -83,6 +89,9 @@ pub fn current() -> Option<ScopeStats> {
 
 #[inline]
 pub fn on_alloc(bytes: u64) {
+    if !EVER_OPENED.load(Relaxed) {
+        return;
+    }
     let _ = with_stack(|s| {
         for f in s.frames.iter_mut().take(s.depth) {
             f.allocations += 1;
@@ -95,6 +104,9 @@ pub fn on_alloc(bytes: u64) {
 
 #[inline]
 pub fn on_free(bytes: u64) {
+    if !EVER_OPENED.load(Relaxed) {
+        return;
+    }
     let _ = with_stack(|s| {
         for f in s.frames.iter_mut().take(s.depth) {
             f.frees += 1;
