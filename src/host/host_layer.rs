@@ -139,7 +139,7 @@
 // as before. `lazy` and `now` fix the choice. The report and `stats()` split the cache into
 // resident (hot) and lazily freed bytes so RSS can be read against them.
 
-use super::cache::{BlockCache, CacheLimits, Live, PageFacts, Part, Parts, Taken};
+use super::cache::{BlockCache, CacheLimits, Inserted, Live, PageFacts, Part, Parts, Taken};
 use super::tally::{CallTimer, Tally};
 use super::registry::{Birth, Marks, Owner, PageChange, Registry};
 use crate::backing::{Moved, PageMemory, Presence, TableSource, BLOCK_ALIGN};
@@ -867,11 +867,11 @@ impl<M: PageMemory> HostLayer<M> {
     pub fn free(&self, addr: usize, len: usize) {
         let mut timer = CallTimer::begin(self.stats.frees.get(), self.precise);
         let now = (self.clock)();
-        let holder = self.registry.birth(addr).holder;
-        let block = Block::host(addr as u64, len as u64, self.registry.asked(addr), holder);
+        let (birth, asked, marks) = self.registry.live_record(addr);
+        let holder = birth.holder;
+        let block = Block::host(addr as u64, len as u64, asked, holder);
         record::free(block);
         // Note [Pages the program changed]: most blocks need no system call here.
-        let marks = self.registry.marks(addr);
         let reset = marks.changed() || self.reset_always.load(Relaxed);
         if reset || marks.no_huge() {
             timer.exact(self.precise);
@@ -921,7 +921,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// gathered) to the cache at time `now_ns`; unmaps what leaves it. `freed`: the program
     /// freed it, this live block (it leaves; the bounds follow what was live before).
     fn cache_block(&self, addr: usize, len: usize, facts: PageFacts, now_ns: u64, freed: Option<Block>, timer: &mut CallTimer) {
-        let (accepted, unmaps, due_ns) = {
+        let (accepted, due_ns) = {
             let mut cache = self.cache();
             // Live before this free: the bounds follow its peak, reached just before some free.
             let live = if freed.is_some() { Live { bytes: cache.tally.live_bytes as usize, blocks: cache.tally.live_blocks as usize } } else { Live::default() };
@@ -953,26 +953,34 @@ impl<M: PageMemory> HostLayer<M> {
             }
             self.stats.cached.set(cache.cached_bytes() as u64);
             cache.tally.publish(&self.stats);
-            // Most frees leave nothing to unmap: no list is built for them.
-            let unmaps = (inserted.evicted > 0 || !inserted.accepted).then(|| {
-                let mut leaving = RangeList::new();
-                for r in cache.evicted(&inserted) {
-                    leaving.push(*r);
-                }
-                if !inserted.accepted {
-                    leaving.push(inserted.block);
-                }
-                self.defer_unmaps(&mut cache, &leaving)
-            });
-            (inserted.accepted, unmaps, due_ns)
+            // Most frees leave nothing to unmap: no list is built for them (nor room for one
+            // on this call's stack).
+            if inserted.evicted > 0 || !inserted.accepted {
+                timer.exact(self.precise);
+                self.unmap_leaving(cache, &inserted);
+            }
+            (inserted.accepted, due_ns)
         };
-        if let Some(unmaps) = unmaps {
-            timer.exact(self.precise);
-            self.finish_unmaps(unmaps);
-        }
         if accepted {
             (self.background.on_cached)(due_ns);
         }
+    }
+
+    /// What an insert evicted or refused leaves the cache: deferred or unmapped, the lock let
+    /// go first.
+    #[cold]
+    #[inline(never)]
+    fn unmap_leaving(&self, mut cache: Guard<'_, BlockCache>, inserted: &Inserted) {
+        let mut leaving = RangeList::new();
+        for r in cache.evicted(inserted) {
+            leaving.push(*r);
+        }
+        if !inserted.accepted {
+            leaving.push(inserted.block);
+        }
+        let unmaps = self.defer_unmaps(&mut cache, &leaving);
+        drop(cache);
+        self.finish_unmaps(unmaps);
     }
 
     /// Resizes a live large block to `new_size` (at or above the threshold): in place when it
@@ -987,9 +995,7 @@ impl<M: PageMemory> HostLayer<M> {
 
     fn resize_untimed(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
         let (need, granule) = self.block_shape(new_size)?;
-        let born = self.registry.birth(addr);
-        let marks = self.registry.marks(addr);
-        let was_asked = self.registry.asked(addr);
+        let (born, was_asked, marks) = self.registry.live_record(addr);
         if need <= len {
             let spare = len - need;
             // Kept whole when the spare is too small to give back.

@@ -308,6 +308,23 @@ impl Registry {
         self.slots(addr, false).map_or(Birth::default(), |(_, born, holder)| Birth { ns: born.load(Ordering::Relaxed), holder: holder.load(Ordering::Relaxed) })
     }
 
+    /// What is kept of the live block at `addr`: its birth, what was asked of it and its
+    /// marks, with one walk of the tables (`birth`, `asked` and `marks` together, for a free).
+    pub fn live_record(&self, addr: usize) -> (Birth, u64, Marks) {
+        let Some((leaf, index)) = self.leaf_index(addr, false) else { return (Birth::default(), 0, Marks::default()) };
+        // SAFETY: as in slots() and asked_slot().
+        let (entry, ns, holder, asked) = unsafe {
+            (
+                (*leaf.add(index)).load(Ordering::Acquire),
+                (*leaf.add(LEAF_ENTRIES + index)).load(Ordering::Relaxed),
+                (*leaf.add(2 * LEAF_ENTRIES + index)).load(Ordering::Relaxed),
+                (*leaf.add(ASKED_AT + index)).load(Ordering::Relaxed),
+            )
+        };
+        let marks = Marks(if entry & KIND_MASK == LIVE { entry & (PROGRAM_MARKS | VOTES_MASK) } else { 0 });
+        (Birth { ns, holder }, asked, marks)
+    }
+
     /// Calls `f(addr, len, birth)` for every live block: a walk of every table, for the
     /// reports (not for hot paths).
     pub fn for_each_live(&self, mut f: impl FnMut(usize, usize, Birth)) {
