@@ -259,7 +259,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let key = 0x7f00_0000_0000 + (x % 1500) * 512;
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 assert_eq!(m.remove(key), shadow.remove(&key), "step {step}");
             } else if shadow.len() < 800 || shadow.contains_key(&key) {
                 assert!(m.insert(key, step));

@@ -697,7 +697,7 @@ mod reuse_tests {
             }
         }
         assert_eq!(ids, MAX_HOLDERS - 2, "every row but UNKNOWN's and the retired one's");
-        assert_eq!(h.retired_name(id_of(w), |n| n.is_some()), true);
+        assert!(h.retired_name(id_of(w), |n| n.is_some()));
         h.on_free(w, PLACE_HOST, 100, 4096, Writers::Many);
         assert_ne!(h.id_of_key(0x20_0000_0000), UNKNOWN, "a full table frees the retired row once its blocks are gone");
     }

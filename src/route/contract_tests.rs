@@ -135,23 +135,23 @@ fn alignment_rules_are_glibcs() {
         set_errno(libc::EAGAIN);
         assert_eq!(posix_memalign(&mut out, 2 * MIB, big, Asker::UNKNOWN), 0);
         assert_eq!(errno(), libc::EAGAIN, "posix_memalign leaves errno alone");
-        assert!(is_ours(out) && out as usize % (2 * MIB) == 0);
+        assert!(is_ours(out) && (out as usize).is_multiple_of(2 * MIB));
         free(out);
         assert_eq!(errno(), libc::EAGAIN, "free leaves errno alone, as glibc's since 2.33");
         assert_eq!(posix_memalign(&mut out, 1 << 40, big, Asker::UNKNOWN), libc::ENOMEM, "an alignment no mapping can have");
         assert_eq!(errno(), libc::EAGAIN, "and still no errno of ours");
 
         let p = memalign(3000, big, Asker::UNKNOWN);
-        assert!(!p.is_null() && p as usize % 4096 == 0, "memalign rounds the alignment up to a power of two");
+        assert!(!p.is_null() && (p as usize).is_multiple_of(4096), "memalign rounds the alignment up to a power of two");
         free(p);
         set_errno(0);
         assert!(memalign(usize::MAX, 64, Asker::UNKNOWN).is_null());
         assert_eq!(errno(), libc::EINVAL, "an alignment too large to round");
         let v = valloc(big + 1, Asker::UNKNOWN);
-        assert!(is_ours(v) && v as usize % PAGE == 0);
+        assert!(is_ours(v) && (v as usize).is_multiple_of(PAGE));
         free(v);
         let z = pvalloc(0, Asker::UNKNOWN);
-        assert!(!z.is_null() && z as usize % PAGE == 0 && usable_size(z) >= PAGE, "pvalloc(0) is one page");
+        assert!(!z.is_null() && (z as usize).is_multiple_of(PAGE) && usable_size(z) >= PAGE, "pvalloc(0) is one page");
         free(z);
         set_errno(0);
         assert!(pvalloc(usize::MAX - 10, Asker::UNKNOWN).is_null());

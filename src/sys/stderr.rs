@@ -69,7 +69,7 @@ mod tests {
     #[test]
     fn cuts_instead_of_growing() {
         let mut w = StackWriter::<8>::new();
-        write!(w, "{}", "0123456789").unwrap();
+        w.write_str("0123456789").unwrap();
         assert_eq!(w.as_bytes(), b"01234567");
     }
 }

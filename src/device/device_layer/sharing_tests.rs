@@ -57,10 +57,10 @@ fn an_export_gives_each_chunk_a_descriptor_and_a_peer_gets_duplicates_while_the_
     let mut out = [-1i32; 64];
     assert_eq!(l.exported_fds(0, b.addr, b.buffer_id, 7, 0, &mut out), Some(b.chunks as usize));
     let handle_of = |fd: i32| l.runtime().exported_fds().into_iter().find(|&(f, _)| f == fd).map(|(_, h)| h);
-    for k in 0..b.chunks as usize {
-        assert!(!fds.iter().any(|&(f, _)| f == out[k]), "a duplicate, not ours");
-        assert_eq!(handle_of(out[k]), l.runtime().chunk_handle(b.first_chunk + k as u64 * chunk));
-        l.runtime().close_exported(out[k]);
+    for (k, &fd) in out.iter().enumerate().take(b.chunks as usize) {
+        assert!(!fds.iter().any(|&(f, _)| f == fd), "a duplicate, not ours");
+        assert_eq!(handle_of(fd), l.runtime().chunk_handle(b.first_chunk + k as u64 * chunk));
+        l.runtime().close_exported(fd);
     }
     let mut one = [-1i32; 1];
     assert_eq!(l.exported_fds(0, b.addr, b.buffer_id, 7, 1, &mut one), Some(1));

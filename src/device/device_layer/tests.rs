@@ -41,7 +41,7 @@ fn deferred_mode_syncs_only_at_reuse() {
 
 #[test]
 fn out_of_memory_gives_back_cache_and_leaves_no_error() {
-    let l = layer(Config::default(), &[1 * GB]);
+    let l = layer(Config::default(), &[GB]);
     let a = l.malloc(600 * MB, 0).unwrap();
     l.free(a).unwrap();
     let b = l.malloc(700 * MB, 0).expect("cache given back, then retried");
@@ -60,7 +60,7 @@ fn cap_in_bytes_and_percent() {
     assert_eq!(l.malloc(100 * MB, 0), Err(DeviceError::CapReached));
     l.free(a).unwrap();
     assert!(l.malloc(100 * MB, 0).is_ok(), "freed segment given back under the cap");
-    let l = layer(Config { cuda_limit: DeviceLimit::Percent(50), ..Config::default() }, &[1 * GB]);
+    let l = layer(Config { cuda_limit: DeviceLimit::Percent(50), ..Config::default() }, &[GB]);
     assert!(l.malloc(400 * MB, 0).is_ok());
     assert_eq!(l.malloc(200 * MB, 0), Err(DeviceError::CapReached));
     let (free, total) = l.mem_info().unwrap();
@@ -85,7 +85,7 @@ fn blocks_return_to_their_own_device() {
     l.runtime().set_device(1).unwrap();
     let b = l.malloc(64 * MB, 0).unwrap();
     assert_eq!(l.free(a), Ok(FreeAnswer::Pooled), "device 0's block freed while device 1 is current");
-    assert_eq!(l.malloc(64 * MB, 0).unwrap_or(0) != a, true, "device 1 does not get device 0's block");
+    assert!(l.malloc(64 * MB, 0).unwrap_or(0) != a, "device 1 does not get device 0's block");
     l.runtime().set_device(0).unwrap();
     assert_eq!(l.malloc(64 * MB, 0).unwrap(), a);
     assert_eq!(l.runtime().device(0).syncs, 1, "the owning device was synchronized");
@@ -356,7 +356,7 @@ fn buffer_ids_are_distinct_per_block_and_new_at_every_reuse() {
 
 #[test]
 fn out_of_memory_outside_the_pool_gets_its_cache_back_once() {
-    let l = layer(Config::default(), &[1 * GB]);
+    let l = layer(Config::default(), &[GB]);
     let a = l.malloc(600 * MB, 0).unwrap();
     l.free(a).unwrap();
     l.runtime().set_context(Some(0x77)); // a user context on the device: not the pool's
@@ -409,7 +409,7 @@ fn the_holders_table_follows_blocks_and_forgets_them_with_their_context() {
 #[test]
 fn impossible_sizes_get_the_runtimes_answer_and_leave_the_cache() {
     for pool in [crate::config::CudaPool::Split, crate::config::CudaPool::Binned] {
-        let l = layer(Config { cuda_pool: pool, ..Config::default() }, &[1 * GB]);
+        let l = layer(Config { cuda_pool: pool, ..Config::default() }, &[GB]);
         let a = l.malloc(100 * MB, 0).unwrap();
         l.free(a).unwrap();
         let cached_bytes = |l: &DeviceLayer<SimRuntime>| {
@@ -433,12 +433,12 @@ fn impossible_sizes_get_the_runtimes_answer_and_leave_the_cache() {
 /// and pinned cache alone for good; one forked before any use pools as any process.
 #[test]
 fn a_forked_child_leaves_the_parents_pools_alone() {
-    let fresh = layer(Config::default(), &[1 * GB]);
+    let fresh = layer(Config::default(), &[GB]);
     assert!(!fresh.after_fork_in_child(), "never used: the child is a process of its own");
     let a = fresh.malloc(8 * MB, 0).unwrap();
     assert!(fresh.holds(a));
 
-    let l = layer(Config::default(), &[1 * GB]);
+    let l = layer(Config::default(), &[GB]);
     let live = l.malloc(8 * MB, 0).unwrap();
     let cached = l.malloc(8 * MB, 0).unwrap();
     l.free(cached).unwrap();
@@ -463,7 +463,7 @@ fn a_forked_child_leaves_the_parents_pools_alone() {
 /// served (the cache given back, the runtime's).
 #[test]
 fn reported_free_memory_can_be_had_in_one_request() {
-    let l = layer(Config::default(), &[1 * GB]);
+    let l = layer(Config::default(), &[GB]);
     let (free0, _) = l.mem_info().unwrap();
     let small = l.malloc(1000, 0).unwrap();
     let big = l.malloc(100 * MB, 0).unwrap();
@@ -494,7 +494,7 @@ fn advance_ms(ms: u64) {
 #[test]
 fn a_device_short_of_memory_gets_idle_segments_back_after_a_second() {
     for below in [10, 0] {
-        let l = Box::new(DeviceLayer::new(SimRuntime::new(&[1 * GB]), leak_table, fake_now));
+        let l = Box::new(DeviceLayer::new(SimRuntime::new(&[GB]), leak_table, fake_now));
         l.configure(&Config { cuda_release_ms: 60_000, cuda_release_below_percent: below, ..Config::default() });
         let a = l.malloc(256 * MB, 0).unwrap();
         l.free(a).unwrap();
@@ -520,7 +520,7 @@ fn a_device_short_of_memory_gets_idle_segments_back_after_a_second() {
 /// the release delay; a loop that reuses its blocks every step never pays a driver call.
 #[test]
 fn idle_segments_go_back_to_the_driver_and_busy_ones_stay() {
-    let l = Box::new(DeviceLayer::new(SimRuntime::new(&[1 * GB]), leak_table, fake_now));
+    let l = Box::new(DeviceLayer::new(SimRuntime::new(&[GB]), leak_table, fake_now));
     l.configure(&Config { cuda_release_ms: 1000, ..Config::default() });
     // A training-like loop: the same sizes every step, 50 ms apart.
     for _ in 0..100 {
@@ -561,7 +561,7 @@ fn idle_segments_go_back_to_the_driver_and_busy_ones_stay() {
 /// and even with a zero delay the background thread is not asked to look again at once.
 #[test]
 fn a_segment_waiting_for_a_sync_is_looked_at_later_not_at_once() {
-    let l = Box::new(DeviceLayer::new(SimRuntime::new(&[1 * GB]), leak_table, fake_now));
+    let l = Box::new(DeviceLayer::new(SimRuntime::new(&[GB]), leak_table, fake_now));
     l.configure(&Config { cuda_release_ms: 0, ..Config::default() });
     let a = l.malloc_on_stream(64 * MB, 0, 0x77, 0).unwrap();
     assert_eq!(l.free_on_stream(a, 0, 0x77), FreeAnswer::Pooled);
@@ -574,7 +574,7 @@ fn a_segment_waiting_for_a_sync_is_looked_at_later_not_at_once() {
 /// neighbour's ask makes a driver call; the program's own calls still work.
 #[test]
 fn after_exit_began_the_background_makes_no_driver_call() {
-    let l = layer(Config { cuda_release_ms: 0, ..Config::default() }, &[1 * GB]);
+    let l = layer(Config { cuda_release_ms: 0, ..Config::default() }, &[GB]);
     let a = l.malloc(64 * MB, 0).unwrap();
     let b = l.malloc(64 * MB, 0).unwrap();
     l.free(a).unwrap();
@@ -592,7 +592,7 @@ fn after_exit_began_the_background_makes_no_driver_call() {
 /// thread that ran it is not the child's).
 #[test]
 fn a_forked_child_does_not_wait_for_its_parents_background_batch() {
-    let l = layer(Config::default(), &[1 * GB]);
+    let l = layer(Config::default(), &[GB]);
     let batch = l.background_batch().unwrap(); // the parent's thread, mid-batch, at the fork
     core::mem::forget(batch);
     l.after_fork_in_child();
@@ -627,7 +627,7 @@ fn no_join(_: i32) {}
 #[test]
 fn a_failed_allocation_asks_the_neighbours_once_and_retries() {
     for (ask, succeeds) in [(neighbour_gives_back as fn(i32) -> bool, true), (neighbour_answers_nothing, false)] {
-        let l = Box::new(DeviceLayer::new(SimRuntime::new(&[1 * GB]), leak_table, fake_now));
+        let l = Box::new(DeviceLayer::new(SimRuntime::new(&[GB]), leak_table, fake_now));
         l.configure(&Config::default());
         l.set_neighbours(no_join, ask);
         ASKER.with(|a| a.set(&*l));
@@ -652,7 +652,7 @@ fn a_failed_allocation_asks_the_neighbours_once_and_retries() {
 /// to be left), and so does one a live block keeps.
 #[test]
 fn a_neighbours_ask_gives_back_what_stayed_idle_long_enough() {
-    let l = Box::new(DeviceLayer::new(SimRuntime::new(&[1 * GB]), leak_table, fake_now));
+    let l = Box::new(DeviceLayer::new(SimRuntime::new(&[GB]), leak_table, fake_now));
     l.configure(&Config { cuda_release_ms: 60_000, ..Config::default() });
     let big = l.malloc(256 * MB, 0).unwrap();
     let small = l.malloc(100, 0).unwrap();

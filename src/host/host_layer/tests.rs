@@ -740,7 +740,7 @@ fn random_programs_match_the_shadow_model() {
     for seed in 1..=crate::sim::rounds(40, 4) as u64 {
         let config = Config {
             cache_blocks: if seed % 6 == 5 { None } else { Some((seed % 5) as usize) },
-            cache_bytes: if seed % 4 == 3 { None } else { Some((seed % 7 + 1) as u64 * 64 * MB as u64) },
+            cache_bytes: if seed % 4 == 3 { None } else { Some((seed % 7 + 1) * 64 * MB as u64) },
             release_ms: seed % 3 * 50,
             expire_ms: 200,
             max_waste_percent: if seed % 5 == 4 { None } else { Some(seed % 50) },
