@@ -1,6 +1,6 @@
 """Other libraries' fork handlers that allocate and free large blocks, registered before ours
 (a linked library's constructor) and after (the program's own): no hang, and plain memory in
-every child, as under glibc alone (Note [Fork handlers that allocate] in src/host/host_layer.rs)."""
+every child, as under glibc alone (Note [Fork handlers that allocate] in src/host/host_layer/fork.rs)."""
 import subprocess
 
 import pytest

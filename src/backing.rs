@@ -47,14 +47,14 @@ pub trait PageMemory {
     }
     /// Makes a range whose pages the program changed plain memory again: read-write, unlocked,
     /// no guard regions, default dump and fork advice (Note [Plain memory] in
-    /// host/host_layer.rs); `keyed`: the program tagged part of it with a protection key, which
+    /// host/host_layer/mod.rs); `keyed`: the program tagged part of it with a protection key, which
     /// goes back to the default one. False: it cannot be (part of it is no longer mapped, or it
     /// is sealed): it must never be handed out again.
     fn reset_for_cache(&self, addr: usize, len: usize, keyed: bool) -> bool;
     /// Replaces the range's pages with fresh zero ones in a new mapping at the same place
     /// (mmap MAP_FIXED): every attribute the program set on it goes with its contents, huge-page
     /// advice included, which no madvise can take back to "none" (Note [Huge-page advice] in
-    /// host/host_layer.rs). False: the kernel refused (a sealed range); nothing changed.
+    /// host/host_layer/mod.rs). False: the kernel refused (a sealed range); nothing changed.
     fn renew(&self, addr: usize, len: usize) -> bool;
     /// Locks the range in memory as a fresh mapping under mlockall(MCL_FUTURE) would be
     /// (`on_fault`: MCL_ONFAULT, pages locked as they are touched). False: refused.
@@ -75,10 +75,10 @@ pub trait PageMemory {
     /// it would lose the cache and gain nothing.
     fn could_map(&self, len: usize) -> bool;
     /// Whether the process's memory nears its cgroup's or the system's limit: idle pages should
-    /// leave RSS at once rather than lazily (Note [What RSS shows] in host/host_layer.rs).
+    /// leave RSS at once rather than lazily (Note [What RSS shows] in host/host_layer/release.rs).
     fn near_limit(&self) -> bool;
     /// The process these mappings belong to: a forked child's differs from its parent's
-    /// (Note [Fork handlers that allocate] in host/host_layer.rs).
+    /// (Note [Fork handlers that allocate] in host/host_layer/fork.rs).
     fn process_id(&self) -> u32;
     /// Asks for transparent huge pages on the range.
     fn advise_huge(&self, addr: usize, len: usize);
@@ -86,14 +86,14 @@ pub trait PageMemory {
     fn zero(&self, addr: usize, len: usize);
     /// As `zero`, and says whether most of the range was resident before, from what writing
     /// it cost (a page not resident faults in as it is written). Note [calloc costs what is
-    /// touched] in host/host_layer.rs.
+    /// touched] in host/host_layer/alloc.rs.
     fn zero_weighed(&self, addr: usize, len: usize) -> bool;
     /// Drops the range's pages (MADV_DONTNEED): it then reads zero, and each page touched
     /// faults in a fresh zero page. Costs about what is resident. False: nothing was done.
     fn discard(&self, addr: usize, len: usize) -> bool;
     /// As `discard`, and says whether most of the range was resident before: `Some(true)` or
     /// `Some(false)`, from what dropping the pages cost (Note [calloc costs what is touched] in
-    /// host/host_layer.rs); `None`: nothing was done.
+    /// host/host_layer/alloc.rs); `None`: nothing was done.
     fn discard_weighed(&self, addr: usize, len: usize) -> Option<bool>;
     /// How much of the range is mapped in this process (a forked child's check of the blocks it
     /// may not have inherited).

@@ -32,7 +32,7 @@ pub enum HugePages {
     Never,
 }
 
-/// How an idle cached block gives its pages back (Note [What RSS shows] in host/host_layer.rs).
+/// How an idle cached block gives its pages back (Note [What RSS shows] in host/host_layer/release.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Release {

@@ -5,14 +5,9 @@
 //! back as fixed-size lists of ranges for the caller to act on outside its lock. The blocks live
 //! in `store` (size bins, free order, address index: Note [Size bins]), so a request or a free
 //! costs a few loads whatever the number of blocks cached.
-//
-// Note [Hot stays hot]
-// A block reused soon after its free is handed out untouched: no madvise, so no faults and no
-// re-dirtying cost (rewriting MADV_FREE'd pages costs 2.5x a plain rewrite: 3.6 ms against 1.45 ms for 80 MB). Only a
-// block idle for `release_after_ns` is released, and only one idle for `expire_after_ns` is
-// unmapped. A block being released is marked Releasing and is not handed out until the
-// madvise call has returned (a child forked meanwhile inherits none of the cache: Note [Plain
-// memory] in host/host_layer.rs).
+//! This file holds the cache's state, a request (`take`) and a free (`insert`: merge, evict,
+//! park) under the bounds; beside it: `facts` (what is known of a block's pages), `gather` (the
+//! parts of a miss), `release` (idle release and expiry, emptying, the deferred unmaps, a fork).
 //
 // Note [Bounds follow the working set]
 // A fixed bound (once 16 blocks, 1 GiB) is too small for 16 threads each with 80 MB temporaries:
@@ -23,13 +18,6 @@
 // physical memory or of the cgroup's limit, whichever is smaller, read once at init). Idle
 // release (MADV_FREE, then unmapping) is what keeps a large bound honest. A bound the user set
 // is exact, as before.
-//
-// Note [Known zero]
-// A cached block is known to be zero when every page of it reads zero without a write from us:
-// a block released with MADV_DONTNEED (kernels without MADV_FREE, or a seccomp filter refusing
-// it), or a tail cut from such a block. calloc hands such blocks out as they are. A block freed
-// by the program is never known zero, nor is one released with MADV_FREE (its pages keep their
-// contents until the kernel takes them).
 //
 // Note [Neighbours merge]
 // A freed block merges with the cached blocks just before and after it (a block split earlier,
@@ -49,21 +37,6 @@
 // Rests shorter than any request stay cached too: alone they serve nothing, but they merge
 // back or are gathered; unmapping them made their pages fault in again.
 //
-// Note [Gathering pages]
-// A request no cached block can serve may still be served by the pages of several: a fresh
-// mapping of the needed size is made (nothing in it is touched, so it costs no fault), and the
-// pages of cached blocks are moved into it back to back with mremap (page tables move, the
-// pages stay: no fault, no zeroing), largest first so huge pages land on huge-page offsets.
-// Only what the cached bytes cannot cover faults in. Kernels before 6.17 will not move a range
-// spanning two mappings (merged neighbours, a block the program madvised in part): such a part
-// is halved until the halves move, and what will not move goes back to the cache, its share of
-// the new mapping faulting in as a fresh one would. Such a refusal may unmap the destination
-// first; it is mapped back with MAP_FIXED_NOREPLACE, and if that fails (another thread may have
-// mapped into the hole) the range is never touched again (at worst, untouched address space
-// left mapped) and the request is served by a fresh mapping. Without this, 16
-// threads replacing 1-64 MB blocks faulted in more than tcmalloc, whose page heap reuses any
-// free span: a request bigger than each cached block missed although the cache held enough.
-//
 // Note [The block freed last]
 // A loop that frees a block and asks for one of the same size again (a scratch buffer, numpy's
 // temporaries) is the commonest use of the cache. The block freed last is therefore kept apart
@@ -72,29 +45,21 @@
 // no bin, free order or index touched. Any other insert, request of another size or question
 // about the whole cache puts it in the store first, as if it had gone there when freed.
 // A parked block without huge-page advice is not taken back so by code whose own advised blocks
-// the store may hold: those come first (Note [Huge-page advice] in host/host_layer.rs).
-//
-// Note [Deferred unmaps]
-// Unmapping an evicted 5-25 MB block costs about 0.85 ms; inside the program's free that was
-// most of a churn benchmark's time. Blocks leaving the cache (evicted or refused, and tails a
-// realloc shrank off) go on a fixed list the background thread unmaps; they are out of the
-// cache and the registry already, so they are never handed out again, and the report counts
-// them. The caller unmaps inline when no background thread runs, when the list is full, or
-// when memory is short.
-// The list lives under the cache lock, which the fork handlers hold across fork(). A forked
-// child forgets it with the cache (Note [Plain memory] in host/host_layer.rs): evicted blocks were
-// cached, so the child never inherited them, and unmapping their ranges there could unmap what
-// the child maps in their place. A shrunk block's tail on the list stays mapped in the child
-// (address space only: its pages are the parent's copy-on-write ones), as does a range the
-// parent's thread had taken off the list but not yet unmapped.
+// the store may hold: those come first (Note [Huge-page advice] in host/host_layer/mod.rs).
 
-use crate::ranges::{Range, RangeList};
+use crate::ranges::Range;
 use super::tally::Tally;
 use crate::record::HostBook;
-use store::{bin_of, NodeId, Store, NONE};
+use store::{bin_of, NodeId, Store};
 
+mod facts;
+mod gather;
+mod release;
 mod store;
 
+pub use facts::{votes_after, votes_after_write, zero_by_discard, PageFacts, DENSE_VOTES, MIXED_ADVICE};
+pub use gather::{Part, Parts, MAX_PARTS};
+pub use release::Due;
 pub use store::CAPACITY;
 
 /// Unmaps waiting for the background thread (Note [Deferred unmaps]).
@@ -106,104 +71,6 @@ pub const MAX_EVICTED: usize = 128;
 /// The most blocks of one bin a request looks at (Note [Size bins] in host/cache/store.rs): past
 /// it, a fit further back is missed and a longer block serves, or a fresh mapping.
 const SCAN_LIMIT: usize = 64;
-
-/// Zeroings in a row that found a block mostly resident before calloc writes zeros over it
-/// rather than dropping its pages (Note [calloc costs what is touched] in host/host_layer.rs).
-pub const DENSE_VOTES: u8 = 2;
-
-/// Whether calloc should zero `len` reused bytes by discarding their pages rather than writing
-/// zeros, given the block's votes. Discarding costs about the resident pages and makes each
-/// page the program then touches fault; writing costs every byte and faults in every page not
-/// resident. So: discard a big block unless it was found mostly resident twice in a row.
-pub fn zero_by_discard(len: usize, votes: u8, discard_min: usize) -> bool {
-    len >= discard_min && votes < DENSE_VOTES
-}
-
-/// Votes after zeros were written over a block (`resident`: the write found it mostly so):
-/// one more, or one fewer (a write the scheduler interrupted looks like one that faulted, so
-/// it takes two such findings to go from writing back to dropping).
-pub fn votes_after_write(votes: u8, resident: bool) -> u8 {
-    if resident {
-        (votes + 1).min(DENSE_VOTES)
-    } else {
-        votes.saturating_sub(1)
-    }
-}
-
-/// A block's votes after a zeroing: one more when a discard found it mostly resident, none when
-/// it found it mostly not (`None`: it was written, which says nothing; or nothing was done).
-pub fn votes_after(votes: u8, mostly_resident: Option<bool>) -> u8 {
-    match mostly_resident {
-        Some(true) => (votes + 1).min(DENSE_VOTES),
-        Some(false) => 0,
-        None => votes,
-    }
-}
-
-/// The advice tag of a block whose huge-page advice came from more than one holder: it fits no
-/// request (Note [Huge-page advice] in host/host_layer.rs).
-pub const MIXED_ADVICE: u32 = u32::MAX;
-
-/// What is known of a cached block's pages, beside where they are.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PageFacts {
-    /// Every page reads zero (Note [Known zero]).
-    pub zero: bool,
-    /// Zeroings in a row that found it mostly resident (Note [calloc costs what is touched]).
-    pub votes: u8,
-    /// MADV_HUGEPAGE advice the previous owner left on it: its holder's tag (0: none;
-    /// MIXED_ADVICE: several). Note [Huge-page advice] in host/host_layer.rs.
-    pub advised_by: u32,
-    /// Kept from forked children (MADV_DONTFORK) since a fork, wholly and in part (Note [Fork
-    /// at the fork] in host/host_layer.rs).
-    pub kept_all: bool,
-    pub kept_any: bool,
-}
-
-impl PageFacts {
-    /// A block the program freed: it may hold data.
-    pub const DIRTY: PageFacts = PageFacts { zero: false, votes: 0, advised_by: 0, kept_all: false, kept_any: false };
-    /// Fresh pages: zero, untouched, as the kernel maps them.
-    pub const FRESH: PageFacts = PageFacts { zero: true, ..PageFacts::DIRTY };
-
-    /// Zero as `zero` says, nothing else known.
-    pub const fn zeroed(zero: bool) -> PageFacts {
-        PageFacts { zero, ..PageFacts::DIRTY }
-    }
-
-    /// The facts of two neighbours merged into one block (Note [Neighbours merge]).
-    pub fn merge(self, other: PageFacts) -> PageFacts {
-        let advised_by = match (self.advised_by, other.advised_by) {
-            (0, b) => b,
-            (a, 0) => a,
-            (a, b) if a == b => a,
-            _ => MIXED_ADVICE,
-        };
-        PageFacts {
-            zero: self.zero && other.zero,
-            votes: self.votes.min(other.votes),
-            advised_by,
-            kept_all: self.kept_all && other.kept_all,
-            kept_any: self.kept_any || other.kept_any,
-        }
-    }
-
-    /// Whether it may go, pages and all, to code whose holder tag is `asker` (Note [Huge-page
-    /// advice]): it carries no advice, or that code's own.
-    pub const fn fits(self, asker: u32) -> bool {
-        self.advised_by == 0 || self.advised_by == asker
-    }
-
-    /// How well it suits `asker` (which it fits), best first: its own advice (so blocks without
-    /// any stay for other code), then none.
-    const fn rank(self, asker: u32) -> u8 {
-        if self.advised_by == asker {
-            0
-        } else {
-            1
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -254,50 +121,6 @@ pub struct CacheLimits {
 pub const WASTE_FEW_LIVE: usize = 50;
 pub const WASTE_MANY_LIVE: usize = 10;
 
-/// The most cached blocks one miss gathers (Note [Gathering pages]).
-pub const MAX_PARTS: usize = 8;
-
-/// A cached block, or the head of one, handed out by `take_parts`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Part {
-    pub addr: usize,
-    pub len: usize,
-    pub facts: PageFacts,
-}
-
-/// What `take_parts` hands out, largest part first.
-#[derive(Clone, Copy, Debug)]
-pub struct Parts {
-    items: [Part; MAX_PARTS],
-    count: usize,
-    total: usize,
-    /// The rest of the last block, cut off and kept cached: the caller records it.
-    pub rest_kept: Option<Range>,
-}
-
-impl Parts {
-    const fn new() -> Self {
-        Parts { items: [Part { addr: 0, len: 0, facts: PageFacts::DIRTY }; MAX_PARTS], count: 0, total: 0, rest_kept: None }
-    }
-    pub fn iter(&self) -> impl Iterator<Item = &Part> {
-        self.items.iter().take(self.count)
-    }
-    fn push(&mut self, part: Part) {
-        if let Some(item) = self.items.get_mut(self.count) {
-            *item = part;
-            self.count += 1;
-            self.total += part.len;
-        }
-    }
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-    /// The bytes of every part together.
-    pub fn total_bytes(&self) -> usize {
-        self.total
-    }
-}
-
 /// A block handed out by `take`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Taken {
@@ -322,14 +145,6 @@ pub struct Inserted {
     /// How many older blocks were pushed out to make room: `BlockCache::evicted` lists them
     /// for the caller to unmap.
     pub evicted: usize,
-}
-
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Due {
-    /// Blocks now Releasing: the caller calls MADV_FREE on each, then `release_done`.
-    pub release: RangeList,
-    /// Blocks removed for idling past the expiry: the caller unmaps them.
-    pub expire: RangeList,
 }
 
 /// Live large memory when a block is freed (before the free): what the bounds follow.
@@ -481,32 +296,6 @@ impl BlockCache {
         Some(taken)
     }
 
-    /// On a miss: blocks whose pages together make up `need` bytes, largest first, at most
-    /// MAX_PARTS of them, each fitting `asker` (Note [Gathering pages]). The last one may be
-    /// cut: its rest stays cached. Empty when nothing is cached.
-    pub fn take_parts(&mut self, need: usize, asker: u32) -> Parts {
-        self.unpark();
-        let mut parts = Parts::new();
-        while parts.count < MAX_PARTS && parts.total < need {
-            let Some(id) = self.store.iter().filter(|(_, b)| b.state != BlockState::Releasing && b.facts.fits(asker)).max_by_key(|(_, b)| b.len).map(|(id, _)| id) else {
-                break;
-            };
-            let block = *self.store.get(id);
-            let want = need - parts.total;
-            if block.len > want {
-                let rest = Range { addr: block.addr + want, len: block.len - want };
-                self.store.cut_front(id, rest.addr, rest.len);
-                self.cached_bytes -= want;
-                parts.rest_kept = Some(rest);
-            } else {
-                self.store.remove(id);
-                self.cached_bytes -= block.len;
-            }
-            parts.push(Part { addr: block.addr, len: block.len.min(want), facts: block.facts });
-        }
-        parts
-    }
-
     /// Offers a freed block (`facts`: what is known of its pages); `live` is the live large
     /// memory before this free. It merges with cached blocks on either side (Note
     /// [Neighbours merge]); older blocks are evicted (least recently freed first) to respect
@@ -556,7 +345,7 @@ impl BlockCache {
     /// `max_bytes`.
     fn take_neighbour(&mut self, block: &CachedBlock, max_bytes: usize) -> Option<CachedBlock> {
         // Advice from different code (or none beside some) stays apart: a merged block would
-        // suit neither (Note [Huge-page advice] in host/host_layer.rs).
+        // suit neither (Note [Huge-page advice] in host/host_layer/mod.rs).
         let fits = |b: &CachedBlock| b.state != BlockState::Releasing && b.len + block.len <= max_bytes && b.facts.advised_by == block.facts.advised_by;
         let id = [self.store.ending_at(block.addr), self.store.starting_at(block.addr + block.len)]
             .into_iter()
@@ -604,185 +393,11 @@ impl BlockCache {
         (blocks.min(CAPACITY), bytes)
     }
 
-    /// Puts a range on the list the background thread unmaps; false when the list is full
-    /// (the caller unmaps it). Note [Deferred unmaps].
-    pub fn defer_unmap(&mut self, r: Range) -> bool {
-        let Some(slot) = self.deferred.get_mut(self.deferred_count) else { return false };
-        *slot = r;
-        self.deferred_count += 1;
-        self.deferred_bytes += r.len;
-        true
-    }
-
-    /// The deferred list, left in place.
-    pub fn deferred(&self) -> RangeList {
-        let mut out = RangeList::new();
-        for r in self.deferred.iter().take(self.deferred_count) {
-            out.push(*r);
-        }
-        out
-    }
-
-    /// Bytes waiting on the deferred list.
-    pub fn deferred_bytes(&self) -> usize {
-        self.deferred_bytes
-    }
-
-    /// Empties the deferred list: the caller unmaps every range.
-    pub fn take_deferred(&mut self) -> RangeList {
-        let out = self.deferred();
-        self.deferred_count = 0;
-        self.deferred_bytes = 0;
-        out
-    }
-
     /// The least recently freed block that is not being released, out of the store.
     fn evict_oldest(store: &mut Store) -> Option<Range> {
         let id = store.oldest_first().find(|(_, b)| b.state != BlockState::Releasing)?.0;
         let b = store.remove(id);
         Some(Range { addr: b.addr, len: b.len })
-    }
-
-    /// Blocks whose idle time has passed a delay, oldest first, as many as the lists hold (the
-    /// rest are due at once on the next call): expired ones leave the cache, hot ones become
-    /// Releasing. `near_limit`: released blocks whose pages the kernel may still hold
-    /// (MADV_FREE'd) expire as soon as they are due for release (Note [What RSS shows] in
-    /// host/host_layer.rs).
-    pub fn due(&mut self, now_ns: u64, near_limit: bool) -> Due {
-        self.unpark();
-        let mut due = Due::default();
-        let limits = self.limits;
-        let first_due = limits.release_after_ns.min(limits.expire_after_ns);
-        let mut at = self.store.oldest();
-        while at != NONE && due.release.len() < RangeList::CAPACITY && due.expire.len() < RangeList::CAPACITY {
-            let b = *self.store.get(at);
-            let next = self.store.newer(at);
-            let idle = now_ns.saturating_sub(b.idle_since_ns);
-            if idle < first_due {
-                break; // every block after it was freed later
-            }
-            let lazily_freed = b.state == BlockState::Released && !b.facts.zero;
-            let expire_after = if near_limit && lazily_freed { limits.release_after_ns } else { limits.expire_after_ns };
-            if b.state != BlockState::Releasing && idle >= expire_after {
-                due.expire.push(Range { addr: b.addr, len: b.len });
-                self.store.remove(at);
-                self.cached_bytes -= b.len;
-            } else if b.state == BlockState::Hot && idle >= limits.release_after_ns {
-                self.store.set_state(at, BlockState::Releasing);
-                due.release.push(Range { addr: b.addr, len: b.len });
-            }
-            at = next;
-        }
-        due
-    }
-
-    /// The madvise for a Releasing block has returned (`zero`: it dropped the pages, Note
-    /// [Known zero]). Returns the block if it was trimmed meanwhile: the caller unmaps it.
-    pub fn release_done(&mut self, addr: usize, zero: bool) -> Option<Range> {
-        let id = self.store.starting_at(addr).filter(|&id| self.store.get(id).state == BlockState::Releasing)?;
-        let b = *self.store.get(id);
-        if b.doomed {
-            self.store.remove(id);
-            self.cached_bytes -= b.len;
-            return Some(Range { addr: b.addr, len: b.len });
-        }
-        // MADV_FREE'd pages may go at any time: nothing is known of their residency.
-        let facts = &mut self.store.block_mut(id).facts;
-        *facts = PageFacts { zero, votes: 0, ..*facts };
-        self.store.set_state(id, BlockState::Released);
-        None
-    }
-
-    /// Marks every block not yet wholly kept from forked children as kept, and gives each to
-    /// `f`, which advises it MADV_DONTFORK (Note [Fork at the fork] in host/host_layer.rs).
-    pub fn keep_from_fork(&mut self, mut f: impl FnMut(Range)) {
-        self.unpark();
-        let mut at = self.store.oldest();
-        while at != NONE {
-            let next = self.store.newer(at);
-            let b = self.store.block_mut(at);
-            if !b.facts.kept_all {
-                b.facts.kept_all = true;
-                b.facts.kept_any = true;
-                f(Range { addr: b.addr, len: b.len });
-            }
-            at = next;
-        }
-    }
-
-    /// Evicts the least recently freed blocks until at most `max_bytes` stay cached (a lower
-    /// address-space limit, Note [Room for others]), as many as a list holds: the caller unmaps
-    /// them and asks again until the list comes back empty. Blocks being released stay.
-    pub fn shrink_to(&mut self, max_bytes: usize) -> RangeList {
-        self.unpark();
-        let mut out = RangeList::new();
-        while self.cached_bytes > max_bytes && out.len() < RangeList::CAPACITY {
-            let Some(r) = Self::evict_oldest(&mut self.store) else { break };
-            self.cached_bytes -= r.len;
-            out.push(r);
-        }
-        out
-    }
-
-    /// Empties the cache, as many blocks at a time as a list holds: the caller unmaps them and
-    /// asks again until the list comes back empty. Blocks being released are unmapped by
-    /// `release_done`.
-    pub fn drain(&mut self) -> RangeList {
-        self.unpark();
-        let mut out = RangeList::new();
-        let mut at = self.store.oldest();
-        while at != NONE && out.len() < RangeList::CAPACITY {
-            let next = self.store.newer(at);
-            let b = *self.store.get(at);
-            if b.state == BlockState::Releasing {
-                self.store.block_mut(at).doomed = true;
-            } else {
-                out.push(Range { addr: b.addr, len: b.len });
-                self.store.remove(at);
-                self.cached_bytes -= b.len;
-            }
-            at = next;
-        }
-        out
-    }
-
-    /// Empties the cache and the deferred list with nothing left for the caller to unmap (a
-    /// forked child, which inherited none of it); `f` hears of every block that was cached.
-    pub fn forget_all(&mut self, mut f: impl FnMut(Range)) {
-        for b in self.blocks() {
-            f(Range { addr: b.addr, len: b.len });
-        }
-        self.store = Store::new();
-        self.parked = CachedBlock::EMPTY;
-        self.cached_bytes = 0;
-        self.deferred_count = 0;
-        self.deferred_bytes = 0;
-    }
-
-    /// Cached bytes by what they cost in RSS: (hot: freed recently, pages resident; lazily
-    /// freed: MADV_FREE'd, resident until the kernel needs them, and counted in RSS and the
-    /// cgroup's usage meanwhile). The rest (dropped with MADV_DONTNEED) costs nothing.
-    pub fn resident_split(&self) -> (usize, usize) {
-        self.blocks().fold((0, 0), |(hot, lazy), b| match b.state {
-            BlockState::Released if b.facts.zero => (hot, lazy),
-            BlockState::Released => (hot, lazy + b.len),
-            _ => (hot + b.len, lazy),
-        })
-    }
-
-    /// When `due` will next have work; `None` with nothing pending.
-    pub fn next_deadline_ns(&self) -> Option<u64> {
-        self.blocks()
-            .filter(|b| b.state != BlockState::Releasing)
-            .map(|b| {
-                let expire = b.idle_since_ns.saturating_add(self.limits.expire_after_ns);
-                if b.state == BlockState::Hot {
-                    expire.min(b.idle_since_ns.saturating_add(self.limits.release_after_ns))
-                } else {
-                    expire
-                }
-            })
-            .min()
     }
 
     /// Checks the bookkeeping; tests call it after every step.

@@ -38,7 +38,7 @@ const REPLACED: u64 = 8;
 /// A live block the program advised MADV_DONTFORK: a forked child may not have it.
 const KEPT_FROM_CHILDREN: u64 = 16;
 /// Two bits: how many zeroings in a row found the block mostly resident (Note [calloc costs
-/// what is touched] in host/host_layer.rs).
+/// what is touched] in host/host_layer/alloc.rs).
 const VOTES_SHIFT: u32 = 5;
 const VOTES_MASK: u64 = 3 << VOTES_SHIFT;
 /// A live block part of which the program advised MADV_HUGEPAGE (Note [Huge-page advice]).
@@ -513,7 +513,7 @@ impl Registry {
 
     /// Calls `f(addr, len)` for each table of ours: the root, every leaf, and the filter shared
     /// by every registry (the mlockall shim unlocks them: Note [Locked memory] in
-    /// host/host_layer.rs).
+    /// host/host_layer/mod.rs).
     pub fn for_each_table(&self, mut f: impl FnMut(usize, usize)) {
         f(EVER_OVERLAPPED.as_ptr() as usize, core::mem::size_of_val(&EVER_OVERLAPPED));
         let Some(root) = self.root(false) else { return };

@@ -1,5 +1,5 @@
 //! The program's page calls: each marks the live blocks of ours its range touches (Note [Pages
-//! the program changed] in host/host_layer.rs) before the next interposer or the kernel hears of
+//! the program changed] in host/host_layer/mod.rs) before the next interposer or the kernel hears of
 //! it (Note [The next interposer] in sys/page_calls.rs); a mapping refused for want of room
 //! empties the cache and is tried once more; the limit and lock calls make the cache follow a
 //! new address-space limit and mlockall at once (Note [Room for others], Note [Locked memory]).

@@ -1,4 +1,4 @@
-//! The page calls under libc's names (Note [Pages the program changed] in host/host_layer.rs):
+//! The page calls under libc's names (Note [Pages the program changed] in host/host_layer/mod.rs):
 //! each one call into `route::page_calls`, which goes on to the next interposer or the kernel
 //! (Note [The next interposer] in sys/page_calls.rs). The limit calls let the cache follow a new
 //! address-space limit, and pthread_create makes room for a thread's stack (Note [Room for

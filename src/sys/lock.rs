@@ -54,7 +54,7 @@ impl<T> Lock<T> {
     }
 
     /// Waits for the lock; true when this thread already holds it across a fork (Note [Fork
-    /// handlers that allocate] in host/host_layer.rs): it is asked again from another library's
+    /// handlers that allocate] in host/host_layer/fork.rs): it is asked again from another library's
     /// fork handler, which runs between ours, and gets it at once.
     #[cold]
     #[inline(never)]
@@ -168,7 +168,7 @@ impl<T> Drop for Guard<'_, T> {
 /// A count of threads inside a short section, which another thread may wait to see empty:
 /// asleep on a futex (so the threads it waits for have its CPU), woken by the last one out.
 /// The fork's prepare handler waits on one for ranges in transit (Note [Fork at the fork] in
-/// host/host_layer.rs).
+/// host/host_layer/fork.rs).
 pub struct Gate {
     inside: AtomicU32,
     /// A thread waits for `inside` to reach 0: the last one out wakes it.

@@ -66,7 +66,7 @@ fn with_meminfo<R>(f: impl FnOnce(&[u8]) -> R) -> Option<R> {
 /// The most address space this process may map: `RLIMIT_AS` now (one system call: a program
 /// may set it at any time), and the commit limit under strict overcommit; u64::MAX with
 /// neither. Cached blocks count against both, MADV_FREE'd or not (Note [Room for others] in
-/// host/host_layer.rs).
+/// host/host_layer/release.rs).
 pub fn address_space_bytes() -> u64 {
     let mut limit = COMMIT_LIMIT.load(Ordering::Relaxed);
     // SAFETY: getrlimit fills the struct we own.
@@ -104,7 +104,7 @@ pub fn meminfo_kib(text: &[u8], name: &[u8]) -> Option<u64> {
 /// `memory.limit_in_bytes`; v2 `memory.current` against `memory.max` and `memory.high`; on its
 /// own cgroup and every ancestor), or the system's (MemAvailable under an eighth of MemTotal).
 /// Read by the background thread before it releases idle blocks (Note [What RSS shows] in
-/// host/host_layer.rs): a few small reads, off the allocation paths.
+/// host/host_layer/release.rs): a few small reads, off the allocation paths.
 pub fn near_limit() -> bool {
     let system_short = with_meminfo(|text| match (meminfo_kib(text, b"MemAvailable:"), meminfo_kib(text, b"MemTotal:")) {
         (Some(available), Some(total)) => total.saturating_sub(available) >= total.saturating_mul(7) / 8,

@@ -168,7 +168,7 @@ pub fn is_bootstrap(p: *const c_void) -> bool {
 }
 
 /// Calls `f(addr, len)` for the arena (the mlockall shim unlocks it: Note [Locked memory] in
-/// host/host_layer.rs).
+/// host/host_layer/mod.rs).
 pub fn for_each_table(mut f: impl FnMut(usize, usize)) {
     f(arena_base(), BOOTSTRAP_BYTES);
 }

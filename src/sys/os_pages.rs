@@ -35,7 +35,7 @@ pub fn set_future_locking(mode: Option<bool>) {
 }
 
 /// Unlocks a table of ours, which mlockall(MCL_CURRENT) locked (Note [Locked memory] in
-/// host/host_layer.rs): its pages stay as they are.
+/// host/host_layer/mod.rs): its pages stay as they are.
 pub fn unlock_ours(addr: usize, len: usize) {
     // SAFETY: our own table; unlocking changes no contents (munlock rounds to pages).
     unsafe { calls::munlock(addr as *const libc::c_void, len) };
@@ -52,7 +52,7 @@ fn future_locking() -> Option<bool> {
 /// Dropping a resident 4 KiB page costs 60-250 ns, a resident 2 MiB huge page about 5 us (10 ns
 /// per 4 KiB of it), a page never touched about nothing: a drop that took more than this per 4
 /// KiB, past the call's own cost, found the range mostly resident (Note [calloc costs what is
-/// touched] in host/host_layer.rs).
+/// touched] in host/host_layer/alloc.rs).
 const RESIDENT_NS_PER_PAGE: u64 = 4;
 const DROP_CALL_NS: u64 = 2_000;
 /// Writing a resident 4 KiB page costs 100-300 ns; one not resident faults first (the kernel's

@@ -9,7 +9,7 @@
 // power of two (lengths within an eighth of each other share a bin), as TLSF has them. A bitmap
 // says which bins hold a block, so the first bin at or past a length is found in a few words.
 // Hot blocks go to the front of their bin and released ones to the back: a walk from the front
-// meets a hot block of a length before a released one (Note [Hot stays hot] in host/cache.rs).
+// meets a hot block of a length before a released one (Note [Hot stays hot] in host/cache/release.rs).
 // Blocks being released are in no bin: they serve nothing until the madvise returns.
 //
 // Note [Zero is empty]

@@ -2,6 +2,7 @@
 //! invariant check, and a property test runs random programs against a shadow model.
 
 use super::*;
+use crate::config::Release;
 use crate::host::registry::PageChange;
 use crate::host::registry;
 use crate::sim::SimPages;

@@ -1,0 +1,220 @@
+//! Giving memory back: idle blocks released and expired by the background pass (`reap`, Note
+//! [What RSS shows]), the whole cache emptied (`trim`), and room made for others under an
+//! address-space limit or when a request fails (Note [Room for others]).
+//
+// Note [Room for others]
+// Cached blocks take address space and, under strict overcommit, commit charge, whether or not
+// their pages were released. glibc unmaps a large block at free, so a program under `ulimit -v`
+// that frees 1 GiB can map 900 MiB next; with the block cached it could not. Three rules keep us
+// out of the way. (1) Under such a limit the cache's ceiling is an eighth of it, and blocks
+// leaving the cache are unmapped at once rather than by the background thread; the limit is read
+// when it may have changed: after the program's setrlimit or prlimit (our shims: Python's
+// resource.setrlimit comes at any time), at every background pass (another process's prlimit),
+// and when a mapping fails. (2) When
+// the next allocator fails with ENOMEM while the cache holds something, the cache is emptied and
+// the call made once more, as for our own mappings (route.rs installs the entry points that do
+// this once a limit is seen, so the fast paths are unchanged otherwise). (3) The cache is
+// emptied for a failed request only when the request could then succeed: a 64 TiB request that
+// no limit could ever allow leaves the cache alone. (4) A lower limit takes effect at once: the
+// cache is cut to its new ceiling and the deferred unmaps are done before the program's
+// setrlimit or prlimit returns; a limit another process lowers (prlimit), or the program with a
+// raw prlimit64, is seen by the background pass, which comes at least once a second while the
+// cache holds anything. (5) The program's own mmap and mremap (our shims) and pthread_create
+// (whose stack glibc maps itself) that fail for want of room empty the cache and try once more,
+// as rule 2 does for the next allocator: so they succeed as under glibc alone even before the
+// background pass has seen a limit.
+//
+// Note [What RSS shows]
+// A cached block's pages are resident while it is hot (reused soon, Note [Hot stays hot]). After
+// TENSORMALLOC_HOST_RELEASE_MS idle they are released. MADV_FREE is the cheap way (reuse costs no
+// fault), but its pages stay in RSS and in the cgroup's usage, as LazyFree in smaps, until the
+// kernel needs them or the block expires: a Kubernetes kubelet or a dashboard reading RSS or the
+// working set sees them as used (Go and jemalloc went back to MADV_DONTNEED for this). So under
+// TENSORMALLOC_HOST_RELEASE=auto (the default) the background thread first asks whether the process
+// nears a limit (its cgroup's usage at three quarters of memory.max, memory.high or v1's
+// memory.limit_in_bytes, or the system's MemAvailable under an eighth): if so, idle blocks are
+// dropped with MADV_DONTNEED (RSS and the cgroup's usage fall at once; they read zero after, so
+// calloc takes them as they are) and blocks MADV_FREE'd earlier are unmapped; with room, MADV_FREE
+// as before. `lazy` and `now` fix the choice. The report and `stats()` split the cache into
+// resident (hot) and lazily freed bytes so RSS can be read against them.
+
+use super::{mapping_span, push, HostLayer};
+use crate::backing::PageMemory;
+use crate::config::Release;
+use crate::host::cache::{BlockCache, CacheLimits};
+use crate::ranges::RangeList;
+use core::sync::atomic::Ordering::Relaxed;
+
+impl<M: PageMemory> HostLayer<M> {
+    /// The process may map no more than `bytes` (RLIMIT_AS, a strict commit limit; u64::MAX
+    /// for none): the cache's ceiling becomes an eighth of it, unless the user set the bound,
+    /// and nothing leaving the cache waits to be unmapped (Note [Room for others]).
+    /// A lower limit takes effect at once: the cache is cut to its new ceiling and the deferred
+    /// unmaps are done before this returns (the program's next mmap or thread must find the room
+    /// glibc's free would have left).
+    pub fn limit_address_space(&self, bytes: u64) {
+        let was = self.address_space_bytes.swap(bytes, Relaxed);
+        self.unmap_lists(|cache| {
+            let limits = *cache.limits();
+            let ceiling = usize::try_from(bytes / 8).unwrap_or(usize::MAX);
+            if limits.follow_bytes {
+                cache.set_limits(CacheLimits { max_bytes: limits.max_bytes.min(ceiling), ..limits });
+            }
+            let bound = cache.bounds().1;
+            if bytes < was {
+                cache.shrink_to(bound)
+            } else {
+                RangeList::new()
+            }
+        });
+        if bytes < was {
+            self.unmap_deferred();
+        }
+    }
+
+    fn release_mode(&self) -> Release {
+        match self.release.load(Relaxed) {
+            1 => Release::Free,
+            2 => Release::DontNeed,
+            _ => Release::Auto,
+        }
+    }
+
+    /// Unmaps the deferred list now (the background thread, trim, memory short); returns bytes.
+    fn unmap_deferred(&self) -> usize {
+        let (deferred, transit) = {
+            let mut cache = self.cache();
+            let d = cache.take_deferred();
+            self.stats.deferred.set(0);
+            (d, self.transit())
+        };
+        self.unmap_timed(&deferred, &self.stats.phases.deferred_unmap);
+        drop(transit);
+        deferred.total_bytes()
+    }
+
+    /// After a request of `len` bytes failed for want of memory (ours, or the next allocator's):
+    /// empties the cache when the request could then succeed (Note [Room for others]). True
+    /// when something was given back: the caller tries once more.
+    pub fn make_room(&self, len: usize) -> bool {
+        if !self.memory.could_map(len) || self.trim() == 0 {
+            return false;
+        }
+        self.stats.retries_after_trim.add(1);
+        true
+    }
+
+    /// Whether a mapping of `len` bytes on `align` could succeed under the limits were nothing
+    /// of ours mapped (PageMemory::could_map). A request no memory could satisfy (its size or
+    /// its alignment) is a probe, not a shortage: it leaves the cache alone.
+    pub fn could_map(&self, len: usize, align: usize) -> bool {
+        self.memory.could_map(mapping_span(len, align))
+    }
+
+    /// Whether the cache or the deferred list holds anything `make_room` could give back.
+    pub fn holds_idle_memory(&self) -> bool {
+        self.idle_bytes() > 0
+    }
+
+    /// Bytes cached or waiting to be unmapped.
+    pub fn idle_bytes(&self) -> usize {
+        let cache = self.cache();
+        cache.cached_bytes() + cache.deferred_bytes()
+    }
+
+    /// Takes lists of blocks out of the cache with `take` (a list at a time: the cache may hold
+    /// more blocks than one list), their records cleared under the lock, and unmaps each list
+    /// outside it, until `take` gives an empty one; returns the bytes unmapped.
+    fn unmap_lists(&self, mut take: impl FnMut(&mut BlockCache) -> RangeList) -> usize {
+        let mut bytes = 0;
+        loop {
+            let (list, transit) = {
+                let mut cache = self.cache();
+                let list = take(&mut cache);
+                for r in list.iter() {
+                    self.registry.clear(r.addr);
+                }
+                self.stats.cached.set(cache.cached_bytes() as u64);
+                (list, self.transit())
+            };
+            self.unmap_all(&list);
+            drop(transit);
+            if list.is_empty() {
+                return bytes;
+            }
+            bytes += list.total_bytes();
+        }
+    }
+
+    /// Unmaps every cached block now; returns the bytes given back.
+    pub fn trim(&self) -> usize {
+        let bytes = self.unmap_lists(BlockCache::drain);
+        bytes + self.unmap_deferred()
+    }
+
+    /// Releases and expires idle blocks; returns when it next has work (monotonic ns).
+    pub fn reap(&self) -> Option<u64> {
+        self.unmap_deferred();
+        let now = (self.clock)();
+        let drop_pages = match self.release_mode() {
+            Release::Free => false,
+            Release::DontNeed => true,
+            // Only with something due, or lazily freed, is the question worth a few reads (the
+            // pass comes every second while the cache holds anything: Note [Room for others]).
+            Release::Auto => {
+                let (due, lazy) = {
+                    let cache = self.cache();
+                    (cache.next_deadline_ns().is_some_and(|d| d <= now), cache.resident_split().1 > 0)
+                };
+                (due || lazy) && self.memory.near_limit()
+            }
+        };
+        let (due, transit) = {
+            let mut cache = self.cache();
+            let due = cache.due(now, drop_pages);
+            for r in due.expire.iter() {
+                self.registry.clear(r.addr);
+            }
+            self.stats.cached.set(cache.cached_bytes() as u64);
+            (due, self.transit())
+        };
+        for r in due.expire.iter() {
+            self.timed(&self.stats.phases.expire, || self.memory.unmap(r.addr, r.len));
+            self.stats.unmapped_blocks.add(1);
+            self.stats.unmapped_bytes.add(r.len as u64);
+        }
+        drop(transit);
+        let mut zeroed = [false; RangeList::CAPACITY];
+        for (r, zero) in due.release.iter().zip(zeroed.iter_mut()) {
+            *zero = self.timed(&self.stats.phases.release, || if drop_pages { self.memory.discard(r.addr, r.len) } else { self.memory.release(r.addr, r.len) });
+            self.stats.released_blocks.add(1);
+            self.stats.released_bytes.add(r.len as u64);
+        }
+        let (doomed, deadline, transit) = {
+            let mut cache = self.cache();
+            let mut doomed = RangeList::new();
+            for (r, &zero) in due.release.iter().zip(zeroed.iter()) {
+                if let Some(gone) = cache.release_done(r.addr, zero) {
+                    self.registry.clear(gone.addr);
+                    doomed = push(doomed, gone);
+                }
+            }
+            self.stats.cached.set(cache.cached_bytes() as u64);
+            (doomed, cache.next_deadline_ns(), self.transit())
+        };
+        self.unmap_all(&doomed);
+        drop(transit);
+        // While it holds idle memory, the background pass (which reads the address-space limit
+        // first) comes at least once a second: a limit another process lowers with prlimit, or
+        // the program with a raw system call, is seen within one (Note [Room for others]).
+        if self.holds_idle_memory() {
+            let poll = (self.clock)().saturating_add(LIMIT_POLL_NS);
+            return Some(deadline.map_or(poll, |d| d.min(poll)));
+        }
+        deadline
+    }
+}
+
+/// The longest the background pass waits while the cache holds something (Note [Room for
+/// others]).
+const LIMIT_POLL_NS: u64 = 1_000_000_000;

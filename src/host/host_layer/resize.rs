@@ -1,0 +1,90 @@
+//! realloc of a live large block: in place (the tail it no longer needs cached or unmapped), by
+//! mremap onto its alignment, or copied into a new block as a last resort; a kept block is
+//! recorded as one resize.
+
+use super::{holder_tag, single, HostLayer, PAGE};
+use crate::backing::PageMemory;
+use crate::host::cache::PageFacts;
+use crate::host::registry::Birth;
+use crate::host::tally::CallTimer;
+use crate::ranges::Range;
+use crate::record::{self, Block};
+
+impl<M: PageMemory> HostLayer<M> {
+    /// Resizes a live large block to `new_size` (at or above the threshold): in place when it
+    /// fits, by mremap otherwise (no copy), by copying as a last resort. `None` leaves the
+    /// block as it was.
+    pub fn resize(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
+        let start = (self.precise)();
+        let out = self.resize_untimed(addr, len, new_size);
+        self.stats.phases.realloc.record((self.precise)().saturating_sub(start));
+        out
+    }
+
+    fn resize_untimed(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
+        let (need, granule) = self.block_shape(new_size)?;
+        let (born, was_asked, marks) = self.registry.live_record(addr);
+        if need <= len {
+            let spare = len - need;
+            // Kept whole when the spare is too small to give back.
+            let cut = spare > len / 100 * self.cache().waste_percent();
+            if cut {
+                let _ = self.registry.set_live(addr, need, born);
+                self.registry.keep_marks(addr, marks);
+                let tail = Range { addr: addr + need, len: spare };
+                if !marks.changed() && !marks.replaced() && !marks.no_huge() {
+                    // Plain pages, written before: cached like a freed block (a page heap keeps
+                    // what a realloc cut off; unmapped, its pages faulted in again at the next
+                    // request that reached them). Note [Locked memory]: never cached locked.
+                    if self.memory.future_locking().is_some() {
+                        self.memory.unlock(tail.addr, tail.len);
+                    }
+                    let facts = PageFacts { advised_by: if marks.huge() { holder_tag(born.holder) } else { 0 }, ..PageFacts::DIRTY };
+                    self.cache_block(tail.addr, tail.len, facts, (self.clock)(), None, &mut CallTimer::untimed());
+                } else {
+                    // Note [Plain memory]: pages the program changed are not cached unreset.
+                    let unmaps = self.defer_unmaps(&mut self.cache(), &single(tail));
+                    self.finish_unmaps(unmaps);
+                }
+            }
+            self.record_resize((addr, len, was_asked), (addr, if cut { need } else { len }), new_size, born);
+            return Some(addr);
+        }
+        if self.registry.reserve_spare() {
+            self.registry.clear(addr);
+            // Not mremap's MAYMOVE: it would put the block on any page, not on its alignment.
+            let moved = if self.memory.extend(addr, len, need) { Some(addr) } else { self.memory.grow_into(addr, len, need, granule) };
+            if let Some(moved) = moved {
+                // Cannot fail: the spare leaf was reserved above.
+                let _ = self.registry.set_live(moved, need, born);
+                self.registry.keep_marks(moved, marks);
+                self.stats.remaps.add(1);
+                self.record_resize((addr, len, was_asked), (moved, need), new_size, born);
+                return Some(moved);
+            }
+            let _ = self.registry.set_live(addr, len, born);
+            self.registry.keep_marks(addr, marks);
+        }
+        // mremap refuses ranges that span several mappings (a program may have madvised part
+        // of the block): copy instead.
+        let fresh = self.alloc(new_size, PAGE, false, born.holder)?;
+        self.memory.copy(fresh, addr, len);
+        self.free(addr, len);
+        Some(fresh)
+    }
+
+    /// A resize that kept the block (in place or by mremap); the copying fallback records
+    /// through alloc and free.
+    /// `was_asked`: what the block was asked for before.
+    fn record_resize(&self, (addr, len, was_asked): (usize, usize, u64), (moved, need): (usize, usize), asked: usize, birth: Birth) {
+        let (old, new) = (Block::host(addr as u64, len as u64, was_asked, birth.holder), Block::host(moved as u64, need as u64, asked as u64, birth.holder));
+        self.registry.set_asked(moved, asked as u64);
+        {
+            let mut cache = self.cache();
+            cache.tally.resized(len, need);
+            cache.book.resize(old, new, (self.clock)());
+            cache.tally.publish(&self.stats);
+        }
+        record::resize(old, new);
+    }
+}
