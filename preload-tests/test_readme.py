@@ -8,6 +8,8 @@ setuptools-rust), as test_package.py does.
 - README.md, in order: the source build and the one line that runs a program under the library,
   the pip install into a venv of its own, the numpy section, the C section through
   `scripts/install --prefix ~/.local` and pkg-config;
+- docs/install.md, after it, in the same clone (its pip block reinstalls into the README's venv
+  and runs the README's train.py, its C block builds the README's prog.c against target/release);
 - docs/observability.md and docs/several-processes.md, after it, with the README's venv first on
   PATH (its `tensormalloc` and `python3`, as a user who activated it);
 - docs/pytorch.md's commands that need no GPU, with .venv-torch's python as `python3` (skipped,
@@ -33,7 +35,8 @@ README = ROOT / "README.md"
 FENCE = re.compile(r"^```(\S*)(.*?)\n(.*?)^```\s*$", re.M | re.S)
 RUNNABLE = {"sh", "python", "c"}
 # The pages whose blocks run, in order, and the PATH each runs with (see the docstring).
-PAGES = {"README.md": "clone", "docs/observability.md": "venv", "docs/several-processes.md": "venv"}
+PAGES = {"README.md": "clone", "docs/install.md": "clone", "docs/observability.md": "venv",
+         "docs/several-processes.md": "venv"}
 TORCH_PAGE = "docs/pytorch.md"
 TORCH_PYTHON = ROOT / ".venv-torch" / "bin" / "python"
 
