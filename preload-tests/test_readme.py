@@ -8,6 +8,8 @@ setuptools-rust), as test_package.py does.
 - README.md, in order: the source build and the one line that runs a program under the library,
   the pip install into a venv of its own, the numpy section, the C section through
   `scripts/install --prefix ~/.local` and pkg-config;
+- docs/install.md, after it, in the same clone (its pip block reinstalls into the README's venv
+  and runs the README's train.py, its C block builds the README's prog.c against target/release);
 - docs/observability.md and docs/several-processes.md, after it, with the README's venv first on
   PATH (its `tensormalloc` and `python3`, as a user who activated it);
 - docs/pytorch.md's commands that need no GPU, with .venv-torch's python as `python3` (skipped,
@@ -33,7 +35,8 @@ README = ROOT / "README.md"
 FENCE = re.compile(r"^```(\S*)(.*?)\n(.*?)^```\s*$", re.M | re.S)
 RUNNABLE = {"sh", "python", "c"}
 # The pages whose blocks run, in order, and the PATH each runs with (see the docstring).
-PAGES = {"README.md": "clone", "docs/observability.md": "venv", "docs/several-processes.md": "venv"}
+PAGES = {"README.md": "clone", "docs/install.md": "clone", "docs/observability.md": "venv",
+         "docs/several-processes.md": "venv"}
 TORCH_PAGE = "docs/pytorch.md"
 TORCH_PYTHON = ROOT / ".venv-torch" / "bin" / "python"
 
@@ -127,7 +130,8 @@ def test_readme_links_every_docs_page():
 
 def test_verification_page_names_every_process_test():
     page = (ROOT / "docs" / "verification.md").read_text()
-    assert "Nothing since 2026-11-22 has run on a GPU" in page
+    # The line scripts/gpu-record rewrites from each GPU run (test_gpu_record.py).
+    assert re.search(r"^\*\*Nothing since \d{4}-\d\d-\d\d has run on a GPU\.\*\* ", page, re.M), "the last GPU run, at the top"
     missing = [p.name for p in (ROOT / "preload-tests").glob("test_*.py") if p.name not in page]
     assert not missing, f"docs/verification.md: where does what these test last run? {missing}"
 
