@@ -7,7 +7,9 @@
 //! driver call: a segment being opened or closed is marked so, and another thread that needs it
 //! waits for that to end. Unit-tested; never calls the system.
 
+use crate::backing::CUDA_ERROR_MEMORY_ALLOCATION;
 use crate::sys::lock::Lock;
+use core::ffi::c_int;
 
 const SEGMENTS: usize = 1024;
 const POINTERS: usize = 4096;
@@ -74,6 +76,33 @@ const EMPTY_SEGMENT: Segment = Segment { state: State::Empty, real: [0; 64], bas
 impl Opened {
     pub const fn new() -> Self {
         Opened { tables: Lock::new(Tables { segments: [EMPTY_SEGMENT; SEGMENTS], pointers: [Pointer { ptr: 0, segment: 0 }; POINTERS] }) }
+    }
+
+    /// The segment `real` names, mapped once per process: `map` makes the mapping (its base,
+    /// or the code it failed with) while no other thread maps it; `unmap` gives back one made
+    /// but not kept (the tables filled meanwhile); `wait` passes a moment while another thread
+    /// opens or closes it. The pointer at `offset` in it, recorded.
+    pub fn open_once(&self, real: &[u8; 64], offset: u64, map: impl FnOnce() -> Result<u64, c_int>, unmap: impl FnOnce(u64), wait: impl Fn()) -> Result<u64, c_int> {
+        let mut map = Some(map);
+        loop {
+            match self.begin_open(real, offset) {
+                Begin::Mapped { base } => return Ok(base + offset),
+                Begin::Full => return Err(CUDA_ERROR_MEMORY_ALLOCATION),
+                Begin::Busy => wait(),
+                Begin::Open { slot } => {
+                    let Some(map) = map.take() else { return Err(CUDA_ERROR_MEMORY_ALLOCATION) };
+                    let mapped = map();
+                    if let Ok(base) = mapped {
+                        if self.end_open(slot, Some(base), offset) {
+                            return Ok(base + offset);
+                        }
+                        unmap(base);
+                    }
+                    self.end_open(slot, None, 0);
+                    return Err(mapped.err().unwrap_or(CUDA_ERROR_MEMORY_ALLOCATION));
+                }
+            }
+        }
     }
 
     /// A handle of ours names the segment `real`, the block at `offset` in it.
@@ -180,6 +209,19 @@ mod tests {
         assert_eq!(o.begin_open(&real, 0), Begin::Busy, "until the driver closed it");
         o.end_close(slot);
         assert!(matches!(o.begin_open(&real, 0), Begin::Open { .. }), "opened anew");
+    }
+
+    #[test]
+    fn a_segment_is_mapped_once_and_a_failed_map_leaves_nothing() {
+        let o = Box::new(Opened::new());
+        let (real, mut maps) = ([5u8; 64], 0);
+        let first = o.open_once(&real, 4096, || { maps += 1; Ok(0x2000_0000) }, |_| panic!("kept"), || {});
+        assert_eq!(first, Ok(0x2000_0000 + 4096));
+        let second = o.open_once(&real, 8192, || { maps += 1; Ok(0x3000_0000) }, |_| panic!("kept"), || {});
+        assert_eq!((second, maps), (Ok(0x2000_0000 + 8192), 1), "the mapping is shared");
+        let refused = o.open_once(&[6; 64], 0, || Err(700), |_| panic!("nothing was mapped"), || {});
+        assert_eq!(refused, Err(700), "the driver's code");
+        assert!(matches!(o.begin_open(&[6; 64], 0), Begin::Open { .. }), "the slot is free again");
     }
 
     #[test]

@@ -8,10 +8,10 @@
 
 use super::runtime::as_the_runtime;
 use super::{context_bound, pool_answers};
-use crate::backing::{CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_SUCCESS};
+use crate::backing::{CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS};
 use crate::device::device_layer::{Export, SharedBlock};
 use crate::device::ipc::handle::{ChunkRun, Handle};
-use crate::device::ipc::opened::{Begin, Close};
+use crate::device::ipc::opened::Close;
 use crate::device::ipc::{self, Published, OPENED};
 use crate::state::DEVICE;
 use crate::sys::cuda_driver::{driver, IpcMemHandle, IpcOpenMemHandleFn};
@@ -110,7 +110,7 @@ unsafe fn open_ours(h: &Handle, flags: c_uint, open: IpcOpenMemHandleFn) -> Resu
     if let Some(run) = ChunkRun::decode(&what.real) {
         return super::ipc_chunks::open(h, &what, &run);
     }
-    open_once(&what, || {
+    OPENED.open_once(&what.real, what.offset, || {
         let mut base = 0u64;
         // SAFETY: the caller's contract: `open` is the driver's cuIpcOpenMemHandle.
         let rc = unsafe { open(&mut base, IpcMemHandle { reserved: what.real }, flags) };
@@ -124,7 +124,7 @@ unsafe fn open_ours(h: &Handle, flags: c_uint, open: IpcOpenMemHandleFn) -> Resu
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         Ok(base)
-    }, close_driver_mapping)
+    }, close_driver_mapping, crate::sys::clock::pause)
 }
 
 /// Gives back what the driver's cuIpcOpenMemHandle mapped at `base`.
@@ -132,32 +132,6 @@ fn close_driver_mapping(base: u64) {
     if let Some(close) = driver().and_then(|d| d.ipc_close_mem_handle) {
         // SAFETY: the driver's cuIpcMemCloseHandle, on a base its open returned.
         unsafe { close(base) };
-    }
-}
-
-/// The block registry entry `what` names, mapped once per process (`OPENED`): `map` makes the
-/// mapping (its base, or the code it failed with) while no other thread maps it; `unmap` gives
-/// back one made but not kept (the table was full meanwhile). The block's pointer.
-pub(super) fn open_once(what: &Published, map: impl FnOnce() -> Result<u64, c_int>, unmap: impl FnOnce(u64)) -> Result<u64, c_int> {
-    let mut map = Some(map);
-    loop {
-        match OPENED.begin_open(&what.real, what.offset) {
-            Begin::Mapped { base } => return Ok(base + what.offset),
-            Begin::Full => return Err(CUDA_ERROR_MEMORY_ALLOCATION),
-            Begin::Busy => crate::sys::clock::pause(),
-            Begin::Open { slot } => {
-                let Some(map) = map.take() else { return Err(CUDA_ERROR_MEMORY_ALLOCATION) };
-                let mapped = map();
-                if let Ok(base) = mapped {
-                    if OPENED.end_open(slot, Some(base), what.offset) {
-                        return Ok(base + what.offset);
-                    }
-                    unmap(base);
-                }
-                OPENED.end_open(slot, None, 0);
-                return Err(mapped.err().unwrap_or(CUDA_ERROR_MEMORY_ALLOCATION));
-            }
-        }
     }
 }
 

@@ -11,7 +11,7 @@ use crate::backing::{DeviceError, CUDA_ERROR_INVALID_VALUE};
 use crate::device::device_layer::ExpandableBlock;
 use crate::device::ipc::channel::{self, Fetch, Unavailable};
 use crate::device::ipc::handle::{ChunkRun, Handle};
-use crate::device::ipc::{self, Published};
+use crate::device::ipc::{self, Published, OPENED};
 use crate::state::DEVICE;
 use crate::sys::{cuda_shareable, process};
 use core::ffi::c_int;
@@ -140,9 +140,10 @@ fn map_run(h: &Handle, run: &ChunkRun) -> Result<u64, c_int> {
 
 /// Opens handle `h`, whose registry entry `what` names chunk run `run`: the block's pointer.
 pub(super) fn open(h: &Handle, what: &Published, run: &ChunkRun) -> Result<u64, c_int> {
-    super::ipc::open_once(what, || map_run(h, run), |base| {
+    let unmap = |base| {
         let _ = cuda_shareable::unmap_imported(base, run.chunk_bytes, run.chunks, run.bytes());
-    })
+    };
+    OPENED.open_once(&what.real, what.offset, || map_run(h, run), unmap, crate::sys::clock::pause)
 }
 
 /// The last close of a chunk run opened at `base`: unmapped, its address space freed.
