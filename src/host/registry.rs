@@ -72,6 +72,11 @@ pub enum PageChange {
 pub struct Marks(u64);
 
 impl Marks {
+    /// The marks an entry holds: a live block's, none for any other.
+    const fn of(entry: u64) -> Marks {
+        Marks(if entry & KIND_MASK == LIVE { entry & (PROGRAM_MARKS | VOTES_MASK) } else { 0 })
+    }
+
     /// Protection, locks or advice changed: reset at free.
     pub const fn changed(self) -> bool {
         self.0 & CHANGED != 0
@@ -303,13 +308,9 @@ impl Registry {
         }
     }
 
-    /// When the live block at `addr` was handed out, and to whom (zeros if unknown).
-    pub fn birth(&self, addr: usize) -> Birth {
-        self.slots(addr, false).map_or(Birth::default(), |(_, born, holder)| Birth { ns: born.load(Ordering::Relaxed), holder: holder.load(Ordering::Relaxed) })
-    }
-
-    /// What is kept of the live block at `addr`: its birth, what was asked of it and its
-    /// marks, with one walk of the tables (`birth`, `asked` and `marks` together, for a free).
+    /// What is kept of the live block at `addr`, with one walk of the tables: when it was
+    /// handed out and to whom, what was asked of it (zeros if unknown), and what is known of its
+    /// pages (nothing for any other address).
     pub fn live_record(&self, addr: usize) -> (Birth, u64, Marks) {
         let Some((leaf, index)) = self.leaf_index(addr, false) else { return (Birth::default(), 0, Marks::default()) };
         // SAFETY: as in slots() and asked_slot().
@@ -321,8 +322,7 @@ impl Registry {
                 (*leaf.add(ASKED_AT + index)).load(Ordering::Relaxed),
             )
         };
-        let marks = Marks(if entry & KIND_MASK == LIVE { entry & (PROGRAM_MARKS | VOTES_MASK) } else { 0 });
-        (Birth { ns, holder }, asked, marks)
+        (Birth { ns, holder }, asked, Marks::of(entry))
     }
 
     /// Calls `f(addr, len, birth)` for every live block: a walk of every table, for the
@@ -500,11 +500,6 @@ impl Registry {
         }
     }
 
-    /// What the program asked for of the live block at `addr` (0 if unknown).
-    pub fn asked(&self, addr: usize) -> u64 {
-        self.asked_slot(addr).map_or(0, |s| s.load(Ordering::Relaxed))
-    }
-
     fn asked_slot(&self, addr: usize) -> Option<&AtomicU64> {
         let (leaf, index) = self.leaf_index(addr, false)?;
         // SAFETY: as in slots(); the sizes asked follow the three arrays of LEAF_ENTRIES.
@@ -544,10 +539,10 @@ impl Registry {
         });
     }
 
-    /// What is known of the pages of the live block at `addr` (nothing for any other address).
+    /// What is known of the pages of the live block at `addr` (`live_record`'s third part).
+    #[cfg(test)]
     pub fn marks(&self, addr: usize) -> Marks {
-        let entry = self.slot(addr, false).map_or(0, |s| s.load(Ordering::Acquire));
-        Marks(if entry & KIND_MASK == LIVE { entry & (PROGRAM_MARKS | VOTES_MASK) } else { 0 })
+        self.live_record(addr).2
     }
 
     /// Adds `marks` to the live block at `addr`, its votes replacing the block's (a resize that
@@ -609,7 +604,7 @@ mod tests {
         assert_eq!(reg.owner(base), Owner::Foreign);
         assert!(reg.set_live(base, 8 << 20, born(42)));
         assert_eq!(reg.owner(base), Owner::Live { len: 8 << 20 });
-        assert_eq!(reg.birth(base), born(42));
+        assert_eq!(reg.live_record(base).0, born(42));
         assert!(reg.may_contain(base) && reg.may_contain(base + (8 << 20) - 1));
         assert!(!reg.may_contain(base + (64 << 20)));
         let mut seen = vec![];

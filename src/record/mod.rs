@@ -122,10 +122,9 @@ impl HostBook {
         Self::event(history::ALLOC, &new, now_ns);
     }
 
-    /// A live host block forgotten (see `forgotten`).
+    /// A live host block forgotten (see `forgotten`): to its row and the history, a free.
     pub fn forgotten(&mut self, b: Block, now_ns: u64) {
-        HOLDERS.on_free(b.holder, PLACE_HOST, b.asked, b.bytes, Writers::Serialized);
-        Self::event(history::FREE, &b, now_ns);
+        self.free(b, now_ns);
     }
 
     fn event(action: u8, b: &Block, time_ns: u64) {

@@ -64,11 +64,10 @@ impl<M: PageMemory> HostLayer<M> {
             Presence::All => {}
             Presence::Part => self.registry.note_change(addr, len, PageChange::Replaced),
             Presence::None => {
-                let asked = self.registry.asked(addr);
-                let holder = self.registry.birth(addr).holder;
+                let (birth, asked, _) = self.registry.live_record(addr);
                 self.registry.clear(addr);
                 cache.tally.left(len);
-                let block = Block::host(addr as u64, len as u64, asked, holder);
+                let block = Block::host(addr as u64, len as u64, asked, birth.holder);
                 cache.book.forgotten(block, (self.clock)());
                 record::forgotten(block);
             }
