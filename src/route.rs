@@ -126,19 +126,21 @@ fn follow_address_limit() {
     }
 }
 
-/// After the next allocator failed a request of `size` bytes: whether the cache gave memory
-/// back so that one more try may succeed (Note [Room for others]).
+/// After the next allocator failed a request of `size` bytes (`unmapped_before`: our unmapped
+/// bytes before it): whether memory was given back so that one more try may succeed (Note [Room
+/// for others]).
 #[cold]
-fn room_made_for(size: usize) -> bool {
-    errno() == libc::ENOMEM && HOST.holds_idle_memory() && HOST.make_room(size)
+fn room_made_for(size: usize, unmapped_before: u64) -> bool {
+    errno() == libc::ENOMEM && HOST.may_make_room(unmapped_before) && HOST.make_room(size, unmapped_before)
 }
 
 /// NEXT_MALLOC under an address-space limit.
 unsafe extern "C" fn malloc_making_room(size: usize) -> *mut c_void {
     let Some(own) = next_allocator().map(|n| n.malloc) else { return enomem() };
+    let unmapped = HOST.unmapped_bytes();
     // SAFETY: plain forwarding.
     let p = unsafe { own(size) };
-    if p.is_null() && room_made_for(size) {
+    if p.is_null() && room_made_for(size, unmapped) {
         // SAFETY: as above.
         return unsafe { own(size) };
     }
@@ -148,9 +150,10 @@ unsafe extern "C" fn malloc_making_room(size: usize) -> *mut c_void {
 /// NEXT_CALLOC under an address-space limit.
 unsafe extern "C" fn calloc_making_room(count: usize, size: usize) -> *mut c_void {
     let Some(own) = next_allocator().map(|n| n.calloc) else { return enomem() };
+    let unmapped = HOST.unmapped_bytes();
     // SAFETY: plain forwarding.
     let p = unsafe { own(count, size) };
-    if p.is_null() && room_made_for(count.saturating_mul(size)) {
+    if p.is_null() && room_made_for(count.saturating_mul(size), unmapped) {
         // SAFETY: as above.
         return unsafe { own(count, size) };
     }
@@ -161,9 +164,10 @@ unsafe extern "C" fn calloc_making_room(count: usize, size: usize) -> *mut c_voi
 /// block as it was, so trying again is safe).
 unsafe extern "C" fn realloc_making_room(p: *mut c_void, size: usize) -> *mut c_void {
     let Some(own) = next_allocator().map(|n| n.realloc) else { return enomem() };
+    let unmapped = HOST.unmapped_bytes();
     // SAFETY: plain forwarding under the caller's contract.
     let q = unsafe { own(p, size) };
-    if q.is_null() && size != 0 && room_made_for(size) {
+    if q.is_null() && size != 0 && room_made_for(size, unmapped) {
         // SAFETY: as above.
         return unsafe { own(p, size) };
     }
@@ -604,9 +608,10 @@ fn aligned_with(align: usize, size: usize, asker: Asker, names: Names) -> *mut c
             // SAFETY: plain forwarding; align is a power of two.
             return unsafe { memalign(align, size) };
         }
+        let unmapped = HOST.unmapped_bytes();
         // SAFETY: align is a power of two and at least a pointer's size.
         let p = unsafe { g.next.alloc_aligned(align, size) };
-        if p.is_null() && LIMITED.load(Relaxed) && room_made_for(size) {
+        if p.is_null() && LIMITED.load(Relaxed) && room_made_for(size, unmapped) {
             // SAFETY: as above.
             return unsafe { g.next.alloc_aligned(align, size) };
         }

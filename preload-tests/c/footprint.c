@@ -8,6 +8,10 @@
  *                               syscall(SYS_prlimit64), other: by the test's process, which it
  *                               waits for on stdin), waits MS ms, then maps 512 MiB and starts a
  *                               thread
+ *   footprint limit-race N      N times: frees 1 GiB, lowers RLIMIT_AS to 1 GiB with a raw
+ *                               prlimit64 (unseen by the library), and maps 512 MiB while another
+ *                               thread sets the same limit through libc (which the library follows
+ *                               by emptying its cache): prints how many mappings failed
  *   footprint mlockall MS       frees 256 MiB, mlockall(MCL_CURRENT|MCL_FUTURE), waits MS ms and
  *                               prints VmLck; a 64 MiB block then, VmLck again, and after its free
  *   footprint hugepage          blocks advised MADV_NOHUGEPAGE or MADV_HUGEPAGE, freed, and the
@@ -20,6 +24,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,6 +147,51 @@ static int limit(const char *how, long ms) {
     int rc = pthread_create(&t, NULL, idle, NULL);
     printf("pthread_create: %s\n", rc ? strerror(rc) : "ok");
     if (rc == 0) pthread_join(t, NULL);
+    return 0;
+}
+
+static atomic_int race_go;
+
+/* Tells the library (through libc's setrlimit) of the limit the main thread set unseen. */
+static void *race_limit(void *arg) {
+    struct rlimit *rl = arg;
+    while (!atomic_load(&race_go)) {}
+    setrlimit(RLIMIT_AS, rl);
+    return NULL;
+}
+
+static int soft_address_limit(rlim_t bytes) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) != 0) return -1;
+    rl.rlim_cur = bytes;
+    return (int)syscall(SYS_prlimit64, 0, RLIMIT_AS, &rl, NULL);
+}
+
+/* The cache emptied by one thread while another's mapping fails for want of room: the retry must
+ * come once the emptying thread's unmap is done (Note [Room for others], rule 6). */
+static int limit_race(long rounds) {
+    long failed = 0;
+    for (long i = 0; i < rounds; i++) {
+        CHECK(soft_address_limit(RLIM_INFINITY) == 0);
+        char *big = malloc(1024 * MIB);
+        CHECK(big != NULL);
+        big[0] = 1;
+        free(big);
+        atomic_store(&race_go, 0);
+        pthread_t t;
+        struct rlimit rl;
+        CHECK(getrlimit(RLIMIT_AS, &rl) == 0);
+        rl.rlim_cur = 1024 * MIB;
+        CHECK(pthread_create(&t, NULL, race_limit, &rl) == 0);
+        CHECK(soft_address_limit(1024 * MIB) == 0);
+        atomic_store(&race_go, 1);
+        void *m = mmap(NULL, 512 * MIB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) failed++;
+        else munmap(m, 512 * MIB);
+        pthread_join(t, NULL);
+    }
+    CHECK(soft_address_limit(RLIM_INFINITY) == 0);
+    printf("mmap failed %ld of %ld\n", failed, rounds);
     return 0;
 }
 
@@ -305,6 +355,7 @@ int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "work";
     if (strcmp(what, "work") == 0) return work();
     if (strcmp(what, "limit") == 0 && argc > 3) return limit(argv[2], atol(argv[3]));
+    if (strcmp(what, "limit-race") == 0 && argc > 2) return limit_race(atol(argv[2]));
     if (strcmp(what, "mlockall") == 0 && argc > 2) return lockall(atol(argv[2]));
     if (strcmp(what, "hugepage") == 0) return hugepage();
     if (strcmp(what, "spy") == 0) return spy();

@@ -48,19 +48,20 @@ fn advice_keeps_plain(advice: c_int) -> bool {
 /// it holds something and the request could then fit (Note [Room for others]). The program's own
 /// mappings and threads must find the room glibc's free would have left, even before the
 /// background thread has seen a limit another process lowered.
+/// `unmapped_before`: our unmapped bytes before the failed call (what other threads unmapped
+/// since made room too).
 #[cold]
-fn room_made(len: usize) -> bool {
-    let before = HOST.idle_bytes();
-    if before == 0 {
+fn room_made(len: usize, unmapped_before: u64) -> bool {
+    if !HOST.may_make_room(unmapped_before) {
         return false;
     }
     let saved = errno();
     // A limit lowered behind our back (another process's prlimit, a raw prlimit64) cuts the
     // cache here already; what is left goes if the request could then fit.
     super::follow_address_limit();
-    HOST.make_room(len);
+    let made = HOST.make_room(len, unmapped_before);
     set_errno(saved);
-    HOST.idle_bytes() < before
+    made
 }
 
 /// # Safety
@@ -69,9 +70,10 @@ pub unsafe fn mmap(call: Call, addr: *mut c_void, len: usize, prot: c_int, flags
     if flags & libc::MAP_FIXED != 0 {
         HOST.note_page_change(addr as usize, len, PageChange::Replaced);
     }
+    let unmapped = HOST.unmapped_bytes();
     // SAFETY: the caller's contract.
     let p = unsafe { next::mmap(call, addr, len, prot, flags, fd, offset) };
-    if p == libc::MAP_FAILED && errno() == libc::ENOMEM && room_made(len) {
+    if p == libc::MAP_FAILED && errno() == libc::ENOMEM && room_made(len, unmapped) {
         // SAFETY: as above: the same call once more.
         return unsafe { next::mmap(call, addr, len, prot, flags, fd, offset) };
     }
@@ -93,9 +95,10 @@ pub unsafe fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: c_
     if flags & libc::MREMAP_FIXED != 0 {
         HOST.note_page_change(new_addr as usize, new_len, PageChange::Replaced);
     }
+    let unmapped = HOST.unmapped_bytes();
     // SAFETY: the caller's contract.
     let p = unsafe { next::mremap(old, old_len, new_len, flags, new_addr) };
-    if p == libc::MAP_FAILED && errno() == libc::ENOMEM && new_len > old_len && room_made(new_len - old_len) {
+    if p == libc::MAP_FAILED && errno() == libc::ENOMEM && new_len > old_len && room_made(new_len - old_len, unmapped) {
         // SAFETY: as above.
         return unsafe { next::mremap(old, old_len, new_len, flags, new_addr) };
     }
@@ -214,9 +217,10 @@ pub unsafe fn prlimit(call: Call, pid: libc::pid_t, resource: c_int, new: *const
 /// # Safety
 /// As libc's `pthread_create`.
 pub unsafe fn pthread_create(thread: *mut libc::pthread_t, attr: *const libc::pthread_attr_t, start: next::StartFn, arg: *mut c_void) -> c_int {
+    let unmapped = HOST.unmapped_bytes();
     // SAFETY: the caller's contract.
     let answer = unsafe { next::pthread_create(thread, attr, start, arg) };
-    if answer == libc::EAGAIN && room_made(THREAD_STACK_BYTES) {
+    if answer == libc::EAGAIN && room_made(THREAD_STACK_BYTES, unmapped) {
         // SAFETY: as above.
         return unsafe { next::pthread_create(thread, attr, start, arg) };
     }

@@ -194,6 +194,11 @@ impl Gate {
         self.waiting.store(false, Ordering::SeqCst);
     }
 
+    /// Whether a thread is inside now.
+    pub fn occupied(&self) -> bool {
+        self.inside.load(Ordering::SeqCst) != 0
+    }
+
     /// Waits until nobody is inside, or `deadline_ns` passes on `clock` (monotonic ns).
     pub fn wait_empty(&self, clock: fn() -> u64, deadline_ns: u64) {
         loop {
@@ -213,6 +218,12 @@ impl Gate {
     #[cfg(test)]
     pub fn inside(&self) -> u32 {
         self.inside.load(Ordering::SeqCst)
+    }
+
+    /// Whether a thread waits for the gate to empty.
+    #[cfg(test)]
+    pub fn awaited(&self) -> bool {
+        self.waiting.load(Ordering::SeqCst)
     }
 }
 

@@ -271,7 +271,8 @@ impl<M: PageMemory> HostLayer<M> {
     /// A fresh mapping; when the system refuses it, the cache is emptied (if that can help) and
     /// the mapping retried.
     fn map_fresh(&self, len: usize, align: usize) -> Option<usize> {
-        let addr = self.map_recordable(len, align).or_else(|| self.make_room(mapping_span(len, align)).then(|| self.map_recordable(len, align)).flatten());
+        let unmapped = self.unmapped_bytes();
+        let addr = self.map_recordable(len, align).or_else(|| self.make_room(mapping_span(len, align), unmapped).then(|| self.map_recordable(len, align)).flatten());
         if addr.is_none() {
             self.stats.map_failures.add(1);
         }

@@ -124,4 +124,4 @@ impl<M: PageMemory> HostLayer<M> {
 }
 
 /// How long a fork waits for ranges in transit (Note [Fork at the fork]).
-const TRANSIT_WAIT_NS: u64 = 100_000_000;
+pub(super) const TRANSIT_WAIT_NS: u64 = 100_000_000;

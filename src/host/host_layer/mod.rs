@@ -114,6 +114,9 @@ pub struct HostLayer<M: PageMemory> {
     hugepages: AtomicU8,
     /// What the process may map (`limit_address_space`); u64::MAX without a limit.
     address_space_bytes: AtomicU64,
+    /// The byte bound's ceiling from memory alone (a quarter of it), which an address-space
+    /// limit lowers and a raised one gives back.
+    memory_ceiling_bytes: AtomicU64,
     /// How idle blocks give their pages back (`Release` as a code).
     release: AtomicU8,
     /// The process that last held the cache across a fork, and the forked child that has
@@ -203,6 +206,7 @@ impl<M: PageMemory> HostLayer<M> {
             threshold_bytes: AtomicUsize::new(Config::DEFAULT.threshold_bytes as usize),
             enabled: AtomicBool::new(false),
             address_space_bytes: AtomicU64::new(u64::MAX),
+            memory_ceiling_bytes: AtomicU64::new(DEFAULTS.max_bytes as u64),
             release: AtomicU8::new(0),
             fork_pid: AtomicU32::new(NO_PROCESS),
             forgotten_in: AtomicU32::new(NO_PROCESS),
@@ -233,6 +237,7 @@ impl<M: PageMemory> HostLayer<M> {
         self.hugepages.store(hugepages_code(config.hugepages), Relaxed);
         self.release.store(config.release as u8, Relaxed);
         self.reset_always.store(config.reset_always, Relaxed);
+        self.memory_ceiling_bytes.store(memory_bytes / 4, Relaxed);
         self.cache().set_limits(limits_from(config, memory_bytes, self.address_space_bytes.load(Relaxed)));
     }
 

@@ -22,7 +22,11 @@
 // cache holds anything. (5) The program's own mmap and mremap (our shims) and pthread_create
 // (whose stack glibc maps itself) that fail for want of room empty the cache and try once more,
 // as rule 2 does for the next allocator: so they succeed as under glibc alone even before the
-// background pass has seen a limit.
+// background pass has seen a limit. (6) Blocks another thread has taken out of the cache and is
+// unmapping (the background pass cutting the cache to a limit it has just seen, a trim) give room
+// only once unmapped: a retry waits for them (at most 100 ms), as a fork does (a mapping failed
+// about two runs in five when the program's own setrlimit, in another thread, emptied the cache
+// as its mapping failed); and one that came after the failure and before the retry counts too.
 //
 // Note [What RSS shows]
 // A cached block's pages are resident while it is hot (reused soon, Note [Hot stays hot]). After
@@ -54,11 +58,12 @@ impl<M: PageMemory> HostLayer<M> {
     /// glibc's free would have left).
     pub fn limit_address_space(&self, bytes: u64) {
         let was = self.address_space_bytes.swap(bytes, Relaxed);
+        // The ceiling follows the limit both ways: one raised again gives the memory's back.
+        let ceiling = usize::try_from(self.memory_ceiling_bytes.load(Relaxed).min(bytes / 8)).unwrap_or(usize::MAX);
         self.unmap_lists(|cache| {
             let limits = *cache.limits();
-            let ceiling = usize::try_from(bytes / 8).unwrap_or(usize::MAX);
             if limits.follow_bytes {
-                cache.set_limits(CacheLimits { max_bytes: limits.max_bytes.min(ceiling), ..limits });
+                cache.set_limits(CacheLimits { max_bytes: ceiling, ..limits });
             }
             let bound = cache.bounds().1;
             if bytes < was {
@@ -96,12 +101,35 @@ impl<M: PageMemory> HostLayer<M> {
     /// After a request of `len` bytes failed for want of memory (ours, or the next allocator's):
     /// empties the cache when the request could then succeed (Note [Room for others]). True
     /// when something was given back: the caller tries once more.
-    pub fn make_room(&self, len: usize) -> bool {
-        if !self.memory.could_map(len) || self.trim() == 0 {
+    /// `unmapped_before`: `unmapped_bytes()` before the failed call; blocks other threads
+    /// unmapped since (the background pass following a lowered limit, a trim) made room too.
+    pub fn make_room(&self, len: usize, unmapped_before: u64) -> bool {
+        let trimmed = if self.memory.could_map(len) { self.trim() } else { 0 };
+        // Ranges another thread took out of the cache give room only once they are unmapped
+        // (Note [Room for others], rule 6).
+        if self.transit.occupied() {
+            self.transit.wait_empty(self.clock, (self.clock)().saturating_add(super::fork::TRANSIT_WAIT_NS));
+        }
+        if trimmed == 0 && self.unmapped_bytes() == unmapped_before {
             return false;
         }
         self.stats.retries_after_trim.add(1);
         true
+    }
+
+    /// Whether `make_room` could give anything back: the cache or the deferred list holds
+    /// something, ranges taken out of them are on their way to the kernel, or some were unmapped
+    /// since `unmapped_before`. Asked in the order a block goes through them (it leaves the
+    /// records and enters transit under the lock, and leaves transit once its unmap is
+    /// counted), so one moving meanwhile is seen at one step or the next.
+    pub fn may_make_room(&self, unmapped_before: u64) -> bool {
+        self.holds_idle_memory() || self.transit.occupied() || self.unmapped_bytes() != unmapped_before
+    }
+
+    /// Every byte of ours unmapped so far (counted once the unmap has returned): what a call that
+    /// failed for want of room reads before, to tell whether room was made since.
+    pub fn unmapped_bytes(&self) -> u64 {
+        self.stats.unmapped_bytes.get()
     }
 
     /// Whether a mapping of `len` bytes on `align` could succeed under the limits were nothing

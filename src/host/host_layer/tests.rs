@@ -432,14 +432,18 @@ fn a_lower_address_limit_empties_the_cache_at_once() {
         l.free(b, 256 * MB);
     }
     assert_eq!(l.cached().1, 1024 * MB);
+    let unlimited = l.bounds();
     l.limit_address_space(4096 * MB as u64);
     assert_eq!(l.cached().1, 512 * MB, "an eighth of the limit");
     assert_eq!(l.memory.mapped_bytes(), 512 * MB, "the rest unmapped before it returned");
     l.limit_address_space(1024 * MB as u64);
     assert_eq!(l.cached().1, 0);
     assert_eq!(l.memory.mapped_bytes(), 0);
-    // A raised limit gives nothing back and takes nothing.
+    // A raised limit takes nothing, and gives the bound its ceiling back.
+    assert_eq!(l.bounds().1, 128 * MB);
     l.limit_address_space(u64::MAX);
+    assert_eq!(l.bounds(), unlimited);
+    assert_eq!(l.memory.mapped_bytes(), 0);
     check(&l);
 }
 
@@ -653,11 +657,51 @@ fn the_cache_gives_way_under_an_address_space_limit() {
     l.memory.fail_next_maps(2); // the gather's mapping, then the fresh one
     assert!(l.alloc(2 << 30, 4096, false, 0).is_none());
     assert_eq!(l.cached(), (1, 64 * MB));
-    assert!(!l.make_room(2 << 30));
+    assert!(!l.make_room(2 << 30, l.unmapped_bytes()));
     // One that could: the cache is emptied and the call tried once more.
-    assert!(l.make_room(100 * MB));
+    assert!(l.make_room(100 * MB, l.unmapped_bytes()));
     assert_eq!((l.cached(), l.stats.retries_after_trim.get()), ((0, 0), 1));
-    assert!(!l.make_room(100 * MB), "nothing left to give back");
+    assert!(!l.make_room(100 * MB, l.unmapped_bytes()), "nothing left to give back");
+    check(&l);
+}
+
+#[test]
+fn a_retry_waits_for_blocks_on_their_way_to_the_kernel() {
+    // Note [Room for others], rule 6: another thread took a block out of the cache and is
+    // unmapping it; the cache reads empty, yet the retry must come after the unmap.
+    let l = layer(Config::default());
+    let before = l.unmapped_bytes();
+    assert!(!l.may_make_room(before));
+    assert!(!l.make_room(100 * MB, before), "nothing cached, nothing in transit, nothing unmapped");
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let returned = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let pass = l.transit();
+        assert!(l.may_make_room(before));
+        let (gate, returned, stats) = (&l.transit, &returned, &l.stats);
+        // Its unmap returns (and is counted, as unmap_timed does) once make_room waits for it,
+        // or has returned without waiting.
+        s.spawn(move || {
+            while !gate.awaited() && !returned.load(SeqCst) {
+                std::hint::spin_loop();
+            }
+            stats.unmapped_bytes.add(64 * MB as u64);
+            drop(pass);
+        });
+        let made = l.make_room(100 * MB, before);
+        returned.store(true, SeqCst);
+        assert!(made, "room, once the other thread's unmap is done");
+        assert!(!l.transit.occupied());
+    });
+    assert_eq!(l.stats.retries_after_trim.get(), 1);
+    assert!(!l.may_make_room(l.unmapped_bytes()));
+    // Another thread unmapped a block between the failed call and this question: room was made.
+    let a = l.alloc(64 * MB, 4096, false, 0).unwrap();
+    l.free(a, 64 * MB);
+    let before = l.unmapped_bytes();
+    l.trim();
+    assert!(l.may_make_room(before) && l.make_room(100 * MB, before), "the other thread's unmap made room");
+    assert!(!l.make_room(100 * MB, l.unmapped_bytes()));
     check(&l);
 }
 
