@@ -608,10 +608,11 @@ fn aligned_with(align: usize, size: usize, asker: Asker, names: Names) -> *mut c
             // SAFETY: plain forwarding; align is a power of two.
             return unsafe { memalign(align, size) };
         }
-        let unmapped = HOST.unmapped_bytes();
+        // The unmapped count only under a limit: this is a small request's path.
+        let unmapped = LIMITED.load(Relaxed).then(|| HOST.unmapped_bytes());
         // SAFETY: align is a power of two and at least a pointer's size.
         let p = unsafe { g.next.alloc_aligned(align, size) };
-        if p.is_null() && LIMITED.load(Relaxed) && room_made_for(size, unmapped) {
+        if p.is_null() && unmapped.is_some_and(|u| room_made_for(size, u)) {
             // SAFETY: as above.
             return unsafe { g.next.alloc_aligned(align, size) };
         }

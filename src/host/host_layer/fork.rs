@@ -100,8 +100,7 @@ impl<M: PageMemory> HostLayer<M> {
         self.fork_pid.store(self.memory.process_id(), Relaxed);
         self.cache.lock_for_fork();
         self.forking.store(true, Relaxed);
-        // Asleep, not spinning: the threads it waits for may need this CPU.
-        self.transit.wait_empty(self.clock, (self.clock)().saturating_add(TRANSIT_WAIT_NS));
+        self.wait_for_transit();
         let mut cache = self.cache(); // this thread's again: it holds the lock
         cache.keep_from_fork(|r| {
             self.memory.keep_from_fork(r.addr, r.len);
@@ -109,6 +108,12 @@ impl<M: PageMemory> HostLayer<M> {
         for r in cache.deferred().iter() {
             self.memory.keep_from_fork(r.addr, r.len);
         }
+    }
+
+    /// Waits, at most TRANSIT_WAIT_NS, until no range is in transit: asleep, not spinning (the
+    /// threads it waits for may need this CPU).
+    pub(super) fn wait_for_transit(&self) {
+        self.transit.wait_empty(self.clock, (self.clock)().saturating_add(TRANSIT_WAIT_NS));
     }
 
     /// # Safety
@@ -123,5 +128,5 @@ impl<M: PageMemory> HostLayer<M> {
     }
 }
 
-/// How long a fork waits for ranges in transit (Note [Fork at the fork]).
-pub(super) const TRANSIT_WAIT_NS: u64 = 100_000_000;
+/// How long a fork, or a retry for room, waits for ranges in transit (Note [Fork at the fork]).
+const TRANSIT_WAIT_NS: u64 = 100_000_000;

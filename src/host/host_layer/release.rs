@@ -108,7 +108,7 @@ impl<M: PageMemory> HostLayer<M> {
         // Ranges another thread took out of the cache give room only once they are unmapped
         // (Note [Room for others], rule 6).
         if self.transit.occupied() {
-            self.transit.wait_empty(self.clock, (self.clock)().saturating_add(super::fork::TRANSIT_WAIT_NS));
+            self.wait_for_transit();
         }
         if trimmed == 0 && self.unmapped_bytes() == unmapped_before {
             return false;
