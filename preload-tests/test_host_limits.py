@@ -25,21 +25,40 @@ def hook_library():
 
 @pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
 @pytest.mark.parametrize("limit_mib", [1536, 2048, 4096])
-def test_freed_memory_leaves_room_under_a_limit_the_program_sets(preload, limit_mib):
-    out = ok(run([compile_c("address_limit"), str(limit_mib)], preload=LIB if preload else False))
-    assert "900 of 900" in out.stdout and "64 of 64" in out.stdout
+@pytest.mark.parametrize("which", ["as", "data"])
+def test_freed_memory_leaves_room_under_a_limit_the_program_sets(preload, limit_mib, which):
+    """RLIMIT_AS, or RLIMIT_DATA (which counts private writable mappings, cached blocks and
+    glibc's brk heap among them): 1 GiB freed leaves room for 500 MiB of small blocks, 900 of
+    1 MiB, a 900 MiB mmap and 64 threads. Before RLIMIT_DATA was followed, the small blocks
+    stopped at about 480 MiB under a 1536 MiB one."""
+    out = ok(run([compile_c("address_limit"), str(limit_mib), which], preload=LIB if preload else False))
+    assert "512000 of 512000" in out.stdout and "900 of 900" in out.stdout and "64 of 64" in out.stdout
 
 
+@pytest.mark.parametrize("which", ["as", "data"], ids=["ulimit-v", "ulimit-d"])
 @pytest.mark.parametrize("setting", [{}, {"TENSORMALLOC_HOST_RELEASE_MS": "0"}], ids=["defaults", "release-0"])
-def test_freed_memory_leaves_room_under_ulimit_v(setting):
+def test_freed_memory_leaves_room_under_ulimit_v(setting, which):
     limit = 1536 << 20
 
-    def ulimit_v():
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    def ulimit():
+        resource.setrlimit(resource.RLIMIT_AS if which == "as" else resource.RLIMIT_DATA, (limit, limit))
 
     # The program sets the same limit again: a no-op, so the limit is the one in force at exec.
-    out = ok(run([compile_c("address_limit"), "1536"], preload=LIB, env=setting, preexec_fn=ulimit_v))
-    assert "900 of 900" in out.stdout
+    out = ok(run([compile_c("address_limit"), "1536", which], preload=LIB, env=setting, preexec_fn=ulimit))
+    assert "512000 of 512000" in out.stdout and "900 of 900" in out.stdout
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+@pytest.mark.parametrize("which", ["as", "data"])
+def test_a_large_request_that_does_not_fit_is_served_from_the_next_allocators_free_memory(preload, which):
+    """Under a limit 200 MiB over what is mapped, with 600 MiB of glibc's heap freed: 500 mallocs
+    of 1 MiB, a calloc, a posix_memalign and a realloc of one of our blocks to 8 MiB all succeed
+    from that heap, as under glibc alone, with no out-of-memory report (Note [The next
+    allocator's free memory]). Before, the mallocs stopped at 181 and the rest failed."""
+    out = ok(run([compile_c("next_room"), which], preload=LIB if preload else False))
+    for line in ["1 MiB mallocs: 500 of 500", "served by the next allocator: some", "calloc 2 MiB: zero", "posix_memalign 2 MiB: aligned", "realloc to 8 MiB: kept"]:
+        assert line in out.stdout, out.stdout + out.stderr
+    assert "out of memory" not in out.stderr, out.stderr
 
 
 def test_a_refused_absurd_request_keeps_the_cache():

@@ -10,13 +10,14 @@ use crate::state::{Globals, HOST};
 use crate::sys::process::{abort, errno, set_errno};
 use core::ffi::c_void;
 use crate::sys::next::{CallocFn, FreeFn, MallocFn, ReallocFn};
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
 
 pub(crate) mod cxx;
 pub(crate) mod control;
 pub(crate) mod libc_names;
 pub(crate) mod objects;
 pub(crate) mod page_calls;
+mod room;
 // Its callers are the CUDA shims, built only into the library.
 #[cfg(not(any(test, feature = "no-interpose")))]
 pub(crate) mod cuda;
@@ -86,92 +87,11 @@ fn set_targets(g: &'static Globals) -> Option<&'static Globals> {
     NEXT_REALLOC.store(next.realloc as usize, Relaxed);
     CHECK_PENDING.store(g.config.check_free, Relaxed);
     NEXT_CALLOC.store(next.calloc as usize, Relaxed);
-    follow_address_limit();
-    crate::state::watch_limits(follow_address_limit);
+    room::follow_mapping_limits();
+    crate::state::watch_limits(room::follow_mapping_limits);
     set_large_from(HOST.is_enabled());
     TARGETS.store(SET, Release);
     Some(g)
-}
-
-/// The next allocator itself, behind the entry points that make room in front of it (those are
-/// installed after init, so this is always `Some` where they call it).
-fn next_allocator() -> Option<&'static crate::sys::next::NextAllocator> {
-    crate::state::globals().map(|g| &g.next)
-}
-
-/// An address-space or commit limit has been seen: the entry points that make room are in place.
-static LIMITED: AtomicBool = AtomicBool::new(false);
-/// The address-space limit last seen (u64::MAX: none).
-static SEEN_ADDRESS_LIMIT: AtomicU64 = AtomicU64::new(u64::MAX);
-
-/// Follows the address-space limit, which a program may set at any time (Python's
-/// `resource.setrlimit`): the host cache's ceiling follows it, and once there is one the next
-/// allocator's entry points go through those that make room (Note [Room for others]). At init,
-/// after the program's setrlimit or prlimit (our shims), at every background pass (another
-/// process's prlimit), and when a mapping fails: one getrlimit.
-fn follow_address_limit() {
-    let limit = crate::sys::memory::address_space_bytes();
-    if SEEN_ADDRESS_LIMIT.swap(limit, Relaxed) == limit {
-        return;
-    }
-    HOST.limit_address_space(limit);
-    if limit != u64::MAX && !LIMITED.swap(true, Relaxed) {
-        NEXT_MALLOC.store(malloc_making_room as *const () as usize, Release);
-        NEXT_CALLOC.store(calloc_making_room as *const () as usize, Release);
-        UNCHECKED_REALLOC.store(realloc_making_room as *const () as usize, Release);
-        // Unless the interior check took its place (it goes on through UNCHECKED_REALLOC).
-        if let Some(next) = next_allocator() {
-            let _ = NEXT_REALLOC.compare_exchange(next.realloc as usize, realloc_making_room as *const () as usize, Release, Relaxed);
-        }
-    }
-}
-
-/// After the next allocator failed a request of `size` bytes (`unmapped_before`: our unmapped
-/// bytes before it): whether memory was given back so that one more try may succeed (Note [Room
-/// for others]).
-#[cold]
-fn room_made_for(size: usize, unmapped_before: u64) -> bool {
-    errno() == libc::ENOMEM && HOST.may_make_room(unmapped_before) && HOST.make_room(size, unmapped_before)
-}
-
-/// NEXT_MALLOC under an address-space limit.
-unsafe extern "C" fn malloc_making_room(size: usize) -> *mut c_void {
-    let Some(own) = next_allocator().map(|n| n.malloc) else { return enomem() };
-    let unmapped = HOST.unmapped_bytes();
-    // SAFETY: plain forwarding.
-    let p = unsafe { own(size) };
-    if p.is_null() && room_made_for(size, unmapped) {
-        // SAFETY: as above.
-        return unsafe { own(size) };
-    }
-    p
-}
-
-/// NEXT_CALLOC under an address-space limit.
-unsafe extern "C" fn calloc_making_room(count: usize, size: usize) -> *mut c_void {
-    let Some(own) = next_allocator().map(|n| n.calloc) else { return enomem() };
-    let unmapped = HOST.unmapped_bytes();
-    // SAFETY: plain forwarding.
-    let p = unsafe { own(count, size) };
-    if p.is_null() && room_made_for(count.saturating_mul(size), unmapped) {
-        // SAFETY: as above.
-        return unsafe { own(count, size) };
-    }
-    p
-}
-
-/// The next allocator's realloc under an address-space limit (a failed realloc leaves the
-/// block as it was, so trying again is safe).
-unsafe extern "C" fn realloc_making_room(p: *mut c_void, size: usize) -> *mut c_void {
-    let Some(own) = next_allocator().map(|n| n.realloc) else { return enomem() };
-    let unmapped = HOST.unmapped_bytes();
-    // SAFETY: plain forwarding under the caller's contract.
-    let q = unsafe { own(p, size) };
-    if q.is_null() && size != 0 && room_made_for(size, unmapped) {
-        // SAFETY: as above.
-        return unsafe { own(p, size) };
-    }
-    q
 }
 
 /// The next allocator's malloc, through the entry point that makes room when a limit is in force.
@@ -276,18 +196,36 @@ unsafe extern "C" fn realloc_checked(p: *mut c_void, size: usize) -> *mut c_void
     unsafe { core::mem::transmute::<usize, ReallocFn>(UNCHECKED_REALLOC.load(Relaxed))(p, size) }
 }
 
-/// A large block for `asker` (Note [Holders]: a return address, or a hook's).
+/// A large block for `asker` (Note [Holders]: a return address, or a hook's); null, reported as
+/// out of memory, when it cannot be had.
 fn large(size: usize, align: usize, zeroed: bool, asker: Asker) -> *mut c_void {
+    large_else(size, align, zeroed, asker, None)
+}
+
+/// `large` for the C entry points, which came in by `names`: a request we cannot map goes to
+/// the next allocator before it fails (Note [The next allocator's free memory] in room.rs).
+fn large_or_next(size: usize, align: usize, zeroed: bool, asker: Asker, names: Names) -> *mut c_void {
+    large_else(size, align, zeroed, asker, Some(names))
+}
+
+#[inline(always)]
+fn large_else(size: usize, align: usize, zeroed: bool, asker: Asker, next: Option<Names>) -> *mut c_void {
     match HOST.alloc(size, align, zeroed, asker.holder()) {
         Some(a) => {
             arm_interior_check();
             a as *mut c_void
         }
         None => {
-            follow_address_limit();
+            room::follow_mapping_limits();
+            if let Some(names) = next {
+                let p = room::next_instead(size, align, zeroed, names);
+                if !p.is_null() {
+                    return p;
+                }
+            }
             // A request no limit could ever allow is a probe, not a shortage: no event.
             if HOST.could_map(size, align) {
-                let total_bytes = crate::sys::memory::address_space_bytes();
+                let total_bytes = crate::sys::memory::mapping_limit_bytes();
                 crate::record::out_of_memory(&crate::record::OutOfMemory { place: holders::PLACE_HOST, request_bytes: size as u64, total_bytes, ..Default::default() });
             }
             enomem()
@@ -349,7 +287,7 @@ pub(crate) extern "C" fn malloc_from(size: usize, asker: Asker) -> *mut c_void {
     if size < LARGE_FROM.load(Relaxed) {
         return next_malloc(size);
     }
-    large(size, PAGE, false, asker)
+    large_or_next(size, MIN_ALIGN, false, asker, Names::Malloc)
 }
 
 /// # Safety
@@ -448,7 +386,7 @@ pub(crate) extern "C" fn calloc_from(count: usize, size: usize, asker: Asker) ->
         // SAFETY: ready() set NEXT_CALLOC; plain forwarding.
         return unsafe { core::mem::transmute::<usize, CallocFn>(NEXT_CALLOC.load(Relaxed))(count, size) };
     }
-    large(total, PAGE, true, asker)
+    large_or_next(total, MIN_ALIGN, true, asker, Names::Malloc)
 }
 
 /// # Safety
@@ -534,7 +472,7 @@ unsafe fn realloc_named(p: *mut c_void, size: usize, asker: Asker, names: Names)
             if size >= LARGE_FROM.load(Relaxed) {
                 return match HOST.resize(p as usize, len, size) {
                     Some(a) => a as *mut c_void,
-                    None => enomem(),
+                    None => room::moved_to_next(p, len, size, names),
                 };
             }
             // Shrinking below the threshold: move to the next allocator, then copy between two
@@ -570,7 +508,10 @@ unsafe fn realloc_named(p: *mut c_void, size: usize, asker: Asker, names: Names)
             };
             let q = large(size, PAGE, false, asker);
             if q.is_null() {
-                return q;
+                // The next allocator may still grow it (Note [The next allocator's free
+                // memory] in room.rs); else it is left as it was.
+                // SAFETY: p came from the next allocator.
+                return unsafe { next_realloc(p, size) };
             }
             // SAFETY: p is live in the next allocator with `old` usable bytes.
             unsafe {
@@ -609,16 +550,16 @@ fn aligned_with(align: usize, size: usize, asker: Asker, names: Names) -> *mut c
             return unsafe { memalign(align, size) };
         }
         // The unmapped count only under a limit: this is a small request's path.
-        let unmapped = LIMITED.load(Relaxed).then(|| HOST.unmapped_bytes());
+        let unmapped = room::LIMITED.load(Relaxed).then(|| HOST.unmapped_bytes());
         // SAFETY: align is a power of two and at least a pointer's size.
         let p = unsafe { g.next.alloc_aligned(align, size) };
-        if p.is_null() && unmapped.is_some_and(|u| room_made_for(size, u)) {
+        if p.is_null() && unmapped.is_some_and(|u| room::room_made_for(size, u)) {
             // SAFETY: as above.
             return unsafe { g.next.alloc_aligned(align, size) };
         }
         return p;
     }
-    large(size, align, false, asker)
+    large_or_next(size, align, false, asker, names)
 }
 
 /// # Safety

@@ -10,6 +10,7 @@
 use crate::backing::{DeviceError, DeviceRuntime, Moved, PageMemory, PrimaryContext};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
 
 /// How many rounds a property test runs: `native` normally, `miri` under Miri, which checks
 /// every memory access and runs about a thousand times slower.
@@ -91,7 +92,14 @@ struct PageState {
 /// Simulated anonymous memory starting at a high fake address.
 pub struct SimPages {
     state: Mutex<PageState>,
+    /// Releases wait while held, having said they began (`hold_releases`): a test sees the
+    /// background pass in the middle of its madvise.
+    release_hold: AtomicU8,
 }
+
+const RELEASES_FREE: u8 = 0;
+const RELEASES_HELD: u8 = 1;
+const RELEASE_WAITING: u8 = 2;
 
 impl Default for SimPages {
     fn default() -> Self {
@@ -101,7 +109,21 @@ impl Default for SimPages {
 
 impl SimPages {
     pub fn new() -> Self {
-        SimPages { state: Mutex::new(PageState { next_addr: 0x5000_0000_0000, ..Default::default() }) }
+        SimPages { state: Mutex::new(PageState { next_addr: 0x5000_0000_0000, ..Default::default() }), release_hold: AtomicU8::new(RELEASES_FREE) }
+    }
+
+    /// The next release waits inside until `let_releases_go`.
+    pub fn hold_releases(&self) {
+        self.release_hold.store(RELEASES_HELD, SeqCst);
+    }
+
+    /// Whether a release waits inside.
+    pub fn release_waiting(&self) -> bool {
+        self.release_hold.load(SeqCst) == RELEASE_WAITING
+    }
+
+    pub fn let_releases_go(&self) {
+        self.release_hold.store(RELEASES_FREE, SeqCst);
     }
 
     /// Mappings back to back, each its own kernel mapping (see `PageState::adjacent`).
@@ -411,6 +433,11 @@ impl PageMemory for SimPages {
     /// MADV_FREE: contents kept until the kernel takes the pages, so the range may still hold
     /// data; with `release_discards`, MADV_DONTNEED (a kernel without MADV_FREE): zero.
     fn release(&self, addr: usize, len: usize) -> bool {
+        if self.release_hold.compare_exchange(RELEASES_HELD, RELEASE_WAITING, SeqCst, SeqCst).is_ok() {
+            while self.release_hold.load(SeqCst) != RELEASES_FREE {
+                std::thread::yield_now();
+            }
+        }
         let mut st = self.state.lock().unwrap();
         assert!(Self::covered(&st.mapped, addr, len), "release of unmapped memory {addr:#x}+{len}");
         st.calls.releases += 1;

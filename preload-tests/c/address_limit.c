@@ -1,8 +1,10 @@
-/* Under an address-space limit (RLIMIT_AS, as `ulimit -v` sets), memory the program frees must
+/* Under an address-space limit (RLIMIT_AS, as `ulimit -v` sets, or RLIMIT_DATA, `ulimit -d`,
+ * which counts private writable mappings), memory the program frees must
  * leave room for what it maps next, as under glibc alone, which unmaps large blocks at free:
- * after freeing a 1 GiB block, 900 mallocs of 1 MiB, a 900 MiB mmap and 64 threads all succeed.
+ * after freeing a 1 GiB block, 500 MiB of 1000-byte mallocs (the next allocator's heap, grown by
+ * brk), 900 mallocs of 1 MiB, a 900 MiB mmap and 64 threads all succeed.
  * A 64 TiB request fails with ENOMEM and leaves the cache as it was.
- * Usage: address_limit LIMIT_MIB */
+ * Usage: address_limit LIMIT_MIB [data] */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -18,12 +20,23 @@ static void *idle(void *arg) { return arg; }
 int main(int argc, char **argv) {
     size_t limit = (size_t)atol(argc > 1 ? argv[1] : "2048") << 20;
     struct rlimit rl = { limit, limit };
-    CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
+    CHECK(setrlimit(argc > 2 && strcmp(argv[2], "data") == 0 ? RLIMIT_DATA : RLIMIT_AS, &rl) == 0);
 
     char *big = malloc((size_t)1 << 30);
     CHECK(big != NULL);
     memset(big, 1, (size_t)1 << 30);
     free(big);
+
+    enum { PIECES = 500 * 1024 };
+    static void *piece[PIECES];
+    int pieces = 0;
+    while (pieces < PIECES && (piece[pieces] = malloc(1000)) != NULL) {
+        memset(piece[pieces], 1, 1000);
+        pieces++;
+    }
+    printf("1000-byte mallocs: %d of %d\n", pieces, PIECES);
+    CHECK(pieces == PIECES);
+    while (pieces > 0) free(piece[--pieces]);
 
     enum { N = 900 };
     static char *small[N];

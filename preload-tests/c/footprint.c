@@ -4,10 +4,13 @@
  *                               and sparse, realloc, aligned, blocks the program mprotects,
  *                               advises, locks or tags with key -1, threads, a fork): the system
  *                               calls the library makes beside it are what the seccomp tests filter
- *   footprint limit HOW MS      frees 1 GiB, has RLIMIT_AS lowered to 1 GiB (HOW: setrlimit, raw:
+ *   footprint limit HOW MS [RES [small]]
+ *                               frees 1 GiB, has RLIMIT_AS (RES as, the default) or RLIMIT_DATA
+ *                               (data) lowered to 1 GiB (HOW: setrlimit, raw:
  *                               syscall(SYS_prlimit64), other: by the test's process, which it
  *                               waits for on stdin), waits MS ms, then maps 512 MiB and starts a
- *                               thread
+ *                               thread; with `small`, makes 600 MiB of 1000-byte mallocs instead
+ *                               (glibc's heap, grown by brk) and prints how many succeeded
  *   footprint limit-race N      N times: frees 1 GiB, lowers RLIMIT_AS to 1 GiB with a raw
  *                               prlimit64 (unseen by the library), and maps 512 MiB while another
  *                               thread sets the same limit through libc (which the library follows
@@ -123,16 +126,17 @@ static int work(void) {
 
 static void *idle(void *arg) { return arg; }
 
-static int limit(const char *how, long ms) {
+static int limit(const char *how, long ms, const char *res, int small) {
+    int resource = strcmp(res, "data") == 0 ? RLIMIT_DATA : RLIMIT_AS;
     char *big = malloc(1024 * MIB);
     CHECK(big != NULL);
     big[0] = 1;
     free(big);
     struct rlimit rl = {1024 * MIB, 1024 * MIB};
     if (strcmp(how, "setrlimit") == 0) {
-        CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
+        CHECK(setrlimit(resource, &rl) == 0);
     } else if (strcmp(how, "raw") == 0) {
-        CHECK(syscall(SYS_prlimit64, 0, RLIMIT_AS, &rl, NULL) == 0);
+        CHECK(syscall(SYS_prlimit64, 0, resource, &rl, NULL) == 0);
     } else {
         /* The test's process sets it with prlimit(2), then answers. */
         printf("ready\n");
@@ -141,6 +145,19 @@ static int limit(const char *how, long ms) {
         CHECK(fgets(line, sizeof line, stdin) != NULL);
     }
     sleep_ms(ms);
+    if (small) {
+        /* 600 MiB in pieces under the 128 KiB threshold: the next allocator's, from brk. */
+        enum { PIECES = 600 * 1024 };
+        static void *piece[PIECES];
+        int got = 0;
+        while (got < PIECES && (piece[got] = malloc(1000)) != NULL) {
+            memset(piece[got], 1, 1000);
+            got++;
+        }
+        printf("1000-byte mallocs: %d of %d\n", got, PIECES);
+        while (got > 0) free(piece[--got]);
+        return 0;
+    }
     void *m = mmap(NULL, 512 * MIB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     printf("mmap 512 MiB: %s\n", m == MAP_FAILED ? strerror(errno) : "ok");
     if (m != MAP_FAILED) munmap(m, 512 * MIB);
@@ -356,7 +373,7 @@ static int reload(long n) {
 int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "work";
     if (strcmp(what, "work") == 0) return work();
-    if (strcmp(what, "limit") == 0 && argc > 3) return limit(argv[2], atol(argv[3]));
+    if (strcmp(what, "limit") == 0 && argc > 3) return limit(argv[2], atol(argv[3]), argc > 4 ? argv[4] : "as", argc > 5 && strcmp(argv[5], "small") == 0);
     if (strcmp(what, "limit-race") == 0 && argc > 2) return limit_race(atol(argv[2]));
     if (strcmp(what, "mlockall") == 0 && argc > 2) return lockall(atol(argv[2]));
     if (strcmp(what, "hugepage") == 0) return hugepage();

@@ -202,7 +202,7 @@ pub struct OutOfMemory {
     pub place: u8,
     pub request_bytes: u64,
     /// Device: the driver's total and free memory (0, 0 when it cannot say). Host: the
-    /// address-space limit (u64::MAX when none) and 0.
+    /// mapping limit (u64::MAX when none) and 0.
     pub total_bytes: u64,
     pub free_bytes: u64,
     /// Device: what cudaMemGetInfo answers the program (free plus our cache, under the cap).

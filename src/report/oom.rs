@@ -28,7 +28,7 @@ pub struct Failure {
     pub place: u8,
     pub request_bytes: u64,
     /// Device: the driver's total and free memory (0, 0 when it cannot say). Host: the
-    /// address-space limit (u64::MAX when none) and 0.
+    /// mapping limit (u64::MAX when none) and 0.
     pub total_bytes: u64,
     pub free_bytes: u64,
     /// Device: the pool's reserved, live and cached bytes; host: live large blocks and the cache.
@@ -114,7 +114,7 @@ pub fn write_report<W: Write>(w: &mut W, f: &Failure, cap_bytes: Option<u64>, le
     } else {
         writeln!(w, "tensormalloc: out of memory: a large host block of {} could not be mapped, even after the cache was emptied", Bytes(f.request_bytes))?;
         if f.total_bytes != u64::MAX {
-            writeln!(w, "  address-space limit (RLIMIT_AS or the commit limit): {}", Bytes(f.total_bytes))?;
+            writeln!(w, "  mapping limit (RLIMIT_AS, RLIMIT_DATA or the commit limit): {}", Bytes(f.total_bytes))?;
         }
         writeln!(w, "  large host blocks: {} live, {} cached", Bytes(f.live_bytes), Bytes(f.cached_bytes))?;
     }
@@ -190,6 +190,6 @@ mod tests {
         let mut w = StackWriter::<8192>::new();
         write_report(&mut w, &host, None, 0).unwrap();
         let text = std::str::from_utf8(w.as_bytes()).unwrap();
-        assert!(text.contains("large host block of 1.0 GiB") && !text.contains("address-space limit"), "{text}");
+        assert!(text.contains("large host block of 1.0 GiB") && !text.contains("mapping limit"), "{text}");
     }
 }

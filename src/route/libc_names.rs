@@ -12,7 +12,7 @@
 // `__libc_` definition: glibc's, or jemalloc's and tcmalloc's, which define them too (what the
 // call reaches without us), or its plain name where no object has one.
 
-use super::{aligned_with, free_large, invalid_pointer, large, owner, realloc_named, ready, refuse_interior, refuse_interior_slow, Names, LARGE_FROM, MIN_ALIGN, PAGE};
+use super::{aligned_with, free_large, invalid_pointer, large_or_next, owner, realloc_named, ready, refuse_interior, refuse_interior_slow, Names, LARGE_FROM, MIN_ALIGN, PAGE};
 use crate::host::registry::Owner;
 use crate::record::holders::Asker;
 use crate::state::HOST;
@@ -26,7 +26,7 @@ pub extern "C" fn malloc(size: usize, asker: Asker) -> *mut c_void {
         // SAFETY: plain forwarding.
         return unsafe { (g.next.libc.malloc)(size) };
     }
-    large(size, PAGE, false, asker)
+    large_or_next(size, MIN_ALIGN, false, asker, Names::Libc)
 }
 
 pub extern "C" fn calloc(count: usize, size: usize, asker: Asker) -> *mut c_void {
@@ -36,7 +36,7 @@ pub extern "C" fn calloc(count: usize, size: usize, asker: Asker) -> *mut c_void
         // SAFETY: plain forwarding.
         return unsafe { (g.next.libc.calloc)(count, size) };
     }
-    large(total, PAGE, true, asker)
+    large_or_next(total, MIN_ALIGN, true, asker, Names::Libc)
 }
 
 /// # Safety

@@ -2,7 +2,7 @@
 //! the program changed] in host/host_layer/mod.rs) before the next interposer or the kernel hears of
 //! it (Note [The next interposer] in sys/page_calls.rs); a mapping refused for want of room
 //! empties the cache and is tried once more; the limit and lock calls make the cache follow a
-//! new address-space limit and mlockall at once (Note [Room for others], Note [Locked memory]).
+//! new mapping limit and mlockall at once (Note [Room for others], Note [Locked memory]).
 
 use crate::host::registry::PageChange;
 use crate::state::HOST;
@@ -58,7 +58,7 @@ fn room_made(len: usize, unmapped_before: u64) -> bool {
     let saved = errno();
     // A limit lowered behind our back (another process's prlimit, a raw prlimit64) cuts the
     // cache here already; what is left goes if the request could then fit.
-    super::follow_address_limit();
+    super::room::follow_mapping_limits();
     let made = HOST.make_room(len, unmapped_before);
     set_errno(saved);
     made
@@ -188,11 +188,11 @@ pub fn munlockall() -> c_int {
     answer
 }
 
-/// After a limit call that may have changed this process's RLIMIT_AS.
+/// After a limit call that may have changed this process's RLIMIT_AS or RLIMIT_DATA.
 fn limit_set(answer: c_int, resource: c_int, new: *const libc::rlimit) -> c_int {
-    if answer == 0 && !new.is_null() && resource == libc::RLIMIT_AS as c_int {
+    if answer == 0 && !new.is_null() && (resource == libc::RLIMIT_AS as c_int || resource == libc::RLIMIT_DATA as c_int) {
         let saved = errno();
-        super::follow_address_limit();
+        super::room::follow_mapping_limits();
         set_errno(saved);
     }
     answer

@@ -1,7 +1,7 @@
 //! The page calls under libc's names (Note [Pages the program changed] in host/host_layer/mod.rs):
 //! each one call into `route::page_calls`, which goes on to the next interposer or the kernel
 //! (Note [The next interposer] in sys/page_calls.rs). The limit calls let the cache follow a new
-//! address-space limit, and pthread_create makes room for a thread's stack (Note [Room for
+//! mapping limit, and pthread_create makes room for a thread's stack (Note [Room for
 //! others]). capset lets our background thread step aside (Note [Threads and credentials]).
 
 use crate::route::page_calls as route;

@@ -63,20 +63,32 @@ fn with_meminfo<R>(f: impl FnOnce(&[u8]) -> R) -> Option<R> {
     Some(f(meminfo.get(..n).unwrap_or(&[])))
 }
 
-/// The most address space this process may map: `RLIMIT_AS` now (one system call: a program
-/// may set it at any time), and the commit limit under strict overcommit; u64::MAX with
-/// neither. Cached blocks count against both, MADV_FREE'd or not (Note [Room for others] in
-/// host/host_layer/release.rs).
-pub fn address_space_bytes() -> u64 {
-    let mut limit = COMMIT_LIMIT.load(Ordering::Relaxed);
+/// A soft resource limit now (one system call: a program may set it at any time); u64::MAX for
+/// none.
+fn soft_limit(resource: libc::__rlimit_resource_t) -> u64 {
     // SAFETY: getrlimit fills the struct we own.
     unsafe {
         let mut rl: libc::rlimit = core::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_AS, &mut rl) == 0 && rl.rlim_cur != libc::RLIM_INFINITY {
-            limit = limit.min(rl.rlim_cur);
+        if libc::getrlimit(resource, &mut rl) == 0 && rl.rlim_cur != libc::RLIM_INFINITY {
+            return rl.rlim_cur;
         }
     }
-    limit
+    u64::MAX
+}
+
+/// The most address space this process may map: `RLIMIT_AS` now, and the commit limit under
+/// strict overcommit; u64::MAX with neither.
+pub fn address_space_bytes() -> u64 {
+    COMMIT_LIMIT.load(Ordering::Relaxed).min(soft_limit(libc::RLIMIT_AS))
+}
+
+/// The most this process may map privately writable, as every block of ours is: the address
+/// space (`address_space_bytes`) and `RLIMIT_DATA`, which since Linux 4.7 counts such mappings
+/// beside brk's heap (`ulimit -d`, systemd's `LimitDATA=`, Python's `resource.setrlimit`: the
+/// cap of choice where CUDA's reservations make `RLIMIT_AS` useless). Cached blocks count
+/// against each, MADV_FREE'd or not (Note [Room for others] in host/host_layer/release.rs).
+pub fn mapping_limit_bytes() -> u64 {
+    address_space_bytes().min(soft_limit(libc::RLIMIT_DATA))
 }
 
 /// The largest single mapping that could succeed were every cached block unmapped: the
@@ -237,6 +249,7 @@ mod tests {
     #[test]
     fn address_space_limits_are_read() {
         assert!(address_space_bytes() > 0);
+        assert!(mapping_limit_bytes() > 0 && mapping_limit_bytes() <= address_space_bytes());
         assert!(largest_possible_mapping() > 1 << 20 && largest_possible_mapping() <= address_space_bytes());
     }
 

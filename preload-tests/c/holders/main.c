@@ -77,15 +77,18 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(scenario, "oom_host")) {
         void (*arm)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "spy_arm");
+        void (*watch)(size_t) = (void (*)(size_t))dlsym(RTLD_DEFAULT, "spy_watch");
         long (*calls)(void) = (long (*)(void))dlsym(RTLD_DEFAULT, "spy_calls");
+        long (*watched)(void) = (long (*)(void))dlsym(RTLD_DEFAULT, "spy_watched_calls");
         void *f = framework_host(96 * MIB);
-        if (!f || !arm || !calls) return 3;
+        if (!f || !arm || !watch || !calls || !watched) return 3;
         struct rlimit rl = {vm_bytes() + 64 * MIB, RLIM_INFINITY};
         if (setrlimit(RLIMIT_AS, &rl)) return 4;
+        watch(128 * MIB);
         arm(1);
         void *g = mathlib_host(128 * MIB);
         arm(0);
-        printf("second block %s; allocations during the report: %ld\n", g ? "served" : "refused", calls());
+        printf("second block %s; allocations during the report: %ld; the request handed to the next allocator: %ld\n", g ? "served" : "refused", calls(), watched());
         free(f);
         void *h = mathlib_host(128 * MIB);
         printf("after the free: %s\n", h ? "served" : "refused");

@@ -48,6 +48,7 @@ impl<M: PageMemory> HostLayer<M> {
     fn forget_blocks_of_parent(&self, cache: &mut BlockCache) {
         cache.forget_all(|r| self.registry.clear(r.addr));
         self.transit.clear(); // the threads that had ranges in transit are not here
+        self.releasing.clear();
         self.stats.cached.set(0);
         cache.tally.restart();
         self.forget_blocks_kept_from_children(cache);
@@ -116,6 +117,12 @@ impl<M: PageMemory> HostLayer<M> {
         self.transit.wait_empty(self.clock, (self.clock)().saturating_add(TRANSIT_WAIT_NS));
     }
 
+    /// Waits, as long at most, until the background pass has released, and unmapped what a trim
+    /// doomed meanwhile (Note [Room for others], rule 7).
+    pub(super) fn wait_for_release(&self) {
+        self.releasing.wait_empty(self.clock, (self.clock)().saturating_add(TRANSIT_WAIT_NS));
+    }
+
     /// # Safety
     /// Only in the fork handlers, after `lock_for_fork`. The cached blocks stay kept from
     /// children until they leave the cache (Note [Fork at the fork]).
@@ -128,5 +135,6 @@ impl<M: PageMemory> HostLayer<M> {
     }
 }
 
-/// How long a fork, or a retry for room, waits for ranges in transit (Note [Fork at the fork]).
+/// How long a fork, or a retry for room, waits for ranges in transit (Note [Fork at the fork]),
+/// and a retry for blocks being released.
 const TRANSIT_WAIT_NS: u64 = 100_000_000;

@@ -157,8 +157,8 @@ impl<M: PageMemory> HostLayer<M> {
     pub(super) fn defer_unmaps(&self, cache: &mut BlockCache, ranges: &RangeList) -> (RangeList, bool, Pass<'_>) {
         let mut inline = RangeList::new();
         let was_empty = cache.deferred_bytes() == 0;
-        // Under an address-space limit the room is needed now, not when the thread wakes.
-        let running = (self.background.running)() && self.address_space_bytes.load(Relaxed) == u64::MAX;
+        // Under a mapping limit the room is needed now, not when the thread wakes.
+        let running = (self.background.running)() && self.mapping_limit_bytes.load(Relaxed) == u64::MAX;
         for r in ranges.iter() {
             if !(running && cache.defer_unmap(*r)) {
                 inline.push(*r);

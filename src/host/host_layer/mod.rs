@@ -102,6 +102,9 @@ pub struct HostLayer<M: PageMemory> {
     cache: Lock<BlockCache>,
     /// Ranges out of the cache's records and not yet unmapped (Note [Fork at the fork]).
     transit: Gate,
+    /// The background pass is releasing blocks, which a trim meanwhile leaves it to unmap
+    /// (Note [Room for others], rule 7).
+    releasing: Gate,
     /// A fork is under way: the cache's blocks are kept from the child (Note [Fork at the fork]).
     forking: AtomicBool,
     /// TENSORMALLOC_RESET=always (Note [Pages the program changed]).
@@ -112,10 +115,10 @@ pub struct HostLayer<M: PageMemory> {
     /// Large requests come here (TENSORMALLOC_DISABLE turns it off, tm_set_enabled at run time).
     enabled: AtomicBool,
     hugepages: AtomicU8,
-    /// What the process may map (`limit_address_space`); u64::MAX without a limit.
-    address_space_bytes: AtomicU64,
-    /// The byte bound's ceiling from memory alone (a quarter of it), which an address-space
-    /// limit lowers and a raised one gives back.
+    /// What the process may map (`limit_mappings`); u64::MAX without a limit.
+    mapping_limit_bytes: AtomicU64,
+    /// The byte bound's ceiling from memory alone (a quarter of it), which a mapping limit
+    /// lowers and a raised one gives back.
     memory_ceiling_bytes: AtomicU64,
     /// How idle blocks give their pages back (`Release` as a code).
     release: AtomicU8,
@@ -148,10 +151,10 @@ const NO_PROCESS: u32 = u32::MAX;
 
 /// The cache's limits: a bound the user set is exact; without one, bounds follow the live peak
 /// up to a ceiling of a quarter of `memory_bytes` (Note [Bounds follow the working set]) and an
-/// eighth of `address_space_bytes` (Note [Room for others]).
-const fn limits_from(c: &Config, memory_bytes: u64, address_space_bytes: u64) -> CacheLimits {
+/// eighth of `mapping_limit_bytes` (Note [Room for others]).
+const fn limits_from(c: &Config, memory_bytes: u64, mapping_limit_bytes: u64) -> CacheLimits {
     let ceiling = {
-        let (memory, space) = (memory_bytes / 4, address_space_bytes / 8);
+        let (memory, space) = (memory_bytes / 4, mapping_limit_bytes / 8);
         if memory < space {
             memory
         } else {
@@ -200,12 +203,13 @@ impl<M: PageMemory> HostLayer<M> {
             registry: Registry::new(table_source),
             cache: Lock::new(BlockCache::new(DEFAULTS)),
             transit: Gate::new(),
+            releasing: Gate::new(),
             forking: AtomicBool::new(false),
             reset_always: AtomicBool::new(false),
             calloc_votes: AtomicU8::new(0),
             threshold_bytes: AtomicUsize::new(Config::DEFAULT.threshold_bytes as usize),
             enabled: AtomicBool::new(false),
-            address_space_bytes: AtomicU64::new(u64::MAX),
+            mapping_limit_bytes: AtomicU64::new(u64::MAX),
             memory_ceiling_bytes: AtomicU64::new(DEFAULTS.max_bytes as u64),
             release: AtomicU8::new(0),
             fork_pid: AtomicU32::new(NO_PROCESS),
@@ -230,7 +234,8 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     /// `memory_bytes`: what the process may use (physical memory, or its cgroup's limit).
-    /// The address-space limit comes later, from `limit_address_space`.
+    /// The mapping limit (RLIMIT_AS, RLIMIT_DATA, strict overcommit) comes later, from
+    /// `limit_mappings`.
     pub fn configure(&self, config: &Config, memory_bytes: u64) {
         self.threshold_bytes.store(config.threshold_bytes as usize, Relaxed);
         self.enabled.store(!config.disabled, Relaxed);
@@ -238,7 +243,7 @@ impl<M: PageMemory> HostLayer<M> {
         self.release.store(config.release as u8, Relaxed);
         self.reset_always.store(config.reset_always, Relaxed);
         self.memory_ceiling_bytes.store(memory_bytes / 4, Relaxed);
-        self.cache().set_limits(limits_from(config, memory_bytes, self.address_space_bytes.load(Relaxed)));
+        self.cache().set_limits(limits_from(config, memory_bytes, self.mapping_limit_bytes.load(Relaxed)));
     }
 
     /// Requests of at least `bytes` come here from now on (mallopt's M_MMAP_THRESHOLD); the

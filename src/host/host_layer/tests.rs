@@ -433,15 +433,15 @@ fn a_lower_address_limit_empties_the_cache_at_once() {
     }
     assert_eq!(l.cached().1, 1024 * MB);
     let unlimited = l.bounds();
-    l.limit_address_space(4096 * MB as u64);
+    l.limit_mappings(4096 * MB as u64);
     assert_eq!(l.cached().1, 512 * MB, "an eighth of the limit");
     assert_eq!(l.memory.mapped_bytes(), 512 * MB, "the rest unmapped before it returned");
-    l.limit_address_space(1024 * MB as u64);
+    l.limit_mappings(1024 * MB as u64);
     assert_eq!(l.cached().1, 0);
     assert_eq!(l.memory.mapped_bytes(), 0);
     // A raised limit takes nothing, and gives the bound its ceiling back.
     assert_eq!(l.bounds().1, 128 * MB);
-    l.limit_address_space(u64::MAX);
+    l.limit_mappings(u64::MAX);
     assert_eq!(l.bounds(), unlimited);
     assert_eq!(l.memory.mapped_bytes(), 0);
     check(&l);
@@ -643,7 +643,7 @@ fn idle_blocks_leave_rss_at_once_near_a_limit() {
 #[test]
 fn the_cache_gives_way_under_an_address_space_limit() {
     let l = layer_with(Config::default(), yes);
-    l.limit_address_space(1 << 30);
+    l.limit_mappings(1 << 30);
     assert_eq!(l.bounds().1, 128 * MB);
     let big = l.alloc(256 * MB, 4096, false, 0).unwrap();
     let small = l.alloc(64 * MB, 4096, false, 0).unwrap();
@@ -702,6 +702,44 @@ fn a_retry_waits_for_blocks_on_their_way_to_the_kernel() {
     l.trim();
     assert!(l.may_make_room(before) && l.make_room(100 * MB, before), "the other thread's unmap made room");
     assert!(!l.make_room(100 * MB, l.unmapped_bytes()));
+    check(&l);
+}
+
+#[test]
+fn a_retry_waits_for_blocks_the_background_pass_is_releasing() {
+    // Note [Room for others], rule 7: the background pass is releasing a block (its madvise
+    // under way, outside the lock) when a mapping fails. The trim leaves the block for the pass
+    // to unmap once the madvise returns; the retry must come after that unmap.
+    let l = layer(Config::default());
+    let a = l.alloc(64 * MB, 4096, false, 0).unwrap();
+    l.free(a, 64 * MB);
+    l.memory.hold_releases();
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let returned = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (l, returned) = (&*l, &returned);
+        s.spawn(move || {
+            advance(2_000 * MS); // this thread's clock: idle past the release, short of the unmap
+            l.reap();
+        });
+        while !l.memory.release_waiting() {
+            std::thread::yield_now();
+        }
+        let before = l.unmapped_bytes();
+        assert!(l.may_make_room(before));
+        // The madvise returns once the retry waits for it, or has returned without waiting.
+        s.spawn(move || {
+            while !l.releasing.awaited() && !returned.load(SeqCst) {
+                std::thread::yield_now();
+            }
+            l.memory.let_releases_go();
+        });
+        let made = l.make_room(100 * MB, before);
+        returned.store(true, SeqCst);
+        assert!(made, "room, once the pass has unmapped the block the trim left it");
+        assert!(!l.memory.is_mapped(a, 64 * MB));
+    });
+    assert_eq!(l.stats.released_blocks.get(), 1);
     check(&l);
 }
 
