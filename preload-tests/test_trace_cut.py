@@ -1,5 +1,5 @@
 """No torn trace (issue 35, item 4; Note [No torn trace] in src/record/trace.rs): a trace whose
-writes fail part way (a file size limit with SIGXFSZ ignored, a full tmpfs) ends at its last whole
+writes fail part way (a file size limit, SIGXFSZ ignored or not, a full tmpfs) ends at its last whole
 record, the program says so in one line and runs on, and `tensormalloc plot` draws what is there,
 saying how many records it read and that the file was cut. On the full disk the stats' counters,
 reserved on disk when their file was made, still hold every count though the JSON at exit finds
@@ -43,16 +43,38 @@ def check_cut(trace, out):
     return said
 
 
-def test_a_file_size_limit_cuts_the_trace_at_a_whole_record(tmp_path):
-    trace = tmp_path / "t.bin"
-
+def size_limited(disposition, limit=64 << 10):
     def limited():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        signal.signal(signal.SIGXFSZ, disposition)
+    return limited
 
-    out = ok(run([compile_c("outputs"), "many", str(REQUESTS)], env={"TENSORMALLOC_TRACE": str(trace)}, preexec_fn=limited))
+
+@pytest.mark.parametrize("disposition", [signal.SIG_IGN, signal.SIG_DFL], ids=["signal-ignored", "signal-default"])
+def test_a_file_size_limit_cuts_the_trace_at_a_whole_record(tmp_path, disposition):
+    """`ulimit -f`: the trace's write past the limit fails (EFBIG) instead of SIGXFSZ killing
+    the program, whose default action it is (Note [Our writes and the file size limit]);
+    before, the program died at the 64 KiB mark (exit 153)."""
+    trace = tmp_path / "t.bin"
+    out = ok(run([compile_c("outputs"), "many", str(REQUESTS)], env={"TENSORMALLOC_TRACE": str(trace)}, preexec_fn=size_limited(disposition)))
     said = check_cut(trace, out)
     assert said.group(2) == "File too large", said.group(0)
+
+
+def test_a_file_size_limit_leaves_the_stats_json_unwritten_in_one_line(tmp_path):
+    """1 KiB: the counters' file cannot be reserved, nor the JSON written at exit; the program
+    runs on and says so once (it said so twice, from each writer, when it did not die first)."""
+    path = tmp_path / "s.json"
+    out = ok(run([compile_c("outputs"), "many", "200"], env={"TENSORMALLOC_STATS": f"json:{path}"}, preexec_fn=size_limited(signal.SIG_DFL, 1024)))
+    assert [line for line in out.stderr.splitlines() if "stats" in line] == [f"tensormalloc: cannot write the stats to {path} (File too large)"], out.stderr
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_the_programs_own_write_past_the_limit_still_gets_its_signal(tmp_path, preload):
+    """Our writes hold SIGXFSZ back; the program's own are as without us: killed by it."""
+    env = {"TENSORMALLOC_TRACE": str(tmp_path / "t.bin")} if preload else {}
+    out = run([compile_c("outputs"), "many-write", "100", str(tmp_path / "own.bin")], env=env, preload=preload, preexec_fn=size_limited(signal.SIG_DFL))
+    assert out.returncode == -signal.SIGXFSZ, (out.returncode, out.stdout, out.stderr)
 
 
 def test_a_full_disk_cuts_the_trace_and_keeps_the_counts(tmp_path):

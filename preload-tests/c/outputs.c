@@ -9,6 +9,8 @@
  *                          print its pid
  *   outputs many N         N requests of sizes 4 to 12 MiB, none freed before the next: a long
  *                          trace (a full disk cuts it)
+ *   outputs many-write N P as `many`, then writes 1 MiB to file P itself (past a file size
+ *                          limit, SIGXFSZ is the program's, as without the library)
  *   outputs hold N         makes N requests, keeps the last one live, prints its pid and waits
  *                          for stdin to close (a process that runs while others read its files)
  *   outputs threads T N    T threads released at once make N requests each (the first of them
@@ -81,6 +83,17 @@ int main(int argc, char **argv) {
             last = p;
         }
         free(last);
+        return 0;
+    }
+    if (!strcmp(mode, "many-write") && argc > 3) {
+        int n = atoi(argv[2]);
+        for (int i = 0; i < n; i++) requests(1, (size_t)(4 + i % 9) * MB);
+        static char buf[1 << 20];
+        FILE *f = fopen(argv[3], "w");
+        CHECK(f != NULL);
+        size_t put = fwrite(buf, 1, sizeof buf, f);
+        fclose(f);
+        printf("wrote %zu bytes\n", put);
         return 0;
     }
     if (!strcmp(mode, "threads")) {

@@ -140,8 +140,9 @@ impl SharedFile {
         if st.st_size != 0 && st.st_size as usize != len {
             return Err(Refused::WrongSize);
         }
-        // fallocate reserves the pages (ENOSPC on a full /dev/shm) and leaves contents alone.
-        if libc::fallocate(fd, 0, 0, len as libc::off_t) != 0 {
+        // fallocate reserves the pages (ENOSPC on a full /dev/shm) and leaves contents alone
+        // (EFBIG past a file size limit: Note [Our writes and the file size limit]).
+        if super::files::size_limit_quiet(|| libc::fallocate(fd, 0, 0, len as libc::off_t)) != 0 {
             return Err(Refused::System(super::process::errno()));
         }
         Ok(())

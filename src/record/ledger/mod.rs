@@ -403,6 +403,11 @@ pub fn detail() -> Option<&'static [u8]> {
     Some(unsafe { core::slice::from_raw_parts(MAP.load(Acquire).add(DETAIL_AT), len) })
 }
 
+/// Whether the process's file could not be made (it said so, naming the path, once).
+pub fn file_refused() -> bool {
+    STATE.load(Acquire) == FAILED
+}
+
 /// The exit hook ran: the file says so (a reader then knows its detail is final).
 pub fn mark_exited() {
     if let Some(h) = header() {
