@@ -133,6 +133,29 @@ def test_bad_values_warn_once_and_use_defaults(value):
     assert all("using the default" in l and len(l) < 300 for l in lines)
 
 
+@pytest.mark.parametrize("env", [{"TENSORMALLOC_THRESHOLD": "abc"}, {"TENSORMALLOC_STATS": "1"}, {}], ids=["bad-setting", "stats-report", "nothing-said"])
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_a_line_on_a_stderr_no_one_reads_does_not_kill_the_program(env, preload):
+    """stderr a pipe whose reader is gone (`prog 2>&1 | head -1` after head exits): our line is
+    lost, the program runs on and exits 0, as under glibc alone (Note [Signals our writes
+    raise]); before, SIGPIPE killed it (exit 141) at its bad setting's line, or at the report."""
+    import os
+    import signal
+    import subprocess
+    r, w = os.pipe()
+    os.close(r)
+    e = {k: v for k, v in os.environ.items() if not k.startswith("TENSORMALLOC_") and k != "LD_PRELOAD"}
+    if preload:
+        e["LD_PRELOAD"] = str(LIB)
+    e.update(env)
+    try:
+        # subprocess restores SIGPIPE's default action in the child (Python ignores it).
+        p = subprocess.run([compile_c("outputs"), "many", "10"], env=e, stdout=subprocess.DEVNULL, stderr=w, timeout=60)
+    finally:
+        os.close(w)
+    assert p.returncode == 0, f"exit {p.returncode}" + (" (SIGPIPE)" if p.returncode == -signal.SIGPIPE else "")
+
+
 def test_unknown_variable_is_reported():
     out = ok(run([compile_c("contract")], env={"TENSORMALLOC_TRESHOLD": "1M"}))
     assert "TENSORMALLOC_TRESHOLD is not a tensormalloc setting; ignored (did you mean TENSORMALLOC_THRESHOLD?)" in out.stderr

@@ -53,7 +53,7 @@ def size_limited(disposition, limit=64 << 10):
 @pytest.mark.parametrize("disposition", [signal.SIG_IGN, signal.SIG_DFL], ids=["signal-ignored", "signal-default"])
 def test_a_file_size_limit_cuts_the_trace_at_a_whole_record(tmp_path, disposition):
     """`ulimit -f`: the trace's write past the limit fails (EFBIG) instead of SIGXFSZ killing
-    the program, whose default action it is (Note [Our writes and the file size limit]);
+    the program, whose default action it is (Note [Signals our writes raise]);
     before, the program died at the 64 KiB mark (exit 153)."""
     trace = tmp_path / "t.bin"
     out = ok(run([compile_c("outputs"), "many", str(REQUESTS)], env={"TENSORMALLOC_TRACE": str(trace)}, preexec_fn=size_limited(disposition)))

@@ -4,16 +4,19 @@
 //! others can reach is sys/dir.rs's (Note [Files others can reach]); which name it gets,
 //! sys/claim.rs's. No allocation.
 //
-// Note [Our writes and the file size limit]
-// A write or an extension past RLIMIT_FSIZE (`ulimit -f`, a batch system's cap) raises SIGXFSZ,
-// whose default action kills the process, and fails with EFBIG only where the signal is ignored
-// or blocked. A trace, a stats file or a snapshot the user asked for must not kill the program
-// it describes: each of our writes runs with SIGXFSZ blocked in the writing thread
-// (`size_limit_quiet`), so it fails with EFBIG, which the writers take as a full disk (the
-// trace ends at its last whole record and says so, Note [No torn trace]). The signal our write
-// raised is then taken back (sigtimedwait, no wait) before the mask is restored; one pending
-// before it (the program's own, blocked) is left as it was. Three system calls a write batch,
-// only for the files asked for.
+// Note [Signals our writes raise]
+// Two signals come of a write whose default action kills the process: SIGXFSZ, for a write or an
+// extension past RLIMIT_FSIZE (`ulimit -f`, a batch system's cap), and SIGPIPE, for a write to a
+// pipe or socket no one reads (stderr into `| head`, a closed log pipe). A write fails with EFBIG
+// or EPIPE instead only where the signal is ignored or blocked. A trace, a stats file, a
+// snapshot or a warning line must not kill the program it describes (a bad setting's one line
+// on a stderr whose reader is gone killed the program at load, exit 141): each of our writes
+// runs with both held back from the writing thread (`write_signals_held`), so it fails, which
+// the writers take as a full disk (the trace ends at its last whole record and says so, Note
+// [No torn trace]) or, for stderr, as nothing said. A signal our write raised is taken back
+// (sigtimedwait, no wait) before the mask is restored; one pending before it (the program's
+// own, blocked) is left as it was. Three system calls a write batch: files asked for, and lines
+// on stderr.
 
 use super::process::errno;
 
@@ -168,24 +171,35 @@ pub(super) fn stat(fd: i32) -> Option<libc::stat> {
     (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st)
 }
 
-/// Runs `write` (our writes to a file) with SIGXFSZ held back from this thread (Note [Our writes
-/// and the file size limit]).
-pub fn size_limit_quiet<R>(write: impl FnOnce() -> R) -> R {
+/// The signals a write of ours may raise (Note [Signals our writes raise]).
+const WRITE_SIGNALS: [libc::c_int; 2] = [libc::SIGXFSZ, libc::SIGPIPE];
+
+/// Runs `write` (our writes to a file, a pipe, stderr) with SIGXFSZ and SIGPIPE held back from
+/// this thread, and takes back those it raised (Note [Signals our writes raise]).
+pub fn write_signals_held<R>(write: impl FnOnce() -> R) -> R {
     // SAFETY: signal sets we own; the mask is restored before returning.
     unsafe {
-        let mut xfsz: libc::sigset_t = core::mem::zeroed();
-        libc::sigemptyset(&mut xfsz);
-        libc::sigaddset(&mut xfsz, libc::SIGXFSZ);
+        let mut held: libc::sigset_t = core::mem::zeroed();
+        libc::sigemptyset(&mut held);
+        for sig in WRITE_SIGNALS {
+            libc::sigaddset(&mut held, sig);
+        }
         let mut old: libc::sigset_t = core::mem::zeroed();
-        if libc::pthread_sigmask(libc::SIG_BLOCK, &xfsz, &mut old) != 0 {
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &held, &mut old) != 0 {
             return write();
         }
-        let pending_before = xfsz_pending();
+        let before = pending();
         let out = write();
         let saved = errno();
-        if !pending_before && xfsz_pending() {
-            let now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-            libc::sigtimedwait(&xfsz, core::ptr::null_mut(), &now);
+        let after = pending();
+        for sig in WRITE_SIGNALS {
+            if libc::sigismember(&after, sig) == 1 && libc::sigismember(&before, sig) != 1 {
+                let mut one: libc::sigset_t = core::mem::zeroed();
+                libc::sigemptyset(&mut one);
+                libc::sigaddset(&mut one, sig);
+                let now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+                libc::sigtimedwait(&one, core::ptr::null_mut(), &now);
+            }
         }
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, core::ptr::null_mut());
         super::process::set_errno(saved);
@@ -193,12 +207,14 @@ pub fn size_limit_quiet<R>(write: impl FnOnce() -> R) -> R {
     }
 }
 
-/// Whether SIGXFSZ is pending for this thread or the process.
-fn xfsz_pending() -> bool {
+/// The signals pending for this thread or the process (none when sigpending fails).
+fn pending() -> libc::sigset_t {
     // SAFETY: sigpending fills a set we own.
     unsafe {
-        let mut pending: libc::sigset_t = core::mem::zeroed();
-        libc::sigpending(&mut pending) == 0 && libc::sigismember(&pending, libc::SIGXFSZ) == 1
+        let mut set: libc::sigset_t = core::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigpending(&mut set);
+        set
     }
 }
 
@@ -212,7 +228,7 @@ pub fn try_lock(fd: i32) -> bool {
 /// zeros written), so that a full disk is found now and a mapping of it never faults on one.
 pub fn reserve(fd: i32, len: usize) -> Result<(), Refused> {
     // SAFETY: fallocate of a file we hold.
-    if size_limit_quiet(|| unsafe { libc::fallocate(fd, 0, 0, len as libc::off_t) }) == 0 {
+    if write_signals_held(|| unsafe { libc::fallocate(fd, 0, 0, len as libc::off_t) }) == 0 {
         return Ok(());
     }
     if errno() != libc::EOPNOTSUPP {
@@ -248,7 +264,7 @@ pub unsafe fn unmap(p: *mut u8, len: usize) {
 /// ftruncate: the file ends at `len`.
 pub fn truncate(fd: i32, len: u64) -> Result<(), Refused> {
     // SAFETY: ftruncate of a file we hold.
-    if size_limit_quiet(|| unsafe { libc::ftruncate(fd, len as libc::off_t) }) != 0 {
+    if write_signals_held(|| unsafe { libc::ftruncate(fd, len as libc::off_t) }) != 0 {
         return Err(last());
     }
     Ok(())
@@ -271,7 +287,7 @@ pub fn write_all(fd: i32, bytes: &[u8]) -> Result<(), i32> {
 
 /// As `write_all`; a failure also says how many bytes went out before it.
 pub fn write_counted(fd: i32, bytes: &[u8]) -> Result<(), (i32, usize)> {
-    size_limit_quiet(|| write_loop(fd, bytes))
+    write_signals_held(|| write_loop(fd, bytes))
 }
 
 fn write_loop(fd: i32, mut bytes: &[u8]) -> Result<(), (i32, usize)> {
@@ -297,7 +313,7 @@ fn write_loop(fd: i32, mut bytes: &[u8]) -> Result<(), (i32, usize)> {
 /// One pwrite of all of `bytes` at `offset`; whether it all went out.
 pub fn write_at(fd: i32, bytes: &[u8], offset: u64) -> bool {
     // SAFETY: the pointer and length describe a live slice.
-    let n = size_limit_quiet(|| unsafe { libc::pwrite(fd, bytes.as_ptr().cast(), bytes.len(), offset as libc::off_t) });
+    let n = write_signals_held(|| unsafe { libc::pwrite(fd, bytes.as_ptr().cast(), bytes.len(), offset as libc::off_t) });
     usize::try_from(n).is_ok_and(|n| n == bytes.len())
 }
 

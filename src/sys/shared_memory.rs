@@ -141,8 +141,8 @@ impl SharedFile {
             return Err(Refused::WrongSize);
         }
         // fallocate reserves the pages (ENOSPC on a full /dev/shm) and leaves contents alone
-        // (EFBIG past a file size limit: Note [Our writes and the file size limit]).
-        if super::files::size_limit_quiet(|| libc::fallocate(fd, 0, 0, len as libc::off_t)) != 0 {
+        // (EFBIG past a file size limit: Note [Signals our writes raise]).
+        if super::files::write_signals_held(|| libc::fallocate(fd, 0, 0, len as libc::off_t)) != 0 {
             return Err(Refused::System(super::process::errno()));
         }
         Ok(())
