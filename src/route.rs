@@ -506,12 +506,11 @@ unsafe fn realloc_named(p: *mut c_void, size: usize, asker: Asker, names: Names)
                 // SAFETY: as above; without malloc_usable_size we cannot know what to copy.
                 return unsafe { next_realloc(p, size) };
             };
-            let q = large(size, PAGE, false, asker);
+            // One the next allocator serves when we cannot (Note [The next allocator's free
+            // memory] in room.rs); on failure p is left as it was.
+            let q = large_or_next(size, MIN_ALIGN, false, asker, names);
             if q.is_null() {
-                // The next allocator may still grow it (Note [The next allocator's free
-                // memory] in room.rs); else it is left as it was.
-                // SAFETY: p came from the next allocator.
-                return unsafe { next_realloc(p, size) };
+                return q;
             }
             // SAFETY: p is live in the next allocator with `old` usable bytes.
             unsafe {

@@ -1,7 +1,7 @@
 /* A large request that does not fit under a limit while the next allocator holds free memory
  * (glibc's heap, grown by brk for small blocks the program has freed) is served from there, as
  * under glibc alone, by each entry point: malloc, calloc (zeroed), posix_memalign (aligned),
- * realloc of a large block (its bytes kept), each freed by the program after (Note [The next
+ * realloc of a large block and of a small one (their bytes kept), each freed by the program after (Note [The next
  * allocator's free memory] in src/route/room.rs).
  * Usage: next_room as|data (the limit: RLIMIT_AS or RLIMIT_DATA, 200 MiB over what is mapped) */
 #define _GNU_SOURCE
@@ -73,6 +73,16 @@ int main(int argc, char **argv) {
     for (long i = 0; r && i < MIB; i++) kept &= r[i] == 2;
     printf("realloc to 8 MiB: %s\n", r == NULL ? "failed" : kept ? "kept" : "changed");
     if (r) big[0] = r;
+
+    /* A small block of the next allocator's grows past the threshold. */
+    char *s = malloc(1000);
+    CHECK(s != NULL);
+    memset(s, 4, 1000);
+    char *g = realloc(s, 8 * MIB);
+    int same = g != NULL;
+    for (int i = 0; g && i < 1000; i++) same &= g[i] == 4;
+    printf("realloc of a small block to 8 MiB: %s\n", g == NULL ? "failed" : same ? "kept" : "changed");
+    free(g ? g : s);
 
     for (int i = 0; i < got; i++) free(big[i]);
     free(z);
