@@ -29,14 +29,7 @@ int main(int argc, char **argv) {
 
     enum { PIECES = 500 * 1024 };
     static void *piece[PIECES];
-    int pieces = 0;
-    while (pieces < PIECES && (piece[pieces] = malloc(1000)) != NULL) {
-        memset(piece[pieces], 1, 1000);
-        pieces++;
-    }
-    printf("1000-byte mallocs: %d of %d\n", pieces, PIECES);
-    CHECK(pieces == PIECES);
-    while (pieces > 0) free(piece[--pieces]);
+    CHECK(small_blocks(piece, PIECES) == PIECES);
 
     enum { N = 900 };
     static char *small[N];

@@ -97,3 +97,17 @@ static inline int filled(const unsigned char *p, size_t n, unsigned seed) {
         if (p[i] != (unsigned char)(seed + i / 4096)) return 0;
     return !n || p[n - 1] == (unsigned char)(seed * 7);
 }
+
+/* `count` mallocs of 1000 bytes, each written (the next allocator's small blocks: glibc grows its
+ * heap by brk for them), kept in `piece` (room for `count`), freed newest first; prints and
+ * returns how many succeeded. */
+static inline int small_blocks(void **piece, int count) {
+    int got = 0;
+    while (got < count && (piece[got] = malloc(1000)) != NULL) {
+        memset(piece[got], 1, 1000);
+        got++;
+    }
+    printf("1000-byte mallocs: %d of %d\n", got, count);
+    for (int i = got; i > 0; i--) free(piece[i - 1]);
+    return got;
+}

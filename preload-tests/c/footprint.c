@@ -149,13 +149,7 @@ static int limit(const char *how, long ms, const char *res, int small) {
         /* 600 MiB in pieces under the 128 KiB threshold: the next allocator's, from brk. */
         enum { PIECES = 600 * 1024 };
         static void *piece[PIECES];
-        int got = 0;
-        while (got < PIECES && (piece[got] = malloc(1000)) != NULL) {
-            memset(piece[got], 1, 1000);
-            got++;
-        }
-        printf("1000-byte mallocs: %d of %d\n", got, PIECES);
-        while (got > 0) free(piece[--got]);
+        small_blocks(piece, PIECES);
         return 0;
     }
     void *m = mmap(NULL, 512 * MIB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
