@@ -141,7 +141,7 @@ pub(super) fn json_at_exit(path: &[u8]) {
             })
     };
     // Said once: when the file could not be made at the first event, that line said it.
-    if let Err(e) = written.or_else(|e| if ledger::file_refused() { Ok(()) } else { Err(e) }) {
+    if let (Err(e), false) = (written, ledger::file_refused()) {
         let mut text = [0u8; 128];
         crate::warn_line!("cannot write the stats to {} ({})", core::str::from_utf8(path).unwrap_or("(path)"), e.text(&mut text));
     }

@@ -15,8 +15,8 @@
 // the writers take as a full disk (the trace ends at its last whole record and says so, Note
 // [No torn trace]) or, for stderr, as nothing said. A signal our write raised is taken back
 // (sigtimedwait, no wait) before the mask is restored; one pending before it (the program's
-// own, blocked) is left as it was. Three system calls a write batch: files asked for, and lines
-// on stderr.
+// own, blocked) is left as it was. Four system calls a write batch (the mask set and restored,
+// the pending signals read before and after): files asked for, and lines on stderr.
 
 use super::process::errno;
 

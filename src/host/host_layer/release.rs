@@ -1,5 +1,5 @@
 //! Giving memory back: idle blocks released and expired by the background pass (`reap`, Note
-//! [What RSS shows]), the whole cache emptied (`trim`), and room made for others under an
+//! [What RSS shows]), the whole cache emptied (`trim`), and room made for others under a
 //! mapping limit or when a request fails (Note [Room for others]).
 //
 // Note [Room for others]
@@ -57,8 +57,9 @@ use core::sync::atomic::Ordering::Relaxed;
 
 impl<M: PageMemory> HostLayer<M> {
     /// The process may map no more than `bytes` (the lowest of RLIMIT_AS, RLIMIT_DATA and a
-    /// strict commit limit; u64::MAX for none): the cache's ceiling becomes an eighth of it, unless the user set the bound,
-    /// and nothing leaving the cache waits to be unmapped (Note [Room for others]).
+    /// strict commit limit; u64::MAX for none): the cache's ceiling becomes an eighth of it,
+    /// unless the user set the bound, and nothing leaving the cache waits to be unmapped (Note
+    /// [Room for others]).
     /// A lower limit takes effect at once: the cache is cut to its new ceiling and the deferred
     /// unmaps are done before this returns (the program's next mmap or thread must find the room
     /// glibc's free would have left).
