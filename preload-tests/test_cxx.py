@@ -52,6 +52,17 @@ def test_failing_throwing_new_does_what_the_next_operator_does(peer, mode):
         assert f"cxx {mode} ok" in ok(ours).stdout
 
 
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_a_large_new_that_does_not_fit_is_served_by_the_next_operator_unreported(preload):
+    """Large news of every form under RLIMIT_AS 200 MiB over what is mapped, with 600 MiB of
+    glibc's heap freed: all served from that heap, as under glibc alone, and no out-of-memory
+    report (Note [Out of memory behind operator new]). Before, each throwing new we could not map
+    printed a report before libstdc++'s operator served it."""
+    out = ok(run([compile_cxx("cxx_new"), "next-room"], preload=LIB if preload else False))
+    assert "new: 75 of 75, nothrow: 75 of 75, aligned: 75 of 75, aligned nothrow: 75 of 75" in out.stdout, out.stdout + out.stderr
+    assert "out of memory" not in out.stderr, out.stderr
+
+
 def test_disabled_passes_every_operator_through(tmp_path):
     path = tmp_path / "stats.json"
     env = {"TENSORMALLOC_DISABLE": "1", "TENSORMALLOC_STATS": f"json:{path}", "CXX_CHURN": "20"}

@@ -196,20 +196,11 @@ unsafe extern "C" fn realloc_checked(p: *mut c_void, size: usize) -> *mut c_void
     unsafe { core::mem::transmute::<usize, ReallocFn>(UNCHECKED_REALLOC.load(Relaxed))(p, size) }
 }
 
-/// A large block for `asker` (Note [Holders]: a return address, or a hook's); null, reported as
-/// out of memory, when it cannot be had.
-fn large(size: usize, align: usize, zeroed: bool, asker: Asker) -> *mut c_void {
-    large_else(size, align, zeroed, asker, None)
-}
-
-/// `large` for the C entry points, which came in by `names`: a request we cannot map goes to
-/// the next allocator before it fails (Note [The next allocator's free memory] in room.rs).
+/// A large block for `asker` (Note [Holders]: a return address, or a hook's), for the C entry
+/// points, which came in by `names`: a request we cannot map goes to the next allocator before it
+/// fails (Note [The next allocator's free memory] in room.rs); null, reported as out of memory,
+/// when neither can serve it.
 fn large_or_next(size: usize, align: usize, zeroed: bool, asker: Asker, names: Names) -> *mut c_void {
-    large_else(size, align, zeroed, asker, Some(names))
-}
-
-#[inline(always)]
-fn large_else(size: usize, align: usize, zeroed: bool, asker: Asker, next: Option<Names>) -> *mut c_void {
     match HOST.alloc(size, align, zeroed, asker.holder()) {
         Some(a) => {
             arm_interior_check();
@@ -217,19 +208,39 @@ fn large_else(size: usize, align: usize, zeroed: bool, asker: Asker, next: Optio
         }
         None => {
             room::follow_mapping_limits();
-            if let Some(names) = next {
-                let p = room::next_instead(size, align, zeroed, names);
-                if !p.is_null() {
-                    return p;
-                }
+            let p = room::next_instead(size, align, zeroed, names);
+            if !p.is_null() {
+                return p;
             }
-            // A request no limit could ever allow is a probe, not a shortage: no event.
-            if HOST.could_map(size, align) {
-                let total_bytes = crate::sys::memory::mapping_limit_bytes();
-                crate::record::out_of_memory(&crate::record::OutOfMemory { place: holders::PLACE_HOST, request_bytes: size as u64, total_bytes, ..Default::default() });
-            }
+            report_out_of_memory(size, align);
             enomem()
         }
+    }
+}
+
+/// `large` for a caller that goes on elsewhere when we cannot map (the next C++ operator new):
+/// null with no out-of-memory report, which is that caller's to make if the request fails there
+/// too (Note [The next allocator's free memory] in room.rs).
+fn large_unreported(size: usize, align: usize, asker: Asker) -> *mut c_void {
+    match HOST.alloc(size, align, false, asker.holder()) {
+        Some(a) => {
+            arm_interior_check();
+            a as *mut c_void
+        }
+        None => {
+            room::follow_mapping_limits();
+            core::ptr::null_mut()
+        }
+    }
+}
+
+/// The host layer's out-of-memory event for a request of `size` bytes on `align` that nothing
+/// served. A request no limit could ever allow is a probe, not a shortage: no event.
+#[cold]
+fn report_out_of_memory(size: usize, align: usize) {
+    if HOST.could_map(size, align) {
+        let total_bytes = crate::sys::memory::mapping_limit_bytes();
+        crate::record::out_of_memory(&crate::record::OutOfMemory { place: holders::PLACE_HOST, request_bytes: size as u64, total_bytes, ..Default::default() });
     }
 }
 

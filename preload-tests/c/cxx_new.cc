@@ -3,7 +3,8 @@
  * the threshold, aligned new, large nothrow new, small news, sized and nothrow deletes, every
  * block's contents checked (the test reads the hit rate from TENSORMALLOC_STATS=json).
  * `nothrow-fail`, `throw-fail`: impossible sizes, and the next operator's new_handler;
- * `small-fail`: small news past RLIMIT_AS. */
+ * `small-fail`: small news past RLIMIT_AS; `next-room`: large news that no new mapping fits under
+ * RLIMIT_AS, served from the free memory the next allocator holds (as under it alone). */
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -215,12 +216,64 @@ static void small_fail() {
     for (void *p : keep) ::operator delete(p);
 }
 
+/* Large news under RLIMIT_AS 200 MiB over what is mapped, with 600 MiB of the next allocator's
+ * heap freed (small news, deleted in reverse: glibc keeps its brk heap): every form is served
+ * from that heap, as under glibc alone, with no out-of-memory report on the way (Note [Out of
+ * memory behind operator new] in src/route/cxx.rs). Prints how many were served. */
+static void next_room() {
+    enum { PIECES = 600 * 1024, BIG = 300 };
+    static void *piece[PIECES];
+    static char *big[BIG];
+    for (int i = 0; i < PIECES; i++) {
+        piece[i] = ::operator new(1000);
+        std::memset(piece[i], 1, 1000);
+    }
+    long pages = 0;
+    FILE *f = std::fopen("/proc/self/statm", "r");
+    CHECK(f && std::fscanf(f, "%ld", &pages) == 1);
+    std::fclose(f);
+    struct rlimit rl = {std::size_t(pages) * 4096 + 200 * MiB, RLIM_INFINITY};
+    CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
+    for (int i = PIECES - 1; i >= 0; i--) ::operator delete(piece[i]);
+
+    int thrown = 0, nothrow = 0, aligned = 0, aligned_nothrow = 0;
+    for (int i = 0; i < BIG; i++) {
+        try {
+            if (i % 4 == 0) {
+                big[i] = new char[MiB];
+                thrown++;
+            } else if (i % 4 == 1) {
+                big[i] = new (std::nothrow) char[MiB];
+                nothrow += big[i] != nullptr;
+            } else if (i % 4 == 2) {
+                big[i] = static_cast<char *>(::operator new(MiB, std::align_val_t(4096)));
+                aligned += reinterpret_cast<std::uintptr_t>(big[i]) % 4096 == 0;
+            } else {
+                big[i] = static_cast<char *>(::operator new(MiB, std::align_val_t(4096), std::nothrow));
+                aligned_nothrow += big[i] != nullptr && reinterpret_cast<std::uintptr_t>(big[i]) % 4096 == 0;
+            }
+        } catch (const std::bad_alloc &) {
+            big[i] = nullptr;
+        }
+        if (big[i]) fill(big[i], MiB, unsigned(i));
+    }
+    for (int i = 0; i < BIG; i++)
+        if (big[i]) verify(big[i], MiB, unsigned(i));
+    std::printf("new: %d of %d, nothrow: %d of %d, aligned: %d of %d, aligned nothrow: %d of %d\n", thrown, BIG / 4, nothrow, BIG / 4, aligned, BIG / 4, aligned_nothrow, BIG / 4);
+    for (int i = 0; i < BIG; i++) {
+        if (i % 4 == 0) delete[] big[i];
+        else if (i % 4 == 1) delete[] big[i];
+        else ::operator delete(big[i], std::align_val_t(4096));
+    }
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "servable";
     if (!std::strcmp(mode, "servable")) servable();
     else if (!std::strcmp(mode, "nothrow-fail")) nothrow_fail();
     else if (!std::strcmp(mode, "throw-fail")) throw_fail();
     else if (!std::strcmp(mode, "small-fail")) small_fail();
+    else if (!std::strcmp(mode, "next-room")) next_room();
     else CHECK(!"unknown mode");
     std::printf("cxx %s ok\n", mode);
     return 0;

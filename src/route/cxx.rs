@@ -3,9 +3,17 @@
 //! `new_handler` and `std::bad_alloc` the program expects (Rust cannot throw). delete gives our
 //! pointers back to us and forwards the rest to the matching next operator. No next operator: the
 //! malloc family's semantics, and a throwing new that fails aborts with one line.
+//
+// Note [Out of memory behind operator new]
+// A large new we cannot map goes on to the next operator, which may serve it from its own free
+// memory (Note [The next allocator's free memory] in room.rs): our failure is not the program's,
+// so it is not reported as out of memory here. libstdc++'s operators come back through our
+// malloc or aligned_alloc, which report it if nothing serves; another allocator's nothrow
+// operator returning null is reported by us; another's throwing operator that throws is out of
+// our sight (its std::bad_alloc is what the program sees).
 
 use crate::record::holders::Asker;
-use super::{aligned, free_large, invalid_pointer, large, malloc, malloc_as, owner, plainly_foreign, refuse_interior, refuse_interior_slow, small_below};
+use super::{aligned, free_large, invalid_pointer, large_unreported, malloc, malloc_as, owner, plainly_foreign, refuse_interior, refuse_interior_slow, report_out_of_memory, small_below};
 use super::{LARGE_FROM, MIN_ALIGN, PAGE};
 use crate::host::registry::Owner;
 use crate::sys::next::{bootstrap_alloc, is_bootstrap};
@@ -41,7 +49,9 @@ fn throwing_new_slow<F: Copy>(op: &NextOp<F>, size: usize, align: usize, fallbac
         Some(f) => unsafe { core::mem::transmute_copy::<F, usize>(&f) },
         None => fallback,
     };
-    let ptr = if size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two() { large(size, align.max(PAGE), false, asker) } else { core::ptr::null_mut() };
+    // Unreported: the next operator (or the fallback's malloc) has its go first (Note [Out of
+    // memory behind operator new]).
+    let ptr = if size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two() { large_unreported(size, align.max(PAGE), asker) } else { core::ptr::null_mut() };
     NewOutcome { ptr, next }
 }
 
@@ -104,15 +114,22 @@ fn new_nothrow_slow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void, 
     if super::ready().is_none() {
         return bootstrap_alloc(size, MIN_ALIGN);
     }
-    if size >= LARGE_FROM.load(Relaxed) {
-        let p = large(size, PAGE, false, asker);
+    let large = size >= LARGE_FROM.load(Relaxed);
+    if large {
+        let p = large_unreported(size, PAGE, asker);
         if !p.is_null() {
             return p;
         }
     }
     match op.resolve() {
-        // SAFETY: as in new_nothrow; it returns NULL when it cannot serve either.
-        Some(f) => unsafe { f(size, tag) },
+        Some(f) => {
+            // SAFETY: as in new_nothrow; it returns NULL when it cannot serve either.
+            let p = unsafe { f(size, tag) };
+            if p.is_null() && large && !op.is_plain() {
+                report_out_of_memory(size, PAGE);
+            }
+            p
+        }
         None => malloc_as(size, asker),
     }
 }
@@ -135,15 +152,22 @@ fn new_aligned_nothrow_slow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align
     if super::ready().is_none() {
         return bootstrap_alloc(size, align.max(MIN_ALIGN));
     }
-    if size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two() {
-        let p = large(size, align.max(PAGE), false, asker);
+    let large = size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two();
+    if large {
+        let p = large_unreported(size, align.max(PAGE), asker);
         if !p.is_null() {
             return p;
         }
     }
     match op.resolve() {
-        // SAFETY: as in new_nothrow.
-        Some(f) => unsafe { f(size, align, tag) },
+        Some(f) => {
+            // SAFETY: as in new_nothrow.
+            let p = unsafe { f(size, align, tag) };
+            if p.is_null() && large && !op.is_plain() {
+                report_out_of_memory(size, align.max(PAGE));
+            }
+            p
+        }
         None if align.is_power_of_two() => aligned(align, size, asker),
         None => core::ptr::null_mut(),
     }

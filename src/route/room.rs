@@ -12,9 +12,9 @@
 // calloc, realloc and the aligned ones, under either names) offer such a request to the next
 // allocator, by the names they came in by, before failing. The block is then the next
 // allocator's, as a small one is: its free, realloc and usable size go there (no table of ours
-// has it), and the holders table and our figures do not count it. The C++ operators already go
-// on to the next operator new when we cannot serve (cxx.rs). Only a request the next allocator
-// refuses too is reported as out of memory.
+// has it), and the holders table and our figures do not count it. The C++ operators go on to
+// the next operator new when we cannot serve (Note [Out of memory behind operator new] in
+// cxx.rs). Only a request the next allocator refuses too is reported as out of memory.
 
 use super::{enomem, free_large, Names, MIN_ALIGN, NEXT_CALLOC, NEXT_MALLOC, NEXT_REALLOC, UNCHECKED_REALLOC};
 use crate::state::HOST;
