@@ -261,3 +261,39 @@ def test_calloc_reads_zero_on_every_path(setting):
     env = {**SETTINGS.get(setting, {"TENSORMALLOC_HUGEPAGES": "always"}), "TENSORMALLOC_HOST_RELEASE_MS": "100", "TENSORMALLOC_HOST_UNMAP_MS": "60000"}
     out = ok(run([compile_c("calloc_zero")], env=env))
     assert "calloc ok" in out.stdout
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_a_pending_cancellation_waits_for_the_programs_own_cancellation_point(preload):
+    """A thread with pthread_cancel pending whose large malloc fails under RLIMIT_AS (its
+    out-of-memory report written on the way): malloc returns NULL, the thread frees what it held,
+    and it is cancelled at its pthread_testcancel, as under glibc alone (Note [Cancellation
+    points]). Before, the report's write was the cancellation point: the thread died inside
+    malloc and never freed its 100 MiB."""
+    out = ok(run([compile_c("cancel_pending"), "oom"], preload=preload))
+    assert "malloc returned null, freed, then cancelled" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("report", ["none", "stats-json", "stats-text", "trace", "snapshot", "leaks"])
+def test_exit_from_a_thread_with_a_cancellation_pending_ends_the_process(report, tmp_path):
+    """exit(0) from a thread with pthread_cancel pending: the reports asked for are written in
+    that thread, and the process ends with status 0, as under glibc alone. Before, the stats
+    file's getrandom (a cancellation point in glibc) cancelled the thread inside exit: the
+    process ran on, its main thread woke from pthread_join."""
+    path = tmp_path / "out"
+    env = {
+        "none": {},
+        "stats-json": {"TENSORMALLOC_STATS": f"json:{path}"},
+        "stats-text": {"TENSORMALLOC_STATS": "1"},
+        "trace": {"TENSORMALLOC_TRACE": str(path)},
+        "snapshot": {"TENSORMALLOC_SNAPSHOT_AT_EXIT": str(path)},
+        "leaks": {"TENSORMALLOC_LEAKS": "1"},
+    }[report]
+    out = ok(run([compile_c("cancel_pending"), "exit"], env=env, timeout=60))
+    assert "exit did not end the process" not in out.stdout
+    if report in ("stats-json", "trace", "snapshot"):
+        assert path.stat().st_size > 0
+    if report == "stats-json":
+        assert json.loads(path.read_text())["host"]["requests"] == 1
+    if report == "stats-text":
+        assert "tensormalloc" in out.stderr

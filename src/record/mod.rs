@@ -226,7 +226,9 @@ pub fn out_of_memory(e: &OutOfMemory) {
     history::record(history::OOM, e.place, e.free_bytes, e.request_bytes, 0, 0);
     let listener = OUT_OF_MEMORY_LISTENER.load(Ordering::Acquire);
     if !listener.is_null() {
+        // The report's writes inside malloc are no cancellation point (Note [Cancellation
+        // points] in sys/thread.rs).
         // SAFETY: only `on_out_of_memory` stores here, a `fn(&OutOfMemory)`.
-        unsafe { core::mem::transmute::<*mut (), fn(&OutOfMemory)>(listener)(e) };
+        crate::sys::thread::cancel_held(|| unsafe { core::mem::transmute::<*mut (), fn(&OutOfMemory)>(listener)(e) });
     }
 }

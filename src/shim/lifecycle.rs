@@ -64,11 +64,15 @@ extern "C" fn after_fork_in_child() {
     }
 }
 
-/// Runs at unload or exit, after the program's atexit handlers: the reports asked for.
+/// Runs at unload or exit, after the program's atexit handlers: the reports asked for, in
+/// whatever thread called exit, which a pending cancellation must not stop halfway (Note
+/// [Cancellation points] in sys/thread.rs).
 extern "C" fn on_unload() {
     if let Some(g) = globals() {
-        trace::finish();
-        report::at_exit(&g.config);
+        sys::thread::cancel_held(|| {
+            trace::finish();
+            report::at_exit(&g.config);
+        });
     }
 }
 

@@ -14,6 +14,7 @@
 // device never blocks us), O_NOFOLLOW, O_CLOEXEC, then checked: a regular file, ours, with one
 // link; anything else is refused with its reason. Every file we make is 0600.
 
+use super::thread::cancel_held;
 use super::files::{self, close, decimal, joined, last, name, stat, terminated, try_lock, write_at, Name, Refused, NAME_MAX_BYTES, PATH_MAX_BYTES};
 use super::process::errno;
 
@@ -31,7 +32,7 @@ impl Dir {
         let mut c = [0u8; PATH_MAX_BYTES + 1];
         let c = terminated(path, &mut c).ok_or(Refused::Os(libc::ENAMETOOLONG))?;
         // SAFETY: c is NUL-terminated.
-        let fd = unsafe { libc::open(c.as_ptr().cast(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+        let fd = cancel_held(|| unsafe { libc::open(c.as_ptr().cast(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) });
         if fd < 0 {
             return Err(last());
         }
@@ -48,7 +49,7 @@ impl Dir {
             if create && libc::mkdirat(parent.0, n.as_ptr().cast(), 0o700) != 0 && errno() != libc::EEXIST {
                 return Err(last());
             }
-            let fd = libc::openat(parent.0, n.as_ptr().cast(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK);
+            let fd = cancel_held(|| libc::openat(parent.0, n.as_ptr().cast(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK));
             if fd < 0 {
                 return Err(match errno() {
                     libc::ELOOP | libc::ENOTDIR => {
@@ -94,7 +95,7 @@ impl Dir {
         // SAFETY: openat of "." in our directory; getdents64 fills our buffer with records whose
         // lengths it gives; close of the descriptor we opened.
         unsafe {
-            let fd = libc::openat(self.0, c".".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC);
+            let fd = cancel_held(|| libc::openat(self.0, c".".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC));
             if fd < 0 {
                 return;
             }
@@ -122,7 +123,7 @@ impl Dir {
                     at += reclen;
                 }
             }
-            libc::close(fd);
+            cancel_held(|| libc::close(fd));
         }
     }
 }
@@ -144,7 +145,7 @@ fn mtime_ns(st: &libc::stat) -> u64 {
 fn random_hex(out: &mut [u8; 16]) {
     let mut r = 0u64;
     // SAFETY: getrandom writes at most 8 bytes into r.
-    let got = unsafe { libc::getrandom((&mut r as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
+    let got = cancel_held(|| unsafe { libc::getrandom((&mut r as *mut u64).cast(), 8, libc::GRND_NONBLOCK) });
     if got != 8 {
         r = super::clock::now_ns() ^ (u64::from(super::process::id()) << 40) ^ (out.as_ptr() as u64).rotate_left(17);
         r = r.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (r >> 29);
@@ -189,7 +190,7 @@ impl Unnamed {
     /// system cannot make it nameless).
     pub fn create(dir: &Dir, base: &[u8]) -> Result<Unnamed, Refused> {
         // SAFETY: openat with a NUL-terminated name in our directory.
-        let fd = unsafe { libc::openat(dir.0, c".".as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC, 0o600) };
+        let fd = cancel_held(|| unsafe { libc::openat(dir.0, c".".as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC, 0o600) });
         if fd >= 0 {
             return Ok(Unnamed { fd, dir: dir.0, temp: [0; NAME_MAX_BYTES + 1] });
         }
@@ -207,7 +208,7 @@ impl Unnamed {
             let temp = temporary_name(if base.is_empty() { b".tensormalloc" } else { base })?;
             // SAFETY: as above.
             let fd = unsafe {
-                libc::openat(dir.0, temp.as_ptr().cast(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK, 0o600)
+                cancel_held(|| libc::openat(dir.0, temp.as_ptr().cast(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK, 0o600))
             };
             if fd >= 0 {
                 return Ok(Unnamed { fd, dir: dir.0, temp });
@@ -291,7 +292,7 @@ impl Unnamed {
             }
         }
         // SAFETY: two NUL-terminated names in our directory.
-        if unsafe { libc::renameat(self.dir, self.temp.as_ptr().cast(), self.dir, n.as_ptr().cast()) } != 0 {
+        if cancel_held(|| unsafe { libc::renameat(self.dir, self.temp.as_ptr().cast(), self.dir, n.as_ptr().cast()) }) != 0 {
             return Err(last());
         }
         self.temp = [0; NAME_MAX_BYTES + 1];
@@ -302,7 +303,7 @@ impl Unnamed {
     fn drop_temp(&mut self) {
         if self.temp[0] != 0 {
             // SAFETY: a NUL-terminated name in our directory.
-            unsafe { libc::unlinkat(self.dir, self.temp.as_ptr().cast(), 0) };
+            cancel_held(|| unsafe { libc::unlinkat(self.dir, self.temp.as_ptr().cast(), 0) });
             self.temp = [0; NAME_MAX_BYTES + 1];
         }
     }
@@ -388,7 +389,7 @@ impl Found {
     pub fn write_at(&self, dir: &Dir, name: &[u8], offset: u64, bytes: &[u8]) -> bool {
         let Ok(n) = files::name(name) else { return false };
         // SAFETY: n is NUL-terminated; the descriptor is closed below.
-        let fd = unsafe { libc::openat(dir.0, n.as_ptr().cast(), libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY) };
+        let fd = cancel_held(|| unsafe { libc::openat(dir.0, n.as_ptr().cast(), libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY) });
         if fd < 0 {
             return false;
         }
@@ -401,7 +402,7 @@ impl Found {
     /// pread of up to `buf.len()` bytes at `offset`; the count read.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> usize {
         // SAFETY: pread writes at most buf.len() bytes into buf.
-        let n = unsafe { libc::pread(self.fd, buf.as_mut_ptr().cast(), buf.len(), offset as libc::off_t) };
+        let n = cancel_held(|| unsafe { libc::pread(self.fd, buf.as_mut_ptr().cast(), buf.len(), offset as libc::off_t) });
         usize::try_from(n).unwrap_or(0)
     }
 }
@@ -428,7 +429,7 @@ pub fn look(dir: &Dir, name: &[u8]) -> Standing {
         Err(e) => return Standing::Other(e),
     };
     // SAFETY: n is NUL-terminated.
-    let fd = unsafe { libc::openat(dir.0, n.as_ptr().cast(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY) };
+    let fd = cancel_held(|| unsafe { libc::openat(dir.0, n.as_ptr().cast(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY) });
     if fd < 0 {
         return match errno() {
             libc::ENOENT => Standing::Nothing,
@@ -466,7 +467,7 @@ fn checked(fd: i32) -> Result<Found, Refused> {
 pub fn remove(dir: &Dir, name: &[u8], file: &Found) {
     if let (true, Ok(n)) = (file.is_at(dir, name), files::name(name)) {
         // SAFETY: a NUL-terminated name in our directory.
-        unsafe { libc::unlinkat(dir.0, n.as_ptr().cast(), 0) };
+        cancel_held(|| unsafe { libc::unlinkat(dir.0, n.as_ptr().cast(), 0) });
     }
 }
 

@@ -304,23 +304,29 @@ impl PageMemory for OsPages {
     }
 
     fn presence(&self, addr: usize, len: usize) -> Presence {
-        // SAFETY: msync(MS_ASYNC) of anonymous memory does nothing but check that the whole
-        // range is mapped (ENOMEM otherwise): first its first page, then all of it.
-        unsafe {
-            if libc::msync(addr as *mut libc::c_void, PAGE, libc::MS_ASYNC) != 0 {
-                return Presence::None;
-            }
-            if libc::msync(addr as *mut libc::c_void, len, libc::MS_ASYNC) != 0 {
-                return Presence::Part;
-            }
-        }
-        Presence::All
+        // msync is a cancellation point (Note [Cancellation points] in sys/thread.rs).
+        super::thread::cancel_held(|| presence_of(addr, len))
     }
 
     fn copy(&self, dst: usize, src: usize, len: usize) {
         // SAFETY: the caller owns both ranges, which do not overlap.
         unsafe { core::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
     }
+}
+
+/// Whether [addr, addr+len) is mapped: none, part or all of it.
+fn presence_of(addr: usize, len: usize) -> Presence {
+    // SAFETY: msync(MS_ASYNC) of anonymous memory does nothing but check that the whole
+    // range is mapped (ENOMEM otherwise): first its first page, then all of it.
+    unsafe {
+        if libc::msync(addr as *mut libc::c_void, PAGE, libc::MS_ASYNC) != 0 {
+            return Presence::None;
+        }
+        if libc::msync(addr as *mut libc::c_void, len, libc::MS_ASYNC) != 0 {
+            return Presence::Part;
+        }
+    }
+    Presence::All
 }
 
 /// Fresh zeroed memory for our own tables, never freed. Not on any allocation path after the

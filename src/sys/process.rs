@@ -201,6 +201,11 @@ pub fn read_kernel_file(path: &[u8], buf: &mut [u8]) -> Option<usize> {
     if path.last() != Some(&0) {
         return None;
     }
+    super::thread::cancel_held(|| read_opened(path, buf))
+}
+
+/// `read_kernel_file`'s open, read and close (cancellation points all three).
+fn read_opened(path: &[u8], buf: &mut [u8]) -> Option<usize> {
     // SAFETY: `path` is NUL-terminated; fstat fills a struct we own; read writes at most
     // buf.len() bytes into buf.
     unsafe {

@@ -3,6 +3,7 @@
 //! else in /dev/shm, opened only if it is this user's own and private; and futexes that wake
 //! across processes.
 
+use super::thread::cancel_held;
 use super::files::PATH_MAX_BYTES;
 
 /// Why a shared file could not be used.
@@ -61,7 +62,7 @@ impl SharedFile {
             }
         }
         // SAFETY: a literal path, NUL-terminated.
-        f.dir = unsafe { libc::open(c"/dev/shm".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+        f.dir = cancel_held(|| unsafe { libc::open(c"/dev/shm".as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) });
         f.set_path(b"/dev/shm", shm_name);
         f
     }
@@ -91,7 +92,7 @@ impl SharedFile {
         // than any path joined writes); the other calls get a descriptor we own and a stat
         // buffer on our stack.
         unsafe {
-            let fd = libc::openat(self.dir, name.as_ptr().cast(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600);
+            let fd = cancel_held(|| libc::openat(self.dir, name.as_ptr().cast(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600));
             if fd < 0 {
                 let e = super::process::errno();
                 // Another user's file in a sticky directory (EACCES, also for root where
@@ -116,7 +117,7 @@ impl SharedFile {
                     Ok(p.cast::<u8>())
                 }
             });
-            libc::close(fd);
+            cancel_held(|| libc::close(fd));
             mapped
         }
     }
@@ -153,7 +154,7 @@ impl Drop for SharedFile {
     fn drop(&mut self) {
         if self.dir >= 0 {
             // SAFETY: a descriptor we opened and close once.
-            unsafe { libc::close(self.dir) };
+            cancel_held(|| unsafe { libc::close(self.dir) });
         }
     }
 }
@@ -165,14 +166,14 @@ fn open_private_dir(path: &[u8]) -> Option<i32> {
     super::files::joined(path, b"", &mut buf)?;
     // SAFETY: `buf` is NUL-terminated (zeroed past the path); fstat writes into our stack.
     unsafe {
-        let fd = libc::open(buf.as_ptr().cast(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC);
+        let fd = cancel_held(|| libc::open(buf.as_ptr().cast(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC));
         if fd < 0 {
             return None;
         }
         let mut st: libc::stat = core::mem::zeroed();
         let private = libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFDIR && st.st_uid == libc::geteuid() && st.st_mode & 0o077 == 0;
         if !private {
-            libc::close(fd);
+            cancel_held(|| libc::close(fd));
             return None;
         }
         Some(fd)
@@ -199,7 +200,7 @@ pub fn wake_all(word: &core::sync::atomic::AtomicU32) {
 pub fn random_u64() -> u64 {
     let mut v = 0u64;
     // SAFETY: getrandom writes at most 8 bytes into `v`.
-    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
+    let n = cancel_held(|| unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, libc::GRND_NONBLOCK) });
     if n != 8 {
         v ^= super::clock::now_ns().rotate_left(17) ^ u64::from(super::process::id());
     }

@@ -4,6 +4,7 @@
 //! abstract name leaves no file behind and goes with its last holder; who is at the other end
 //! is told by the kernel (SO_PEERCRED), never by the bytes.
 
+use super::thread::cancel_held;
 use core::mem::{size_of, zeroed};
 
 /// The process at the other end of a connection, as the kernel saw it when it connected (or,
@@ -63,7 +64,7 @@ pub fn listen(name: &[u8]) -> Result<i32, i32> {
 pub fn accept(listener: i32) -> Result<i32, i32> {
     loop {
         // SAFETY: a listening socket we own; no address wanted.
-        let fd = unsafe { libc::accept4(listener, core::ptr::null_mut(), core::ptr::null_mut(), libc::SOCK_CLOEXEC) };
+        let fd = cancel_held(|| unsafe { libc::accept4(listener, core::ptr::null_mut(), core::ptr::null_mut(), libc::SOCK_CLOEXEC) });
         if fd >= 0 {
             return Ok(fd);
         }
@@ -80,7 +81,7 @@ pub fn connect(name: &[u8]) -> Result<i32, i32> {
     let fd = stream()?;
     loop {
         // SAFETY: an address on our stack of the length given; a socket we own.
-        if unsafe { libc::connect(fd, (&a as *const libc::sockaddr_un).cast(), len) } == 0 {
+        if cancel_held(|| unsafe { libc::connect(fd, (&a as *const libc::sockaddr_un).cast(), len) }) == 0 {
             return Ok(fd);
         }
         let e = errno();
@@ -140,7 +141,7 @@ pub fn send(fd: i32, bytes: &[u8], fds: &[i32]) -> Result<(), i32> {
             core::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(c), 4 * fds.len());
         }
         loop {
-            let n = libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL);
+            let n = cancel_held(|| libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL));
             if n == bytes.len() as isize {
                 return Ok(());
             }
@@ -172,7 +173,7 @@ pub fn recv(fd: i32, bytes: &mut [u8], fds: &mut [i32]) -> Result<usize, i32> {
             msg.msg_iovlen = 1;
             msg.msg_control = control.0.as_mut_ptr().cast();
             msg.msg_controllen = control.0.len() as _;
-            let n = libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC);
+            let n = cancel_held(|| libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC));
             if n > 0 {
                 let mut c = libc::CMSG_FIRSTHDR(&msg);
                 while !c.is_null() {
