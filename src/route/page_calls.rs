@@ -241,3 +241,25 @@ pub unsafe fn capset(header: *mut c_void, data: *const c_void) -> c_int {
     set_errno(error);
     answer
 }
+
+/// The program moves into new namespaces: the kernel refuses a new user namespace (unshare) and
+/// joining a user or mount namespace (setns) to a process of more than one thread, so our
+/// background thread steps aside around it (Note [Threads and namespaces] in sys/reaper.rs).
+/// # Safety
+/// As libc's `unshare`.
+pub unsafe fn unshare(flags: c_int) -> c_int {
+    // SAFETY: the caller's contract.
+    let (answer, error) = crate::sys::reaper::without_thread(|| (unsafe { next::unshare(flags) }, errno()));
+    set_errno(error);
+    answer
+}
+
+/// As `unshare`.
+/// # Safety
+/// As libc's `setns`.
+pub unsafe fn setns(fd: c_int, kind: c_int) -> c_int {
+    // SAFETY: the caller's contract.
+    let (answer, error) = crate::sys::reaper::without_thread(|| (unsafe { next::setns(fd, kind) }, errno()));
+    set_errno(error);
+    answer
+}

@@ -2,7 +2,8 @@
 //! each one call into `route::page_calls`, which goes on to the next interposer or the kernel
 //! (Note [The next interposer] in sys/page_calls.rs). The limit calls let the cache follow a new
 //! mapping limit, and pthread_create makes room for a thread's stack (Note [Room for
-//! others]). capset lets our background thread step aside (Note [Threads and credentials]).
+//! others]). capset, unshare and setns let our background thread step aside (Note [Threads and
+//! credentials], Note [Threads and namespaces]).
 
 use crate::route::page_calls as route;
 use crate::sys::page_calls::Call;
@@ -116,4 +117,16 @@ pub unsafe extern "C" fn pthread_create(
 pub unsafe extern "C" fn capset(header: *mut c_void, data: *const c_void) -> c_int {
     // SAFETY: as in mmap.
     unsafe { route::capset(header, data) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn unshare(flags: c_int) -> c_int {
+    // SAFETY: as in mmap.
+    unsafe { route::unshare(flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn setns(fd: c_int, kind: c_int) -> c_int {
+    // SAFETY: as in mmap.
+    unsafe { route::setns(fd, kind) }
 }

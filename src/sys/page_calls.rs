@@ -100,6 +100,20 @@ pub unsafe fn capset(header: *mut c_void, data: *const c_void) -> c_int {
     raw!(libc::SYS_capset, header, data) as c_int
 }
 
+/// unshare as the kernel answers it.
+/// # Safety
+/// As libc's `unshare`.
+pub unsafe fn unshare(flags: c_int) -> c_int {
+    raw!(libc::SYS_unshare, flags) as c_int
+}
+
+/// setns as the kernel answers it.
+/// # Safety
+/// As libc's `setns`.
+pub unsafe fn setns(fd: c_int, kind: c_int) -> c_int {
+    raw!(libc::SYS_setns, fd, kind) as c_int
+}
+
 // Note [The next interposer]
 // Another library preloaded after us may hook the page calls too (gperftools' mmap hooks, a
 // tracer, a sandbox's accounting). The program's calls reach our shims first, as they come
@@ -131,9 +145,11 @@ pub enum Call {
     Prlimit64,
     PthreadCreate,
     Capset,
+    Unshare,
+    Setns,
 }
 
-const CALLS: usize = 18;
+const CALLS: usize = 20;
 const NAMES: [&core::ffi::CStr; CALLS] = [
     c"mmap",
     c"mmap64",
@@ -153,6 +169,8 @@ const NAMES: [&core::ffi::CStr; CALLS] = [
     c"prlimit64",
     c"pthread_create",
     c"capset",
+    c"unshare",
+    c"setns",
 ];
 
 /// The next definition of each call when it is not libc's own (0: the kernel directly).
@@ -345,6 +363,26 @@ pub mod program {
             // SAFETY: as in mmap.
             Some(f) => unsafe { transmute::<usize, unsafe extern "C" fn(*mut c_void, *const c_void) -> c_int>(f)(header, data) },
             None => unsafe { super::capset(header, data) },
+        }
+    }
+
+    /// # Safety
+    /// As libc's `unshare`.
+    pub unsafe fn unshare(flags: c_int) -> c_int {
+        match next(Call::Unshare) {
+            // SAFETY: as in mmap.
+            Some(f) => unsafe { transmute::<usize, unsafe extern "C" fn(c_int) -> c_int>(f)(flags) },
+            None => unsafe { super::unshare(flags) },
+        }
+    }
+
+    /// # Safety
+    /// As libc's `setns`.
+    pub unsafe fn setns(fd: c_int, kind: c_int) -> c_int {
+        match next(Call::Setns) {
+            // SAFETY: as in mmap.
+            Some(f) => unsafe { transmute::<usize, unsafe extern "C" fn(c_int, c_int) -> c_int>(f)(fd, kind) },
+            None => unsafe { super::setns(fd, kind) },
         }
     }
 

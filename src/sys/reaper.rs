@@ -81,8 +81,17 @@ pub fn start_now() {
 // gone) and a new one is made afterwards by the calling thread, whose new credentials it
 // inherits. Nothing is lost meanwhile: what was due is done by the new thread's first pass.
 
-/// Runs `change` (the program's capset) with no reaper thread alive; starts a new one after it
-/// when one ran before (Note [Threads and credentials]).
+// Note [Threads and namespaces]
+// The kernel lets only a process of one thread make a new user namespace (unshare with
+// CLONE_NEWUSER: bubblewrap, `unshare -U`, Python's os.unshare, a sandbox's set-up) or join a
+// user or mount namespace (setns): with our thread alive the call failed with EINVAL, where under
+// glibc alone it succeeds. So around the program's unshare and setns the reaper ends and is made
+// again after, as around capset; it then lives in the namespaces the program moved to. A program
+// with threads of its own is refused as it would be without us.
+
+/// Runs `change` (the program's capset, unshare or setns) with no reaper thread alive; starts a
+/// new one after it when one ran before (Note [Threads and credentials], Note [Threads and
+/// namespaces]).
 pub fn without_thread<R>(change: impl FnOnce() -> R) -> R {
     let stopped = stop();
     let answer = change();
