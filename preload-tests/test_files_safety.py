@@ -23,7 +23,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from conftest import LIB, ROOT, compile_c, run
+from conftest import LIB, ROOT, compile_c, ok, run
 from test_cli import ENV, PY
 
 sys.path.insert(0, str(ROOT / "python"))
@@ -219,3 +219,30 @@ def test_report_and_plot_refuse_a_fifo_a_link_and_anothers_file_at_once(tmp_path
         assert out.returncode == 1 and "symbolic link" in out.stderr and victim.read_bytes() == b"precious", out.stderr
         out = run([PY, "-m", "tensormalloc", "plot", str(trace), "-o", str(fifo)], preload=False, env=ENV, timeout=60)
         assert out.returncode == 1 and "not a regular file" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("output", ["trace", "stats-json", "stats"])
+@pytest.mark.parametrize("kind", ["files", "dirs"])
+def test_a_program_that_closes_our_descriptors_gets_nothing_of_ours_in_its_files(output, kind, tmp_path):
+    """Note [Descriptors the program may close]: the program closes every descriptor past
+    stderr, then fills the numbers with its own data file or directory. Our trace and stats
+    files are given up with one line; nothing of ours goes into the program's file or is named
+    in its directory. Before, the trace's next write landed in the data file and the stats'
+    JSON was named in the program's directory."""
+    other, data = tmp_path / "other", tmp_path / "data"
+    other.mkdir()
+    ours = tmp_path / "ours"
+    env = {
+        "trace": {"TENSORMALLOC_TRACE": str(ours)},
+        "stats-json": {"TENSORMALLOC_STATS": f"json:{ours}"},
+        "stats": {"TENSORMALLOC_STATS": "1", "XDG_RUNTIME_DIR": str(tmp_path)},
+    }[output]
+    out = ok(run([compile_c("closes_descriptors"), kind, str(other), str(data)], env=env, timeout=60))
+    filled = int(out.stdout.split()[-1])
+    assert filled >= 1000, out.stdout
+    assert data.read_bytes() == b"DATA"
+    assert list(other.iterdir()) == []
+    if output == "trace":
+        assert "the program closed the trace's descriptor" in out.stderr, out.stderr
+    if output == "stats-json":
+        assert "cannot write the stats" in out.stderr, out.stderr

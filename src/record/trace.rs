@@ -30,7 +30,7 @@
 
 use crate::record::holders::MAX_HOLDERS;
 use crate::sys::lock::Lock;
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 pub const KIND_HOST: u8 = 0;
 pub const KIND_DEVICE: u8 = 1;
@@ -72,7 +72,7 @@ static EVENTS: AtomicPtr<Event> = AtomicPtr::new(core::ptr::null_mut());
 static SEQS: AtomicPtr<AtomicU64> = AtomicPtr::new(core::ptr::null_mut());
 static HEAD: AtomicU64 = AtomicU64::new(0);
 static TAIL: AtomicU64 = AtomicU64::new(0);
-static FD: AtomicI32 = AtomicI32::new(-1);
+static FD: crate::sys::kept::Kept = crate::sys::kept::Kept::new();
 /// Bytes of whole records (and the magic) in the file (Note [No torn trace]); the writer's.
 static WHOLE_BYTES: AtomicU64 = AtomicU64::new(0);
 /// The name the file was given (for the line a failed write prints).
@@ -129,7 +129,7 @@ fn claim_file() {
     }
     match open_file(path()) {
         Some(fd) => {
-            FD.store(fd, Ordering::Release);
+            FD.keep(fd);
             CLAIM.store(CLAIMED, Ordering::Release);
         }
         None => ON.store(false, Ordering::Release),
@@ -231,7 +231,12 @@ fn flush_with(sample_op: u8) {
     };
     let pages = u32::try_from(lazily_freed / 4096).unwrap_or(u32::MAX);
     put(KIND_SAMPLE, sample_op, HIT, 0, crate::sys::memory::resident_bytes(), cached, pages);
-    let fd = FD.load(Ordering::Acquire);
+    // Note [Descriptors the program may close]: one check a flush.
+    let kept = FD.number();
+    let fd = if kept >= 0 { FD.checked() } else { -1 };
+    if kept >= 0 && fd < 0 {
+        return lost();
+    }
     let events = EVENTS.load(Ordering::Acquire);
     let seqs = SEQS.load(Ordering::Acquire);
     let mut tail = TAIL.load(Ordering::Acquire);
@@ -274,7 +279,7 @@ fn flush_with(sample_op: u8) {
 /// record, adds the CUT record if it can, says so and stops the trace (Note [No torn trace]).
 /// False once stopped.
 fn write_records(fd: i32, records: &[Event]) -> bool {
-    if FD.load(Ordering::Acquire) != fd {
+    if FD.number() != fd {
         return false;
     }
     let bytes = as_bytes(records);
@@ -297,7 +302,7 @@ fn write_records(fd: i32, records: &[Event]) -> bool {
                 let _ = crate::sys::files::truncate(fd, kept);
             }
             ON.store(false, Ordering::Release);
-            FD.store(-1, Ordering::Release);
+            FD.forget();
             let mut text = [0u8; 128];
             let reason = crate::sys::files::Refused::Os(e).text(&mut text);
             let n = kept.saturating_sub(MAGIC.len() as u64) / core::mem::size_of::<Event>() as u64;
@@ -309,6 +314,18 @@ fn write_records(fd: i32, records: &[Event]) -> bool {
             false
         }
     }
+}
+
+/// The program closed or replaced the trace's descriptor (Note [Descriptors the program may
+/// close]): the trace stops where it is, with one line.
+#[cold]
+fn lost() {
+    ON.store(false, Ordering::Release);
+    let n = WHOLE_BYTES.load(Ordering::Relaxed).saturating_sub(MAGIC.len() as u64) / core::mem::size_of::<Event>() as u64;
+    crate::warn_line!(
+        "TENSORMALLOC_TRACE: {}: the program closed the trace's descriptor; the trace ends at its last whole record ({n} records) and records no more",
+        core::str::from_utf8(NAME.get()).unwrap_or("(trace)")
+    );
 }
 
 /// Calls `f` with each holder id that `run`'s allocs and frees carry and `named` lacks, once,
@@ -425,7 +442,8 @@ pub fn restart_in_child() {
     unsafe { WRITER.force_unlock() };
     *WRITER.lock() = Named::new();
     TAIL.store(HEAD.load(Ordering::Acquire), Ordering::Release);
-    let inherited = FD.swap(-1, Ordering::AcqRel);
+    // The parent's file, unless the program closed it and reused the number.
+    let inherited = FD.take();
     if inherited >= 0 {
         let _ = crate::sys::files::close(inherited);
     }

@@ -109,7 +109,8 @@ pub(super) fn json_at_exit(path: &[u8]) {
     let written = if refresh_held(Ending::Exit) {
         ledger::mark_exited();
         match (ledger::own_file(), ledger::detail()) {
-            (Some((dir_fd, name, fd)), Some(json)) => {
+            (Some(Err(lost)), _) => Err(files::Refused::Os(lost)),
+            (Some(Ok((dir_fd, name, fd))), Some(json)) => {
                 // SAFETY: the counters' directory, open for the process's life; borrowed here.
                 let dir = core::mem::ManuallyDrop::new(unsafe { Dir::from_raw(dir_fd) });
                 Unnamed::create(&dir, name).and_then(|mut file| {
@@ -161,7 +162,7 @@ fn claim_for_json(dir: &crate::sys::dir::Dir, path: &[u8], file: &mut crate::sys
 /// Removes this process's counters file (TENSORMALLOC_STATS=1, once its report is printed).
 pub(super) fn remove_own_file() {
     use crate::sys::dir::{self, Dir, Standing};
-    let Some((dir_fd, name, fd)) = ledger::own_file() else { return };
+    let Some(Ok((dir_fd, name, fd))) = ledger::own_file() else { return };
     // SAFETY: as in json_at_exit.
     let dir = core::mem::ManuallyDrop::new(unsafe { Dir::from_raw(dir_fd) });
     if let Standing::Ours(found) = dir::look(&dir, name) {

@@ -65,7 +65,7 @@ fn with_meminfo<R>(f: impl FnOnce(&[u8]) -> R) -> Option<R> {
 
 /// A soft resource limit now (one system call: a program may set it at any time); u64::MAX for
 /// none.
-fn soft_limit(resource: libc::__rlimit_resource_t) -> u64 {
+pub(super) fn soft_limit(resource: libc::__rlimit_resource_t) -> u64 {
     // SAFETY: getrlimit fills the struct we own.
     unsafe {
         let mut rl: libc::rlimit = core::mem::zeroed();

@@ -18,6 +18,7 @@ pub mod dir;
 pub mod dlsym;
 pub mod env;
 pub mod files;
+pub mod kept;
 pub mod lock;
 pub mod memory;
 pub mod next;

@@ -10,6 +10,7 @@
 //! take its parent's descriptors under Yama's default or Docker's default seccomp profile). Every
 //! wait is bounded on both sides. Wire format and names here; the socket calls are sys's.
 
+use crate::sys::kept::Kept;
 use super::handle::{ChunkRun, Handle};
 use crate::sys::unix_socket::{self, Peer, MAX_FDS};
 use crate::sys::{clock, files, process, shared_memory, thread};
@@ -128,7 +129,8 @@ const RUNNING: u8 = 2;
 const UNAVAILABLE: u8 = 3;
 
 static SERVER: AtomicU8 = AtomicU8::new(UNTRIED);
-static LISTENER: AtomicI32 = AtomicI32::new(-1);
+/// The socket peers connect to (Note [Descriptors the program may close] in sys/kept.rs).
+static LISTENER: Kept = Kept::new();
 /// Why the server could not start: the errno (0: no thread).
 static WHY_NOT: AtomicI32 = AtomicI32::new(0);
 static FDS: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
@@ -158,11 +160,11 @@ pub fn serve(fds: FdsFn) -> Result<(), Unavailable> {
                     Err(e) => Err(e),
                     Ok((listener, nonce)) => {
                         NONCE.store(nonce, Release);
-                        LISTENER.store(listener, Release);
+                        let listener = LISTENER.keep(listener);
                         if thread::spawn(c"tensormalloc-ip", serve_forever) {
                             Ok(())
                         } else {
-                            LISTENER.store(-1, Release);
+                            LISTENER.forget();
                             let _ = files::close(listener);
                             Err(0)
                         }
@@ -180,7 +182,16 @@ pub fn serve(fds: FdsFn) -> Result<(), Unavailable> {
 
 fn serve_forever() -> ! {
     loop {
-        let listener = LISTENER.load(Acquire);
+        let listener = LISTENER.checked();
+        if listener < 0 {
+            // The program closed our socket (and its number may name one of its own now): no
+            // more serving; exports from here on are refused, saying why.
+            WHY_NOT.store(libc::EBADF, Release);
+            SERVER.store(UNAVAILABLE, Release);
+            loop {
+                clock::sleep_ns(1 << 50);
+            }
+        }
         match unix_socket::accept(listener) {
             Ok(conn) => {
                 serve_peer(conn);
@@ -288,7 +299,8 @@ const EPROTO: i32 = 71;
 /// In a forked child: the parent's listener is not ours to serve (no thread of ours here); a
 /// child that exports starts its own, under its own name.
 pub fn after_fork_in_child() {
-    let listener = LISTENER.swap(-1, AcqRel);
+    // Unless the program closed it and reused the number.
+    let listener = LISTENER.take();
     if listener >= 0 {
         let _ = files::close(listener);
     }

@@ -30,8 +30,9 @@ use super::Found;
 use crate::sys::claim::{self, Claimant};
 use crate::sys::dir::{self, Dir, Unnamed};
 use crate::sys::files::{self, NAME_MAX_BYTES};
+use crate::sys::kept::Kept;
 use core::cell::UnsafeCell;
-use core::sync::atomic::{fence, AtomicI32, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering::*};
+use core::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering::*};
 
 /// Where the file goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,9 +56,10 @@ static TARGET: AtomicPtr<Place> = AtomicPtr::new(core::ptr::null_mut());
 static MAP: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
 /// Counts made while the file is being named (Note [Numbers that survive]).
 static PENDING: [Place; PLACES] = [const { Place::new() }; PLACES];
-/// The file's descriptor (holding its lock) and its directory's.
-static FD: AtomicI32 = AtomicI32::new(-1);
-static DIR_FD: AtomicI32 = AtomicI32::new(-1);
+/// The file's descriptor (holding its lock) and its directory's (Note [Descriptors the program
+/// may close] in sys/kept.rs).
+static FD: Kept = Kept::new();
+static DIR_FD: Kept = Kept::new();
 static PATH: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
 static PATH_LEN: AtomicUsize = AtomicUsize::new(0);
 static FORKED_FROM: AtomicU32 = AtomicU32::new(0);
@@ -204,8 +206,8 @@ fn claim_file() {
             if let Some(dst) = unsafe { (*NAME.0.get()).get_mut(..claimed.name().len()) } {
                 dst.copy_from_slice(claimed.name());
             }
-            FD.store(fd, Release);
-            DIR_FD.store(dir.into_raw(), Release);
+            FD.keep(fd);
+            DIR_FD.keep(dir.into_raw());
             MAP.store(map, Release);
             // SAFETY: the mapping is FILE_BYTES long; PLACES_AT is inside it, aligned.
             TARGET.store(unsafe { map.add(PLACES_AT) }.cast::<Place>(), Release);
@@ -241,7 +243,7 @@ fn show(path: &[u8]) -> &str {
 /// one claimed, as ended by exec (a reader cannot tell that from a kill once the process is
 /// gone).
 fn mark_earlier_images(claimed_index: u32) {
-    let (Where::Path(path), Some(dir_fd)) = (place_to_use(), Some(DIR_FD.load(Acquire)).filter(|&fd| fd >= 0)) else {
+    let (Where::Path(path), Some(dir_fd)) = (place_to_use(), Some(DIR_FD.checked()).filter(|&fd| fd >= 0)) else {
         return mark_in_runtime_dir(claimed_index);
     };
     // SAFETY: our directory, open for the process's life; borrowed.
@@ -250,7 +252,7 @@ fn mark_earlier_images(claimed_index: u32) {
 }
 
 fn mark_in_runtime_dir(claimed_index: u32) {
-    let dir_fd = DIR_FD.load(Acquire);
+    let dir_fd = DIR_FD.checked();
     if dir_fd >= 0 {
         // SAFETY: as above.
         let dir = core::mem::ManuallyDrop::new(unsafe { Dir::from_raw(dir_fd) });
@@ -420,13 +422,21 @@ pub fn exited() -> bool {
     header().is_some_and(|h| h.exited.load(Acquire) != 0)
 }
 
-/// The claimed file: its directory, its name there, and its descriptor (None: not claimed).
-pub fn own_file() -> Option<(i32, &'static [u8], i32)> {
+/// The claimed file: its directory's descriptor, its name there, and its descriptor.
+pub type OwnFile = (i32, &'static [u8], i32);
+
+/// The claimed file; None when not claimed; Some(Err(EBADF)) when the program closed or
+/// replaced either descriptor (Note [Descriptors the program may close]).
+pub fn own_file() -> Option<Result<OwnFile, i32>> {
     header()?;
     // SAFETY: NAME was written before CLAIMED was published and is not written again here.
     let name = unsafe { &*NAME.0.get() };
     let n = name.iter().position(|&b| b == 0).unwrap_or(0);
-    Some((DIR_FD.load(Acquire), name.get(..n)?, FD.load(Acquire)))
+    let (dir_fd, fd) = (DIR_FD.checked(), FD.checked());
+    if dir_fd < 0 || fd < 0 {
+        return Some(Err(libc::EBADF));
+    }
+    Some(Ok((dir_fd, name.get(..n)?, fd)))
 }
 
 /// Whether this process's counters live in a file now.
@@ -447,7 +457,8 @@ pub fn restart_in_child(parent: u32, host_live_bytes: u64, host_live_blocks: u64
         // SAFETY: the child has one thread, and TARGET no longer points into the mapping.
         unsafe { files::unmap(map, FILE_BYTES) };
     }
-    for fd in [FD.swap(-1, AcqRel), DIR_FD.swap(-1, AcqRel)] {
+    // The parent's descriptors, unless the program closed them and reused the numbers.
+    for fd in [FD.take(), DIR_FD.take()] {
         if fd >= 0 {
             let _ = files::close(fd);
         }
