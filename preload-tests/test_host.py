@@ -297,3 +297,36 @@ def test_exit_from_a_thread_with_a_cancellation_pending_ends_the_process(report,
         assert json.loads(path.read_text())["host"]["requests"] == 1
     if report == "stats-text":
         assert "tensormalloc" in out.stderr
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_a_thread_with_the_smallest_stack_uses_every_large_path(preload):
+    """PTHREAD_STACK_MIN (16 KiB), 4 KiB of it the program's: large malloc, calloc, every realloc,
+    posix_memalign and an out-of-memory failure with its report, as under glibc alone (Note [A
+    report off the stack]). Before, the report's 16 KiB of buffers overflowed the stack, and a
+    realloc from a small block needed 15 KiB."""
+    out = ok(run([compile_c("small_stack"), "calls"], preload=preload))
+    assert "small stack ok" in out.stdout
+    if preload:
+        assert "out of memory" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("report", ["none", "stats-json", "stats-text", "trace", "snapshot", "leaks"])
+def test_exit_from_a_thread_with_the_smallest_stack_writes_the_reports(report, tmp_path):
+    """exit(0) from a PTHREAD_STACK_MIN thread: the reports asked for (20-40 KiB of stack) are
+    written on a stack of ours (Note [A stack of our own]). Before, every one of them died of a
+    stack overflow (SIGSEGV)."""
+    path = tmp_path / "out"
+    env = {
+        "none": {},
+        "stats-json": {"TENSORMALLOC_STATS": f"json:{path}"},
+        "stats-text": {"TENSORMALLOC_STATS": "1"},
+        "trace": {"TENSORMALLOC_TRACE": str(path)},
+        "snapshot": {"TENSORMALLOC_SNAPSHOT_AT_EXIT": str(path)},
+        "leaks": {"TENSORMALLOC_LEAKS": "1"},
+    }[report]
+    ok(run([compile_c("small_stack"), "exit"], env=env, timeout=60))
+    if report in ("stats-json", "trace", "snapshot"):
+        assert path.stat().st_size > 0
+    if report == "stats-json":
+        assert json.loads(path.read_text())["host"]["requests"] >= 25

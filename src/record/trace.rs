@@ -124,6 +124,13 @@ const CLAIMED: u8 = 2;
 /// warning) when it cannot be opened.
 #[cold]
 fn claim_file() {
+    // 7 KiB of stack on the first event's thread, which may have little (Note [A stack of our
+    // own] in sys/stack.rs).
+    crate::sys::stack::on_own_stack(claim_file_here);
+}
+
+#[inline(never)]
+fn claim_file_here() {
     if CLAIM.compare_exchange(UNCLAIMED, CLAIMING, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return;
     }

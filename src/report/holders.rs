@@ -51,15 +51,21 @@ fn order_key(r: &HolderRow) -> (core::cmp::Reverse<u64>, u16, u8) {
 }
 
 impl Table {
-    const fn empty() -> Table {
+    pub const fn empty() -> Table {
         Table { rows: [HolderRow { id: 0, place: 0, live_bytes: 0, peak_bytes: 0, blocks: 0, unused_bytes: 0 }; MAX_ROWS], len: 0, others: 0 }
     }
 
     /// The process's holders now, and the caches of every place that has one.
     pub fn gather() -> Table {
         let mut t = Table::empty();
-        for_each_row(|r| t.add(r));
+        t.gather_again();
         t
+    }
+
+    /// As `gather`, into this table (a static one, filled in place).
+    pub fn gather_again(&mut self) {
+        (self.len, self.others) = (0, 0);
+        for_each_row(|r| self.add(r));
     }
 
     /// Inserts `r` in order among the first MAX_ROWS - 1 rows; what does not fit is summed

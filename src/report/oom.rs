@@ -2,9 +2,17 @@
 //! cache back and retried) or a large host mapping fails that some limit could have allowed,
 //! one report on stderr: the request, what the device or the limits say, the pool's figures,
 //! the largest free block against the request, the holders table, and the settings that would
-//! help. Written from stack buffers with write(2): nothing here allocates (out of memory is when
-//! it must work). At most one report per 10 seconds; the ones left out are counted in the next.
+//! help. Written from a static buffer with write(2): nothing here allocates (out of memory is when
+//! it must work), and little of the failing thread's stack is used (Note [A report off the
+//! stack]). At most one report per 10 seconds; the ones left out are counted in the next.
 //! The last failure's figures also go into the JSON stats (`last_oom`).
+//
+// Note [A report off the stack]
+// The report is 12 KiB of text and a 4 KiB holders table, and the thread whose malloc failed may
+// have a small stack: PTHREAD_STACK_MIN is 16 KiB, and a thread made with it (glibc's malloc
+// needs a few hundred bytes of it) died of a stack overflow in the report. So the text and the
+// table live in a static scratch, one report at a time (a report that finds it busy is counted as
+// left out, as one inside the 10 seconds is); a forked child starts with it free.
 
 use crate::record::holders::{device_place, PLACE_HOST};
 use crate::record::OutOfMemory;
@@ -13,11 +21,27 @@ use crate::sys::stderr::StackWriter;
 use crate::report::units::Bytes;
 use crate::state::{DEVICE, HOST};
 use core::fmt::{self, Write};
-use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::{Acquire, Relaxed, Release}};
 
 const EVERY_NS: u64 = 10_000_000_000;
 static LAST_REPORT_NS: AtomicU64 = AtomicU64::new(0);
 static LEFT_OUT: AtomicU64 = AtomicU64::new(0);
+
+/// The report's text and holders table (Note [A report off the stack]), used by the one thread
+/// that set SCRATCH_BUSY.
+struct Scratch(UnsafeCell<(StackWriter<REPORT_TEXT_BYTES>, Table)>);
+// SAFETY: only the thread that turned SCRATCH_BUSY from false to true touches the contents,
+// until it turns it back.
+unsafe impl Sync for Scratch {}
+const REPORT_TEXT_BYTES: usize = 12288;
+static SCRATCH: Scratch = Scratch(UnsafeCell::new((StackWriter::new(), Table::empty())));
+static SCRATCH_BUSY: AtomicBool = AtomicBool::new(false);
+
+/// In a forked child: a report the parent was writing is not this process's.
+pub fn after_fork_in_child() {
+    SCRATCH_BUSY.store(false, Release);
+}
 
 /// The last failure, for the JSON stats: place + 1 (0: none yet), request, then the figures.
 static LAST: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
@@ -97,13 +121,21 @@ fn report(f: &Failure, cap_bytes: Option<u64>) {
         LEFT_OUT.fetch_add(1, Relaxed);
         return;
     }
-    let mut w = StackWriter::<12288>::new();
-    let _ = write_report(&mut w, f, cap_bytes, LEFT_OUT.swap(0, Relaxed));
+    if SCRATCH_BUSY.swap(true, Acquire) {
+        LEFT_OUT.fetch_add(1, Relaxed);
+        return;
+    }
+    // SAFETY: SCRATCH_BUSY is ours until we store false below.
+    let (w, table) = unsafe { &mut *SCRATCH.0.get() };
+    w.clear();
+    table.gather_again();
+    let _ = write_report(w, f, cap_bytes, LEFT_OUT.swap(0, Relaxed), table);
     w.flush_to(2);
+    SCRATCH_BUSY.store(false, Release);
 }
 
 /// The report's text.
-pub fn write_report<W: Write>(w: &mut W, f: &Failure, cap_bytes: Option<u64>, left_out: u64) -> fmt::Result {
+pub fn write_report<W: Write>(w: &mut W, f: &Failure, cap_bytes: Option<u64>, left_out: u64, holders: &Table) -> fmt::Result {
     let place = PlaceName(f.place);
     if f.place >= 2 {
         writeln!(w, "tensormalloc: out of memory on {place}: a request of {} failed after the pool gave its cached segments back and tried again", Bytes(f.request_bytes))?;
@@ -121,7 +153,7 @@ pub fn write_report<W: Write>(w: &mut W, f: &Failure, cap_bytes: Option<u64>, le
     if left_out > 0 {
         writeln!(w, "  ({left_out} more out-of-memory failures since the last report were not reported)")?;
     }
-    crate::report::holders::write_text(w, &Table::gather())?;
+    crate::report::holders::write_text(w, holders)?;
     writeln!(w, "  What would help:")?;
     if f.place >= 2 {
         if let Some(cap) = cap_bytes {
@@ -178,7 +210,7 @@ mod tests {
     fn the_report_names_fragmentation_and_the_cap() {
         let f = Failure { place: 2, request_bytes: 4 << 30, total_bytes: 80 << 30, free_bytes: 1 << 30, reserved_bytes: 70 << 30, live_bytes: 60 << 30, cached_bytes: 10 << 30, largest_free_bytes: 1 << 30 };
         let mut w = StackWriter::<8192>::new();
-        write_report(&mut w, &f, Some(70 << 30), 3).unwrap();
+        write_report(&mut w, &f, Some(70 << 30), 3, &Table::gather()).unwrap();
         let text = std::str::from_utf8(w.as_bytes()).unwrap();
         assert!(text.starts_with("tensormalloc: out of memory on cuda:0: a request of 4.0 GiB failed"), "{text}");
         assert!(text.contains("9.0 GiB in use outside this pool"), "{text}");
@@ -188,7 +220,7 @@ mod tests {
         assert!(text.contains("TENSORMALLOC_CUDA_POOL=none: no pool keeping 10.0 GiB") && text.contains("9.0 GiB is held outside this pool"), "{text}");
         let host = Failure { place: 0, request_bytes: 1 << 30, total_bytes: u64::MAX, ..Default::default() };
         let mut w = StackWriter::<8192>::new();
-        write_report(&mut w, &host, None, 0).unwrap();
+        write_report(&mut w, &host, None, 0, &Table::gather()).unwrap();
         let text = std::str::from_utf8(w.as_bytes()).unwrap();
         assert!(text.contains("large host block of 1.0 GiB") && !text.contains("mapping limit"), "{text}");
     }

@@ -46,6 +46,8 @@ extern "C" fn after_fork_in_child() {
     crate::state::forked_from(sys::process::parent_id());
     crate::record::ledger::restart_in_child(sys::process::parent_id(), HOST.stats.live.current(), HOST.stats.live_blocks.current());
     report::stats_file::after_fork_in_child();
+    report::oom::after_fork_in_child();
+    sys::stack::after_fork_in_child();
     if DEVICE.after_fork_in_child() {
         // Note [Forked children]: the parent's device and pinned blocks are not this process's.
         for place in (0..crate::record::holders::PLACES as u8).filter(|&p| p != crate::record::holders::PLACE_HOST) {
@@ -69,9 +71,12 @@ extern "C" fn after_fork_in_child() {
 /// [Cancellation points] in sys/thread.rs).
 extern "C" fn on_unload() {
     if let Some(g) = globals() {
+        // On a stack of our own: the thread may have a small one (Note [A stack of our own]).
         sys::thread::cancel_held(|| {
-            trace::finish();
-            report::at_exit(&g.config);
+            sys::stack::on_own_stack(|| {
+                trace::finish();
+                report::at_exit(&g.config);
+            })
         });
     }
 }

@@ -31,6 +31,7 @@ pub mod process;
 pub mod reaper;
 pub mod reentry;
 pub mod shared_memory;
+pub mod stack;
 pub mod stderr;
 pub mod stdio;
 pub mod thread;

@@ -14,6 +14,11 @@ impl<const N: usize> StackWriter<N> {
         StackWriter { buf: [0; N], len: 0 }
     }
 
+    /// Empties it, in place (a static one is reused without a copy on the stack).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
     pub fn as_bytes(&self) -> &[u8] {
         self.buf.get(..self.len).unwrap_or(&[])
     }

@@ -43,7 +43,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// for the first `asked`, with `votes` (Note [calloc costs what is touched]); returns its
     /// votes after. The rest reads zero too: malloc_usable_size promises it to the program, and
     /// glibc's calloc zeroes it. It is dropped rather than written: a program rarely touches it.
-    fn zero_reused(&self, addr: usize, asked: usize, len: usize, votes: u8) -> u8 {
+    pub(super) fn zero_reused(&self, addr: usize, asked: usize, len: usize, votes: u8) -> u8 {
         let head = asked.checked_add(PAGE - 1).map_or(len, |a| a & !(PAGE - 1)).min(len);
         self.timed(&self.stats.phases.alloc_zero, || {
             use crate::host::cache::{votes_after, votes_after_write, zero_by_discard};
@@ -228,13 +228,7 @@ impl<M: PageMemory> HostLayer<M> {
         }
 
         timer.exact(self.precise);
-        if let Some((addr, dirty)) = self.gather_cached(need, align.max(granule), birth) {
-            if zeroed {
-                // Only the moved parts may hold data; the rest of the mapping is fresh.
-                for part in dirty.iter() {
-                    self.zero_reused(part.addr, (addr + size).saturating_sub(part.addr).min(part.len), part.len, 0);
-                }
-            }
+        if let Some(addr) = self.gather_cached(need, align.max(granule), birth, zeroed.then_some(size)) {
             self.went_live(addr, need, size, birth);
             return Some((addr, need, Found::Grown));
         }

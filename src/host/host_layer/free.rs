@@ -108,7 +108,8 @@ impl<M: PageMemory> HostLayer<M> {
             // on this call's stack).
             if inserted.evicted > 0 || !inserted.accepted {
                 timer.exact(self.precise);
-                self.unmap_leaving(cache, &inserted);
+                // 4 KiB of stack for the list (Note [A stack of our own] in sys/stack.rs).
+                crate::sys::stack::on_own_stack(|| self.unmap_leaving(cache, &inserted));
             }
             (inserted.accepted, due_ns)
         };

@@ -12,8 +12,8 @@ use crate::ranges::{Range, RangeList};
 impl<M: PageMemory> HostLayer<M> {
     /// A miss that cached blocks can still serve together: their pages move into a fresh
     /// mapping of the needed size, so only what they do not cover faults in (Note [Gathering
-    /// pages]). Returns the block and the ranges in it that may hold data.
-    pub(super) fn gather_cached(&self, need: usize, align: usize, birth: Birth) -> Option<(usize, RangeList)> {
+    /// pages]). Returns the block, its moved parts zeroed for a calloc of `zero_for` bytes.
+    pub(super) fn gather_cached(&self, need: usize, align: usize, birth: Birth, zero_for: Option<usize>) -> Option<usize> {
         let parts = {
             let mut cache = self.cache();
             let parts = cache.take_parts(need, holder_tag(birth.holder));
@@ -29,7 +29,22 @@ impl<M: PageMemory> HostLayer<M> {
         if parts.is_empty() {
             return None;
         }
-        self.timed(&self.stats.phases.alloc_grow, || self.move_into_new_mapping(&parts, need, align, birth))
+        // Its lists of ranges take 6 KiB of stack, which a thread may not have (Note [A stack of
+        // our own] in sys/stack.rs).
+        crate::sys::stack::on_own_stack(|| self.gathered(&parts, need, align, birth, zero_for))
+    }
+
+    /// `gather_cached` once there are parts.
+    #[inline(never)]
+    fn gathered(&self, parts: &Parts, need: usize, align: usize, birth: Birth, zero_for: Option<usize>) -> Option<usize> {
+        let (addr, dirty) = self.timed(&self.stats.phases.alloc_grow, || self.move_into_new_mapping(parts, need, align, birth))?;
+        if let Some(size) = zero_for {
+            // Only the moved parts may hold data; the rest of the mapping is fresh.
+            for part in dirty.iter() {
+                self.zero_reused(part.addr, (addr + size).saturating_sub(part.addr).min(part.len), part.len, 0);
+            }
+        }
+        Some(addr)
     }
 
     /// The second half of `gather_cached`, outside the lock: a new mapping, the parts moved in.

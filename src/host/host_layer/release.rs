@@ -63,7 +63,14 @@ impl<M: PageMemory> HostLayer<M> {
     /// A lower limit takes effect at once: the cache is cut to its new ceiling and the deferred
     /// unmaps are done before this returns (the program's next mmap or thread must find the room
     /// glibc's free would have left).
+    /// On a stack of ours: its list of ranges takes 6 KiB (Note [A stack of our own] in
+    /// sys/stack.rs).
     pub fn limit_mappings(&self, bytes: u64) {
+        crate::sys::stack::on_own_stack(|| self.limit_mappings_here(bytes));
+    }
+
+    #[inline(never)]
+    fn limit_mappings_here(&self, bytes: u64) {
         let was = self.mapping_limit_bytes.swap(bytes, Relaxed);
         // The ceiling follows the limit both ways: one raised again gives the memory's back.
         let ceiling = usize::try_from(self.memory_ceiling_bytes.load(Relaxed).min(bytes / 8)).unwrap_or(usize::MAX);

@@ -13,10 +13,12 @@ use crate::record::{self, Block};
 impl<M: PageMemory> HostLayer<M> {
     /// Resizes a live large block to `new_size` (at or above the threshold): in place when it
     /// fits, by mremap otherwise (no copy), by copying as a last resort. `None` leaves the
-    /// block as it was.
+    /// block as it was. On a stack of ours: the ranges it may unmap take 4 KiB of the caller's
+    /// (Note [A stack of our own] in sys/stack.rs).
+    #[inline(never)]
     pub fn resize(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
         let start = (self.precise)();
-        let out = self.resize_untimed(addr, len, new_size);
+        let out = crate::sys::stack::on_own_stack(|| self.resize_untimed(addr, len, new_size));
         self.stats.phases.realloc.record((self.precise)().saturating_sub(start));
         out
     }

@@ -196,6 +196,13 @@ pub fn ensure_claimed() {
 /// the counters off with one line saying why.
 #[cold]
 fn claim_file() {
+    // 7 KiB of stack on the first event's thread, which may have little (Note [A stack of our
+    // own] in sys/stack.rs).
+    crate::sys::stack::on_own_stack(claim_file_here);
+}
+
+#[inline(never)]
+fn claim_file_here() {
     let forked_from = FORKED_FROM.load(Relaxed);
     let own = crate::sys::process::id();
     match make_file(forked_from) {
