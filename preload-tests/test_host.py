@@ -263,6 +263,20 @@ def test_calloc_reads_zero_on_every_path(setting):
     assert "calloc ok" in out.stdout
 
 
+EXIT_REPORTS = ["none", "stats-json", "stats-text", "trace", "snapshot", "leaks"]
+
+
+def exit_report_env(report, path):
+    """The settings that make `report` (one of EXIT_REPORTS) at exit, written to `path`."""
+    return {
+        "none": {},
+        "stats-json": {"TENSORMALLOC_STATS": f"json:{path}"},
+        "stats-text": {"TENSORMALLOC_STATS": "1"},
+        "trace": {"TENSORMALLOC_TRACE": str(path)},
+        "snapshot": {"TENSORMALLOC_SNAPSHOT_AT_EXIT": str(path)},
+        "leaks": {"TENSORMALLOC_LEAKS": "1"},
+    }[report]
+
 @pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
 def test_a_pending_cancellation_waits_for_the_programs_own_cancellation_point(preload):
     """A thread with pthread_cancel pending whose large malloc fails under RLIMIT_AS (its
@@ -274,21 +288,14 @@ def test_a_pending_cancellation_waits_for_the_programs_own_cancellation_point(pr
     assert "malloc returned null, freed, then cancelled" in out.stdout, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("report", ["none", "stats-json", "stats-text", "trace", "snapshot", "leaks"])
+@pytest.mark.parametrize("report", EXIT_REPORTS)
 def test_exit_from_a_thread_with_a_cancellation_pending_ends_the_process(report, tmp_path):
     """exit(0) from a thread with pthread_cancel pending: the reports asked for are written in
     that thread, and the process ends with status 0, as under glibc alone. Before, the stats
     file's getrandom (a cancellation point in glibc) cancelled the thread inside exit: the
     process ran on, its main thread woke from pthread_join."""
     path = tmp_path / "out"
-    env = {
-        "none": {},
-        "stats-json": {"TENSORMALLOC_STATS": f"json:{path}"},
-        "stats-text": {"TENSORMALLOC_STATS": "1"},
-        "trace": {"TENSORMALLOC_TRACE": str(path)},
-        "snapshot": {"TENSORMALLOC_SNAPSHOT_AT_EXIT": str(path)},
-        "leaks": {"TENSORMALLOC_LEAKS": "1"},
-    }[report]
+    env = exit_report_env(report, path)
     out = ok(run([compile_c("cancel_pending"), "exit"], env=env, timeout=60))
     assert "exit did not end the process" not in out.stdout
     if report in ("stats-json", "trace", "snapshot"):
@@ -311,20 +318,13 @@ def test_a_thread_with_the_smallest_stack_uses_every_large_path(preload):
         assert "out of memory" in out.stderr, out.stderr
 
 
-@pytest.mark.parametrize("report", ["none", "stats-json", "stats-text", "trace", "snapshot", "leaks"])
+@pytest.mark.parametrize("report", EXIT_REPORTS)
 def test_exit_from_a_thread_with_the_smallest_stack_writes_the_reports(report, tmp_path):
     """exit(0) from a PTHREAD_STACK_MIN thread: the reports asked for (20-40 KiB of stack) are
     written on a stack of ours (Note [A stack of our own]). Before, every one of them died of a
     stack overflow (SIGSEGV)."""
     path = tmp_path / "out"
-    env = {
-        "none": {},
-        "stats-json": {"TENSORMALLOC_STATS": f"json:{path}"},
-        "stats-text": {"TENSORMALLOC_STATS": "1"},
-        "trace": {"TENSORMALLOC_TRACE": str(path)},
-        "snapshot": {"TENSORMALLOC_SNAPSHOT_AT_EXIT": str(path)},
-        "leaks": {"TENSORMALLOC_LEAKS": "1"},
-    }[report]
+    env = exit_report_env(report, path)
     ok(run([compile_c("small_stack"), "exit"], env=env, timeout=60))
     if report in ("stats-json", "trace", "snapshot"):
         assert path.stat().st_size > 0

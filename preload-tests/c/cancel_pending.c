@@ -9,22 +9,12 @@
  *         ends with status 0; "exit did not end the process" and status 3 otherwise. */
 #define _GNU_SOURCE
 #include <pthread.h>
-#include <sys/resource.h>
 #include "check.h"
 
 static pthread_barrier_t asked, pending;
 static volatile int returned; /* 1: served, 2: null */
 static volatile int freed;
 void *volatile sink;
-
-/* What the process has mapped, in bytes. */
-static long mapped(void) {
-    long pages = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    CHECK(f && fscanf(f, "%ld", &pages) == 1);
-    fclose(f);
-    return pages * 4096;
-}
 
 static void *oom_worker(void *arg) {
     (void)arg;
@@ -54,10 +44,7 @@ static void *exit_worker(void *arg) {
 int main(int argc, char **argv) {
     CHECK(argc > 1);
     int oom = strcmp(argv[1], "oom") == 0;
-    if (oom) {
-        struct rlimit rl = {(rlim_t)(mapped() + 256 * (long)MB), RLIM_INFINITY};
-        CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
-    }
+    if (oom) limit_address_space(256 * (long)MB);
     pthread_barrier_init(&asked, NULL, 2);
     pthread_barrier_init(&pending, NULL, 2);
     pthread_t t;

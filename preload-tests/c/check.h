@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 #include "../../include/tensormalloc.h"
 
 #define CHECK(cond)                                                            \
@@ -110,4 +111,26 @@ static inline int small_blocks(void **piece, int count) {
     printf("1000-byte mallocs: %d of %d\n", got, count);
     for (int i = got; i > 0; i--) free(piece[i - 1]);
     return got;
+}
+
+/* The threads of this process now (/proc/self/status). */
+static inline int thread_count(void) {
+    char line[256];
+    int n = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    CHECK(f);
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Threads: %d", &n) == 1) break;
+    fclose(f);
+    return n;
+}
+
+/* Sets RLIMIT_AS to what the process has mapped now plus `extra` bytes. */
+static inline void limit_address_space(long extra) {
+    long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    CHECK(f && fscanf(f, "%ld", &pages) == 1);
+    fclose(f);
+    struct rlimit rl = {(rlim_t)(pages * 4096 + extra), RLIM_INFINITY};
+    CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
 }

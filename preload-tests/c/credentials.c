@@ -13,17 +13,6 @@
 extern int capget(cap_user_header_t header, cap_user_data_t data);
 extern int capset(cap_user_header_t header, const cap_user_data_t data);
 
-static int threads(void) {
-    char line[256];
-    int n = -1;
-    FILE *f = fopen("/proc/self/status", "r");
-    CHECK(f);
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "Threads: %d", &n) == 1) break;
-    fclose(f);
-    return n;
-}
-
 static void churn(int value) {
     char *p = malloc(64 * MB);
     CHECK(p);
@@ -34,7 +23,7 @@ static void churn(int value) {
 int main(void) {
     CHECK(getuid() == 0);
     churn(1); /* a block enters the cache: the background thread starts */
-    int before = threads();
+    int before = thread_count();
     CHECK(prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) == 0);
     CHECK(setresuid(65534, 65534, 65534) == 0);
     struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
@@ -45,6 +34,6 @@ int main(void) {
     CHECK(capset(&header, data) == 0);
     CHECK(setresgid(65534, 65534, 65534) == 0);
     churn(2);
-    printf("ok %d %d\n", before, threads());
+    printf("ok %d %d\n", before, thread_count());
     return 0;
 }

@@ -29,6 +29,16 @@ static const std::size_t MiB = std::size_t(1) << 20;
 /* Sizes the compiler cannot see through, so it keeps every call. */
 static volatile std::size_t impossible = std::size_t(1) << 50;
 
+/* Sets RLIMIT_AS to what the process has mapped now plus `extra` bytes. */
+static void limit_address_space(std::size_t extra) {
+    long pages = 0;
+    FILE *f = std::fopen("/proc/self/statm", "r");
+    CHECK(f && std::fscanf(f, "%ld", &pages) == 1);
+    std::fclose(f);
+    struct rlimit rl = {std::size_t(pages) * 4096 + extra, RLIM_INFINITY};
+    CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
+}
+
 /* One byte per page and the last byte: enough to catch a block handed out twice or moved
  * without its contents, cheap enough for hundreds of 64 MiB blocks. */
 static void fill(char *p, std::size_t n, unsigned seed) {
@@ -199,12 +209,7 @@ static void small_fail() {
     keep.reserve(1 << 20);
     reserve = new char[2 * MiB]; /* small path: glibc maps it, and unmaps it in the handler */
     std::memset(reserve, 1, 2 * MiB);
-    long pages = 0;
-    FILE *f = std::fopen("/proc/self/statm", "r");
-    CHECK(f && std::fscanf(f, "%ld", &pages) == 1);
-    std::fclose(f);
-    struct rlimit rl = {std::size_t(pages) * 4096 + 64 * MiB, RLIM_INFINITY};
-    CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
+    limit_address_space(64 * MiB);
     std::set_new_handler(release_reserve);
     bool caught = false;
     try {
@@ -228,12 +233,7 @@ static void next_room() {
         piece[i] = ::operator new(1000);
         std::memset(piece[i], 1, 1000);
     }
-    long pages = 0;
-    FILE *f = std::fopen("/proc/self/statm", "r");
-    CHECK(f && std::fscanf(f, "%ld", &pages) == 1);
-    std::fclose(f);
-    struct rlimit rl = {std::size_t(pages) * 4096 + 200 * MiB, RLIM_INFINITY};
-    CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
+    limit_address_space(200 * MiB);
     for (int i = PIECES - 1; i >= 0; i--) ::operator delete(piece[i]);
 
     int thrown = 0, nothrow = 0, aligned = 0, aligned_nothrow = 0;

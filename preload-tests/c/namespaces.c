@@ -10,17 +10,6 @@
 #include <sched.h>
 #include <unistd.h>
 
-static int threads(void) {
-    char line[256];
-    int n = -1;
-    FILE *f = fopen("/proc/self/status", "r");
-    CHECK(f);
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "Threads: %d", &n) == 1) break;
-    fclose(f);
-    return n;
-}
-
 static void churn(int value) {
     for (int i = 0; i < 2; i++) {
         char *p = malloc(64 * MB);
@@ -37,7 +26,7 @@ static const char *result(int rc) {
 
 int main(void) {
     churn(1);
-    int before = threads();
+    int before = thread_count();
     int fd = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
     CHECK(fd >= 0);
     const char *joined = result(setns(fd, CLONE_NEWNS));
@@ -45,6 +34,6 @@ int main(void) {
     churn(2);
     const char *unshared = result(unshare(CLONE_NEWUSER));
     churn(3);
-    printf("setns: %s, unshare: %s, threads: %d %d\n", joined, unshared, before, threads());
+    printf("setns: %s, unshare: %s, threads: %d %d\n", joined, unshared, before, thread_count());
     return 0;
 }

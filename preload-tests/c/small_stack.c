@@ -9,7 +9,6 @@
 #include <alloca.h>
 #include <limits.h>
 #include <pthread.h>
-#include <sys/resource.h>
 #include "check.h"
 
 static int exiting;
@@ -61,14 +60,7 @@ static void *worker(void *arg) {
 int main(int argc, char **argv) {
     CHECK(argc > 1);
     exiting = strcmp(argv[1], "exit") == 0;
-    if (!exiting) {
-        long pages = 0;
-        FILE *f = fopen("/proc/self/statm", "r");
-        CHECK(f && fscanf(f, "%ld", &pages) == 1);
-        fclose(f);
-        struct rlimit rl = {(rlim_t)(pages * 4096 + 256 * (long)MB), RLIM_INFINITY};
-        CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
-    }
+    if (!exiting) limit_address_space(256 * (long)MB);
     pthread_attr_t attr;
     CHECK(pthread_attr_init(&attr) == 0 && pthread_attr_setstacksize(&attr, PTHREAD_STACK_MIN) == 0);
     pthread_t t;
