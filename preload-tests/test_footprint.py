@@ -364,3 +364,15 @@ def test_a_program_moves_into_namespaces_with_our_thread_running(preload):
     out = ok(run([compile_c("namespaces")], preload=PRELOAD if preload else False))
     threads = "2 2" if preload else "1 1"
     assert f"setns: ok, unshare: ok, threads: {threads}" in out.stdout, out.stdout
+
+
+@needs_root
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_our_thread_is_not_real_time_in_a_real_time_program(preload):
+    """Note [Our threads are not real-time]: a program gone SCHED_FIFO (policy 1) makes large
+    blocks; our background thread runs SCHED_OTHER (0). Before, it inherited SCHED_FIFO at the
+    program's priority."""
+    out = ok(run([compile_c("realtime")], preload=PRELOAD if preload else False))
+    threads = dict(line.rsplit(" ", 1) for line in out.stdout.splitlines() if line != "realtime ok")
+    assert threads.pop("realtime") == "1", out.stdout
+    assert threads == ({"tensormalloc": "0"} if preload else {}), out.stdout

@@ -88,6 +88,13 @@ fn create(name: &core::ffi::CStr, start: extern "C" fn(*mut libc::c_void) -> *mu
         }
         libc::pthread_attr_setdetachstate(&mut attr, detach);
         libc::pthread_attr_setstacksize(&mut attr, 256 * 1024);
+        if creator_is_realtime() {
+            // Note [Our threads are not real-time].
+            let normal = libc::sched_param { sched_priority: 0 };
+            libc::pthread_attr_setinheritsched(&mut attr, libc::PTHREAD_EXPLICIT_SCHED);
+            libc::pthread_attr_setschedpolicy(&mut attr, libc::SCHED_OTHER);
+            libc::pthread_attr_setschedparam(&mut attr, &normal);
+        }
         let mut thread: libc::pthread_t = 0;
         let rc = libc::pthread_create(&mut thread, &attr, start, arg);
         libc::pthread_attr_destroy(&mut attr);
@@ -97,6 +104,33 @@ fn create(name: &core::ffi::CStr, start: extern "C" fn(*mut libc::c_void) -> *mu
         libc::pthread_setname_np(thread, name.as_ptr());
         Some(thread)
     }
+}
+
+// Note [Our threads are not real-time]
+// A thread inherits the scheduling of the thread that makes it. A program that runs real-time
+// (SCHED_FIFO or SCHED_RR: audio, control loops, `chrt -f`) made our background thread real-time
+// too, at the program's priority: its unmaps of idle gigabytes (milliseconds) then ran ahead of
+// every normal thread on that CPU, and as long as they liked against the program's own threads
+// of the same priority. So when the thread making ours runs real-time, ours is made SCHED_OTHER
+// (glibc sets it on the new thread before it runs: one sched_setscheduler, which a program that
+// went real-time itself is allowed). The policy is read from /proc (no new system call for the
+// others).
+
+/// Whether the calling thread runs under a real-time policy (SCHED_FIFO, SCHED_RR or
+/// SCHED_DEADLINE), from /proc/thread-self/stat; false when it cannot be read.
+fn creator_is_realtime() -> bool {
+    let mut buf = [0u8; 1024];
+    let Some(n) = super::process::read_kernel_file(b"/proc/thread-self/stat\0", &mut buf) else { return false };
+    matches!(policy_in_stat(buf.get(..n).unwrap_or(&[])), Some(1 | 2 | 6))
+}
+
+/// The scheduling policy in a /proc stat line: its 41st field, counted after the command's
+/// closing parenthesis (the command may hold spaces and parentheses).
+fn policy_in_stat(stat: &[u8]) -> Option<u32> {
+    let after = stat.iter().rposition(|&b| b == b')')?;
+    // Fields 3 onwards follow the parenthesis: the policy is the 39th of those.
+    let field = stat.get(after + 1..)?.split(|&b| b == b' ').filter(|f| !f.is_empty()).nth(41 - 3)?;
+    core::str::from_utf8(field).ok()?.trim().parse().ok()
 }
 
 /// Runs `f` with every signal blocked for this thread (SIGKILL and SIGSTOP excepted): a
@@ -121,4 +155,20 @@ pub fn at_exit(hook: extern "C" fn()) -> bool {
     // SAFETY: registers a function of ours that lives as long as the library (atexit passes our
     // __dso_handle: glibc also runs it should the library ever be unloaded).
     unsafe { libc::atexit(hook) == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_policy_is_read_past_a_command_with_spaces_and_parentheses() {
+        let line = b"4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 -41 0 1 0 123 4096 100 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 40 1 0 0 0\n";
+        assert_eq!(policy_in_stat(line), Some(1), "SCHED_FIFO");
+        let normal = b"7 (sh) S 1 7 7 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123 4096 100 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0\n";
+        assert_eq!(policy_in_stat(normal), Some(0));
+        assert_eq!(policy_in_stat(b"garbage"), None);
+        // This test's own thread runs under the normal policy.
+        assert!(!creator_is_realtime());
+    }
 }
