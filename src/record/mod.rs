@@ -229,6 +229,6 @@ pub fn out_of_memory(e: &OutOfMemory) {
         // The report's writes inside malloc are no cancellation point (Note [Cancellation
         // points] in sys/thread.rs).
         // SAFETY: only `on_out_of_memory` stores here, a `fn(&OutOfMemory)`.
-        crate::sys::thread::cancel_held(|| unsafe { core::mem::transmute::<*mut (), fn(&OutOfMemory)>(listener)(e) });
+        crate::sys::cancel::cancel_held(|| unsafe { core::mem::transmute::<*mut (), fn(&OutOfMemory)>(listener)(e) });
     }
 }

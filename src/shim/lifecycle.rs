@@ -68,11 +68,11 @@ extern "C" fn after_fork_in_child() {
 
 /// Runs at unload or exit, after the program's atexit handlers: the reports asked for, in
 /// whatever thread called exit, which a pending cancellation must not stop halfway (Note
-/// [Cancellation points] in sys/thread.rs).
+/// [Cancellation points] in sys/cancel.rs).
 extern "C" fn on_unload() {
     if let Some(g) = globals() {
         // On a stack of our own: the thread may have a small one (Note [A stack of our own]).
-        sys::thread::cancel_held(|| {
+        sys::cancel::cancel_held(|| {
             sys::stack::on_own_stack(|| {
                 trace::finish();
                 report::at_exit(&g.config);

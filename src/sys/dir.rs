@@ -14,7 +14,7 @@
 // device never blocks us), O_NOFOLLOW, O_CLOEXEC, then checked: a regular file, ours, with one
 // link; anything else is refused with its reason. Every file we make is 0600.
 
-use super::thread::cancel_held;
+use super::cancel::cancel_held;
 use super::files::{self, close, decimal, joined, last, name, stat, terminated, try_lock, write_at, Name, Refused, NAME_MAX_BYTES, PATH_MAX_BYTES};
 use super::process::errno;
 

@@ -176,9 +176,9 @@ const WRITE_SIGNALS: [libc::c_int; 2] = [libc::SIGXFSZ, libc::SIGPIPE];
 
 /// Runs `write` (our writes to a file, a pipe, stderr) with SIGXFSZ and SIGPIPE held back from
 /// this thread, and takes back those it raised (Note [Signals our writes raise]); cancellation
-/// held too (Note [Cancellation points] in sys/thread.rs).
+/// held too (Note [Cancellation points] in sys/cancel.rs).
 pub fn write_signals_held<R>(write: impl FnOnce() -> R) -> R {
-    super::thread::cancel_held(|| signals_held(write))
+    super::cancel::cancel_held(|| signals_held(write))
 }
 
 fn signals_held<R>(write: impl FnOnce() -> R) -> R {
@@ -278,7 +278,7 @@ pub fn truncate(fd: i32, len: u64) -> Result<(), Refused> {
 /// close(2); the errno when it reports a failed write-back.
 pub fn close(fd: i32) -> Result<(), i32> {
     // SAFETY: the caller owns fd and does not use it again.
-    if super::thread::cancel_held(|| unsafe { libc::close(fd) }) != 0 {
+    if super::cancel::cancel_held(|| unsafe { libc::close(fd) }) != 0 {
         return Err(errno());
     }
     Ok(())

@@ -5,6 +5,7 @@
 
 pub mod bind;
 pub mod caller;
+pub mod cancel;
 pub mod claim;
 pub mod clock;
 pub mod cuda_runtime;

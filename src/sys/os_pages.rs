@@ -304,8 +304,8 @@ impl PageMemory for OsPages {
     }
 
     fn presence(&self, addr: usize, len: usize) -> Presence {
-        // msync is a cancellation point (Note [Cancellation points] in sys/thread.rs).
-        super::thread::cancel_held(|| presence_of(addr, len))
+        // msync is a cancellation point (Note [Cancellation points] in sys/cancel.rs).
+        super::cancel::cancel_held(|| presence_of(addr, len))
     }
 
     fn copy(&self, dst: usize, src: usize, len: usize) {

@@ -201,7 +201,7 @@ pub fn read_kernel_file(path: &[u8], buf: &mut [u8]) -> Option<usize> {
     if path.last() != Some(&0) {
         return None;
     }
-    super::thread::cancel_held(|| read_opened(path, buf))
+    super::cancel::cancel_held(|| read_opened(path, buf))
 }
 
 /// `read_kernel_file`'s open, read and close (cancellation points all three).

@@ -3,7 +3,7 @@
 //! else in /dev/shm, opened only if it is this user's own and private; and futexes that wake
 //! across processes.
 
-use super::thread::cancel_held;
+use super::cancel::cancel_held;
 use super::files::PATH_MAX_BYTES;
 
 /// Why a shared file could not be used.

@@ -4,7 +4,7 @@
 //! abstract name leaves no file behind and goes with its last holder; who is at the other end
 //! is told by the kernel (SO_PEERCRED), never by the bytes.
 
-use super::thread::cancel_held;
+use super::cancel::cancel_held;
 use core::mem::{size_of, zeroed};
 
 /// The process at the other end of a connection, as the kernel saw it when it connected (or,
