@@ -123,7 +123,7 @@ impl Dir {
                     at += reclen;
                 }
             }
-            cancel_held(|| libc::close(fd));
+            let _ = close(fd);
         }
     }
 }

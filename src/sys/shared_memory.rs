@@ -117,7 +117,7 @@ impl SharedFile {
                     Ok(p.cast::<u8>())
                 }
             });
-            cancel_held(|| libc::close(fd));
+            let _ = super::files::close(fd);
             mapped
         }
     }
@@ -153,8 +153,8 @@ impl SharedFile {
 impl Drop for SharedFile {
     fn drop(&mut self) {
         if self.dir >= 0 {
-            // SAFETY: a descriptor we opened and close once.
-            cancel_held(|| unsafe { libc::close(self.dir) });
+            // A descriptor we opened and close once.
+            let _ = super::files::close(self.dir);
         }
     }
 }
@@ -173,7 +173,7 @@ fn open_private_dir(path: &[u8]) -> Option<i32> {
         let mut st: libc::stat = core::mem::zeroed();
         let private = libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFDIR && st.st_uid == libc::geteuid() && st.st_mode & 0o077 == 0;
         if !private {
-            cancel_held(|| libc::close(fd));
+            let _ = super::files::close(fd);
             return None;
         }
         Some(fd)
