@@ -440,6 +440,15 @@ impl Holders {
         }
     }
 
+    /// In a forked child: a report of the parent's that was reading the retired names at the
+    /// fork is not in this process (Note [Locks a child inherits] in sys/lock.rs); the names
+    /// stay, a child's holders being its parent's.
+    pub fn after_fork_in_child(&self) {
+        // SAFETY: the child's fork handler; the names are whole unless a retirement was writing
+        // one at the fork, which leaves that one name cut short.
+        unsafe { self.retired_names.free_in_child() };
+    }
+
     /// Every row that has ever held memory, by id then place.
     pub fn for_each_row(&self, mut f: impl FnMut(&HolderRow)) {
         for (id, places) in self.rows.iter().enumerate() {

@@ -446,7 +446,7 @@ pub fn restart_in_child() {
     ON.store(false, Ordering::Release);
     // SAFETY: a thread that held the writer at the fork (the parent's reaper) is not in this
     // process; no thread of the child uses it yet.
-    unsafe { WRITER.force_unlock() };
+    unsafe { WRITER.free_in_child() };
     *WRITER.lock() = Named::new();
     TAIL.store(HEAD.load(Ordering::Acquire), Ordering::Release);
     // The parent's file, unless the program closed it and reused the number.

@@ -94,7 +94,7 @@ static WRITING: crate::sys::lock::Lock<()> = crate::sys::lock::Lock::new(());
 /// this process; its lock would stay held for good.
 pub fn after_fork_in_child() {
     // SAFETY: the child has one thread, which holds no lock of ours here.
-    unsafe { WRITING.force_unlock() };
+    unsafe { WRITING.free_in_child() };
 }
 
 /// The JSON at a normal exit: it replaces the counters file (the JSON is rendered into the file

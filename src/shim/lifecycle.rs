@@ -48,6 +48,8 @@ extern "C" fn after_fork_in_child() {
     report::stats_file::after_fork_in_child();
     report::oom::after_fork_in_child();
     sys::stack::after_fork_in_child();
+    crate::record::holders::HOLDERS.after_fork_in_child();
+    crate::device::ipc::OPENED.forget_in_child();
     if DEVICE.after_fork_in_child() {
         // Note [Forked children]: the parent's device and pinned blocks are not this process's.
         for place in (0..crate::record::holders::PLACES as u8).filter(|&p| p != crate::record::holders::PLACE_HOST) {

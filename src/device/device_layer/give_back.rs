@@ -178,7 +178,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// delay goes back to the driver, in its pool's context. Returns when the next one is due.
     pub fn release_idle(&self) -> Option<u64> {
         let after = self.release_after_ns.load(Relaxed);
-        if after == u64::MAX {
+        // Nothing set up, nothing to look at: the pass takes none of the pools' locks (Note
+        // [Locks a child inherits] in sys/lock.rs).
+        if after == u64::MAX || !self.used.load(Relaxed) {
             return None;
         }
         let mut due = None::<u64>;

@@ -21,7 +21,7 @@ use crate::record::stats::{timed, DeviceStats};
 use crate::record;
 use crate::record::holders::device_place;
 use crate::sys::lock::Lock;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering::{Relaxed, SeqCst}};
 
 mod alloc;
 mod contexts;
@@ -73,7 +73,7 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     /// TENSORMALLOC_CUDA_SEGMENTS=expandable (Note [Expandable segments] in pool/chunks.rs).
     expandable_wanted: AtomicBool,
     /// Per device: held while chunks are mapped or unmapped (Note [Expandable segments]).
-    growing: [Lock<()>; MAX_DEVICES],
+    pub(super) growing: [Lock<()>; MAX_DEVICES],
     /// Per device: the devices the program enabled peer access for to its memory, a bit each
     /// (their kernels must reach its chunks too).
     peers: [AtomicU64; MAX_DEVICES],
@@ -152,7 +152,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     // child forked after the layer was used never looks at them: the pools are an empty list,
     // every entry point passes through to the driver, which gives its own answer, and the
     // reports list none of the parent's blocks. A child forked before any use (the parent never
-    // touched CUDA) is a process of its own and pools as any other.
+    // touched CUDA) is a process of its own and pools as any other: the locks a parent thread
+    // held while it looked at the pools unused are made free (Note [Locks a child inherits] in
+    // sys/lock.rs). The layer counts as used from the moment a pool or the pinned cache begins
+    // to be set up, so a child forked in the middle of that leaves them alone too.
 
     /// Whether the layer answers for its memory (false in a forked child, Note [Forked children]).
     pub fn answers(&self) -> bool {
@@ -168,6 +171,15 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let used = self.used.load(Relaxed);
         if used {
             self.inherited.store(true, Relaxed);
+        } else {
+            // A parent thread may have held one while it looked at them unused (Note [Locks a
+            // child inherits] in sys/lock.rs): nothing was set up, so there is nothing to tear.
+            // SAFETY: the child's fork handler, before any thread of the child can hold them.
+            unsafe {
+                self.pools.iter().for_each(|p| p.free_in_child());
+                self.growing.iter().for_each(|g| g.free_in_child());
+                self.pinned.free_in_child();
+            }
         }
         used
     }
@@ -211,6 +223,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             fallback::say(Fallback::BinnedExpandable);
         }
         let granularity = if wanted && strategy == Strategy::Split { self.expandable_granularity(device) } else { None };
+        // Counted as used before it is set up: a child forked meanwhile must not take the
+        // parent's pool for its own (Note [Forked children]).
+        self.used.store(true, SeqCst);
         let ready = match granularity {
             Some(chunk) => {
                 let expandable = pool.lock().init_expandable(chunk, limit, self.table_source);
@@ -222,9 +237,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             }
             None => pool.lock().init(strategy, limit, self.table_source),
         };
-        if ready {
-            self.used.store(true, Relaxed);
-        } else {
+        if !ready {
             fallback::say(Fallback::PoolTables { device });
         }
         ready.then_some(pool)
@@ -287,6 +300,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// Per-device figures for the report: (device, stats, cached bytes).
     pub fn for_each_pool(&self, mut f: impl FnMut(usize, &DevicePool)) {
+        if !self.used.load(Relaxed) {
+            return; // none is set up: no lock taken (Note [Locks a child inherits])
+        }
         for (d, p) in self.pools().iter().enumerate() {
             let pool = p.lock();
             if pool.is_ready() {

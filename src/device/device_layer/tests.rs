@@ -434,7 +434,13 @@ fn impossible_sizes_get_the_runtimes_answer_and_leave_the_cache() {
 #[test]
 fn a_forked_child_leaves_the_parents_pools_alone() {
     let fresh = layer(Config::default(), &[GB]);
+    // Note [Locks a child inherits]: parent threads in the unused pools at the fork.
+    core::mem::forget(fresh.pools[0].lock());
+    core::mem::forget(fresh.pinned.lock());
+    core::mem::forget(fresh.growing[0].lock());
     assert!(!fresh.after_fork_in_child(), "never used: the child is a process of its own");
+    assert!(!fresh.pools[0].held() && !fresh.pinned.held() && !fresh.growing[0].held(), "their locks are free in the child");
+    assert_eq!(fresh.release_idle(), None);
     let a = fresh.malloc(8 * MB, 0).unwrap();
     assert!(fresh.holds(a));
 

@@ -9,6 +9,7 @@
 
 use crate::backing::CUDA_ERROR_MEMORY_ALLOCATION;
 use crate::sys::lock::Lock;
+use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use core::ffi::c_int;
 
 const SEGMENTS: usize = 1024;
@@ -44,6 +45,8 @@ struct Tables {
 
 pub struct Opened {
     tables: Lock<Tables>,
+    /// A segment was ever opened (a forked child has tables to forget).
+    ever_opened: AtomicBool,
 }
 
 /// What `begin_open` found for a segment's driver handle.
@@ -75,7 +78,7 @@ const EMPTY_SEGMENT: Segment = Segment { state: State::Empty, real: [0; 64], bas
 
 impl Opened {
     pub const fn new() -> Self {
-        Opened { tables: Lock::new(Tables { segments: [EMPTY_SEGMENT; SEGMENTS], pointers: [Pointer { ptr: 0, segment: 0 }; POINTERS] }) }
+        Opened { tables: Lock::new(Tables { segments: [EMPTY_SEGMENT; SEGMENTS], pointers: [Pointer { ptr: 0, segment: 0 }; POINTERS] }), ever_opened: AtomicBool::new(false) }
     }
 
     /// The segment `real` names, mapped once per process: `map` makes the mapping (its base,
@@ -105,6 +108,26 @@ impl Opened {
         }
     }
 
+    /// In a forked child: the segments the parent opened are mapped in the parent's CUDA
+    /// context, which the child cannot use (the driver answers NOT_INITIALIZED there); a handle
+    /// opened again, or a pointer closed, goes to the driver for its own answer.
+    pub fn forget_in_child(&self) {
+        // SAFETY: the child's fork handler; what the lock guards is forgotten whole (Note [Locks
+        // a child inherits] in sys/lock.rs).
+        unsafe { self.tables.free_in_child() };
+        if !self.ever_opened.load(Relaxed) {
+            return; // nothing to forget: 150 KB of tables left untouched
+        }
+        let mut t = self.tables.lock();
+        // In place: a thread may have 16 KiB of stack in all.
+        for s in t.segments.iter_mut().filter(|s| s.state != State::Empty) {
+            *s = EMPTY_SEGMENT;
+        }
+        for p in t.pointers.iter_mut().filter(|p| p.segment != 0) {
+            p.segment = 0;
+        }
+    }
+
     /// A handle of ours names the segment `real`, the block at `offset` in it.
     pub fn begin_open(&self, real: &[u8; 64], offset: u64) -> Begin {
         let mut t = self.tables.lock();
@@ -128,6 +151,7 @@ impl Opened {
         if let Some(s) = t.segments.get_mut(slot) {
             *s = Segment { state: State::Opening, real: *real, base: 0, refs: 0 };
         }
+        self.ever_opened.store(true, Relaxed);
         Begin::Open { slot }
     }
 
@@ -209,6 +233,21 @@ mod tests {
         assert_eq!(o.begin_open(&real, 0), Begin::Busy, "until the driver closed it");
         o.end_close(slot);
         assert!(matches!(o.begin_open(&real, 0), Begin::Open { .. }), "opened anew");
+    }
+
+    /// A forked child cannot use the segments its parent opened: a handle is opened anew (the
+    /// driver answers there) and the parent's pointers are not ours to close.
+    #[test]
+    fn a_forked_child_forgets_the_parents_segments() {
+        let o = Box::new(Opened::new());
+        o.forget_in_child();
+        let real = [9u8; 64];
+        let Begin::Open { slot } = o.begin_open(&real, 0) else { panic!() };
+        assert!(o.end_open(slot, Some(0x2000_0000), 0));
+        core::mem::forget(o.tables.lock()); // a parent thread in the tables at the fork
+        o.forget_in_child();
+        assert!(matches!(o.begin_open(&real, 0), Begin::Open { .. }), "the parent's mapping is not the child's");
+        assert_eq!(o.close(0x2000_0000), Close::NotOurs);
     }
 
     #[test]

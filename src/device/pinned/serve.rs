@@ -15,12 +15,14 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         if !self.enabled() {
             return self.runtime.host_alloc(size, flags);
         }
+        // Counted as used before the cache is set up: a child forked meanwhile must not take the
+        // parent's pinned blocks for its own (Note [Forked children]).
+        if !self.used.load(Relaxed) {
+            self.used.store(true, core::sync::atomic::Ordering::SeqCst);
+        }
         if !self.pinned.lock().init(self.pinned_limit_bytes.load(Relaxed), self.table_source) {
             crate::device::fallback::say(crate::device::fallback::Fallback::PinnedTables);
             return self.runtime.host_alloc(size, flags);
-        }
-        if !self.used.load(Relaxed) {
-            self.used.store(true, Relaxed);
         }
         let ctx = self.runtime.current_context();
         let taken = self.pinned.lock().take(size as u64, flags, ctx, holder);
