@@ -40,7 +40,10 @@ static SCRATCH_BUSY: AtomicBool = AtomicBool::new(false);
 
 /// In a forked child: a report the parent was writing is not this process's.
 pub fn after_fork_in_child() {
-    SCRATCH_BUSY.store(false, Release);
+    // Written only when set: every page a child handler writes is a copy-on-write fault.
+    if SCRATCH_BUSY.load(Relaxed) {
+        SCRATCH_BUSY.store(false, Release);
+    }
 }
 
 /// The last failure, for the JSON stats: place + 1 (0: none yet), request, then the figures.

@@ -124,8 +124,11 @@ impl<T> Lock<T> {
     /// the lock guards is whole whatever the parent's holder was doing (it only read, or the
     /// child forgets the value).
     pub unsafe fn free_in_child(&self) {
-        self.fork_holder.store(0, Ordering::Relaxed);
-        self.state.store(FREE, Ordering::Release);
+        // Written only when held: a store to a lock's page is a copy-on-write fault in the child.
+        if self.state.load(Ordering::Relaxed) != FREE {
+            self.fork_holder.store(0, Ordering::Relaxed);
+            self.state.store(FREE, Ordering::Release);
+        }
     }
 }
 

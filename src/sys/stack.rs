@@ -40,7 +40,8 @@ pub fn after_fork_in_child() {
     let here = 0u8;
     let sp = &here as *const u8 as usize;
     let top = TOP.load(Acquire);
-    if !(top > 1 && sp < top && sp >= top + ABOVE_TOP - STACK_BYTES) {
+    // Written only when set: every page a child handler writes is a copy-on-write fault.
+    if !(top > 1 && sp < top && sp >= top + ABOVE_TOP - STACK_BYTES) && BUSY.load(Acquire) {
         BUSY.store(false, Release);
     }
 }

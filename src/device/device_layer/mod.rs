@@ -167,7 +167,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     pub fn after_fork_in_child(&self) -> bool {
         // The background threads are not copied by fork: a batch the parent had under way is
         // none of the child's, and its exit must not wait for it (Note [No driver call after exit]).
-        self.background.fetch_and(give_back::BACKGROUND_CLOSED, Relaxed);
+        if self.background.load(Relaxed) & !give_back::BACKGROUND_CLOSED != 0 {
+            self.background.fetch_and(give_back::BACKGROUND_CLOSED, Relaxed);
+        }
         let used = self.used.load(Relaxed);
         if used {
             self.inherited.store(true, Relaxed);

@@ -24,7 +24,7 @@
 // (address space only: its pages are the parent's copy-on-write ones), as does a range the
 // parent's thread had taken off the list but not yet unmapped.
 
-use super::store::{Store, NONE};
+use super::store::NONE;
 use super::{BlockCache, BlockState, CachedBlock, PageFacts};
 use crate::ranges::{Range, RangeList};
 
@@ -178,7 +178,11 @@ impl BlockCache {
         for b in self.blocks() {
             f(Range { addr: b.addr, len: b.len });
         }
-        self.store = Store::new();
+        // Block by block, not a fresh store: writing a whole new one dirtied every page of its
+        // tables, a copy-on-write fault each (25 a fork) in every child, the cache empty or not.
+        while self.store.oldest() != NONE {
+            self.store.remove(self.store.oldest());
+        }
         self.parked = CachedBlock::EMPTY;
         self.cached_bytes = 0;
         self.deferred_count = 0;

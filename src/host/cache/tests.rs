@@ -505,3 +505,27 @@ fn many_blocks_of_one_size_are_served_hot_first_and_evicted_oldest_first() {
     assert_eq!(c.block_count(), CAPACITY);
     c.check_invariants().unwrap();
 }
+
+/// A forked child forgets the parent's blocks one by one (a fresh store would dirty every page
+/// of its tables): nothing of them is left to find, and the cache serves as a new one.
+#[test]
+fn forgotten_blocks_leave_a_cache_as_good_as_new() {
+    let mut c = BlockCache::new(CacheLimits { max_blocks: 16, ..limits() });
+    for i in 0..6 {
+        c.insert(0x1000_0000 + i * 0x1000_0000, (8 + i) * MB, PageFacts::zeroed(false), i as u64, Live::default());
+    }
+    let _ = c.due(5 + 1000 * MS, false); // some of them being released
+    let mut heard = Vec::new();
+    c.forget_all(|r| heard.push(r.addr));
+    heard.sort();
+    assert_eq!(heard, (0..6).map(|i| 0x1000_0000 + i * 0x1000_0000).collect::<Vec<_>>());
+    assert_eq!((c.block_count(), c.cached_bytes(), c.blocks().count()), (0, 0, 0));
+    assert!(c.take(8 * MB, 4096, 0).is_none(), "none of the parent's blocks is handed out");
+    c.check_invariants().unwrap();
+    // The same addresses, cached again, are found and merged as in a new cache.
+    c.insert(0x1000_0000, 8 * MB, PageFacts::zeroed(false), 10, Live::default());
+    let ins = c.insert(0x1000_0000 + 8 * MB, 8 * MB, PageFacts::zeroed(false), 11, Live::default());
+    assert_eq!(ins.block, Range { addr: 0x1000_0000, len: 16 * MB });
+    assert_eq!(c.take(16 * MB, 4096, 12).unwrap().addr, 0x1000_0000);
+    c.check_invariants().unwrap();
+}
