@@ -80,6 +80,10 @@ pub trait PageMemory {
     /// The process these mappings belong to: a forked child's differs from its parent's
     /// (Note [Fork handlers that allocate] in host/host_layer/fork.rs).
     fn process_id(&self) -> u32;
+    /// Before the cache lock is taken: a child our fork handlers did not see adopts what the
+    /// parent left first (Note [Children our handlers did not see] in sys/fork_mark.rs). One
+    /// load when there is nothing to do.
+    fn adopt_unseen_fork(&self) {}
     /// Asks for transparent huge pages on the range.
     fn advise_huge(&self, addr: usize, len: usize);
     /// Writes zeros over the range.

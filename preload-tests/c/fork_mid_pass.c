@@ -3,10 +3,14 @@
  * and, under TENSORMALLOC_STATS=json, rewrites the numbers. Each child asks for the stats and
  * for a large block of its own, then exits: a lock the background thread held at the fork must
  * not be held for good in the child, which has no such thread. A child that has not exited
- * within 10 s is counted hung and killed. `fork_mid_pass [FORKS]` (default 10000); prints
+ * within 10 s is counted hung and killed. `fork_mid_pass [FORKS] [raw]` (default 10000); with
+ * `raw` the children are made by the fork system call itself, which runs no fork handler (as
+ * bubblewrap's and systemd's raw clones do; Note [Children our handlers did not see]): the
+ * churning thread, not only ours, may then hold our cache lock at the fork. Prints
  * "forks N hung H failed F". */
 #include <pthread.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "check.h"
@@ -48,12 +52,13 @@ static int wait_bounded(pid_t pid, double seconds) {
 
 int main(int argc, char **argv) {
     int forks = argc > 1 ? atoi(argv[1]) : 10000;
+    int raw = argc > 2 && strcmp(argv[2], "raw") == 0;
     pthread_t t;
     CHECK(pthread_create(&t, NULL, churn, NULL) == 0);
     int hung = 0, failed = 0;
     for (int i = 0; i < forks; i++) {
         fflush(NULL);
-        pid_t pid = fork();
+        pid_t pid = raw ? (pid_t)syscall(SYS_fork) : fork();
         CHECK(pid >= 0);
         if (pid == 0) {
             tm_stats_t s;

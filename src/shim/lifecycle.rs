@@ -12,6 +12,7 @@ extern "C" fn on_load() {
     if let Some(g) = globals() {
         crate::record::on_out_of_memory(report::oom::on_out_of_memory);
         sys::lock::at_fork(before_fork, after_fork_in_parent, after_fork_in_child);
+        sys::fork_mark::set_adoption(adopt_parent_records);
         sys::process::note_start();
         if !g.config.trace_path().is_empty() && trace::start(g.config.trace_path(), trace_sample) {
             sys::reaper::start_now();
@@ -31,6 +32,9 @@ fn trace_sample() -> (u64, u64) {
 // thread that does not exist there. The child forgets the cache, whose blocks it did not
 // inherit (Note [Plain memory]), and restarts its reaper on demand.
 extern "C" fn before_fork() {
+    // Cached blocks are kept from children from here on: a child made without this handler must
+    // know it (Note [Children our handlers did not see] in sys/fork_mark.rs).
+    sys::fork_mark::arm();
     HOST.lock_for_fork();
 }
 
@@ -40,8 +44,27 @@ extern "C" fn after_fork_in_parent() {
 }
 
 extern "C" fn after_fork_in_child() {
+    if !sys::fork_mark::claim_in_child() {
+        // Another library's child handler, run before ours, allocated: that adopted the
+        // parent's records, the fork's hold on the cache lock included.
+        return;
+    }
     // SAFETY: the child is a copy of the thread that ran before_fork.
     unsafe { HOST.unlock_after_fork() };
+    child_steps();
+}
+
+/// A child our fork handlers did not see (`_Fork`, a raw fork or clone system call) does what
+/// our child handler would have, before it uses the parent's records (Note [Children our
+/// handlers did not see] in sys/fork_mark.rs).
+fn adopt_parent_records() {
+    // SAFETY: the adopting thread runs this before any other can take the lock.
+    unsafe { HOST.free_lock_in_child() };
+    child_steps();
+}
+
+/// What a child does with the parent's state once the cache lock is its own.
+fn child_steps() {
     HOST.forget_cache_in_child();
     crate::state::forked_from(sys::process::parent_id());
     crate::record::ledger::restart_in_child(sys::process::parent_id(), HOST.stats.live.current(), HOST.stats.live_blocks.current());

@@ -19,6 +19,7 @@ pub mod dir;
 pub mod dlsym;
 pub mod env;
 pub mod files;
+pub mod fork_mark;
 pub mod kept;
 pub mod lock;
 pub mod memory;

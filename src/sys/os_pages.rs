@@ -216,6 +216,11 @@ impl PageMemory for OsPages {
         super::process::id()
     }
 
+    #[inline(always)]
+    fn adopt_unseen_fork(&self) {
+        super::fork_mark::check();
+    }
+
     fn could_map(&self, len: usize) -> bool {
         len as u64 <= super::memory::largest_possible_mapping()
     }

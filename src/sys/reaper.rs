@@ -62,6 +62,9 @@ pub fn start_now() {
     if STATE.compare_exchange(NOT_STARTED, STARTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return;
     }
+    // From now on a pass may hold our locks at a fork no handler of ours sees (Note [Children
+    // our handlers did not see] in fork_mark.rs).
+    super::fork_mark::arm();
     match super::thread::spawn_joinable(c"tensormalloc", reaper_main) {
         Some(thread) => {
             THREAD.store(thread, Ordering::Release);

@@ -21,6 +21,9 @@ impl Drop for Entered {
 /// `Some` for the outermost call on this thread; `None` when one of ours is already running
 /// below us on the stack: the caller then passes the call through to the real function.
 pub fn enter() -> Option<Entered> {
+    // A child our fork handlers did not see adopts the parent's records before it uses any
+    // (Note [Children our handlers did not see] in fork_mark.rs).
+    super::fork_mark::check();
     DEPTH.with(|d| {
         if d.get() > 0 {
             return None;

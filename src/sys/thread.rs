@@ -98,6 +98,12 @@ fn policy_in_stat(stat: &[u8]) -> Option<u32> {
     core::str::from_utf8(field).ok()?.trim().parse().ok()
 }
 
+/// Lets another thread run (a wait of a few microseconds at most).
+pub fn yield_now() {
+    // SAFETY: no argument; cannot fail.
+    unsafe { libc::sched_yield() };
+}
+
 /// Runs `f` with every signal blocked for this thread (SIGKILL and SIGSTOP excepted): a
 /// SIGTERM cannot land between two steps that must happen together.
 pub fn with_signals_held<R>(f: impl FnOnce() -> R) -> R {

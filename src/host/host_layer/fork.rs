@@ -123,6 +123,19 @@ impl<M: PageMemory> HostLayer<M> {
         self.releasing.wait_empty(self.clock, (self.clock)().saturating_add(TRANSIT_WAIT_NS));
     }
 
+    /// In a child our fork handlers did not see (Note [Children our handlers did not see] in
+    /// sys/fork_mark.rs): whoever held the cache lock at the fork, our background thread or the
+    /// forking thread's own prepare handler, is done with it here.
+    ///
+    /// # Safety
+    /// Only while adopting the parent's records, before any other thread of the child can hold
+    /// the lock; the records are forgotten next (`forget_cache_in_child`).
+    pub unsafe fn free_lock_in_child(&self) {
+        self.forking.store(false, Relaxed);
+        // SAFETY: the caller's contract.
+        unsafe { self.cache.free_in_child() };
+    }
+
     /// # Safety
     /// Only in the fork handlers, after `lock_for_fork`. The cached blocks stay kept from
     /// children until they leave the cache (Note [Fork at the fork]).

@@ -331,6 +331,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// The cache, locked (Note [Fork handlers that allocate]).
     #[inline]
     fn cache(&self) -> Guard<'_, BlockCache> {
+        self.memory.adopt_unseen_fork();
         let mut cache = self.cache.lock();
         if cache.reentered() {
             self.entered_during_fork(&mut cache);
