@@ -48,12 +48,19 @@ pub fn arm() {
     if ARMING.load(Relaxed) != 0 || ARMING.swap(1, AcqRel) != 0 {
         return;
     }
-    let Some(page) = super::os_pages::map_table(4096) else { return };
-    // SAFETY: advice on the page we just mapped.
-    if unsafe { super::page_calls::madvise(page as *mut libc::c_void, 4096, libc::MADV_WIPEONFORK) } != 0 {
-        return; // left mapped: 4 KiB of address space, never touched
+    use super::page_calls::{madvise, mmap, munmap};
+    // SAFETY: a fresh private page of our own (one page: locked under mlockall, as any).
+    let page = unsafe { mmap(core::ptr::null_mut(), 4096, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+    if page == libc::MAP_FAILED {
+        return;
     }
-    let word = page as *mut AtomicU32;
+    // SAFETY: advice on the page we just mapped, unmapped again if refused.
+    if unsafe { madvise(page, 4096, libc::MADV_WIPEONFORK) } != 0 {
+        // SAFETY: the page is ours and unused.
+        unsafe { munmap(page, 4096) };
+        return;
+    }
+    let word = page.cast::<AtomicU32>();
     // SAFETY: a fresh page of ours, aligned for the word.
     unsafe { (*word).store(SEEN, Release) };
     WORD.store(word, Release);
