@@ -328,6 +328,17 @@ def test_the_library_has_a_versioned_soname():
     assert "linked ok" in ok(run([exe], preload=False)).stdout
 
 
+def test_a_dlclose_leaves_the_library_and_its_thread_in_place():
+    """The library dlopened by a program (not preloaded), a block cached through the numpy
+    handler's entry points so that our background thread runs, then dlclosed: it stays loaded
+    (DF_1_NODELETE, build.rs) and the program lives on past the thread's next pass. Before,
+    dlclose unmapped the library and the thread died of SIGSEGV in the unmapped code."""
+    dyn = subprocess.run(["readelf", "-d", str(LIB)], capture_output=True, text=True, check=True).stdout
+    assert "NODELETE" in dyn, dyn
+    out = ok(run([compile_c("dlopen_close"), str(LIB)], preload=False, env={"TENSORMALLOC_HOST_RELEASE_MS": "100"}))
+    assert "dlclose 0, still loaded yes" in out.stdout and "alive" in out.stdout, out
+
+
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing credentials needs root (CI runs as root)")
 
 
