@@ -122,10 +122,12 @@ def test_a_child_made_without_fork_handlers_keeps_its_own_memory(how, preload):
 
 def test_a_child_made_without_fork_handlers_mid_pass_finds_every_lock_free():
     """As the 10,000 forks above, made by the fork system call itself: no handler of ours runs,
-    and the churning thread, not only ours, may hold the cache lock at the fork; the child adopts
-    the parent's records at its first use of them (Note [Children our handlers did not see]).
-    Before, 3 of the first 3,000 children slept for good. Not run under glibc alone: there a
-    child made so while the churning thread holds an arena lock would sleep as well."""
+    and the churning thread, not only ours, may hold the cache lock at the fork; each child first
+    forks a child of its own with fork(). The child adopts the parent's records at its first use
+    of them, or in our prepare handler (Note [Children our handlers did not see]). Before, 3 of
+    the first 3,000 children slept for good, and with only the first use adopting, in the
+    prepare handler. Not run under glibc alone: there a child made so while the churning thread
+    holds an arena lock would sleep as well."""
     out = ok(run([compile_c("fork_mid_pass"), "3000", "raw"], env={"TENSORMALLOC_HOST_RELEASE_MS": "1"}, preload=PRELOAD, timeout=240))
     assert "forks 3000 hung 0 failed 0" in out.stdout, out
 

@@ -6,7 +6,8 @@
  * within 10 s is counted hung and killed. `fork_mid_pass [FORKS] [raw]` (default 10000); with
  * `raw` the children are made by the fork system call itself, which runs no fork handler (as
  * bubblewrap's and systemd's raw clones do; Note [Children our handlers did not see]): the
- * churning thread, not only ours, may then hold our cache lock at the fork. Prints
+ * churning thread, not only ours, may then hold our cache lock at the fork; each such child
+ * forks a child of its own (with fork()) before anything else. Prints
  * "forks N hung H failed F". */
 #include <pthread.h>
 #include <signal.h>
@@ -61,6 +62,14 @@ int main(int argc, char **argv) {
         pid_t pid = raw ? (pid_t)syscall(SYS_fork) : fork();
         CHECK(pid >= 0);
         if (pid == 0) {
+            if (raw) {
+                /* Forked in turn before anything else: our prepare handler then runs in a child
+                 * whose records are its parent's. */
+                pid_t g = fork();
+                if (g < 0) _exit(4);
+                if (g == 0) _exit(0);
+                if (waitpid(g, NULL, 0) != g) _exit(5);
+            }
             tm_stats_t s;
             tm_stats(&s);
             char *p = malloc(8 * MB);

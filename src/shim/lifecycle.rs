@@ -35,6 +35,9 @@ extern "C" fn before_fork() {
     // Cached blocks are kept from children from here on: a child made without this handler must
     // know it (Note [Children our handlers did not see] in sys/fork_mark.rs).
     sys::fork_mark::arm();
+    // A child made without our handlers that forks in turn adopts first: the lock may be held
+    // by a thread of its parent.
+    sys::fork_mark::check();
     HOST.lock_for_fork();
 }
 

@@ -13,7 +13,8 @@
 // serves it fresh memory), a trim unmapped the child's own mappings, and a malloc could sleep
 // forever on the lock. So once the background thread runs or a fork was prepared (the first times
 // our records can hold either), a page of ours is advised MADV_WIPEONFORK with its word set; every
-// taking of the cache lock reads the word first (one load). Zero: the first thread to see it
+// taking of the cache lock, every CUDA entry, every wait for a lock of ours and our fork's
+// prepare handler read the word first (one load). Zero: the first thread to see it
 // claims the adoption and runs what our child handler would have (the lock made free, the
 // parent's records forgotten without a system call, our threads counted gone), then sets the
 // word; another thread that sees it meanwhile waits for the word. Our own child handler sets the

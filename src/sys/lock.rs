@@ -73,6 +73,9 @@ impl<T> Lock<T> {
         if self.fork_holder.load(Ordering::Relaxed) == thread_key() {
             return true;
         }
+        // A holder may be a thread of the parent of a child made without our fork handlers: the
+        // child adopts first, which frees our locks (Note [Children our handlers did not see]).
+        super::fork_mark::check();
         for _ in 0..SPINS {
             core::hint::spin_loop();
             if self.state.load(Ordering::Relaxed) == FREE
