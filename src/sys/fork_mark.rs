@@ -84,14 +84,14 @@ fn adopt_once(word: *mut AtomicU32) {
     // SAFETY: as in check.
     let word = unsafe { &*word };
     if word.compare_exchange(UNSEEN, ADOPTING, Acquire, Acquire).is_ok() {
-        ADOPTER.store(thread_key(), Relaxed);
+        ADOPTER.store(super::thread::key(), Relaxed);
         run_adoption();
         ADOPTER.store(0, Relaxed);
         word.store(SEEN, Release);
         return;
     }
     // The adoption takes our locks itself, and goes on.
-    if ADOPTER.load(Relaxed) == thread_key() {
+    if ADOPTER.load(Relaxed) == super::thread::key() {
         return;
     }
     // Another thread adopts: a few microseconds, no lock or system call of its own.
@@ -100,16 +100,8 @@ fn adopt_once(word: *mut AtomicU32) {
     }
 }
 
-/// The thread running the adoption (`thread_key`), 0 at other times.
+/// The thread running the adoption (`thread::key`), 0 at other times.
 static ADOPTER: AtomicUsize = AtomicUsize::new(0);
-
-/// An address only this thread has (its thread-local), never 0.
-fn thread_key() -> usize {
-    thread_local! {
-        static KEY: u8 = const { 0 };
-    }
-    KEY.with(|k| k as *const u8 as usize)
-}
 
 fn run_adoption() {
     let f = ADOPT.load(Acquire);

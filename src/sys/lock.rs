@@ -33,7 +33,7 @@ const SPINS: u32 = 64;
 
 pub struct Lock<T> {
     state: AtomicU32,
-    /// The thread that holds it across a fork (`thread_key`), 0 at other times.
+    /// The thread that holds it across a fork (`thread::key`), 0 at other times.
     fork_holder: AtomicUsize,
     value: UnsafeCell<T>,
 }
@@ -70,7 +70,7 @@ impl<T> Lock<T> {
     #[inline(never)]
     fn lock_contended(&self) -> bool {
         // Only this thread could have stored its own key; another's never equals it.
-        if self.fork_holder.load(Ordering::Relaxed) == thread_key() {
+        if self.fork_holder.load(Ordering::Relaxed) == super::thread::key() {
             return true;
         }
         // A holder may be a thread of the parent of a child made without our fork handlers: the
@@ -103,7 +103,7 @@ impl<T> Lock<T> {
     /// The forking thread may take it again meanwhile (`Guard::reentered`).
     pub fn lock_for_fork(&self) {
         core::mem::forget(self.lock());
-        self.fork_holder.store(thread_key(), Ordering::Relaxed);
+        self.fork_holder.store(super::thread::key(), Ordering::Relaxed);
     }
 
     /// # Safety
@@ -164,15 +164,6 @@ impl<T> Guard<'_, T> {
     pub fn reentered(&self) -> bool {
         self.reentered
     }
-}
-
-/// A key for the calling thread: the address of a thread-local byte, unique among live threads
-/// and the same in a forked child's only thread (its copy of the forking one). No destructor.
-fn thread_key() -> usize {
-    thread_local! {
-        static KEY: u8 = const { 0 };
-    }
-    KEY.with(|k| k as *const u8 as usize)
 }
 
 impl<T> Deref for Guard<'_, T> {

@@ -98,6 +98,15 @@ fn policy_in_stat(stat: &[u8]) -> Option<u32> {
     core::str::from_utf8(field).ok()?.trim().parse().ok()
 }
 
+/// A key for the calling thread: the address of a thread-local byte, unique among live threads
+/// and the same in a forked child's only thread (its copy of the forking one). No destructor.
+pub fn key() -> usize {
+    thread_local! {
+        static KEY: u8 = const { 0 };
+    }
+    KEY.with(|k| k as *const u8 as usize)
+}
+
 /// Lets another thread run (a wait of a few microseconds at most).
 pub fn yield_now() {
     // SAFETY: no argument; cannot fail.
