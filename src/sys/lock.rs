@@ -8,8 +8,8 @@
 // fork() copies a lock word as it is: a lock some other thread of the parent held at that moment
 // (our background thread in a pass, a report being written) stays held in the child for good,
 // and the child's first use of it sleeps forever. A child forked while the background pass was
-// reading the device pools hung in tm_get_stats 1 fork in 20,000 (3 in 2,000 under
-// TENSORMALLOC_STATS=json). The host cache's lock is held across fork by the fork handlers;
+// reading the device pools hung in tm_get_stats: about 1 fork in 20,000 in fork_release.c, 1 in
+// 2,000 to 6,000 in fork_mid_pass.c (with or without TENSORMALLOC_STATS=json). The host cache's lock is held across fork by the fork handlers;
 // every other lock of ours is made free in the child's fork handler (`free_in_child`), and what
 // it guards is then either whole (the holder only read it) or forgotten (the parent's state).
 // preload-tests/c/fork_mid_pass.c forks while the background thread passes all the time.
