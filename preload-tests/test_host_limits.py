@@ -84,3 +84,14 @@ def test_impossible_requests_leave_the_cache_alone(preload):
     out = ok(run([compile_c("impossible")], preload=preload, env={"TENSORMALLOC_HOST_UNMAP_MS": "60000"}))
     assert "impossible ok" in out.stdout
     assert out.stderr == ""
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+@pytest.mark.parametrize("which", ["as", "data"])
+def test_a_block_grows_under_a_limit_with_room_for_its_new_length(preload, which):
+    """realloc of a 256 MiB block to 512 MiB that cannot grow in place, under RLIMIT_AS or
+    RLIMIT_DATA with room for 512 MiB and 32 MiB more, not for both lengths at once: glibc's
+    mremap(MREMAP_MAYMOVE) grows it, and so do we (Note [Growing under a limit]). Before, our
+    move into a fresh mapping needed both lengths, and the realloc failed."""
+    out = ok(run([compile_c("realloc_limit"), which], preload=LIB if preload else False))
+    assert "realloc limit ok" in out.stdout, out.stdout + out.stderr

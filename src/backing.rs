@@ -45,6 +45,12 @@ pub trait PageMemory {
         }
         None
     }
+    /// Grows the one mapping `[addr, addr+old_len)` to `new_len` bytes wherever the kernel finds
+    /// room, aligned to `align` (mremap MREMAP_MAYMOVE, then the contents moved up to the
+    /// alignment if the kernel's place is off it): under a limit on address space it needs room
+    /// for the new length (and `align`), where `grow_into` needs the old and the new (Note [Growing
+    /// under a limit] in host/host_layer/resize.rs). `None` leaves the old mapping as it was.
+    fn grow_anywhere(&self, addr: usize, old_len: usize, new_len: usize, align: usize) -> Option<usize>;
     /// Makes a range whose pages the program changed plain memory again: read-write, unlocked,
     /// no guard regions, default dump and fork advice (Note [Plain memory] in
     /// host/host_layer/mod.rs); `keyed`: the program tagged part of it with a protection key, which

@@ -1,13 +1,22 @@
 //! Routing for the malloc family: who serves a request (the next allocator, the host layer, or
 //! the bootstrap arena during init) and who owns a pointer. Implements the C contract around
 //! the layers: errno, overflow, alignment rules, realloc edge cases as glibc has them.
+//
+// Note [errno on success]
+// A call that succeeds leaves errno as it found it, as glibc's large paths do (one mmap or one
+// mremap that either works or is the failure). Ours try and recover: an mremap in place that a
+// neighbour refuses before the pages move, a mapping retried after the cache is emptied, a
+// discard that falls back to writing zeros, a contended lock's futex. A program that clears
+// errno, reads to the end with getline (whose buffer grows by realloc) and then tests errno took
+// such a leftover ENOMEM or EFAULT for a read error. So the large paths of malloc, calloc, the
+// aligned calls, operator new and realloc put errno back when they succeed, as free always does.
 
 use crate::host::registry::Owner;
 use crate::record::holders::{self, Asker};
 use crate::sys::next::{bootstrap_alloc, bootstrap_size, is_bootstrap};
 use crate::backing::BLOCK_ALIGN;
 use crate::state::{Globals, HOST};
-use crate::sys::process::{abort, errno, set_errno};
+use crate::sys::process::{abort, errno, set_errno, SavedErrno};
 use core::ffi::c_void;
 use crate::sys::next::{CallocFn, FreeFn, MallocFn, ReallocFn};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
@@ -201,15 +210,18 @@ unsafe extern "C" fn realloc_checked(p: *mut c_void, size: usize) -> *mut c_void
 /// fails (Note [The next allocator's free memory] in room.rs); null, reported as out of memory,
 /// when neither can serve it.
 fn large_or_next(size: usize, align: usize, zeroed: bool, asker: Asker, names: Names) -> *mut c_void {
+    let saved = SavedErrno::save();
     match HOST.alloc(size, align, zeroed, asker.holder()) {
         Some(a) => {
             arm_interior_check();
+            saved.restore();
             a as *mut c_void
         }
         None => {
             room::follow_mapping_limits();
             let p = room::next_instead(size, align, zeroed, names);
             if !p.is_null() {
+                saved.restore();
                 return p;
             }
             report_out_of_memory(size, align);
@@ -222,9 +234,11 @@ fn large_or_next(size: usize, align: usize, zeroed: bool, asker: Asker, names: N
 /// null with no out-of-memory report, which is that caller's to make if the request fails there
 /// too (Note [The next allocator's free memory] in room.rs).
 fn large_unreported(size: usize, align: usize, asker: Asker) -> *mut c_void {
+    let saved = SavedErrno::save();
     match HOST.alloc(size, align, false, asker.holder()) {
         Some(a) => {
             arm_interior_check();
+            saved.restore();
             a as *mut c_void
         }
         None => {
@@ -245,11 +259,11 @@ fn report_out_of_memory(size: usize, align: usize) {
 }
 
 /// free leaves errno as it was (POSIX 2024, glibc since 2.33), whatever the system calls of the
-/// reset or an unmap said.
+/// reset or an unmap said (Note [errno on success]).
 fn free_large(p: *mut c_void, len: usize) {
-    let saved = errno();
+    let saved = SavedErrno::save();
     HOST.free(p as usize, len);
-    set_errno(saved);
+    saved.restore();
 }
 
 /// Off a BLOCK_ALIGN boundary: certainly the next allocator's pointer (our blocks and the
@@ -481,10 +495,15 @@ unsafe fn realloc_named(p: *mut c_void, size: usize, asker: Asker, names: Names)
                 return core::ptr::null_mut();
             }
             if size >= LARGE_FROM.load(Relaxed) {
-                return match HOST.resize(p as usize, len, size) {
+                let saved = SavedErrno::save();
+                let q = match HOST.resize(p as usize, len, size) {
                     Some(a) => a as *mut c_void,
                     None => room::moved_to_next(p, len, size, names),
                 };
+                if !q.is_null() {
+                    saved.restore();
+                }
+                return q;
             }
             // Shrinking below the threshold: move to the next allocator, then copy between two
             // blocks we hold.

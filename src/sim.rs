@@ -68,6 +68,9 @@ struct PageState {
     lose_destinations: bool,
     next_addr: usize,
     fail_next_maps: u64,
+    /// Fresh mappings are refused, but a mapping may still grow by moving (`grow_anywhere`): an
+    /// address-space limit with room for a block's new length, not its old and new at once.
+    room_to_move_only: bool,
     /// Ranges the program changed (protection, lock, fork or dump advice): not plain memory.
     altered: BTreeMap<usize, usize>,
     /// Ranges a forked child would not inherit (`keep_from_fork` until `readmit`).
@@ -142,6 +145,12 @@ impl SimPages {
     /// The next `n` calls to `map` fail, as mmap does under ENOMEM.
     pub fn fail_next_maps(&self, n: u64) {
         self.state.lock().unwrap().fail_next_maps = n;
+    }
+
+    /// From now on `map` fails while `grow_anywhere` still moves a mapping (see
+    /// `PageState::room_to_move_only`).
+    pub fn room_to_move_only(&self) {
+        self.state.lock().unwrap().room_to_move_only = true;
     }
 
     /// The program writes to `[addr, addr+len)`: it may no longer read zero, and is resident.
@@ -326,6 +335,9 @@ impl PageMemory for SimPages {
             st.fail_next_maps -= 1;
             return None;
         }
+        if st.room_to_move_only {
+            return None;
+        }
         assert!(len > 0 && len.is_multiple_of(4096), "map of {len} bytes");
         let align = align.max(4096);
         let addr = (st.next_addr + align - 1) & !(align - 1);
@@ -465,6 +477,28 @@ impl PageMemory for SimPages {
         st.next_addr = st.next_addr.max(end + 4096);
         st.calls.remaps += 1;
         true
+    }
+
+    fn grow_anywhere(&self, addr: usize, old_len: usize, new_len: usize, align: usize) -> Option<usize> {
+        let room_to_move_only = {
+            let mut st = self.state.lock().unwrap();
+            if st.fail_next_maps > 0 {
+                st.fail_next_maps -= 1;
+                return None;
+            }
+            if !Self::one_mapping(&st, addr, old_len) {
+                return None;
+            }
+            core::mem::replace(&mut st.room_to_move_only, false)
+        };
+        // The kernel's room for the new length, then the pages moved into it.
+        let to = self.map(new_len, align);
+        self.state.lock().unwrap().room_to_move_only = room_to_move_only;
+        let to = to?;
+        match self.move_pages(addr, old_len, to) {
+            Moved::Done => Some(to),
+            _ => unreachable!("one mapping moves"),
+        }
     }
 
     fn move_pages(&self, from: usize, len: usize, to: usize) -> Moved {

@@ -49,6 +49,35 @@ int main(void) {
         CHECK(errno == EAGAIN);
     }
 
+    /* A call that succeeds leaves errno alone (Note [errno on success] in src/route.rs): a
+     * realloc that cannot grow its block in place (a mapping right after it) moves it, and
+     * getline's idiom (clear errno, read to the end, test errno) sees no read error. */
+    for (int how = 0; how < 2; how++) {
+        unsigned char *b = malloc(2 * t);
+        CHECK(b != NULL);
+        fill(b, 2 * t, 3);
+        uintptr_t end = ((uintptr_t)b + malloc_usable_size(b) + 4095) & ~(uintptr_t)4095;
+        void *wall = mmap((void *)end, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+        errno = 0;
+        b = how ? reallocarray(b, 8, t) : realloc(b, 8 * t);
+        CHECK(b && errno == 0 && filled(b, 2 * t, 3));
+        free(b);
+        if (wall != MAP_FAILED) munmap(wall, 4096);
+    }
+    FILE *lines = tmpfile();
+    CHECK(lines != NULL);
+    for (size_t k = 0; k < 3 * t; k++) fputc('a', lines);
+    fputc('\n', lines);
+    rewind(lines);
+    char *line = NULL;
+    size_t cap = 0, got = 0;
+    ssize_t n;
+    errno = 0;
+    while ((n = getline(&line, &cap, lines)) != -1) got += (size_t)n;
+    CHECK(errno == 0 && got == 3 * t + 1);
+    free(line);
+    fclose(lines);
+
     /* volatile: the compiler must not fold these calls away */
     volatile size_t half = SIZE_MAX / 2, huge = SIZE_MAX - 4096;
     errno = 0;

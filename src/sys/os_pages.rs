@@ -276,6 +276,29 @@ impl PageMemory for OsPages {
         Moved::DestinationLost
     }
 
+    fn grow_anywhere(&self, addr: usize, old_len: usize, new_len: usize, align: usize) -> Option<usize> {
+        let align = align.max(PAGE);
+        let span = new_len.checked_add(align - PAGE)?;
+        // SAFETY: the caller owns [addr, addr+old_len), one mapping of ours; on failure the
+        // kernel leaves it where it was, on success it is gone from there.
+        let moved = unsafe { calls::mremap(addr as *mut libc::c_void, old_len, span, libc::MREMAP_MAYMOVE, core::ptr::null_mut()) };
+        if moved == libc::MAP_FAILED {
+            return None;
+        }
+        let start = moved as usize;
+        let aligned = (start + align - 1) & !(align - 1);
+        if aligned != start {
+            // SAFETY: both ranges lie in the span just mapped for us; copy handles the overlap.
+            unsafe { core::ptr::copy(start as *const u8, aligned as *mut u8, old_len) };
+            self.unmap(start, aligned - start);
+        }
+        let tail = start + span - (aligned + new_len);
+        if tail > 0 {
+            self.unmap(aligned + new_len, tail);
+        }
+        Some(aligned)
+    }
+
     fn advise_huge(&self, addr: usize, len: usize) {
         // SAFETY: advice only; failure (THP off) is harmless.
         unsafe { calls::madvise(addr as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
@@ -355,5 +378,29 @@ pub fn map_table(len: usize) -> Option<usize> {
             return None;
         }
         Some(p as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mapping_grown_anywhere_lands_on_its_alignment_with_its_contents() {
+        // A 64 MiB alignment: the kernel's place for the span is almost never on it, so the
+        // contents are moved up to it.
+        let (old, new, align) = (1 << 20, 3 << 20, 64 << 20);
+        let addr = OsPages.map(old, PAGE).unwrap();
+        // SAFETY: the mapping was just made for this test.
+        let bytes = |a: usize, n: usize| unsafe { core::slice::from_raw_parts_mut(a as *mut u8, n) };
+        for (i, b) in bytes(addr, old).iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        let grown = OsPages.grow_anywhere(addr, old, new, align).unwrap();
+        assert_eq!(grown % align, 0);
+        assert!(bytes(grown, old).iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        assert!(bytes(grown + old, new - old).iter().all(|&b| b == 0), "the new part reads zero");
+        bytes(grown, new).fill(7);
+        OsPages.unmap(grown, new);
     }
 }

@@ -16,6 +16,29 @@ pub fn set_errno(e: i32) {
     unsafe { *libc::__errno_location() = e };
 }
 
+/// The calling thread's errno as a call found it, put back when the call succeeds (Note [errno on
+/// success] in route.rs): the thread's errno is looked up once for both.
+pub struct SavedErrno {
+    at: *mut i32,
+    value: i32,
+}
+
+impl SavedErrno {
+    #[inline(always)]
+    pub fn save() -> Self {
+        // SAFETY: errno is thread-local and always readable.
+        let at = unsafe { libc::__errno_location() };
+        SavedErrno { at, value: unsafe { *at } }
+    }
+
+    /// Only on the thread that saved it (the value is not Send: it holds a raw pointer).
+    #[inline(always)]
+    pub fn restore(&self) {
+        // SAFETY: the calling thread's errno, which lives as long as the thread.
+        unsafe { *self.at = self.value };
+    }
+}
+
 /// The C library's text for errno `e`, written into `buf` (no allocation); "error" when none.
 pub fn error_text(e: i32, buf: &mut [u8; 128]) -> &str {
     // SAFETY: strerror_r (XSI) writes a NUL-terminated message of at most buf.len() bytes.

@@ -1,6 +1,16 @@
 //! realloc of a live large block: in place (the tail it no longer needs cached or unmapped), by
 //! mremap onto its alignment, or copied into a new block as a last resort; a kept block is
 //! recorded as one resize.
+//
+// Note [Growing under a limit]
+// A block that cannot grow in place moves by mremap into a fresh mapping on its alignment
+// (`grow_into`): its pages move, nothing is copied. That fresh mapping needs address space for
+// the old length and the new at once, where glibc's mremap(MREMAP_MAYMOVE) needs only the new:
+// under `ulimit -v 1G`, 400 MiB grown to 800 MiB failed under us and worked under glibc. When
+// the fresh mapping is refused, the block grows by MREMAP_MAYMOVE (`grow_anywhere`), which
+// needs the new length and the alignment's slack; off the alignment, its contents are copied up
+// to it (a copy, in this case only). Only then does the copying last resort (new block, copy,
+// free) run, which needs both again.
 
 use super::{holder_tag, single, HostLayer, PAGE};
 use crate::backing::PageMemory;
@@ -54,8 +64,13 @@ impl<M: PageMemory> HostLayer<M> {
         }
         if self.registry.reserve_spare() {
             self.registry.clear(addr);
-            // Not mremap's MAYMOVE: it would put the block on any page, not on its alignment.
-            let moved = if self.memory.extend(addr, len, need) { Some(addr) } else { self.memory.grow_into(addr, len, need, granule) };
+            // Not mremap's MAYMOVE first: it puts the block on any page, and moving the
+            // contents up to the alignment is a copy (Note [Growing under a limit]).
+            let moved = if self.memory.extend(addr, len, need) {
+                Some(addr)
+            } else {
+                self.memory.grow_into(addr, len, need, granule).or_else(|| self.memory.grow_anywhere(addr, len, need, granule))
+            };
             if let Some(moved) = moved {
                 // Cannot fail: the spare leaf was reserved above.
                 let _ = self.registry.set_live(moved, need, born);

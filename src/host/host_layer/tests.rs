@@ -791,6 +791,25 @@ fn resize_in_place_by_moving_pages_and_shrink() {
 }
 
 #[test]
+fn a_block_grows_by_moving_where_no_fresh_mapping_fits_beside_it() {
+    // Note [Growing under a limit]: room for the new length, not for the old and the new.
+    let l = layer(Config::default());
+    let a = l.alloc(8 * MB, 4096, false, 0).unwrap();
+    let neighbour = l.alloc(8 * MB, 4096, false, 0).unwrap();
+    l.memory.write(a, 8 * MB);
+    l.memory.room_to_move_only();
+    let b = l.resize(a, 8 * MB, 64 * MB).expect("grown by moving");
+    assert_ne!(b, a, "the neighbour stood in the way");
+    assert_eq!(b % BLOCK_ALIGN, 0);
+    assert_eq!(l.owner(b), Owner::Live { len: 64 * MB });
+    assert_eq!(l.owner(a), Owner::Foreign, "the old range is no longer ours");
+    assert_eq!(l.memory.calls().copied_bytes, 0, "moved, not copied");
+    l.free(b, 64 * MB);
+    l.free(neighbour, 8 * MB);
+    check(&l);
+}
+
+#[test]
 fn resized_blocks_keep_block_alignment() {
     let l = layer(Config { hugepages: HugePages::Never, threshold_bytes: 4096, ..Config::default() });
     let a = l.alloc(100_000, 4096, false, 0).unwrap();
