@@ -74,6 +74,10 @@ fn init_slow() -> Option<&'static Globals> {
     crate::sys::page_calls::resolve_next();
     HOST.configure(&config, crate::sys::memory::usable_bytes());
     reaper::set_work(background_pass);
+    // Note [No thread to release]: nothing stays cached that no thread would release.
+    reaper::set_alone(|| {
+        HOST.trim();
+    });
     DEVICE.configure(&config);
     DEVICE.set_background(reaper::on_block_cached);
     neighbours::configure(|device, idle_since_ns| DEVICE.release_for_neighbour(device, idle_since_ns), config.cuda_neighbour_wait_ms);

@@ -1,7 +1,9 @@
 /* Runs a program under a seccomp filter, as systemd's SystemCallFilter= or a browser's sandbox
- * would: `seccomp_run allow|kill NR,NR,... PROGRAM [ARGS...]`. `allow`: only the listed system
- * calls are allowed, every other one kills the process (SECCOMP_RET_KILL_PROCESS, SIGSYS);
- * `kill`: the listed calls kill it, every other one is allowed. Numbers are x86-64 system call
+ * would: `seccomp_run allow|kill|eagain NR,NR,... PROGRAM [ARGS...]`. `allow`: only the listed
+ * system calls are allowed, every other one kills the process (SECCOMP_RET_KILL_PROCESS, SIGSYS);
+ * `kill`: the listed calls kill it, every other one is allowed; `eagain`: the listed calls fail
+ * with EAGAIN (as clone does under RLIMIT_NPROC or a pids cgroup at its limit), every other one
+ * is allowed. Numbers are x86-64 system call
  * numbers (test_footprint.py turns names into them); calls of other ABIs (x32, i386) kill. The
  * filter is installed with no_new_privs, then PROGRAM is exec'd under it. */
 #define _GNU_SOURCE
@@ -20,11 +22,11 @@
 #define MAX_CALLS 1024
 
 int main(int argc, char **argv) {
-    if (argc < 4 || (strcmp(argv[1], "allow") != 0 && strcmp(argv[1], "kill") != 0)) {
-        fprintf(stderr, "usage: seccomp_run allow|kill NR,NR,... PROGRAM [ARGS...]\n");
+    if (argc < 4 || (strcmp(argv[1], "allow") != 0 && strcmp(argv[1], "kill") != 0 && strcmp(argv[1], "eagain") != 0)) {
+        fprintf(stderr, "usage: seccomp_run allow|kill|eagain NR,NR,... PROGRAM [ARGS...]\n");
         return 2;
     }
-    int allow = strcmp(argv[1], "allow") == 0;
+    int allow = strcmp(argv[1], "allow") == 0, eagain = strcmp(argv[1], "eagain") == 0;
     static long nrs[MAX_CALLS];
     int n = 0;
     for (char *s = argv[2]; *s && n < MAX_CALLS;) {
@@ -34,7 +36,7 @@ int main(int argc, char **argv) {
         nrs[n++] = nr;
         s = *end == ',' ? end + 1 : end;
     }
-    unsigned listed = allow ? SECCOMP_RET_ALLOW : SECCOMP_RET_KILL_PROCESS;
+    unsigned listed = allow ? SECCOMP_RET_ALLOW : eagain ? SECCOMP_RET_ERRNO | EAGAIN : SECCOMP_RET_KILL_PROCESS;
     unsigned other = allow ? SECCOMP_RET_KILL_PROCESS : SECCOMP_RET_ALLOW;
     static struct sock_filter f[4 + 2 * MAX_CALLS + 1];
     int k = 0;

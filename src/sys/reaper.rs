@@ -26,6 +26,23 @@ static SLEEPING_UNTIL: AtomicU64 = AtomicU64::new(u64::MAX);
 /// One pass of the work (`set_work`): returns when the next is due (monotonic ns); None: only
 /// when woken.
 static WORK: AtomicPtr<()> = AtomicPtr::new(no_work as *mut ());
+/// What a call does while no thread can be made (`set_alone`): Note [No thread to release].
+static ALONE: AtomicPtr<()> = AtomicPtr::new(no_alone as *mut ());
+/// When making the thread last failed (monotonic ns).
+static FAILED_AT: AtomicU64 = AtomicU64::new(0);
+/// How long after a failure making the thread is tried again.
+const RETRY_NS: u64 = 1_000_000_000;
+
+// Note [No thread to release]
+// Idle blocks are released and unmapped by our thread, whatever the program does meanwhile. When
+// no thread can be made (RLIMIT_NPROC, a pids cgroup at its limit, a sandbox that refuses clone),
+// nothing would release a block the program freed before it went quiet: it stayed resident for
+// good (200 MiB freed, then a sleep: 202 MB of RSS where glibc alone has 2). So while there is
+// no thread, a block entering the cache leaves it again at once (`set_alone`: the cache is
+// trimmed), as glibc's free would unmap it; and the thread is tried again at most once a second
+// (EAGAIN passes), the cache working as before once it runs.
+
+fn no_alone() {}
 
 fn no_work() -> Option<u64> {
     None
@@ -35,6 +52,12 @@ fn no_work() -> Option<u64> {
 /// the thread can start.
 pub fn set_work(work: fn() -> Option<u64>) {
     WORK.store(work as *mut (), Ordering::Release);
+}
+
+/// What a block entering the cache is followed by while no thread can be made (Note [No thread
+/// to release]), set at init.
+pub fn set_alone(alone: fn()) {
+    ALONE.store(alone as *mut (), Ordering::Release);
 }
 
 fn work() -> Option<u64> {
@@ -51,7 +74,7 @@ pub fn on_block_cached(deadline_ns: u64) {
         RUNNING if SLEEPING_UNTIL.load(Ordering::Acquire) > deadline_ns => wake(),
         RUNNING => {}
         NOT_STARTED => start_now(),
-        UNAVAILABLE => reap_inline(),
+        UNAVAILABLE => alone(),
         // Being made (its first pass comes) or stepping aside (started again after).
         _ => {}
     }
@@ -70,8 +93,26 @@ pub fn start_now() {
             THREAD.store(thread, Ordering::Release);
             STATE.store(RUNNING, Ordering::Release);
         }
-        None => STATE.store(UNAVAILABLE, Ordering::Release),
+        None => {
+            FAILED_AT.store(super::clock::now_ns(), Ordering::Relaxed);
+            STATE.store(UNAVAILABLE, Ordering::Release);
+        }
     }
+}
+
+/// A block was cached with no thread to release it (Note [No thread to release]): the thread is
+/// tried again once its retry is due, else what is due is done here and the cache let go.
+fn alone() {
+    let now = super::clock::now_ns();
+    if now.saturating_sub(FAILED_AT.load(Ordering::Relaxed)) >= RETRY_NS && STATE.compare_exchange(UNAVAILABLE, NOT_STARTED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        start_now();
+        if running() {
+            return;
+        }
+    }
+    reap_inline();
+    // SAFETY: ALONE only ever holds a `fn()` (no_alone or set_alone's argument).
+    unsafe { core::mem::transmute::<*mut (), fn()>(ALONE.load(Ordering::Acquire))() };
 }
 
 // Note [Threads and credentials]
