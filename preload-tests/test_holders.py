@@ -158,8 +158,9 @@ def test_without_the_library_the_failures_are_the_drivers_alone(program):
 
 
 def test_a_host_mapping_refused_under_rlimit_as_reports_without_allocating(program):
+    """TENSORMALLOC_OOM_REPORT=1 asks for host failures' reports too (Note [Reports unasked])."""
     out_dir, main = program
-    out = ok(run([main, "oom_host"], preload=f"{LIB}:{out_dir / 'libspy.so'}"))
+    out = ok(run([main, "oom_host"], preload=f"{LIB}:{out_dir / 'libspy.so'}", env={"TENSORMALLOC_OOM_REPORT": "1"}))
     # The next allocator is offered the request once before it fails (Note [The next
     # allocator's free memory]); the report itself allocates nothing.
     assert "second block refused; allocations during the report: 0; the request handed to the next allocator: 1" in out.stdout, out
@@ -169,6 +170,15 @@ def test_a_host_mapping_refused_under_rlimit_as_reports_without_allocating(progr
     assert "  mapping limit (RLIMIT_AS, RLIMIT_DATA or the commit limit): " in err, err
     assert any(l.split()[:2] == ["libframework.so", "host"] for l in err.splitlines()), err
     assert err.count("tensormalloc: out of memory") == 1, err
+
+
+def test_a_host_mapping_refused_is_silent_unless_asked(program):
+    """By default a malloc that returns NULL prints nothing, as under glibc alone: a program that
+    handles the failure may own its stderr (Note [Reports unasked]); the JSON keeps it."""
+    out_dir, main = program
+    out = ok(run([main, "oom_host"], preload=f"{LIB}:{out_dir / 'libspy.so'}"))
+    assert "second block refused" in out.stdout and "after the free: served" in out.stdout, out
+    assert "tensormalloc" not in out.stderr, out.stderr
 
 
 def test_glibc_alone_refuses_the_same_block(program):

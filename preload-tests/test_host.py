@@ -312,7 +312,7 @@ def test_a_thread_with_the_smallest_stack_uses_every_large_path(preload):
     posix_memalign and an out-of-memory failure with its report, as under glibc alone (Note [A
     report off the stack]). Before, the report's 16 KiB of buffers overflowed the stack, and a
     realloc from a small block needed 15 KiB."""
-    out = ok(run([compile_c("small_stack"), "calls"], preload=preload))
+    out = ok(run([compile_c("small_stack"), "calls"], preload=preload, env={"TENSORMALLOC_OOM_REPORT": "1"}))
     assert "small stack ok" in out.stdout
     if preload:
         assert "out of memory" in out.stderr, out.stderr

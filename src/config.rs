@@ -32,6 +32,16 @@ pub enum HugePages {
     Never,
 }
 
+/// Which failures print the out-of-memory report (report/oom.rs; Note [Reports unasked]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OomReport {
+    Off,
+    /// A device allocation that failed after the pool gave back what it could.
+    Device,
+    /// Those and a host mapping a limit could allow.
+    All,
+}
+
 /// How an idle cached block gives its pages back (Note [What RSS shows] in host/host_layer/release.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -92,8 +102,8 @@ pub struct Config {
     /// TENSORMALLOC_SNAPSHOT_AT_EXIT's path; empty: no snapshot at exit.
     pub snapshot_path: [u8; STATS_PATH_MAX],
     pub leaks: bool,
-    /// Print the out-of-memory report (report/oom.rs).
-    pub oom_report: bool,
+    /// Which failures print the out-of-memory report (report/oom.rs).
+    pub oom_report: OomReport,
     pub check_free: bool,
     pub cuda_pool: CudaPool,
     pub cuda_limit: DeviceLimit,
@@ -154,7 +164,7 @@ impl Config {
             trace_path: [0; STATS_PATH_MAX],
             snapshot_path: [0; STATS_PATH_MAX],
             leaks: false,
-            oom_report: true,
+            oom_report: OomReport::Device,
             check_free: true,
             cuda_pool: CudaPool::Split,
             cuda_limit: DeviceLimit::Unlimited,
@@ -545,10 +555,16 @@ pub static OPTIONS: &[OptionSpec] = &[
     },
     OptionSpec {
         name: "TENSORMALLOC_OOM_REPORT",
-        default: "1",
+        default: "device",
         group: Group::Reports,
-        doc: "1: when memory runs out for good (a device allocation after the pool released its idle memory, a host mapping a limit could allow), print who holds it to stderr, at most once per 10 s; off: stay silent (the JSON stats keep last_oom)",
-        apply: |c, v| parse_bool(v).map(|b| c.oom_report = b),
+        doc: "device: when a device allocation fails for good (after the pool released its idle memory), print who holds the memory to stderr, at most once per 10 s; 1: also when a host mapping a limit could allow fails (malloc returns NULL, as glibc's would, and says why); off: stay silent (the JSON stats keep last_oom either way)",
+        apply: |c, v| {
+            if v.eq_ignore_ascii_case(b"device") {
+                c.oom_report = OomReport::Device;
+                return Ok(());
+            }
+            parse_bool(v).map_err(|_| "not one of device, 1, off".into()).map(|b| c.oom_report = if b { OomReport::All } else { OomReport::Off })
+        },
         ..PLAIN
     },
     // Read by the tools, not by the library: listed so that setting it draws no warning.

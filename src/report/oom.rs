@@ -7,6 +7,16 @@
 //! stack]). At most one report per 10 seconds; the ones left out are counted in the next.
 //! The last failure's figures also go into the JSON stats (`last_oom`).
 //
+// Note [Reports unasked]
+// A malloc that returns NULL is part of C: a program that probes how much it may map, or a daemon
+// under ulimit that handles the failure, gets NULL from glibc and nothing on stderr. Printing our
+// report there by default put twelve lines on a stderr the program may use for its own output (a
+// daemon that closed fds 0-2 has its data file as fd 2: the report went into the middle of it).
+// So a host failure is reported only when asked (TENSORMALLOC_OOM_REPORT=1); it is recorded for
+// the JSON stats either way. A device allocation that fails after the pool gave back what it
+// could is reported by default: there the question a user asks (who holds the GPU's memory?)
+// has no other answer, and the framework above raises its own error beside ours.
+//
 // Note [A report off the stack]
 // The report is 12 KiB of text and a 4 KiB holders table, and the thread whose malloc failed may
 // have a small stack: PTHREAD_STACK_MIN is 16 KiB, and a thread made with it (glibc's malloc
@@ -15,6 +25,7 @@
 // left out, as one inside the 10 seconds is); a forked child starts with it free.
 
 use crate::record::holders::{device_place, PLACE_HOST};
+use crate::config::OomReport;
 use crate::record::OutOfMemory;
 use crate::report::holders::{PlaceName, Table};
 use crate::sys::stderr::StackWriter;
@@ -114,8 +125,13 @@ pub fn on_out_of_memory(e: &OutOfMemory) {
 
 fn report(f: &Failure, cap_bytes: Option<u64>) {
     f.store();
-    // TENSORMALLOC_OOM_REPORT=0: recorded for the JSON stats, not printed.
-    if !crate::state::globals().is_some_and(|g| g.config.oom_report) {
+    // Recorded for the JSON stats; printed as TENSORMALLOC_OOM_REPORT says (Note [Reports unasked]).
+    let printed = match crate::state::globals().map(|g| g.config.oom_report) {
+        Some(OomReport::All) => true,
+        Some(OomReport::Device) => f.place != PLACE_HOST,
+        _ => false,
+    };
+    if !printed {
         return;
     }
     let now = crate::sys::clock::now_ns();
