@@ -183,6 +183,31 @@ def test_only_the_documented_system_calls():
     assert sandboxed("allow", C_PROGRAM_NEEDS, argv, preload=True).returncode == -31, "the library adds calls: the filter must see them"
 
 
+def calls_documented_for(setting):
+    """The calls docs/system-calls.md lists in its rows whose "when" names `setting`."""
+    names = set()
+    for line in (ROOT / "docs" / "system-calls.md").read_text().splitlines():
+        cells = line.split("|")
+        if line.startswith("| `") and len(cells) > 2 and setting in cells[2]:
+            names.update(re.findall(r"`([a-z_0-9]+)(?:\([^`]*\))?`", cells[1]))
+    return names
+
+
+@pytest.mark.parametrize("stats", ["1", "json"])
+def test_only_the_documented_system_calls_with_the_stats_asked(stats, tmp_path):
+    """TENSORMALLOC_STATS=1 and json:PATH under what glibc alone needs, the default list and the
+    rows that name them: passes (a call the rows left out, geteuid, killed it before they named it)."""
+    names = calls_documented_for("`TENSORMALLOC_STATS=json:PATH`") | documented_calls()
+    if stats == "1":
+        names |= calls_documented_for("`TENSORMALLOC_STATS=1`")
+    assert {"geteuid", "linkat"} <= names, names
+    env = {"TENSORMALLOC_STATS": "1" if stats == "1" else f"json:{tmp_path / 'stats.json'}", "XDG_RUNTIME_DIR": str(tmp_path)}
+    proc = sandboxed("allow", C_PROGRAM_NEEDS + sorted(names), program("c"), preload=True, env=env)
+    passed(proc, "c")
+    if stats == "json":
+        assert (tmp_path / "stats.json").stat().st_size > 0
+
+
 def limit_run(how, delay_ms, preload, which="as", small=False):
     argv = [compile_c("footprint"), "limit", how, str(delay_ms), which] + (["small"] if small else [])
     lib = PRELOAD if preload else False

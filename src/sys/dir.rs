@@ -68,6 +68,11 @@ impl Dir {
             if st.st_mode & 0o077 != 0 {
                 return Err(Refused::Os(libc::EACCES));
             }
+            // Made under a umask that took the owner's bits too (umask 0222 makes it r-x): every
+            // later run, whatever its umask, was refused there. It is ours and no one else's.
+            if st.st_mode & 0o700 != 0o700 && libc::fchmod(fd, 0o700) != 0 {
+                return Err(last());
+            }
             Ok(dir)
         }
     }
@@ -588,6 +593,10 @@ mod tests {
         assert_eq!(Dir::private(&parent, b"open", true).err(), Some(Refused::Os(libc::EACCES)));
         std::os::unix::fs::symlink(d.join("mine"), d.join("alias")).unwrap();
         assert_eq!(Dir::private(&parent, b"alias", false).err(), Some(Refused::Symlink));
+        // Made under umask 0222 (r-x for its owner): ours, so it is mended, not refused.
+        std::fs::set_permissions(d.join("mine"), std::fs::Permissions::from_mode(0o500)).unwrap();
+        assert!(Dir::private(&parent, b"mine", true).is_ok());
+        assert_eq!(std::fs::metadata(d.join("mine")).unwrap().permissions().mode() & 0o777, 0o700);
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

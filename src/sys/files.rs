@@ -36,7 +36,7 @@ pub enum Refused {
     Symlink,
     /// A FIFO, a device, a socket or a directory stands at the name.
     NotRegular,
-    /// The file there is another user's.
+    /// What is there (a file or a directory) is another user's.
     NotOurs,
     /// The file there has other hard links.
     Linked,
@@ -62,7 +62,7 @@ impl Refused {
         match self {
             Refused::Os(libc::ELOOP) | Refused::Symlink => "a symbolic link stands at that path; not followed",
             Refused::NotRegular => "not a regular file (a FIFO, a device, a socket or a directory stands there)",
-            Refused::NotOurs => "the file there is another user's",
+            Refused::NotOurs => "what is there is another user's",
             Refused::Linked => "the file there has other hard links",
             Refused::Taken => "that name and the names beside it are taken",
             Refused::Os(e) => super::process::error_text(e, buf),
