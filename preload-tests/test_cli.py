@@ -162,6 +162,17 @@ def test_report_puts_a_runs_processes_side_by_side_and_sums_what_adds_up(tmp_pat
     assert bad.returncode == 1 and len(bad.stderr.splitlines()) == 1 and "damaged.json" in bad.stderr, bad.stderr
 
 
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path):
+    """`tensormalloc report FILES | head -c 10`, through the source tree's command and the
+    package's: the closed pipe ends it with no traceback (it printed BrokenPipeError before)."""
+    ok(run([compile_c("fork_stats")], env={"TENSORMALLOC_STATS": f"json:{tmp_path}/s.%p.json"}))
+    files = " ".join(str(p) for p in sorted(tmp_path.glob("s.*.json")))
+    for command in (str(ROOT / "scripts" / "tensormalloc"), f"{PY} -m tensormalloc"):
+        out = run(["bash", "-c", f"set -o pipefail; for i in 1 2 3 4 5; do {command} report {files} {files} {files} | head -c 10 >/dev/null; done"],
+                  preload=False, env=ENV)
+        assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
+
+
 def test_plot_draws_a_runs_traces_in_lanes_and_refuses_a_damaged_one(tmp_path):
     """Issue 30, item 6: a parent's and its forked child's traces (one file each) in one figure,
     a lane per process on one time axis; a file of two processes' records interleaved, or of

@@ -102,5 +102,18 @@ def main(argv=None):
         return 126
 
 
+def entry(argv=None):
+    """The command's entry point: a reader that stops early (`tensormalloc report F | head`)
+    ends it quietly, as it ends cat, with no traceback."""
+    try:
+        code = main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python would try the flush again at exit and print the error: point stdout elsewhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())
