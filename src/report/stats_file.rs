@@ -31,6 +31,9 @@ pub fn write_report(config: &Config) {
 /// At exit, the report asked for, from a process that made a large request or a CUDA call: a
 /// wrapper's helper processes (a pyenv shim starts about 30) stay silent and write no file.
 pub fn at_exit(config: &Config) {
+    if config.stats != StatsOutput::Off {
+        ledger::begin_exit();
+    }
     match config.stats {
         StatsOutput::Off => {}
         StatsOutput::Stderr => {
