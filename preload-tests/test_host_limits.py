@@ -95,3 +95,12 @@ def test_a_block_grows_under_a_limit_with_room_for_its_new_length(preload, which
     move into a fresh mapping needed both lengths, and the realloc failed."""
     out = ok(run([compile_c("realloc_limit"), which], preload=LIB if preload else False))
     assert "realloc limit ok" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_a_program_limited_to_its_own_tasks_makes_its_threads(preload):
+    """RLIMIT_NPROC set to the tasks the program has plus the two threads it makes, then a large
+    block freed (our thread starts, a task): both threads are made, as under glibc alone (Note
+    [Our thread's task]). Before, the second was refused with EAGAIN."""
+    out = ok(run([compile_c("nproc_threads")], preload=LIB if preload else False, timeout=60))
+    assert "nproc ok" in out.stdout, out.stdout + out.stderr

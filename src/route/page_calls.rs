@@ -213,19 +213,35 @@ pub unsafe fn prlimit(call: Call, pid: libc::pid_t, resource: c_int, new: *const
 }
 
 /// A thread whose stack could not be mapped (EAGAIN) is made once more after the cache is
-/// emptied, as the program's own mmap (Note [Room for others]).
+/// emptied, as the program's own mmap (Note [Room for others]); one refused for want of a task
+/// (RLIMIT_NPROC, a pids cgroup) once more after our own thread gave its task back (Note [Our
+/// thread's task] in sys/reaper.rs).
 /// # Safety
 /// As libc's `pthread_create`.
 pub unsafe fn pthread_create(thread: *mut libc::pthread_t, attr: *const libc::pthread_attr_t, start: next::StartFn, arg: *mut c_void) -> c_int {
     let unmapped = HOST.unmapped_bytes();
     // SAFETY: the caller's contract.
-    let answer = unsafe { next::pthread_create(thread, attr, start, arg) };
+    let mut answer = unsafe { next::pthread_create(thread, attr, start, arg) };
     if answer == libc::EAGAIN && room_made(THREAD_STACK_BYTES, unmapped) {
         // SAFETY: as above.
-        return unsafe { next::pthread_create(thread, attr, start, arg) };
+        answer = unsafe { next::pthread_create(thread, attr, start, arg) };
+    }
+    if answer == libc::EAGAIN && crate::sys::reaper::give_task_back() {
+        // The kernel counts the ended thread's task out a moment after the join returns.
+        for _ in 0..TASK_RETRIES {
+            // SAFETY: as above.
+            answer = unsafe { next::pthread_create(thread, attr, start, arg) };
+            if answer != libc::EAGAIN {
+                break;
+            }
+            crate::sys::thread::yield_now();
+        }
     }
     answer
 }
+
+/// How often a thread refused for want of a task is tried again once ours has ended.
+const TASK_RETRIES: usize = 100;
 
 /// The room a thread needs at least (glibc's default stack is RLIMIT_STACK, often 8 MiB): what
 /// emptying the cache must be able to give for a retry to make sense.

@@ -145,6 +145,31 @@ pub fn without_thread<R>(change: impl FnOnce() -> R) -> R {
     answer
 }
 
+// Note [Our thread's task]
+// Our thread is a task, and tasks are what RLIMIT_NPROC and a pids cgroup count: a program that
+// set its limit to what it needs found its own pthread_create refused one thread sooner than
+// under glibc alone. So a pthread_create of the program's refused with EAGAIN ends ours and is
+// tried again (route/page_calls.rs): the program's thread comes first. Ours is made again at the
+// next block cached; if that is refused, Note [No thread to release] holds until it can be made.
+// A fork, posix_spawn or vfork refused so is not retried (their wrappers are not ours), and a
+// child's own thread counts in the child's user's tasks as the parent's does: docs/limits.md.
+
+/// Ends our thread so that the program may have its task (Note [Our thread's task]); false when
+/// none ran. Never waits for one being made: our own pthread_create comes through the program's
+/// (the shim), and must not wait for itself.
+pub fn give_task_back() -> bool {
+    // SAFETY: pthread_self cannot fail. Our thread itself (a driver call of its pass that makes a
+    // thread) keeps running.
+    if THREAD.load(Ordering::Acquire) == unsafe { libc::pthread_self() } {
+        return false;
+    }
+    if STATE.compare_exchange(RUNNING, STOPPING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return false;
+    }
+    end_stopping();
+    true
+}
+
 /// Ends the running reaper and waits for it to be gone; false when none ran.
 fn stop() -> bool {
     loop {
@@ -155,13 +180,18 @@ fn stop() -> bool {
             Err(_) => return false,
         }
     }
+    end_stopping();
+    true
+}
+
+/// With STOPPING set by the caller: wakes the thread, waits for it to end, and leaves none.
+fn end_stopping() {
     wake();
     let thread = THREAD.swap(0, Ordering::AcqRel);
     if thread != 0 {
         super::thread::join(thread);
     }
     STATE.store(NOT_STARTED, Ordering::Release);
-    true
 }
 
 /// The fallback when no thread could be made: reap on the allocation paths.
