@@ -88,7 +88,8 @@ pub fn start_now() {
     // From now on a pass may hold our locks at a fork no handler of ours sees (Note [Children
     // our handlers did not see] in fork_mark.rs).
     super::fork_mark::arm();
-    match super::thread::spawn_joinable(c"tensormalloc", reaper_main) {
+    static REAPER: super::thread::Named<fn()> = super::thread::Named { name: c"tensormalloc", main: reaper_main };
+    match super::thread::spawn_joinable(&REAPER) {
         Some(thread) => {
             THREAD.store(thread, Ordering::Release);
             STATE.store(RUNNING, Ordering::Release);

@@ -3,28 +3,44 @@
 //! pthread_create maps the stack itself). And the hook that stops their work when the process
 //! exits.
 
-/// Starts a detached thread named `name` running `main` forever; false when none can be made
-/// (seccomp, thread limits).
-pub fn spawn(name: &core::ffi::CStr, main: fn() -> !) -> bool {
-    extern "C" fn start(arg: *mut libc::c_void) -> *mut libc::c_void {
-        block_signals();
-        // SAFETY: `arg` is the `fn() -> !` spawn got.
-        unsafe { core::mem::transmute::<*mut libc::c_void, fn() -> !>(arg)() }
-    }
-    create(name, start, main as *mut libc::c_void, libc::PTHREAD_CREATE_DETACHED).is_some()
+/// A thread of ours: its name (at most 15 bytes, what the kernel keeps) and what it runs.
+pub struct Named<F: 'static> {
+    pub name: &'static core::ffi::CStr,
+    pub main: F,
 }
 
-/// Starts a joinable thread named `name` running `main` until it returns (the thread then ends
+/// Starts a detached thread running `thread.main` forever; false when none can be made
+/// (seccomp, thread limits).
+pub fn spawn(thread: &'static Named<fn() -> !>) -> bool {
+    extern "C" fn start(arg: *mut libc::c_void) -> *mut libc::c_void {
+        // SAFETY: `arg` is the `&'static Named<fn() -> !>` spawn got.
+        let thread = unsafe { &*(arg as *const Named<fn() -> !>) };
+        begin(thread.name);
+        (thread.main)()
+    }
+    create(start, thread as *const Named<fn() -> !> as *mut libc::c_void, libc::PTHREAD_CREATE_DETACHED).is_some()
+}
+
+/// Starts a joinable thread running `thread.main` until it returns (the thread then ends
 /// without unwinding: its start routine returns); None when none can be made. `join` waits for
 /// it to be gone.
-pub fn spawn_joinable(name: &core::ffi::CStr, main: fn()) -> Option<libc::pthread_t> {
+pub fn spawn_joinable(thread: &'static Named<fn()>) -> Option<libc::pthread_t> {
     extern "C" fn start(arg: *mut libc::c_void) -> *mut libc::c_void {
-        block_signals();
-        // SAFETY: `arg` is the `fn()` spawn_joinable got.
-        unsafe { core::mem::transmute::<*mut libc::c_void, fn()>(arg)() };
+        // SAFETY: `arg` is the `&'static Named<fn()>` spawn_joinable got.
+        let thread = unsafe { &*(arg as *const Named<fn()> ) };
+        begin(thread.name);
+        (thread.main)();
         core::ptr::null_mut()
     }
-    create(name, start, main as *mut libc::c_void, libc::PTHREAD_CREATE_JOINABLE)
+    create(start, thread as *const Named<fn()> as *mut libc::c_void, libc::PTHREAD_CREATE_JOINABLE)
+}
+
+/// A thread of ours begins: it names itself (prctl(PR_SET_NAME): glibc's pthread_setname_np on
+/// another thread opens /proc/self/task/TID/comm, without O_CLOEXEC) and blocks every signal.
+fn begin(name: &core::ffi::CStr) {
+    // SAFETY: PR_SET_NAME reads at most 16 bytes of the NUL-terminated name.
+    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+    block_signals();
 }
 
 /// Waits until a thread from `spawn_joinable` has ended (its kernel thread gone).
@@ -43,7 +59,7 @@ fn block_signals() {
     }
 }
 
-fn create(name: &core::ffi::CStr, start: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void, arg: *mut libc::c_void, detach: libc::c_int) -> Option<libc::pthread_t> {
+fn create(start: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void, arg: *mut libc::c_void, detach: libc::c_int) -> Option<libc::pthread_t> {
     // SAFETY: plain pthread calls on attributes we own; the thread runs `start`, which never
     // unwinds.
     unsafe {
@@ -66,7 +82,6 @@ fn create(name: &core::ffi::CStr, start: extern "C" fn(*mut libc::c_void) -> *mu
         if rc != 0 {
             return None;
         }
-        libc::pthread_setname_np(thread, name.as_ptr());
         Some(thread)
     }
 }

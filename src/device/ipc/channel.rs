@@ -161,7 +161,8 @@ pub fn serve(fds: FdsFn) -> Result<(), Unavailable> {
                     Ok((listener, nonce)) => {
                         NONCE.store(nonce, Release);
                         let listener = LISTENER.keep(listener);
-                        if thread::spawn(c"tensormalloc-ip", serve_forever) {
+                        static SERVING: thread::Named<fn() -> !> = thread::Named { name: c"tensormalloc-ip", main: serve_forever };
+                        if thread::spawn(&SERVING) {
                             Ok(())
                         } else {
                             LISTENER.forget();

@@ -188,7 +188,8 @@ pub fn join(device: i32) {
             return;
         };
         SLOT.store(claimed, Release);
-        if !thread::spawn(c"tensormalloc-nb", answer_forever) {
+        static ANSWERER: thread::Named<fn() -> !> = thread::Named { name: c"tensormalloc-nb", main: answer_forever };
+        if !thread::spawn(&ANSWERER) {
             STATE.store(UNAVAILABLE, Release);
             reg.leave(claimed, process::id());
             say_off(Off::NoThread);
