@@ -24,6 +24,7 @@ int cudaDeviceReset(void);
 int cudaMallocHost(void **, size_t);
 int cudaHostAlloc(void **, size_t, unsigned);
 int cudaFreeHost(void *);
+int cudaMemGetInfo(size_t *, size_t *);
 int cudaIpcGetMemHandle(CUipcMemHandle *, void *);
 int cudaIpcOpenMemHandle(void **, CUipcMemHandle, unsigned);
 int cudaIpcCloseMemHandle(void *);
@@ -71,6 +72,19 @@ static void reset_scenario(int by_driver, int keep_live) {
     if (keep_live) {
         CHECK(cudaFree(p) != 0); /* the reset freed it: the runtime's answer for a dead pointer */
         cudaGetLastError();
+    }
+    /* The runtime makes a new primary context at its next call, whichever it is: pinned memory
+     * and the device's figures too (each first after the reset in one of the variants). */
+    for (int k = 0; k < 2; k++) {
+        if ((k == 0) == (by_driver == 0)) {
+            void *h = NULL;
+            CHECK(cudaMallocHost(&h, 4096) == 0 && h != NULL);
+            memset(h, 1, 4096);
+            CHECK(cudaFreeHost(h) == 0);
+        } else {
+            size_t free_bytes = 0, total_bytes = 0;
+            CHECK(cudaMemGetInfo(&free_bytes, &total_bytes) == 0 && total_bytes > 0);
+        }
     }
     for (int i = 0; i < 3; i++) {
         void *q = NULL;

@@ -106,7 +106,8 @@ pub unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> c_int {
             *total = t;
             CUDA_SUCCESS
         }
-        Err(e) => e.code(),
+        // As in malloc: a context reset a moment ago is brought back by the runtime's own call.
+        Err(_) => (rt.mem_get_info)(free, total),
     }
 }
 
@@ -123,7 +124,11 @@ pub unsafe extern "C" fn host_alloc(ptr: *mut *mut c_void, size: usize, flags: c
             *ptr = addr as *mut c_void;
             CUDA_SUCCESS
         }
-        Err(e) => e.code(),
+        // As in malloc: after cudaDeviceReset the current context is the destroyed one until
+        // the runtime's next call makes a new one, which the pool's driver calls never do (they
+        // answered 709 where the runtime alone succeeds); refused memory is the runtime's to
+        // answer too, with *ptr and its last error as it leaves them.
+        Err(_) => (rt.host_alloc)(ptr, size, flags),
     }
 }
 
