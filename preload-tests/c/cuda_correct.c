@@ -160,18 +160,19 @@ static int export(CUipcMemHandle *h, void *b, int by_driver) {
     return r;
 }
 
-/* Starts this program as "ipc-child HEX DRIVER WAITFD SIGNALFD". */
-static pid_t spawn_child(const CUipcMemHandle *h, int by_driver, int wait_fd, int signal_fd) {
-    char hex[129], mode[4], wfd[16], sfd[16];
+/* Starts this program as "ipc-child HEX DRIVER WAITFD SIGNALFD BYTES" (the block's size). */
+static pid_t spawn_child(const CUipcMemHandle *h, int by_driver, int wait_fd, int signal_fd, size_t n) {
+    char hex[129], mode[4], wfd[16], sfd[16], bytes[24];
     to_hex(h, hex);
     snprintf(mode, sizeof mode, "%d", by_driver);
     snprintf(wfd, sizeof wfd, "%d", wait_fd);
     snprintf(sfd, sizeof sfd, "%d", signal_fd);
+    snprintf(bytes, sizeof bytes, "%zu", n);
     fflush(NULL);
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
-        char *argv[] = {"cuda_correct", "ipc-child", hex, mode, wfd, sfd, NULL};
+        char *argv[] = {"cuda_correct", "ipc-child", hex, mode, wfd, sfd, bytes, NULL};
         execv("/proc/self/exe", argv);
         _exit(127);
     }
@@ -198,7 +199,7 @@ static void ipc(int by_driver, size_t n) {
     two_blocks_of(&a, &b, n);
     CUipcMemHandle h;
     if (export(&h, b, by_driver)) return;
-    child_exited_0(spawn_child(&h, by_driver, -1, -1));
+    child_exited_0(spawn_child(&h, by_driver, -1, -1, n));
     CHECK(cudaFree(a) == 0 && cudaFree(b) == 0);
 }
 
@@ -211,7 +212,7 @@ static void ipc_after_free(void) {
     if (export(&h, b, 0)) return;
     int to_child[2], from_child[2];
     CHECK(pipe(to_child) == 0 && pipe(from_child) == 0);
-    pid_t pid = spawn_child(&h, 0, to_child[0], from_child[1]);
+    pid_t pid = spawn_child(&h, 0, to_child[0], from_child[1], 1 * MB);
     close(to_child[0]);
     close(from_child[1]);
     char c;
@@ -238,6 +239,13 @@ static int ipc_child(char **argv) {
     } else {
         CHECK(cudaIpcOpenMemHandle(&p, h, 1) == 0);
     }
+    /* Its range is the block's, as the driver answers for an allocation of its own: never a
+     * segment holding the exporter's other blocks. */
+    size_t n = (size_t)strtoull(argv[6], NULL, 10), size = 0, range_size = 0;
+    CUdeviceptr base = 0, range_start = 0;
+    CHECK(cuMemGetAddressRange_v2(&base, &size, DEV(p) + 100) == 0 && base == DEV(p) && size == n);
+    CHECK(cuPointerGetAttribute(&range_start, 11 /* RANGE_START_ADDR */, DEV(p) + 100) == 0 && range_start == DEV(p));
+    CHECK(cuPointerGetAttribute(&range_size, 12 /* RANGE_SIZE */, DEV(p)) == 0 && range_size == n);
     for (int round = 0; round < (wait_fd >= 0 ? 2 : 1); round++) {
         if (round == 1) {
             char c;
@@ -372,7 +380,7 @@ int main(int argc, char **argv) {
     CHECK(argc >= 2);
     const char *s = argv[1];
     if (!strcmp(s, "ipc-child")) {
-        CHECK(argc == 6);
+        CHECK(argc == 7);
         return ipc_child(argv);
     }
     if (!strcmp(s, "reset")) reset_scenario(0, 0);

@@ -34,6 +34,8 @@ struct Segment {
 #[derive(Clone, Copy)]
 struct Pointer {
     ptr: u64,
+    /// The block's size: what the receiver's range queries answer (`block_of`).
+    size: u64,
     /// Its segment's index plus one; 0: an empty slot.
     segment: u32,
 }
@@ -78,17 +80,17 @@ const EMPTY_SEGMENT: Segment = Segment { state: State::Empty, real: [0; 64], bas
 
 impl Opened {
     pub const fn new() -> Self {
-        Opened { tables: Lock::new(Tables { segments: [EMPTY_SEGMENT; SEGMENTS], pointers: [Pointer { ptr: 0, segment: 0 }; POINTERS] }), ever_opened: AtomicBool::new(false) }
+        Opened { tables: Lock::new(Tables { segments: [EMPTY_SEGMENT; SEGMENTS], pointers: [Pointer { ptr: 0, size: 0, segment: 0 }; POINTERS] }), ever_opened: AtomicBool::new(false) }
     }
 
     /// The segment `real` names, mapped once per process: `map` makes the mapping (its base,
     /// or the code it failed with) while no other thread maps it; `unmap` gives back one made
     /// but not kept (the tables filled meanwhile); `wait` passes a moment while another thread
-    /// opens or closes it. The pointer at `offset` in it, recorded.
-    pub fn open_once(&self, real: &[u8; 64], offset: u64, map: impl FnOnce() -> Result<u64, c_int>, unmap: impl FnOnce(u64), wait: impl Fn()) -> Result<u64, c_int> {
+    /// opens or closes it. The pointer at `offset` in it, recorded with the block's `size`.
+    pub fn open_once(&self, real: &[u8; 64], (offset, size): (u64, u64), map: impl FnOnce() -> Result<u64, c_int>, unmap: impl FnOnce(u64), wait: impl Fn()) -> Result<u64, c_int> {
         let mut map = Some(map);
         loop {
-            match self.begin_open(real, offset) {
+            match self.begin_open(real, offset, size) {
                 Begin::Mapped { base } => return Ok(base + offset),
                 Begin::Full => return Err(CUDA_ERROR_MEMORY_ALLOCATION),
                 Begin::Busy => wait(),
@@ -96,12 +98,12 @@ impl Opened {
                     let Some(map) = map.take() else { return Err(CUDA_ERROR_MEMORY_ALLOCATION) };
                     let mapped = map();
                     if let Ok(base) = mapped {
-                        if self.end_open(slot, Some(base), offset) {
+                        if self.end_open(slot, Some(base), offset, size) {
                             return Ok(base + offset);
                         }
                         unmap(base);
                     }
-                    self.end_open(slot, None, 0);
+                    self.end_open(slot, None, 0, 0);
                     return Err(mapped.err().unwrap_or(CUDA_ERROR_MEMORY_ALLOCATION));
                 }
             }
@@ -128,15 +130,15 @@ impl Opened {
         }
     }
 
-    /// A handle of ours names the segment `real`, the block at `offset` in it.
-    pub fn begin_open(&self, real: &[u8; 64], offset: u64) -> Begin {
+    /// A handle of ours names the segment `real`, the block of `size` bytes at `offset` in it.
+    pub fn begin_open(&self, real: &[u8; 64], offset: u64, size: u64) -> Begin {
         let mut t = self.tables.lock();
         if let Some(i) = t.segments.iter().position(|s| s.state != State::Empty && s.real == *real) {
             let s = t.segments.get(i).copied().unwrap_or(EMPTY_SEGMENT);
             if s.state != State::Open {
                 return Begin::Busy;
             }
-            if !Self::remember(&mut t, s.base.wrapping_add(offset), i) {
+            if !Self::remember(&mut t, s.base.wrapping_add(offset), size, i) {
                 return Begin::Full;
             }
             if let Some(s) = t.segments.get_mut(i) {
@@ -157,7 +159,7 @@ impl Opened {
 
     /// The driver opened segment `slot` at `base` (or refused: None); the block's pointer is
     /// `base` plus `offset`, recorded. False when it could not be recorded (the caller closes).
-    pub fn end_open(&self, slot: usize, base: Option<u64>, offset: u64) -> bool {
+    pub fn end_open(&self, slot: usize, base: Option<u64>, offset: u64, size: u64) -> bool {
         let mut t = self.tables.lock();
         let Some(base) = base else {
             if let Some(s) = t.segments.get_mut(slot) {
@@ -165,7 +167,7 @@ impl Opened {
             }
             return false;
         };
-        if !Self::remember(&mut t, base.wrapping_add(offset), slot) {
+        if !Self::remember(&mut t, base.wrapping_add(offset), size, slot) {
             if let Some(s) = t.segments.get_mut(slot) {
                 *s = EMPTY_SEGMENT;
             }
@@ -179,10 +181,21 @@ impl Opened {
         true
     }
 
-    fn remember(t: &mut Tables, ptr: u64, segment: usize) -> bool {
+    fn remember(t: &mut Tables, ptr: u64, size: u64, segment: usize) -> bool {
         let Some(p) = t.pointers.iter_mut().find(|p| p.segment == 0) else { return false };
-        *p = Pointer { ptr, segment: segment as u32 + 1 };
+        *p = Pointer { ptr, size, segment: segment as u32 + 1 };
         true
+    }
+
+    /// The opened block `addr` lies in, (its pointer, its size): the driver maps the whole
+    /// segment, and a range query there answers the block, as the driver alone answers its own
+    /// allocation (Note [IPC] in device/pool/pointers.rs). None for any other address.
+    pub fn block_of(&self, addr: u64) -> Option<(u64, u64)> {
+        if !self.ever_opened.load(Relaxed) {
+            return None;
+        }
+        let t = self.tables.lock();
+        t.pointers.iter().find(|p| p.segment != 0 && addr.wrapping_sub(p.ptr) < p.size).map(|p| (p.ptr, p.size))
     }
 
     /// A close of `ptr`.
@@ -222,17 +235,17 @@ mod tests {
     fn blocks_of_one_segment_share_its_mapping_until_their_last_close() {
         let o = Box::new(Opened::new());
         let real = [3u8; 64];
-        let Begin::Open { slot } = o.begin_open(&real, 4096) else { panic!() };
-        assert_eq!(o.begin_open(&real, 0), Begin::Busy, "another thread waits while it opens");
-        assert!(o.end_open(slot, Some(0x1000_0000), 4096));
-        assert_eq!(o.begin_open(&real, 8192), Begin::Mapped { base: 0x1000_0000 });
+        let Begin::Open { slot } = o.begin_open(&real, 4096, 1024) else { panic!() };
+        assert_eq!(o.begin_open(&real, 0, 1024), Begin::Busy, "another thread waits while it opens");
+        assert!(o.end_open(slot, Some(0x1000_0000), 4096, 1024));
+        assert_eq!(o.begin_open(&real, 8192, 1024), Begin::Mapped { base: 0x1000_0000 });
         assert_eq!(o.close(0x1000_0000 + 4096), Close::Kept);
         assert_eq!(o.close(0x1000_0000 + 4096), Close::NotOurs, "closed once only");
         assert_eq!(o.close(0x5000), Close::NotOurs);
         assert_eq!(o.close(0x1000_0000 + 8192), Close::Last { slot, base: 0x1000_0000, real });
-        assert_eq!(o.begin_open(&real, 0), Begin::Busy, "until the driver closed it");
+        assert_eq!(o.begin_open(&real, 0, 1024), Begin::Busy, "until the driver closed it");
         o.end_close(slot);
-        assert!(matches!(o.begin_open(&real, 0), Begin::Open { .. }), "opened anew");
+        assert!(matches!(o.begin_open(&real, 0, 1024), Begin::Open { .. }), "opened anew");
     }
 
     /// A forked child cannot use the segments its parent opened: a handle is opened anew (the
@@ -242,11 +255,11 @@ mod tests {
         let o = Box::new(Opened::new());
         o.forget_in_child();
         let real = [9u8; 64];
-        let Begin::Open { slot } = o.begin_open(&real, 0) else { panic!() };
-        assert!(o.end_open(slot, Some(0x2000_0000), 0));
+        let Begin::Open { slot } = o.begin_open(&real, 0, 1024) else { panic!() };
+        assert!(o.end_open(slot, Some(0x2000_0000), 0, 1024));
         core::mem::forget(o.tables.lock()); // a parent thread in the tables at the fork
         o.forget_in_child();
-        assert!(matches!(o.begin_open(&real, 0), Begin::Open { .. }), "the parent's mapping is not the child's");
+        assert!(matches!(o.begin_open(&real, 0, 1024), Begin::Open { .. }), "the parent's mapping is not the child's");
         assert_eq!(o.close(0x2000_0000), Close::NotOurs);
     }
 
@@ -254,20 +267,33 @@ mod tests {
     fn a_segment_is_mapped_once_and_a_failed_map_leaves_nothing() {
         let o = Box::new(Opened::new());
         let (real, mut maps) = ([5u8; 64], 0);
-        let first = o.open_once(&real, 4096, || { maps += 1; Ok(0x2000_0000) }, |_| panic!("kept"), || {});
+        let first = o.open_once(&real, (4096, 1024), || { maps += 1; Ok(0x2000_0000) }, |_| panic!("kept"), || {});
         assert_eq!(first, Ok(0x2000_0000 + 4096));
-        let second = o.open_once(&real, 8192, || { maps += 1; Ok(0x3000_0000) }, |_| panic!("kept"), || {});
+        let second = o.open_once(&real, (8192, 1024), || { maps += 1; Ok(0x3000_0000) }, |_| panic!("kept"), || {});
         assert_eq!((second, maps), (Ok(0x2000_0000 + 8192), 1), "the mapping is shared");
-        let refused = o.open_once(&[6; 64], 0, || Err(700), |_| panic!("nothing was mapped"), || {});
+        let refused = o.open_once(&[6; 64], (0, 1024), || Err(700), |_| panic!("nothing was mapped"), || {});
         assert_eq!(refused, Err(700), "the driver's code");
-        assert!(matches!(o.begin_open(&[6; 64], 0), Begin::Open { .. }), "the slot is free again");
+        assert!(matches!(o.begin_open(&[6; 64], 0, 1024), Begin::Open { .. }), "the slot is free again");
+    }
+
+    #[test]
+    fn a_range_query_inside_an_opened_block_names_the_block_not_the_segment() {
+        let o = Box::new(Opened::new());
+        assert_eq!(o.block_of(0x2000_0000), None, "nothing opened: no lock taken");
+        let p = o.open_once(&[5u8; 64], (4096, 1 << 20), || Ok(0x2000_0000), |_| panic!("kept"), || {}).unwrap();
+        assert_eq!(o.block_of(p), Some((p, 1 << 20)));
+        assert_eq!(o.block_of(p + (1 << 20) - 1), Some((p, 1 << 20)), "its last byte");
+        assert_eq!(o.block_of(p + (1 << 20)), None, "past it: the exporter's other blocks");
+        assert_eq!(o.block_of(p - 1), None);
+        assert_eq!(o.close(p), Close::Last { slot: 0, base: 0x2000_0000, real: [5u8; 64] });
+        assert_eq!(o.block_of(p), None, "closed");
     }
 
     #[test]
     fn a_refused_open_leaves_nothing() {
         let o = Box::new(Opened::new());
-        let Begin::Open { slot } = o.begin_open(&[9; 64], 0) else { panic!() };
-        assert!(!o.end_open(slot, None, 0));
-        assert!(matches!(o.begin_open(&[9; 64], 0), Begin::Open { .. }));
+        let Begin::Open { slot } = o.begin_open(&[9; 64], 0, 1024) else { panic!() };
+        assert!(!o.end_open(slot, None, 0, 1024));
+        assert!(matches!(o.begin_open(&[9; 64], 0, 1024), Begin::Open { .. }));
     }
 }

@@ -9,6 +9,7 @@ use crate::record::holders::Asker;
 use super::{answer_free, pool_on, pool_ready, pool_answers, without_context, FreeOf};
 use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
 use crate::device::device_layer::RangeAnswer;
+use crate::device::ipc::OPENED;
 use crate::sys::cuda_driver::{driver, DriverFns};
 use crate::sys::reentry;
 use crate::state::DEVICE;
@@ -214,7 +215,11 @@ pub unsafe fn address_range(base: *mut u64, size: *mut usize, ptr: u64) -> c_int
     let rc = get(&mut b, &mut s, ptr);
     if rc == CUDA_SUCCESS {
         match DEVICE.range(ptr as usize) {
-            RangeAnswer::NotOurs => {}
+            RangeAnswer::NotOurs => {
+                if let Some((start, len)) = OPENED.block_of(ptr) {
+                    (b, s) = (start, len as usize);
+                }
+            }
             RangeAnswer::Live(start, len, _) => (b, s) = (start, len as usize),
             // Memory we cached after its free: as the driver answers after a free.
             RangeAnswer::Free => return CUDA_ERROR_NOT_FOUND,
@@ -244,7 +249,12 @@ pub unsafe fn pointer_get_attribute(data: *mut c_void, attribute: c_int, ptr: u6
         return rc;
     }
     match DEVICE.range(ptr as usize) {
-        RangeAnswer::NotOurs => rc,
+        RangeAnswer::NotOurs => {
+            if let Some(block) = opened_range(attribute, ptr) {
+                write_blockwise(data, attribute, block, ptr);
+            }
+            rc
+        }
         RangeAnswer::Live(start, len, id) => {
             write_blockwise(data, attribute, (start, len, id), ptr);
             rc
@@ -264,7 +274,15 @@ pub unsafe fn pointer_get_attributes(count: c_uint, attributes: *mut c_int, data
     }
     let range = DEVICE.range(ptr as usize);
     let block = match range {
-        RangeAnswer::NotOurs => return rc,
+        RangeAnswer::NotOurs => {
+            for i in 0..count as usize {
+                let (attribute, out) = (*attributes.add(i), *data.add(i));
+                if let Some(block) = opened_range(attribute, ptr).filter(|_| !out.is_null()) {
+                    write_blockwise(out, attribute, block, ptr);
+                }
+            }
+            return rc;
+        }
         RangeAnswer::Live(start, len, id) => (start, len, id),
         // No allocation there any more: zeros, as the driver writes for unknown memory.
         RangeAnswer::Free => (0, 0, 0),
@@ -276,6 +294,16 @@ pub unsafe fn pointer_get_attributes(count: c_uint, attributes: *mut c_int, data
         }
     }
     rc
+}
+
+/// For a range attribute of a pointer into a block opened from a handle of ours, the block (its
+/// buffer id and context stay the driver's): the driver maps the exporter's whole segment, and
+/// answered with it where the driver alone answers with the block's own allocation.
+fn opened_range(attribute: c_int, ptr: u64) -> Option<(u64, u64, u64)> {
+    if attribute != RANGE_START_ADDR && attribute != RANGE_SIZE {
+        return None;
+    }
+    OPENED.block_of(ptr).map(|(start, len)| (start, len, 0))
 }
 
 /// RANGE_START_ADDR is a CUdeviceptr, RANGE_SIZE a size_t, BUFFER_ID an unsigned long long,

@@ -110,7 +110,7 @@ unsafe fn open_ours(h: &Handle, flags: c_uint, open: IpcOpenMemHandleFn) -> Resu
     if let Some(run) = ChunkRun::decode(&what.real) {
         return super::ipc_chunks::open(h, &what, &run);
     }
-    OPENED.open_once(&what.real, what.offset, || {
+    OPENED.open_once(&what.real, (what.offset, what.size), || {
         let mut base = 0u64;
         // SAFETY: the caller's contract: `open` is the driver's cuIpcOpenMemHandle.
         let rc = unsafe { open(&mut base, IpcMemHandle { reserved: what.real }, flags) };

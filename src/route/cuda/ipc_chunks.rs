@@ -143,7 +143,7 @@ pub(super) fn open(h: &Handle, what: &Published, run: &ChunkRun) -> Result<u64, 
     let unmap = |base| {
         let _ = cuda_shareable::unmap_imported(base, run.chunk_bytes, run.chunks, run.bytes());
     };
-    OPENED.open_once(&what.real, what.offset, || map_run(h, run), unmap, crate::sys::clock::pause)
+    OPENED.open_once(&what.real, (what.offset, what.size), || map_run(h, run), unmap, crate::sys::clock::pause)
 }
 
 /// The last close of a chunk run opened at `base`: unmapped, its address space freed.
