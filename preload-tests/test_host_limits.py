@@ -104,3 +104,13 @@ def test_a_program_limited_to_its_own_tasks_makes_its_threads(preload):
     [Our thread's task]). Before, the second was refused with EAGAIN."""
     out = ok(run([compile_c("nproc_threads")], preload=LIB if preload else False, timeout=60))
     assert "nproc ok" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_a_piece_unmapped_at_the_map_count_limit_still_leaves(preload):
+    """A cached piece between two live blocks of one mapping, trimmed while the program has used
+    up vm.max_map_count: the split is refused, yet its pages leave RSS at once and the range
+    goes once the program gives mappings back (Note [Unmaps the kernel refused]). Before, it
+    stayed mapped and resident for good, out of every record."""
+    out = ok(run([compile_c("map_count")], preload=LIB if preload else False, timeout=120))
+    assert "map count ok" in out.stdout, out.stdout + out.stderr

@@ -38,3 +38,4 @@ pub mod stderr;
 pub mod stdio;
 pub mod thread;
 pub mod unix_socket;
+pub mod unmap_later;

@@ -122,7 +122,17 @@ impl PageMemory for OsPages {
 
     fn unmap(&self, addr: usize, len: usize) {
         // SAFETY: the caller owns the page-aligned range and no longer uses it.
-        unsafe { calls::munmap(addr as *mut libc::c_void, len) };
+        let unmap = |a: usize, l: usize| unsafe { calls::munmap(a as *mut libc::c_void, l) } == 0;
+        if unmap(addr, len) {
+            // A mapping came free: ranges the kernel refused before may go now.
+            super::unmap_later::WAITING.retry(unmap);
+            return;
+        }
+        // Note [Unmaps the kernel refused]: the pages go now, the range when it can. A range
+        // partly unmapped already (by the program) fails with no split to refuse: nothing waits.
+        if errno() == libc::ENOMEM && self.discard(addr, len) {
+            let _ = super::unmap_later::WAITING.keep(addr, len);
+        }
     }
 
     fn release(&self, addr: usize, len: usize) -> bool {
