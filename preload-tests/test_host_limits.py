@@ -112,5 +112,8 @@ def test_a_piece_unmapped_at_the_map_count_limit_still_leaves(preload):
     up vm.max_map_count: the split is refused, yet its pages leave RSS at once and the range
     goes once the program gives mappings back (Note [Unmaps the kernel refused]). Before, it
     stayed mapped and resident for good, out of every record."""
+    count = int(open("/proc/sys/vm/max_map_count").read())
+    if count > 1 << 18:
+        pytest.skip(f"vm.max_map_count is {count}: the program could not use it up in a test's time")
     out = ok(run([compile_c("map_count")], preload=LIB if preload else False, timeout=120))
     assert "map count ok" in out.stdout, out.stdout + out.stderr

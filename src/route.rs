@@ -243,6 +243,8 @@ fn large_unreported(size: usize, align: usize, asker: Asker) -> *mut c_void {
         }
         None => {
             room::follow_mapping_limits();
+            // The caller goes on to the next operator new, whose errno is the one to see.
+            saved.restore();
             core::ptr::null_mut()
         }
     }

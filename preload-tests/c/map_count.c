@@ -34,6 +34,9 @@ int main(void) {
     memset(live, 2, 4 * MB);
     memset(mid, 3, 4 * MB);
     memset(live2, 4, 4 * MB);
+    tm_stats_t s;
+    if (tm_stats(&s) == 0 && s.enabled) /* cut from one mapping, one after the other */
+        CHECK(mid == live + 4 * MB && live2 == mid + 4 * MB);
     uintptr_t piece = (uintptr_t)mid;
     free(mid);
     long base_kb = status_kb("RssAnon");

@@ -227,21 +227,19 @@ pub unsafe fn pthread_create(thread: *mut libc::pthread_t, attr: *const libc::pt
         answer = unsafe { next::pthread_create(thread, attr, start, arg) };
     }
     if answer == libc::EAGAIN && crate::sys::reaper::give_task_back() {
-        // The kernel counts the ended thread's task out a moment after the join returns.
-        for _ in 0..TASK_RETRIES {
+        // Ours ends at its next wake; its task is counted out a moment after.
+        let asked = crate::sys::clock::now_ns();
+        while answer == libc::EAGAIN && crate::sys::clock::now_ns().saturating_sub(asked) < TASK_WAIT_NS {
+            crate::sys::thread::yield_now();
             // SAFETY: as above.
             answer = unsafe { next::pthread_create(thread, attr, start, arg) };
-            if answer != libc::EAGAIN {
-                break;
-            }
-            crate::sys::thread::yield_now();
         }
     }
     answer
 }
 
-/// How often a thread refused for want of a task is tried again once ours has ended.
-const TASK_RETRIES: usize = 100;
+/// How long a thread refused for want of a task is tried again while ours ends.
+const TASK_WAIT_NS: u64 = 100_000_000;
 
 /// The room a thread needs at least (glibc's default stack is RLIMIT_STACK, often 8 MiB): what
 /// emptying the cache must be able to give for a retry to make sense.

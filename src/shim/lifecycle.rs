@@ -74,6 +74,7 @@ fn child_steps() {
     report::stats_file::after_fork_in_child();
     report::oom::after_fork_in_child();
     sys::stack::after_fork_in_child();
+    sys::unmap_later::WAITING.forget_in_child();
     crate::record::holders::HOLDERS.after_fork_in_child();
     crate::device::ipc::OPENED.forget_in_child();
     if DEVICE.after_fork_in_child() {

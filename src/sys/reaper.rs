@@ -15,6 +15,9 @@ const UNAVAILABLE: u8 = 2;
 const STARTING: u8 = 3;
 /// Asked to end (`without_thread`): it returns at its next wake.
 const STOPPING: u8 = 4;
+/// Asked to give its task back (`give_task_back`): at its next wake it lets itself go (detached,
+/// no one joins it) and leaves NOT_STARTED.
+const GIVING_BACK: u8 = 5;
 
 static STATE: AtomicU8 = AtomicU8::new(NOT_STARTED);
 /// The running thread's handle (joinable), 0 when none.
@@ -73,8 +76,14 @@ pub fn on_block_cached(deadline_ns: u64) {
         // which comes after this block's release) must wake to reschedule.
         RUNNING if SLEEPING_UNTIL.load(Ordering::Acquire) > deadline_ns => wake(),
         RUNNING => {}
-        NOT_STARTED => start_now(),
-        UNAVAILABLE => alone(),
+        NOT_STARTED => {
+            start_now();
+            // Refused: this block has no releaser either (Note [No thread to release]).
+            if STATE.load(Ordering::Acquire) == UNAVAILABLE {
+                let_go();
+            }
+        }
+        UNAVAILABLE | GIVING_BACK => alone(),
         // Being made (its first pass comes) or stepping aside (started again after).
         _ => {}
     }
@@ -111,6 +120,11 @@ fn alone() {
             return;
         }
     }
+    let_go();
+}
+
+/// With no thread to release it, what is due is done and nothing stays cached.
+fn let_go() {
     reap_inline();
     // SAFETY: ALONE only ever holds a `fn()` (no_alone or set_alone's argument).
     unsafe { core::mem::transmute::<*mut (), fn()>(ALONE.load(Ordering::Acquire))() };
@@ -149,25 +163,29 @@ pub fn without_thread<R>(change: impl FnOnce() -> R) -> R {
 // Note [Our thread's task]
 // Our thread is a task, and tasks are what RLIMIT_NPROC and a pids cgroup count: a program that
 // set its limit to what it needs found its own pthread_create refused one thread sooner than
-// under glibc alone. So a pthread_create of the program's refused with EAGAIN ends ours and is
-// tried again (route/page_calls.rs): the program's thread comes first. Ours is made again at the
-// next block cached; if that is refused, Note [No thread to release] holds until it can be made.
-// A fork, posix_spawn or vfork refused so is not retried (their wrappers are not ours), and a
-// child's own thread counts in the child's user's tasks as the parent's does: docs/limits.md.
+// under glibc alone. So a pthread_create of the program's refused with EAGAIN asks ours to give
+// its task back and is tried again for a while (route/page_calls.rs): the program's thread comes
+// first. The caller never waits on our thread (it may hold a lock our pass needs, the driver's
+// say): ours is woken and lets itself go, detached, at its next wake, and what is cached is let
+// go at once (nothing stays cached with no releaser: Note [No thread to release]). Ours is made
+// again at the next block cached. A program's thread asked for while ours is being made, or one
+// whose EAGAIN outlasts the retries, is refused as before; a fork, posix_spawn or vfork so
+// refused is not retried (their wrappers are not ours), and a child's own thread counts in the
+// child's user's tasks as the parent's does: docs/limits.md.
 
-/// Ends our thread so that the program may have its task (Note [Our thread's task]); false when
-/// none ran. Never waits for one being made: our own pthread_create comes through the program's
-/// (the shim), and must not wait for itself.
+/// Asks our thread to give its task back to the program (Note [Our thread's task]): it ends at
+/// its next wake, with no one waiting for it; false when none ran (one being made is left to be
+/// made). Our thread's own calls never ask.
 pub fn give_task_back() -> bool {
-    // SAFETY: pthread_self cannot fail. Our thread itself (a driver call of its pass that makes a
-    // thread) keeps running.
+    // SAFETY: pthread_self cannot fail.
     if THREAD.load(Ordering::Acquire) == unsafe { libc::pthread_self() } {
         return false;
     }
-    if STATE.compare_exchange(RUNNING, STOPPING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+    if STATE.compare_exchange(RUNNING, GIVING_BACK, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return false;
     }
-    end_stopping();
+    wake();
+    let_go();
     true
 }
 
@@ -176,8 +194,9 @@ fn stop() -> bool {
     loop {
         match STATE.compare_exchange(RUNNING, STOPPING, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => break,
-            // Another thread is making it: wait until it is made (a handful of instructions).
-            Err(STARTING) => core::hint::spin_loop(),
+            // Another thread is making it: wait until it is made (a handful of instructions);
+            // or it is letting itself go: wait until it has.
+            Err(STARTING | GIVING_BACK) => core::hint::spin_loop(),
             Err(_) => return false,
         }
     }
@@ -220,8 +239,17 @@ fn reaper_main() {
         // Read the sequence before reaping: a block cached after this point wakes us, and so
         // does a stop asked after it (it is asked before its wake).
         let seq = WAKE_SEQ.load(Ordering::Acquire);
-        if STATE.load(Ordering::Acquire) == STOPPING {
-            return;
+        match STATE.load(Ordering::Acquire) {
+            STOPPING => return,
+            GIVING_BACK => {
+                // Note [Our thread's task]: no one joins this thread; it is the new one's turn.
+                // SAFETY: detaching the calling thread, which returns at once.
+                unsafe { libc::pthread_detach(libc::pthread_self()) };
+                THREAD.store(0, Ordering::Release);
+                STATE.store(NOT_STARTED, Ordering::Release);
+                return;
+            }
+            _ => {}
         }
         let deadline = work();
         let now = super::clock::now_ns();

@@ -72,6 +72,19 @@ impl Waiting {
         }
     }
 
+    /// In a forked child: the parent's waiting ranges may not be in this process (a cached
+    /// block is kept from children while cached), and a mapping of the child's own could land
+    /// there: they are forgotten, never unmapped here.
+    pub fn forget_in_child(&self) {
+        if self.count.load(Relaxed) == 0 {
+            return;
+        }
+        for slot in self.slots.iter() {
+            slot.store(0, Relaxed);
+        }
+        self.count.store(0, Relaxed);
+    }
+
     /// How many ranges wait.
     pub fn waiting(&self) -> usize {
         self.count.load(Acquire)
@@ -106,6 +119,15 @@ mod tests {
         assert_eq!((w.waiting(), tried.borrow().clone()), (1, vec![(0x7f12_3440_0000, 4 << 20)]), "refused again: kept");
         w.retry(|_, _| true);
         assert_eq!(w.waiting(), 0, "unmapped at last");
+    }
+
+    #[test]
+    fn a_forked_child_forgets_the_parents_ranges() {
+        let w = Box::new(Waiting::new());
+        assert!(w.keep(0x7f12_3440_0000, 4 << 20));
+        w.forget_in_child();
+        w.retry(|_, _| panic!("the parent's range, never unmapped in the child"));
+        assert_eq!(w.waiting(), 0);
     }
 
     #[test]
