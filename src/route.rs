@@ -235,19 +235,20 @@ fn large_or_next(size: usize, align: usize, zeroed: bool, asker: Asker, names: N
 /// too (Note [The next allocator's free memory] in room.rs).
 fn large_unreported(size: usize, align: usize, asker: Asker) -> *mut c_void {
     let saved = SavedErrno::save();
-    match HOST.alloc(size, align, false, asker.holder()) {
+    let p = match HOST.alloc(size, align, false, asker.holder()) {
         Some(a) => {
             arm_interior_check();
-            saved.restore();
             a as *mut c_void
         }
         None => {
             room::follow_mapping_limits();
-            // The caller goes on to the next operator new, whose errno is the one to see.
-            saved.restore();
             core::ptr::null_mut()
         }
-    }
+    };
+    // Served or not: on failure the caller goes on to the next operator new, whose errno is the
+    // one to see.
+    saved.restore();
+    p
 }
 
 /// The host layer's out-of-memory event for a request of `size` bytes on `align` that nothing

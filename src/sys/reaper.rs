@@ -200,18 +200,13 @@ fn stop() -> bool {
             Err(_) => return false,
         }
     }
-    end_stopping();
-    true
-}
-
-/// With STOPPING set by the caller: wakes the thread, waits for it to end, and leaves none.
-fn end_stopping() {
     wake();
     let thread = THREAD.swap(0, Ordering::AcqRel);
     if thread != 0 {
         super::thread::join(thread);
     }
     STATE.store(NOT_STARTED, Ordering::Release);
+    true
 }
 
 /// The fallback when no thread could be made: reap on the allocation paths.

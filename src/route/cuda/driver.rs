@@ -250,8 +250,8 @@ pub unsafe fn pointer_get_attribute(data: *mut c_void, attribute: c_int, ptr: u6
     }
     match DEVICE.range(ptr as usize) {
         RangeAnswer::NotOurs => {
-            if let Some(block) = opened_range(attribute, ptr) {
-                write_blockwise(data, attribute, block, ptr);
+            if let Some((start, len)) = OPENED.block_of(ptr).filter(|_| range_attribute(attribute)) {
+                write_blockwise(data, attribute, (start, len, 0), ptr);
             }
             rc
         }
@@ -272,38 +272,29 @@ pub unsafe fn pointer_get_attributes(count: c_uint, attributes: *mut c_int, data
     if rc != CUDA_SUCCESS || attributes.is_null() || data.is_null() {
         return rc;
     }
-    let range = DEVICE.range(ptr as usize);
-    let block = match range {
-        RangeAnswer::NotOurs => {
-            for i in 0..count as usize {
-                let (attribute, out) = (*attributes.add(i), *data.add(i));
-                if let Some(block) = opened_range(attribute, ptr).filter(|_| !out.is_null()) {
-                    write_blockwise(out, attribute, block, ptr);
-                }
-            }
-            return rc;
-        }
-        RangeAnswer::Live(start, len, id) => (start, len, id),
+    let (block, answered): (_, fn(c_int) -> bool) = match DEVICE.range(ptr as usize) {
+        RangeAnswer::NotOurs => match OPENED.block_of(ptr) {
+            Some((start, len)) => ((start, len, 0), range_attribute),
+            None => return rc,
+        },
+        RangeAnswer::Live(start, len, id) => ((start, len, id), blockwise),
         // No allocation there any more: zeros, as the driver writes for unknown memory.
-        RangeAnswer::Free => (0, 0, 0),
+        RangeAnswer::Free => ((0, 0, 0), blockwise),
     };
     for i in 0..count as usize {
         let (attribute, out) = (*attributes.add(i), *data.add(i));
-        if !out.is_null() && blockwise(attribute) {
+        if !out.is_null() && answered(attribute) {
             write_blockwise(out, attribute, block, ptr);
         }
     }
     rc
 }
 
-/// For a range attribute of a pointer into a block opened from a handle of ours, the block (its
-/// buffer id and context stay the driver's): the driver maps the exporter's whole segment, and
-/// answered with it where the driver alone answers with the block's own allocation.
-fn opened_range(attribute: c_int, ptr: u64) -> Option<(u64, u64, u64)> {
-    if attribute != RANGE_START_ADDR && attribute != RANGE_SIZE {
-        return None;
-    }
-    OPENED.block_of(ptr).map(|(start, len)| (start, len, 0))
+/// The attributes answered for a block opened from a handle of ours: its range (its buffer id
+/// and context stay the driver's). The driver maps the exporter's whole segment, and answered
+/// with it where the driver alone answers with the block's own allocation.
+fn range_attribute(attribute: c_int) -> bool {
+    attribute == RANGE_START_ADDR || attribute == RANGE_SIZE
 }
 
 /// RANGE_START_ADDR is a CUdeviceptr, RANGE_SIZE a size_t, BUFFER_ID an unsigned long long,
