@@ -392,12 +392,20 @@ def test_setpriv_drops_privileges_under_the_preload(tmp_path, env):
 
 
 @needs_root
+@pytest.mark.parametrize("traced", [False, True], ids=["alone", "traced"])
 @pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
-def test_a_program_moves_into_namespaces_with_our_thread_running(preload):
+def test_a_program_moves_into_namespaces_with_our_thread_running(preload, traced):
     """Note [Threads and namespaces]: setns into a mount namespace and unshare(CLONE_NEWUSER) are
     refused to a process of more than one thread (EINVAL). Our thread steps aside around each
-    and comes back after; both succeed, as under glibc alone. Before, both failed."""
-    out = ok(run([compile_c("namespaces")], preload=PRELOAD if preload else False))
+    and comes back after; both succeed, as under glibc alone. Before, both failed. Traced, each
+    ended thread stays in the thread group 20 ms after its join returned (Note [Joined is not
+    gone]): the unshare waits until ours is gone. Before, it was refused there, and on CI's
+    machine untraced once in about three runs."""
+    argv = [compile_c("namespaces")] + (["traced"] if traced else [])
+    out = run(argv, preload=PRELOAD if preload else False)
+    if out.returncode == 77:
+        pytest.skip(f"this machine refuses a parent's ptrace of its child: {out.stdout.strip()}")
+    ok(out)
     threads = "2 2" if preload else "1 1"
     assert f"setns: ok, unshare: ok, threads: {threads}" in out.stdout, out.stdout
 

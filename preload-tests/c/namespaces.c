@@ -3,11 +3,18 @@
  * both only to a process of one thread (Note [Threads and namespaces] in src/sys/reaper.rs).
  * Large blocks are freed before each, so a thread of ours runs. Prints one line:
  * "setns: RESULT, unshare: RESULT, threads: BEFORE AFTER" (RESULT "ok" or the error; threads from
- * /proc/self/status before the calls and after a large block is freed again). Runs as root. */
+ * /proc/self/status before the calls and after a large block is freed again). Runs as root.
+ * With the argument "traced" the same runs in a child this process traces, which keeps each
+ * ended thread in the thread group 20 ms before it lets the kernel release it, as a debugger or a
+ * busy machine may: our thread, joined, is not yet gone (Note [Joined is not gone] in
+ * src/sys/thread.rs). */
 #define _GNU_SOURCE
 #include "check.h"
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/ptrace.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static void churn(int value) {
@@ -24,7 +31,7 @@ static const char *result(int rc) {
     return rc == 0 ? "ok" : strerror(errno);
 }
 
-int main(void) {
+static int scenario(void) {
     churn(1);
     int before = thread_count();
     int fd = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
@@ -36,4 +43,46 @@ int main(void) {
     churn(3);
     printf("setns: %s, unshare: %s, threads: %d %d\n", joined, unshared, before, thread_count());
     return 0;
+}
+
+/* Traces `child` (stopped, asked to be traced) and its threads until it exits: each thread that
+ * ends is released 20 ms after it ended; every other stop is resumed as it came. */
+static int trace(pid_t child) {
+    int status;
+    CHECK(waitpid(child, &status, 0) == child);
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    CHECK(WIFSTOPPED(status));
+    CHECK(ptrace(PTRACE_SETOPTIONS, child, 0, PTRACE_O_TRACECLONE | PTRACE_O_EXITKILL) == 0);
+    CHECK(ptrace(PTRACE_CONT, child, 0, 0) == 0);
+    for (;;) {
+        siginfo_t info = {0};
+        CHECK(waitid(P_ALL, 0, &info, WEXITED | WSTOPPED | WNOWAIT | __WALL) == 0);
+        pid_t tid = info.si_pid;
+        int ended = info.si_code == CLD_EXITED || info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED;
+        if (ended && tid != child) usleep(20000);
+        CHECK(waitpid(tid, &status, __WALL) == tid);
+        if (tid == child && (WIFEXITED(status) || WIFSIGNALED(status)))
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (!WIFSTOPPED(status)) continue;
+        int sig = WSTOPSIG(status);
+        /* A clone event, or a new thread's first stop: not the program's signals. */
+        int ours = (status >> 16) != 0 || sig == SIGSTOP || sig == SIGTRAP;
+        ptrace(PTRACE_CONT, tid, 0, ours ? 0 : sig);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "traced") != 0) return scenario();
+    fflush(stdout);
+    pid_t child = fork();
+    CHECK(child >= 0);
+    if (child == 0) {
+        if (ptrace(PTRACE_TRACEME, 0, 0, 0) != 0) {
+            printf("ptrace refused: %s\n", strerror(errno));
+            exit(77);
+        }
+        raise(SIGSTOP);
+        exit(scenario());
+    }
+    return trace(child);
 }

@@ -6,7 +6,7 @@
 //! pass does is given at init (`set_work`): this file knows nothing above `sys`. It steps aside
 //! while the program changes its own thread's credentials (Note [Threads and credentials]).
 
-use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 const NOT_STARTED: u8 = 0;
 const RUNNING: u8 = 1;
@@ -22,6 +22,9 @@ const GIVING_BACK: u8 = 5;
 static STATE: AtomicU8 = AtomicU8::new(NOT_STARTED);
 /// The running thread's handle (joinable), 0 when none.
 static THREAD: AtomicU64 = AtomicU64::new(0);
+/// The kernel id of the thread that last ended (asked to stop or give its task back), set by it
+/// as it ends; 0 once it is known gone.
+static TID: AtomicI32 = AtomicI32::new(0);
 /// Bumped to wake the reaper; the futex word.
 static WAKE_SEQ: AtomicU32 = AtomicU32::new(0);
 /// When the sleeping reaper will wake by itself; u64::MAX while it sleeps with no deadline.
@@ -189,7 +192,8 @@ pub fn give_task_back() -> bool {
     true
 }
 
-/// Ends the running reaper and waits for it to be gone; false when none ran.
+/// Ends the running reaper and waits for it to be gone (Note [Joined is not gone] in
+/// thread.rs); false when none ran.
 fn stop() -> bool {
     loop {
         match STATE.compare_exchange(RUNNING, STOPPING, Ordering::AcqRel, Ordering::Acquire) {
@@ -197,13 +201,19 @@ fn stop() -> bool {
             // Another thread is making it: wait until it is made (a handful of instructions);
             // or it is letting itself go: wait until it has.
             Err(STARTING | GIVING_BACK) => core::hint::spin_loop(),
-            Err(_) => return false,
+            Err(_) => {
+                // One that gave its task back may still be leaving (no one joined it).
+                super::thread::wait_released(TID.swap(0, Ordering::AcqRel));
+                return false;
+            }
         }
     }
     wake();
     let thread = THREAD.swap(0, Ordering::AcqRel);
     if thread != 0 {
         super::thread::join(thread);
+        // Read after the join: the thread set it before it could end.
+        super::thread::wait_released(TID.swap(0, Ordering::AcqRel));
     }
     STATE.store(NOT_STARTED, Ordering::Release);
     true
@@ -235,8 +245,13 @@ fn reaper_main() {
         // does a stop asked after it (it is asked before its wake).
         let seq = WAKE_SEQ.load(Ordering::Acquire);
         match STATE.load(Ordering::Acquire) {
-            STOPPING => return,
+            STOPPING => {
+                // Note [Joined is not gone]: what stop() waits for after the join.
+                TID.store(super::thread::own_tid(), Ordering::Release);
+                return;
+            }
             GIVING_BACK => {
+                TID.store(super::thread::own_tid(), Ordering::Release);
                 // Note [Our thread's task]: no one joins this thread; it is the new one's turn.
                 // SAFETY: detaching the calling thread, which returns at once.
                 unsafe { libc::pthread_detach(libc::pthread_self()) };
@@ -261,6 +276,7 @@ fn reaper_main() {
 /// In a forked child the reaper thread does not exist: start a new one on demand.
 pub fn after_fork_in_child() {
     THREAD.store(0, Ordering::Release);
+    TID.store(0, Ordering::Release);
     STATE.store(NOT_STARTED, Ordering::Release);
     SLEEPING_UNTIL.store(u64::MAX, Ordering::Release);
 }
