@@ -197,4 +197,27 @@ mod tests {
         // This test's own thread runs under the normal policy.
         assert!(!creator_is_realtime());
     }
+
+    #[test]
+    fn a_joined_thread_is_waited_for_until_released_and_a_live_one_only_boundedly() {
+        use core::sync::atomic::{AtomicI32, Ordering};
+        static ENDED_TID: AtomicI32 = AtomicI32::new(0);
+        fn ends() {
+            ENDED_TID.store(own_tid(), Ordering::Release);
+        }
+        static ENDS: Named<fn()> = Named { name: c"tm-test-ends", main: ends };
+        let thread = spawn_joinable(&ENDS).expect("a thread");
+        join(thread);
+        let tid = ENDED_TID.load(Ordering::Acquire);
+        assert!(tid > 0 && tid != own_tid());
+        wait_released(tid);
+        // SAFETY: signal 0 only asks whether the thread exists.
+        let gone = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, 0) };
+        assert_eq!((gone, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ESRCH)));
+        // A thread that is not ending: the wait gives up after 0.1 s.
+        let started = std::time::Instant::now();
+        wait_released(own_tid());
+        let waited = started.elapsed();
+        assert!(waited >= std::time::Duration::from_millis(100) && waited < std::time::Duration::from_secs(5), "{waited:?}");
+    }
 }
