@@ -69,6 +69,18 @@ def test_ipc_of_a_whole_segment_block_works_in_every_mode(mode, tmp_path):
     assert "ipc-big ok" in out.stdout and "ipc refused" not in out.stdout
 
 
+@pytest.mark.parametrize("mode", [None, *POOLED])
+def test_a_device_the_pool_entered_stays_reset(mode):
+    """The pool entered device 1 from a thread on device 0 (PyTorch's pluggable allocator),
+    retaining its primary context; the program resets it and releases its own reference, then
+    retains and releases it once: it ends, as without us (None). Before, the pool's reference
+    outlived the reset and kept the context, and its memory, alive. The stand-in keeps references
+    across a reset here, as NVIDIA documents its driver does."""
+    env = {"FAKECUDA_DEVICES": "2", "FAKECUDA_RESET_KEEPS_REFS": "1", **(MODES[mode] if mode else {})}
+    out = ok(scenario("reset-entered", env, preload=mode is not None))
+    assert "reset-entered ok" in out.stdout
+
+
 @pytest.mark.parametrize("mode", POOLED)
 def test_reset_empties_the_pool_report(mode, tmp_path):
     stats = tmp_path / "stats.json"

@@ -214,6 +214,9 @@ pub trait DeviceRuntime {
     fn current_context(&self) -> u64;
     /// The primary context of `device`, without creating or retaining it for good.
     fn primary_context(&self, device: i32) -> PrimaryContext;
+    /// `device`'s primary context was reset: a reference `enter_device` retained to enter it is
+    /// given back, as the driver asks of whoever holds one (a reset does not release it).
+    fn primary_was_reset(&self, device: i32);
     /// The runtime allocation that contains `addr`: (base, length); `None` when there is none
     /// or the driver cannot be reached.
     fn allocation_range(&self, addr: usize) -> Option<(usize, usize)>;

@@ -848,6 +848,9 @@ impl DeviceRuntime for SimRuntime {
         }
         Self::context_in(&st)
     }
+    fn primary_was_reset(&self, _device: i32) {
+        // The simulation keeps no reference counts: entering a device does not retain it.
+    }
     fn primary_context(&self, device: i32) -> PrimaryContext {
         let st = self.state.lock().unwrap();
         match st.primary_active.get(device as usize) {

@@ -2,6 +2,7 @@
  * fakecuda.c): device reset and context destruction, IPC handles, address-range queries,
  * stream-ordered frees, managed and VMM memory, re-entrant runtimes, driver frees of runtime
  * blocks. argv[1] names the scenario; each prints "SCENARIO ok". They pass without tensormalloc. */
+#include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "check.h"
@@ -39,6 +40,9 @@ int cudaStreamDestroy(CUstream);
 int cuInit(unsigned);
 int cuDeviceGet(int *, int);
 int cuDevicePrimaryCtxReset_v2(int);
+int cuDevicePrimaryCtxGetState(int, unsigned *, int *);
+int cuDevicePrimaryCtxRetain(CUcontext *, int);
+int cuDevicePrimaryCtxRelease_v2(int);
 int cuCtxCreate_v2(CUcontext *, unsigned, int);
 int cuCtxDestroy_v2(CUcontext);
 int cuMemFree_v2(CUdeviceptr);
@@ -69,6 +73,11 @@ static void reset_scenario(int by_driver, int keep_live) {
     if (!keep_live) CHECK(cudaFree(p) == 0);
     if (by_driver) CHECK(cuDevicePrimaryCtxReset_v2(dev) == 0);
     else CHECK(cudaDeviceReset() == 0);
+    /* The reset context stays ended until the program asks again: nothing of ours made it anew
+     * (a forgotten expandable pool once retained it to unmap chunks it no longer had). */
+    unsigned flags = 0;
+    int active = -1;
+    CHECK(cuDevicePrimaryCtxGetState(dev, &flags, &active) == 0 && active == 0);
     if (keep_live) {
         CHECK(cudaFree(p) != 0); /* the reset freed it: the runtime's answer for a dead pointer */
         cudaGetLastError();
@@ -93,6 +102,44 @@ static void reset_scenario(int by_driver, int keep_live) {
         CHECK(cudaFree(q) == 0);
     }
     CHECK(cudaGetLastError() == 0);
+}
+
+/* A device the pool entered on its own (PyTorch's pluggable allocator asks for device 1 from a
+ * thread on device 0: the pool retains device 1's primary context to enter it). The program, which
+ * holds its own reference, resets device 1 and releases its reference, as NVIDIA documents a
+ * holder must (a reset does not release): the context stays ended, and a retain and release of the
+ * program's leave it ended. Run with FAKECUDA_RESET_KEEPS_REFS=1. Needs two devices. */
+static void primary_state(int device, int want_active) {
+    unsigned flags = 0;
+    int active = -1;
+    CHECK(cuDevicePrimaryCtxGetState(device, &flags, &active) == 0 && active == want_active);
+}
+
+static void reset_entered(void) {
+    CHECK(cuInit(0) == 0);
+    CHECK(cudaSetDevice(0) == 0);
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, 8 * MB) == 0);
+    CHECK(cudaFree(p) == 0);
+    CUcontext ctx = NULL;
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, 1) == 0 && ctx);
+    void *(*alloc)(long, int, void *) = (void *(*)(long, int, void *))dlsym(RTLD_DEFAULT, "tm_cuda_alloc");
+    void (*release)(void *, long, int, void *) = (void (*)(void *, long, int, void *))dlsym(RTLD_DEFAULT, "tm_cuda_free");
+    if (alloc && release) {
+        void *q = alloc(8 * MB, 1, NULL);
+        CHECK(q);
+        release(q, 8 * MB, 1, NULL);
+    }
+    int dev = -1;
+    CHECK(cudaGetDevice(&dev) == 0 && dev == 0);
+    primary_state(1, 1);
+    CHECK(cuDevicePrimaryCtxReset_v2(1) == 0);
+    primary_state(1, 0);
+    CHECK(cuDevicePrimaryCtxRelease_v2(1) == 0);
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, 1) == 0 && ctx);
+    primary_state(1, 1);
+    CHECK(cuDevicePrimaryCtxRelease_v2(1) == 0);
+    primary_state(1, 0);
 }
 
 static void ctx_destroy(void) {
@@ -288,6 +335,22 @@ static void range_on(int dev) {
         CHECK(at.type == cudaMemoryTypeDevice && at.device == dev && at.devicePointer == (char *)b + off);
     }
     CHECK(cudaFree(a) == 0 && cudaFree(b) == 0);
+    /* Freed memory answers as freed memory, whatever a pool keeps cached there: no range, no
+     * memory type, unregistered to the runtime. */
+    CUdeviceptr p = DEV(b) + 100, base = 0;
+    size_t size = 0;
+    CHECK(cuMemGetAddressRange_v2(&base, &size, p) != 0);
+    unsigned type = 7;
+    CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) != 0);
+    CUdeviceptr start = 7;
+    type = 7;
+    int attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR};
+    void *data[] = {&type, &start};
+    CHECK(cuPointerGetAttributes(2, attrs, data, p) == 0 && type == 0 && start == 0);
+    struct cudaPointerAttributes at;
+    memset(&at, 0xff, sizeof at);
+    CHECK(cudaPointerGetAttributes(&at, (char *)b + 100) == 0 && at.type == 0 && at.devicePointer == NULL);
+    cudaGetLastError();
 }
 
 /* ---------- memory the pool does not own, and stream-ordered frees ---------- */
@@ -387,6 +450,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "reset-live")) reset_scenario(0, 1);
     else if (!strcmp(s, "primary-reset")) reset_scenario(1, 0);
     else if (!strcmp(s, "primary-reset-live")) reset_scenario(1, 1);
+    else if (!strcmp(s, "reset-entered")) reset_entered();
     else if (!strcmp(s, "ctx-destroy")) ctx_destroy();
     else if (!strcmp(s, "driver-free")) driver_free();
     else if (!strcmp(s, "ipc")) ipc(0, 1 * MB);

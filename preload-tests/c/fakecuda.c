@@ -10,7 +10,9 @@
  * caught. Knobs to widen races: FAKECUDA_ALLOC_DELAY_US makes every cuMemAlloc take that long
  * (outside the lock, as on a busy GPU); FAKECUDA_REUSE_CONTEXTS=1 gives a new context the handle
  * of the most recently destroyed one; FAKECUDA_SHARED_MEM=PATH makes the processes that name PATH
- * share the devices' memory, as processes share a GPU. Thread-safe with one mutex; static tables
+ * share the devices' memory, as processes share a GPU; FAKECUDA_RESET_KEEPS_REFS=1 makes a primary
+ * context reset keep its references, as NVIDIA documents ("resetting the primary context does not
+ * release it": each holder releases its own after), where by default a reset ends them all. Thread-safe with one mutex; static tables
  * only (no malloc).
  * A forked child of a process that initialized the driver is answered as NVIDIA's driver answers
  * it: every call, cuInit included, fails with CUDA_ERROR_NOT_INITIALIZED (3).
@@ -113,6 +115,7 @@ static int *alive(const char *call) {
 #define initialized (*alive(__func__))
 static unsigned alloc_delay_us;
 static int reuse_contexts;
+static int reset_keeps_refs;
 static CUcontext last_destroyed;
 static size_t capacity;
 static unsigned long next_stream = 1;
@@ -167,6 +170,8 @@ static void configure(void) {
     alloc_delay_us = v ? (unsigned)strtoul(v, NULL, 10) : 0;
     v = getenv("FAKECUDA_REUSE_CONTEXTS");
     reuse_contexts = v && *v == '1';
+    v = getenv("FAKECUDA_RESET_KEEPS_REFS");
+    reset_keeps_refs = v && *v == '1';
     v = getenv("FAKECUDA_SHARED_MEM");
     if (v && *v) {
         int fd = open(v, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -474,7 +479,7 @@ static CUresult s_cuDevicePrimaryCtxReset_v2(CUdevice d) {
     pthread_mutex_lock(&lock);
     kill_allocations(&ctxs[d]);
     ctxs[d].state = CTX_INACTIVE;
-    ctxs[d].refs = 0;
+    if (!reset_keeps_refs) ctxs[d].refs = 0;
     pthread_mutex_unlock(&lock);
     cls_run_destructors();
     return CUDA_SUCCESS;

@@ -9,7 +9,7 @@ use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicU64, Ordering};
 
 /// Primary contexts the pool retained to enter a device with none of its own (held for the
-/// process's life, as the runtime holds its own).
+/// process's life, as the runtime holds its own, or until the program resets the device).
 static RETAINED_PRIMARY: [AtomicU64; 16] = [const { AtomicU64::new(0) }; 16];
 
 fn retained_primary(device: i32) -> Result<u64, DeviceError> {
@@ -106,6 +106,21 @@ impl DeviceRuntime for CudaDriver {
     }
     fn current_context(&self) -> u64 {
         current_context()
+    }
+    fn primary_was_reset(&self, device: i32) {
+        let Some(slot) = usize::try_from(device).ok().and_then(|d| RETAINED_PRIMARY.get(d)) else { return };
+        if slot.swap(0, Ordering::AcqRel) == 0 {
+            return;
+        }
+        let mut dev: c_int = device;
+        if let Ok(device_get) = get(|d| d.device_get) {
+            // SAFETY: writes one int.
+            unsafe { device_get(&mut dev, device) };
+        }
+        if let Ok(release) = get(|d| d.primary_release) {
+            // SAFETY: gives back the reference retained_primary took.
+            unsafe { release(dev) };
+        }
     }
     fn primary_context(&self, device: i32) -> PrimaryContext {
         match primary_context(device) {

@@ -111,6 +111,16 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         });
     }
 
+    /// After the program reset `device`'s primary context (`rc` its answer): the pool is forgotten
+    /// again (another thread may have mapped a segment meanwhile) and, the reset done, a reference
+    /// we retained on the context is given back.
+    pub fn primary_reset_done(&self, device: i32, rc: i32) {
+        self.forget_primary(device);
+        if rc == 0 {
+            self.runtime.primary_was_reset(device);
+        }
+    }
+
     pub(super) fn forget_pool(&self, device: usize) {
         if let Some(pool) = self.pools().get(device) {
             self.release_all_chunks(device, pool, 0);

@@ -136,7 +136,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// memory must reach the driver, for other processes); returns the bytes released.
     pub fn trim_device(&self, device: usize) -> u64 {
         let Some(pool) = self.pools().get(device) else { return 0 };
-        if !pool.lock().is_ready() {
+        if !pool.lock().holds_memory() {
             return 0;
         }
         self.with_device(device as i32, || self.release_cached(device, pool, u64::MAX)).unwrap_or(0)
@@ -146,7 +146,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     pub fn trim(&self) -> u64 {
         let mut total = 0;
         for (device, pool) in self.pools().iter().enumerate() {
-            if pool.lock().is_ready() {
+            if pool.lock().holds_memory() {
                 total += self.with_device(device as i32, || self.release_cached(device, pool, u64::MAX)).unwrap_or(0);
             }
         }

@@ -168,7 +168,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// do), after the work queued on them finished. Best effort: a context already gone refuses
     /// the synchronization, and the driver answers for what it freed itself.
     pub(super) fn release_all_chunks(&self, device: usize, pool: &Lock<DevicePool>, ctx: u64) {
-        let ours = |p: &DevicePool| p.is_ready() && p.expandable() && (ctx == 0 || p.owner() == ctx);
+        let ours = |p: &DevicePool| p.holds_memory() && p.expandable() && (ctx == 0 || p.owner() == ctx);
         if !ours(&pool.lock()) {
             return;
         }

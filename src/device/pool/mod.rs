@@ -25,7 +25,10 @@
 // belong to a context instance: the layer forgets them when that instance ends (a destroy, a
 // reset, a primary context released to zero), before the handle can name another. The pool
 // records its owner under its own lock, bound by its first segment (`bind`) and checked at every
-// hand-out (`serves`): two contexts racing their first allocation never share a pool.
+// hand-out (`serves`): two contexts racing their first allocation never share a pool. A pool
+// that holds no device memory (a forgotten one) is never entered for a release
+// (`holds_memory`): with no context of its own, entering would retain the device's primary
+// context and so make again the one the program had just reset.
 
 use super::table::{AddrMap, Slab, NONE};
 use crate::backing::TableSource;
@@ -274,6 +277,13 @@ impl DevicePool {
 
     pub fn is_ready(&self) -> bool {
         self.ready
+    }
+
+    /// Whether the pool holds device memory: the only pool whose device a release enters. A
+    /// forgotten pool's context may be gone, and entering the device would make it again (Note
+    /// [Context lifetime]).
+    pub fn holds_memory(&self) -> bool {
+        self.ready && self.stats.reserved_bytes > 0
     }
 
     pub fn limit_bytes(&self) -> u64 {

@@ -195,12 +195,15 @@ fn random_programs_keep_blocks_disjoint_and_accounted() {
 fn the_first_segment_binds_the_pool_to_its_context() {
     let mut h = Harness::new(Strategy::Split, 1 << 40);
     assert!(h.pool.serves(0) && h.pool.serves(0x10), "no owner yet: anyone may map the first segment");
+    assert!(!h.pool.holds_memory(), "nothing to release: the device is never entered for it");
     assert!(h.pool.bind(0x10) && h.pool.add_segment(0x7000_0000_0000, 20 * MB, false));
+    assert!(h.pool.holds_memory());
     assert!(!h.pool.serves(0x20) && !h.pool.serves(0), "a block here is unusable in another context");
     assert!(!h.pool.bind(0x20), "a segment a racing context mapped is refused");
     assert!(h.pool.bind(0x10));
     h.pool.forget_all();
     assert_eq!(h.pool.owner(), 0, "the context ended: the next one may own the pool");
+    assert!(h.pool.is_ready() && !h.pool.holds_memory(), "forgotten: a release must not enter the device and make its context again");
     assert!(h.pool.serves(0x20) && h.pool.bind(0x20));
     h.pool.check_invariants().unwrap();
 }

@@ -7,7 +7,7 @@
 
 use crate::record::holders::Asker;
 use super::{answer_free, pool_on, pool_ready, pool_answers, without_context, FreeOf};
-use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
+use crate::backing::{DeviceError, CUDA_ERROR_INITIALIZATION, CUDA_ERROR_MEMORY_ALLOCATION, CUDA_ERROR_NOT_FOUND, CUDA_SUCCESS};
 use crate::device::device_layer::RangeAnswer;
 use crate::device::ipc::OPENED;
 use crate::sys::cuda_driver::{driver, DriverFns};
@@ -152,7 +152,7 @@ pub unsafe fn primary_reset(device: c_int, spelling: Spelling<unsafe extern "C" 
     let Some(_entered) = reentry::enter().filter(|_| pool_answers()) else { return reset(device) };
     DEVICE.forget_primary(device);
     let rc = reset(device);
-    DEVICE.forget_primary(device);
+    DEVICE.primary_reset_done(device, rc);
     rc
 }
 
@@ -236,14 +236,24 @@ pub unsafe fn address_range(base: *mut u64, size: *mut usize, ptr: u64) -> c_int
     rc
 }
 
+// Note [Freed memory answers as freed]
+// Memory we cached after the program freed it is still a live allocation to the driver, which
+// would go on calling it device memory of its context. Code that sorts pointers by what the driver
+// says (UCX, MPI, DLPack importers) would then take a freed pointer for a live one. So every
+// attribute of such memory is asked of the driver for the null pointer instead, which no
+// allocation contains: the error or the defaults the driver gives for memory it does not know,
+// written at each attribute's own size.
+
 /// The range and buffer-id attributes answer for our block (Note [Buffer ids] in
-/// device/pool/pointers.rs); every other attribute is the driver's.
+/// device/pool/pointers.rs); every other attribute is the driver's, and every attribute of memory
+/// we cached after its free is the driver's for unknown memory (Note [Freed memory answers as
+/// freed]).
 ///
 /// # Safety
 /// As cuPointerGetAttribute.
 pub unsafe fn pointer_get_attribute(data: *mut c_void, attribute: c_int, ptr: u64) -> c_int {
     let Some(get) = real(|d| d.pointer_get_attribute) else { return NO_DRIVER };
-    let Some(_entered) = reentry::enter().filter(|_| pool_answers() && blockwise(attribute)) else { return get(data, attribute, ptr) };
+    let Some(_entered) = reentry::enter().filter(|_| pool_answers()) else { return get(data, attribute, ptr) };
     let rc = get(data, attribute, ptr);
     if rc != CUDA_SUCCESS || data.is_null() {
         return rc;
@@ -256,10 +266,12 @@ pub unsafe fn pointer_get_attribute(data: *mut c_void, attribute: c_int, ptr: u6
             rc
         }
         RangeAnswer::Live(start, len, id) => {
-            write_blockwise(data, attribute, (start, len, id), ptr);
+            if blockwise(attribute) {
+                write_blockwise(data, attribute, (start, len, id), ptr);
+            }
             rc
         }
-        RangeAnswer::Free => CUDA_ERROR_INVALID_VALUE,
+        RangeAnswer::Free => get(data, attribute, 0),
     }
 }
 
@@ -278,8 +290,8 @@ pub unsafe fn pointer_get_attributes(count: c_uint, attributes: *mut c_int, data
             None => return rc,
         },
         RangeAnswer::Live(start, len, id) => ((start, len, id), blockwise),
-        // No allocation there any more: zeros, as the driver writes for unknown memory.
-        RangeAnswer::Free => ((0, 0, 0), blockwise),
+        // Note [Freed memory answers as freed]: the driver's defaults, at each one's size.
+        RangeAnswer::Free => return get(count, attributes, data, 0),
     };
     for i in 0..count as usize {
         let (attribute, out) = (*attributes.add(i), *data.add(i));

@@ -182,7 +182,7 @@ pub unsafe fn device_reset() -> c_int {
     }
     let rc = reset();
     if let Some(d) = device {
-        DEVICE.forget_primary(d);
+        DEVICE.primary_reset_done(d, rc);
     }
     rc
 }
