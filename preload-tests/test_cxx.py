@@ -82,3 +82,22 @@ def test_cxx_library_loaded_with_rtld_local(tmp_path):
     assert "cxx local ok" in out.stdout
     host = json.loads(path.read_text())["host"]
     assert host["requests"] >= 20 and host["hits"] >= 19, host
+
+
+@pytest.mark.parametrize("peer", PEERS)
+def test_operators_the_program_replaced_are_the_ones_every_form_calls(peer):
+    """Note [Operators the program replaced]: a program defines only operator new(size_t) and
+    operator delete(void*), with a header before each block; every other form must reach them, as
+    libstdc++'s do, also with a peer layered after us (the peers alone call their own: jemalloc
+    counts 5 news and no delete). Before, our sized and array forms freed the program's pointers
+    themselves: deletes went uncounted, and free() of a pointer past the header aborted."""
+    exe = compile_cxx("cxx_replaced")
+    ours = ok(run([exe], preload=preload(peer)))
+    alone = ok(run([exe], preload=False))
+    assert alone.stdout == "news=11 deletes=11 headers ok\n", alone.stdout
+    if peer == "tcmalloc":
+        # tcmalloc, first reached after the program began, makes two objects of its own with the
+        # program's new and keeps them: its news, not the program's forms.
+        assert ours.stdout == "news=13 deletes=11 headers ok\n", (ours.stdout, ours.stderr)
+    else:
+        assert ours.stdout == alone.stdout, (ours.stdout, ours.stderr)

@@ -50,8 +50,10 @@ fn throwing_new_slow<F: Copy>(op: &NextOp<F>, size: usize, align: usize, fallbac
         None => fallback,
     };
     // Unreported: the next operator (or the fallback's malloc) has its go first (Note [Out of
-    // memory behind operator new]).
-    let ptr = if size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two() { large_unreported(size, align.max(PAGE), asker) } else { core::ptr::null_mut() };
+    // memory behind operator new]). A form built on the program's own new is its alone (Note
+    // [Operators the program replaced] in sys/next_cxx.rs).
+    let ours = size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two() && !op.forwards();
+    let ptr = if ours { large_unreported(size, align.max(PAGE), asker) } else { core::ptr::null_mut() };
     NewOutcome { ptr, next }
 }
 
@@ -114,6 +116,10 @@ fn new_nothrow_slow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void, 
     if super::ready().is_none() {
         return bootstrap_alloc(size, MIN_ALIGN);
     }
+    if let Some(f) = op.resolve().filter(|_| op.forwards()) {
+        // SAFETY: as in new_nothrow (Note [Operators the program replaced]).
+        return unsafe { f(size, tag) };
+    }
     let large = size >= LARGE_FROM.load(Relaxed);
     if large {
         let p = large_unreported(size, PAGE, asker);
@@ -152,6 +158,10 @@ fn new_aligned_nothrow_slow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align
     if super::ready().is_none() {
         return bootstrap_alloc(size, align.max(MIN_ALIGN));
     }
+    if let Some(f) = op.resolve().filter(|_| op.forwards()) {
+        // SAFETY: as in new_nothrow (Note [Operators the program replaced]).
+        return unsafe { f(size, align, tag) };
+    }
     let large = size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two();
     if large {
         let p = large_unreported(size, align.max(PAGE), asker);
@@ -186,7 +196,9 @@ pub unsafe fn delete<F: Copy>(op: &NextOp<F>, p: *mut c_void, forward: impl FnOn
                 // Note [libstdc++ shortcut]: its every delete is free (checked there when armed).
                 return unsafe { super::free(p) };
             }
-            if INTERIOR_CHECK.load(Relaxed) {
+            // The program's own delete may take a pointer inside our block (its new added a
+            // header): Note [Operators the program replaced].
+            if INTERIOR_CHECK.load(Relaxed) && !op.forwards() {
                 refuse_interior("free", p);
             }
             return forward(f);
@@ -202,6 +214,10 @@ unsafe fn delete_slow<F: Copy>(op: &NextOp<F>, p: *mut c_void, forward: impl FnO
     // through us, as in free_foreign.
     if p.is_null() || is_bootstrap(p) || super::ready().is_none() {
         return;
+    }
+    if let Some(f) = op.resolve().filter(|_| op.forwards()) {
+        // The program's delete frees what its new made (Note [Operators the program replaced]).
+        return forward(f);
     }
     if HOST.may_contain(p as usize) {
         match owner(p) {

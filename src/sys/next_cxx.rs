@@ -33,7 +33,13 @@ pub struct NextOp<F> {
     /// The operator is libstdc++'s: new is the next malloc with a new_handler loop around a
     /// NULL, every delete is the next free (Note [libstdc++ shortcut]). Set before `addr`.
     plain: AtomicBool,
+    /// The program replaced an operator this form is defined by (Note [Operators the program
+    /// replaced]): every call goes to the next operator as it is. Set before `addr`.
+    forwards: AtomicBool,
     name: &'static CStr,
+    /// The operators libstdc++'s definition of this form calls (through the PLT, so whatever
+    /// the program defines under those names).
+    bases: &'static [&'static CStr],
     _sig: PhantomData<F>,
 }
 
@@ -45,8 +51,8 @@ const _: () = assert!(core::mem::offset_of!(NextOp<NewFn>, addr) == 0);
 unsafe impl<F> Sync for NextOp<F> {}
 
 impl<F: Copy> NextOp<F> {
-    const fn new(name: &'static CStr) -> Self {
-        NextOp { addr: AtomicUsize::new(UNRESOLVED), plain: AtomicBool::new(false), name, _sig: PhantomData }
+    const fn new(name: &'static CStr, bases: &'static [&'static CStr]) -> Self {
+        NextOp { addr: AtomicUsize::new(UNRESOLVED), plain: AtomicBool::new(false), forwards: AtomicBool::new(false), name, bases, _sig: PhantomData }
     }
 
     /// The next operator once resolved, with one load: `None` when not resolved yet or missing.
@@ -68,13 +74,16 @@ impl<F: Copy> NextOp<F> {
     #[inline(never)]
     pub fn resolve(&self) -> Option<F> {
         if self.addr.load(Ordering::Acquire) == UNRESOLVED {
+            let replaced_base = self.bases.iter().any(|&base| replaced(base));
             // SAFETY: a C string constant; dlsym/dlopen/dladdr are safe to call after init.
-            let a = unsafe { find(self.name) };
+            let a = unsafe { if replaced_base { find_in_cxx_runtime(self.name) } else { find(self.name) } };
             let (found, ours, plain) = match library_of(a) {
                 Some(lib) => (true, lib.0 == own_library().0, is_libstdcxx(lib)),
                 None => (!a.is_null(), false, false),
             };
-            self.plain.store(plain && found && !ours, Ordering::Relaxed);
+            let forwards = found && !ours && replaced_base;
+            self.forwards.store(forwards, Ordering::Relaxed);
+            self.plain.store(plain && found && !ours && !forwards, Ordering::Relaxed);
             self.addr.store(if !found || ours { MISSING } else { a as usize }, Ordering::Release);
         }
         self.get()
@@ -84,6 +93,37 @@ impl<F: Copy> NextOp<F> {
     #[inline(always)]
     pub fn is_plain(&self) -> bool {
         self.plain.load(Ordering::Relaxed)
+    }
+
+    /// Every call goes on to the resolved operator unchanged (read after `resolve` returned it):
+    /// Note [Operators the program replaced].
+    #[inline(always)]
+    pub fn forwards(&self) -> bool {
+        self.forwards.load(Ordering::Relaxed)
+    }
+}
+
+// Note [Operators the program replaced]
+// A program may replace operator new and delete with its own (a leak counter, a pool, a header
+// before each block) by defining only the base forms, `operator new(size_t)` and `operator
+// delete(void*)`; the standard makes the other forms call them, and libstdc++'s do, through the
+// PLT. The program's definitions come first in the lookup scope, but the forms it did not define
+// came to us, which served them ourselves: a sized delete freed the program's pointer with free
+// (past the program's delete, and an abort where its new had added a header), and a large new[]
+// never reached its new. So when the definition the process uses for a base form (RTLD_DEFAULT)
+// is not ours, each form built on it goes on to the next definition unchanged (libstdc++'s, which
+// calls the program's): no shortcut, no large block of ours, no delete of ours. The next is the
+// C++ runtime's even with jemalloc, tcmalloc or mimalloc preloaded after us: theirs would free
+// the program's pointers themselves too.
+
+/// Whether the process's definition of operator `base` is not ours: the program (or a library
+/// ahead of us) replaced it.
+fn replaced(base: &CStr) -> bool {
+    // SAFETY: a C string constant; RTLD_DEFAULT searches the global scope, as the PLT does.
+    let a = unsafe { libc::dlsym(libc::RTLD_DEFAULT, base.as_ptr()) };
+    match library_of(a) {
+        Some(lib) => lib.0 != own_library().0,
+        None => !a.is_null(),
     }
 }
 
@@ -104,6 +144,12 @@ unsafe fn find(name: &CStr) -> *mut c_void {
     if !a.is_null() {
         return a;
     }
+    find_in_cxx_runtime(name)
+}
+
+/// The C++ runtime's own definition, whatever is preloaded after us: the copy already loaded,
+/// by handle, never loading one.
+unsafe fn find_in_cxx_runtime(name: &CStr) -> *mut c_void {
     for lib in [c"libstdc++.so.6", c"libc++.so.1"] {
         let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
         if !h.is_null() {
@@ -148,27 +194,27 @@ fn is_libstdcxx((_, path): (usize, &'static CStr)) -> bool {
 // The forms, by mangled name (checked with `nm -D --defined-only` against libstdc++.so.6,
 // libjemalloc.so.2, libtcmalloc_minimal.so.4 and libmimalloc.so.2; mimalloc lacks the nothrow
 // deletes, which then resolve to libstdc++'s, which call free).
-pub(crate) static NEW: NextOp<NewFn> = NextOp::new(c"_Znwm");
-pub(crate) static NEW_ARRAY: NextOp<NewFn> = NextOp::new(c"_Znam");
-pub(crate) static NEW_NOTHROW: NextOp<NewNothrowFn> = NextOp::new(c"_ZnwmRKSt9nothrow_t");
-pub(crate) static NEW_ARRAY_NOTHROW: NextOp<NewNothrowFn> = NextOp::new(c"_ZnamRKSt9nothrow_t");
-pub(crate) static NEW_ALIGNED: NextOp<NewAlignedFn> = NextOp::new(c"_ZnwmSt11align_val_t");
-pub(crate) static NEW_ARRAY_ALIGNED: NextOp<NewAlignedFn> = NextOp::new(c"_ZnamSt11align_val_t");
-pub(crate) static NEW_ALIGNED_NOTHROW: NextOp<NewAlignedNothrowFn> = NextOp::new(c"_ZnwmSt11align_val_tRKSt9nothrow_t");
-pub(crate) static NEW_ARRAY_ALIGNED_NOTHROW: NextOp<NewAlignedNothrowFn> = NextOp::new(c"_ZnamSt11align_val_tRKSt9nothrow_t");
+pub(crate) static NEW: NextOp<NewFn> = NextOp::new(c"_Znwm", &[c"_Znwm"]);
+pub(crate) static NEW_ARRAY: NextOp<NewFn> = NextOp::new(c"_Znam", &[c"_Znwm", c"_Znam"]);
+pub(crate) static NEW_NOTHROW: NextOp<NewNothrowFn> = NextOp::new(c"_ZnwmRKSt9nothrow_t", &[c"_Znwm"]);
+pub(crate) static NEW_ARRAY_NOTHROW: NextOp<NewNothrowFn> = NextOp::new(c"_ZnamRKSt9nothrow_t", &[c"_Znwm", c"_Znam"]);
+pub(crate) static NEW_ALIGNED: NextOp<NewAlignedFn> = NextOp::new(c"_ZnwmSt11align_val_t", &[c"_ZnwmSt11align_val_t"]);
+pub(crate) static NEW_ARRAY_ALIGNED: NextOp<NewAlignedFn> = NextOp::new(c"_ZnamSt11align_val_t", &[c"_ZnwmSt11align_val_t", c"_ZnamSt11align_val_t"]);
+pub(crate) static NEW_ALIGNED_NOTHROW: NextOp<NewAlignedNothrowFn> = NextOp::new(c"_ZnwmSt11align_val_tRKSt9nothrow_t", &[c"_ZnwmSt11align_val_t"]);
+pub(crate) static NEW_ARRAY_ALIGNED_NOTHROW: NextOp<NewAlignedNothrowFn> = NextOp::new(c"_ZnamSt11align_val_tRKSt9nothrow_t", &[c"_ZnwmSt11align_val_t", c"_ZnamSt11align_val_t"]);
 
-pub(crate) static DELETE: NextOp<DeleteFn> = NextOp::new(c"_ZdlPv");
-pub(crate) static DELETE_ARRAY: NextOp<DeleteFn> = NextOp::new(c"_ZdaPv");
-pub(crate) static DELETE_SIZED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdlPvm");
-pub(crate) static DELETE_ARRAY_SIZED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdaPvm");
-pub(crate) static DELETE_NOTHROW: NextOp<DeleteNothrowFn> = NextOp::new(c"_ZdlPvRKSt9nothrow_t");
-pub(crate) static DELETE_ARRAY_NOTHROW: NextOp<DeleteNothrowFn> = NextOp::new(c"_ZdaPvRKSt9nothrow_t");
-pub(crate) static DELETE_ALIGNED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdlPvSt11align_val_t");
-pub(crate) static DELETE_ARRAY_ALIGNED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdaPvSt11align_val_t");
-pub(crate) static DELETE_SIZED_ALIGNED: NextOp<DeleteSizedAlignedFn> = NextOp::new(c"_ZdlPvmSt11align_val_t");
-pub(crate) static DELETE_ARRAY_SIZED_ALIGNED: NextOp<DeleteSizedAlignedFn> = NextOp::new(c"_ZdaPvmSt11align_val_t");
-pub(crate) static DELETE_ALIGNED_NOTHROW: NextOp<DeleteAlignedNothrowFn> = NextOp::new(c"_ZdlPvSt11align_val_tRKSt9nothrow_t");
-pub(crate) static DELETE_ARRAY_ALIGNED_NOTHROW: NextOp<DeleteAlignedNothrowFn> = NextOp::new(c"_ZdaPvSt11align_val_tRKSt9nothrow_t");
+pub(crate) static DELETE: NextOp<DeleteFn> = NextOp::new(c"_ZdlPv", &[c"_ZdlPv"]);
+pub(crate) static DELETE_ARRAY: NextOp<DeleteFn> = NextOp::new(c"_ZdaPv", &[c"_ZdlPv", c"_ZdaPv"]);
+pub(crate) static DELETE_SIZED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdlPvm", &[c"_ZdlPv"]);
+pub(crate) static DELETE_ARRAY_SIZED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdaPvm", &[c"_ZdlPv", c"_ZdaPv"]);
+pub(crate) static DELETE_NOTHROW: NextOp<DeleteNothrowFn> = NextOp::new(c"_ZdlPvRKSt9nothrow_t", &[c"_ZdlPv"]);
+pub(crate) static DELETE_ARRAY_NOTHROW: NextOp<DeleteNothrowFn> = NextOp::new(c"_ZdaPvRKSt9nothrow_t", &[c"_ZdlPv", c"_ZdaPv"]);
+pub(crate) static DELETE_ALIGNED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdlPvSt11align_val_t", &[c"_ZdlPvSt11align_val_t"]);
+pub(crate) static DELETE_ARRAY_ALIGNED: NextOp<DeleteWordFn> = NextOp::new(c"_ZdaPvSt11align_val_t", &[c"_ZdlPvSt11align_val_t", c"_ZdaPvSt11align_val_t"]);
+pub(crate) static DELETE_SIZED_ALIGNED: NextOp<DeleteSizedAlignedFn> = NextOp::new(c"_ZdlPvmSt11align_val_t", &[c"_ZdlPvSt11align_val_t"]);
+pub(crate) static DELETE_ARRAY_SIZED_ALIGNED: NextOp<DeleteSizedAlignedFn> = NextOp::new(c"_ZdaPvmSt11align_val_t", &[c"_ZdlPvSt11align_val_t", c"_ZdaPvSt11align_val_t"]);
+pub(crate) static DELETE_ALIGNED_NOTHROW: NextOp<DeleteAlignedNothrowFn> = NextOp::new(c"_ZdlPvSt11align_val_tRKSt9nothrow_t", &[c"_ZdlPvSt11align_val_t"]);
+pub(crate) static DELETE_ARRAY_ALIGNED_NOTHROW: NextOp<DeleteAlignedNothrowFn> = NextOp::new(c"_ZdaPvSt11align_val_tRKSt9nothrow_t", &[c"_ZdlPvSt11align_val_t", c"_ZdaPvSt11align_val_t"]);
 
 #[cfg(test)]
 mod tests {
@@ -176,7 +222,7 @@ mod tests {
 
     #[test]
     fn a_name_no_library_defines_resolves_to_missing_once() {
-        static NOWHERE: NextOp<NewFn> = NextOp::new(c"_Znwm_tensormalloc_test_nowhere");
+        static NOWHERE: NextOp<NewFn> = NextOp::new(c"_Znwm_tensormalloc_test_nowhere", &[]);
         assert!(NOWHERE.get().is_none());
         assert!(NOWHERE.resolve().is_none());
         assert_eq!(NOWHERE.addr.load(Ordering::Relaxed), MISSING, "remembered, not looked up again");
@@ -185,7 +231,7 @@ mod tests {
     #[test]
     fn the_next_definition_is_found_and_is_not_ours() {
         // The test binary defines no malloc: RTLD_NEXT finds libc's.
-        static MALLOC: NextOp<NewFn> = NextOp::new(c"malloc");
+        static MALLOC: NextOp<NewFn> = NextOp::new(c"malloc", &[]);
         let f = MALLOC.resolve().expect("libc's malloc");
         assert_ne!(library_of(f as *mut c_void).unwrap().0, own_library().0);
         assert!(MALLOC.get().is_some() && !MALLOC.is_plain(), "libc is not libstdc++");
