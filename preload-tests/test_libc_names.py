@@ -20,3 +20,13 @@ def test_libc_names_over_a_peer_that_defines_them():
     ok(run([compile_c("libc_names")], preload=peer))
     out = ok(run([compile_c("libc_names")], preload=f"{LIB}:{peer}"))
     assert "libc names ok" in out.stdout
+
+
+@pytest.mark.parametrize("setting", ["tensormalloc", "glibc"])
+def test_calls_through_libcs_handle_reach_us(setting):
+    """Note [Calls through a library's handle]: free, realloc, malloc_usable_size and mprotect
+    looked up through libc's handle (ctypes.CDLL("libc.so.6")) act on our large blocks as they
+    do by symbol. Before, free and realloc crashed on them, and a block protected that way came
+    back read-only."""
+    out = ok(run([compile_c("libc_handle")], preload=setting == "tensormalloc"))
+    assert "libc handle ok" in out.stdout

@@ -63,12 +63,30 @@ pub fn mallopt(param: c_int, value: c_int) -> c_int {
     answer
 }
 
-/// `dlsym(handle, name)` of one of these calls through a library's handle, as Python does
-/// (`ctypes.CDLL("libc.so.6").malloc_trim(0)`, the idiom for giving memory back): `ours` when
-/// the handle reaches the very definition our next allocator's is (as a lookup by symbol already
-/// reaches ours); None to let glibc's dlsym answer (another object's, RTLD_NEXT, RTLD_DEFAULT).
-pub fn served_symbol(handle: *mut core::ffi::c_void, name: &core::ffi::CStr, ours: *mut core::ffi::c_void, real_dlsym: crate::sys::dlsym::DlsymFn) -> Option<*mut core::ffi::c_void> {
+// Note [Calls through a library's handle]
+// A program may reach libc by name rather than by symbol: `ctypes.CDLL("libc.so.6").free`,
+// `dlsym(dlopen("libc.so.6"), "free")`. glibc's dlsym answers with libc's own definition, past
+// us: a large block of ours freed that way crashed, realloc and malloc_usable_size read it as
+// glibc's, and an mprotect made that way went unseen, so the block came back read-only. So a
+// lookup through a library's handle of a name we define (the malloc family, glibc's control
+// calls, the page calls, the limits and thread calls) answers with ours when the handle's
+// definition is the one ours stands in front of, as a lookup by symbol already does. dlsym and
+// dlclose are ours only by symbol; C++ operators and CUDA names have their own rules.
+
+/// `dlsym(handle, name)` through a library's handle (Note [Calls through a library's handle]):
+/// ours when the handle reaches the very definition our next one is; None to let glibc's dlsym
+/// answer (another object's, RTLD_NEXT, RTLD_DEFAULT, a name we do not define).
+pub fn served_symbol(handle: *mut core::ffi::c_void, name: &core::ffi::CStr, real_dlsym: crate::sys::dlsym::DlsymFn) -> Option<*mut core::ffi::c_void> {
     if handle.is_null() || handle == libc::RTLD_NEXT || handle == libc::RTLD_DEFAULT || ready().is_none() {
+        return None;
+    }
+    let bytes = name.to_bytes();
+    if bytes.starts_with(b"_Z") || bytes == b"dlsym" || bytes == b"dlclose" {
+        return None;
+    }
+    // SAFETY: after init (checked above).
+    let ours = unsafe { crate::sys::dlsym::own_definition(name) };
+    if ours.is_null() {
         return None;
     }
     // SAFETY: glibc's dlsym with the caller's handle and name.

@@ -89,8 +89,8 @@ pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion(symbol: *const c_char,
 }
 
 /// Decides a `dlsym(handle, name)` for the exported dlsym below: ours, or null to let glibc's
-/// dlsym answer (`route::cuda::lookup::served_symbol`, and for glibc's malloc control and
-/// inspection calls through a library's handle `route::control::served_symbol`).
+/// dlsym answer (`route::cuda::lookup::served_symbol`, and for the names we define looked up
+/// through a library's handle `route::control::served_symbol`).
 #[cfg(target_arch = "x86_64")]
 extern "C" fn served_symbol(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     let cuda = route::served_symbol(handle, name, served, dlsym as *const ());
@@ -99,9 +99,8 @@ extern "C" fn served_symbol(handle: *mut c_void, name: *const c_char) -> *mut c_
     }
     // SAFETY: dlsym's name is a C string.
     let name = unsafe { core::ffi::CStr::from_ptr(name) };
-    let Some(ours) = super::malloc::control_symbol(name.to_bytes()) else { return core::ptr::null_mut() };
     let real = crate::sys::dlsym::resolve(dlsym as *const ());
-    crate::route::control::served_symbol(handle, name, ours, real).unwrap_or(core::ptr::null_mut())
+    crate::route::control::served_symbol(handle, name, real).unwrap_or(core::ptr::null_mut())
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -109,18 +109,3 @@ pub unsafe extern "C" fn malloc_info(options: c_int, fp: *mut libc::FILE) -> c_i
     // SAFETY: the caller's contract.
     unsafe { crate::report::glibc::malloc_info(options, fp) }
 }
-
-/// Our entry point for one of glibc's control and inspection calls, by name (the exported
-/// dlsym hands it out for a library's handle: route::control::served_symbol).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(super) fn control_symbol(name: &[u8]) -> Option<*mut c_void> {
-    Some(match name {
-        b"malloc_trim" => malloc_trim as *mut c_void,
-        b"mallopt" => mallopt as *mut c_void,
-        b"mallinfo" => mallinfo as *mut c_void,
-        b"mallinfo2" => mallinfo2 as *mut c_void,
-        b"malloc_stats" => malloc_stats as *mut c_void,
-        b"malloc_info" => malloc_info as *mut c_void,
-        _ => return None,
-    })
-}

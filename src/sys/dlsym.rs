@@ -89,6 +89,41 @@ pub unsafe fn next_definition(name: &core::ffi::CStr) -> *mut c_void {
     core::ptr::null_mut()
 }
 
+/// This library's own definition of `name`, looked up in it by handle; null when it defines none.
+///
+/// # Safety
+/// Call after init (dlopen may allocate).
+pub unsafe fn own_definition(name: &core::ffi::CStr) -> *mut c_void {
+    static OWN: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
+    let mut own = OWN.load(Ordering::Acquire);
+    if own.is_null() {
+        // SAFETY: dladdr fills a struct we own; dlopen with NOLOAD only finds this library,
+        // which is loaded (and never unloaded: `-z nodelete`).
+        unsafe {
+            let mut info: libc::Dl_info = core::mem::zeroed();
+            if libc::dladdr(own_definition as *const c_void, &mut info) == 0 || info.dli_fname.is_null() {
+                return core::ptr::null_mut();
+            }
+            own = libc::dlopen(info.dli_fname, libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+        }
+        if own.is_null() {
+            return core::ptr::null_mut();
+        }
+        OWN.store(own, Ordering::Release);
+    }
+    // SAFETY: glibc's dlsym on our own handle; a handle also searches its dependencies, whose
+    // answers are not ours.
+    let p = unsafe { glibc()(own, name.as_ptr()) };
+    if is_ours(p) { p } else { core::ptr::null_mut() }
+}
+
+/// Whether the process's definition of `name` (what a call by symbol reaches) is ours: false when
+/// this library was loaded by path, outside the global scope.
+pub fn process_definition_is_ours(name: &core::ffi::CStr) -> bool {
+    // SAFETY: glibc's dlsym; RTLD_DEFAULT searches the global scope whoever asks.
+    is_ours(unsafe { glibc()(libc::RTLD_DEFAULT, name.as_ptr()) })
+}
+
 /// Whether `p` lies in this library (dladdr: no allocation).
 pub fn is_ours(p: *mut c_void) -> bool {
     let base = |addr: *const c_void| {
