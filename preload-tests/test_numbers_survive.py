@@ -275,3 +275,21 @@ def test_a_normal_exit_while_threads_allocate_leaves_no_file(tmp_path):
         ok(run([program, "exit"], env=env))
     left = set(os.listdir(tmp_path / "tensormalloc")) - before
     assert not left, f"{len(left)} files left by normal exits: {sorted(left)}"
+
+
+@pytest.mark.parametrize("mode", ["handler", "default"])
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_a_stats_file_emptied_under_the_program_does_not_end_it(tmp_path, preload, mode):
+    """Note [Files shortened under us]: the counters file is truncated to nothing while the
+    program allocates; it goes on (before, the next count killed it with SIGBUS). The program's
+    own SIGBUS is still its own: its handler runs, or without one the process ends by SIGBUS, as
+    without us."""
+    path = tmp_path / "stats.json"
+    if not preload:
+        path.write_text("a file of the user's, emptied the same")
+    out = run([compile_c("stats_emptied"), str(path), mode], preload=preload, env={"TENSORMALLOC_STATS": f"json:{path}", **OLD_THRESHOLD})
+    assert "emptied: ok" in out.stdout, (out.returncode, out.stdout, out.stderr)
+    if mode == "handler":
+        assert out.returncode == 0 and "handler ran: 1" in out.stdout, (out.stdout, out.stderr)
+    else:
+        assert out.returncode == -signal.SIGBUS, (out.returncode, out.stdout, out.stderr)

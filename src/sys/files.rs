@@ -250,11 +250,16 @@ pub fn reserve(fd: i32, len: usize) -> Result<(), Refused> {
 }
 
 /// Maps `len` bytes of `fd`'s file shared, read-write (our own mapping: the raw system call,
-/// Note [Pages the program changed]).
+/// Note [Pages the program changed]), covered against the file being shortened under us (Note
+/// [Files shortened under us] in bus_guard.rs).
 pub fn map_shared(fd: i32, len: usize) -> Option<*mut u8> {
     // SAFETY: a new mapping of a file we hold, placed by the kernel.
     let p = unsafe { super::page_calls::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
-    (p != libc::MAP_FAILED).then_some(p.cast())
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    super::bus_guard::cover(p.cast(), len);
+    Some(p.cast())
 }
 
 /// Unmaps what `map_shared` mapped.
@@ -262,6 +267,7 @@ pub fn map_shared(fd: i32, len: usize) -> Option<*mut u8> {
 /// # Safety
 /// Nothing uses the mapping any more.
 pub unsafe fn unmap(p: *mut u8, len: usize) {
+    super::bus_guard::uncover(p);
     // SAFETY: the caller's promise.
     unsafe { super::page_calls::munmap(p.cast(), len) };
 }

@@ -4,6 +4,7 @@
 //! Nothing here allocates through the malloc family.
 
 pub mod bind;
+pub mod bus_guard;
 pub mod caller;
 pub mod cancel;
 pub mod claim;

@@ -80,12 +80,15 @@ pub fn wait_released(tid: i32) {
     }
 }
 
-/// Signals are the program's business: ours block every one glibc lets a thread block.
+/// Signals are the program's business: ours block every one glibc lets a thread block, but
+/// SIGBUS, which a fault in our thread raises (blocked, the kernel would kill the process for
+/// it: Note [Files shortened under us] in bus_guard.rs).
 fn block_signals() {
     // SAFETY: blocks signals for the calling thread only, with a set on our stack.
     unsafe {
         let mut all: libc::sigset_t = core::mem::zeroed();
         libc::sigfillset(&mut all);
+        libc::sigdelset(&mut all, libc::SIGBUS);
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, core::ptr::null_mut());
     }
 }
