@@ -30,3 +30,16 @@ def test_calls_through_libcs_handle_reach_us(setting):
     back read-only."""
     out = ok(run([compile_c("libc_handle")], preload=setting == "tensormalloc"))
     assert "libc handle ok" in out.stdout
+
+
+@pytest.mark.parametrize("peer", ["libjemalloc.so.2", "libtcmalloc_minimal.so.4", "libmimalloc.so.2"])
+def test_an_allocator_in_front_of_us_gets_its_own_blocks_back(peer):
+    """Note [An allocator in front of us]: LD_PRELOAD="PEER libtensormalloc.so" (a container's
+    global setting with ours appended). reallocarray and free_sized, which the peers lack, reach
+    us for the peer's blocks and go to its realloc and free, as glibc's would. Before, they went
+    on to glibc's: this program aborted, and `ls -l` crashed."""
+    front = f"{find_peer(peer)} {LIB}"
+    out = ok(run([compile_c("front")], preload=front))
+    assert "front ok" in out.stdout
+    alone = ok(run(["ls", "-l", "/usr/include"], preload=find_peer(peer)))
+    assert ok(run(["ls", "-l", "/usr/include"], preload=front)).stdout == alone.stdout

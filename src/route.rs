@@ -560,10 +560,34 @@ unsafe fn realloc_named(p: *mut c_void, size: usize, asker: Asker, names: Names)
 /// `p` is null or a pointer from this process's malloc family (the C contract).
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize, asker: Asker) -> *mut c_void {
     match count.checked_mul(size) {
+        // Note [An allocator in front of us] (sys/front.rs): its realloc, as glibc's would call.
         // SAFETY: forwarded under the caller's contract.
-        Some(total) => unsafe { realloc_as(p, total, asker) },
+        Some(total) => match front_after_init() {
+            Some((realloc, _)) => unsafe { realloc(p, total) },
+            None => unsafe { realloc_as(p, total, asker) },
+        },
         None => enomem(),
     }
+}
+
+/// free_sized and free_aligned_sized: free, or the free of an allocator in front of us (Note [An
+/// allocator in front of us] in sys/front.rs).
+///
+/// # Safety
+/// As free.
+pub unsafe fn free_sized(p: *mut c_void) {
+    match front_after_init() {
+        // SAFETY: the process's free, for a block the program got from the process's malloc.
+        Some((_, free)) => unsafe { free(p) },
+        // SAFETY: the caller's contract.
+        None => unsafe { free(p) },
+    }
+}
+
+/// The allocator in front of us, asked only after init (dlsym may allocate).
+fn front_after_init() -> Option<(crate::sys::next::ReallocFn, crate::sys::next::FreeFn)> {
+    ready()?;
+    crate::sys::front::front()
 }
 
 /// The shared core of posix_memalign, aligned_alloc, memalign, valloc and pvalloc; `align` is

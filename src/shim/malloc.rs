@@ -49,14 +49,14 @@ pub extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
 #[no_mangle]
 pub extern "C" fn free_sized(p: *mut c_void, _size: usize) {
     // SAFETY: the caller holds the C contract for the pointer.
-    unsafe { route::free(p) }
+    unsafe { route::free_sized(p) }
 }
 
 /// C23, as `free_sized`.
 #[no_mangle]
 pub extern "C" fn free_aligned_sized(p: *mut c_void, _align: usize, _size: usize) {
     // SAFETY: the caller holds the C contract for the pointer.
-    unsafe { route::free(p) }
+    unsafe { route::free_sized(p) }
 }
 
 // glibc's own names (route/libc_names.rs, Note [glibc's own names]): the same routing, the small

@@ -21,6 +21,7 @@ pub mod dlsym;
 pub mod env;
 pub mod files;
 pub mod fork_mark;
+pub mod front;
 pub mod kept;
 pub mod lock;
 pub mod memory;

@@ -1,0 +1,46 @@
+//! An allocator in front of us: the process's own `realloc` and `free` when its `malloc` is not
+//! ours (Note [An allocator in front of us]), found once, after init.
+
+use super::next::{FreeFn, ReallocFn};
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+// Note [An allocator in front of us]
+// Preloaded after another allocator (LD_PRELOAD="libjemalloc.so.2 libtensormalloc.so": a
+// container's global setting with ours appended), only the names it lacks reach us: reallocarray
+// (which coreutils call), free_sized, free_aligned_sized. The blocks they are given are that
+// allocator's, neither ours nor glibc's, and handing them on to the next allocator after us
+// (glibc) crashed `ls`, `sed` and `grep`. glibc's own definitions of those names call realloc and
+// free through the global scope, so ours do the same when the process's malloc is not ours: the
+// allocator in front gets its own blocks back (a tracer in front sees the call, and hands it to
+// us as before).
+
+const UNKNOWN: usize = 0;
+const NONE: usize = 1;
+static REALLOC: AtomicUsize = AtomicUsize::new(UNKNOWN);
+static FREE: AtomicUsize = AtomicUsize::new(UNKNOWN);
+
+/// The process's realloc and free when an allocator stands in front of us; None when we come
+/// first (or before init: dlsym may allocate).
+pub fn front() -> Option<(ReallocFn, FreeFn)> {
+    let (realloc, free) = (REALLOC.load(Ordering::Acquire), FREE.load(Ordering::Acquire));
+    if realloc == UNKNOWN || free == UNKNOWN {
+        return resolve();
+    }
+    // SAFETY: only `resolve` stores values above NONE: the addresses of the process's realloc
+    // and free.
+    (realloc > NONE && free > NONE).then(|| unsafe { (core::mem::transmute::<usize, ReallocFn>(realloc), core::mem::transmute::<usize, FreeFn>(free)) })
+}
+
+#[cold]
+fn resolve() -> Option<(ReallocFn, FreeFn)> {
+    let found = |name: &core::ffi::CStr| {
+        // SAFETY: glibc's dlsym with a constant name; RTLD_DEFAULT searches the global scope.
+        let p = unsafe { super::dlsym::glibc()(libc::RTLD_DEFAULT, name.as_ptr()) };
+        if p.is_null() || super::dlsym::is_ours(p) { NONE } else { p as usize }
+    };
+    let in_front = !super::dlsym::process_definition_is_ours(c"malloc");
+    let (realloc, free) = if in_front { (found(c"realloc"), found(c"free")) } else { (NONE, NONE) };
+    REALLOC.store(realloc, Ordering::Release);
+    FREE.store(free, Ordering::Release);
+    front()
+}
