@@ -17,7 +17,11 @@ def seed(preload, **env):
 
 def test_seed_expression_same_results_far_fewer_faults():
     glibc = seed(False)
-    ours = seed(True)
+    # A process a loaded machine stalls sees its idle blocks released, and with memory short
+    # (as when the whole suite runs) dropped: its next steps fault them in again. That is the
+    # idle policy at work, not this test's subject; left on, a starved run came to 5.1% of
+    # glibc's faults where an idle one has 4.9% (test_mid_size.py sets the same).
+    ours = seed(True, TENSORMALLOC_HOST_RELEASE_MS="60000")
     assert ours["digests"] == glibc["digests"] and len(ours["digests"]) == 1
     assert ours["sum"] == glibc["sum"]
     assert glibc["faults_per_iter"] > 100, glibc  # the problem we solve is there

@@ -64,3 +64,24 @@ def test_torch(result, check):
     assert parsed["loaded_by"] == ("preload" if preloaded else "path" if mode == "hooks" else None), parsed["loaded_by"]
     c = parsed["checks"][check]
     assert c["ok"], f"{name} {check}: {c['detail']}\nstderr:\n{out.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("preloaded", [False, True], ids=["alone", "preload"])
+def test_a_producer_sharing_tensors_step_after_step_keeps_its_memory(torch_python, preloaded):
+    """Note [Segments of their own]: 600 steps of a torch.multiprocessing producer that shares a
+    fresh 1 MiB tensor each step, frees it and empties its cache, keeping one of its own every 9th
+    step. Under the default preload the driver ends with what it has alone (within 8 MiB). Before,
+    PyTorch's exported 2 MiB segments were blocks of our 20 MiB ones, never reused after their
+    free: about 1 MiB of device memory was lost per step (out of memory at step 946 of 1,300)."""
+    env = {"PYTHONPATH": str(ROOT / "python"), "LD_LIBRARY_PATH": str(fake_cuda()), "TORCH_REAL_STANDIN": "1",
+           "PYTHONDONTWRITEBYTECODE": "1", "TENSORMALLOC_CUDA_SEGMENTS": "classic"}
+    script = str(SCRIPT.parent / "torch_ipc_loop.py")
+    outs = [run([torch_python, script, "600"], preload=p, env=env, timeout=600) for p in ([False, True] if preloaded else [False])]
+    results = []
+    for out in outs:
+        assert out.returncode == 0, f"exit {out.returncode}\nstdout:\n{out.stdout[-2000:]}\nstderr:\n{out.stderr[-2000:]}"
+        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert all(r["steps"] == 600 and r["error"] is None for r in results), results
+    if preloaded:
+        alone, ours = results
+        assert abs(ours["free_mib"] - alone["free_mib"]) <= 8, results

@@ -38,7 +38,9 @@ fn resolve() -> Option<(ReallocFn, FreeFn)> {
         let p = unsafe { super::dlsym::glibc()(libc::RTLD_DEFAULT, name.as_ptr()) };
         if p.is_null() || super::dlsym::is_ours(p) { NONE } else { p as usize }
     };
-    let in_front = !super::dlsym::process_definition_is_ours(c"malloc");
+    // Someone's malloc comes before ours in the global scope, where we are (our tm_get_stats is
+    // the process's): not so when we are not interposed at all (loaded by path, a test).
+    let in_front = !super::dlsym::process_definition_is_ours(c"malloc") && super::dlsym::process_definition_is_ours(c"tm_get_stats");
     let (realloc, free) = if in_front { (found(c"realloc"), found(c"free")) } else { (NONE, NONE) };
     REALLOC.store(realloc, Ordering::Release);
     FREE.store(free, Ordering::Release);

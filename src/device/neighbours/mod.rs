@@ -187,6 +187,13 @@ pub fn join(device: i32) {
             say_off(Off::Full(registry_file().path()));
             return;
         };
+        // Note [Asks before our thread runs]: what the slot's wanted counters hold before our key
+        // is entered; only an ask made after that is ours to answer.
+        let mut before = [0u32; DEVICES];
+        reg.take_wanted(claimed, &mut before);
+        for (seen, value) in SEEN_AT_JOIN.iter().zip(before) {
+            seen.store(value, Relaxed);
+        }
         SLOT.store(claimed, Release);
         static ANSWERER: thread::Named<fn() -> !> = thread::Named { name: c"tensormalloc-nb", main: answer_forever };
         if !thread::spawn(&ANSWERER) {
@@ -202,6 +209,16 @@ pub fn join(device: i32) {
     }
     joined.store(true, Release);
 }
+
+// Note [Asks before our thread runs]
+// The answering thread notes the wanted counters it has seen, to answer only what is asked after.
+// It noted them when it first ran: an ask made after our key was entered but before the thread
+// was scheduled (a busy machine) was taken as seen, never released for, and the asker went out of
+// memory with our idle segments cached (the neighbour tests failed 1 run in 8 under load). The
+// counters are noted in `join`, before the key is entered, and the thread starts from those.
+
+/// The slot's wanted counters as `join` found them (Note [Asks before our thread runs]).
+static SEEN_AT_JOIN: [AtomicU32; DEVICES] = [const { AtomicU32::new(0) }; DEVICES];
 
 /// Per slot, the pid that let an ask of ours wait out its bound (stopped, or a pid the kernel
 /// gave to a process that is no neighbour): not asked again by this process while it holds that
@@ -273,7 +290,9 @@ fn answer_forever() -> ! {
         }
     };
     let mut seen = [0u32; DEVICES];
-    reg.take_wanted(slot, &mut seen);
+    for (s, at_join) in seen.iter_mut().zip(SEEN_AT_JOIN.iter()) {
+        *s = at_join.load(Relaxed);
+    }
     loop {
         let asked_at = clock::now_ns();
         let bell = doorbell.load(Acquire);

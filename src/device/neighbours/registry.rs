@@ -76,9 +76,14 @@ impl Registry {
                 (pid == 0 || !alive(pid)) && s.pid.compare_exchange(pid, me, AcqRel, Acquire).is_ok()
             })
         })?;
-        for e in self.slot(index).map_or(&[][..], |s| &s.devices[..]) {
-            e.key[0].store(0, Relaxed);
-            e.key[1].store(0, Release);
+        if let Some(s) = self.slot(index) {
+            for e in &s.devices {
+                e.key[0].store(0, Relaxed);
+                e.key[1].store(0, Release);
+            }
+            // No ask is answered before it is made: a slot whose words are a dead owner's, or
+            // garbage, would otherwise read as answered at once.
+            s.answered.store(s.doorbell.load(Acquire), Release);
         }
         Some(index)
     }

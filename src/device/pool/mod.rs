@@ -16,6 +16,15 @@
 // cudaMalloc (SYNCED request) also asks for a sync when blocks freed on streams
 // (cudaFreeAsync) would fit.
 //
+// Note [Segments of their own]
+// The split pool carves requests under 1 MiB from 2 MiB segments and those under 2 MiB from
+// 20 MiB ones; from 2 MiB up each gets a segment of its own (rounded to 2 MiB) unless a free block
+// fits. It carved up to 10 MiB, as PyTorch's own allocator does, but PyTorch on top of us asks
+// for exactly 2 MiB and 20 MiB segments: carved, one small tensor cost 20 MiB of device memory, a
+// freed 2 MiB segment could not leave while a neighbour in its 20 MiB lived (800 MiB refused with
+// 450 MiB cached), and an exported one, never reused after its free (Note [IPC] in pointers.rs),
+// pinned its 20 MiB: a torch.multiprocessing producer lost about 1 MiB a step.
+
 // Note [Context lifetime]
 // A device reset, a context destroy, or the last release of a primary context frees every
 // allocation of that context behind our back.
@@ -51,7 +60,8 @@ pub enum Strategy {
 const ROUND: u64 = 512;
 const SMALL_LIMIT: u64 = 1 << 20;
 const SMALL_SEGMENT: u64 = 2 << 20;
-const MEDIUM_LIMIT: u64 = 10 << 20;
+/// Note [Segments of their own]: from here up a request gets a segment of its own.
+const MEDIUM_LIMIT: u64 = 2 << 20;
 const MEDIUM_SEGMENT: u64 = 20 << 20;
 const LARGE_ROUND: u64 = 2 << 20;
 /// The largest request the pool serves: past it (more than any device holds, 256 TiB), and

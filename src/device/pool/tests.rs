@@ -62,16 +62,17 @@ impl Harness {
 #[test]
 fn split_pool_reuses_splits_and_merges() {
     let mut h = Harness::new(Strategy::Split, 1 << 40);
-    let a = h.alloc(4 * MB, SYNCED).unwrap();
+    // 1.5 MiB: a medium request, carved from a 20 MiB segment (2 MiB and more get their own).
+    let a = h.alloc(3 * MB / 2, SYNCED).unwrap();
     assert_eq!(h.pool.stats.segments_mapped, 1, "one 20 MB segment");
-    let b = h.alloc(4 * MB, SYNCED).unwrap();
+    let b = h.alloc(3 * MB / 2, SYNCED).unwrap();
     assert_eq!(h.pool.stats.segments_mapped, 1, "split from the same segment");
-    assert_eq!(b + 4 * MB, a, "carved from the segment's tail (Note [Frees that bypass us])");
+    assert_eq!(b + 3 * MB / 2, a, "carved from the segment's tail (Note [Frees that bypass us])");
     h.pool.free(a, SYNCED, 0).unwrap();
     h.pool.free(b, SYNCED, 0).unwrap();
     h.pool.check_invariants().unwrap();
     let c = h.alloc(18 * MB, SYNCED).unwrap();
-    assert_eq!(c + 18 * MB, a + 4 * MB, "merged back into one 20 MB block");
+    assert_eq!(c + 18 * MB, a + 3 * MB / 2, "merged back into one 20 MB block");
     assert_eq!(h.pool.stats.hits, 2);
     let small = h.alloc(1000, SYNCED).unwrap();
     let small2 = h.alloc(1000, SYNCED).unwrap();
@@ -235,12 +236,12 @@ fn a_segment_base_goes_out_only_as_the_whole_segment() {
 fn a_hit_names_the_size_its_free_will_name() {
     let mut pool = Box::new(DevicePool::new());
     assert!(pool.init(Strategy::Split, u64::MAX, leak_table));
-    assert!(matches!(pool.alloc(5 << 20, SYNCED, Birth::at(0)), Alloc::NeedSegment { len, .. } if len == 20 << 20));
+    assert!(matches!(pool.alloc(3 << 19, SYNCED, Birth::at(0)), Alloc::NeedSegment { len, .. } if len == 20 << 20));
     assert!(pool.add_segment(0x7000_0000_0000, 20 << 20, false));
-    let Alloc::Hit { addr: a, .. } = pool.alloc(5 << 20, SYNCED, Birth::at(0)) else { panic!() };
-    let Alloc::Hit { .. } = pool.alloc(5 << 20, SYNCED, Birth::at(0)) else { panic!() };
+    let Alloc::Hit { addr: a, .. } = pool.alloc(3 << 19, SYNCED, Birth::at(0)) else { panic!() };
+    let Alloc::Hit { .. } = pool.alloc(3 << 19, SYNCED, Birth::at(0)) else { panic!() };
     pool.free(a, SYNCED, 0).unwrap();
-    let Alloc::Hit { addr, size } = pool.alloc((5 << 20) - 4096, SYNCED, Birth::at(0)) else { panic!() };
-    assert_eq!((addr, size), (a, 5 << 20), "the freed block, whole: a 4 KiB rest is not split off");
+    let Alloc::Hit { addr, size } = pool.alloc((3 << 19) - 4096, SYNCED, Birth::at(0)) else { panic!() };
+    assert_eq!((addr, size), (a, 3 << 19), "the freed block, whole: a 4 KiB rest is not split off");
     assert_eq!(pool.free(addr, SYNCED, 0).map(|f| f.size), Some(size));
 }

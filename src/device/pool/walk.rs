@@ -85,9 +85,9 @@ mod tests {
     fn segments_are_tiled_by_their_blocks() {
         let mut pool = Box::new(DevicePool::new());
         assert!(pool.init(Strategy::Split, u64::MAX, leak_table));
-        assert!(matches!(pool.alloc(3 << 20, SYNCED, Birth::default()), Alloc::NeedSegment { len, small: false } if len == 20 << 20));
+        assert!(matches!(pool.alloc(3 << 19, SYNCED, Birth::default()), Alloc::NeedSegment { len, small: false } if len == 20 << 20));
         assert!(pool.add_segment(0x7000_0000_0000, 20 << 20, false));
-        let Alloc::Hit { addr: a, .. } = pool.alloc(3 << 20, SYNCED, Birth::default()) else { panic!() };
+        let Alloc::Hit { addr: a, .. } = pool.alloc(3 << 19, SYNCED, Birth::default()) else { panic!() };
         let Alloc::Hit { addr: b, .. } = pool.alloc(1 << 20, SYNCED, Birth { ns: 5, holder: 7 << 48 | 0x1234 }) else { panic!() };
         assert!(matches!(pool.alloc(1000, SYNCED, Birth::default()), Alloc::NeedSegment { small: true, .. }));
         assert!(pool.add_segment(0x7100_0000_0000, 2 << 20, true));
