@@ -3,9 +3,11 @@ ones: a block is freed by its owner whichever name frees it (Note [glibc's own n
 src/route/libc_names.rs). Beside glibc alone, and with tcmalloc (which defines those names too)
 behind us. Not over jemalloc: Debian's jemalloc alone aborts on this program (glibc's free() reports an
 invalid pointer), and so it does behind us, no worse."""
+import subprocess
+
 import pytest
 
-from conftest import LIB, compile_c, find_peer, ok, run
+from conftest import BUILD, C_DIR, LIB, compile_c, find_peer, ok, run
 
 
 @pytest.mark.parametrize("setting", ["tensormalloc", "glibc", "threshold-64K"])
@@ -43,3 +45,18 @@ def test_an_allocator_in_front_of_us_gets_its_own_blocks_back(peer):
     assert "front ok" in out.stdout
     alone = ok(run(["ls", "-l", "/usr/include"], preload=find_peer(peer)))
     assert ok(run(["ls", "-l", "/usr/include"], preload=front)).stdout == alone.stdout
+
+
+def test_a_locking_tracer_in_front_of_us_never_waits_on_itself():
+    """Note [No thread inside another allocator's call]: a tracer in front of us calls our free
+    under its plain mutex; glibc's pthread_create, making our thread there, called the tracer's
+    calloc, which waited on that mutex for good. Large blocks churned by two threads: the program
+    ends, the tracer saw the calls, and no freed block stayed resident (nothing is cached without
+    our thread)."""
+    BUILD.mkdir(parents=True, exist_ok=True)
+    tracer = BUILD / "liblocking_tracer.so"
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-pthread", "-o", str(tracer), str(C_DIR / "locking_tracer.c"), "-ldl"], check=True)
+    out = ok(run([compile_c("tracer_front")], preload=f"{tracer} {LIB}", timeout=60))
+    assert "locking tracer:" in out.stdout, out.stdout
+    rss_mb = int(out.stdout.split("rss MB ")[1].split()[0])
+    assert rss_mb < 32, out.stdout

@@ -80,6 +80,11 @@ pub fn on_block_cached(deadline_ns: u64) {
         RUNNING if SLEEPING_UNTIL.load(Ordering::Acquire) > deadline_ns => wake(),
         RUNNING => {}
         NOT_STARTED => {
+            if super::front::front().is_some() {
+                never_from_a_call();
+                let_go();
+                return;
+            }
             start_now();
             // Refused: this block has no releaser either (Note [No thread to release]).
             if STATE.load(Ordering::Acquire) == UNAVAILABLE {
@@ -110,6 +115,21 @@ pub fn start_now() {
             FAILED_AT.store(super::clock::now_ns(), Ordering::Relaxed);
             STATE.store(UNAVAILABLE, Ordering::Release);
         }
+    }
+}
+
+// Note [No thread inside another allocator's call]
+// glibc's pthread_create allocates the new thread's TLS with the process's calloc. With a
+// tracer or allocator preloaded in front of us, our free runs inside its free, often under its
+// lock, and making our thread there re-entered its calloc: a tracer with a plain mutex hung on the
+// program's first large free. So with anything in front of us our thread is never made from an
+// allocation call: as with no thread (Note [No thread to release]) nothing stays cached.
+
+/// Our thread will not be made from an allocation call (Note [No thread inside another
+/// allocator's call]): as if it had been refused, for good.
+fn never_from_a_call() {
+    if STATE.compare_exchange(NOT_STARTED, UNAVAILABLE, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        FAILED_AT.store(u64::MAX, Ordering::Relaxed);
     }
 }
 
