@@ -240,6 +240,33 @@ def test_a_stopped_neighbour_costs_a_bounded_wait_once_and_the_drivers_error(tmp
     assert 2.0 <= took < 3.9, took
 
 
+def test_a_neighbour_that_ended_is_not_waited_for(tmp_path):
+    """Note [A neighbour that leaves while asked]: the holder is killed after caching and not yet
+    waited for (a zombie: signal 0 still finds it); the taker's ask is not answered, and the
+    taker fails as the stand-in alone would (it keeps a dead process's memory), well within the
+    10 s bound. Before, it waited out the whole bound."""
+    import time
+    env = two_processes_env(tmp_path, True)
+    holder = subprocess.Popen([cuda_program(), "neighbour-idle-holder", "expect-pool"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "cached\n"
+        holder.kill()
+        for _ in range(500):
+            state = Path(f"/proc/{holder.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state == "Z":
+                break
+            time.sleep(0.01)
+        assert state == "Z", state
+        started = time.monotonic()
+        taker = subprocess.run([cuda_program(), "neighbour-stopped", "expect-pool"], env=env, capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - started
+    finally:
+        holder.kill()
+        holder.wait()
+    assert taker.returncode == 0, taker.stderr
+    assert took < 5, took
+
+
 DAMAGE_SAID = {"garbage": None, "fresh": None, "other-version": "another version's or damaged (its mark)",
                "wrong-size": "another version's or damaged (its size)", "not-private": "others may read or write it",
                "symlink": "not a plain file"}

@@ -79,26 +79,6 @@ print(tensormalloc.loaded_by(), tn.handler_name(), s["host_requests"], s["host_h
     assert out.stdout.split() == ["path", "default_allocator", "5", "4"], out.stdout
 
 
-def test_a_page_the_program_protected_does_not_come_back_through_the_handler_by_path():
-    """Note [Page calls we cannot see]: loaded by path, the program's mprotect (through libc, past
-    our shims) made a MiB of an array read-only; the array is freed and the next one, from the
-    same cached block, is written. Before, that write crashed; numpy's own allocator unmaps."""
-    code = r"""
-import ctypes, numpy as np, tensormalloc, tensormalloc.numpy as tn
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-with tn.handler():
-    a = np.ones(16 << 20, np.uint8)
-    addr = a.ctypes.data
-    assert libc.mprotect((addr & ~4095) + 4 * 4096, 1 << 20, 1) == 0
-    del a
-    b = np.zeros(16 << 20, np.uint8)
-    b[:] = 7
-    print(tensormalloc.loaded_by(), b.ctypes.data == addr, int(b[5 << 20]))
-"""
-    out = ok(run([PY, "-c", code], preload=False, env=ENV))
-    assert out.stdout.split() == ["path", "True", "7"], out.stdout + out.stderr
-
 
 def test_device_pool_without_preload_or_runtime_serves_a_driver_only_library():
     """What tensormalloc.numba's plugin does under Numba (the driver API only, no libcudart,

@@ -85,3 +85,41 @@ def test_a_producer_sharing_tensors_step_after_step_keeps_its_memory(torch_pytho
     if preloaded:
         alone, ours = results
         assert abs(ours["free_mib"] - alone["free_mib"]) <= 8, results
+
+
+@pytest.mark.parametrize("case", ["recovers", "fails"])
+def test_our_report_waits_for_pytorchs_own_retry(torch_python, case):
+    """Note [A report the program recovers from]: PyTorch frees its cache and asks again after a
+    failed cudaMalloc. When that retry is served, nothing of ours is printed (before: the full
+    report, at every such retry); when it fails too, our report is printed once, before PyTorch's
+    OutOfMemoryError. PyTorch's own counts are the same with and without us."""
+    env = {"PYTHONPATH": str(ROOT / "python"), "LD_LIBRARY_PATH": str(fake_cuda()), "TORCH_REAL_STANDIN": "1",
+           "PYTHONDONTWRITEBYTECODE": "1", "TENSORMALLOC_CUDA_SEGMENTS": "classic"}
+    script = str(SCRIPT.parent / "torch_oom_retry.py")
+    alone = run([torch_python, script, case], preload=False, env=env, timeout=300)
+    ours = run([torch_python, script, case], preload=True, env=env, timeout=300)
+    assert alone.returncode == 0 and ours.returncode == 0, (alone.stderr[-2000:], ours.stderr[-2000:])
+    assert ours.stdout == alone.stdout == ("served 1 0\n" if case == "recovers" else "OutOfMemoryError 1 1\n"), (alone.stdout, ours.stdout)
+    reports = [l for l in ours.stderr.splitlines() if l.startswith("tensormalloc: out of memory")]
+    assert len(reports) == (0 if case == "recovers" else 1), ours.stderr
+
+
+def test_a_memory_fraction_under_our_hooks_is_refused_plainly(torch_python):
+    """PyTorch's pluggable allocator takes set_per_process_memory_fraction and ignores it: under
+    tensormalloc.torch.enable() a 600 MiB tensor went past a 25% cap. It raises now, naming the
+    setting that caps the pool; PyTorch's own allocator (no enable()) still honours it."""
+    code = r"""
+import sys, torch, tensormalloc.torch as tt
+if sys.argv[1] == "hooks":
+    tt.enable()
+try:
+    torch.cuda.set_per_process_memory_fraction(0.25)
+    torch.empty(600 << 20, dtype=torch.uint8, device="cuda")
+    print("allocated past the cap")
+except RuntimeError as e:
+    print("refused:", "TENSORMALLOC_CUDA_LIMIT" in str(e) or "allowed" in str(e))
+"""
+    env = {"PYTHONPATH": str(ROOT / "python"), "LD_LIBRARY_PATH": str(fake_cuda()), "TORCH_REAL_STANDIN": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    for mode in ("hooks", "plain"):
+        out = run([torch_python, "-c", code, mode], preload=True, env=env, timeout=300)
+        assert out.returncode == 0 and out.stdout.strip() == "refused: True", (mode, out.stdout, out.stderr[-2000:])

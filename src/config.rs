@@ -482,7 +482,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         name: "TENSORMALLOC_RESET",
         default: "changed",
         group: Group::Host,
-        doc: "which freed blocks get their protection, locks and advice reset before reuse: changed (those the program changed through libc's mprotect, madvise, mlock, munmap...), always (every one, about 5 us per free: for programs that change pages with raw system calls; the default when the library is loaded by path, without the preload, where the program's page calls pass us by)",
+        doc: "which freed blocks get their protection, locks and advice reset before reuse: changed (those the program changed through libc's mprotect, madvise, mlock, munmap...), always (every one, about 5 us per free: for programs that change pages with raw system calls, or with numpy's handler loaded by path, where the program's page calls pass us by)",
         apply: |c, v| {
             let choices: &[(&[u8], bool)] = &[(b"changed", false), (b"always", true)];
             choose(v, choices, "not one of changed, always").map(|a| c.reset_always = a)

@@ -15,10 +15,10 @@ void mathlib_host_free(void *);
 
 int main(int argc, char **argv) {
     CHECK(argc == 2);
-    void *f1 = framework_device(3 * MB);         /* carved from a 20 MiB segment */
+    void *f1 = framework_device(3 * MB / 2);     /* carved from a 20 MiB segment (under 2 MiB) */
     void *f2 = framework_device(512 * 1024);     /* a small block: a 2 MiB segment */
     void *f3 = framework_device(700 * 1024);     /* beside it */
-    void *m1 = mathlib_workspace(12 * MB);       /* carved from the framework's 20 MiB segment */
+    void *m1 = mathlib_workspace(7 * MB / 4);    /* carved from the framework's 20 MiB segment */
     void *m2 = mathlib_workspace(MB + 1000);     /* and so is this one */
     CHECK(f1 && f2 && f3 && m1 && m2);
     framework_device_free(f2);

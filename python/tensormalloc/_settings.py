@@ -67,7 +67,7 @@ SETTINGS = (
      "auto: align blocks of 4 MiB and more to 2 MiB, so the program's MADV_HUGEPAGE (numpy's) covers whole huge pages; always: also advise it on every fresh block; off: page alignment only",
      ""),
     ("TENSORMALLOC_RESET", "changed", "The host cache",
-     "which freed blocks get their protection, locks and advice reset before reuse: changed (those the program changed through libc's mprotect, madvise, mlock, munmap...), always (every one, about 5 us per free: for programs that change pages with raw system calls; the default when the library is loaded by path, without the preload, where the program's page calls pass us by)",
+     "which freed blocks get their protection, locks and advice reset before reuse: changed (those the program changed through libc's mprotect, madvise, mlock, munmap...), always (every one, about 5 us per free: for programs that change pages with raw system calls, or with numpy's handler loaded by path, where the program's page calls pass us by)",
      ""),
     ("TENSORMALLOC_CHECK_FREE", "1", "The host cache",
      "1: a free or realloc of a pointer inside a large block aborts, as glibc's does; off: skip the check on small frees",

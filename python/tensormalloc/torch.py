@@ -50,6 +50,17 @@ def enable():
                 setattr(module, name, ours)
     if hasattr(torch.cuda.memory, "_snapshot"):
         torch.cuda.memory._snapshot = snapshot
+    # PyTorch's pluggable allocator takes a memory fraction and does nothing with it: a cap the
+    # program believes in would be ignored. Refused plainly instead, as PyTorch refuses the
+    # controls it does not support, with the setting that caps the pool.
+    for module in (torch.cuda, torch.cuda.memory):
+        if hasattr(module, "set_per_process_memory_fraction"):
+            module.set_per_process_memory_fraction = _memory_fraction_refused
+
+
+def _memory_fraction_refused(fraction, device=None):
+    raise RuntimeError("set_per_process_memory_fraction is not supported under tensormalloc.torch.enable(): "
+                       "set TENSORMALLOC_CUDA_LIMIT (a percentage of each device, or bytes) before the process starts")
 
 
 def enabled():

@@ -530,6 +530,12 @@ pub fn describe<T>(word: u64, f: impl FnOnce(&Description) -> T) -> T {
     })
 }
 
+/// Whether the block's caller is PyTorch's CUDA caching allocator (libc10_cuda.so), which meets a
+/// failed cudaMalloc by freeing its cache and asking again.
+pub fn frees_and_retries(word: u64) -> bool {
+    describe(word, |d| d.holder.starts_with(b"libc10_cuda"))
+}
+
 /// The short name of holder `id` (its object's file name, or its hook's library).
 pub fn holder_name<T>(id: u16, f: impl FnOnce(&[u8]) -> T) -> T {
     let key = HOLDERS.key(id);

@@ -27,7 +27,7 @@
 // called after the lock is let go, and skips what the book wrote. Device and pinned blocks
 // keep the locked adds: their pools have locks of their own (per device, and the pinned one).
 
-use core::sync::atomic::{AtomicPtr, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 pub mod history;
 pub mod holders;
@@ -136,6 +136,7 @@ impl HostBook {
 pub fn alloc(b: Block, found: Found) {
     ledger::on_alloc(b.place, b.bytes, found);
     if b.place != PLACE_HOST {
+        retry_served(b.place, b.bytes);
         HOLDERS.on_alloc(b.holder, b.place, b.asked, b.bytes, Writers::Many);
         history::record(history::ALLOC, b.place, b.addr, b.bytes, b.holder, b.stream);
     }
@@ -209,10 +210,36 @@ pub struct OutOfMemory {
     pub available_bytes: u64,
     /// The pool's cap, when the cap is what refused.
     pub cap_bytes: Option<u64>,
+    /// The caller frees its own cache and asks again, as PyTorch's caching allocator does: the
+    /// report waits for that retry (Note [A report the program recovers from] in report/oom.rs).
+    pub caller_retries: bool,
 }
 
 /// Who hears of an out-of-memory event (the report, registered at load); a `fn(&OutOfMemory)`.
 static OUT_OF_MEMORY_LISTENER: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
+
+/// A device failure whose report waits for the program's retry (Note [A report the program
+/// recovers from] in report/oom.rs): its place in the top byte, its request below; 0: none.
+static AWAITING_RETRY: AtomicU64 = AtomicU64::new(0);
+const REQUEST_MASK: u64 = (1 << 56) - 1;
+
+/// The report of a failure of `request` bytes on `place` waits: a device block of at least that
+/// size served there before it is printed means the program recovered.
+pub fn await_retry(place: u8, request: u64) {
+    AWAITING_RETRY.store(u64::from(place) << 56 | request.min(REQUEST_MASK), Ordering::Release);
+}
+
+/// Whether the awaited retry came (or nothing was awaited); forgets what was awaited.
+pub fn retry_came() -> bool {
+    AWAITING_RETRY.swap(0, Ordering::AcqRel) == 0
+}
+
+fn retry_served(place: u8, bytes: u64) {
+    let awaited = AWAITING_RETRY.load(Ordering::Relaxed);
+    if awaited != 0 && (awaited >> 56) as u8 == place && bytes >= awaited & REQUEST_MASK {
+        let _ = AWAITING_RETRY.compare_exchange(awaited, 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
+}
 
 /// Sets who hears of out-of-memory events; called once at load.
 pub fn on_out_of_memory(listener: fn(&OutOfMemory)) {

@@ -19,6 +19,7 @@ pub mod units;
 
 /// At unload or exit: the summary, the leak report and the snapshot, each if asked for.
 pub fn at_exit(config: &Config) {
+    oom::settle_held();
     stats_file::at_exit(config);
     if config.leaks {
         leaks::report_at_exit();

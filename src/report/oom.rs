@@ -17,6 +17,15 @@
 // could is reported by default: there the question a user asks (who holds the GPU's memory?)
 // has no other answer, and the framework above raises its own error beside ours.
 //
+// Note [A report the program recovers from]
+// PyTorch's caching allocator meets a failed cudaMalloc by freeing its own cache and asking
+// again: under the preload our report (printed at the first failure) then put twelve lines on
+// stderr though the program went on, at every such retry of a training loop. So when the caller
+// is PyTorch's allocator (libc10_cuda.so) the report is written at the failure, with the figures
+// and holders of that moment, but held: it is printed at the next failure (the retry failed too,
+// or another), or at exit; it is dropped when a device block at least as large is served on that
+// device first (the program recovered). Any other caller's report is printed at once.
+
 // Note [A report off the stack]
 // The report is 12 KiB of text and a 4 KiB holders table, and the thread whose malloc failed may
 // have a small stack: PTHREAD_STACK_MIN is 16 KiB, and a thread made with it (glibc's malloc
@@ -48,13 +57,37 @@ unsafe impl Sync for Scratch {}
 const REPORT_TEXT_BYTES: usize = 12288;
 static SCRATCH: Scratch = Scratch(UnsafeCell::new((StackWriter::new(), Table::empty())));
 static SCRATCH_BUSY: AtomicBool = AtomicBool::new(false);
+/// The scratch holds a device report not printed yet (Note [A report the program recovers
+/// from]); SCRATCH_BUSY stays set meanwhile. Changed only by whoever swaps it.
+static HELD: AtomicBool = AtomicBool::new(false);
 
-/// In a forked child: a report the parent was writing is not this process's.
+/// In a forked child: a report the parent was writing, or holds, is not this process's.
 pub fn after_fork_in_child() {
     // Written only when set: every page a child handler writes is a copy-on-write fault.
     if SCRATCH_BUSY.load(Relaxed) {
         SCRATCH_BUSY.store(false, Release);
     }
+    if HELD.load(Relaxed) {
+        HELD.store(false, Relaxed);
+        crate::record::retry_came();
+    }
+}
+
+/// A held report (Note [A report the program recovers from]): printed unless the program's
+/// retry was served meanwhile; the scratch is free after. `at_exit` and each new failure call it.
+pub fn settle_held() {
+    if !HELD.swap(false, Acquire) {
+        return;
+    }
+    if crate::record::retry_came() {
+        // Recovered: said nowhere, and the next failure is not held back by this one.
+        LAST_REPORT_NS.store(0, Relaxed);
+    } else {
+        // SAFETY: the scratch is ours while HELD was set (SCRATCH_BUSY stayed set).
+        let (w, _) = unsafe { &mut *SCRATCH.0.get() };
+        w.flush_to(2);
+    }
+    SCRATCH_BUSY.store(false, Release);
 }
 
 /// The last failure, for the JSON stats: place + 1 (0: none yet), request, then the figures.
@@ -120,11 +153,12 @@ pub fn on_out_of_memory(e: &OutOfMemory) {
             }
         });
     }
-    report(&f, e.cap_bytes);
+    report(&f, e.cap_bytes, e.caller_retries);
 }
 
-fn report(f: &Failure, cap_bytes: Option<u64>) {
+fn report(f: &Failure, cap_bytes: Option<u64>, caller_retries: bool) {
     f.store();
+    settle_held();
     // Recorded for the JSON stats; printed as TENSORMALLOC_OOM_REPORT says (Note [Reports unasked]).
     let printed = match crate::state::globals().map(|g| g.config.oom_report) {
         Some(OomReport::All) => true,
@@ -149,6 +183,11 @@ fn report(f: &Failure, cap_bytes: Option<u64>) {
     w.clear();
     table.gather_again();
     let _ = write_report(w, f, cap_bytes, LEFT_OUT.swap(0, Relaxed), table);
+    if caller_retries {
+        crate::record::await_retry(f.place, f.request_bytes);
+        HELD.store(true, Release);
+        return;
+    }
     w.flush_to(2);
     SCRATCH_BUSY.store(false, Release);
 }

@@ -9,27 +9,6 @@ use crate::state::HOST;
 use crate::sys::page_calls::{program as next, Call};
 use crate::sys::process::{errno, set_errno};
 use core::ffi::{c_int, c_void};
-use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
-
-// Note [Page calls we cannot see]
-// Loaded by path (numpy's handler without the preload, in a notebook), our page-call shims are
-// not the process's: a program's mprotect, mlock or madvise reaches libc without marking our
-// blocks, and a block it made read-only came back read-only from the cache (the next array
-// written there crashed, where numpy's own allocator had unmapped it). So the first time a hook
-// hands out a block, if the process's mprotect is not ours, every block is reset at its free
-// from then on, as TENSORMALLOC_RESET=always does (about 5 us a free).
-
-/// Called as a hook (numpy's handler) hands out a block: Note [Page calls we cannot see].
-pub fn check_page_calls_seen() {
-    static CHECKED: AtomicBool = AtomicBool::new(false);
-    if CHECKED.load(Relaxed) || CHECKED.swap(true, Relaxed) {
-        return;
-    }
-    if !crate::sys::dlsym::process_definition_is_ours(c"mprotect") {
-        HOST.reset_every_block();
-    }
-}
-
 /// Advice after which a block is still plain memory: contents (DONTNEED, FREE, REMOVE refused
 /// on private memory), paging and huge-page hints, and the advice that undoes the changes.
 /// Anything else, known or not, marks the block.

@@ -69,13 +69,6 @@ pub static tm_numpy_capsule_name: [u8; 12] = *b"mem_handler\0";
 /// 4 KiB pages where the default handler's faulted in 2 MiB ones.
 const HUGEPAGE_FROM: usize = 4 << 20;
 
-/// What follows handing numpy a block: our page calls may not be the process's (Note [Page calls
-/// we cannot see]), and huge pages as numpy's default handler asks.
-fn handed_out(p: *mut c_void, size: usize) {
-    route::page_calls::check_page_calls_seen();
-    advise_hugepages(p, size);
-}
-
 fn advise_hugepages(p: *mut c_void, size: usize) {
     if p.is_null() || size < HUGEPAGE_FROM {
         return;
@@ -96,7 +89,7 @@ fn advise_hugepages(p: *mut c_void, size: usize) {
 #[no_mangle]
 pub unsafe extern "C" fn tm_numpy_malloc(_ctx: *mut c_void, size: usize) -> *mut c_void {
     let p = route::malloc_as(size, NUMPY);
-    handed_out(p, size);
+    advise_hugepages(p, size);
     p
 }
 
@@ -107,7 +100,7 @@ pub unsafe extern "C" fn tm_numpy_malloc(_ctx: *mut c_void, size: usize) -> *mut
 #[no_mangle]
 pub unsafe extern "C" fn tm_numpy_calloc(_ctx: *mut c_void, count: usize, size: usize) -> *mut c_void {
     let p = route::calloc_as(count, size, NUMPY);
-    handed_out(p, count.saturating_mul(size));
+    advise_hugepages(p, count.saturating_mul(size));
     p
 }
 
@@ -119,7 +112,7 @@ pub unsafe extern "C" fn tm_numpy_calloc(_ctx: *mut c_void, count: usize, size: 
 pub unsafe extern "C" fn tm_numpy_realloc(_ctx: *mut c_void, p: *mut c_void, size: usize) -> *mut c_void {
     // SAFETY: the caller holds the C contract for the pointer.
     let q = unsafe { route::realloc_as(p, size, NUMPY) };
-    handed_out(q, size);
+    advise_hugepages(q, size);
     q
 }
 

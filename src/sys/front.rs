@@ -39,8 +39,13 @@ fn resolve() -> Option<(ReallocFn, FreeFn)> {
         if p.is_null() || super::dlsym::is_ours(p) { NONE } else { p as usize }
     };
     // Someone's malloc comes before ours in the global scope, where we are (our tm_get_stats is
-    // the process's): not so when we are not interposed at all (loaded by path, a test).
-    let in_front = !super::dlsym::process_definition_is_ours(c"malloc") && super::dlsym::process_definition_is_ours(c"tm_get_stats");
+    // the process's), and it is not the C library's: loaded by path (even RTLD_GLOBAL, as
+    // Python's package loads us) or in a test, glibc's malloc comes first and never calls us.
+    let in_front = super::dlsym::process_definition_is_ours(c"tm_get_stats") && {
+        // SAFETY: glibc's dlsym with a constant name.
+        let malloc = unsafe { super::dlsym::glibc()(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
+        !malloc.is_null() && !super::dlsym::is_ours(malloc) && !super::dlsym::in_c_library(malloc)
+    };
     let (realloc, free) = if in_front { (found(c"realloc"), found(c"free")) } else { (NONE, NONE) };
     REALLOC.store(realloc, Ordering::Release);
     FREE.store(free, Ordering::Release);

@@ -213,3 +213,67 @@ pub fn process_alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks.
     pid > 0 && unsafe { libc::kill(pid, 0) } == 0
 }
+
+/// Whether process `pid` lives and has not ended: an ended process its parent has not waited
+/// for yet (a zombie) still answers signal 0, and answers nothing else.
+pub fn process_running(pid: u32) -> bool {
+    if !process_alive(pid) {
+        return false;
+    }
+    let mut path = [0u8; 32];
+    let mut at = 0;
+    for part in [&b"/proc/"[..], itoa(pid, &mut [0u8; 10]), &b"/stat\0"[..]] {
+        for &b in part {
+            if let Some(slot) = path.get_mut(at) {
+                *slot = b;
+                at += 1;
+            }
+        }
+    }
+    let mut stat = [0u8; 512];
+    let Some(n) = super::process::read_kernel_file(path.get(..at).unwrap_or(&[]), &mut stat) else { return true };
+    // The state follows the command's closing parenthesis: "pid (comm) S ...".
+    let stat = stat.get(..n).unwrap_or(&[]);
+    let state = stat.iter().rposition(|&b| b == b')').and_then(|i| stat.get(i + 2));
+    !matches!(state, Some(b'Z' | b'X'))
+}
+
+/// `n` in decimal, in the end of `buf`.
+fn itoa(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        if let Some(d) = buf.get_mut(i) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || i == 0 {
+            break;
+        }
+    }
+    buf.get(i..).unwrap_or(&[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ended_child_not_yet_waited_for_is_alive_but_not_running() {
+        assert!(process_running(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Ended, not yet waited for: a zombie, which signal 0 still finds.
+        for _ in 0..500 {
+            if !process_running(pid) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(process_alive(pid) && !process_running(pid));
+        child.wait().unwrap();
+        assert!(!process_alive(pid));
+        assert_eq!(itoa(4_294_967_295, &mut [0; 10]), b"4294967295");
+        assert_eq!(itoa(0, &mut [0; 10]), b"0");
+    }
+}

@@ -65,8 +65,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     /// A request of `size` bytes on the current device failed for good (`cap_refused`: the cap
-    /// refused it): one event, with the driver's free and total memory asked once.
-    pub fn out_of_memory(&self, size: usize, cap_refused: bool) {
+    /// refused it), asked by `holder` (0 for a caller that never retries): one event, with the
+    /// driver's free and total memory asked once.
+    pub fn out_of_memory(&self, size: usize, cap_refused: bool, holder: u64) {
         let Ok(device) = self.runtime.current_device() else { return };
         let Some(index) = usize::try_from(device).ok().filter(|&d| d < MAX_DEVICES) else { return };
         let mut e = record::OutOfMemory { place: device_place(index), request_bytes: size as u64, ..Default::default() };
@@ -78,6 +79,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             e.available_bytes = self.available(index, free, total) as u64;
         }
         e.cap_bytes = cap_refused.then(|| self.cap_bytes(index));
+        e.caller_retries = holder != 0 && record::holders::frees_and_retries(holder);
         record::out_of_memory(&e);
     }
 

@@ -220,6 +220,13 @@ pub fn join(device: i32) {
 /// The slot's wanted counters as `join` found them (Note [Asks before our thread runs]).
 static SEEN_AT_JOIN: [AtomicU32; DEVICES] = [const { AtomicU32::new(0) }; DEVICES];
 
+// Note [A neighbour that leaves while asked]
+// A neighbour that exits (or is killed) after our ask reached it never answers: we waited out the
+// whole bound (1 s by default, up to a minute) for it, though its memory went back to the driver
+// at its exit. So the wait is cut in slices of 20 ms, and ends for a neighbour whose slot names
+// another process now or that has ended (a zombie its parent has not waited for included).
+const GONE_CHECK_NS: u64 = 20_000_000;
+
 /// Per slot, the pid that let an ask of ours wait out its bound (stopped, or a pid the kernel
 /// gave to a process that is no neighbour): not asked again by this process while it holds that
 /// slot, so each costs the wait once.
@@ -254,7 +261,11 @@ pub fn ask(device: i32) -> bool {
                 }
                 break;
             }
-            shared_memory::wait(word, seen, Some(deadline - now));
+            // Note [A neighbour that leaves while asked]: looked at again every 20 ms.
+            if reg.pid(a.slot) != a.pid || !shared_memory::process_running(a.pid) {
+                break;
+            }
+            shared_memory::wait(word, seen, Some((deadline - now).min(GONE_CHECK_NS)));
         }
     }
     any

@@ -246,12 +246,6 @@ impl<M: PageMemory> HostLayer<M> {
         self.cache().set_limits(limits_from(config, memory_bytes, self.mapping_limit_bytes.load(Relaxed)));
     }
 
-    /// Every block is reset at its free from now on, as with TENSORMALLOC_RESET=always (Note
-    /// [Page calls we cannot see] in route/page_calls.rs).
-    pub fn reset_every_block(&self) {
-        self.reset_always.store(true, Relaxed);
-    }
-
     /// Requests of at least `bytes` come here from now on (mallopt's M_MMAP_THRESHOLD); the
     /// route follows it.
     pub fn set_threshold_bytes(&self, bytes: usize) {

@@ -55,7 +55,7 @@ unsafe fn pooled_alloc(size: usize, dptr: *mut u64, asker: Asker, driver_answer:
             CUDA_SUCCESS
         }
         Err(DeviceError::CapReached) => {
-            DEVICE.out_of_memory(size, true);
+            DEVICE.out_of_memory(size, true, asker.holder());
             CUDA_ERROR_MEMORY_ALLOCATION
         }
         // The device refused even after our cache was given back, or the context cannot serve
@@ -63,7 +63,7 @@ unsafe fn pooled_alloc(size: usize, dptr: *mut u64, asker: Asker, driver_answer:
         Err(_) => {
             let rc = driver_answer();
             if rc == CUDA_ERROR_MEMORY_ALLOCATION {
-                DEVICE.out_of_memory(size, false);
+                DEVICE.out_of_memory(size, false, asker.holder());
             }
             rc
         }

@@ -55,7 +55,7 @@ pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: Asker
         }
         Err(DeviceError::CapReached) => {
             *ptr = core::ptr::null_mut();
-            DEVICE.out_of_memory(size, true);
+            DEVICE.out_of_memory(size, true, asker.holder());
             as_the_runtime(rt, DeviceError::CapReached.code())
         }
         // The device refused even after our cache was given back, or the context cannot serve
@@ -65,7 +65,7 @@ pub unsafe extern "C" fn malloc(ptr: *mut *mut c_void, size: usize, asker: Asker
         Err(_) => {
             let rc = (rt.malloc)(ptr, size);
             if rc == DeviceError::OutOfMemory.code() {
-                DEVICE.out_of_memory(size, false);
+                DEVICE.out_of_memory(size, false, asker.holder());
             }
             rc
         }
@@ -223,7 +223,7 @@ pub unsafe extern "C" fn pluggable_alloc(size: isize, device: c_int, stream: *mu
         Ok(addr) => addr as *mut c_void,
         Err(e) => {
             if matches!(e, DeviceError::OutOfMemory | DeviceError::CapReached) {
-                DEVICE.out_of_memory(size, e == DeviceError::CapReached);
+                DEVICE.out_of_memory(size, e == DeviceError::CapReached, 0);
             }
             core::ptr::null_mut()
         }
