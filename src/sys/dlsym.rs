@@ -124,12 +124,13 @@ pub fn process_definition_is_ours(name: &core::ffi::CStr) -> bool {
     is_ours(unsafe { glibc()(libc::RTLD_DEFAULT, name.as_ptr()) })
 }
 
-/// Whether `p` lies in the C library (libc.so.6).
-pub fn in_c_library(p: *mut c_void) -> bool {
-    // SAFETY: dladdr fills the struct we own; the name it points to lives while libc is loaded.
+/// Whether the code at `addr` lies in the C library (libc.so.6).
+pub fn in_c_library(addr: usize) -> bool {
+    // SAFETY: dladdr only reads the loader's tables into the struct we own; the name it points to
+    // lives while libc is loaded.
     unsafe {
         let mut info: libc::Dl_info = core::mem::zeroed();
-        if libc::dladdr(p, &mut info) == 0 || info.dli_fname.is_null() {
+        if libc::dladdr(addr as *const c_void, &mut info) == 0 || info.dli_fname.is_null() {
             return false;
         }
         let path = core::ffi::CStr::from_ptr(info.dli_fname).to_bytes();

@@ -44,7 +44,7 @@ fn resolve() -> Option<(ReallocFn, FreeFn)> {
     let in_front = super::dlsym::process_definition_is_ours(c"tm_get_stats") && {
         // SAFETY: glibc's dlsym with a constant name.
         let malloc = unsafe { super::dlsym::glibc()(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
-        !malloc.is_null() && !super::dlsym::is_ours(malloc) && !super::dlsym::in_c_library(malloc)
+        !malloc.is_null() && !super::dlsym::is_ours(malloc) && !super::dlsym::in_c_library(malloc as usize)
     };
     let (realloc, free) = if in_front { (found(c"realloc"), found(c"free")) } else { (NONE, NONE) };
     REALLOC.store(realloc, Ordering::Release);
