@@ -277,7 +277,7 @@ def test_a_normal_exit_while_threads_allocate_leaves_no_file(tmp_path):
     assert not left, f"{len(left)} files left by normal exits: {sorted(left)}"
 
 
-@pytest.mark.parametrize("mode", ["handler", "default"])
+@pytest.mark.parametrize("mode", ["handler", "default", "resethand"])
 @pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
 def test_a_stats_file_emptied_under_the_program_does_not_end_it(tmp_path, preload, mode):
     """Note [Files shortened under us]: the counters file is truncated to nothing while the
@@ -293,3 +293,7 @@ def test_a_stats_file_emptied_under_the_program_does_not_end_it(tmp_path, preloa
         assert out.returncode == 0 and "handler ran: 1" in out.stdout, (out.stdout, out.stderr)
     else:
         assert out.returncode == -signal.SIGBUS, (out.returncode, out.stdout, out.stderr)
+    if mode == "resethand":
+        # The program's one-shot handler ran once, then its fault ended it (before, with ours
+        # calling it on every fault, it never ended).
+        assert out.stdout.count("one-shot handler") == 1, out.stdout

@@ -81,7 +81,7 @@ pub fn served_symbol(handle: *mut core::ffi::c_void, name: &core::ffi::CStr, rea
         return None;
     }
     let bytes = name.to_bytes();
-    if bytes.starts_with(b"_Z") || bytes == b"dlsym" || bytes == b"dlclose" {
+    if bytes.starts_with(b"_Z") || bytes.starts_with(b"cu") || bytes == b"dlsym" || bytes == b"dlclose" {
         return None;
     }
     // SAFETY: after init (checked above).

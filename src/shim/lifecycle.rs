@@ -14,6 +14,9 @@ extern "C" fn on_load() {
         sys::lock::at_fork(before_fork, after_fork_in_parent, after_fork_in_child);
         sys::fork_mark::set_adoption(adopt_parent_records);
         sys::process::note_start();
+        // Note [No thread inside another allocator's call]: whether one stands in front of us,
+        // asked here, outside every allocation call.
+        sys::front::resolve_at_load();
         if !g.config.trace_path().is_empty() && trace::start(g.config.trace_path(), trace_sample) {
             sys::reaper::start_now();
         }

@@ -73,16 +73,20 @@ fn install() {
         ours.sa_sigaction = on_sigbus as *const () as usize;
         ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
         libc::sigemptyset(&mut ours.sa_mask);
-        libc::sigaction(libc::SIGBUS, core::ptr::null(), PREVIOUS.0.get());
-        libc::sigaction(libc::SIGBUS, &ours, core::ptr::null_mut());
+        // One call: a handler another thread installs meanwhile is the one saved.
+        libc::sigaction(libc::SIGBUS, &ours, PREVIOUS.0.get());
     }
 }
 
 /// The covered range holding `addr`, if any.
 fn covering(addr: usize) -> Option<(usize, usize)> {
     STARTS.iter().zip(LENGTHS.iter()).find_map(|(s, l)| {
-        let (start, len) = (s.load(Ordering::Acquire), l.load(Ordering::Acquire));
-        (len != 0 && len != usize::MAX && addr >= start && addr - start < len).then_some((start, len))
+        // The length read on both sides of the start: a slot freed and taken again in between
+        // never pairs one range's start with another's length.
+        let len = l.load(Ordering::Acquire);
+        let start = s.load(Ordering::Acquire);
+        let still = l.load(Ordering::Acquire) == len;
+        (still && len != 0 && len != usize::MAX && addr >= start && addr - start < len).then_some((start, len))
     })
 }
 
@@ -105,27 +109,49 @@ extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context
     hand_on(signal, info, context);
 }
 
-/// The program's SIGBUS, as if our handler were not there.
+/// The program's SIGBUS, as if our handler were not there: its earlier handler with that
+/// action's mask and flags, or the action the kernel would take.
 fn hand_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut c_void) {
-    // SAFETY: PREVIOUS was written before our handler could run; the calls below are
-    // async-signal-safe (sigaction, a raise of a signal to the calling thread).
+    // SAFETY: PREVIOUS was written before our handler could run; every call below is
+    // async-signal-safe (sigaction, sigprocmask, signals to the calling thread).
     unsafe {
         let previous = &*PREVIOUS.0.get();
         let action = previous.sa_sigaction;
+        let sent = (*info).si_code <= 0;
+        if action == libc::SIG_IGN && sent {
+            return; // ignored, as it would be; ours stays for the file
+        }
         if action == libc::SIG_DFL || action == libc::SIG_IGN {
-            // Its default action: for a fault, the instruction faults again once we return; a
-            // signal someone sent is sent again.
-            libc::sigaction(libc::SIGBUS, previous, core::ptr::null_mut());
-            if (*info).si_code <= 0 {
-                libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::syscall(libc::SYS_gettid), signal);
-            }
-        } else if previous.sa_flags & libc::SA_SIGINFO != 0 {
+            // The default action (the kernel forces it for a fault even where the signal is
+            // ignored): put back, and the signal raised again, delivered once we return.
+            let mut default: libc::sigaction = core::mem::zeroed();
+            default.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(libc::SIGBUS, &default, core::ptr::null_mut());
+            libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::syscall(libc::SYS_gettid), signal);
+            return;
+        }
+        // The mask and flags the kernel would have applied for that action.
+        let mut before: libc::sigset_t = core::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &previous.sa_mask, &mut before);
+        if previous.sa_flags & libc::SA_NODEFER != 0 {
+            let mut bus: libc::sigset_t = core::mem::zeroed();
+            libc::sigemptyset(&mut bus);
+            libc::sigaddset(&mut bus, libc::SIGBUS);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &bus, core::ptr::null_mut());
+        }
+        if previous.sa_flags & libc::SA_RESETHAND != 0 {
+            let mut default: libc::sigaction = core::mem::zeroed();
+            default.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(libc::SIGBUS, &default, core::ptr::null_mut());
+        }
+        if previous.sa_flags & libc::SA_SIGINFO != 0 {
             let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut c_void) = core::mem::transmute(action);
             handler(signal, info, context);
         } else {
             let handler: extern "C" fn(libc::c_int) = core::mem::transmute(action);
             handler(signal);
         }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &before, core::ptr::null_mut());
     }
 }
 

@@ -19,8 +19,14 @@ const NONE: usize = 1;
 static REALLOC: AtomicUsize = AtomicUsize::new(UNKNOWN);
 static FREE: AtomicUsize = AtomicUsize::new(UNKNOWN);
 
+/// Looks once (at load, outside every allocation call: glibc's dlsym may allocate, and inside
+/// another allocator's call that could wait on its lock).
+pub fn resolve_at_load() {
+    resolve();
+}
+
 /// The process's realloc and free when an allocator stands in front of us; None when we come
-/// first (or before init: dlsym may allocate).
+/// first.
 pub fn front() -> Option<(ReallocFn, FreeFn)> {
     let (realloc, free) = (REALLOC.load(Ordering::Acquire), FREE.load(Ordering::Acquire));
     if realloc == UNKNOWN || free == UNKNOWN {
@@ -29,6 +35,14 @@ pub fn front() -> Option<(ReallocFn, FreeFn)> {
     // SAFETY: only `resolve` stores values above NONE: the addresses of the process's realloc
     // and free.
     (realloc > NONE && free > NONE).then(|| unsafe { (core::mem::transmute::<usize, ReallocFn>(realloc), core::mem::transmute::<usize, FreeFn>(free)) })
+}
+
+/// What `resolve_at_load` found, never looking now: None when it has not looked.
+pub fn front_if_known() -> Option<(ReallocFn, FreeFn)> {
+    if REALLOC.load(Ordering::Acquire) == UNKNOWN {
+        return None;
+    }
+    front()
 }
 
 #[cold]
