@@ -562,7 +562,7 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize,
     match count.checked_mul(size) {
         // Note [An allocator in front of us] (sys/front.rs): its realloc, as glibc's would call.
         // SAFETY: forwarded under the caller's contract.
-        Some(total) => match front_after_init() {
+        Some(total) => match crate::sys::front::front() {
             Some((realloc, _)) => unsafe { realloc(p, total) },
             None => unsafe { realloc_as(p, total, asker) },
         },
@@ -576,7 +576,7 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize,
 /// # Safety
 /// As free.
 pub unsafe fn free_sized(p: *mut c_void) {
-    match front_after_init() {
+    match crate::sys::front::front() {
         // SAFETY: the process's free, for a block the program got from the process's malloc.
         Some((_, free)) => unsafe { free(p) },
         // SAFETY: the caller's contract.
@@ -584,11 +584,6 @@ pub unsafe fn free_sized(p: *mut c_void) {
     }
 }
 
-/// The allocator in front of us, asked only after init (dlsym may allocate).
-fn front_after_init() -> Option<(crate::sys::next::ReallocFn, crate::sys::next::FreeFn)> {
-    ready()?;
-    crate::sys::front::front()
-}
 
 /// The shared core of posix_memalign, aligned_alloc, memalign, valloc and pvalloc; `align` is
 /// a power of two. Returns null with errno set on failure.

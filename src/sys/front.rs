@@ -1,5 +1,5 @@
 //! An allocator in front of us: the process's own `realloc` and `free` when its `malloc` is not
-//! ours (Note [An allocator in front of us]), found once, after init.
+//! ours (Note [An allocator in front of us]), found once at load.
 
 use super::next::{FreeFn, ReallocFn};
 use core::sync::atomic::{AtomicUsize, Ordering};
@@ -14,54 +14,35 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 // allocator in front gets its own blocks back (a tracer in front sees the call, and hands it to
 // us as before).
 
-const UNKNOWN: usize = 0;
+/// Not looked yet (0) or no allocator in front (1); above: the function's address.
 const NONE: usize = 1;
-static REALLOC: AtomicUsize = AtomicUsize::new(UNKNOWN);
-static FREE: AtomicUsize = AtomicUsize::new(UNKNOWN);
-
-/// Looks once (at load, outside every allocation call: glibc's dlsym may allocate, and inside
-/// another allocator's call that could wait on its lock).
-pub fn resolve_at_load() {
-    resolve();
-}
+static REALLOC: AtomicUsize = AtomicUsize::new(0);
+static FREE: AtomicUsize = AtomicUsize::new(0);
 
 /// The process's realloc and free when an allocator stands in front of us; None when we come
-/// first.
+/// first, or before `resolve_at_load` looked (never looked up here: this is called inside
+/// allocation calls).
 pub fn front() -> Option<(ReallocFn, FreeFn)> {
     let (realloc, free) = (REALLOC.load(Ordering::Acquire), FREE.load(Ordering::Acquire));
-    if realloc == UNKNOWN || free == UNKNOWN {
-        return resolve();
-    }
-    // SAFETY: only `resolve` stores values above NONE: the addresses of the process's realloc
-    // and free.
+    // SAFETY: only `resolve_at_load` stores values above NONE: the addresses of the process's
+    // realloc and free.
     (realloc > NONE && free > NONE).then(|| unsafe { (core::mem::transmute::<usize, ReallocFn>(realloc), core::mem::transmute::<usize, FreeFn>(free)) })
 }
 
-/// What `resolve_at_load` found, never looking now: None when it has not looked.
-pub fn front_if_known() -> Option<(ReallocFn, FreeFn)> {
-    if REALLOC.load(Ordering::Acquire) == UNKNOWN {
-        return None;
-    }
-    front()
-}
-
-#[cold]
-fn resolve() -> Option<(ReallocFn, FreeFn)> {
+/// Looks once, at load, outside every allocation call (glibc's dlsym may allocate, and inside
+/// another allocator's call that could wait on its lock).
+pub fn resolve_at_load() {
+    // The process's definition: None when it is ours or there is none.
     let found = |name: &core::ffi::CStr| {
         // SAFETY: glibc's dlsym with a constant name; RTLD_DEFAULT searches the global scope.
         let p = unsafe { super::dlsym::glibc()(libc::RTLD_DEFAULT, name.as_ptr()) };
-        if p.is_null() || super::dlsym::is_ours(p) { NONE } else { p as usize }
+        (!p.is_null() && !super::dlsym::is_ours(p)).then_some(p as usize)
     };
     // Someone's malloc comes before ours in the global scope, where we are (our tm_get_stats is
     // the process's), and it is not the C library's: loaded by path (even RTLD_GLOBAL, as
     // Python's package loads us) or in a test, glibc's malloc comes first and never calls us.
-    let in_front = super::dlsym::process_definition_is_ours(c"tm_get_stats") && {
-        // SAFETY: glibc's dlsym with a constant name.
-        let malloc = unsafe { super::dlsym::glibc()(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
-        !malloc.is_null() && !super::dlsym::is_ours(malloc) && !super::dlsym::in_c_library(malloc as usize)
-    };
-    let (realloc, free) = if in_front { (found(c"realloc"), found(c"free")) } else { (NONE, NONE) };
-    REALLOC.store(realloc, Ordering::Release);
-    FREE.store(free, Ordering::Release);
-    front()
+    let in_front = super::dlsym::process_definition_is_ours(c"tm_get_stats") && found(c"malloc").is_some_and(|malloc| !super::dlsym::in_c_library(malloc));
+    let (realloc, free) = if in_front { (found(c"realloc"), found(c"free")) } else { (None, None) };
+    REALLOC.store(realloc.unwrap_or(NONE), Ordering::Release);
+    FREE.store(free.unwrap_or(NONE), Ordering::Release);
 }

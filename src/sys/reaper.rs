@@ -80,7 +80,7 @@ pub fn on_block_cached(deadline_ns: u64) {
         RUNNING if SLEEPING_UNTIL.load(Ordering::Acquire) > deadline_ns => wake(),
         RUNNING => {}
         NOT_STARTED => {
-            if super::front::front_if_known().is_some() {
+            if super::front::front().is_some() {
                 never_from_a_call();
                 let_go();
                 return;
