@@ -10,6 +10,7 @@
  * src/sys/thread.rs). */
 #define _GNU_SOURCE
 #include "check.h"
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -31,15 +32,41 @@ static const char *result(int rc) {
     return rc == 0 ? "ok" : strerror(errno);
 }
 
+/* After a refusal: each thread of this process now, as "TID:STATE" from /proc/self/task (a
+ * thread held after its end shows Z or t), so a failure says what the kernel still counted. */
+static void print_tasks(const char *call, int rc) {
+    if (rc == 0) return;
+    printf("%s refused; tasks now:", call);
+    DIR *d = opendir("/proc/self/task");
+    CHECK(d);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char path[64], stat[512] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (f && fgets(stat, sizeof stat, f)) {
+            const char *end = strrchr(stat, ')');
+            printf(" %s:%c", e->d_name, end && end[1] == ' ' ? end[2] : '?');
+        }
+        if (f) fclose(f);
+    }
+    closedir(d);
+    printf("\n");
+}
+
 static int scenario(void) {
     churn(1);
     int before = thread_count();
     int fd = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
     CHECK(fd >= 0);
-    const char *joined = result(setns(fd, CLONE_NEWNS));
+    int setns_rc = setns(fd, CLONE_NEWNS);
+    const char *joined = result(setns_rc);
+    print_tasks("setns", setns_rc);
     close(fd);
     churn(2);
-    const char *unshared = result(unshare(CLONE_NEWUSER));
+    int unshare_rc = unshare(CLONE_NEWUSER);
+    const char *unshared = result(unshare_rc);
+    print_tasks("unshare", unshare_rc);
     churn(3);
     printf("setns: %s, unshare: %s, threads: %d %d\n", joined, unshared, before, thread_count());
     return 0;

@@ -57,7 +57,7 @@ mod gather;
 mod release;
 mod store;
 
-pub use facts::{votes_after, votes_after_write, zero_by_discard, PageFacts, DENSE_VOTES, MIXED_ADVICE};
+pub use facts::{votes_after, votes_after_write, zero_by_discard, PageFacts, DENSE_VOTES, MIXED_ADVICE, MOST_VOTES};
 pub use gather::{Part, Parts, MAX_PARTS};
 pub use release::Due;
 pub use store::CAPACITY;

@@ -52,13 +52,30 @@ fn future_locking() -> Option<bool> {
 /// Dropping a resident 4 KiB page costs 60-250 ns, a resident 2 MiB huge page about 5 us (10 ns
 /// per 4 KiB of it), a page never touched about nothing: a drop that took more than this per 4
 /// KiB, past the call's own cost, found the range mostly resident (Note [calloc costs what is
-/// touched] in host/host_layer/alloc.rs).
+/// touched] in host/host_layer/alloc.rs). Counted in this thread's CPU time, so a drop the
+/// scheduler interrupted is not taken for a long one.
 const RESIDENT_NS_PER_PAGE: u64 = 4;
 const DROP_CALL_NS: u64 = 2_000;
 /// Writing a resident 4 KiB page costs 100-300 ns; one not resident faults first (the kernel's
-/// fault and zeroing, 0.6-2 us): a write that took more than this per 4 KiB found the range
-/// mostly not resident.
+/// fault and zeroing, 0.6-2 us): a write whose median piece took more than this per 4 KiB found
+/// the range mostly not resident.
 const NOT_RESIDENT_WRITE_NS_PER_PAGE: u64 = 500;
+/// A weighed write goes in at most this many pieces of at least MIN_PIECE_PAGES, each timed: on
+/// a loaded machine (a virtual one whose host takes its CPU away, a thread preempted) one write
+/// in a few took 500-2,000 ns a resident page, in the clock's time and in the thread's CPU time
+/// alike, and two such in a row sent calloc back to dropping blocks the program fills every
+/// time (each then faulted in whole, 1 step in 8 of a training loop). Such a stall lands in a
+/// few pieces; faults land in every piece of a range mostly not resident: the median piece says
+/// which it was. One clock read (the vDSO's) per 64 KiB or more: under 1% of the write.
+const WEIGHED_PIECES: usize = 32;
+const MIN_PIECE_PAGES: usize = 16;
+
+/// The lower median of `costs` (sorted in place; 0 for none): at least half the values are at
+/// or above it only when more than half were.
+fn lower_median(costs: &mut [u64]) -> u64 {
+    costs.sort_unstable();
+    costs.get(costs.len().saturating_sub(1) / 2).copied().unwrap_or(0)
+}
 
 use super::page_calls as calls;
 use super::process::errno;
@@ -320,10 +337,27 @@ impl PageMemory for OsPages {
     }
 
     fn zero_weighed(&self, addr: usize, len: usize) -> bool {
-        let start = super::clock::now_ns();
-        self.zero(addr, len);
-        let took_ns = super::clock::now_ns().saturating_sub(start);
-        took_ns <= ((len / PAGE) as u64).saturating_mul(NOT_RESIDENT_WRITE_NS_PER_PAGE)
+        let pages = len / PAGE;
+        let pieces = pages.div_ceil(MIN_PIECE_PAGES).clamp(1, WEIGHED_PIECES);
+        let piece = (pages / pieces).max(1) * PAGE;
+        let mut costs = [0u64; WEIGHED_PIECES];
+        let (mut at, mut n) = (0, 0);
+        let mut before = super::clock::now_ns();
+        while at < len && n < WEIGHED_PIECES {
+            // The last piece takes the rest.
+            let this = if n + 1 == pieces { len - at } else { piece.min(len - at) };
+            self.zero(addr + at, this);
+            let after = super::clock::now_ns();
+            if let Some(cost) = costs.get_mut(n) {
+                *cost = after.saturating_sub(before) / (this / PAGE).max(1) as u64;
+            }
+            (before, at, n) = (after, at + this, n + 1);
+        }
+        // None is left (the last piece took the rest); were one, it still reads zero.
+        if at < len {
+            self.zero(addr + at, len - at);
+        }
+        lower_median(costs.get_mut(..n).unwrap_or(&mut [])) <= NOT_RESIDENT_WRITE_NS_PER_PAGE
     }
 
     fn discard(&self, addr: usize, len: usize) -> bool {
@@ -332,11 +366,11 @@ impl PageMemory for OsPages {
     }
 
     fn discard_weighed(&self, addr: usize, len: usize) -> Option<bool> {
-        let start = super::clock::now_ns();
+        let start = super::clock::thread_cpu_ns();
         if !self.discard(addr, len) {
             return None;
         }
-        let took_ns = super::clock::now_ns().saturating_sub(start);
+        let took_ns = super::clock::thread_cpu_ns().saturating_sub(start);
         let pages = (len / PAGE) as u64;
         Some(took_ns > DROP_CALL_NS.saturating_add(pages.saturating_mul(RESIDENT_NS_PER_PAGE)))
     }
@@ -394,6 +428,33 @@ pub fn map_table(len: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lower_median_needs_more_than_half_the_pieces_slow() {
+        assert_eq!(lower_median(&mut []), 0);
+        assert_eq!(lower_median(&mut [900]), 900);
+        assert_eq!(lower_median(&mut [2_000, 150]), 150, "half slow: not most");
+        assert_eq!(lower_median(&mut [150, 2_000, 1_800]), 1_800, "two of three slow: most");
+        let mut stalled = [160u64; 32];
+        stalled[3..10].fill(2_200);
+        assert_eq!(lower_median(&mut stalled), 160, "a stall over a few pieces changes nothing");
+    }
+
+    #[test]
+    fn a_weighed_write_zeroes_exactly_its_range_in_pieces() {
+        let len = 9 << 20;
+        let addr = OsPages.map(len, PAGE).unwrap();
+        // SAFETY: the mapping was just made for this test.
+        let bytes = unsafe { core::slice::from_raw_parts_mut(addr as *mut u8, len) };
+        for (start, n) in [(0, 1), (PAGE, 3 * PAGE + 17), (PAGE, 16 * PAGE), (3 * PAGE, (1 << 20) + 5 * PAGE + 100), (0, 8 << 20), (7, (8 << 20) + 12_345)] {
+            bytes.fill(0xab);
+            OsPages.zero_weighed(addr + start, n);
+            assert!(bytes[..start].iter().all(|&b| b == 0xab), "before {start}+{n}");
+            assert!(bytes[start..start + n].iter().all(|&b| b == 0), "inside {start}+{n}");
+            assert!(bytes[start + n..].iter().all(|&b| b == 0xab), "after {start}+{n}");
+        }
+        OsPages.unmap(addr, len);
+    }
 
     #[test]
     fn a_mapping_grown_anywhere_lands_on_its_alignment_with_its_contents() {

@@ -62,23 +62,40 @@ pub fn own_tid() -> i32 {
 // (CLONE_NEWUSER) or setns made just after we joined ours could still find two threads and fail
 // with EINVAL (1 run in about 3 on a 16-core machine). So after the join we wait, boundedly,
 // until the kernel no longer knows the thread's id in this process: tgkill with signal 0 sends
-// nothing and fails with ESRCH once the thread is released (a few microseconds).
+// nothing and fails with ESRCH once the thread is released. That takes microseconds, asked
+// again after a sched_yield; past a millisecond the thread is held (a tracer reaps it when it
+// gets round to it, a loaded machine has not run the kernel's last step yet), and we ask every
+// millisecond, asleep, leaving the CPU to whoever must run, for at most a second. (A bound of
+// 0.1 s spent yielding lost to a tracer holding the ended thread 20 ms on CI's machine.)
 
-/// Waits at most 0.1 s until the ended thread `tid` of this process has been released by the
-/// kernel (0: none to wait for).
+/// Waits at most a second until the ended thread `tid` of this process has been released by
+/// the kernel (0: none to wait for).
 pub fn wait_released(tid: i32) {
     if tid <= 0 {
         return;
     }
     // SAFETY: getpid cannot fail.
     let pid = unsafe { libc::getpid() };
-    let until = super::clock::now_ns().saturating_add(100_000_000);
     // SAFETY: signal 0 to a thread of our own process checks only that it exists.
-    while unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, 0) } == 0 && super::clock::now_ns() < until {
-        // SAFETY: sched_yield takes no argument.
-        unsafe { libc::sched_yield() };
+    let exists = || unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, 0) } == 0;
+    let start = super::clock::now_ns();
+    while exists() {
+        let waited = super::clock::now_ns().saturating_sub(start);
+        if waited >= RELEASE_WAIT_NS {
+            return;
+        }
+        if waited < RELEASE_SPIN_NS {
+            // SAFETY: sched_yield takes no argument.
+            unsafe { libc::sched_yield() };
+        } else {
+            super::clock::sleep_ns(RELEASE_SPIN_NS);
+        }
     }
 }
+
+/// How long `wait_released` yields before it sleeps between its questions, and how long in all.
+const RELEASE_SPIN_NS: u64 = 1_000_000;
+const RELEASE_WAIT_NS: u64 = 1_000_000_000;
 
 /// Signals are the program's business: ours block every one glibc lets a thread block, but
 /// SIGBUS, which a fault in our thread raises (blocked, the kernel would kill the process for
@@ -217,10 +234,11 @@ mod tests {
         // SAFETY: signal 0 only asks whether the thread exists.
         let gone = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, 0) };
         assert_eq!((gone, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ESRCH)));
-        // A thread that is not ending: the wait gives up after 0.1 s.
-        let started = std::time::Instant::now();
+        // A thread that is not ending: the wait gives up after a second, asleep most of it.
+        let (started, cpu) = (std::time::Instant::now(), crate::sys::clock::thread_cpu_ns());
         wait_released(own_tid());
-        let waited = started.elapsed();
-        assert!(waited >= std::time::Duration::from_millis(100) && waited < std::time::Duration::from_secs(5), "{waited:?}");
+        let (waited, busy) = (started.elapsed(), crate::sys::clock::thread_cpu_ns() - cpu);
+        assert!(waited >= std::time::Duration::from_secs(1) && waited < std::time::Duration::from_secs(10), "{waited:?}");
+        assert!(busy < 500_000_000, "{busy} ns of CPU in a wait of {waited:?}");
     }
 }

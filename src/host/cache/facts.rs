@@ -22,12 +22,20 @@ pub fn zero_by_discard(len: usize, votes: u8, discard_min: usize) -> bool {
     len >= discard_min && votes < DENSE_VOTES
 }
 
+/// The most votes a block (or the process) carries: one past DENSE_VOTES, reached by writes that
+/// found it resident, so that going back from writing to dropping takes two findings of "mostly
+/// not resident" in a row (the registry keeps two bits).
+pub const MOST_VOTES: u8 = DENSE_VOTES + 1;
+const _: () = assert!(MOST_VOTES <= 3, "the registry keeps two bits of votes");
+
 /// Votes after zeros were written over a block (`resident`: the write found it mostly so):
-/// one more, or one fewer (a write the scheduler interrupted looks like one that faulted, so
-/// it takes two such findings to go from writing back to dropping).
+/// one more, or one fewer. A write slowed by other work on the machine can look like one that
+/// faulted: with one vote of slack, one such finding changes nothing (on a loaded machine a
+/// single one sent calloc back to dropping a block the program fills every time, which then
+/// faulted in whole).
 pub fn votes_after_write(votes: u8, resident: bool) -> u8 {
     if resident {
-        (votes + 1).min(DENSE_VOTES)
+        (votes + 1).min(MOST_VOTES)
     } else {
         votes.saturating_sub(1)
     }

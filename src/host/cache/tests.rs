@@ -178,6 +178,21 @@ fn calloc_discards_only_big_blocks_mostly_not_resident() {
 }
 
 #[test]
+fn calloc_goes_back_to_dropping_only_after_two_writes_that_faulted() {
+    // Writing from the first two dense findings on; resident writes give one vote of slack.
+    let mut votes = votes_after(votes_after(0, Some(true)), Some(true));
+    assert!(!zero_by_discard(64 * MB, votes, MB));
+    votes = votes_after_write(votes_after_write(votes, true), true);
+    assert_eq!(votes, MOST_VOTES, "saturates");
+    votes = votes_after_write(votes, false);
+    assert!(!zero_by_discard(64 * MB, votes, MB), "one slow write (a loaded machine) changes nothing");
+    votes = votes_after_write(votes, true);
+    assert_eq!(votes, MOST_VOTES, "and the next resident one restores the slack");
+    votes = votes_after_write(votes_after_write(votes, false), false);
+    assert!(zero_by_discard(64 * MB, votes, MB), "two in a row: the program's callocs turned sparse");
+}
+
+#[test]
 fn known_zero_follows_the_block_and_its_split_tail() {
     let mut c = BlockCache::new(limits());
     c.insert(0x1000_0000, 100 * MB, PageFacts::zeroed(true), 0, Live::default());
