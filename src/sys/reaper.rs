@@ -215,12 +215,18 @@ pub fn give_task_back() -> bool {
 /// Ends the running reaper and waits for it to be gone (Note [Joined is not gone] in
 /// thread.rs); false when none ran.
 fn stop() -> bool {
+    let mut asked = None;
     loop {
         match STATE.compare_exchange(RUNNING, STOPPING, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => break,
             // Another thread is making it: wait until it is made (a handful of instructions);
             // or it is letting itself go: wait until it has.
             Err(STARTING | GIVING_BACK) => core::hint::spin_loop(),
+            // Another thread is stopping it (its own capset, unshare or setns): wait until
+            // that one has joined it and seen it released, rather than take the id it waits on
+            // and return while ours may still count (a join takes up to a wake's latency).
+            // Bounded: a child made mid-stop by a raw clone inherits the word, not the stopper.
+            Err(STOPPING) if super::clock::now_ns().saturating_sub(*asked.get_or_insert_with(super::clock::now_ns)) < STOP_WAIT_NS => super::clock::pause(),
             Err(_) => {
                 // One that gave its task back may still be leaving (no one joined it).
                 super::thread::wait_released(TID.swap(0, Ordering::AcqRel));
@@ -238,6 +244,10 @@ fn stop() -> bool {
     STATE.store(NOT_STARTED, Ordering::Release);
     true
 }
+
+/// How long a stop waits for another thread's stop of ours (its join and wait_released: at most
+/// a little over a second).
+const STOP_WAIT_NS: u64 = 2_000_000_000;
 
 /// The fallback when no thread could be made: reap on the allocation paths.
 fn reap_inline() {
