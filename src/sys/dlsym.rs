@@ -13,7 +13,7 @@
 // family up with glibc's dlsym, called directly (relative to us), and refuse any answer that is
 // our own (`is_ours`).
 
-use core::ffi::{c_char, c_void};
+use core::ffi::{c_char, c_void, CStr};
 use core::sync::atomic::{AtomicPtr, Ordering};
 
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
@@ -97,15 +97,12 @@ pub unsafe fn own_definition(name: &core::ffi::CStr) -> *mut c_void {
     static OWN: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
     let mut own = OWN.load(Ordering::Acquire);
     if own.is_null() {
-        // SAFETY: dladdr fills a struct we own; dlopen with NOLOAD only finds this library,
-        // which is loaded (and never unloaded: `-z nodelete`).
-        unsafe {
-            let mut info: libc::Dl_info = core::mem::zeroed();
-            if libc::dladdr(own_definition as *const c_void, &mut info) == 0 || info.dli_fname.is_null() {
-                return core::ptr::null_mut();
-            }
-            own = libc::dlopen(info.dli_fname, libc::RTLD_NOLOAD | libc::RTLD_LAZY);
-        }
+        let Some((_, path)) = object_of(own_definition as *const () as usize).filter(|(_, path)| !path.is_empty()) else {
+            return core::ptr::null_mut();
+        };
+        // SAFETY: dlopen with NOLOAD only finds this library, which is loaded (and never
+        // unloaded: `-z nodelete`).
+        own = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
         if own.is_null() {
             return core::ptr::null_mut();
         }
@@ -126,25 +123,28 @@ pub fn process_definition_is_ours(name: &core::ffi::CStr) -> bool {
 
 /// Whether the code at `addr` lies in the C library (libc.so.6).
 pub fn in_c_library(addr: usize) -> bool {
-    // SAFETY: dladdr only reads the loader's tables into the struct we own; the name it points to
-    // lives while libc is loaded.
-    unsafe {
-        let mut info: libc::Dl_info = core::mem::zeroed();
-        if libc::dladdr(addr as *const c_void, &mut info) == 0 || info.dli_fname.is_null() {
-            return false;
-        }
-        let path = core::ffi::CStr::from_ptr(info.dli_fname).to_bytes();
-        path.rsplit(|&b| b == b'/').next().is_some_and(|name| name.starts_with(b"libc.so"))
-    }
+    object_of(addr).is_some_and(|(_, path)| path.to_bytes().rsplit(|&b| b == b'/').next().is_some_and(|name| name.starts_with(b"libc.so")))
 }
 
-/// Whether `p` lies in this library (dladdr: no allocation).
+/// Whether `p` lies in this library.
 pub fn is_ours(p: *mut c_void) -> bool {
-    let base = |addr: *const c_void| {
-        // SAFETY: dladdr fills the struct we own; it only reads the loader's tables.
-        let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
-        (unsafe { libc::dladdr(addr, &mut info) } != 0).then_some(info.dli_fbase)
-    };
-    let ours = base(is_ours as *const c_void);
-    ours.is_some() && base(p) == ours
+    let ours = object_of(is_ours as *const () as usize).map(|(base, _)| base);
+    ours.is_some() && object_of(p as usize).map(|(base, _)| base) == ours
+}
+
+/// The loaded object holding `addr`, as dladdr says: its load base and its path (empty for the
+/// main program); None for an address in none. dladdr only reads the loader's tables (no
+/// allocation); the path lives as long as the object stays loaded.
+pub fn object_of(addr: usize) -> Option<(usize, &'static CStr)> {
+    if addr == 0 {
+        return None;
+    }
+    // SAFETY: dladdr fills the struct we own; a non-null name is NUL-terminated.
+    unsafe {
+        let mut info: libc::Dl_info = core::mem::zeroed();
+        if libc::dladdr(addr as *const c_void, &mut info) == 0 {
+            return None;
+        }
+        Some((info.dli_fbase as usize, if info.dli_fname.is_null() { c"" } else { CStr::from_ptr(info.dli_fname) }))
+    }
 }

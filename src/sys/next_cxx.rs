@@ -77,7 +77,7 @@ impl<F: Copy> NextOp<F> {
             let replaced_base = self.bases.iter().any(|&base| replaced(base));
             // SAFETY: a C string constant; dlsym/dlopen/dladdr are safe to call after init.
             let a = unsafe { if replaced_base { find_in_cxx_runtime(self.name) } else { find(self.name) } };
-            let (found, ours, plain) = match library_of(a) {
+            let (found, ours, plain) = match super::dlsym::object_of(a as usize) {
                 Some(lib) => (true, lib.0 == own_library().0, is_libstdcxx(lib)),
                 None => (!a.is_null(), false, false),
             };
@@ -121,7 +121,7 @@ impl<F: Copy> NextOp<F> {
 fn replaced(base: &CStr) -> bool {
     // SAFETY: a C string constant; RTLD_DEFAULT searches the global scope, as the PLT does.
     let a = unsafe { libc::dlsym(libc::RTLD_DEFAULT, base.as_ptr()) };
-    match library_of(a) {
+    match super::dlsym::object_of(a as usize) {
         Some(lib) => lib.0 != own_library().0,
         None => !a.is_null(),
     }
@@ -164,27 +164,12 @@ unsafe fn find_in_cxx_runtime(name: &CStr) -> *mut c_void {
     core::ptr::null_mut()
 }
 
-/// The object (base address and file name) that `a` lies in, if the loader knows it.
-fn library_of(a: *mut c_void) -> Option<(usize, &'static CStr)> {
-    if a.is_null() {
-        return None;
-    }
-    // SAFETY: dladdr only reads the loader's tables into a plain out-parameter; the file name
-    // it points to lives as long as the object stays loaded, and ours never unload.
-    unsafe {
-        let mut info: libc::Dl_info = core::mem::zeroed();
-        if libc::dladdr(a, &mut info) == 0 || info.dli_fname.is_null() {
-            return None;
-        }
-        Some((info.dli_fbase as usize, CStr::from_ptr(info.dli_fname)))
-    }
-}
 
 /// This library: an operator found there (a program linking us twice, or a loader quirk)
 /// would loop.
 fn own_library() -> (usize, &'static CStr) {
     static ANCHOR: u8 = 0;
-    library_of(core::ptr::addr_of!(ANCHOR) as *mut c_void).unwrap_or((0, c""))
+    super::dlsym::object_of(core::ptr::addr_of!(ANCHOR) as usize).unwrap_or((0, c""))
 }
 
 fn is_libstdcxx((_, path): (usize, &'static CStr)) -> bool {
@@ -233,11 +218,11 @@ mod tests {
         // The test binary defines no malloc: RTLD_NEXT finds libc's.
         static MALLOC: NextOp<NewFn> = NextOp::new(c"malloc", &[]);
         let f = MALLOC.resolve().expect("libc's malloc");
-        assert_ne!(library_of(f as *mut c_void).unwrap().0, own_library().0);
+        assert_ne!(crate::sys::dlsym::object_of(f as *const () as usize).unwrap().0, own_library().0);
         assert!(MALLOC.get().is_some() && !MALLOC.is_plain(), "libc is not libstdc++");
         // SAFETY: malloc and free with their C signatures.
         unsafe { libc::free(f(64)) };
-        let ours = library_of(own_library as *mut c_void).unwrap();
+        let ours = crate::sys::dlsym::object_of(own_library as *const () as usize).unwrap();
         assert_eq!(ours.0, own_library().0, "our own code is recognized, so it is never called as next");
         assert!(!is_libstdcxx(ours));
         assert!(is_libstdcxx((0, c"/usr/lib/x86_64-linux-gnu/libstdc++.so.6")));

@@ -182,16 +182,9 @@ extern "C" {
     fn gnu_get_libc_version() -> *const core::ffi::c_char;
 }
 
-/// The load base of the object holding `p` (dladdr: no allocation).
-fn object_base(p: *const c_void) -> Option<usize> {
-    // SAFETY: dladdr fills the struct we own; it only reads the loader's tables.
-    let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
-    (unsafe { libc::dladdr(p, &mut info) } != 0).then_some(info.dli_fbase as usize)
-}
-
 /// Resolves the next definitions (Note [The next interposer]); at init, where dlsym may run.
 pub fn resolve_next() {
-    let libc_base = object_base(gnu_get_libc_version as *const c_void);
+    let libc_base = super::dlsym::object_of(gnu_get_libc_version as *const () as usize).map(|(base, _)| base);
     for (name, slot) in NAMES.iter().zip(NEXT.iter()) {
         // SAFETY: glibc's dlsym relative to us; never our own definition.
         let p = unsafe { super::dlsym::next_definition(name) };
@@ -201,7 +194,7 @@ pub fn resolve_next() {
         if *name == c"pthread_create" {
             LIBC_PTHREAD_CREATE.store(p as usize, core::sync::atomic::Ordering::Release);
         }
-        if object_base(p) != libc_base || libc_base.is_none() {
+        if super::dlsym::object_of(p as usize).map(|(base, _)| base) != libc_base || libc_base.is_none() {
             slot.store(p as usize, core::sync::atomic::Ordering::Release);
         }
     }
