@@ -18,16 +18,6 @@ pub fn now_ns() -> u64 {
     (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
 }
 
-/// CPU time the calling thread has used, in nanoseconds (CLOCK_THREAD_CPUTIME_ID: a real system
-/// call, the vDSO does not answer it; 0 where a filter refuses it). Time the scheduler gave to
-/// other threads is not in it, and the kernel's work for this thread's page faults is.
-pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: as in now_ns.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
-}
-
 /// Wall-clock time (CLOCK_REALTIME) in nanoseconds since the epoch, as file times are given.
 pub fn wall_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

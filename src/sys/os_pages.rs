@@ -52,8 +52,9 @@ fn future_locking() -> Option<bool> {
 /// Dropping a resident 4 KiB page costs 60-250 ns, a resident 2 MiB huge page about 5 us (10 ns
 /// per 4 KiB of it), a page never touched about nothing: a drop that took more than this per 4
 /// KiB, past the call's own cost, found the range mostly resident (Note [calloc costs what is
-/// touched] in host/host_layer/alloc.rs). Counted in this thread's CPU time, so a drop the
-/// scheduler interrupted is not taken for a long one.
+/// touched] in host/host_layer/alloc.rs). A drop the scheduler interrupted looks long: it votes
+/// for writing, which the next write, weighed in pieces, corrects. (The thread's CPU clock would
+/// not see the interruption, but reading it is a real system call, one a malloc never makes.)
 const RESIDENT_NS_PER_PAGE: u64 = 4;
 const DROP_CALL_NS: u64 = 2_000;
 /// Writing a resident 4 KiB page costs 100-300 ns; one not resident faults first (the kernel's
@@ -69,6 +70,9 @@ const NOT_RESIDENT_WRITE_NS_PER_PAGE: u64 = 500;
 /// which it was. One clock read (the vDSO's) per 64 KiB or more: under 1% of the write.
 const WEIGHED_PIECES: usize = 32;
 const MIN_PIECE_PAGES: usize = 16;
+// (Blocks in transparent huge pages fault once per 2 MiB, inside a few pieces: a block of them
+// not resident reads as resident, as it did timed whole. Writing it costs about twice what a
+// resident one does, so the vote errs toward writing where dropping would have been cheaper.)
 
 /// The lower median of `costs` (sorted in place; 0 for none): at least half the values are at
 /// or above it only when more than half were.
@@ -338,7 +342,7 @@ impl PageMemory for OsPages {
 
     fn zero_weighed(&self, addr: usize, len: usize) -> bool {
         let pages = len / PAGE;
-        let pieces = pages.div_ceil(MIN_PIECE_PAGES).clamp(1, WEIGHED_PIECES);
+        let pieces = (pages / MIN_PIECE_PAGES).clamp(1, WEIGHED_PIECES);
         let piece = (pages / pieces).max(1) * PAGE;
         let mut costs = [0u64; WEIGHED_PIECES];
         let (mut at, mut n) = (0, 0);
@@ -366,11 +370,11 @@ impl PageMemory for OsPages {
     }
 
     fn discard_weighed(&self, addr: usize, len: usize) -> Option<bool> {
-        let start = super::clock::thread_cpu_ns();
+        let start = super::clock::now_ns();
         if !self.discard(addr, len) {
             return None;
         }
-        let took_ns = super::clock::thread_cpu_ns().saturating_sub(start);
+        let took_ns = super::clock::now_ns().saturating_sub(start);
         let pages = (len / PAGE) as u64;
         Some(took_ns > DROP_CALL_NS.saturating_add(pages.saturating_mul(RESIDENT_NS_PER_PAGE)))
     }

@@ -25,6 +25,8 @@ static THREAD: AtomicU64 = AtomicU64::new(0);
 /// The kernel id of the thread that last ended (asked to stop or give its task back), set by it
 /// as it ends; 0 once it is known gone.
 static TID: AtomicI32 = AtomicI32::new(0);
+/// The process that made the running thread (Note [A child's words, not its thread]).
+static OWNER: AtomicU32 = AtomicU32::new(0);
 /// Bumped to wake the reaper; the futex word.
 static WAKE_SEQ: AtomicU32 = AtomicU32::new(0);
 /// When the sleeping reaper will wake by itself; u64::MAX while it sleeps with no deadline.
@@ -109,6 +111,7 @@ pub fn start_now() {
     match super::thread::spawn_joinable(&REAPER) {
         Some(thread) => {
             THREAD.store(thread, Ordering::Release);
+            OWNER.store(super::process::id(), Ordering::Release);
             STATE.store(RUNNING, Ordering::Release);
         }
         None => {
@@ -175,6 +178,9 @@ fn let_go() {
 /// new one after it when one ran before (Note [Threads and credentials], Note [Threads and
 /// namespaces]).
 pub fn without_thread<R>(change: impl FnOnce() -> R) -> R {
+    // A child our fork handlers did not see adopts the parent's records first, our thread's
+    // words among them (Note [A child's words, not its thread]).
+    super::fork_mark::check();
     let stopped = stop();
     let answer = change();
     if stopped {
@@ -215,21 +221,32 @@ pub fn give_task_back() -> bool {
 /// Ends the running reaper and waits for it to be gone (Note [Joined is not gone] in
 /// thread.rs); false when none ran.
 fn stop() -> bool {
+    let owner = OWNER.load(Ordering::Acquire);
+    if owner != 0 && owner != super::process::id() {
+        // Note [A child's words, not its thread]: none of ours runs in this process.
+        return false;
+    }
     let mut asked = None;
     loop {
         match STATE.compare_exchange(RUNNING, STOPPING, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => break,
             // Another thread is making it: wait until it is made (a handful of instructions);
-            // or it is letting itself go: wait until it has.
-            Err(STARTING | GIVING_BACK) => core::hint::spin_loop(),
-            // Another thread is stopping it (its own capset, unshare or setns): wait until
-            // that one has joined it and seen it released, rather than take the id it waits on
-            // and return while ours may still count (a join takes up to a wake's latency).
-            // Bounded: a child made mid-stop by a raw clone inherits the word, not the stopper.
-            Err(STOPPING) if super::clock::now_ns().saturating_sub(*asked.get_or_insert_with(super::clock::now_ns)) < STOP_WAIT_NS => super::clock::pause(),
+            // or letting it go: until it has; or stopping it (its own capset, unshare or
+            // setns): until that one has joined it and seen it released, rather than take the
+            // id it waits on and return while ours may still count. Bounded: a join waits on
+            // our thread's next wake, and a child whose parent was in the middle of one of
+            // these inherits the word, not the thread doing it (past the bound, the id stays
+            // the other's).
+            Err(STARTING | GIVING_BACK | STOPPING) => {
+                if super::clock::now_ns().saturating_sub(*asked.get_or_insert_with(super::clock::now_ns)) >= STOP_WAIT_NS {
+                    return false;
+                }
+                super::clock::pause();
+            }
             Err(_) => {
-                // One that gave its task back may still be leaving (no one joined it).
-                super::thread::wait_released(TID.swap(0, Ordering::AcqRel));
+                // One that gave its task back may still be leaving (no one joined it): microseconds,
+                // unless long gone and its id now another thread's, which a short bound caps.
+                super::thread::wait_released(TID.swap(0, Ordering::AcqRel), GAVE_BACK_WAIT_NS);
                 return false;
             }
         }
@@ -239,15 +256,27 @@ fn stop() -> bool {
     if thread != 0 {
         super::thread::join(thread);
         // Read after the join: the thread set it before it could end.
-        super::thread::wait_released(TID.swap(0, Ordering::AcqRel));
+        super::thread::wait_released(TID.swap(0, Ordering::AcqRel), super::thread::RELEASE_WAIT_NS);
     }
     STATE.store(NOT_STARTED, Ordering::Release);
     true
 }
 
-/// How long a stop waits for another thread's stop of ours (its join and wait_released: at most
-/// a little over a second).
+/// How long a stop waits for another thread's stop of ours (a join, which takes our thread's
+/// next wake, and wait_released's second at most).
 const STOP_WAIT_NS: u64 = 2_000_000_000;
+/// How long a stop waits for a thread that gave its task back to be released.
+const GAVE_BACK_WAIT_NS: u64 = 10_000_000;
+
+// Note [A child's words, not its thread]
+// A child made by a raw clone or _Fork runs none of our fork handlers: it inherits the words
+// that say our thread runs, and no thread. Its first capset, unshare or setns (bubblewrap's and
+// systemd's children call little else) joined a thread that is not in it and hung for ever. So
+// around such a call the child first adopts the parent's records (as its next allocation
+// would: Note [Children our handlers did not see] in fork_mark.rs), which says no thread runs;
+// and where that cannot be known (no MADV_WIPEONFORK, or a child sharing our memory,
+// CLONE_VM), the process that made the thread is asked: a stop in another one has nothing to
+// stop and touches nothing.
 
 /// The fallback when no thread could be made: reap on the allocation paths.
 fn reap_inline() {
@@ -305,6 +334,7 @@ fn reaper_main() {
 
 /// In a forked child the reaper thread does not exist: start a new one on demand.
 pub fn after_fork_in_child() {
+    OWNER.store(0, Ordering::Release);
     THREAD.store(0, Ordering::Release);
     TID.store(0, Ordering::Release);
     STATE.store(NOT_STARTED, Ordering::Release);

@@ -68,9 +68,9 @@ pub fn own_tid() -> i32 {
 // millisecond, asleep, leaving the CPU to whoever must run, for at most a second. (A bound of
 // 0.1 s spent yielding lost to a tracer holding the ended thread 20 ms on CI's machine.)
 
-/// Waits at most a second until the ended thread `tid` of this process has been released by
+/// Waits at most `bound_ns` until the ended thread `tid` of this process has been released by
 /// the kernel (0: none to wait for).
-pub fn wait_released(tid: i32) {
+pub fn wait_released(tid: i32, bound_ns: u64) {
     if tid <= 0 {
         return;
     }
@@ -81,7 +81,7 @@ pub fn wait_released(tid: i32) {
     let start = super::clock::now_ns();
     while exists() {
         let waited = super::clock::now_ns().saturating_sub(start);
-        if waited >= RELEASE_WAIT_NS {
+        if waited >= bound_ns {
             return;
         }
         if waited < RELEASE_SPIN_NS {
@@ -93,9 +93,10 @@ pub fn wait_released(tid: i32) {
     }
 }
 
-/// How long `wait_released` yields before it sleeps between its questions, and how long in all.
+/// How long `wait_released` yields before it sleeps between its questions.
 const RELEASE_SPIN_NS: u64 = 1_000_000;
-const RELEASE_WAIT_NS: u64 = 1_000_000_000;
+/// How long a stop waits for a joined thread to be released (Note [Joined is not gone]).
+pub const RELEASE_WAIT_NS: u64 = 1_000_000_000;
 
 /// Signals are the program's business: ours block every one glibc lets a thread block, but
 /// SIGBUS, which a fault in our thread raises (blocked, the kernel would kill the process for
@@ -230,14 +231,20 @@ mod tests {
         join(thread);
         let tid = ENDED_TID.load(Ordering::Acquire);
         assert!(tid > 0 && tid != own_tid());
-        wait_released(tid);
+        wait_released(tid, RELEASE_WAIT_NS);
         // SAFETY: signal 0 only asks whether the thread exists.
         let gone = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, 0) };
         assert_eq!((gone, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ESRCH)));
         // A thread that is not ending: the wait gives up after a second, asleep most of it.
-        let (started, cpu) = (std::time::Instant::now(), crate::sys::clock::thread_cpu_ns());
-        wait_released(own_tid());
-        let (waited, busy) = (started.elapsed(), crate::sys::clock::thread_cpu_ns() - cpu);
+        let cpu_ns = || {
+            let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            // SAFETY: fills the timespec we own.
+            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+        };
+        let (started, cpu) = (std::time::Instant::now(), cpu_ns());
+        wait_released(own_tid(), RELEASE_WAIT_NS);
+        let (waited, busy) = (started.elapsed(), cpu_ns() - cpu);
         assert!(waited >= std::time::Duration::from_secs(1) && waited < std::time::Duration::from_secs(10), "{waited:?}");
         assert!(busy < 500_000_000, "{busy} ns of CPU in a wait of {waited:?}");
     }

@@ -11,12 +11,11 @@
 // touched: microseconds against milliseconds), writing when it used all of it (dropping then
 // rewriting 80 MB costs 16 ms against 1.2 ms). Which one it was is learnt from what we did, with
 // no call that asks the kernel (mincore is refused by systemd's @system-service filter):
-// a block is dropped first, and the drop's own duration (the thread's CPU time, so a drop the
-// scheduler interrupted does not count as long) says whether it was mostly resident
+// a block is dropped first, and the drop's own duration says whether it was mostly resident
 // (PageMemory::discard_weighed: a resident 4 KiB page costs 60-250 ns to drop, one never
 // touched nothing). Two such findings in a row (a vote each, kept with the block in the
-// registry while it is live and in the cache while it is cached; one finding could be an
-// interrupt's work counted in) make calloc write zeros over the block from then on; a finding of
+// registry while it is live and in the cache while it is cached; one finding could be a drop
+// the scheduler interrupted) make calloc write zeros over the block from then on; a finding of
 // "mostly not" starts over, and so does releasing the block (MADV_FREE'd pages may go at any
 // time). A block the program fills after each calloc pays one dropped-and-refaulted round (a
 // fresh mapping's cost, what glibc pays every time) before it is written over instead.
