@@ -113,6 +113,18 @@ static inline int small_blocks(void **piece, int count) {
     return got;
 }
 
+/* `count` blocks of `size` bytes, one after another: each filled with `value`, its last byte
+ * checked, and freed. A large block enters the cache, and our background thread runs. */
+static inline void churn_large(int count, size_t size, int value) {
+    for (int i = 0; i < count; i++) {
+        char *p = malloc(size);
+        CHECK(p);
+        memset(p, value, size);
+        CHECK(p[size - 1] == (char)value);
+        free(p);
+    }
+}
+
 /* The threads of this process now (/proc/self/status). */
 static inline int thread_count(void) {
     char line[256];

@@ -13,16 +13,9 @@
 extern int capget(cap_user_header_t header, cap_user_data_t data);
 extern int capset(cap_user_header_t header, const cap_user_data_t data);
 
-static void churn(int value) {
-    char *p = malloc(64 * MB);
-    CHECK(p);
-    memset(p, value, 64 * MB);
-    free(p);
-}
-
 int main(void) {
     CHECK(getuid() == 0);
-    churn(1); /* a block enters the cache: the background thread starts */
+    churn_large(1, 64 * MB, 1); /* a block enters the cache: the background thread starts */
     int before = thread_count();
     CHECK(prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) == 0);
     CHECK(setresuid(65534, 65534, 65534) == 0);
@@ -33,7 +26,7 @@ int main(void) {
     data[1].effective = data[1].permitted;
     CHECK(capset(&header, data) == 0);
     CHECK(setresgid(65534, 65534, 65534) == 0);
-    churn(2);
+    churn_large(1, 64 * MB, 2);
     printf("ok %d %d\n", before, thread_count());
     return 0;
 }

@@ -18,16 +18,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static void churn(int value) {
-    for (int i = 0; i < 2; i++) {
-        char *p = malloc(64 * MB);
-        CHECK(p);
-        memset(p, value, 64 * MB);
-        CHECK(p[64 * MB - 1] == (char)value);
-        free(p);
-    }
-}
-
 static const char *result(int rc) {
     return rc == 0 ? "ok" : strerror(errno);
 }
@@ -55,7 +45,7 @@ static void print_tasks(const char *call, int rc) {
 }
 
 static int scenario(void) {
-    churn(1);
+    churn_large(2, 64 * MB, 1);
     int before = thread_count();
     int fd = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
     CHECK(fd >= 0);
@@ -63,11 +53,11 @@ static int scenario(void) {
     const char *joined = result(setns_rc);
     print_tasks("setns", setns_rc);
     close(fd);
-    churn(2);
+    churn_large(2, 64 * MB, 2);
     int unshare_rc = unshare(CLONE_NEWUSER);
     const char *unshared = result(unshare_rc);
     print_tasks("unshare", unshare_rc);
-    churn(3);
+    churn_large(2, 64 * MB, 3);
     printf("setns: %s, unshare: %s, threads: %d %d\n", joined, unshared, before, thread_count());
     return 0;
 }

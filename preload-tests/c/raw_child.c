@@ -19,16 +19,6 @@
 extern int capset(cap_user_header_t header, const cap_user_data_t data);
 extern int capget(cap_user_header_t header, cap_user_data_t data);
 
-static void churn(int value) {
-    for (int i = 0; i < 3; i++) {
-        char *p = malloc(8 * MB);
-        CHECK(p);
-        memset(p, value, 8 * MB);
-        CHECK(p[8 * MB - 1] == (char)value);
-        free(p);
-    }
-}
-
 static const char *result(int rc) {
     return rc == 0 ? "ok" : strerror(errno);
 }
@@ -51,7 +41,7 @@ static int child_main(void *unused) {
 
 int main(int argc, char **argv) {
     int shared = argc > 1 && strcmp(argv[1], "vm") == 0;
-    churn(1);
+    churn_large(3, 8 * MB, 1);
     fflush(stdout);
     pid_t pid;
     static char stack[256 << 10];
@@ -70,7 +60,7 @@ int main(int argc, char **argv) {
     }
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     /* The parent's allocator is as it was: its thread still releases, its cache still serves. */
-    churn(2);
+    churn_large(3, 8 * MB, 2);
     printf("parent: ok\n");
     return 0;
 }
