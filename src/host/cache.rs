@@ -114,6 +114,9 @@ pub struct CacheLimits {
     pub expire_after_ns: u64,
     /// None: WASTE_FEW_LIVE or WASTE_MANY_LIVE (Note [Neighbours merge]).
     pub max_waste_percent: Option<usize>,
+    /// The most bytes kept hot (resident, not yet released): past them the oldest hot blocks
+    /// are released at once, idle or not (Note [Hot within the memory] in cache/release.rs).
+    pub max_hot_bytes: usize,
 }
 
 /// The waste a request may leave in a block, in percent, when at most `min_blocks` large blocks
@@ -212,6 +215,17 @@ impl BlockCache {
 
     pub fn cached_bytes(&self) -> usize {
         self.cached_bytes
+    }
+
+    /// The bytes of the blocks not released (hot, or being released): what the kernel cannot
+    /// take back without a swap device.
+    pub fn hot_bytes(&self) -> usize {
+        self.cached_bytes - self.store.released_bytes()
+    }
+
+    /// Whether more is hot than the limits allow: the background pass has work now.
+    pub fn over_hot_bound(&self) -> bool {
+        self.hot_bytes() > self.limits.max_hot_bytes
     }
 
     pub fn block_count(&self) -> usize {

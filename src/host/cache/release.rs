@@ -10,6 +10,18 @@
 // madvise call has returned (a child forked meanwhile inherits none of the cache: Note [Plain
 // memory] in host/host_layer/mod.rs).
 //
+// Note [Hot within the memory]
+// A hot block's pages are dirty anonymous memory: without swap the kernel cannot take them back,
+// and a memory cgroup at its limit kills the process rather than wait for our idle release. A
+// program that freed large blocks (glibc alone would have unmapped them) and then allocated as
+// much again in small pieces, or in a forked child or a neighbour in its cgroup, was OOM-killed
+// (512 MiB cgroup: 200 MiB live, 120 MiB freed, 250 MiB then made of malloc(1000); glibc peaks
+// at 453 MiB). So no more than `max_hot_bytes` (a sixteenth of the memory the process may use,
+// its cgroup's limit or physical memory) stays hot: past it the oldest hot blocks are released
+// at once by the background pass, woken by the free. MADV_FREE'd pages the kernel takes back
+// under pressure, and one the program rewrites before that costs no fault. An exact bound the
+// user set (TENSORMALLOC_CACHE_BYTES) is kept hot as asked.
+//
 // Note [Deferred unmaps]
 // Unmapping an evicted 5-25 MB block costs about 0.85 ms; inside the program's free that was
 // most of a churn benchmark's time. Blocks leaving the cache (evicted or refused, and tails a
@@ -96,6 +108,22 @@ impl BlockCache {
             } else if b.state == BlockState::Hot && idle >= limits.release_after_ns {
                 self.store.set_state(at, BlockState::Releasing);
                 due.release.push(Range { addr: b.addr, len: b.len });
+            }
+            at = next;
+        }
+        // Note [Hot within the memory]: the oldest hot blocks past the bound, whatever their
+        // idle time (those on their way already count as gone).
+        let mut excess = self.hot_bytes().saturating_sub(limits.max_hot_bytes);
+        let mut at = self.store.oldest();
+        while excess > 0 && at != NONE && due.release.len() < RangeList::CAPACITY {
+            let b = *self.store.get(at);
+            let next = self.store.newer(at);
+            if b.state == BlockState::Releasing {
+                excess = excess.saturating_sub(b.len);
+            } else if b.state == BlockState::Hot {
+                self.store.set_state(at, BlockState::Releasing);
+                due.release.push(Range { addr: b.addr, len: b.len });
+                excess = excess.saturating_sub(b.len);
             }
             at = next;
         }
@@ -202,6 +230,9 @@ impl BlockCache {
 
     /// When `due` will next have work; `None` with nothing pending.
     pub fn next_deadline_ns(&self) -> Option<u64> {
+        if self.over_hot_bound() && self.blocks().any(|b| b.state == BlockState::Hot) {
+            return Some(0);
+        }
         self.blocks()
             .filter(|b| b.state != BlockState::Releasing)
             .map(|b| {

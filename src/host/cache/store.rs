@@ -64,6 +64,13 @@ pub struct Store {
     newest: NodeId,
     /// Open addressing, linear probing: (addr >> PAGE_SHIFT) << 17 | END_KEY? | node.
     index: [u64; INDEX_SLOTS],
+    /// The bytes of the blocks in state Released (Note [Hot within the memory]).
+    released_bytes: usize,
+}
+
+/// What a block adds to `Store::released_bytes`.
+fn released_len(block: &CachedBlock) -> usize {
+    if block.state == BlockState::Released { block.len } else { 0 }
 }
 
 /// The bin of a block of `len` bytes (Note [Size bins]).
@@ -90,6 +97,7 @@ impl Store {
             oldest: NONE,
             newest: NONE,
             index: [0; INDEX_SLOTS],
+            released_bytes: 0,
         }
     }
 
@@ -136,6 +144,7 @@ impl Store {
         };
         *self.node_mut(id) = Node { block, ..Node::EMPTY };
         self.count += 1;
+        self.released_bytes += released_len(&block);
         self.index_put(block.addr, false, id);
         self.index_put(block.addr + block.len, true, id);
         self.push_newest(id);
@@ -158,6 +167,7 @@ impl Store {
         *self.node_mut(id) = Node { bin_next: free_list, ..Node::EMPTY };
         self.free_list = id;
         self.count -= 1;
+        self.released_bytes -= released_len(&block);
         block
     }
 
@@ -170,6 +180,7 @@ impl Store {
             self.bin_unlink(id);
         }
         self.index_del(old.addr, false);
+        self.released_bytes = self.released_bytes - released_len(&old) + released_len(&CachedBlock { len, ..old });
         let n = self.node_mut(id);
         n.block.addr = addr;
         n.block.len = len;
@@ -182,16 +193,24 @@ impl Store {
     /// Changes a block's state, moving it in or out of the bins: a released block goes to the
     /// back of its bin, a hot one to the front, a releasing one out.
     pub fn set_state(&mut self, id: NodeId, state: BlockState) {
-        let old = self.node(id).block.state;
+        let block = self.node(id).block;
+        let old = block.state;
         if old != BlockState::Releasing {
             self.bin_unlink(id);
         }
+        self.released_bytes = self.released_bytes - released_len(&block) + released_len(&CachedBlock { state, ..block });
         self.node_mut(id).block.state = state;
         if state != BlockState::Releasing {
             self.bin_link(id);
         }
     }
 
+    /// The bytes of the blocks in state Released.
+    pub fn released_bytes(&self) -> usize {
+        self.released_bytes
+    }
+
+    /// Its facts and its doom (not its place, length or state, which the structures follow).
     pub fn block_mut(&mut self, id: NodeId) -> &mut CachedBlock {
         &mut self.node_mut(id).block
     }
@@ -405,6 +424,9 @@ impl Store {
     /// Checks that every structure agrees with the nodes; tests call it after every step.
     #[cfg(test)]
     pub fn check(&self) -> Result<(), &'static str> {
+        if self.iter().map(|(_, b)| released_len(b)).sum::<usize>() != self.released_bytes {
+            return Err("released_bytes disagrees with the blocks");
+        }
         let live: Vec<NodeId> = self.iter().map(|(id, _)| id).collect();
         if live.len() != self.count {
             return Err("count disagrees with the nodes");

@@ -16,6 +16,7 @@ fn limits() -> CacheLimits {
         release_after_ns: 1000 * MS,
         expire_after_ns: 10_000 * MS,
         max_waste_percent: Some(25),
+        max_hot_bytes: usize::MAX,
     }
 }
 
@@ -542,5 +543,34 @@ fn forgotten_blocks_leave_a_cache_as_good_as_new() {
     let ins = c.insert(0x1000_0000 + 8 * MB, 8 * MB, PageFacts::zeroed(false), 11, Live::default());
     assert_eq!(ins.block, Range { addr: 0x1000_0000, len: 16 * MB });
     assert_eq!(c.take(16 * MB, 4096, 12).unwrap().addr, 0x1000_0000);
+    c.check_invariants().unwrap();
+}
+
+#[test]
+fn past_the_hot_bound_the_oldest_hot_blocks_are_released_at_once() {
+    // Note [Hot within the memory]: 3 blocks of 40 MB hot against a bound of 64 MB.
+    let mut c = BlockCache::new(CacheLimits { max_hot_bytes: 64 * MB, ..limits() });
+    assert!(!c.over_hot_bound() && c.next_deadline_ns().is_none());
+    for (i, addr) in [0x1000_0000, 0x2000_0000, 0x3000_0000].into_iter().enumerate() {
+        assert!(c.insert(addr, 40 * MB, PageFacts::zeroed(false), i as u64, Live::default()).accepted);
+    }
+    assert_eq!(c.hot_bytes(), 120 * MB);
+    assert!(c.over_hot_bound());
+    assert_eq!(c.next_deadline_ns(), Some(0), "the background pass has work now, nothing being idle");
+    let due = c.due(3, false);
+    assert!(due.expire.is_empty());
+    let released: Vec<usize> = due.release.iter().map(|r| r.addr).collect();
+    assert_eq!(released, [0x1000_0000, 0x2000_0000], "the oldest, until what stays hot fits");
+    assert!(c.due(4, false).release.is_empty(), "blocks on their way count as gone");
+    for addr in released {
+        assert!(c.release_done(addr, false).is_none());
+    }
+    assert_eq!(c.hot_bytes(), 40 * MB);
+    assert!(!c.over_hot_bound());
+    assert_eq!(c.next_deadline_ns(), Some(1000 * MS + 2), "the hot one's idle release");
+    c.check_invariants().unwrap();
+    // Released blocks are still served (their pages rewritten, no fault unless reclaimed).
+    let t = c.take(40 * MB, 4096, 0).unwrap();
+    assert!(t.was_released || t.addr == 0x3000_0000);
     c.check_invariants().unwrap();
 }

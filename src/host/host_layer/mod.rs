@@ -169,6 +169,8 @@ const fn limits_from(c: &Config, memory_bytes: u64, mapping_limit_bytes: u64) ->
         Some(n) => (n as usize, false),
         None => (ceiling as usize, true),
     };
+    // Note [Hot within the memory] in host/cache/release.rs.
+    let max_hot_bytes = if follow_bytes { (memory_bytes / 16) as usize } else { max_bytes };
     CacheLimits {
         max_blocks,
         max_bytes,
@@ -182,6 +184,7 @@ const fn limits_from(c: &Config, memory_bytes: u64, mapping_limit_bytes: u64) ->
             Some(p) => Some(p as usize),
             None => None,
         },
+        max_hot_bytes,
     }
 }
 
