@@ -72,7 +72,8 @@ fn init_slow() -> Option<&'static Globals> {
     crate::sys::memory::read_commit_limit();
     crate::sys::caller::init();
     crate::sys::page_calls::resolve_next();
-    HOST.configure(&config, crate::sys::memory::usable_bytes());
+    let (memory_bytes, in_limited_cgroup) = crate::sys::memory::usable_bytes();
+    HOST.configure(&config, memory_bytes, in_limited_cgroup);
     reaper::set_work(background_pass);
     // Note [No thread to release]: nothing stays cached that no thread would release.
     reaper::set_alone(|| {

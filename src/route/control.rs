@@ -28,7 +28,7 @@ static OFF_BY_MALLOPT: AtomicBool = AtomicBool::new(false);
 /// released, as glibc answers.
 pub fn malloc_trim(pad: usize) -> c_int {
     let Some(g) = ready() else { return 0 };
-    let released = HOST.trim();
+    let released = HOST.trim_now();
     // SAFETY: plain forwarding.
     let next = g.next.control.malloc_trim.map_or(0, |trim| unsafe { trim(pad) });
     c_int::from(released > 0 || next != 0)

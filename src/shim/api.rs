@@ -61,7 +61,7 @@ pub extern "C" fn tm_trim() -> usize {
         return 0;
     }
     let device = if crate::sys::cuda_driver::is_bound() { crate::state::DEVICE.trim() } else { 0 };
-    crate::state::HOST.trim() + device as usize
+    crate::state::HOST.trim_now() + device as usize
 }
 
 /// Gives device `device`'s cached blocks back to the driver now (-1: every device's, and the

@@ -7,13 +7,21 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 const BUF: usize = 512;
 
-/// min(physical memory, the cgroup's memory limit); physical memory when there is no limit.
-pub fn usable_bytes() -> u64 {
+/// What the process may use: min(physical memory, its cgroup's memory limit), and whether the
+/// cgroup's limit is the lower (read once, at init).
+pub fn usable_bytes() -> (u64, bool) {
     let phys = system_memory().map_or(u64::MAX, |(ram, _)| ram);
+    let limit = cgroup_limit_bytes();
+    (phys.min(limit), limit < phys)
+}
+
+/// The memory limit of the process's cgroup or an ancestor's (v2 `memory.max`, v1
+/// `memory.limit_in_bytes`); u64::MAX for none.
+pub fn cgroup_limit_bytes() -> u64 {
     let mut cgroup = [0u8; BUF];
-    let Some(n) = read_file(b"/proc/self/cgroup\0", &mut cgroup) else { return phys };
+    let Some(n) = read_file(b"/proc/self/cgroup\0", &mut cgroup) else { return u64::MAX };
     let text = cgroup.get(..n).unwrap_or(&[]);
-    let mut limit = phys;
+    let mut limit = u64::MAX;
     // v2 inside a cgroup namespace (containers): the cgroup is the mount's root.
     limit = limit.min(read_limit(b"/sys/fs/cgroup/", b"", b"memory.max"));
     if let Some(path) = cgroup_path(text, b"") {
@@ -255,7 +263,7 @@ mod tests {
 
     #[test]
     fn usable_memory_is_some_and_at_most_physical() {
-        let usable = usable_bytes();
+        let (usable, _) = usable_bytes();
         assert!(usable > 0 && usable < u64::MAX);
     }
 }

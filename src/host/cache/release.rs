@@ -16,11 +16,14 @@
 // program that freed large blocks (glibc alone would have unmapped them) and then allocated as
 // much again in small pieces, or in a forked child or a neighbour in its cgroup, was OOM-killed
 // (512 MiB cgroup: 200 MiB live, 120 MiB freed, 250 MiB then made of malloc(1000); glibc peaks
-// at 453 MiB). So no more than `max_hot_bytes` (a sixteenth of the memory the process may use,
-// its cgroup's limit or physical memory) stays hot: past it the oldest hot blocks are released
-// at once by the background pass, woken by the free. MADV_FREE'd pages the kernel takes back
-// under pressure, and one the program rewrites before that costs no fault. An exact bound the
-// user set (TENSORMALLOC_CACHE_BYTES) is kept hot as asked.
+// at 453 MiB). So in a cgroup whose limit bounds the process, no more than `max_hot_bytes` (a
+// sixteenth of that limit) stays hot: past it the oldest hot blocks are released at once by the
+// background pass, woken by the free. MADV_FREE'd pages the kernel takes back under pressure,
+// and one the program rewrites before that costs no fault. A block being released is not
+// handed out (Note [Hot stays hot]): a request then may map afresh, as glibc would. An exact
+// bound the user set (TENSORMALLOC_CACHE_BYTES) is kept hot as asked; without a cgroup limit,
+// physical memory bounds the cache (a quarter) and the idle release and Note [What RSS shows]
+// apply as before.
 //
 // Note [Deferred unmaps]
 // Unmapping an evicted 5-25 MB block costs about 0.85 ms; inside the program's free that was

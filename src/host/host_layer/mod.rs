@@ -151,8 +151,9 @@ const NO_PROCESS: u32 = u32::MAX;
 
 /// The cache's limits: a bound the user set is exact; without one, bounds follow the live peak
 /// up to a ceiling of a quarter of `memory_bytes` (Note [Bounds follow the working set]) and an
-/// eighth of `mapping_limit_bytes` (Note [Room for others]).
-const fn limits_from(c: &Config, memory_bytes: u64, mapping_limit_bytes: u64) -> CacheLimits {
+/// eighth of `mapping_limit_bytes` (Note [Room for others]); in a cgroup whose limit is
+/// `memory_bytes`, a sixteenth of it hot (Note [Hot within the memory]).
+const fn limits_from(c: &Config, memory_bytes: u64, in_limited_cgroup: bool, mapping_limit_bytes: u64) -> CacheLimits {
     let ceiling = {
         let (memory, space) = (memory_bytes / 4, mapping_limit_bytes / 8);
         if memory < space {
@@ -170,7 +171,7 @@ const fn limits_from(c: &Config, memory_bytes: u64, mapping_limit_bytes: u64) ->
         None => (ceiling as usize, true),
     };
     // Note [Hot within the memory] in host/cache/release.rs.
-    let max_hot_bytes = if follow_bytes { (memory_bytes / 16) as usize } else { max_bytes };
+    let max_hot_bytes = if follow_bytes && in_limited_cgroup { (memory_bytes / 16) as usize } else { usize::MAX };
     CacheLimits {
         max_blocks,
         max_bytes,
@@ -200,7 +201,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// `clock` gives the timestamps (when blocks are born, freed and due); the timing table
     /// reads the precise monotonic clock.
     pub const fn new(memory: M, table_source: TableSource, clock: fn() -> u64, background: Background) -> Self {
-        const DEFAULTS: CacheLimits = limits_from(&Config::DEFAULT, 4 << 30, u64::MAX);
+        const DEFAULTS: CacheLimits = limits_from(&Config::DEFAULT, 4 << 30, false, u64::MAX);
         HostLayer {
             memory,
             registry: Registry::new(table_source),
@@ -236,17 +237,17 @@ impl<M: PageMemory> HostLayer<M> {
         self.enabled.swap(on, Relaxed)
     }
 
-    /// `memory_bytes`: what the process may use (physical memory, or its cgroup's limit).
-    /// The mapping limit (RLIMIT_AS, RLIMIT_DATA, strict overcommit) comes later, from
-    /// `limit_mappings`.
-    pub fn configure(&self, config: &Config, memory_bytes: u64) {
+    /// `memory_bytes`: what the process may use (physical memory, or its cgroup's limit when
+    /// `in_limited_cgroup`). The mapping limit (RLIMIT_AS, RLIMIT_DATA, strict overcommit)
+    /// comes later, from `limit_mappings`.
+    pub fn configure(&self, config: &Config, memory_bytes: u64, in_limited_cgroup: bool) {
         self.threshold_bytes.store(config.threshold_bytes as usize, Relaxed);
         self.enabled.store(!config.disabled, Relaxed);
         self.hugepages.store(hugepages_code(config.hugepages), Relaxed);
         self.release.store(config.release as u8, Relaxed);
         self.reset_always.store(config.reset_always, Relaxed);
         self.memory_ceiling_bytes.store(memory_bytes / 4, Relaxed);
-        self.cache().set_limits(limits_from(config, memory_bytes, self.mapping_limit_bytes.load(Relaxed)));
+        self.cache().set_limits(limits_from(config, memory_bytes, in_limited_cgroup, self.mapping_limit_bytes.load(Relaxed)));
     }
 
     /// Requests of at least `bytes` come here from now on (mallopt's M_MMAP_THRESHOLD); the

@@ -198,6 +198,18 @@ impl<M: PageMemory> HostLayer<M> {
         bytes + self.unmap_deferred()
     }
 
+    /// As `trim`, for the program's own malloc_trim and tm_trim: a block the background pass is
+    /// releasing at that moment (the hot bound releases blocks as they are freed, Note [Hot
+    /// within the memory]) is unmapped by the pass once its madvise returns, and the call
+    /// returns after that (at most 100 ms), so RSS has fallen when it does.
+    pub fn trim_now(&self) -> usize {
+        let bytes = self.trim();
+        if self.releasing.occupied() {
+            self.wait_for_release();
+        }
+        bytes
+    }
+
     /// Releases and expires idle blocks; returns when it next has work (monotonic ns).
     pub fn reap(&self) -> Option<u64> {
         self.unmap_deferred();

@@ -39,7 +39,7 @@ fn layer(config: Config) -> Box<HostLayer<SimPages>> {
 /// `background`: whether a background thread takes deferred unmaps (the test runs `reap`).
 fn layer_with(config: Config, background: fn() -> bool) -> Box<HostLayer<SimPages>> {
     let l = Box::new(HostLayer::new(SimPages::new(), leak_table, fake_clock, Background { on_cached: nothing_due, running: background, wake: nothing }));
-    l.configure(&config, 64 << 30);
+    l.configure(&config, 64 << 30, false);
     l
 }
 
@@ -856,7 +856,7 @@ fn random_programs_match_the_shadow_model() {
         // Every third program with mappings back to back (merged blocks mremap will not move).
         let pages = if seed % 3 == 0 { SimPages::adjacent() } else { SimPages::new() };
         let l = Box::new(HostLayer::new(pages, leak_table, fake_clock, Background { on_cached: nothing_due, running: if seed % 2 == 0 { yes } else { no }, wake: nothing }));
-        l.configure(&config, 64 << 30);
+        l.configure(&config, 64 << 30, false);
         let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         let mut next = || {
             rng ^= rng << 13;
@@ -953,7 +953,7 @@ fn churn_faults_in_no_more_than_the_live_peak() {
     for adjacent in [false, true] {
         let pages = if adjacent { SimPages::adjacent() } else { SimPages::new() };
         let l = Box::new(HostLayer::new(pages, leak_table, fake_clock, Background { on_cached: nothing_due, running: yes, wake: nothing }));
-        l.configure(&Config::default(), 24 << 30);
+        l.configure(&Config::default(), 24 << 30, false);
         let mut slots = [[0usize; 4]; 16];
         let mut seeds: Vec<u32> = (0..16).map(|i| i * 7919 + 17).collect();
         let mut peak = 0;
@@ -992,7 +992,7 @@ fn churn_faults_in_no_more_than_the_live_peak() {
 fn gathering_survives_refused_moves() {
     for zeroed in [false, true] {
         let l = Box::new(HostLayer::new(SimPages::adjacent(), leak_table, fake_clock, Background { on_cached: nothing_due, running: no, wake: nothing }));
-        l.configure(&Config::default(), 64 << 30);
+        l.configure(&Config::default(), 64 << 30, false);
         let a = l.alloc(8 * MB, 4096, false, 0).unwrap();
         let b = l.alloc(8 * MB, 4096, false, 0).unwrap();
         assert_eq!(b, a + 8 * MB, "back to back");
@@ -1012,7 +1012,7 @@ fn gathering_survives_refused_moves() {
         check(&l);
 
         let l = Box::new(HostLayer::new(SimPages::adjacent(), leak_table, fake_clock, Background { on_cached: nothing_due, running: no, wake: nothing }));
-        l.configure(&Config::default(), 64 << 30);
+        l.configure(&Config::default(), 64 << 30, false);
         let a = l.alloc(8 * MB, 4096, false, 0).unwrap();
         let b = l.alloc(8 * MB, 4096, false, 0).unwrap();
         l.free(a, 8 * MB);
@@ -1105,4 +1105,17 @@ fn an_impossible_alignment_leaves_the_cache_alone() {
     assert_eq!(l.stats.retries_after_trim.get(), 0);
     assert!(!l.could_map(8 * MB, 1 << 47) && l.could_map(8 * MB, 2 * MB) && l.could_map(8 * MB, 64 * MB));
     check(&l);
+}
+
+/// Note [Hot within the memory]: in a cgroup whose limit bounds the process, a sixteenth of it
+/// stays hot; with physical memory the bound, or with a fixed cache size, all of it may.
+#[test]
+fn a_cgroup_limit_bounds_what_stays_hot() {
+    let l = Box::new(HostLayer::new(SimPages::new(), leak_table, fake_clock, Background { on_cached: nothing_due, running: yes, wake: nothing }));
+    l.configure(&Config::default(), 512 * MB as u64, true);
+    assert_eq!(l.cache().limits().max_hot_bytes, 32 * MB);
+    l.configure(&Config::default(), 512 * MB as u64, false);
+    assert_eq!(l.cache().limits().max_hot_bytes, usize::MAX);
+    l.configure(&Config { cache_bytes: Some(256 << 20), ..Config::default() }, 512 * MB as u64, true);
+    assert_eq!(l.cache().limits().max_hot_bytes, usize::MAX, "a bound the user set is kept hot");
 }
