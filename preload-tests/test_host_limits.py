@@ -117,3 +117,16 @@ def test_a_piece_unmapped_at_the_map_count_limit_still_leaves(preload):
         pytest.skip(f"vm.max_map_count is {count}: the program could not use it up in a test's time")
     out = ok(run([compile_c("map_count")], preload=LIB if preload else False, timeout=120))
     assert "map count ok" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+@pytest.mark.parametrize("which", [resource.RLIMIT_DATA, resource.RLIMIT_AS], ids=["data", "as"])
+def test_live_blocks_under_a_mapping_limit_take_what_they_asked(preload, which):
+    """Under a 400 MiB limit on what the process may map, 70 live blocks of 4 MiB and a page
+    (280 MiB) fit, as under glibc alone. A huge-page block's length was a whole number of huge
+    pages (6 MiB each): the 61st malloc failed."""
+    def limit():
+        resource.setrlimit(which, (400 << 20, 400 << 20))
+
+    out = ok(run([compile_c("span_limit"), "70", str((4 << 20) + 4096)], preload=LIB if preload else False, preexec_fn=limit))
+    assert "70 blocks live" in out.stdout, out.stdout
