@@ -405,6 +405,18 @@ def test_a_raw_clone_child_moves_into_namespaces_at_once(preload, how):
 
 
 @needs_root
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_a_raw_clone_child_in_a_new_pid_namespace_is_not_taken_for_its_parent(preload):
+    """A container's pid 1 makes a child sharing its memory in a pid namespace of its own, where
+    the child is pid 1 too: its unshare stopped the parent's thread and started one in the child,
+    which outlived it, and the parent's wait hung. The thread's own id tells them apart."""
+    argv = ["unshare", "-p", "-f", compile_c("raw_child"), "vm-pidns"]
+    out = ok(run(argv, preload=PRELOAD if preload else False, timeout=30))
+    assert "child: unshare ok, setns Bad file descriptor, capset ok" in out.stdout, out.stdout
+    assert "parent: ok" in out.stdout, out.stdout
+
+
+@needs_root
 @pytest.mark.parametrize("traced", [False, True], ids=["alone", "traced"])
 @pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
 def test_a_program_moves_into_namespaces_with_our_thread_running(preload, traced):

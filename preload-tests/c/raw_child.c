@@ -3,7 +3,7 @@
  * running in the parent: unshare(0), setns(-1, 0) (EBADF) and capset with the child's own
  * capabilities, each under alarm(5). `raw_child fork` makes the child a copy (SIGCHLD);
  * `raw_child vm` makes it share the parent's memory (CLONE_VM, as posix_spawn's helper and
- * some sandboxes do). Prints "child: unshare RESULT, setns RESULT, capset RESULT" ("ok" or
+ * some sandboxes do); `raw_child vm-pidns` in a new pid namespace too. Prints "child: unshare RESULT, setns RESULT, capset RESULT" ("ok" or
  * the error) and then "parent: ok" after a large block is freed and reused again; or "child
  * killed by signal N" (14: it hung). Note [A child's words, not its thread] in
  * src/sys/reaper.rs. */
@@ -40,13 +40,16 @@ static int child_main(void *unused) {
 }
 
 int main(int argc, char **argv) {
-    int shared = argc > 1 && strcmp(argv[1], "vm") == 0;
+    /* vm-pidns: the child also gets a pid namespace of its own, where it is pid 1, as its
+     * parent is in its own (run under `unshare -p -f`). */
+    int new_pid_ns = argc > 1 && strcmp(argv[1], "vm-pidns") == 0;
+    int shared = new_pid_ns || (argc > 1 && strcmp(argv[1], "vm") == 0);
     churn_large(3, 8 * MB, 1);
     fflush(stdout);
     pid_t pid;
     static char stack[256 << 10];
     if (shared) {
-        pid = clone(child_main, stack + sizeof stack, CLONE_VM | SIGCHLD, NULL);
+        pid = clone(child_main, stack + sizeof stack, CLONE_VM | SIGCHLD | (new_pid_ns ? CLONE_NEWPID : 0), NULL);
     } else {
         pid = (pid_t)syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
         if (pid == 0) _exit(child_main(NULL));

@@ -58,6 +58,7 @@ mod release;
 mod store;
 
 pub use facts::{votes_after, votes_after_write, zero_by_discard, PageFacts, DENSE_VOTES, MIXED_ADVICE, MOST_VOTES};
+pub use release::HOT_GRACE_NS;
 pub use gather::{Part, Parts, MAX_PARTS};
 pub use release::Due;
 pub use store::CAPACITY;

@@ -25,8 +25,10 @@ static THREAD: AtomicU64 = AtomicU64::new(0);
 /// The kernel id of the thread that last ended (asked to stop or give its task back), set by it
 /// as it ends; 0 once it is known gone.
 static TID: AtomicI32 = AtomicI32::new(0);
-/// The process that made the running thread (Note [A child's words, not its thread]).
+/// The process that made the running thread, and the thread's own id once it runs (Note [A
+/// child's words, not its thread]).
 static OWNER: AtomicU32 = AtomicU32::new(0);
+static RUNNING_TID: AtomicI32 = AtomicI32::new(0);
 /// Bumped to wake the reaper; the futex word.
 static WAKE_SEQ: AtomicU32 = AtomicU32::new(0);
 /// When the sleeping reaper will wake by itself; u64::MAX while it sleeps with no deadline.
@@ -108,6 +110,8 @@ pub fn start_now() {
     // our handlers did not see] in fork_mark.rs).
     super::fork_mark::arm();
     static REAPER: super::thread::Named<fn()> = super::thread::Named { name: c"tensormalloc", main: reaper_main };
+    // Before the thread can say its own id.
+    RUNNING_TID.store(0, Ordering::Release);
     match super::thread::spawn_joinable(&REAPER) {
         Some(thread) => {
             THREAD.store(thread, Ordering::Release);
@@ -221,8 +225,7 @@ pub fn give_task_back() -> bool {
 /// Ends the running reaper and waits for it to be gone (Note [Joined is not gone] in
 /// thread.rs); false when none ran.
 fn stop() -> bool {
-    let owner = OWNER.load(Ordering::Acquire);
-    if owner != 0 && owner != super::process::id() {
+    if !ours_here() {
         // Note [A child's words, not its thread]: none of ours runs in this process.
         return false;
     }
@@ -262,6 +265,20 @@ fn stop() -> bool {
     true
 }
 
+/// Whether a thread of ours made in this process may run here: made by this pid and, once it
+/// has said its id, still known by it in this process (a child in a new pid namespace can have
+/// its parent's pid number; the parent's thread is no thread of its).
+fn ours_here() -> bool {
+    let owner = OWNER.load(Ordering::Acquire);
+    if owner == 0 {
+        return true;
+    }
+    let pid = super::process::id();
+    let tid = RUNNING_TID.load(Ordering::Acquire);
+    // SAFETY: signal 0 only asks whether the thread exists in this process.
+    owner == pid && (tid == 0 || unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, 0) } == 0 || STATE.load(Ordering::Acquire) != RUNNING)
+}
+
 /// How long a stop waits for another thread's stop of ours (a join, which takes our thread's
 /// next wake, and wait_released's second at most).
 const STOP_WAIT_NS: u64 = 2_000_000_000;
@@ -275,8 +292,9 @@ const GAVE_BACK_WAIT_NS: u64 = 10_000_000;
 // around such a call the child first adopts the parent's records (as its next allocation
 // would: Note [Children our handlers did not see] in fork_mark.rs), which says no thread runs;
 // and where that cannot be known (no MADV_WIPEONFORK, or a child sharing our memory,
-// CLONE_VM), the process that made the thread is asked: a stop in another one has nothing to
-// stop and touches nothing.
+// CLONE_VM), the process that made the thread is asked, and the thread itself (a child in a new
+// pid namespace may be pid 1 as its parent was, in the parent's): a stop in another process
+// has nothing to stop, touches nothing and starts nothing.
 
 /// The fallback when no thread could be made: reap on the allocation paths.
 fn reap_inline() {
@@ -299,6 +317,7 @@ pub fn wake() {
 }
 
 fn reaper_main() {
+    RUNNING_TID.store(super::thread::own_tid(), Ordering::Release);
     loop {
         // Read the sequence before reaping: a block cached after this point wakes us, and so
         // does a stop asked after it (it is asked before its wake).
@@ -335,6 +354,7 @@ fn reaper_main() {
 /// In a forked child the reaper thread does not exist: start a new one on demand.
 pub fn after_fork_in_child() {
     OWNER.store(0, Ordering::Release);
+    RUNNING_TID.store(0, Ordering::Release);
     THREAD.store(0, Ordering::Release);
     TID.store(0, Ordering::Release);
     STATE.store(NOT_STARTED, Ordering::Release);

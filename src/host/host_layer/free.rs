@@ -82,8 +82,9 @@ impl<M: PageMemory> HostLayer<M> {
                 cache.book.free(block, now_ns);
             }
             let due_ns = now_ns.saturating_add(cache.limits().release_after_ns.min(cache.limits().expire_after_ns));
-            // Note [Hot within the memory]: past the hot bound the background pass comes now.
-            let due_ns = if cache.hot_bytes() + len > cache.limits().max_hot_bytes { now_ns } else { due_ns };
+            // Note [Hot within the memory]: past the hot bound the background pass comes once
+            // the grace has passed.
+            let due_ns = if cache.hot_bytes() + len > cache.limits().max_hot_bytes { due_ns.min(now_ns.saturating_add(crate::host::cache::HOT_GRACE_NS)) } else { due_ns };
             // Note [Fork at the fork]: a block freed by a fork handler is kept from the child.
             let forking = self.forking.load(Relaxed);
             let facts = if forking && self.memory.keep_from_fork(addr, len) { PageFacts { kept_all: true, kept_any: true, ..facts } } else { facts };

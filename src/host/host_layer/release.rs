@@ -203,11 +203,13 @@ impl<M: PageMemory> HostLayer<M> {
     /// within the memory]) is unmapped by the pass once its madvise returns, and the call
     /// returns after that (at most 100 ms), so RSS has fallen when it does.
     pub fn trim_now(&self) -> usize {
+        let before = self.unmapped_bytes();
         let bytes = self.trim();
         if self.releasing.occupied() {
             self.wait_for_release();
         }
-        bytes
+        // What the pass unmapped for us meanwhile was given back too.
+        bytes.max(usize::try_from(self.unmapped_bytes().saturating_sub(before)).unwrap_or(usize::MAX))
     }
 
     /// Releases and expires idle blocks; returns when it next has work (monotonic ns).
