@@ -275,8 +275,7 @@ fn ours_here() -> bool {
     }
     let pid = super::process::id();
     let tid = RUNNING_TID.load(Ordering::Acquire);
-    // SAFETY: signal 0 only asks whether the thread exists in this process.
-    owner == pid && (tid == 0 || unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, 0) } == 0 || STATE.load(Ordering::Acquire) != RUNNING)
+    owner == pid && (tid == 0 || super::thread::exists_in(pid as i32, tid) || STATE.load(Ordering::Acquire) != RUNNING)
 }
 
 /// How long a stop waits for another thread's stop of ours (a join, which takes our thread's

@@ -76,10 +76,8 @@ pub fn wait_released(tid: i32, bound_ns: u64) {
     }
     // SAFETY: getpid cannot fail.
     let pid = unsafe { libc::getpid() };
-    // SAFETY: signal 0 to a thread of our own process checks only that it exists.
-    let exists = || unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, 0) } == 0;
     let start = super::clock::now_ns();
-    while exists() {
+    while exists_in(pid, tid) {
         let waited = super::clock::now_ns().saturating_sub(start);
         if waited >= bound_ns {
             return;
@@ -91,6 +89,12 @@ pub fn wait_released(tid: i32, bound_ns: u64) {
             super::clock::sleep_ns(RELEASE_SPIN_NS);
         }
     }
+}
+
+/// Whether process `pid` (this one) has a thread `tid`: tgkill with signal 0 sends nothing.
+pub fn exists_in(pid: i32, tid: i32) -> bool {
+    // SAFETY: signal 0 only asks whether the thread exists in that process.
+    unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, 0) == 0 }
 }
 
 /// How long `wait_released` yields before it sleeps between its questions.
