@@ -49,6 +49,8 @@ pub struct PageCalls {
     pub fork_advice: u64,
     /// Bytes the program wrote that were not resident: what page faults would bring in.
     pub faulted_bytes: u64,
+    /// Questions whether memory nears a limit (a dozen file reads each).
+    pub near_limit_reads: u64,
 }
 
 #[derive(Default)]
@@ -204,12 +206,12 @@ impl SimPages {
         Self::overlaps(&st.locked, addr, len)
     }
 
-    /// Memory nears (or no longer nears) a limit, from now on.
     /// From now on the pages answer as a forked child's (another process id).
     pub fn become_child(&self) {
         self.state.lock().unwrap().process_id += 1;
     }
 
+    /// Memory nears (or no longer nears) a limit, from now on.
     pub fn set_near_limit(&self, near: bool) {
         self.state.lock().unwrap().near_limit = near;
     }
@@ -422,7 +424,9 @@ impl PageMemory for SimPages {
     }
 
     fn near_limit(&self) -> bool {
-        self.state.lock().unwrap().near_limit
+        let mut st = self.state.lock().unwrap();
+        st.calls.near_limit_reads += 1;
+        st.near_limit
     }
 
     fn process_id(&self) -> u32 {

@@ -316,7 +316,9 @@ pub fn wake() {
 }
 
 fn reaper_main() {
-    RUNNING_TID.store(super::thread::own_tid(), Ordering::Release);
+    // Asked once: the stops below say the same id (Note [Joined is not gone]).
+    let own_tid = super::thread::own_tid();
+    RUNNING_TID.store(own_tid, Ordering::Release);
     loop {
         // Read the sequence before reaping: a block cached after this point wakes us, and so
         // does a stop asked after it (it is asked before its wake).
@@ -324,11 +326,11 @@ fn reaper_main() {
         match STATE.load(Ordering::Acquire) {
             STOPPING => {
                 // Note [Joined is not gone]: what stop() waits for after the join.
-                TID.store(super::thread::own_tid(), Ordering::Release);
+                TID.store(own_tid, Ordering::Release);
                 return;
             }
             GIVING_BACK => {
-                TID.store(super::thread::own_tid(), Ordering::Release);
+                TID.store(own_tid, Ordering::Release);
                 // Note [Our thread's task]: no one joins this thread; it is the new one's turn.
                 // SAFETY: detaching the calling thread, which returns at once.
                 unsafe { libc::pthread_detach(libc::pthread_self()) };

@@ -122,6 +122,9 @@ pub struct HostLayer<M: PageMemory> {
     memory_ceiling_bytes: AtomicU64,
     /// How idle blocks give their pages back (`Release` as a code).
     release: AtomicU8,
+    /// The last answer to "near a limit?" and until when it holds (Note [What RSS shows]):
+    /// `until_ns << 1 | near`; 0 before the first.
+    near_limit_kept: AtomicU64,
     /// The process that last held the cache across a fork, and the forked child that has
     /// forgotten its parent's cache (Note [Fork handlers that allocate]).
     fork_pid: AtomicU32,
@@ -211,6 +214,7 @@ impl<M: PageMemory> HostLayer<M> {
             forking: AtomicBool::new(false),
             reset_always: AtomicBool::new(false),
             calloc_votes: AtomicU8::new(0),
+            near_limit_kept: AtomicU64::new(0),
             threshold_bytes: AtomicUsize::new(Config::DEFAULT.threshold_bytes as usize),
             enabled: AtomicBool::new(false),
             mapping_limit_bytes: AtomicU64::new(u64::MAX),

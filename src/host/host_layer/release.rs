@@ -46,7 +46,9 @@
 // dropped with MADV_DONTNEED (RSS and the cgroup's usage fall at once; they read zero after, so
 // calloc takes them as they are) and blocks MADV_FREE'd earlier are unmapped; with room, MADV_FREE
 // as before. `lazy` and `now` fix the choice. The report and `stats()` split the cache into
-// resident (hot) and lazily freed bytes so RSS can be read against them.
+// resident (hot) and lazily freed bytes so RSS can be read against them. The answer (a dozen file
+// reads up the cgroup tree) is kept NEAR_LIMIT_KEPT_NS: past the hot bound a pass can come every
+// few milliseconds, and a stale "room" only MADV_FREEs pages the kernel takes back under pressure.
 
 use super::{mapping_span, push, HostLayer};
 use crate::backing::PageMemory;
@@ -212,6 +214,19 @@ impl<M: PageMemory> HostLayer<M> {
         bytes.max(usize::try_from(self.unmapped_bytes().saturating_sub(before)).unwrap_or(usize::MAX))
     }
 
+    /// Whether memory nears a limit at `now_ns`, read again once the last answer is
+    /// NEAR_LIMIT_KEPT_NS old.
+    fn near_limit(&self, now_ns: u64) -> bool {
+        let kept = self.near_limit_kept.load(Relaxed);
+        if kept != 0 && now_ns < kept >> 1 {
+            return kept & 1 == 1;
+        }
+        let near = self.memory.near_limit();
+        let until = now_ns.saturating_add(NEAR_LIMIT_KEPT_NS).min(u64::MAX >> 1);
+        self.near_limit_kept.store(until << 1 | u64::from(near), Relaxed);
+        near
+    }
+
     /// Releases and expires idle blocks; returns when it next has work (monotonic ns).
     pub fn reap(&self) -> Option<u64> {
         self.unmap_deferred();
@@ -226,7 +241,7 @@ impl<M: PageMemory> HostLayer<M> {
                     let cache = self.cache();
                     (cache.next_deadline_ns().is_some_and(|d| d <= now), cache.resident_split().1 > 0)
                 };
-                (due || lazy) && self.memory.near_limit()
+                (due || lazy) && self.near_limit(now)
             }
         };
         let (due, transit, releasing) = {
@@ -278,6 +293,9 @@ impl<M: PageMemory> HostLayer<M> {
         deadline
     }
 }
+
+/// How long an answer to "near a limit?" holds (Note [What RSS shows]).
+const NEAR_LIMIT_KEPT_NS: u64 = 50_000_000;
 
 /// The longest the background pass waits while the cache holds something (Note [Room for
 /// others]).

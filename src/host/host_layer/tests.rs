@@ -641,6 +641,34 @@ fn idle_blocks_leave_rss_at_once_near_a_limit() {
     }
 }
 
+/// Note [What RSS shows]: the answer to "near a limit?" holds 50 ms; passes meanwhile do not
+/// read the cgroup's files again, and a change is seen once it has passed.
+#[test]
+fn the_limit_question_is_asked_once_in_50_ms() {
+    let l = layer(Config { release_ms: 1, expire_ms: 10_000, ..Config::default() });
+    let reads = |l: &HostLayer<SimPages>| l.memory.calls().near_limit_reads;
+    let idle_pass = |l: &HostLayer<SimPages>| {
+        let a = l.alloc(16 * MB, 4096, false, 0).unwrap();
+        l.memory.write(a, 16 * MB);
+        l.free(a, 16 * MB);
+        advance(2 * MS);
+        l.reap();
+    };
+    idle_pass(&l);
+    assert_eq!(reads(&l), 1);
+    l.memory.set_near_limit(true);
+    for _ in 0..10 {
+        idle_pass(&l);
+    }
+    assert_eq!(reads(&l), 1, "20 ms of passes: the kept answer");
+    assert_eq!(l.memory.calls().discarded_bytes, 0, "the kept answer was room");
+    advance(30 * MS);
+    idle_pass(&l);
+    assert_eq!(reads(&l), 2, "52 ms on: read again");
+    assert_eq!(l.memory.calls().discarded_bytes, 16 * MB as u64, "near the limit now: dropped");
+    check(&l);
+}
+
 /// Note [Room for others]: under an address-space limit the cache keeps at most an eighth of
 /// it and unmaps what leaves at once; a failed request empties the cache only when it could then
 /// succeed.
