@@ -1,6 +1,7 @@
 //! Routing for the malloc family: who serves a request (the next allocator, the host layer, or
 //! the bootstrap arena during init) and who owns a pointer. Implements the C contract around
-//! the layers: errno, overflow, alignment rules, realloc edge cases as glibc has them.
+//! the layers: errno, overflow, alignment rules, realloc edge cases as glibc has them (realloc
+//! and the aligned calls in rooms of their own beside this file).
 //
 // Note [errno on success]
 // A call that succeeds leaves errno as it found it, as glibc's large paths do (one mmap or one
@@ -16,7 +17,7 @@ use crate::record::holders::{self, Asker};
 use crate::sys::next::{bootstrap_alloc, bootstrap_size, is_bootstrap};
 use crate::backing::BLOCK_ALIGN;
 use crate::state::{Globals, HOST};
-use crate::sys::process::{abort, errno, set_errno, SavedErrno};
+use crate::sys::process::{abort, set_errno, SavedErrno};
 use core::ffi::c_void;
 use crate::sys::next::{CallocFn, FreeFn, MallocFn, ReallocFn};
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
@@ -26,6 +27,8 @@ pub(crate) mod control;
 pub(crate) mod libc_names;
 pub(crate) mod objects;
 pub(crate) mod page_calls;
+pub(crate) mod aligned_calls;
+pub(crate) mod realloc;
 mod room;
 // Its callers are the CUDA shims, built only into the library.
 #[cfg(not(any(test, feature = "no-interpose")))]
@@ -456,7 +459,7 @@ pub unsafe fn realloc_as(p: *mut c_void, size: usize, asker: Asker) -> *mut c_vo
 #[inline(never)]
 pub(crate) unsafe extern "C" fn realloc_from(p: *mut c_void, size: usize, asker: Asker) -> *mut c_void {
     // SAFETY: the caller's contract.
-    unsafe { realloc_named(p, size, asker, Names::Malloc) }
+    unsafe { realloc::realloc_named(p, size, asker, Names::Malloc) }
 }
 
 /// Which names of the next allocator a call came in by, and so goes on to: malloc's, or glibc's
@@ -465,109 +468,6 @@ pub(crate) unsafe extern "C" fn realloc_from(p: *mut c_void, size: usize, asker:
 enum Names {
     Malloc,
     Libc,
-}
-
-/// realloc under either names: the small side goes on to the next allocator's entry point of
-/// the same names.
-///
-/// # Safety
-/// As for `realloc`.
-unsafe fn realloc_named(p: *mut c_void, size: usize, asker: Asker, names: Names) -> *mut c_void {
-    let alloc = |size| match names {
-        Names::Malloc => malloc_as(size, asker),
-        Names::Libc => libc_names::malloc(size, asker),
-    };
-    if p.is_null() {
-        return alloc(size);
-    }
-    if is_bootstrap(p) {
-        let q = alloc(size);
-        if !q.is_null() {
-            // SAFETY: p is a live arena block of bootstrap_size(p) bytes; q has room for size.
-            unsafe { core::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, bootstrap_size(p).min(size)) };
-        }
-        return q;
-    }
-    let Some(g) = ready() else { return enomem() };
-    match owner(p) {
-        Owner::Cached => invalid_pointer("realloc", p),
-        Owner::Live { len } => {
-            if size == 0 {
-                // glibc frees and returns NULL for realloc(p, 0).
-                free_large(p, len);
-                return core::ptr::null_mut();
-            }
-            if size >= LARGE_FROM.load(Relaxed) {
-                let saved = SavedErrno::save();
-                let q = match HOST.resize(p as usize, len, size) {
-                    Some(a) => a as *mut c_void,
-                    None => room::moved_to_next(p, len, size, names),
-                };
-                if !q.is_null() {
-                    saved.restore();
-                }
-                return q;
-            }
-            // Shrinking below the threshold: move to the next allocator, then copy between two
-            // blocks we hold.
-            let q = match names {
-                Names::Malloc => next_malloc(size),
-                // SAFETY: plain forwarding.
-                Names::Libc => unsafe { (g.next.libc.malloc)(size) },
-            };
-            if q.is_null() {
-                return enomem();
-            }
-            HOST.memory_copy(q as usize, p as usize, size.min(len));
-            free_large(p, len);
-            q
-        }
-        Owner::Foreign => {
-            refuse_interior("realloc", p);
-            let (next_realloc, next_free) = match names {
-                // SAFETY: UNCHECKED_REALLOC is the next allocator's realloc, or the one that
-                // makes room in front of it (set by ready()).
-                Names::Malloc => (unsafe { core::mem::transmute::<usize, ReallocFn>(UNCHECKED_REALLOC.load(Relaxed)) }, g.next.free),
-                Names::Libc => (g.next.libc.realloc, g.next.libc.free),
-            };
-            if size < LARGE_FROM.load(Relaxed) {
-                // SAFETY: p came from the next allocator.
-                return unsafe { next_realloc(p, size) };
-            }
-            // Growing past the threshold: move into the host layer.
-            let Some(usable) = g.next.usable_size else {
-                // SAFETY: as above; without malloc_usable_size we cannot know what to copy.
-                return unsafe { next_realloc(p, size) };
-            };
-            // One the next allocator serves when we cannot (Note [The next allocator's free
-            // memory] in room.rs); on failure p is left as it was.
-            let q = large_or_next(size, MIN_ALIGN, false, asker, names);
-            if q.is_null() {
-                return q;
-            }
-            // SAFETY: p is live in the next allocator with `old` usable bytes.
-            unsafe {
-                let old = usable(p);
-                core::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old.min(size));
-                next_free(p);
-            }
-            q
-        }
-    }
-}
-
-/// # Safety
-/// `p` is null or a pointer from this process's malloc family (the C contract).
-pub unsafe extern "C" fn reallocarray(p: *mut c_void, count: usize, size: usize, asker: Asker) -> *mut c_void {
-    match count.checked_mul(size) {
-        // Note [An allocator in front of us] (sys/front.rs): its realloc, as glibc's would call.
-        // SAFETY: forwarded under the caller's contract.
-        Some(total) => match crate::sys::front::front() {
-            Some((realloc, _)) => unsafe { realloc(p, total) },
-            None => unsafe { realloc_as(p, total, asker) },
-        },
-        None => enomem(),
-    }
 }
 
 /// free_sized and free_aligned_sized: free, or the free of an allocator in front of us (Note [An
@@ -584,76 +484,6 @@ pub unsafe fn free_sized(p: *mut c_void) {
     }
 }
 
-
-/// The shared core of posix_memalign, aligned_alloc, memalign, valloc and pvalloc; `align` is
-/// a power of two. Returns null with errno set on failure.
-fn aligned(align: usize, size: usize, asker: Asker) -> *mut c_void {
-    aligned_with(align, size, asker, Names::Malloc)
-}
-
-/// `aligned` under either names (see `realloc_named`).
-fn aligned_with(align: usize, size: usize, asker: Asker, names: Names) -> *mut c_void {
-    let align = align.max(MIN_ALIGN);
-    let Some(g) = ready() else { return bootstrap_alloc(size, align) };
-    if size < LARGE_FROM.load(Relaxed) {
-        if let (Names::Libc, Some(memalign)) = (names, g.next.libc.memalign) {
-            // SAFETY: plain forwarding; align is a power of two.
-            return unsafe { memalign(align, size) };
-        }
-        // The unmapped count only under a limit: this is a small request's path.
-        let unmapped = room::LIMITED.load(Relaxed).then(|| HOST.unmapped_bytes());
-        // SAFETY: align is a power of two and at least a pointer's size.
-        let p = unsafe { g.next.alloc_aligned(align, size) };
-        if p.is_null() && unmapped.is_some_and(|u| room::room_made_for(size, u)) {
-            // SAFETY: as above.
-            return unsafe { g.next.alloc_aligned(align, size) };
-        }
-        return p;
-    }
-    large_or_next(size, align, false, asker, names)
-}
-
-/// # Safety
-/// `p` is null or a pointer from this process's malloc family (the C contract).
-pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize, asker: Asker) -> i32 {
-    if out.is_null() {
-        return libc::EINVAL;
-    }
-    if !align.is_power_of_two() || !align.is_multiple_of(core::mem::size_of::<*mut c_void>()) {
-        return libc::EINVAL;
-    }
-    let saved = errno();
-    let p = aligned(align, size, asker);
-    if p.is_null() {
-        let e = errno();
-        set_errno(saved);
-        return if e == 0 { libc::ENOMEM } else { e };
-    }
-    // SAFETY: out is non-null and, by contract, writable.
-    unsafe { *out = p };
-    0
-}
-
-/// memalign and aligned_alloc as glibc 2.36 has them: an alignment that is not a power of two
-/// is rounded up to one; one too large to round fails with EINVAL.
-pub extern "C" fn memalign(align: usize, size: usize, asker: Asker) -> *mut c_void {
-    let Some(align) = align.max(1).checked_next_power_of_two() else {
-        set_errno(libc::EINVAL);
-        return core::ptr::null_mut();
-    };
-    aligned(align, size, asker)
-}
-
-pub extern "C" fn valloc(size: usize, asker: Asker) -> *mut c_void {
-    aligned(PAGE, size, asker)
-}
-
-pub extern "C" fn pvalloc(size: usize, asker: Asker) -> *mut c_void {
-    match size.max(1).checked_add(PAGE - 1) {
-        Some(s) => aligned(PAGE, s & !(PAGE - 1), asker),
-        None => enomem(),
-    }
-}
 
 /// # Safety
 /// `p` is null or a pointer from this process's malloc family (the C contract).

@@ -6,6 +6,9 @@
 //! same contract through the exported symbols.
 
 use super::*;
+use super::aligned_calls::*;
+use super::realloc::reallocarray;
+use crate::sys::process::errno;
 use crate::record::holders::Asker;
 
 const MIB: usize = 1 << 20;

@@ -13,7 +13,8 @@
 // our sight (its std::bad_alloc is what the program sees).
 
 use crate::record::holders::Asker;
-use super::{aligned, free_large, invalid_pointer, large_unreported, malloc, malloc_as, owner, plainly_foreign, refuse_interior, refuse_interior_slow, report_out_of_memory, small_below};
+use super::aligned_calls::aligned;
+use super::{free_large, invalid_pointer, large_unreported, malloc, malloc_as, owner, plainly_foreign, refuse_interior, refuse_interior_slow, report_out_of_memory, small_below};
 use super::{LARGE_FROM, MIN_ALIGN, PAGE};
 use crate::host::registry::Owner;
 use crate::sys::next::{bootstrap_alloc, is_bootstrap};

@@ -12,7 +12,9 @@
 // `__libc_` definition: glibc's, or jemalloc's and tcmalloc's, which define them too (what the
 // call reaches without us), or its plain name where no object has one.
 
-use super::{aligned_with, free_large, invalid_pointer, large_or_next, owner, realloc_named, ready, refuse_interior, refuse_interior_slow, Names, LARGE_FROM, MIN_ALIGN, PAGE};
+use super::aligned_calls::aligned_with;
+use super::realloc::realloc_named;
+use super::{free_large, invalid_pointer, large_or_next, owner, ready, refuse_interior, refuse_interior_slow, Names, LARGE_FROM, MIN_ALIGN, PAGE};
 use crate::host::registry::Owner;
 use crate::record::holders::Asker;
 use crate::state::HOST;

@@ -32,12 +32,12 @@ pub extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     unsafe { route::realloc(p, size) }
 }
 
-with_caller!(fn reallocarray(p: *mut c_void, count: usize, size: usize) -> *mut c_void, "rcx" => route::reallocarray);
-with_caller!(fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32, "rcx" => route::posix_memalign);
-with_caller!(fn aligned_alloc(align: usize, size: usize) -> *mut c_void, "rdx" => route::memalign);
-with_caller!(fn memalign(align: usize, size: usize) -> *mut c_void, "rdx" => route::memalign);
-with_caller!(fn valloc(size: usize) -> *mut c_void, "rsi" => route::valloc);
-with_caller!(fn pvalloc(size: usize) -> *mut c_void, "rsi" => route::pvalloc);
+with_caller!(fn reallocarray(p: *mut c_void, count: usize, size: usize) -> *mut c_void, "rcx" => route::realloc::reallocarray);
+with_caller!(fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> i32, "rcx" => route::aligned_calls::posix_memalign);
+with_caller!(fn aligned_alloc(align: usize, size: usize) -> *mut c_void, "rdx" => route::aligned_calls::memalign);
+with_caller!(fn memalign(align: usize, size: usize) -> *mut c_void, "rdx" => route::aligned_calls::memalign);
+with_caller!(fn valloc(size: usize) -> *mut c_void, "rsi" => route::aligned_calls::valloc);
+with_caller!(fn pvalloc(size: usize) -> *mut c_void, "rsi" => route::aligned_calls::pvalloc);
 
 #[no_mangle]
 pub extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
