@@ -470,6 +470,14 @@ enum Names {
     Libc,
 }
 
+/// malloc under either names.
+fn malloc_named(size: usize, asker: Asker, names: Names) -> *mut c_void {
+    match names {
+        Names::Malloc => malloc_as(size, asker),
+        Names::Libc => libc_names::malloc(size, asker),
+    }
+}
+
 /// free_sized and free_aligned_sized: free, or the free of an allocator in front of us (Note [An
 /// allocator in front of us] in sys/front.rs).
 ///

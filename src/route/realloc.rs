@@ -1,7 +1,7 @@
 //! realloc and reallocarray: a block resized in the host layer, moved across the threshold
 //! between us and the next allocator (copied between two blocks we hold), or passed on.
 
-use super::{enomem, free_large, invalid_pointer, large_or_next, libc_names, malloc_as, next_malloc, owner, ready, realloc_as, refuse_interior, room, Names, LARGE_FROM, MIN_ALIGN, UNCHECKED_REALLOC};
+use super::{enomem, free_large, invalid_pointer, large_or_next, malloc_named, next_malloc, owner, ready, realloc_as, refuse_interior, room, Names, LARGE_FROM, MIN_ALIGN, UNCHECKED_REALLOC};
 use crate::host::registry::Owner;
 use crate::record::holders::Asker;
 use crate::state::HOST;
@@ -16,10 +16,7 @@ use core::sync::atomic::Ordering::Relaxed;
 /// # Safety
 /// As for `realloc`.
 pub(super) unsafe fn realloc_named(p: *mut c_void, size: usize, asker: Asker, names: Names) -> *mut c_void {
-    let alloc = |size| match names {
-        Names::Malloc => malloc_as(size, asker),
-        Names::Libc => libc_names::malloc(size, asker),
-    };
+    let alloc = |size| malloc_named(size, asker, names);
     if p.is_null() {
         return alloc(size);
     }
