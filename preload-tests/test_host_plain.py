@@ -33,7 +33,7 @@ def run_mode(mode, argv, env=None, **kw):
     return run(argv, preload=PRELOAD, env={**settings, **(env or {})}, **kw)
 
 
-TAINTS = ["rdonly", "rx", "guard", "dontfork", "wipeonfork", "mlock", "dontdump", "guardregion", "unmapped", "fixedmap",
+TAINTS = ["rdonly", "rx", "guard", "dontfork", "wipeonfork", "mlock", "dontdump", "mergeable", "guardregion", "unmapped", "fixedmap",
           "shrunk"]
 # A change made with a raw system call never reaches our libc shims (Note [Pages the program
 # changed]): only TENSORMALLOC_RESET=always makes such a block plain again (docs/limits.md).
@@ -139,3 +139,44 @@ def test_a_child_never_takes_a_block_kept_from_it_for_its_own(mode):
     (c/fork_kept.c)."""
     out = ok(run_mode(mode, [compile_c("fork_kept")], timeout=60))
     assert "fork kept ok" in out.stdout
+
+
+CLAIM_SETTINGS = {
+    # The idle pause in c/claimed.c outlasts the release and the unmap.
+    "short-idle": {"TENSORMALLOC_HOST_RELEASE_MS": "50", "TENSORMALLOC_HOST_UNMAP_MS": "200"},
+    "drop-at-once": {"TENSORMALLOC_HOST_RELEASE": "now", "TENSORMALLOC_HOST_RELEASE_MS": "50"},
+    "defaults": {},
+    "glibc": None,
+}
+
+
+@pytest.mark.parametrize("setting", CLAIM_SETTINGS)
+@pytest.mark.parametrize("what", ["fixed", "noreplace", "munmap", "shm-freed", "shm-remap", "shm-detach"])
+def test_pages_the_program_puts_where_a_freed_block_was_are_its_own(what, setting):
+    """Note [Ranges the program claims] (src/host/host_layer/claim.rs): glibc's free unmapped the
+    block, so the program may map there (MAP_FIXED, MAP_FIXED_NOREPLACE) or unmap part of it.
+    Before: the next malloc handed out the program's own mapping and overwrote it, the idle
+    release dropped its pages (MADV_DONTNEED), the expiry and malloc_trim unmapped it
+    (SIGSEGV), MAP_FIXED_NOREPLACE failed with EEXIST, and after the munmap the next malloc's
+    block had a hole (SIGSEGV). A SysV segment attached inside a freed block failed (EINVAL);
+    one attached over part of a live block with SHM_REMAP was handed out in the next blocks
+    once the block was freed (other processes' memory), or left a hole once detached."""
+    env = CLAIM_SETTINGS[setting]
+    argv = [compile_c("claimed"), what]
+    out = ok(run(argv, preload=False, timeout=60) if env is None else run(argv, preload=PRELOAD, env=env, timeout=60))
+    if "skipped" in out.stdout:
+        pytest.skip(out.stdout.strip())
+    assert f"claimed {what} ok" in out.stdout
+
+
+@pytest.mark.parametrize("preload", ["tensormalloc", "glibc"])
+@pytest.mark.parametrize("how", ["ro", "dontfork", "wipeonfork", "mlock"])
+def test_a_changed_block_grown_by_realloc_is_plain(how, preload):
+    """1 MiB of a 16 MiB block made read-only, kept from or wiped in children, or locked, then
+    realloc to 64 MiB: the grown block is writable, unlocked and whole in a forked child, as
+    glibc's copy is. Before, the block grew in place or by mremap with the change in it: SIGSEGV
+    writing it, a child killed or reading zeros, VmLck 1 MiB for its life."""
+    out = ok(run([compile_c("claimed"), f"grow-{how}"], preload=PRELOAD if preload == "tensormalloc" else False, timeout=60))
+    if "skipped" in out.stdout:
+        pytest.skip(out.stdout.strip())
+    assert f"claimed grow-{how} ok" in out.stdout

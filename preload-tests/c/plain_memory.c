@@ -1,13 +1,13 @@
 /* A freed large block comes back as plain memory whatever its previous owner did to its pages
  * (issue 19, case 1). `plain_memory MODE`, MODE one of rdonly, rx, guard, dontfork, wipeonfork,
- * mlock, dontdump, guardregion (MADV_GUARD_INSTALL), unmapped (a page munmapped), fixedmap (a
+ * mlock, dontdump, mergeable (KSM), guardregion (MADV_GUARD_INSTALL), unmapped (a page munmapped), fixedmap (a
  * shared page mapped over one), shrunk (mremap in place), raw-rdonly (mprotect by a raw system
  * call): 40 MiB blocks are written, MODE is applied to them, they are freed, and then
  *  - a forked child mallocs and callocs 40 and 64 MiB (reusing what the parent cached) and
  *    writes every page;
  *  - the next malloc(40 MiB), calloc(40 MiB) (every byte up to malloc_usable_size reads zero)
  *    and malloc(64 MiB) (gathered from two freed 40 MiB blocks, or fresh) are written in every
- *    page, their mappings are read-write with default advice (no ex/dc/wf/dd/lo in VmFlags),
+ *    page, their mappings are read-write with default advice (no ex/dc/wf/dd/lo/mg in VmFlags),
  *    and a forked child sees their contents intact;
  *  - mlock: VmLck drops to (near) zero once the block is freed, and with the library loaded
  *    an idle block released after a locked one is still MADV_FREE'd (LazyFree in smaps).
@@ -88,7 +88,7 @@ static void check_plain_mappings(const void *p, size_t n, const char *what) {
         }
         if (in && strncmp(line, "VmFlags:", 8) == 0) {
             line[strcspn(line, "\n")] = 0;
-            static const char *bad[] = {" ex", " dc", " wf", " dd", " lo"};
+            static const char *bad[] = {" ex", " dc", " wf", " dd", " lo", " mg"};
             for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
                 char *hit = strstr(line + 8, bad[i]);
                 if (hit && (hit[3] == ' ' || hit[3] == 0))
@@ -126,6 +126,11 @@ static void taint(void *p, size_t n) {
         CHECK(madvise(a, len, MADV_WIPEONFORK) == 0);
     } else if (!strcmp(mode, "dontdump")) {
         CHECK(madvise(a, len, MADV_DONTDUMP) == 0);
+    } else if (!strcmp(mode, "mergeable")) {
+        if (madvise(a, len, MADV_MERGEABLE) != 0) {
+            printf("plain memory %s skipped: MADV_MERGEABLE: %s (a kernel without KSM)\n", mode, strerror(errno));
+            exit(0);
+        }
     } else if (!strcmp(mode, "guardregion")) {
         /* MADV_GUARD_INSTALL (Linux 6.13): faults on access, kept across MADV_DONTNEED. */
         if (madvise((char *)a + (len / 2 & ~(PAGE - 1)), PAGE, 102) != 0) {

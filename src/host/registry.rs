@@ -492,6 +492,15 @@ impl Registry {
         }
     }
 
+    /// False when no block of ours has ever overlapped [addr, addr+len): nothing of ours can be
+    /// there, cached, waiting to be unmapped or on its way to the kernel (one load a 2 MiB
+    /// granule; a range of more than 8 GiB is a "maybe").
+    pub fn may_hold_ours(&self, addr: usize, len: usize) -> bool {
+        let Some(end) = addr.checked_add(len.max(1)) else { return true };
+        let (first, last) = (addr >> GRANULE_SHIFT, (end - 1) >> GRANULE_SHIFT);
+        last - first >= 4096 || (first..=last).any(|g| ever_overlapped(g << GRANULE_SHIFT))
+    }
+
     /// The program asked for `asked` bytes of the live block at `addr` (the holders table
     /// counts them).
     pub fn set_asked(&self, addr: usize, asked: u64) {

@@ -1,6 +1,7 @@
 //! The program's page calls: each marks the live blocks of ours its range touches (Note [Pages
-//! the program changed] in host/host_layer/mod.rs) before the next interposer or the kernel hears of
-//! it (Note [The next interposer] in sys/page_calls.rs); a mapping refused for want of room
+//! the program changed] in host/host_layer/mod.rs), and one that maps or unmaps takes back what
+//! we still hold there (Note [Ranges the program claims] in host/host_layer/claim.rs), before
+//! the next interposer or the kernel hears of it (Note [The next interposer] in sys/page_calls.rs); a mapping refused for want of room
 //! empties the cache and is tried once more; the limit and lock calls make the cache follow a
 //! new mapping limit and mlockall at once (Note [Room for others], Note [Locked memory]).
 
@@ -11,7 +12,8 @@ use crate::sys::process::{errno, set_errno};
 use core::ffi::{c_int, c_void};
 /// Advice after which a block is still plain memory: contents (DONTNEED, FREE, REMOVE refused
 /// on private memory), paging and huge-page hints, and the advice that undoes the changes.
-/// Anything else, known or not, marks the block.
+/// Anything else, known or not, marks the block (MERGEABLE too: KSM would go on scanning and
+/// merging the next owner's pages).
 fn advice_keeps_plain(advice: c_int) -> bool {
     const COLD: c_int = 20;
     const PAGEOUT: c_int = 21;
@@ -31,7 +33,6 @@ fn advice_keeps_plain(advice: c_int) -> bool {
             | libc::MADV_DOFORK
             | libc::MADV_KEEPONFORK
             | libc::MADV_DODUMP
-            | libc::MADV_MERGEABLE
             | libc::MADV_UNMERGEABLE
             | COLD
             | PAGEOUT
@@ -66,7 +67,9 @@ fn room_made(len: usize, unmapped_before: u64) -> bool {
 /// # Safety
 /// As libc's `mmap`; `call` is the name it came by (mmap or mmap64).
 pub unsafe fn mmap(call: Call, addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, offset: libc::off_t) -> *mut c_void {
-    if flags & libc::MAP_FIXED != 0 {
+    // MAP_FIXED_NOREPLACE does not carry MAP_FIXED's bit; it fails over anything mapped.
+    if flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0 {
+        HOST.claim_range(addr as usize, len);
         HOST.note_page_change(addr as usize, len, PageChange::Replaced);
     }
     let unmapped = HOST.unmapped_bytes();
@@ -82,6 +85,7 @@ pub unsafe fn mmap(call: Call, addr: *mut c_void, len: usize, prot: c_int, flags
 /// # Safety
 /// As libc's `munmap`.
 pub unsafe fn munmap(addr: *mut c_void, len: usize) -> c_int {
+    HOST.claim_range(addr as usize, len);
     HOST.note_page_change(addr as usize, len, PageChange::Replaced);
     // SAFETY: the caller's contract.
     unsafe { next::munmap(addr, len) }
@@ -90,8 +94,11 @@ pub unsafe fn munmap(addr: *mut c_void, len: usize) -> c_int {
 /// # Safety
 /// As libc's `mremap`; `new_addr` is read only under MREMAP_FIXED.
 pub unsafe fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: c_int, new_addr: *mut c_void) -> *mut c_void {
+    // A range of a block we took back fails here as it would once unmapped (EFAULT).
+    HOST.claim_range(old as usize, old_len);
     HOST.note_page_change(old as usize, old_len.max(new_len), PageChange::Replaced);
     if flags & libc::MREMAP_FIXED != 0 {
+        HOST.claim_range(new_addr as usize, new_len);
         HOST.note_page_change(new_addr as usize, new_len, PageChange::Replaced);
     }
     let unmapped = HOST.unmapped_bytes();
@@ -103,6 +110,39 @@ pub unsafe fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: c_
     }
     p
 }
+
+/// A segment attached at an address of the program's choice claims its range (rounded down to
+/// SHMLBA under SHM_RND), and replaces what is there under SHM_REMAP (Note [Ranges the program
+/// claims]); its size is the kernel's answer to IPC_STAT, a page when that is refused.
+/// # Safety
+/// As libc's `shmat`.
+pub unsafe fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
+    if !addr.is_null() {
+        let saved = errno();
+        let at = if flags & libc::SHM_RND != 0 { addr as usize & !(SHMLBA - 1) } else { addr as usize };
+        let len = crate::sys::page_calls::shm_size(id).unwrap_or(PAGE);
+        set_errno(saved);
+        HOST.claim_range(at, len);
+        if flags & libc::SHM_REMAP != 0 {
+            HOST.note_page_change(at, len, PageChange::Replaced);
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { next::shmat(id, addr, flags) }
+}
+
+/// A segment detached from inside a live block leaves a hole in it: never reused.
+/// # Safety
+/// As libc's `shmdt`.
+pub unsafe fn shmdt(addr: *const c_void) -> c_int {
+    HOST.note_page_change(addr as usize, PAGE, PageChange::Replaced);
+    // SAFETY: the caller's contract.
+    unsafe { next::shmdt(addr) }
+}
+
+/// x86-64's SHMLBA (a page) and its page.
+const SHMLBA: usize = 4096;
+const PAGE: usize = 4096;
 
 /// # Safety
 /// As libc's `mprotect`.

@@ -54,6 +54,18 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
+    // SAFETY: as in mmap.
+    unsafe { route::shmat(id, addr, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn shmdt(addr: *const c_void) -> c_int {
+    // SAFETY: as in mmap.
+    unsafe { route::shmdt(addr) }
+}
+
+#[no_mangle]
 pub extern "C" fn mlock(addr: *const c_void, len: usize) -> c_int {
     route::mlock(addr, len)
 }

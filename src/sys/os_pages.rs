@@ -196,12 +196,12 @@ impl PageMemory for OsPages {
             }
             // ENOMEM: part of the range is not mapped (or the kernel's limit on mappings would
             // be passed). Any other refusal (EINVAL: advice this kernel does not know, such as
-            // KEEPONFORK before 4.14; ENOSYS or EPERM: a seccomp filter) means the program could
+            // KEEPONFORK before 4.14, UNMERGEABLE without KSM; ENOSYS or EPERM: a seccomp filter) means the program could
             // not have made that change either: nothing to undo.
             if calls::munlock(p, len) != 0 && errno() == libc::ENOMEM {
                 return false;
             }
-            for advice in [libc::MADV_DOFORK, libc::MADV_KEEPONFORK, libc::MADV_DODUMP, MADV_GUARD_REMOVE] {
+            for advice in [libc::MADV_DOFORK, libc::MADV_KEEPONFORK, libc::MADV_DODUMP, libc::MADV_UNMERGEABLE, MADV_GUARD_REMOVE] {
                 if calls::madvise(p, len, advice) != 0 && errno() == libc::ENOMEM {
                     return false;
                 }

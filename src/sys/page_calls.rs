@@ -1,5 +1,5 @@
 //! The page calls as the kernel answers them: mmap, munmap, mremap, mprotect, pkey_mprotect,
-//! madvise, mlock, mlock2, munlock, mlockall and the resource limits, each one system call that
+//! madvise, mlock, mlock2, munlock, mlockall, shmat, shmdt and the resource limits, each one system call that
 //! sets errno as libc's wrapper does. The shims of these names forward here (a call to libc's
 //! name from this library would come back to our own shim), and our own mappings use them so
 //! that our system calls are never taken for the program's (Note [Pages the program changed]);
@@ -114,6 +114,25 @@ pub unsafe fn setns(fd: c_int, kind: c_int) -> c_int {
     raw!(libc::SYS_setns, fd, kind) as c_int
 }
 
+/// # Safety
+/// As libc's `shmat`.
+pub unsafe fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
+    raw!(libc::SYS_shmat, id, addr, flags) as *mut c_void
+}
+
+/// # Safety
+/// As libc's `shmdt`.
+pub unsafe fn shmdt(addr: *const c_void) -> c_int {
+    raw!(libc::SYS_shmdt, addr) as c_int
+}
+
+/// The size of shared memory segment `id` (shmctl IPC_STAT), if the caller may read it.
+pub fn shm_size(id: c_int) -> Option<usize> {
+    // SAFETY: shmid_ds is plain data the kernel fills.
+    let mut ds: libc::shmid_ds = unsafe { core::mem::zeroed() };
+    (raw!(libc::SYS_shmctl, id, libc::IPC_STAT, &mut ds as *mut libc::shmid_ds) == 0).then_some(ds.shm_segsz)
+}
+
 // Note [The next interposer]
 // Another library preloaded after us may hook the page calls too (gperftools' mmap hooks, a
 // tracer, a sandbox's accounting). The program's calls reach our shims first, as they come
@@ -147,9 +166,11 @@ pub enum Call {
     Capset,
     Unshare,
     Setns,
+    Shmat,
+    Shmdt,
 }
 
-const CALLS: usize = 20;
+const CALLS: usize = 22;
 const NAMES: [&core::ffi::CStr; CALLS] = [
     c"mmap",
     c"mmap64",
@@ -171,6 +192,8 @@ const NAMES: [&core::ffi::CStr; CALLS] = [
     c"capset",
     c"unshare",
     c"setns",
+    c"shmat",
+    c"shmdt",
 ];
 
 /// The next definition of each call when it is not libc's own (0: the kernel directly).
@@ -376,6 +399,26 @@ pub mod program {
             // SAFETY: as in mmap.
             Some(f) => unsafe { transmute::<usize, unsafe extern "C" fn(c_int, c_int) -> c_int>(f)(fd, kind) },
             None => unsafe { super::setns(fd, kind) },
+        }
+    }
+
+    /// # Safety
+    /// As libc's `shmat`.
+    pub unsafe fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
+        match next(Call::Shmat) {
+            // SAFETY: as in mmap.
+            Some(f) => unsafe { transmute::<usize, unsafe extern "C" fn(c_int, *const c_void, c_int) -> *mut c_void>(f)(id, addr, flags) },
+            None => unsafe { super::shmat(id, addr, flags) },
+        }
+    }
+
+    /// # Safety
+    /// As libc's `shmdt`.
+    pub unsafe fn shmdt(addr: *const c_void) -> c_int {
+        match next(Call::Shmdt) {
+            // SAFETY: as in mmap.
+            Some(f) => unsafe { transmute::<usize, unsafe extern "C" fn(*const c_void) -> c_int>(f)(addr) },
+            None => unsafe { super::shmdt(addr) },
         }
     }
 

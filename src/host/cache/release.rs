@@ -160,6 +160,47 @@ impl BlockCache {
         None
     }
 
+    /// The program claims [addr, end) for pages of its own (Note [Ranges the program claims] in
+    /// host/host_layer/claim.rs): the cached blocks that overlap it leave, as many as a list
+    /// holds (the caller unmaps them and asks again until the list comes back empty), and so
+    /// do the deferred ranges that overlap it (`deferred_out`). A block being released is doomed
+    /// (`release_done` hands it back to be unmapped); whether one was is the third part.
+    pub fn claim(&mut self, addr: usize, end: usize, deferred_out: &mut RangeList) -> (RangeList, bool) {
+        self.unpark();
+        let overlaps = |r: &Range| r.addr < end && addr < r.addr + r.len;
+        let mut out = RangeList::new();
+        let mut doomed = false;
+        let mut at = self.store.oldest();
+        while at != NONE && out.len() < RangeList::CAPACITY {
+            let next = self.store.newer(at);
+            let b = *self.store.get(at);
+            if overlaps(&Range { addr: b.addr, len: b.len }) {
+                if b.state == BlockState::Releasing {
+                    self.store.block_mut(at).doomed = true;
+                    doomed = true;
+                } else {
+                    out.push(Range { addr: b.addr, len: b.len });
+                    self.store.remove(at);
+                    self.cached_bytes -= b.len;
+                }
+            }
+            at = next;
+        }
+        let mut kept = 0;
+        for i in 0..self.deferred_count {
+            let Some(&r) = self.deferred.get(i) else { break };
+            if overlaps(&r) && deferred_out.len() < RangeList::CAPACITY {
+                deferred_out.push(r);
+                self.deferred_bytes -= r.len;
+            } else if let Some(slot) = self.deferred.get_mut(kept) {
+                *slot = r;
+                kept += 1;
+            }
+        }
+        self.deferred_count = kept;
+        (out, doomed)
+    }
+
     /// Marks every block not yet wholly kept from forked children as kept, and gives each to
     /// `f`, which advises it MADV_DONTFORK (Note [Fork at the fork] in host/host_layer/fork.rs).
     pub fn keep_from_fork(&mut self, mut f: impl FnMut(Range)) {

@@ -1,6 +1,7 @@
 //! The cache policy over plain numbers: hits, splits, bounds, expiry, calloc's zero rules.
 
 use super::*;
+use crate::ranges::RangeList;
 
 const MB: usize = 1 << 20;
 const MS: u64 = 1_000_000;
@@ -573,5 +574,45 @@ fn past_the_hot_bound_the_oldest_hot_blocks_are_released_at_once() {
     // Released blocks are still served (their pages rewritten, no fault unless reclaimed).
     let t = c.take(40 * MB, 4096, 0).unwrap();
     assert!(t.was_released || t.addr == 0x3000_0000);
+    c.check_invariants().unwrap();
+}
+
+/// Note [Ranges the program claims]: the cached blocks and deferred ranges a claimed range
+/// overlaps leave (and only those); a block being released is doomed, handed back when its
+/// madvise returns.
+#[test]
+fn a_claimed_range_takes_out_what_overlaps_it() {
+    let mut c = BlockCache::new(CacheLimits { max_blocks: 16, ..limits() });
+    let (a, b, r) = (0x1000_0000, 0x2000_0000, 0x3000_0000);
+    c.insert(a, 16 * MB, PageFacts::zeroed(false), 0, Live::default());
+    c.insert(b, 16 * MB, PageFacts::zeroed(false), 0, Live::default());
+    c.insert(r, 16 * MB, PageFacts::zeroed(false), 500 * MS, Live::default());
+    assert!(c.defer_unmap(Range { addr: 0x4000_0000, len: 4 * MB }));
+    assert!(c.defer_unmap(Range { addr: 0x5000_0000, len: 4 * MB }));
+    // The first two become Releasing; the third is freed later and stays hot.
+    assert_eq!(c.due(1000 * MS, false).release.len(), 2);
+    let mut deferred = RangeList::new();
+    // The last page of the hot one.
+    let (out, doomed) = c.claim(r + 16 * MB - 4096, r + 16 * MB, &mut deferred);
+    assert_eq!(out.iter().map(|x| (x.addr, x.len)).collect::<Vec<_>>(), vec![(r, 16 * MB)]);
+    assert!(!doomed && deferred.is_empty());
+    // The second deferred range, and nothing else.
+    let (out, doomed) = c.claim(0x5000_0000 + 4096, 0x5000_0000 + 8192, &mut deferred);
+    assert!(out.is_empty() && !doomed);
+    assert_eq!(deferred.iter().map(|x| x.addr).collect::<Vec<_>>(), vec![0x5000_0000], "only the overlapping deferred range");
+    assert_eq!((c.deferred_bytes(), c.deferred().len()), (4 * MB, 1));
+    assert_eq!(c.deferred().iter().next().map(|x| x.addr), Some(0x4000_0000));
+    c.check_invariants().unwrap();
+    // Nothing overlaps the space between blocks.
+    let mut none = RangeList::new();
+    let (out, doomed) = c.claim(a + 16 * MB, b, &mut none);
+    assert!(out.is_empty() && none.is_empty() && !doomed);
+    // a was not claimed: it goes on to Released; b was (its first page): handed back.
+    let mut d = RangeList::new();
+    let (out, doomed) = c.claim(b, b + 4096, &mut d);
+    assert!(out.is_empty() && doomed, "b is Releasing: doomed, not handed out");
+    assert_eq!(c.release_done(a, false), None);
+    assert_eq!(c.release_done(b, false), Some(Range { addr: b, len: 16 * MB }));
+    assert_eq!(c.block_count(), 1);
     c.check_invariants().unwrap();
 }

@@ -6,14 +6,15 @@
 //! reports read, and the Notes on the pages of a block (plain, advised, locked, changed); one room
 //! per concept beside it: `alloc` (serving a request), `gather` (a miss served by cached pages),
 //! `free` (a block back, and what leaves the cache), `resize` (realloc), `release` (idle release,
-//! trim, room for others), `fork` (the cache across fork()).
+//! trim, room for others), `fork` (the cache across fork()), `claim` (ranges the program maps
+//! over or unmaps).
 //
 // Note [Plain memory]
 // A block we hand out is plain memory whatever its previous owner did to its pages: read-write
 // (a JIT's read+exec buffer, a PROT_NONE guard page, a protection key), not locked, no guard
 // regions, dumped, and inherited by forked children (MADV_DONTFORK, MADV_WIPEONFORK). glibc gets
 // this for free by unmapping every large block at free. We restore it when the program frees a
-// block whose pages it changed (`reset_for_cache`: pkey_mprotect, munlock, four madvise calls;
+// block whose pages it changed (`reset_for_cache`: pkey_mprotect, munlock, five madvise calls;
 // Note [Pages the program changed] says how we know): then a locked block never meets MADV_FREE
 // (which refuses it), and gathered pages are all alike. A block that cannot be restored (sealed),
 // or part of which the program unmapped, moved or mapped over, is unmapped, never reused, as
@@ -69,6 +70,7 @@ use crate::sys::lock::{Gate, Guard, Lock};
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 
 mod alloc;
+mod claim;
 mod fork;
 mod free;
 mod gather;

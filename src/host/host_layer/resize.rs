@@ -1,6 +1,6 @@
 //! realloc of a live large block: in place (the tail it no longer needs cached or unmapped), by
-//! mremap onto its alignment, or copied into a new block as a last resort; a kept block is
-//! recorded as one resize.
+//! mremap onto its alignment, or copied into a new block as a last resort (and always when the
+//! program changed its pages); a kept block is recorded as one resize.
 //
 // Note [Growing under a limit]
 // A block that cannot grow in place moves by mremap into a fresh mapping on its alignment
@@ -62,7 +62,10 @@ impl<M: PageMemory> HostLayer<M> {
             self.record_resize((addr, len, was_asked), (addr, if cut { need } else { len }), new_size, born);
             return Some(addr);
         }
-        if self.registry.reserve_spare() {
+        // Pages the program changed (protected, locked, kept from children, mapped over) would
+        // carry on into the grown block, where glibc's mremap, refused by the split mapping,
+        // copies into a plain one: so do we (the free resets or unmaps the old block).
+        if !marks.changed() && !marks.replaced() && self.registry.reserve_spare() {
             self.registry.clear(addr);
             // Not mremap's MAYMOVE first: it puts the block on any page, and moving the
             // contents up to the alignment is a copy (Note [Growing under a limit]).

@@ -1147,3 +1147,52 @@ fn a_cgroup_limit_bounds_what_stays_hot() {
     l.configure(&Config { cache_bytes: Some(256 << 20), ..Config::default() }, 512 * MB as u64, true);
     assert_eq!(l.cache().limits().max_hot_bytes, usize::MAX, "a bound the user set is kept hot");
 }
+
+/// Note [Ranges the program claims]: a cached block the program maps over (or unmaps) leaves the
+/// cache and is unmapped whole before the call; live blocks and far ranges are left alone.
+#[test]
+fn a_range_the_program_claims_leaves_the_cache() {
+    let l = layer(Config::default());
+    let a = l.alloc(16 * MB, 4096, false, 0).unwrap();
+    let b = l.alloc(16 * MB, 4096, false, 0).unwrap();
+    l.memory.write(a, 16 * MB);
+    l.free(a, 16 * MB);
+    assert_eq!(l.cached(), (1, 16 * MB));
+    l.claim_range(b + 4096, 8192);
+    assert_eq!(l.cached(), (1, 16 * MB), "a live block is only marked");
+    l.claim_range(a + 2 * MB, 2 * MB);
+    assert_eq!(l.cached(), (0, 0));
+    assert!(!l.memory.is_mapped(a, 16 * MB), "unmapped whole, as glibc's free had");
+    assert_eq!(l.registry.owner(a), Owner::Foreign);
+    let maps = l.memory.calls().maps;
+    let c = l.alloc(16 * MB, 4096, false, 0).unwrap();
+    assert_eq!(l.memory.calls().maps, maps + 1, "the next request: a fresh mapping");
+    check(&l);
+    l.free(b, 16 * MB);
+    l.free(c, 16 * MB);
+    let unmaps = l.memory.calls().unmaps;
+    l.claim_range(0x7000_0000_0000, 4096);
+    assert_eq!((l.cached().0, l.memory.calls().unmaps), (2, unmaps), "far from our blocks: nothing");
+    check(&l);
+}
+
+/// A realloc that grows a block whose pages the program changed copies into a plain block (the
+/// old one is reset at its free), as glibc's refused mremap does; an unchanged one moves.
+#[test]
+fn growing_a_changed_block_copies_into_a_plain_one() {
+    let l = layer(Config::default());
+    let a = l.alloc(16 * MB, 4096, false, 0).unwrap();
+    l.memory.write(a, 16 * MB);
+    l.note_page_change(a + 4 * MB, MB, PageChange::Changed);
+    let (copied, resets) = (l.memory.calls().copied_bytes, l.memory.calls().resets);
+    let b = l.resize(a, 16 * MB, 64 * MB).unwrap();
+    assert_ne!(b, a);
+    assert_eq!(l.memory.calls().copied_bytes, copied + 16 * MB as u64, "copied");
+    assert_eq!(l.memory.calls().resets, resets + 1, "the old block reset at its free");
+    assert!(!l.registry.marks(b).changed(), "the new block is plain");
+    let remaps = l.stats.remaps.get();
+    let c = l.resize(b, 64 * MB, 128 * MB).unwrap();
+    assert_eq!(l.stats.remaps.get(), remaps + 1, "plain: grown without a copy");
+    l.free(c, 128 * MB);
+    check(&l);
+}
