@@ -456,3 +456,16 @@ def test_freed_blocks_leave_when_no_thread_can_be_made(preload, setting, tmp_pat
     env = {k: str(tmp_path / v) if k == "TENSORMALLOC_TRACE" else v for k, v in setting.items()}
     proc = sandboxed("eagain", ["clone", "clone3"], [compile_c("no_thread")], preload, env=env, timeout=60)
     assert proc.returncode == 0 and "no thread ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("setting", ["defaults", "disabled", "glibc"])
+@pytest.mark.parametrize("large", [False, True])
+def test_a_program_that_forbids_mappings_once_set_up_exits_cleanly(setting, large):
+    """A program that kills itself on mmap and mprotect once set up (a seccomp filter, as
+    privilege-separated daemons install) and then returns from main: with nothing asked for at
+    exit, our exit hook makes no system call. Before, it always mapped a stack of its own there
+    (also under TENSORMALLOC_DISABLE=1, and valgrind saw the switch): SIGSYS at exit."""
+    env = {"TENSORMALLOC_DISABLE": "1"} if setting == "disabled" else {}
+    argv = [compile_c("exit_sandboxed")] + (["large"] if large else [])
+    out = run(argv, preload=False if setting == "glibc" else PRELOAD, env=env, timeout=60)
+    assert out.returncode == 0 and "sandboxed exit" in out.stdout, out

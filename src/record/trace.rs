@@ -221,6 +221,11 @@ pub fn flush() {
 }
 
 /// At exit: no event is taken any more; the last sample, marked END, closes the file.
+/// Whether a trace is being written (`finish` has one to end).
+pub fn is_on() -> bool {
+    ON.load(Ordering::Acquire)
+}
+
 pub fn finish() {
     if ON.swap(false, Ordering::AcqRel) {
         flush_with(OP_END);

@@ -17,6 +17,13 @@ pub mod stats_file;
 pub mod summary;
 pub mod units;
 
+/// Whether `at_exit` has anything to do: a report asked for, or an out-of-memory line held back.
+/// With none, the exit hook does nothing at all (no stack of its own mapped: a program under
+/// valgrind sees no stack switch, Note [A stack of our own]).
+pub fn due_at_exit(config: &Config) -> bool {
+    config.stats != crate::config::StatsOutput::Off || config.leaks || !config.snapshot_path().is_empty() || oom::holds_report()
+}
+
 /// At unload or exit: the summary, the leak report and the snapshot, each if asked for.
 pub fn at_exit(config: &Config) {
     oom::settle_held();

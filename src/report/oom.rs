@@ -75,6 +75,11 @@ pub fn after_fork_in_child() {
 
 /// A held report (Note [A report the program recovers from]): printed unless the program's
 /// retry was served meanwhile; the scratch is free after. `at_exit` and each new failure call it.
+/// Whether a report is held back (`settle_held` has one to settle).
+pub fn holds_report() -> bool {
+    HELD.load(Acquire)
+}
+
 pub fn settle_held() {
     if !HELD.swap(false, Acquire) {
         return;

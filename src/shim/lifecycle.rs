@@ -102,7 +102,7 @@ fn child_steps() {
 /// whatever thread called exit, which a pending cancellation must not stop halfway (Note
 /// [Cancellation points] in sys/cancel.rs).
 extern "C" fn on_unload() {
-    if let Some(g) = globals() {
+    if let Some(g) = globals().filter(|g| trace::is_on() || report::due_at_exit(&g.config)) {
         // On a stack of our own: the thread may have a small one (Note [A stack of our own]).
         sys::cancel::cancel_held(|| {
             sys::stack::on_own_stack(|| {
