@@ -130,3 +130,18 @@ def test_live_blocks_under_a_mapping_limit_take_what_they_asked(preload, which):
 
     out = ok(run([compile_c("span_limit"), "70", str((4 << 20) + 4096)], preload=LIB if preload else False, preexec_fn=limit))
     assert "70 blocks live" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("how,says", [("pthread_exit", "exit handler ran\nmain left\n"), ("raw-exit", "raw left\n"), ("strict", "strict left\n")])
+@pytest.mark.parametrize("preload", ["tensormalloc", "glibc"])
+def test_a_process_ends_with_its_last_thread(how, says, preload):
+    """Note [The last thread is the program's] (src/sys/reaper.rs): a main thread that ends by
+    itself (pthread_exit, the exit system call, seccomp's strict mode) while our background
+    thread runs; glibc ends the process with its last thread, and pthread_exit's exit(0) runs the
+    exit handlers and flushes stdout. Before, our thread kept the process alive for good (SIGTERM
+    could not end it either)."""
+    out = run([compile_c("last_thread"), how], preload=LIB if preload == "tensormalloc" else False, timeout=20)
+    assert out.returncode == 0, out
+    assert out.stdout == says, out
+    if preload == "tensormalloc":
+        assert "threads 2" in out.stderr, f"our thread was not running: the case proves nothing\n{out}"

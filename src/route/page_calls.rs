@@ -67,9 +67,12 @@ fn room_made(len: usize, unmapped_before: u64) -> bool {
 /// # Safety
 /// As libc's `mmap`; `call` is the name it came by (mmap or mmap64).
 pub unsafe fn mmap(call: Call, addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, offset: libc::off_t) -> *mut c_void {
-    // MAP_FIXED_NOREPLACE does not carry MAP_FIXED's bit; it fails over anything mapped.
+    // MAP_FIXED_NOREPLACE does not carry MAP_FIXED's bit; it fails over anything mapped, so it
+    // changes no live block.
     if flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0 {
         HOST.claim_range(addr as usize, len);
+    }
+    if flags & libc::MAP_FIXED != 0 {
         HOST.note_page_change(addr as usize, len, PageChange::Replaced);
     }
     let unmapped = HOST.unmapped_bytes();
@@ -122,7 +125,8 @@ pub unsafe fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void
         let at = if flags & libc::SHM_RND != 0 { addr as usize & !(SHMLBA - 1) } else { addr as usize };
         let len = crate::sys::page_calls::shm_size(id).unwrap_or(PAGE);
         set_errno(saved);
-        HOST.claim_range(at, len);
+        // A huge-page segment maps whole huge pages, past its size.
+        HOST.claim_range(at, len.next_multiple_of(HUGE_PAGE));
         if flags & libc::SHM_REMAP != 0 {
             HOST.note_page_change(at, len, PageChange::Replaced);
         }
@@ -140,9 +144,10 @@ pub unsafe fn shmdt(addr: *const c_void) -> c_int {
     unsafe { next::shmdt(addr) }
 }
 
-/// x86-64's SHMLBA (a page) and its page.
+/// x86-64's SHMLBA (a page), its page and huge page.
 const SHMLBA: usize = 4096;
 const PAGE: usize = 4096;
+const HUGE_PAGE: usize = 2 << 20;
 
 /// # Safety
 /// As libc's `mprotect`.

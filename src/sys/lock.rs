@@ -21,9 +21,39 @@
 // wakes one sleeper. The spin-then-yield lock this replaced left a waiter on the holder's own CPU
 // waiting up to 80 ms behind a churning thread, and a SCHED_FIFO waiter for seconds.
 
-use core::cell::UnsafeCell;
+// Note [Inside our own work]
+// A signal handler runs on whatever thread the signal lands on, maybe one inside our code, with
+// a lock of ours held or a range in transit; a handler that calls mmap(MAP_FIXED) or munmap
+// reaches the claim (Note [Ranges the program claims] in host/host_layer/claim.rs), which takes
+// the cache lock and waits for ranges in transit: on that thread it would wait for itself, for
+// good. So each thread counts the locks and gates of ours it is taking or holds (a thread-local
+// counter: no allocation, no destructor; counted before the lock is tried, so a handler that
+// lands mid-acquire sees it too), and the claim steps aside where it is not zero (`held_here`).
+// The thread that holds the cache lock across a fork counts it until the lock is let go.
+
+use core::cell::{Cell, UnsafeCell};
 use core::ops::{Deref, DerefMut};
-use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{compiler_fence, AtomicU32, AtomicUsize, Ordering};
+
+thread_local! {
+    static HELD_HERE: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether this thread is taking or holds a lock or gate of ours (Note [Inside our own work]).
+pub fn held_here() -> bool {
+    HELD_HERE.with(|h| h.get() != 0)
+}
+
+fn count_in() {
+    HELD_HERE.with(|h| h.set(h.get().wrapping_add(1)));
+    // Before the lock word is touched, as a handler on this thread would see it.
+    compiler_fence(Ordering::SeqCst);
+}
+
+fn count_out() {
+    compiler_fence(Ordering::SeqCst);
+    HELD_HERE.with(|h| h.set(h.get().saturating_sub(1)));
+}
 
 const FREE: u32 = 0;
 const HELD: u32 = 1;
@@ -56,6 +86,7 @@ impl<T> Lock<T> {
 
     #[inline]
     pub fn lock(&self) -> Guard<'_, T> {
+        count_in();
         if self.state.compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed).is_err() {
             let reentered = self.lock_contended();
             return Guard { lock: self, reentered };
@@ -112,6 +143,7 @@ impl<T> Lock<T> {
     pub unsafe fn force_unlock(&self) {
         self.fork_holder.store(0, Ordering::Relaxed);
         self.unlock();
+        count_out(); // the leaked guard's (Note [Inside our own work])
     }
 
     #[cfg(test)]
@@ -186,6 +218,7 @@ impl<T> Drop for Guard<'_, T> {
         if !self.reentered {
             self.lock.unlock();
         }
+        count_out();
     }
 }
 
@@ -208,6 +241,7 @@ impl Gate {
     }
 
     pub fn enter(&self) -> Pass<'_> {
+        count_in();
         self.inside.fetch_add(1, Ordering::SeqCst);
         Pass(self)
     }
@@ -263,6 +297,7 @@ impl Drop for Pass<'_> {
         if was <= 1 && self.0.waiting.load(Ordering::SeqCst) {
             futex_wake_all(&self.0.inside);
         }
+        count_out();
     }
 }
 
@@ -324,6 +359,33 @@ mod tests {
         gate.wait_empty(crate::sys::clock::now_ns, start + 5_000_000);
         assert_eq!(gate.inside(), 1, "a bounded wait ends with someone still inside");
         drop(stuck);
+    }
+
+    /// Note [Inside our own work]: a thread counts the locks and gates it holds, across a fork's
+    /// leaked guard too.
+    #[test]
+    fn a_thread_knows_it_holds_a_lock_or_a_gate() {
+        let (lock, gate) = (Lock::new(0u8), Gate::new());
+        assert!(!held_here());
+        {
+            let _held = lock.lock();
+            assert!(held_here());
+            let pass = gate.enter();
+            drop(_held);
+            assert!(held_here(), "the pass still counts");
+            drop(pass);
+        }
+        assert!(!held_here());
+        lock.lock_for_fork();
+        assert!(held_here());
+        let again = lock.lock();
+        assert!(again.reentered());
+        drop(again);
+        assert!(held_here(), "the fork's own hold stays");
+        // SAFETY: after lock_for_fork by this thread.
+        unsafe { lock.force_unlock() };
+        assert!(!held_here());
+        std::thread::spawn(|| assert!(!held_here(), "per thread")).join().unwrap();
     }
 
     #[test]

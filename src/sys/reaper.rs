@@ -1,6 +1,7 @@
 //! The reaper: one background thread, started the first time a block enters the host cache, that
 //! releases and expires idle blocks even when the program makes no further allocation call. It
-//! sleeps on a futex until the cache's next deadline, or indefinitely while nothing is due.
+//! sleeps on a futex until the cache's next deadline, and ends when nothing is left to do (Note [The
+//! last thread is the program's]).
 //! It also unmaps blocks the host layer deferred (Note [Deferred unmaps]). If no thread can be
 //! created (seccomp, thread limits), the allocation paths reap instead and unmap inline. What a
 //! pass does is given at init (`set_work`): this file knows nothing above `sys`. It steps aside
@@ -329,27 +330,79 @@ fn reaper_main() {
                 TID.store(own_tid, Ordering::Release);
                 return;
             }
-            GIVING_BACK => {
-                TID.store(own_tid, Ordering::Release);
-                // Note [Our thread's task]: no one joins this thread; it is the new one's turn.
-                // SAFETY: detaching the calling thread, which returns at once.
-                unsafe { libc::pthread_detach(libc::pthread_self()) };
-                THREAD.store(0, Ordering::Release);
-                STATE.store(NOT_STARTED, Ordering::Release);
-                return;
-            }
+            GIVING_BACK => return let_itself_go(own_tid),
             _ => {}
         }
         let deadline = work();
+        // Note [The last thread is the program's]: nothing left to do, or no program thread left.
+        let alone = deadline.is_some() && alone_in_process();
+        if (deadline.is_none() || alone) && ending(alone) {
+            return let_itself_go(own_tid);
+        }
         let now = super::clock::now_ns();
         SLEEPING_UNTIL.store(deadline.unwrap_or(u64::MAX), Ordering::Release);
         let timeout = deadline.map(|d| super::clock::timespec(d.saturating_sub(now).max(1_000_000))); // at least 1 ms between passes
         let timeout_ptr = timeout.as_ref().map_or(core::ptr::null(), |t| t as *const libc::timespec);
         // SAFETY: a futex wait on a static word with an optional relative timeout on our stack.
-        unsafe {
-            libc::syscall(libc::SYS_futex, WAKE_SEQ.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, seq, timeout_ptr)
-        };
+        let waited = unsafe { libc::syscall(libc::SYS_futex, WAKE_SEQ.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, seq, timeout_ptr) };
+        if waited != 0 && !matches!(super::process::errno(), libc::EAGAIN | libc::ETIMEDOUT | libc::EINTR) {
+            // A filter refuses futex (EPERM, ENOSYS): a wait that returns at once would spin a
+            // CPU for good; a pass at most once a second instead.
+            super::clock::sleep_ns(deadline.map_or(LAST_THREAD_POLL_NS, |d| d.saturating_sub(now)).clamp(1_000_000, LAST_THREAD_POLL_NS));
+        }
     }
+}
+
+// Note [The last thread is the program's]
+// glibc ends a process when its last thread ends (a main that calls pthread_exit, or leaves by
+// the exit system call, as a program in seccomp's strict mode must): our thread, sleeping with
+// every signal blocked, kept such a process alive for good, where glibc alone had ended it, and
+// a SIGTERM could not end it either. So our thread ends itself when it has nothing left to do
+// (it is made again when a block is next cached), and, while it holds idle memory (a pass at
+// least once a second, Note [Room for others]), once it finds itself the process's only thread
+// (/proc/self/stat, read at most twice a second). It ends as every thread of glibc's does: the
+// last one out calls exit(0) there, as the program's last thread would have.
+
+/// Between a pass that found nothing to do (or, `alone`, no program thread left) and the
+/// thread's end: true when it ends (the state says so, so a block cached from now on has no
+/// thread to wait for: Note [No thread to release]); false when a stop was asked meanwhile, or
+/// a pass run once more found work after all.
+fn ending(alone: bool) -> bool {
+    if STATE.compare_exchange(RUNNING, GIVING_BACK, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return false;
+    }
+    // A block cached (or a range deferred) between the pass and the state's change found the
+    // thread running.
+    if !alone && work().is_some() {
+        let _ = STATE.compare_exchange(GIVING_BACK, RUNNING, Ordering::AcqRel, Ordering::Acquire);
+        return STATE.load(Ordering::Acquire) != RUNNING;
+    }
+    true
+}
+
+/// Whether our thread is the process's only one, asked at most twice in LAST_THREAD_POLL_NS.
+fn alone_in_process() -> bool {
+    static ASKED_NS: AtomicU64 = AtomicU64::new(0);
+    let now = super::clock::now_ns();
+    // Half the poll: the once-a-second passes come a little early by this clock.
+    if now.saturating_sub(ASKED_NS.load(Ordering::Relaxed)) < LAST_THREAD_POLL_NS / 2 {
+        return false;
+    }
+    ASKED_NS.store(now, Ordering::Relaxed);
+    super::thread::count_in_process() == Some(1)
+}
+
+/// How often our thread asks whether it is alone.
+const LAST_THREAD_POLL_NS: u64 = 1_000_000_000;
+
+/// The thread ends with no one to join it, and the next block cached makes a new one.
+fn let_itself_go(own_tid: i32) {
+    TID.store(own_tid, Ordering::Release);
+    // Note [Our thread's task]: no one joins this thread; it is the new one's turn.
+    // SAFETY: detaching the calling thread, which returns at once.
+    unsafe { libc::pthread_detach(libc::pthread_self()) };
+    THREAD.store(0, Ordering::Release);
+    STATE.store(NOT_STARTED, Ordering::Release);
 }
 
 /// In a forked child the reaper thread does not exist: start a new one on demand.

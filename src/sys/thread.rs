@@ -160,13 +160,37 @@ fn creator_is_realtime() -> bool {
     matches!(policy_in_stat(buf.get(..n).unwrap_or(&[])), Some(1 | 2 | 6))
 }
 
-/// The scheduling policy in a /proc stat line: its 41st field, counted after the command's
-/// closing parenthesis (the command may hold spaces and parentheses).
+/// The scheduling policy in a /proc stat line: its 41st field.
 fn policy_in_stat(stat: &[u8]) -> Option<u32> {
+    u32::try_from(stat_field(stat, 41)?).ok()
+}
+
+/// Field `n` (from 1) of a /proc stat line, counted after the command's closing parenthesis
+/// (the command may hold spaces and parentheses).
+fn stat_field(stat: &[u8], n: usize) -> Option<u64> {
+    core::str::from_utf8(stat_word(stat, n)?).ok()?.trim().parse().ok()
+}
+
+/// Field `n` (from 3) of a /proc stat line as it is written.
+fn stat_word(stat: &[u8], n: usize) -> Option<&[u8]> {
     let after = stat.iter().rposition(|&b| b == b')')?;
-    // Fields 3 onwards follow the parenthesis: the policy is the 39th of those.
-    let field = stat.get(after + 1..)?.split(|&b| b == b' ').filter(|f| !f.is_empty()).nth(41 - 3)?;
-    core::str::from_utf8(field).ok()?.trim().parse().ok()
+    // Fields 3 onwards follow the parenthesis.
+    stat.get(after + 1..)?.split(|&b| b == b' ').filter(|f| !f.is_empty()).nth(n.checked_sub(3)?)
+}
+
+/// How many threads of the process still run; None where /proc cannot be read. The kernel's
+/// count (/proc/self/stat's 20th field) keeps a main thread that has ended, a zombie until the
+/// whole process ends (its state, the 3rd field, is then Z).
+pub fn count_in_process() -> Option<u64> {
+    let mut buf = [0u8; 1024];
+    let n = super::process::read_kernel_file(b"/proc/self/stat\0", &mut buf)?;
+    live_threads_in_stat(buf.get(..n)?)
+}
+
+fn live_threads_in_stat(stat: &[u8]) -> Option<u64> {
+    let count = stat_field(stat, 20)?;
+    let main_ended = stat_word(stat, 3)? == b"Z";
+    Some(count.saturating_sub(u64::from(main_ended)))
 }
 
 /// A key for the calling thread: the address of a thread-local byte, unique among live threads
@@ -219,6 +243,9 @@ mod tests {
         let normal = b"7 (sh) S 1 7 7 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123 4096 100 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0\n";
         assert_eq!(policy_in_stat(normal), Some(0));
         assert_eq!(policy_in_stat(b"garbage"), None);
+        assert_eq!(live_threads_in_stat(line), Some(1), "threads");
+        let ended = b"4242 (a (b) c) Z 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 2 0 123 0 0 18446744073709551615\n";
+        assert_eq!(live_threads_in_stat(ended), Some(1), "a main thread that ended is not counted");
         // This test's own thread runs under the normal policy.
         assert!(!creator_is_realtime());
     }

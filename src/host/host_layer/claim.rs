@@ -9,10 +9,15 @@
 // served from them, the idle release madvise them away and the expiry unmap them. So before
 // such a call reaches the kernel, every cached block and deferred range it overlaps leaves our
 // records and is unmapped whole, as glibc's free had unmapped it. A block the background pass is
-// releasing is unmapped by the pass once its madvise returns, and a range on its way to the
-// kernel by the thread unmapping it: the call waits for both (TRANSIT_WAIT_NS at most). Live
+// releasing is unmapped by the pass once its madvise returns, pages being gathered move or come
+// back, and a range on its way to the kernel is unmapped by the thread that took it out: the
+// call waits for those (CLAIM_WAIT_NS at most, seconds: the madvise must be over before the
+// program's pages are there) and looks again, until a look finds nothing of ours there. Live
 // blocks the range overlaps are marked as before (Note [Pages the program changed] in mod.rs).
-// Far from every block we ever made the check is one load a 2 MiB granule.
+// Far from every block we ever made the check is one load a 2 MiB granule. A signal handler on
+// a thread inside our own work, or another library's fork handler while the fork holds the
+// cache lock, would wait for itself: there the claim steps aside (Note [Inside our own work] in
+// sys/lock.rs), as it did before it existed.
 
 use super::HostLayer;
 use crate::backing::PageMemory;
@@ -22,11 +27,29 @@ impl<M: PageMemory> HostLayer<M> {
     /// The program is about to put pages of its own at [addr, addr+len), or unmap it
     /// (Note [Ranges the program claims]).
     pub fn claim_range(&self, addr: usize, len: usize) {
-        if !self.registry.may_hold_ours(addr, len) {
+        if !self.registry.may_hold_ours(addr, len) || crate::sys::lock::held_here() {
             return;
         }
         let end = addr.saturating_add(len.max(1));
-        let mut doomed_any = false;
+        let deadline = (self.clock)().saturating_add(CLAIM_WAIT_NS);
+        for _ in 0..MAX_LOOKS {
+            let (found, doomed) = self.claim_once(addr, end);
+            // What another thread took out of the records before us is unmapped, or put back,
+            // by it; a block being released, by the pass.
+            self.transit.wait_empty(self.clock, deadline);
+            if doomed {
+                self.releasing.wait_empty(self.clock, deadline);
+            }
+            if !found && !doomed {
+                return;
+            }
+        }
+    }
+
+    /// One look: the cached blocks and deferred ranges in [addr, end) unmapped; whether any
+    /// was there, and whether one being released was doomed.
+    fn claim_once(&self, addr: usize, end: usize) -> (bool, bool) {
+        let (mut found, mut doomed_any) = (false, false);
         loop {
             let mut deferred = RangeList::new();
             let (cached, transit) = {
@@ -44,13 +67,15 @@ impl<M: PageMemory> HostLayer<M> {
             self.unmap_all(&deferred);
             drop(transit);
             if cached.is_empty() && deferred.is_empty() {
-                break;
+                return (found, doomed_any);
             }
-        }
-        // What another thread took out of the records before us is unmapped by it.
-        self.wait_for_transit();
-        if doomed_any {
-            self.wait_for_release();
+            found = true;
         }
     }
 }
+
+/// How long a claim waits at most for what others are doing in its range: a pass releasing a
+/// large block on a starved CPU takes hundreds of milliseconds.
+const CLAIM_WAIT_NS: u64 = 5_000_000_000;
+/// Looks at most (each after the waits): a busy program may free into the range meanwhile.
+const MAX_LOOKS: usize = 8;

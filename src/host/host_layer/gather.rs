@@ -14,7 +14,9 @@ impl<M: PageMemory> HostLayer<M> {
     /// mapping of the needed size, so only what they do not cover faults in (Note [Gathering
     /// pages]). Returns the block, its moved parts zeroed for a calloc of `zero_for` bytes.
     pub(super) fn gather_cached(&self, need: usize, align: usize, birth: Birth, zero_for: Option<usize>) -> Option<usize> {
-        let parts = {
+        // In transit until they moved or came back: a claim of their range waits (Note [Ranges
+        // the program claims]).
+        let (parts, _transit) = {
             let mut cache = self.cache();
             let parts = cache.take_parts(need, holder_tag(birth.holder));
             for part in parts.iter() {
@@ -24,7 +26,7 @@ impl<M: PageMemory> HostLayer<M> {
                 let _ = self.registry.set_cached(rest.addr, rest.len);
             }
             self.stats.cached.set(cache.cached_bytes() as u64);
-            parts
+            (parts, self.transit())
         };
         if parts.is_empty() {
             return None;

@@ -63,9 +63,17 @@ impl<M: PageMemory> HostLayer<M> {
             return Some(addr);
         }
         // Pages the program changed (protected, locked, kept from children, mapped over) would
-        // carry on into the grown block, where glibc's mremap, refused by the split mapping,
-        // copies into a plain one: so do we (the free resets or unmaps the old block).
-        if !marks.changed() && !marks.replaced() && self.registry.reserve_spare() {
+        // carry on into the grown block, where glibc's mremap, refused by the mapping the change
+        // split, copies into a plain one: so do we (the free resets or unmaps the old block).
+        // Without room for the copy (an address-space limit) the block grows by mremap, as
+        // glibc's does when the change covered it whole.
+        let changed = marks.changed();
+        if changed {
+            if let Some(fresh) = self.copied(addr, len, new_size, born.holder) {
+                return Some(fresh);
+            }
+        }
+        if self.registry.reserve_spare() {
             self.registry.clear(addr);
             // Not mremap's MAYMOVE first: it puts the block on any page, and moving the
             // contents up to the alignment is a copy (Note [Growing under a limit]).
@@ -86,8 +94,16 @@ impl<M: PageMemory> HostLayer<M> {
             self.registry.keep_marks(addr, marks);
         }
         // mremap refuses ranges that span several mappings (a program may have madvised part
-        // of the block): copy instead.
-        let fresh = self.alloc(new_size, PAGE, false, born.holder)?;
+        // of the block without our shims seeing it): copy instead.
+        if changed {
+            return None;
+        }
+        self.copied(addr, len, new_size, born.holder)
+    }
+
+    /// The block's contents copied into a new one of `new_size` bytes, and the block freed.
+    fn copied(&self, addr: usize, len: usize, new_size: usize, holder: u64) -> Option<usize> {
+        let fresh = self.alloc(new_size, PAGE, false, holder)?;
         self.memory.copy(fresh, addr, len);
         self.free(addr, len);
         Some(fresh)

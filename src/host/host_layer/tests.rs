@@ -1193,6 +1193,15 @@ fn growing_a_changed_block_copies_into_a_plain_one() {
     let remaps = l.stats.remaps.get();
     let c = l.resize(b, 64 * MB, 128 * MB).unwrap();
     assert_eq!(l.stats.remaps.get(), remaps + 1, "plain: grown without a copy");
-    l.free(c, 128 * MB);
+    // Changed, and no room for a copy (an address-space limit): grown by mremap, as glibc's is
+    // when the change covered the whole mapping.
+    l.note_page_change(c, 128 * MB, PageChange::Changed);
+    l.memory.room_to_move_only();
+    let copied = l.memory.calls().copied_bytes;
+    let d = l.resize(c, 128 * MB, 160 * MB).unwrap();
+    assert_eq!(l.memory.calls().copied_bytes, copied, "no copy");
+    assert_eq!(l.stats.remaps.get(), remaps + 2, "moved");
+    assert!(l.registry.marks(d).changed(), "the change carries on, as in glibc's grown mapping");
+    l.free(d, 160 * MB);
     check(&l);
 }
