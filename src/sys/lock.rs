@@ -44,15 +44,29 @@ pub fn held_here() -> bool {
     HELD_HERE.with(|h| h.get() != 0)
 }
 
-fn count_in() {
-    HELD_HERE.with(|h| h.set(h.get().wrapping_add(1)));
+/// Counts this thread in; returns its counter, for `count_out` (a thread-local's address costs
+/// a call into the loader from a shared library: one per lock, not two).
+fn count_in() -> Here {
+    let here = HELD_HERE.with(|h| {
+        h.set(h.get().wrapping_add(1));
+        Here(h as *const Cell<u32>)
+    });
     // Before the lock word is touched, as a handler on this thread would see it.
     compiler_fence(Ordering::SeqCst);
+    here
 }
 
-fn count_out() {
-    compiler_fence(Ordering::SeqCst);
-    HELD_HERE.with(|h| h.set(h.get().saturating_sub(1)));
+/// The counter of the thread that holds a guard or pass (never sent to another thread).
+struct Here(*const Cell<u32>);
+
+impl Here {
+    fn count_out(&self) {
+        compiler_fence(Ordering::SeqCst);
+        // SAFETY: this thread's own counter, which lives as long as the thread (guards and
+        // passes are dropped by the thread that made them).
+        let h = unsafe { &*self.0 };
+        h.set(h.get().saturating_sub(1));
+    }
 }
 
 const FREE: u32 = 0;
@@ -77,6 +91,7 @@ pub struct Guard<'a, T> {
     lock: &'a Lock<T>,
     /// Taken again by the thread that holds it across a fork: dropping it leaves it held.
     reentered: bool,
+    here: Here,
 }
 
 impl<T> Lock<T> {
@@ -86,12 +101,12 @@ impl<T> Lock<T> {
 
     #[inline]
     pub fn lock(&self) -> Guard<'_, T> {
-        count_in();
+        let here = count_in();
         if self.state.compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed).is_err() {
             let reentered = self.lock_contended();
-            return Guard { lock: self, reentered };
+            return Guard { lock: self, reentered, here };
         }
-        Guard { lock: self, reentered: false }
+        Guard { lock: self, reentered: false, here }
     }
 
     /// Waits for the lock; true when this thread already holds it across a fork (Note [Fork
@@ -143,7 +158,8 @@ impl<T> Lock<T> {
     pub unsafe fn force_unlock(&self) {
         self.fork_holder.store(0, Ordering::Relaxed);
         self.unlock();
-        count_out(); // the leaked guard's (Note [Inside our own work])
+        // The leaked guard's count (Note [Inside our own work]).
+        HELD_HERE.with(|h| h.set(h.get().saturating_sub(1)));
     }
 
     #[cfg(test)]
@@ -218,7 +234,7 @@ impl<T> Drop for Guard<'_, T> {
         if !self.reentered {
             self.lock.unlock();
         }
-        count_out();
+        self.here.count_out();
     }
 }
 
@@ -233,7 +249,7 @@ pub struct Gate {
 }
 
 /// One thread inside a `Gate`, until dropped.
-pub struct Pass<'a>(&'a Gate);
+pub struct Pass<'a>(&'a Gate, Here);
 
 impl Gate {
     pub const fn new() -> Self {
@@ -241,9 +257,9 @@ impl Gate {
     }
 
     pub fn enter(&self) -> Pass<'_> {
-        count_in();
+        let here = count_in();
         self.inside.fetch_add(1, Ordering::SeqCst);
-        Pass(self)
+        Pass(self, here)
     }
 
     /// Forgets every thread inside (a forked child, where they do not exist).
@@ -297,7 +313,7 @@ impl Drop for Pass<'_> {
         if was <= 1 && self.0.waiting.load(Ordering::SeqCst) {
             futex_wake_all(&self.0.inside);
         }
-        count_out();
+        self.1.count_out();
     }
 }
 

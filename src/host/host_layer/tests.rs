@@ -706,20 +706,24 @@ fn a_retry_waits_for_blocks_on_their_way_to_the_kernel() {
     assert!(!l.may_make_room(before));
     assert!(!l.make_room(100 * MB, before), "nothing cached, nothing in transit, nothing unmapped");
     use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-    let returned = AtomicBool::new(false);
+    let (returned, entered) = (AtomicBool::new(false), AtomicBool::new(false));
     std::thread::scope(|s| {
-        let pass = l.transit();
-        assert!(l.may_make_room(before));
-        let (gate, returned, stats) = (&l.transit, &returned, &l.stats);
+        let (gate, returned, entered, stats) = (&l.transit, &returned, &entered, &l.stats);
         // Its unmap returns (and is counted, as unmap_timed does) once make_room waits for it,
-        // or has returned without waiting.
+        // or has returned without waiting. A pass is dropped by the thread that entered.
         s.spawn(move || {
+            let pass = gate.enter();
+            entered.store(true, SeqCst);
             while !gate.awaited() && !returned.load(SeqCst) {
                 std::hint::spin_loop();
             }
             stats.unmapped_bytes.add(64 * MB as u64);
             drop(pass);
         });
+        while !entered.load(SeqCst) {
+            std::hint::spin_loop();
+        }
+        assert!(l.may_make_room(before));
         let made = l.make_room(100 * MB, before);
         returned.store(true, SeqCst);
         assert!(made, "room, once the other thread's unmap is done");
