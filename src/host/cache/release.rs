@@ -160,6 +160,13 @@ impl BlockCache {
         None
     }
 
+    /// Whether a cached block or a deferred range overlaps [addr, end) (what `claim` would take
+    /// out), with no list built.
+    pub fn holds_any_in(&self, addr: usize, end: usize) -> bool {
+        let overlaps = |a: usize, len: usize| a < end && addr < a + len;
+        self.blocks().any(|b| overlaps(b.addr, b.len)) || self.deferred.iter().take(self.deferred_count).any(|r| overlaps(r.addr, r.len))
+    }
+
     /// The program claims [addr, end) for pages of its own (Note [Ranges the program claims] in
     /// host/host_layer/claim.rs): the cached blocks that overlap it leave, as many as a list
     /// holds (the caller unmaps them and asks again until the list comes back empty), and so
