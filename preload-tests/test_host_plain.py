@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from conftest import LIB, compile_c, ok, run
+from conftest import LIB, compile_c, compile_cxx, ok, run
 
 PRELOAD = os.environ.get("TM_TEST_LIB") or str(LIB)
 
@@ -180,3 +180,15 @@ def test_a_changed_block_grown_by_realloc_is_plain(how, preload):
     if "skipped" in out.stdout:
         pytest.skip(out.stdout.strip())
     assert f"claimed grow-{how} ok" in out.stdout
+
+
+@pytest.mark.parametrize("preload", ["tensormalloc", "glibc"])
+def test_pages_the_program_puts_where_a_freed_block_was_survive_in_a_child_of_an_allocating_fork_handler(preload):
+    """Note [Inside our own work] (src/sys/lock.rs): a forked child whose first child handler,
+    another library's, allocates (the child adopts the parent's records before our handler runs).
+    The fork's hold on the cache lock stayed counted on the child's thread, every claim there
+    was skipped, and the next malloc handed out the program's own mapping (then SIGSEGV)."""
+    lib = compile_cxx("fork_prelib", shared=True)
+    exe = compile_c("fork_claim", extra=[lib, f"-Wl,-rpath,{os.path.dirname(lib)}"])
+    out = ok(run([exe], preload=PRELOAD if preload == "tensormalloc" else False, timeout=60))
+    assert "fork claim ok" in out.stdout

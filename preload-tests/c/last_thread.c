@@ -4,6 +4,7 @@
  *   pthread_exit: registers an exit handler, writes "main left" into stdout's buffer and calls
  *                 pthread_exit (glibc then runs exit(0): the handler runs and the buffer is
  *                 flushed);
+ *   deep-handler: the same with a handler that uses 1 MiB of stack (it runs on the last thread);
  *   raw-exit:     leaves by the exit system call;
  *   strict:       enters seccomp's strict mode, frees a small block and leaves by the exit system
  *                 call (the only way out there).
@@ -22,6 +23,13 @@
 static void handler(void) {
     static const char text[] = "exit handler ran\n";
     write(1, text, sizeof text - 1);
+}
+
+static void deep_handler(void) {
+    volatile char buf[1 << 20];
+    for (size_t i = 0; i < sizeof buf; i += 512) buf[i] = (char)i;
+    (void)buf[512];
+    handler();
 }
 
 static long threads(void) {
@@ -45,8 +53,8 @@ int main(int argc, char **argv) {
     usleep(100 * 1000);
     char *small = malloc(100);
     fprintf(stderr, "threads %ld\n", threads());
-    if (strcmp(how, "pthread_exit") == 0) {
-        atexit(handler);
+    if (strcmp(how, "pthread_exit") == 0 || strcmp(how, "deep-handler") == 0) {
+        atexit(strcmp(how, "pthread_exit") == 0 ? handler : deep_handler);
         printf("main left\n"); /* a pipe: stays in the buffer until exit flushes it */
         pthread_exit(NULL);
     }

@@ -52,7 +52,9 @@ extern "C" fn after_fork_in_parent() {
 extern "C" fn after_fork_in_child() {
     if !sys::fork_mark::claim_in_child() {
         // Another library's child handler, run before ours, allocated: that adopted the
-        // parent's records, the fork's hold on the cache lock included.
+        // parent's records, the fork's hold on the cache lock included; this thread holds no
+        // lock of ours now (Note [Inside our own work]).
+        sys::lock::fork_hold_let_go();
         return;
     }
     // SAFETY: the child is a copy of the thread that ran before_fork.

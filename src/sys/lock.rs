@@ -44,6 +44,12 @@ pub fn held_here() -> bool {
     HELD_HERE.with(|h| h.get() != 0)
 }
 
+/// In a forked child whose fork hold on a lock another way let go (an adoption, Note [Children
+/// our handlers did not see] in fork_mark.rs): the hold no longer counts on this thread.
+pub fn fork_hold_let_go() {
+    HELD_HERE.with(|h| h.set(h.get().saturating_sub(1)));
+}
+
 /// Counts this thread in; returns its counter, for `count_out` (a thread-local's address costs
 /// a call into the loader from a shared library: one per lock, not two).
 fn count_in() -> Here {
@@ -159,7 +165,7 @@ impl<T> Lock<T> {
         self.fork_holder.store(0, Ordering::Relaxed);
         self.unlock();
         // The leaked guard's count (Note [Inside our own work]).
-        HELD_HERE.with(|h| h.set(h.get().saturating_sub(1)));
+        fork_hold_let_go();
     }
 
     #[cfg(test)]

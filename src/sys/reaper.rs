@@ -82,7 +82,9 @@ pub fn on_block_cached(deadline_ns: u64) {
     match STATE.load(Ordering::Acquire) {
         // A reaper asleep until later (with no deadline, or until an older block's expiry,
         // which comes after this block's release) must wake to reschedule.
-        RUNNING if SLEEPING_UNTIL.load(Ordering::Acquire) > deadline_ns => wake(),
+        // SeqCst, as the thread's store of u64::MAX before its pass: a block cached during a
+        // pass either is seen by it or wakes the thread after it.
+        RUNNING if SLEEPING_UNTIL.load(Ordering::SeqCst) > deadline_ns => wake(),
         RUNNING => {}
         NOT_STARTED => {
             if super::front::front().is_some() {
@@ -298,9 +300,12 @@ const GAVE_BACK_WAIT_NS: u64 = 10_000_000;
 
 /// The fallback when no thread could be made: reap on the allocation paths.
 fn reap_inline() {
-    if super::clock::now_ns() >= SLEEPING_UNTIL.load(Ordering::Acquire) || SLEEPING_UNTIL.load(Ordering::Acquire) == u64::MAX {
+    // Its own mark: SLEEPING_UNTIL is our thread's alone (one ending may still read it).
+    static INLINE_DUE: AtomicU64 = AtomicU64::new(u64::MAX);
+    let due = INLINE_DUE.load(Ordering::Acquire);
+    if super::clock::now_ns() >= due || due == u64::MAX {
         let next = work().unwrap_or(u64::MAX);
-        SLEEPING_UNTIL.store(next, Ordering::Release);
+        INLINE_DUE.store(next, Ordering::Release);
     }
 }
 
@@ -321,9 +326,11 @@ fn reaper_main() {
     let own_tid = super::thread::own_tid();
     RUNNING_TID.store(own_tid, Ordering::Release);
     loop {
-        // Read the sequence before reaping: a block cached after this point wakes us, and so
-        // does a stop asked after it (it is asked before its wake).
-        let seq = WAKE_SEQ.load(Ordering::Acquire);
+        // Awake from here: a block cached from now on wakes us (the sequence moves), unless the
+        // pass below sees it. Then read the sequence before reaping, and a stop asked after this
+        // point wakes us too (it is asked before its wake).
+        SLEEPING_UNTIL.store(u64::MAX, Ordering::SeqCst);
+        let seq = WAKE_SEQ.load(Ordering::SeqCst);
         match STATE.load(Ordering::Acquire) {
             STOPPING => {
                 // Note [Joined is not gone]: what stop() waits for after the join.
@@ -333,11 +340,14 @@ fn reaper_main() {
             GIVING_BACK => return let_itself_go(own_tid),
             _ => {}
         }
-        let deadline = work();
+        let mut deadline = work();
         // Note [The last thread is the program's]: nothing left to do, or no program thread left.
         let alone = deadline.is_some() && alone_in_process();
-        if (deadline.is_none() || alone) && ending(alone) {
-            return let_itself_go(own_tid);
+        if deadline.is_none() || alone {
+            match ending(alone, seq) {
+                Ending::Ended => return let_itself_go(own_tid),
+                Ending::GoOn(next) => deadline = next,
+            }
         }
         let now = super::clock::now_ns();
         SLEEPING_UNTIL.store(deadline.unwrap_or(u64::MAX), Ordering::Release);
@@ -363,21 +373,34 @@ fn reaper_main() {
 // (/proc/self/stat, read at most twice a second). It ends as every thread of glibc's does: the
 // last one out calls exit(0) there, as the program's last thread would have.
 
+/// What `ending` decided.
+enum Ending {
+    /// The thread ends: the state says so, and a block cached from now on finds no thread (Note
+    /// [No thread to release]).
+    Ended,
+    /// A stop was asked meanwhile, or there is work after all: the thread goes on, next due then.
+    GoOn(Option<u64>),
+}
+
 /// Between a pass that found nothing to do (or, `alone`, no program thread left) and the
-/// thread's end: true when it ends (the state says so, so a block cached from now on has no
-/// thread to wait for: Note [No thread to release]); false when a stop was asked meanwhile, or
-/// a pass run once more found work after all.
-fn ending(alone: bool) -> bool {
+/// thread's end. `seq`: the wake sequence read before that pass.
+fn ending(alone: bool, seq: u32) -> Ending {
     if STATE.compare_exchange(RUNNING, GIVING_BACK, Ordering::AcqRel, Ordering::Acquire).is_err() {
-        return false;
+        return Ending::GoOn(None);
     }
-    // A block cached (or a range deferred) between the pass and the state's change found the
-    // thread running.
-    if !alone && work().is_some() {
-        let _ = STATE.compare_exchange(GIVING_BACK, RUNNING, Ordering::AcqRel, Ordering::Acquire);
-        return STATE.load(Ordering::Acquire) != RUNNING;
+    if alone {
+        return Ending::Ended;
     }
-    true
+    // A block cached during the pass woke us (the sequence moved), and one cached before the
+    // state changed is in the cache the pass below reads; one cached after finds no thread.
+    let next = if WAKE_SEQ.load(Ordering::SeqCst) != seq { Some(0) } else { work() };
+    if next.is_none() {
+        return Ending::Ended;
+    }
+    if STATE.compare_exchange(GIVING_BACK, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return Ending::Ended;
+    }
+    Ending::GoOn(next)
 }
 
 /// Whether our thread is the process's only one, asked at most twice in LAST_THREAD_POLL_NS.
@@ -402,6 +425,8 @@ fn let_itself_go(own_tid: i32) {
     // SAFETY: detaching the calling thread, which returns at once.
     unsafe { libc::pthread_detach(libc::pthread_self()) };
     THREAD.store(0, Ordering::Release);
+    // The next thread's first wake must not wait on this one's last deadline.
+    SLEEPING_UNTIL.store(u64::MAX, Ordering::SeqCst);
     STATE.store(NOT_STARTED, Ordering::Release);
 }
 

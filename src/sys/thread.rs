@@ -124,7 +124,7 @@ fn create(start: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void, arg: *mu
             return None;
         }
         libc::pthread_attr_setdetachstate(&mut attr, detach);
-        libc::pthread_attr_setstacksize(&mut attr, 256 * 1024);
+        libc::pthread_attr_setstacksize(&mut attr, STACK_BYTES);
         if creator_is_realtime() {
             // Note [Our threads are not real-time].
             let normal = libc::sched_param { sched_priority: 0 };
@@ -141,6 +141,11 @@ fn create(start: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void, arg: *mu
         Some(thread)
     }
 }
+
+/// Our threads' stack: address space, touched only as deep as it is used. The exit handlers
+/// run on ours when it is the process's last thread (Note [The last thread is the program's]
+/// in reaper.rs), so a handler that needs a megabyte finds it.
+const STACK_BYTES: usize = 2 << 20;
 
 // Note [Our threads are not real-time]
 // A thread inherits the scheduling of the thread that makes it. A program that runs real-time
