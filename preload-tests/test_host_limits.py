@@ -155,5 +155,5 @@ def test_a_block_freed_as_our_thread_ends_is_still_released():
     and unmapped. Before the fix the thread could go back to sleep with no deadline and never
     wake again: the block, and every one freed later, stayed cached and resident (4 of 5 runs,
     within 3 rounds)."""
-    out = ok(run([compile_c("ending_race"), "20"], preload=LIB, env={"TENSORMALLOC_HOST_RELEASE_MS": "20", "TENSORMALLOC_HOST_UNMAP_MS": "50"}, timeout=120))
+    out = ok(run([compile_c("ending_race"), "12"], preload=LIB, env={"TENSORMALLOC_HOST_RELEASE_MS": "20", "TENSORMALLOC_HOST_UNMAP_MS": "50"}, timeout=120))
     assert "ending race ok" in out.stdout
