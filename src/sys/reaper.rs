@@ -325,6 +325,8 @@ fn reaper_main() {
     // Asked once: the stops below say the same id (Note [Joined is not gone]).
     let own_tid = super::thread::own_tid();
     RUNNING_TID.store(own_tid, Ordering::Release);
+    // Since when the passes have found nothing to do.
+    let mut idle_since: Option<u64> = None;
     loop {
         // Awake from here: a block cached from now on wakes us (the sequence moves), unless the
         // pass below sees it. Then read the sequence before reaping, and a stop asked after this
@@ -341,15 +343,20 @@ fn reaper_main() {
             _ => {}
         }
         let mut deadline = work();
-        // Note [The last thread is the program's]: nothing left to do, or no program thread left.
-        let alone = deadline.is_some() && alone_in_process();
-        if deadline.is_none() || alone {
+        let now = super::clock::now_ns();
+        // Note [The last thread is the program's]: nothing left to do for IDLE_END_NS, or no
+        // program thread left.
+        idle_since = if deadline.is_none() { Some(idle_since.unwrap_or(now)) } else { None };
+        let idle_long = idle_since.is_some_and(|since| now.saturating_sub(since) >= IDLE_END_NS);
+        let alone = alone_in_process();
+        if idle_long || alone {
             match ending(alone, seq) {
                 Ending::Ended => return let_itself_go(own_tid),
                 Ending::GoOn(next) => deadline = next,
             }
         }
-        let now = super::clock::now_ns();
+        // With nothing to do, the next look comes when the idle time is over.
+        let deadline = deadline.or(idle_since.map(|since| since.saturating_add(IDLE_END_NS)));
         SLEEPING_UNTIL.store(deadline.unwrap_or(u64::MAX), Ordering::Release);
         let timeout = deadline.map(|d| super::clock::timespec(d.saturating_sub(now).max(1_000_000))); // at least 1 ms between passes
         let timeout_ptr = timeout.as_ref().map_or(core::ptr::null(), |t| t as *const libc::timespec);
@@ -367,10 +374,11 @@ fn reaper_main() {
 // glibc ends a process when its last thread ends (a main that calls pthread_exit, or leaves by
 // the exit system call, as a program in seccomp's strict mode must): our thread, sleeping with
 // every signal blocked, kept such a process alive for good, where glibc alone had ended it, and
-// a SIGTERM could not end it either. So our thread ends itself when it has nothing left to do
-// (it is made again when a block is next cached), and, while it holds idle memory (a pass at
-// least once a second, Note [Room for others]), once it finds itself the process's only thread
-// (/proc/self/stat, read at most twice a second). It ends as every thread of glibc's does: the
+// a SIGTERM could not end it either. So our thread ends itself once it has had nothing to do for
+// IDLE_END_NS (it is made again when a block is next cached; not at once, which made and ended
+// a thread many times a second in a churning program, each made at a moment a raw fork could
+// land in), and once it finds itself the process's only thread (/proc/self/stat, read at most
+// twice a second; it wakes at least once a second: Note [Room for others], and IDLE_END_NS). It ends as every thread of glibc's does: the
 // last one out calls exit(0) there, as the program's last thread would have.
 
 /// What `ending` decided.
@@ -414,6 +422,9 @@ fn alone_in_process() -> bool {
     ASKED_NS.store(now, Ordering::Relaxed);
     super::thread::count_in_process() == Some(1)
 }
+
+/// How long our thread waits with nothing to do before it ends.
+const IDLE_END_NS: u64 = 1_000_000_000;
 
 /// How often our thread asks whether it is alone.
 const LAST_THREAD_POLL_NS: u64 = 1_000_000_000;
