@@ -378,8 +378,9 @@ fn reaper_main() {
 // IDLE_END_NS (it is made again when a block is next cached; not at once, which made and ended
 // a thread many times a second in a churning program, each made at a moment a raw fork could
 // land in), and once it finds itself the process's only thread (/proc/self/stat, read at most
-// twice a second; it wakes at least once a second: Note [Room for others], and IDLE_END_NS). It ends as every thread of glibc's does: the
-// last one out calls exit(0) there, as the program's last thread would have.
+// twice a second; it wakes at least once a second: Note [Room for others], and IDLE_END_NS). It
+// ends as every thread of glibc's does: the last one out calls exit(0) there, as the program's
+// last thread would have.
 
 /// What `ending` decided.
 enum Ending {
