@@ -8,6 +8,13 @@ pub struct Range {
     pub len: usize,
 }
 
+impl Range {
+    /// Whether it shares a byte with [addr, end).
+    pub fn overlaps(&self, addr: usize, end: usize) -> bool {
+        self.addr < end && addr < self.addr + self.len
+    }
+}
+
 /// A fixed-capacity list of ranges, so outcomes never allocate.
 #[derive(Clone, Copy, Debug)]
 pub struct RangeList {

@@ -5,6 +5,7 @@
 //! empties the cache and is tried once more; the limit and lock calls make the cache follow a
 //! new mapping limit and mlockall at once (Note [Room for others], Note [Locked memory]).
 
+use super::PAGE;
 use crate::host::registry::PageChange;
 use crate::state::HOST;
 use crate::sys::page_calls::{program as next, Call};
@@ -144,9 +145,8 @@ pub unsafe fn shmdt(addr: *const c_void) -> c_int {
     unsafe { next::shmdt(addr) }
 }
 
-/// x86-64's SHMLBA (a page), its page and huge page.
-const SHMLBA: usize = 4096;
-const PAGE: usize = 4096;
+/// x86-64's SHMLBA (a page) and huge page.
+const SHMLBA: usize = PAGE;
 const HUGE_PAGE: usize = 2 << 20;
 
 /// # Safety

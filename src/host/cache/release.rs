@@ -163,8 +163,7 @@ impl BlockCache {
     /// Whether a cached block or a deferred range overlaps [addr, end) (what `claim` would take
     /// out), with no list built.
     pub fn holds_any_in(&self, addr: usize, end: usize) -> bool {
-        let overlaps = |a: usize, len: usize| a < end && addr < a + len;
-        self.blocks().any(|b| overlaps(b.addr, b.len)) || self.deferred.iter().take(self.deferred_count).any(|r| overlaps(r.addr, r.len))
+        self.blocks().any(|b| Range { addr: b.addr, len: b.len }.overlaps(addr, end)) || self.deferred.iter().take(self.deferred_count).any(|r| r.overlaps(addr, end))
     }
 
     /// The program claims [addr, end) for pages of its own (Note [Ranges the program claims] in
@@ -174,14 +173,13 @@ impl BlockCache {
     /// (`release_done` hands it back to be unmapped); whether one was is the third part.
     pub fn claim(&mut self, addr: usize, end: usize, deferred_out: &mut RangeList) -> (RangeList, bool) {
         self.unpark();
-        let overlaps = |r: &Range| r.addr < end && addr < r.addr + r.len;
         let mut out = RangeList::new();
         let mut doomed = false;
         let mut at = self.store.oldest();
         while at != NONE && out.len() < RangeList::CAPACITY {
             let next = self.store.newer(at);
             let b = *self.store.get(at);
-            if overlaps(&Range { addr: b.addr, len: b.len }) {
+            if (Range { addr: b.addr, len: b.len }).overlaps(addr, end) {
                 if b.state == BlockState::Releasing {
                     self.store.block_mut(at).doomed = true;
                     doomed = true;
@@ -196,7 +194,7 @@ impl BlockCache {
         let mut kept = 0;
         for i in 0..self.deferred_count {
             let Some(&r) = self.deferred.get(i) else { break };
-            if overlaps(&r) && deferred_out.len() < RangeList::CAPACITY {
+            if r.overlaps(addr, end) && deferred_out.len() < RangeList::CAPACITY {
                 deferred_out.push(r);
                 self.deferred_bytes -= r.len;
             } else if let Some(slot) = self.deferred.get_mut(kept) {
