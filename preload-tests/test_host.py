@@ -3,10 +3,11 @@ lifecycle, layering over jemalloc, out of memory and bad configuration."""
 import json
 import re
 import resource
+import subprocess
 
 import pytest
 
-from conftest import LIB, ROOT, compile_c, find_peer, ok, run
+from conftest import BUILD, C_DIR, LIB, ROOT, compile_c, find_peer, ok, run
 
 SETTINGS = {
     "defaults": {},
@@ -213,6 +214,21 @@ def test_leak_report_names_the_leaked_blocks():
     assert "32.0 MiB" not in err  # freed blocks are not leaks
 
 
+def test_blocks_a_library_frees_as_the_process_ends_are_no_leaks():
+    """Note [Reports after every finalizer] (src/shim/lifecycle.rs): a library linked into the
+    program frees 64 MiB in its finalizer and 24 MiB in an exit handler its constructor
+    registered. Before, the report ran first and listed both as leaked (c/freed_at_the_end.c)."""
+    lib = BUILD / "libfreed_at_the_end.so"
+    BUILD.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-fno-builtin", "-o", str(lib), str(C_DIR / "freed_at_the_end_lib.c")], check=True)
+    program = compile_c("freed_at_the_end", extra=[f"-L{BUILD}", "-lfreed_at_the_end", f"-Wl,-rpath,{BUILD}"])
+    out = ok(run([program], env={"TENSORMALLOC_LEAKS": "1"}))
+    err = out.stderr
+    assert "library finalizer freed its block" in err and "library exit handler freed its block" in err, err
+    assert "host (large blocks): none" in err, err
+    assert err.index("library exit handler freed its block") < err.index("leaks at exit"), err
+
+
 def test_no_leak_report_unless_asked():
     out = ok(run([compile_c("leaky")]))
     assert "leaks at exit" not in out.stderr
@@ -316,6 +332,19 @@ def test_a_thread_with_the_smallest_stack_uses_every_large_path(preload):
     assert "small stack ok" in out.stdout
     if preload:
         assert "out of memory" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_a_small_stack_maps_and_unmaps_pages_of_its_own(preload):
+    """A PTHREAD_STACK_MIN thread with 8 KiB of its own frames makes the process's first large
+    request and maps and unmaps pages of its own, one where the freed block was; a SIGSEGV
+    handler on an 8 KiB alternate stack maps pages in with MAP_FIXED as they are touched (a
+    garbage collector's way). Before, every munmap took 8.4 KiB of the caller's stack (the claim's
+    lists: Note [Ranges the program claims]), making our thread took 5 KiB, and our thread-local
+    storage took 1.7 KiB of every thread's stack (Note [Scopes off the thread's stack]): each
+    died of SIGSEGV (c/small_stack.c pages)."""
+    out = ok(run([compile_c("small_stack"), "pages"], preload=preload))
+    assert "small stack ok" in out.stdout
 
 
 @pytest.mark.parametrize("report", EXIT_REPORTS)

@@ -157,3 +157,49 @@ def test_a_block_freed_as_our_thread_ends_is_still_released():
     within 3 rounds)."""
     out = ok(run([compile_c("ending_race"), "12"], preload=LIB, env={"TENSORMALLOC_HOST_RELEASE_MS": "20", "TENSORMALLOC_HOST_UNMAP_MS": "50"}, timeout=120))
     assert "ending race ok" in out.stdout
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+@pytest.mark.parametrize("which,op", [("as", "stack"), ("as", "sbrk"), ("data", "sbrk"), ("data", "mprotect")])
+def test_room_freed_under_a_limit_is_there_for_what_we_never_see(preload, which, op):
+    """Note [Room for others], rule 1: under a mapping limit the cache keeps nothing, since the
+    kernel charges the stack's growth, brk and an mprotect to writable with no call of ours to
+    retry (nor the loader's mappings, nor, under strict overcommit, other processes). 136 MiB
+    left under 1 GiB, a 120 MiB block freed: before, with an eighth of the limit cached, the
+    stack could not grow (SIGSEGV), sbrk and mprotect failed with ENOMEM (c/unseen_room.c)."""
+    out = ok(run([compile_c("unseen_room"), which, op], preload=LIB if preload else False))
+    assert f"room ok {op}" in out.stdout, out
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+@pytest.mark.parametrize("mode,says", [("pthread-exit", "main leaves\natexit handler ran\n"), ("release", "released")], ids=["pthread-exit", "release"])
+def test_a_vfork_child_that_frees_leaves_its_parent_whole(preload, mode, says):
+    """Note [A child in our memory] (src/sys/reaper.rs): a vfork child that frees a large block
+    made our thread, which died with the child and left the parent's words saying it ran.
+    Before: the parent's main ending by pthread_exit no longer ended the process with its
+    output and atexit handler (glibc counted the thread), and 256 MiB the parent freed stayed
+    resident for good (c/vfork_child.c)."""
+    env = {"TENSORMALLOC_HOST_RELEASE": "now", "TENSORMALLOC_HOST_RELEASE_MS": "100"}
+    out = ok(run([compile_c("vfork_child"), mode], preload=LIB if preload else False, env=env, timeout=30))
+    assert says in out.stdout, out
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_a_vfork_child_that_frees_then_execs_never_leaves_a_lock_held(preload):
+    """The same child, exec'ing /bin/true after its free: the thread it made died in a pass
+    holding the cache lock about one run in a hundred, and the parent's next malloc slept for
+    good. 200 runs (c/vfork_child.c exec)."""
+    binary = compile_c("vfork_child")
+    for _ in range(200):
+        out = ok(run([binary, "exec"], preload=LIB if preload else False, timeout=20))
+        assert "exec ok" in out.stdout, out
+
+
+def test_the_library_in_a_second_namespace_makes_its_thread_again():
+    """dlmopen(LM_ID_NEWLM) of the library (c/second_namespace.c): three rounds of numpy-hook
+    blocks, our thread ended and made again between them. Before, with 1.7 KiB of our
+    thread-local storage, the second namespace's glibc freed TLS it had not allocated as the
+    thread was made again (SIGSEGV), as it does for any library with that much."""
+    env = {"TENSORMALLOC_HOST_RELEASE_MS": "100", "TENSORMALLOC_HOST_UNMAP_MS": "300"}
+    out = ok(run([compile_c("second_namespace"), LIB], preload=False, env=env, timeout=60))
+    assert "rounds 3" in out.stdout, out

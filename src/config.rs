@@ -426,7 +426,7 @@ pub static OPTIONS: &[OptionSpec] = &[
         name: "TENSORMALLOC_CACHE_BYTES",
         default: "auto",
         group: Group::Host,
-        doc: "most bytes the host cache keeps in freed large blocks; auto: as many as were live at the recent peak, at least 1G, at most a quarter of physical memory or of the cgroup's limit (under a cgroup's limit, no more than a sixteenth of it stays hot: the rest is released at once with MADV_FREE); a number: exactly that, and the hot bound does not apply",
+        doc: "most bytes the host cache keeps in freed large blocks; auto: as many as were live at the recent peak, at least 1G, at most a quarter of physical memory or of the cgroup's limit (under a cgroup's limit, no more than a sixteenth of it stays hot: the rest is released at once with MADV_FREE), and nothing under ulimit -v, ulimit -d or strict overcommit (freed blocks are unmapped, as glibc's); a number: exactly that, limit or not, and the hot bound does not apply",
         apply: |c, v| auto_or(v, |v| parse_size_in(v, 0, 64 * TIB)).map(|n| c.cache_bytes = n),
         ..PLAIN
     },

@@ -100,7 +100,7 @@ fn set_targets(g: &'static Globals) -> Option<&'static Globals> {
     CHECK_PENDING.store(g.config.check_free, Relaxed);
     NEXT_CALLOC.store(next.calloc as usize, Relaxed);
     room::follow_mapping_limits();
-    crate::state::watch_limits(room::follow_mapping_limits);
+    crate::state::watch_limits(room::follow_limits_in_pass);
     set_large_from(HOST.is_enabled());
     TARGETS.store(SET, Release);
     Some(g)

@@ -43,8 +43,20 @@ pub(crate) static HOST: HostLayer<OsPages> = HostLayer::new(
     OsPages,
     map_table,
     clock::coarse_ns,
-    Background { on_cached: reaper::on_block_cached, running: reaper::running, wake: reaper::wake },
+    Background { on_cached: block_cached, running: reaper::running, wake: reaper::wake },
 );
+
+/// After a block entered the host cache, outside the lock. Before our thread is made for it, the
+/// freeing thread looks at the limits: the first block cached after a quiet spell must not stay
+/// under a limit set meanwhile (strict overcommit switched on), even until the thread's first
+/// pass (Note [Room for others] in host/host_layer/release.rs).
+fn block_cached(due_ns: u64) {
+    if reaper::not_started() {
+        // Files read on a stack of ours: the caller may have a small one.
+        crate::sys::stack::on_own_stack(|| call(&LIMITS_WATCH));
+    }
+    reaper::on_block_cached(due_ns);
+}
 
 /// The resolved state, initializing on first use. `None` while initialization is under way
 /// (a reentrant call from dlsym, or another thread meanwhile): callers use the bootstrap arena.

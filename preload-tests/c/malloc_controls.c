@@ -46,6 +46,10 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 5; i++) free(b[i]);
         m2 = mallinfo2();
         CHECK(m2.hblkhd < 100 * MB);
+        /* The free bytes held are part of the arena: arena - fordblks is what is in use (a
+         * cache counted only in fordblks made it wrap around). */
+        printf("arena %zu fordblks %zu\n", m2.arena, m2.fordblks);
+        CHECK(m2.arena >= m2.fordblks && m2.arena - m2.fordblks < 100 * MB);
     } else if (!strcmp(s, "mmap-max")) {
         CHECK(mallopt(M_MMAP_MAX, 0) == 1);
         churn();

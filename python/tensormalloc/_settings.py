@@ -52,7 +52,7 @@ SETTINGS = (
      "most freed large blocks the host cache keeps (0 to 1024; off: none, the cache is off); auto: as many as were live at the recent peak, at least 16",
      ""),
     ("TENSORMALLOC_CACHE_BYTES", "auto", "The host cache",
-     "most bytes the host cache keeps in freed large blocks; auto: as many as were live at the recent peak, at least 1G, at most a quarter of physical memory or of the cgroup's limit (under a cgroup's limit, no more than a sixteenth of it stays hot: the rest is released at once with MADV_FREE); a number: exactly that, and the hot bound does not apply",
+     "most bytes the host cache keeps in freed large blocks; auto: as many as were live at the recent peak, at least 1G, at most a quarter of physical memory or of the cgroup's limit (under a cgroup's limit, no more than a sixteenth of it stays hot: the rest is released at once with MADV_FREE), and nothing under ulimit -v, ulimit -d or strict overcommit (freed blocks are unmapped, as glibc's); a number: exactly that, limit or not, and the hot bound does not apply",
      ""),
     ("TENSORMALLOC_HOST_RELEASE", "auto", "The host cache",
      "how an idle host block is released: lazy (MADV_FREE: the kernel takes the pages when it needs them, and until then they count in RSS), now (MADV_DONTNEED: RSS falls at once, and reuse faults the pages in again); auto: lazy while the cgroup and the system have room, now near a limit",

@@ -1,6 +1,7 @@
 //! glibc's inspection calls, with the blocks we hold counted as glibc counts its mmapped ones:
 //! `mallinfo`/`mallinfo2` (our live blocks in `hblks`/`hblkhd`, our cached bytes in
-//! `fordblks`, the free bytes held), `malloc_stats` (the next allocator's lines, then ours) and
+//! `fordblks`, the free bytes held, and in `arena`, the bytes held that free bytes are part of:
+//! a program that takes `arena - fordblks` for the bytes in use gets glibc's answer), `malloc_stats` (the next allocator's lines, then ours) and
 //! `malloc_info` (our live blocks added to its `<total type="mmap">`, our cache beside it).
 //! The next allocator's figures for the small blocks come first, as it has them.
 
@@ -52,6 +53,7 @@ pub fn mallinfo() -> MallInfo<c_int> {
 fn add<T: Copy + core::ops::Add<Output = T>>(m: &mut MallInfo<T>, h: Held, to: impl Fn(u64) -> T) {
     m.hblks = m.hblks + to(h.live_blocks);
     m.hblkhd = m.hblkhd + to(h.live_bytes);
+    m.arena = m.arena + to(h.cached_bytes);
     m.fordblks = m.fordblks + to(h.cached_bytes);
 }
 

@@ -64,6 +64,13 @@ pub(super) fn room_made_for(size: usize, unmapped_before: u64) -> bool {
     errno() == libc::ENOMEM && HOST.may_make_room(unmapped_before) && HOST.make_room(size, unmapped_before)
 }
 
+/// `follow_mapping_limits` in the background pass, the overcommit mode read again with them
+/// (at most once a second).
+pub(super) fn follow_limits_in_pass() {
+    crate::sys::memory::refresh_commit_limit(crate::sys::clock::coarse_ns());
+    follow_mapping_limits();
+}
+
 /// NEXT_MALLOC under a mapping limit.
 unsafe extern "C" fn malloc_making_room(size: usize) -> *mut c_void {
     let Some(own) = next_allocator().map(|n| n.malloc) else { return enomem() };

@@ -1,5 +1,5 @@
 //! The library's life in a process: what runs at load (init, the fork handlers, the trace), at
-//! fork (the host cache lock held across it), and at unload or exit (the reports), and the Rust
+//! fork (the host cache lock held across it), and at exit (the reports), and the Rust
 //! allocator of this library's own code. Only in the real library, like every shim.
 
 use crate::record::trace;
@@ -12,6 +12,8 @@ extern "C" fn on_load() {
     if let Some(g) = globals() {
         crate::record::on_out_of_memory(report::oom::on_out_of_memory);
         sys::lock::at_fork(before_fork, after_fork_in_parent, after_fork_in_child);
+        // Note [Reports after every finalizer].
+        sys::thread::at_exit_of_process(on_exit);
         sys::fork_mark::set_adoption(adopt_parent_records);
         sys::process::note_start();
         // Note [No thread inside another allocator's call]: whether one stands in front of us,
@@ -100,10 +102,23 @@ fn child_steps() {
     }
 }
 
-/// Runs at unload or exit, after the program's atexit handlers: the reports asked for, in
-/// whatever thread called exit, which a pending cancellation must not stop halfway (Note
-/// [Cancellation points] in sys/cancel.rs).
-extern "C" fn on_unload() {
+// Note [Reports after every finalizer]
+// The reports at exit (leaks, the stats, the snapshot, the trace's end) must see what the
+// program frees as it ends. Run from our .fini_array, or from an exit handler of this library's
+// own (atexit passes the library's handle, and glibc runs such handlers when it finalizes the
+// library), they came before the finalizers of the libraries loaded ahead of us: a C++ library
+// linked into the program, whose global objects' destructors and exit handlers its finalizer
+// runs, freed 104 MiB after our leak report had listed it. So the hook is an exit handler of
+// the process (no library handle), registered at load: a preloaded library's constructor runs
+// before glibc registers the loader's finalizers (`_dl_fini`, itself an exit handler), and exit
+// handlers run newest first, so ours comes after every library's finalizers and after the
+// program's own exit handlers. The library is never unloaded (-z nodelete), so the handler is
+// there at exit. Loaded later by path (dlopen), it runs before the finalizers instead.
+
+/// At exit, after every finalizer (Note [Reports after every finalizer]): the reports asked
+/// for, in whatever thread called exit, which a pending cancellation must not stop halfway
+/// (Note [Cancellation points] in sys/cancel.rs).
+extern "C" fn on_exit(_: *mut core::ffi::c_void) {
     if let Some(g) = globals().filter(|g| trace::is_on() || report::due_at_exit(&g.config)) {
         // On a stack of our own: the thread may have a small one (Note [A stack of our own]).
         sys::cancel::cancel_held(|| {
@@ -118,10 +133,6 @@ extern "C" fn on_unload() {
 #[used]
 #[link_section = ".init_array"]
 static ON_LOAD: extern "C" fn() = on_load;
-
-#[used]
-#[link_section = ".fini_array"]
-static ON_UNLOAD: extern "C" fn() = on_unload;
 
 /// Rust code in this library allocates through the next allocator directly, never through our
 /// own shims: a stray allocation under our lock can then never re-enter the cache.

@@ -34,15 +34,34 @@ pub fn cgroup_limit_bytes() -> u64 {
 }
 
 /// The system's commit limit under strict overcommit (`vm.overcommit_memory=2`), read at init
-/// (`read_commit_limit`); u64::MAX otherwise.
+/// and again by `refresh_commit_limit`; u64::MAX otherwise.
 static COMMIT_LIMIT: AtomicU64 = AtomicU64::new(u64::MAX);
+/// When the background pass last read it (coarse ns).
+static COMMIT_READ_NS: AtomicU64 = AtomicU64::new(0);
+/// How often the background pass reads the overcommit mode again.
+const COMMIT_READ_EVERY_NS: u64 = 1_000_000_000;
 
-/// Reads the commit limit once (init): a system setting, unlike RLIMIT_AS, rarely changes.
+/// Reads the commit limit (init): one file read, two under strict overcommit. A mode that cannot
+/// be read counts as no limit.
 pub fn read_commit_limit() {
-    if overcommit_mode() == Some(b'2') {
-        let kib = with_meminfo(|text| meminfo_kib(text, b"CommitLimit:")).flatten();
-        COMMIT_LIMIT.store(kib.map_or(u64::MAX, |k| k.saturating_mul(1024)), Ordering::Relaxed);
+    let limit = if overcommit_mode() == Some(b'2') {
+        with_meminfo(|text| meminfo_kib(text, b"CommitLimit:")).flatten().map_or(u64::MAX, |k| k.saturating_mul(1024))
+    } else {
+        u64::MAX
+    };
+    COMMIT_LIMIT.store(limit, Ordering::Relaxed);
+}
+
+/// In the background pass: the commit limit read again at most once a second, since an
+/// administrator may switch strict overcommit on or off while we run (Note [Room for others] in
+/// host/host_layer/release.rs).
+pub fn refresh_commit_limit(now_ns: u64) {
+    let last = COMMIT_READ_NS.load(Ordering::Relaxed);
+    if last != 0 && now_ns.saturating_sub(last) < COMMIT_READ_EVERY_NS {
+        return;
     }
+    COMMIT_READ_NS.store(now_ns.max(1), Ordering::Relaxed);
+    read_commit_limit();
 }
 
 /// `vm.overcommit_memory`'s digit (b'0' heuristic, b'1' always, b'2' strict); None if unreadable.

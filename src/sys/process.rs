@@ -3,7 +3,7 @@
 //! abort glibc answers a corrupted heap with. Reads of /proc and /sys go through
 //! `read_kernel_file` here (sys/files.rs builds on this file, never the other way round).
 
-use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 /// The calling thread's errno.
 pub fn errno() -> i32 {
@@ -72,10 +72,22 @@ static PROCESS_STARTED_WALL_NS: AtomicU64 = AtomicU64::new(0);
 const UNKNOWN: u64 = u64::MAX;
 
 /// At load, and in a forked child: this image starts now (the process's own start is read when
-/// first asked for).
+/// first asked for), and it is this process's.
 pub fn note_start() {
     STARTED_WALL_NS.store(super::clock::wall_ns(), Relaxed);
     START_TICKS.store(UNKNOWN, Relaxed);
+    IMAGE_OWNER.store(id(), Relaxed);
+}
+
+/// The process whose memory this is (`note_start`); 0 before load.
+static IMAGE_OWNER: AtomicU32 = AtomicU32::new(0);
+
+/// Whether this process runs in another's memory: a vfork child, or one made by clone with
+/// CLONE_VM, before it execs or exits (or a raw fork child that has not yet adopted its parent's
+/// records: Note [Children our handlers did not see] in fork_mark.rs). One system call.
+pub fn in_anothers_memory() -> bool {
+    let owner = IMAGE_OWNER.load(Relaxed);
+    owner != 0 && owner != id()
 }
 
 /// When this image started (wall ns).

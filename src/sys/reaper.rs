@@ -44,6 +44,18 @@ static FAILED_AT: AtomicU64 = AtomicU64::new(0);
 /// How long after a failure making the thread is tried again.
 const RETRY_NS: u64 = 1_000_000_000;
 
+// Note [A child in our memory]
+// A vfork child, or one made by clone with CLONE_VM, runs in its parent's memory until it execs
+// or exits, and no fork handler of ours runs for it. A block it freed could be the first one
+// cached, and the thread made for it was the child's: it died with the child's exec or exit,
+// in a pass holding the cache lock (the parent then slept on that lock for good, one run in a
+// hundred), and the parent's words said it ran (nothing was released again, and glibc counted a
+// thread that never ended, so the parent's main leaving by pthread_exit no longer ended the
+// process). So a process in another's memory never makes our thread (`process::
+// in_anothers_memory`, a getpid, asked only when no thread runs): what is due is done in the
+// call and the cache let go, as with no thread at all (Note [No thread to release]), which in
+// shared memory is the parent's cache; the parent makes its thread at its next cached block.
+
 // Note [No thread to release]
 // Idle blocks are released and unmapped by our thread, whatever the program does meanwhile. When
 // no thread can be made (RLIMIT_NPROC, a pids cgroup at its limit, a sandbox that refuses clone),
@@ -87,6 +99,11 @@ pub fn on_block_cached(deadline_ns: u64) {
         RUNNING if SLEEPING_UNTIL.load(Ordering::SeqCst) > deadline_ns => wake(),
         RUNNING => {}
         NOT_STARTED => {
+            // Note [A child in our memory]: the parent's thread, not the child's.
+            if super::process::in_anothers_memory() {
+                let_go();
+                return;
+            }
             if super::front::front().is_some() {
                 never_from_a_call();
                 let_go();
@@ -106,6 +123,9 @@ pub fn on_block_cached(deadline_ns: u64) {
 
 /// Starts the reaper (at load when the trace needs flushing even before any block is cached).
 pub fn start_now() {
+    if STATE.load(Ordering::Acquire) != NOT_STARTED || super::process::in_anothers_memory() {
+        return;
+    }
     if STATE.compare_exchange(NOT_STARTED, STARTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return;
     }
@@ -115,7 +135,10 @@ pub fn start_now() {
     static REAPER: super::thread::Named<fn()> = super::thread::Named { name: c"tensormalloc", main: reaper_main };
     // Before the thread can say its own id.
     RUNNING_TID.store(0, Ordering::Release);
-    match super::thread::spawn_joinable(&REAPER) {
+    // On a stack of ours: glibc's pthread_create (its stack cache, the thread's TLS, a lazily
+    // bound call that saves every vector register) takes 5 KiB of the caller's, who may be a
+    // signal handler on an alternate stack making its first large request.
+    match super::stack::on_own_stack(|| super::thread::spawn_joinable(&REAPER)) {
         Some(thread) => {
             THREAD.store(thread, Ordering::Release);
             OWNER.store(super::process::id(), Ordering::Release);
@@ -307,6 +330,11 @@ fn reap_inline() {
         let next = work().unwrap_or(u64::MAX);
         INLINE_DUE.store(next, Ordering::Release);
     }
+}
+
+/// Whether no thread runs and the next cached block would make one.
+pub fn not_started() -> bool {
+    STATE.load(Ordering::Acquire) == NOT_STARTED
 }
 
 /// Whether the thread runs (deferred unmaps will be done).

@@ -237,6 +237,20 @@ pub fn at_exit(hook: extern "C" fn()) -> bool {
     unsafe { libc::atexit(hook) == 0 }
 }
 
+/// Runs `hook` at exit as an exit handler of the process rather than of this library: glibc
+/// runs a library's own handlers (atexit passes its __dso_handle) when it finalizes that
+/// library, before the libraries loaded ahead of it; one registered with no library runs in
+/// the order of registration, newest first, among the process's handlers. False when it cannot
+/// be registered.
+pub fn at_exit_of_process(hook: extern "C" fn(*mut core::ffi::c_void)) -> bool {
+    extern "C" {
+        fn __cxa_atexit(f: extern "C" fn(*mut core::ffi::c_void), arg: *mut core::ffi::c_void, dso: *mut core::ffi::c_void) -> core::ffi::c_int;
+    }
+    // SAFETY: the hook is ours and this library is never unloaded (linked -z nodelete, build.rs),
+    // so it is there at exit.
+    unsafe { __cxa_atexit(hook, core::ptr::null_mut(), core::ptr::null_mut()) == 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,11 +25,27 @@ use crate::ranges::RangeList;
 
 impl<M: PageMemory> HostLayer<M> {
     /// The program is about to put pages of its own at [addr, addr+len), or unmap it
-    /// (Note [Ranges the program claims]).
+    /// (Note [Ranges the program claims]). Far from our blocks, a few loads and no stack: every
+    /// munmap of the program's comes here, from threads with 16 KiB stacks and from signal
+    /// handlers on 8 KiB alternate stacks (a GC mapping pages in as they fault).
+    #[inline(always)]
     pub fn claim_range(&self, addr: usize, len: usize) {
         if !self.registry.may_hold_ours(addr, len) || crate::sys::lock::held_here() {
             return;
         }
+        self.claim_near_ours(addr, len);
+    }
+
+    /// Near our blocks: on a stack of ours, since its lists take 8 KiB of the caller's
+    /// (Note [A stack of our own] in sys/stack.rs).
+    #[cold]
+    #[inline(never)]
+    fn claim_near_ours(&self, addr: usize, len: usize) {
+        crate::sys::stack::on_own_stack(|| self.claim_here(addr, len));
+    }
+
+    #[inline(never)]
+    fn claim_here(&self, addr: usize, len: usize) {
         let end = addr.saturating_add(len.max(1));
         let deadline = (self.clock)().saturating_add(CLAIM_WAIT_NS);
         for _ in 0..MAX_LOOKS {

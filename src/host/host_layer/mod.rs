@@ -155,12 +155,12 @@ fn mapping_span(len: usize, align: usize) -> usize {
 const NO_PROCESS: u32 = u32::MAX;
 
 /// The cache's limits: a bound the user set is exact; without one, bounds follow the live peak
-/// up to a ceiling of a quarter of `memory_bytes` (Note [Bounds follow the working set]) and an
-/// eighth of `mapping_limit_bytes` (Note [Room for others]); in a cgroup whose limit is
+/// up to a ceiling of a quarter of `memory_bytes` (Note [Bounds follow the working set]), and
+/// nothing under a mapping limit (`space_ceiling`); in a cgroup whose limit is
 /// `memory_bytes`, a sixteenth of it hot (Note [Hot within the memory]).
 const fn limits_from(c: &Config, memory_bytes: u64, in_limited_cgroup: bool, mapping_limit_bytes: u64) -> CacheLimits {
     let ceiling = {
-        let (memory, space) = (memory_bytes / 4, mapping_limit_bytes / 8);
+        let (memory, space) = (memory_bytes / 4, space_ceiling(mapping_limit_bytes));
         if memory < space {
             memory
         } else {
@@ -191,6 +191,16 @@ const fn limits_from(c: &Config, memory_bytes: u64, in_limited_cgroup: bool, map
             None => None,
         },
         max_hot_bytes,
+    }
+}
+
+/// What the cache may keep under a limit on what the process may map (u64::MAX: none): nothing,
+/// as glibc's free unmaps (Note [Room for others], rule 1).
+const fn space_ceiling(mapping_limit_bytes: u64) -> u64 {
+    if mapping_limit_bytes == u64::MAX {
+        u64::MAX
+    } else {
+        0
     }
 }
 

@@ -8,11 +8,15 @@
 // not their pages were released. glibc unmaps a large block at free, so a program under
 // `ulimit -v` or `ulimit -d` that frees 1 GiB can map 900 MiB next, or grow glibc's heap by it;
 // with the block cached it could not. These rules keep us out of the way. (1) Under such a limit
-// (the lowest of the three) the cache's ceiling is an eighth of it, and blocks
-// leaving the cache are unmapped at once rather than by the background thread; the limit is read
-// when it may have changed: after the program's setrlimit or prlimit (our shims: Python's
-// resource.setrlimit comes at any time), at every background pass (another process's prlimit),
-// and when a mapping fails. (2) When
+// the cache keeps nothing unless the user set its bound (TENSORMALLOC_CACHE_BYTES): a freed
+// block is unmapped at once, as glibc's free unmaps it. The ceiling was once an eighth of the
+// limit, and the room it held failed what no shim of ours sees: the stack growing (SIGSEGV), the
+// loader mapping a library, brk, the program's mprotect to writable or shmget, and, under strict
+// overcommit, other processes' requests, for as long as the blocks stayed cached. The limit is
+// read when it may have changed: after the program's setrlimit or prlimit (our shims: Python's
+// resource.setrlimit comes at any time), at every background pass (another process's prlimit;
+// the overcommit mode at most once a second: an administrator may switch strict overcommit on
+// while we run), and when a mapping fails. (2) When
 // the next allocator fails with ENOMEM while the cache holds something, the cache is emptied and
 // the call made once more, as for our own mappings (route.rs installs the entry points that do
 // this once a limit is seen, so the fast paths are unchanged otherwise). (3) The cache is
@@ -59,9 +63,9 @@ use core::sync::atomic::Ordering::Relaxed;
 
 impl<M: PageMemory> HostLayer<M> {
     /// The process may map no more than `bytes` (the lowest of RLIMIT_AS, RLIMIT_DATA and a
-    /// strict commit limit; u64::MAX for none): the cache's ceiling becomes an eighth of it,
-    /// unless the user set the bound, and nothing leaving the cache waits to be unmapped (Note
-    /// [Room for others]).
+    /// strict commit limit; u64::MAX for none): the cache keeps nothing under one, unless the
+    /// user set the bound, and nothing leaving the cache waits to be unmapped (Note [Room for
+    /// others]).
     /// A lower limit takes effect at once: the cache is cut to its new ceiling and the deferred
     /// unmaps are done before this returns (the program's next mmap or thread must find the room
     /// glibc's free would have left).
@@ -75,7 +79,7 @@ impl<M: PageMemory> HostLayer<M> {
     fn limit_mappings_here(&self, bytes: u64) {
         let was = self.mapping_limit_bytes.swap(bytes, Relaxed);
         // The ceiling follows the limit both ways: one raised again gives the memory's back.
-        let ceiling = usize::try_from(self.memory_ceiling_bytes.load(Relaxed).min(bytes / 8)).unwrap_or(usize::MAX);
+        let ceiling = usize::try_from(self.memory_ceiling_bytes.load(Relaxed).min(super::space_ceiling(bytes))).unwrap_or(usize::MAX);
         self.unmap_lists(|cache| {
             let limits = *cache.limits();
             if limits.follow_bytes {

@@ -426,8 +426,8 @@ fn under_mcl_future_the_cache_holds_nothing_locked() {
     check(&l);
 }
 
-/// Note [Room for others]: a lower address-space limit cuts the cache to its new ceiling before
-/// it returns, unmapping what it evicts and what waited to be unmapped.
+/// Note [Room for others]: under a limit on what the process may map the cache keeps nothing
+/// (rule 1); a lower limit empties it before it returns, unmapping what waited to be unmapped.
 #[test]
 fn a_lower_address_limit_empties_the_cache_at_once() {
     let l = layer_with(Config::default(), yes);
@@ -437,17 +437,31 @@ fn a_lower_address_limit_empties_the_cache_at_once() {
     }
     assert_eq!(l.cached().1, 1024 * MB);
     let unlimited = l.bounds();
-    l.limit_mappings(4096 * MB as u64);
-    assert_eq!(l.cached().1, 512 * MB, "an eighth of the limit");
-    assert_eq!(l.memory.mapped_bytes(), 512 * MB, "the rest unmapped before it returned");
-    l.limit_mappings(1024 * MB as u64);
-    assert_eq!(l.cached().1, 0);
-    assert_eq!(l.memory.mapped_bytes(), 0);
-    // A raised limit takes nothing, and gives the bound its ceiling back.
-    assert_eq!(l.bounds().1, 128 * MB);
+    l.limit_mappings(64 << 30);
+    assert_eq!(l.cached().1, 0, "a limit, even a generous one: nothing kept");
+    assert_eq!(l.memory.mapped_bytes(), 0, "unmapped before it returned");
+    let b = l.alloc(256 * MB, PAGE, false, 0).unwrap();
+    l.free(b, 256 * MB);
+    assert_eq!((l.cached().1, l.memory.mapped_bytes()), (0, 0), "a freed block is unmapped at once, as glibc's");
+    assert_eq!(l.deferred_bytes(), 0);
+    // A raised limit is still a limit; none gives the bound its ceiling back.
+    l.limit_mappings(128 << 30);
+    assert_eq!(l.bounds().1, 0);
     l.limit_mappings(u64::MAX);
     assert_eq!(l.bounds(), unlimited);
     assert_eq!(l.memory.mapped_bytes(), 0);
+    check(&l);
+}
+
+/// Note [Room for others], rule 1: a bound the user set holds under a limit too.
+#[test]
+fn a_bound_the_user_set_holds_under_a_mapping_limit() {
+    let l = layer_with(Config { cache_bytes: Some(512 * MB as u64), ..Config::default() }, yes);
+    l.limit_mappings(1 << 30);
+    assert_eq!(l.bounds().1, 512 * MB);
+    let b = l.alloc(256 * MB, PAGE, false, 0).unwrap();
+    l.free(b, 256 * MB);
+    assert_eq!(l.cached(), (1, 256 * MB));
     check(&l);
 }
 
@@ -669,19 +683,22 @@ fn the_limit_question_is_asked_once_in_50_ms() {
     check(&l);
 }
 
-/// Note [Room for others]: under an address-space limit the cache keeps at most an eighth of
-/// it and unmaps what leaves at once; a failed request empties the cache only when it could then
-/// succeed.
+/// Note [Room for others]: under an address-space limit a freed block is unmapped at once, not
+/// deferred; with a bound the user set, a failed request empties the cache only when it could
+/// then succeed.
 #[test]
 fn the_cache_gives_way_under_an_address_space_limit() {
     let l = layer_with(Config::default(), yes);
     l.limit_mappings(1 << 30);
-    assert_eq!(l.bounds().1, 128 * MB);
+    assert_eq!(l.bounds().1, 0);
     let big = l.alloc(256 * MB, 4096, false, 0).unwrap();
-    let small = l.alloc(64 * MB, 4096, false, 0).unwrap();
     l.free(big, 256 * MB);
-    assert!(!l.memory.is_mapped(big, 256 * MB), "over the ceiling: unmapped at once, not deferred");
+    assert!(!l.memory.is_mapped(big, 256 * MB), "unmapped at once, not deferred");
     assert_eq!(l.deferred_bytes(), 0);
+    check(&l);
+    let l = layer_with(Config { cache_bytes: Some(128 * MB as u64), ..Config::default() }, yes);
+    l.limit_mappings(1 << 30);
+    let small = l.alloc(64 * MB, 4096, false, 0).unwrap();
     l.free(small, 64 * MB);
     assert_eq!(l.cached(), (1, 64 * MB));
     // A request no limit could ever allow leaves the cache alone.
