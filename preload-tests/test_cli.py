@@ -88,6 +88,11 @@ def test_help_lists_every_setting_with_its_default_and_the_commands():
     # The source tree's (and the C install's) launcher is the same command: the same help.
     out = ok(run([str(ROOT / "scripts" / "tensormalloc"), "--help"], preload=False))
     assert out.stdout == ok(run([PY, "-m", "tensormalloc", "--help"], preload=False, env=ENV)).stdout
+    # A shell builtin or a function of the launcher's own is no program (it said "exec: help:
+    # not found" from inside the script).
+    for name in ("help", "cd", "find_lib"):
+        missing = run([str(ROOT / "scripts" / "tensormalloc"), name], preload=False)
+        assert missing.returncode == 127 and missing.stderr == f"tensormalloc: {name}: command not found\n", missing
 
 
 def help_settings(text):

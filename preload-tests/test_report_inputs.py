@@ -47,6 +47,12 @@ BAD_JSON = {
     "cuda_not_list": lambda d: d.update(cuda={"0": {}}),
     "device_twice": lambda d: d.update(cuda=[{"device": 0}, {"device": 0}]),
     "deep_text": lambda d: d["host"].update(map_failures="none"),
+    # Each of these passed the checks and stopped the whole report with a traceback.
+    "ended_null": lambda d: d.update(ended=None),
+    "ended_list": lambda d: d.update(ended=[]),
+    "cuda_text": lambda d: d.update(cuda=[{"device": 0, "reserved_bytes": "x"}]),
+    "cuda_list": lambda d: d.update(cuda=[{"device": 0, "live_bytes": []}]),
+    "past_64_bits": lambda d: d["host"].update(live_bytes=int("9" * 400)),
 }
 
 
@@ -62,7 +68,8 @@ def test_each_bad_file_is_refused_with_one_line_and_the_good_ones_are_reported(t
     text = good[0].read_text()
     for name, broken in {"nan": text.replace('"live_bytes":0', '"live_bytes":NaN', 1),
                          "infinity": text.replace('"cached_bytes":', '"cached_bytes":Infinity,"x":', 1),
-                         "cut": text[:len(text) // 2], "empty": "", "array": "[1, 2]", "garbage": "\x00\x01 not json"}.items():
+                         "cut": text[:len(text) // 2], "empty": "", "array": "[1, 2]", "garbage": "\x00\x01 not json",
+                         "deep": "[" * 100000 + "]" * 100000}.items():
         assert broken != text or name == "empty"
         p = tmp_path / f"bad_{name}.json"
         p.write_text(broken)
@@ -94,10 +101,19 @@ def test_each_bad_file_is_refused_with_one_line_and_the_good_ones_are_reported(t
 
 
 def test_json_output_is_strict_even_for_a_files_huge_numbers(tmp_path, good):
-    """Numbers beyond a double stay whole numbers in --json (never Infinity)."""
+    """Numbers beyond a double's exact range stay whole numbers in --json (never Infinity or a
+    rounded float), and their sum over files too; one past what a counter of the library can
+    hold (64 bits) is refused with one line."""
     d = json.loads(good[0].read_text())
-    d["host"]["requests"] = 10 ** 30
+    d["host"]["requests"] = 2 ** 64 - 1
     p = tmp_path / "big.json"
     p.write_text(json.dumps(d))
-    out = ok(run([PY, "-m", "tensormalloc", "report", str(p), "--json"], preload=False, env=ENV))
-    assert strict(out.stdout)["total"]["requests"] == 10 ** 30
+    d["pid"] += 1
+    q = tmp_path / "big2.json"
+    q.write_text(json.dumps(d))
+    out = ok(run([PY, "-m", "tensormalloc", "report", str(p), str(q), "--json"], preload=False, env=ENV))
+    assert strict(out.stdout)["total"]["requests"] == 2 * (2 ** 64 - 1)
+    d["host"]["requests"] = 2 ** 64
+    q.write_text(json.dumps(d))
+    out = run([PY, "-m", "tensormalloc", "report", str(p), str(q)], preload=False, env=ENV)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "not a count" in out.stderr, out.stderr

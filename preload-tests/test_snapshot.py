@@ -274,6 +274,15 @@ try:
     tensormalloc.snapshot("/nonexistent-dir/x.pickle")
 except OSError as e:
     print(e.errno, e.filename)
+import os
+# The paths returned are the files written: %p is the process id, %% a percent sign.
+named = tensormalloc.snapshot({str(tmp_path / 'pid_%p_100%%.pickle')!r})
+print(named[0] == {str(tmp_path)!r} + f"/pid_{{os.getpid()}}_100%.pickle", all(os.path.exists(p) for p in named))
+try:
+    tensormalloc.snapshot({str(tmp_path / 'cut')!r} + "\\0more")
+except ValueError as e:
+    print("refused:", e, os.path.exists({str(tmp_path / 'cut')!r}))
 """
     out = ok(run([PY, "-c", code], env={"PYTHONPATH": str(ROOT / "python")}))
-    assert out.stdout.splitlines() == ["True", "True", "[] []", "2 /nonexistent-dir/x.pickle"], out.stdout + out.stderr
+    assert out.stdout.splitlines() == ["True", "True", "[] []", "2 /nonexistent-dir/x.pickle", "True True",
+                                       "refused: embedded null byte False"], out.stdout + out.stderr

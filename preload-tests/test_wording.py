@@ -56,3 +56,22 @@ def test_a_near_miss_names_the_nearest_setting():
     err = ok(run([compile_c("leaky")], env={"TENSORMALLOC_STAT": "1", "TENSORMALLOC_CUDA_RELEASE": "100"})).stderr
     assert "TENSORMALLOC_STAT is not a tensormalloc setting; ignored (did you mean TENSORMALLOC_STATS?)" in err, err
     assert "TENSORMALLOC_CUDA_RELEASE is not a tensormalloc setting; ignored (did you mean TENSORMALLOC_CUDA_RELEASE_MS?)" in err, err
+
+
+def test_a_name_set_beside_its_earlier_name_wins_with_one_line(tmp_path):
+    """Both names of a setting in the environment: the name's value, whatever their order (it
+    was the order of environ), one line for the earlier name; an empty value under either is
+    the variable unset (it wiped the other's value). A path setting given a word for on writes
+    no file named `1` (it wrote one)."""
+    for env in ({"TENSORMALLOC_HOST_RELEASE_MS": "5000", "TENSORMALLOC_RELEASE_MS": "200"},
+                {"TENSORMALLOC_RELEASE_MS": "200", "TENSORMALLOC_HOST_RELEASE_MS": "5000"}):
+        err = ok(run([compile_c("leaky")], env={**env, "TENSORMALLOC_STATS": "1"})).stderr
+        lines = [l for l in err.splitlines() if "RELEASE_MS" in l]
+        assert lines == ["tensormalloc: TENSORMALLOC_RELEASE_MS is now TENSORMALLOC_HOST_RELEASE_MS, which is set too: "
+                         "TENSORMALLOC_RELEASE_MS ignored, TENSORMALLOC_HOST_RELEASE_MS used"], err
+    err = ok(run([compile_c("leaky")], env={"TENSORMALLOC_HOST_RELEASE_MS": "", "TENSORMALLOC_RELEASE_MS": "200"})).stderr
+    assert [l for l in err.splitlines() if "RELEASE_MS" in l] == [
+        "tensormalloc: TENSORMALLOC_RELEASE_MS is now TENSORMALLOC_HOST_RELEASE_MS: read as that (the old name will go)"], err
+    err = ok(run([compile_c("leaky")], env={"TENSORMALLOC_TRACE": "1"}, cwd=str(tmp_path))).stderr
+    assert "TENSORMALLOC_TRACE='1' is on, where a path (the file to write) is wanted; using the default off" in err, err
+    assert list(tmp_path.iterdir()) == [], "no file named 1"

@@ -587,6 +587,8 @@ pub enum ConfigError<'a> {
     Invalid { spec: &'static OptionSpec, given: &'a [u8], value: &'a [u8], reason: Reason },
     /// An earlier name: its value WAS applied, as `spec`'s; the line names the new one.
     Renamed { old: &'static str, spec: &'static OptionSpec },
+    /// An earlier name set beside the name itself: ignored.
+    Shadowed { old: &'static str, spec: &'static OptionSpec },
 }
 
 impl fmt::Debug for OptionSpec {
@@ -643,18 +645,54 @@ impl fmt::Display for ConfigError<'_> {
             ConfigError::Renamed { old, spec } => {
                 write!(f, "{old} is now {}: read as that (the old name will go)", spec.name)
             }
+            ConfigError::Shadowed { old, spec } => {
+                write!(f, "{old} is now {0}, which is set too: {old} ignored, {0} used", spec.name)
+            }
         }
     }
 }
 
 impl Config {
-    /// Applies one variable (an empty value: its default, as if unset). On `Err` the setting
+    /// Every `TENSORMALLOC_*` variable `vars` gives (it calls its argument with each name and
+    /// value, and is called twice), each error to `warn`. A setting given under its name and an
+    /// earlier name too takes its name's value, whatever their order in the environment: the
+    /// earlier name is ignored, with a line.
+    pub fn from_vars(vars: impl Fn(&mut dyn FnMut(&[u8], &[u8])), mut warn: impl FnMut(ConfigError<'_>)) -> Config {
+        let mut named = [false; OPTIONS.len()];
+        vars(&mut |name, value| {
+            if let Some((spec, names::Found::Name | names::Found::Spelling)) = names::find(name) {
+                if let Some(i) = OPTIONS.iter().position(|o| core::ptr::eq(o, spec)).filter(|_| !trim_ascii(value).is_empty()) {
+                    if let Some(n) = named.get_mut(i) {
+                        *n = true;
+                    }
+                }
+            }
+        });
+        let mut config = Config::default();
+        vars(&mut |name, value| {
+            if let Some((spec, names::Found::Old(old))) = names::find(name).filter(|_| !trim_ascii(value).is_empty()) {
+                if OPTIONS.iter().position(|o| core::ptr::eq(o, spec)).and_then(|i| named.get(i)) == Some(&true) {
+                    warn(ConfigError::Shadowed { old, spec });
+                    return;
+                }
+            }
+            if let Err(e) = config.apply(name, value) {
+                warn(e);
+            }
+        });
+        config
+    }
+
+    /// Applies one variable (an empty value: none, as if unset). On `Err` the setting
     /// keeps the value it had (the default, when applied to a fresh `Config`), except for
     /// `Renamed`, whose value was applied: that line only names the new name.
     pub fn apply<'a>(&mut self, name: &'a [u8], value: &'a [u8]) -> Result<(), ConfigError<'a>> {
         let (spec, found) = names::find(name).ok_or(ConfigError::Unknown { name, nearest: names::nearest(name) })?;
-        let value_trimmed = trim_ascii(value);
-        let given = if value_trimmed.is_empty() { spec.default.as_bytes() } else { value_trimmed };
+        let given = trim_ascii(value);
+        if given.is_empty() {
+            // The variable unset: whatever another name of it set stays.
+            return Ok(());
+        }
         let mut trial = *self;
         if let Err(reason) = (spec.apply)(&mut trial, given) {
             return Err(ConfigError::Invalid { spec, given: name, value, reason });
@@ -726,6 +764,10 @@ fn set_path(slot: &mut [u8; STATS_PATH_MAX], v: &[u8]) -> Result<(), Reason> {
     if means_off(v) {
         return Ok(());
     }
+    // The words for on name no file: a file called `1` in the working directory is a mistake.
+    if parse_bool(v) == Ok(true) {
+        return Err("on, where a path (the file to write) is wanted".into());
+    }
     if v.is_empty() || v.len() >= STATS_PATH_MAX {
         return Err("not a path of 1 to 255 bytes".into());
     }
@@ -758,12 +800,12 @@ pub fn parse_size(v: &[u8]) -> Option<u64> {
     let digits = v.iter().take_while(|b| b.is_ascii_digit()).count();
     let (num, suffix) = v.split_at(digits);
     let n = parse_u64(num)?;
-    const SUFFIXES: [(&[u8], u64); 13] = [
+    const SUFFIXES: [(&[u8], u64); 14] = [
         (b"", 1), (b"b", 1),
         (b"k", KIB), (b"kb", KIB), (b"kib", KIB),
         (b"m", MIB), (b"mb", MIB), (b"mib", MIB),
         (b"g", GIB), (b"gb", GIB), (b"gib", GIB),
-        (b"t", TIB), (b"tib", TIB),
+        (b"t", TIB), (b"tb", TIB), (b"tib", TIB),
     ];
     // eq_ignore_ascii_case, not to_ascii_lowercase: this runs during init, before the next
     // allocator is resolved, so it must not allocate.
@@ -922,15 +964,62 @@ mod tests {
                 }
                 c.apply(spec.name.as_bytes(), spec.default.as_bytes()).unwrap();
                 assert_eq!(c, Config::DEFAULT, "{} after {}", spec.name, String::from_utf8_lossy(v));
-                // An empty value is the variable unset: the default again.
+                // An empty value is the variable unset: on a fresh configuration the default,
+                // after another value (under another name of it) that value.
                 let mut c2 = Config::default();
-                c2.apply(spec.name.as_bytes(), v).unwrap();
                 c2.apply(spec.name.as_bytes(), b"  ").unwrap();
-                assert_eq!(c2, Config::DEFAULT, "{}: empty after {}", spec.name, String::from_utf8_lossy(v));
+                assert_eq!(c2, Config::DEFAULT, "{}: empty", spec.name);
+                c2.apply(spec.name.as_bytes(), v).unwrap();
+                let set = c2;
+                c2.apply(spec.name.as_bytes(), b"").unwrap();
+                assert_eq!(c2, set, "{}: empty after {}", spec.name, String::from_utf8_lossy(v));
                 true
             });
             assert!(changed, "{}: no test value changes it", spec.name);
         }
+    }
+
+    /// A setting set under its name and an earlier name takes its name's value whatever the
+    /// order, with one line for the earlier name; an empty value under either changes nothing.
+    #[test]
+    fn a_name_beats_its_earlier_name_in_either_order() {
+        let run = |vars: &[(&str, &str)]| {
+            let mut lines = Vec::new();
+            let c = Config::from_vars(|visit| vars.iter().for_each(|(n, v)| visit(n.as_bytes(), v.as_bytes())), |e| lines.push(e.to_string()));
+            (c.release_ms, lines)
+        };
+        for vars in [[("TENSORMALLOC_RELEASE_MS", "200"), ("TENSORMALLOC_HOST_RELEASE_MS", "5000")], [("TENSORMALLOC_HOST_RELEASE_MS", "5000"), ("TENSORMALLOC_RELEASE_MS", "200")]] {
+            let (ms, lines) = run(&vars);
+            assert_eq!(ms, 5000);
+            assert_eq!(lines, ["TENSORMALLOC_RELEASE_MS is now TENSORMALLOC_HOST_RELEASE_MS, which is set too: TENSORMALLOC_RELEASE_MS ignored, TENSORMALLOC_HOST_RELEASE_MS used"]);
+        }
+        // A bad value under the name: the default, as its line says, not the earlier name's.
+        let (ms, lines) = run(&[("TENSORMALLOC_RELEASE_MS", "200"), ("TENSORMALLOC_HOST_RELEASE_MS", "soon")]);
+        assert_eq!((ms, lines.len()), (Config::DEFAULT.release_ms, 2));
+        assert!(lines[1].contains("using the default 1000"), "{lines:?}");
+        // Empty under either name: the other's value, and the earlier name's usual line.
+        for vars in [[("TENSORMALLOC_HOST_RELEASE_MS", ""), ("TENSORMALLOC_RELEASE_MS", "200")], [("TENSORMALLOC_RELEASE_MS", "200"), ("TENSORMALLOC_HOST_RELEASE_MS", " ")]] {
+            let (ms, lines) = run(&vars);
+            assert_eq!(ms, 200);
+            assert_eq!(lines, ["TENSORMALLOC_RELEASE_MS is now TENSORMALLOC_HOST_RELEASE_MS: read as that (the old name will go)"]);
+        }
+        let (ms, lines) = run(&[("TENSORMALLOC_HOST_RELEASE_MS", "200"), ("TENSORMALLOC_RELEASE_MS", "")]);
+        assert_eq!((ms, lines.len()), (200, 0));
+    }
+
+    /// A path setting given a word for on names no file: one line, and off.
+    #[test]
+    fn a_path_setting_refuses_the_words_for_on() {
+        for word in ["1", "on", "YES", "true"] {
+            let mut c = Config::default();
+            let line = c.apply(b"TENSORMALLOC_TRACE", word.as_bytes()).unwrap_err().to_string();
+            assert!(line.contains("where a path (the file to write) is wanted; using the default off"), "{line}");
+            assert_eq!(c.trace_path(), b"");
+        }
+        let mut c = Config::default();
+        c.apply(b"TENSORMALLOC_SNAPSHOT_AT_EXIT", b"/tmp/on").unwrap();
+        assert_eq!(c.snapshot_path(), b"/tmp/on");
+        assert!(c.apply(b"TENSORMALLOC_CACHE_BYTES", b"1TB").is_ok(), "TB as KB, MB, GB");
     }
 
     /// Off is written `off`, and 0, no, none, false (any case) mean the same wherever a setting

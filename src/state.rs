@@ -195,14 +195,8 @@ fn background_pass() -> Option<u64> {
 }
 
 fn read_config() -> Config {
-    let mut config = Config::default();
     if crate::sys::env::is_secure_execution() {
-        return config;
+        return Config::default();
     }
-    crate::sys::env::for_each_with_prefix(b"TENSORMALLOC_", |name, value| {
-        if let Err(e) = config.apply(name, value) {
-            crate::warn_line!("{}", e);
-        }
-    });
-    config
+    Config::from_vars(|visit| crate::sys::env::for_each_with_prefix(b"TENSORMALLOC_", visit), |e| crate::warn_line!("{}", e))
 }

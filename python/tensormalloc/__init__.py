@@ -277,10 +277,33 @@ def snapshot(path):
     fn.argtypes = [ctypes.c_char_p]
     fn.restype = ctypes.c_int
     path = os.fspath(path)
-    rc = fn(os.fsencode(path))
+    encoded = os.fsencode(path)
+    if b"\0" in encoded:
+        raise ValueError("embedded null byte")  # as open() says; C would cut the path there
+    rc = fn(encoded)
     if rc != 0:
         raise OSError(-rc, os.strerror(-rc), path)
-    return path, path + (".host.pickle" if isinstance(path, str) else b".host.pickle")
+    written = _with_pid(encoded, os.getpid())
+    written = os.fsdecode(written) if isinstance(path, str) else written
+    return written, written + (".host.pickle" if isinstance(path, str) else b".host.pickle")
+
+
+def _with_pid(path, pid):
+    """`path` (bytes) as the library names the file: %p the process id, %% a percent sign, any
+    other % kept (src/sys/files.rs expand_with)."""
+    out, i = bytearray(), 0
+    while i < len(path):
+        pair = path[i:i + 2]
+        if pair == b"%p":
+            out += str(pid).encode()
+            i += 2
+        elif pair == b"%%":
+            out += b"%"
+            i += 2
+        else:
+            out.append(path[i])
+            i += 1
+    return bytes(out)
 
 
 class ScopeResult:

@@ -40,6 +40,11 @@ PLACE_FIELDS = ("hits", "misses", "grows", "failures", "frees", "live_bytes", "p
 DETAIL_SEQ_AT = 208
 
 
+# How a process's file may say it ended, and a device's figures the report sums.
+ENDINGS = ("exit", "running", "killed", "exec")
+CUDA_COUNTS = ("requests", "hits", "reserved_bytes", "live_bytes", "peak_reserved_bytes")
+
+
 class Bad(Exception):
     """A file refused, and why."""
 
@@ -53,7 +58,7 @@ def _reject_constant(name):
 
 
 def _count(v, where):
-    if type(v) is not int or v < 0:
+    if type(v) is not int or not 0 <= v < 1 << 64:
         raise Bad(f"{where} is {json.dumps(v)[:40]}, not a count")
     return v
 
@@ -92,6 +97,8 @@ def check_stats(data):
         _count(data["forked_from"], "forked_from")
     if not isinstance(data.get("command", ""), str):
         raise Bad("command is not text")
+    if data.get("ended", "exit") not in ENDINGS:
+        raise Bad(f"ended is {json.dumps(data['ended'])[:40]}, not one of {', '.join(ENDINGS)}")
     for key in ("requests", "hits", "frees", "live_bytes", "peak_live_bytes", "cached_bytes"):
         if key in data["host"]:
             _count(data["host"][key], f"host.{key}")
@@ -100,6 +107,10 @@ def check_stats(data):
         raise Bad("cuda is not a list of devices")
     if len({d["device"] for d in cuda}) != len(cuda):
         raise Bad("cuda names a device twice")
+    for d in cuda:
+        for key in CUDA_COUNTS:
+            if key in d:
+                _count(d[key], f"cuda[{d['device']}].{key}")
 
 
 def _alive(pid, start_ticks):
@@ -217,8 +228,8 @@ def load(path):
         else:
             try:
                 stats = json.loads(data, parse_constant=_reject_constant)
-            except ValueError as e:
-                raise Bad(f"not readable as JSON stats ({e.__class__.__name__}: {e})") from None
+            except (ValueError, RecursionError) as e:
+                raise Bad(f"not readable as JSON stats ({e.__class__.__name__}: {str(e)[:80]})") from None
             check_stats(stats)
             stats.setdefault("complete", True)
             stats.setdefault("ended", "exit")
