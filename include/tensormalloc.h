@@ -107,7 +107,7 @@ typedef struct tm_scope_t {
     int64_t live_bytes;             /* allocated - freed: still live (leaked) at the end */
 } tm_scope_t;
 
-int tm_scope_begin(const char *name);      /* returns the depth, or -1 when 16 are open */
+int tm_scope_begin(const char *name);      /* returns the depth, or -1 when 16 are open in this thread (or no page can be mapped for its first) */
 int tm_scope_end(tm_scope_t *out);         /* closes the innermost; 0, or -1 if none open */
 int tm_scope_current(tm_scope_t *out);     /* reads the innermost without closing it */
 

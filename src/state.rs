@@ -51,7 +51,8 @@ pub(crate) static HOST: HostLayer<OsPages> = HostLayer::new(
 /// under a limit set meanwhile (strict overcommit switched on), even until the thread's first
 /// pass (Note [Room for others] in host/host_layer/release.rs).
 fn block_cached(due_ns: u64) {
-    if reaper::not_started() {
+    // In another's memory no thread is made (Note [A child in our memory] in sys/reaper.rs).
+    if reaper::not_started() && !crate::sys::process::in_anothers_memory() {
         // Files read on a stack of ours: the caller may have a small one.
         crate::sys::stack::on_own_stack(|| call(&LIMITS_WATCH));
     }

@@ -338,7 +338,7 @@ class scope:
             _warn_not_loaded()
         else:
             if self._lib.tm_scope_begin(self.result.name.encode()[:47]) < 0:
-                raise RuntimeError("tensormalloc: at most 16 nested scopes")
+                raise RuntimeError("tensormalloc: no scope opened: at most 16 nest in a thread (or no memory was left for its first)")
         return self.result
 
     def __exit__(self, *exc):

@@ -7,14 +7,15 @@
 // Note [Scopes off the thread's stack]
 // The frames were thread-local (1.7 KiB), and glibc carves a preloaded library's thread-local
 // storage out of every thread's stack: a thread made with PTHREAD_STACK_MIN (16 KiB) had 1.9 KiB
-// less for its own frames in every program, scopes used or not. Now a thread holds only a slot
-// number, and takes one of SLOTS stacks of frames when it opens its outermost scope, giving it
-// back when that scope ends. With every slot taken a scope is refused (`begin` says None, as at
-// MAX_DEPTH); a thread that ends with a scope open, and in a forked child the other threads of
-// the parent, keep theirs.
+// less for its own frames in every program, scopes used or not (and a second namespace's glibc,
+// under dlmopen, crashed making our thread again). Now a thread keeps only a pointer: its frames
+// are a page mapped when it opens its outermost scope and unmapped when that scope ends (two
+// system calls a scope, which wraps an epoch or a batch). With no memory for the page, `begin`
+// says None, as at MAX_DEPTH. A thread that ends with a scope open leaves its page mapped (4 KiB);
+// a forked child has its copy.
 
-use core::cell::{Cell, UnsafeCell};
-use core::sync::atomic::{AtomicBool, Ordering::{Acquire, Relaxed, Release}};
+use core::cell::Cell;
+use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 pub const MAX_DEPTH: usize = 16;
 pub const NAME_BYTES: usize = 48;
@@ -53,60 +54,42 @@ struct Stack {
     depth: usize,
 }
 
-/// How many threads may have a scope open at once.
-pub const SLOTS: usize = 128;
-
-struct Slot {
-    taken: AtomicBool,
-    stack: UnsafeCell<Stack>,
-}
-
-// SAFETY: a slot's stack is used only by the thread that took it (`taken`), until it gives it back.
-unsafe impl Sync for Slot {}
-
-static STACKS: [Slot; SLOTS] = {
-    // A constant only to repeat it in the array: each slot is its own static from here on.
-    #[allow(clippy::declare_interior_mutable_const)]
-    const FREE: Slot = Slot { taken: AtomicBool::new(false), stack: UnsafeCell::new(Stack { frames: [EMPTY; MAX_DEPTH], depth: 0 }) };
-    [FREE; SLOTS]
-};
+/// The page a thread's frames take.
+const STACK_BYTES: usize = core::mem::size_of::<Stack>().div_ceil(4096) * 4096;
 
 thread_local! {
-    /// The slot this thread holds, plus one; 0 for none. const-initialised, no Drop: no TLS
-    /// destructor is registered (glibc would do it with calloc).
-    static MINE: Cell<usize> = const { Cell::new(0) };
+    /// This thread's frames while it has a scope open; null otherwise. const-initialised, no
+    /// Drop: no TLS destructor is registered (glibc would do it with calloc).
+    static MINE: Cell<*mut Stack> = const { Cell::new(core::ptr::null_mut()) };
 }
 
 /// Whether any thread ever opened a scope: until one does, a block's event reads no
 /// thread-local storage (a call into the loader's __tls_get_addr from a preloaded library).
 static EVER_OPENED: AtomicBool = AtomicBool::new(false);
 
-/// `f` over this thread's stack of frames, if it holds one.
+/// `f` over this thread's frames, if it has a scope open.
 fn with_stack<T>(f: impl FnOnce(&mut Stack) -> T) -> Option<T> {
-    let slot = MINE.try_with(Cell::get).ok()?.checked_sub(1)?;
-    // SAFETY: this thread took the slot, and no reference to its stack escapes `f`.
-    Some(f(unsafe { &mut *STACKS.get(slot)?.stack.get() }))
+    let stack = MINE.try_with(Cell::get).ok().filter(|p| !p.is_null())?;
+    // SAFETY: this thread's own page of frames, mapped while set; no reference escapes `f`.
+    Some(f(unsafe { &mut *stack }))
 }
 
-/// Takes a free slot for this thread, its stack empty; false when all are taken.
-fn take_slot() -> bool {
-    let Some(slot) = STACKS.iter().position(|s| !s.taken.load(Relaxed) && !s.taken.swap(true, Acquire)) else { return false };
-    let Some(s) = STACKS.get(slot) else { return false };
-    // SAFETY: the slot is this thread's from the swap on.
-    unsafe { (*s.stack.get()).depth = 0 };
-    if MINE.try_with(|m| m.set(slot + 1)).is_err() {
-        // This thread's storage is gone (it is ending): no scope, and the slot stays free.
-        s.taken.store(false, Release);
+/// Maps this thread's frames (zeroed: no scope open); false without memory for them.
+fn map_stack() -> bool {
+    let Some(addr) = crate::sys::os_pages::map_table(STACK_BYTES) else { return false };
+    if MINE.try_with(|m| m.set(addr as *mut Stack)).is_err() {
+        // This thread's storage is gone (it is ending): no scope.
+        crate::sys::os_pages::unmap_table(addr, STACK_BYTES);
         return false;
     }
     true
 }
 
-/// The outermost scope ended: the slot goes back.
-fn give_slot_back() {
-    if let Ok(Some(slot)) = MINE.try_with(|m| m.replace(0).checked_sub(1)) {
-        if let Some(s) = STACKS.get(slot) {
-            s.taken.store(false, Release);
+/// The outermost scope ended: the frames go.
+fn unmap_stack() {
+    if let Ok(stack) = MINE.try_with(|m| m.replace(core::ptr::null_mut())) {
+        if !stack.is_null() {
+            crate::sys::os_pages::unmap_table(stack as usize, STACK_BYTES);
         }
     }
 }
@@ -114,7 +97,7 @@ fn give_slot_back() {
 /// Opens a scope; returns its depth (1 = outermost), or `None` when MAX_DEPTH are open.
 pub fn begin(name: &[u8]) -> Option<usize> {
     EVER_OPENED.store(true, Relaxed);
-    if MINE.try_with(Cell::get).ok()? == 0 && !take_slot() {
+    if MINE.try_with(Cell::get).ok()?.is_null() && !map_stack() {
         return None;
     }
     with_stack(|s| {
@@ -137,7 +120,7 @@ pub fn end() -> Option<ScopeStats> {
     })
     .flatten()?;
     if outermost {
-        give_slot_back();
+        unmap_stack();
     }
     Some(ended)
 }
@@ -218,20 +201,21 @@ mod tests {
     }
 
     #[test]
-    fn a_thread_holds_a_slot_only_while_a_scope_is_open() {
+    fn a_thread_has_frames_only_while_a_scope_is_open() {
         let _serial = serial();
         std::thread::spawn(|| {
-            let taken = || STACKS.iter().filter(|s| s.taken.load(Relaxed)).count();
-            let before = taken();
+            let frames = || MINE.with(Cell::get);
+            assert!(frames().is_null());
             assert_eq!(begin(b"outer"), Some(1));
+            let mapped = frames();
             assert_eq!(begin(b"inner"), Some(2));
-            assert_eq!(taken(), before + 1, "one slot for both");
+            assert_eq!(frames(), mapped, "one page for both");
             end().unwrap();
-            assert_eq!(taken(), before + 1);
+            assert_eq!(frames(), mapped);
             end().unwrap();
-            assert_eq!(taken(), before, "given back with the outermost");
+            assert!(frames().is_null(), "unmapped with the outermost");
             assert_eq!((end(), current()), (None, None));
-            assert_eq!(begin(b"again"), Some(1), "a fresh stack: depth 1");
+            assert_eq!(begin(b"again"), Some(1), "fresh frames: depth 1");
             end().unwrap();
         })
         .join()
@@ -239,29 +223,21 @@ mod tests {
     }
 
     #[test]
-    fn with_every_slot_taken_a_scope_is_refused() {
+    fn many_threads_each_have_their_scope() {
         let _serial = serial();
-        let (hold, release) = (std::sync::Barrier::new(SLOTS + 1), std::sync::Barrier::new(SLOTS + 1));
-        std::thread::scope(|sc| {
-            let (hold, release) = (&hold, &release);
-            let opened: Vec<_> = (0..SLOTS)
-                .map(|_| {
-                    sc.spawn(move || {
-                        let got = begin(b"held");
-                        hold.wait();
-                        release.wait();
-                        end().unwrap();
-                        got
-                    })
+        let opened: Vec<_> = (0..300)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    let depth = begin(b"own");
+                    on_alloc(i);
+                    let seen = end().map(|s| s.allocated_bytes);
+                    (depth, seen)
                 })
-                .collect();
-            hold.wait();
-            assert_eq!(begin(b"one more"), None);
-            release.wait();
-            assert!(opened.into_iter().all(|t| t.join().unwrap() == Some(1)));
-        });
-        assert_eq!(begin(b"after"), Some(1));
-        end().unwrap();
+            })
+            .collect();
+        for (i, t) in opened.into_iter().enumerate() {
+            assert_eq!(t.join().unwrap(), (Some(1), Some(i as u64)));
+        }
     }
 
     #[test]

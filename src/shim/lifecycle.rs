@@ -15,6 +15,10 @@ extern "C" fn on_load() {
         // Note [Reports after every finalizer].
         sys::thread::at_exit_of_process(on_exit);
         sys::fork_mark::set_adoption(adopt_parent_records);
+        // At load, not at the first fork or thread: a child made without our handlers must know
+        // it is one even when its parent forked before its first large block (Note [A child in
+        // our memory] in sys/reaper.rs tells such a child from one sharing our memory by it).
+        sys::fork_mark::arm();
         sys::process::note_start();
         // Note [No thread inside another allocator's call]: whether one stands in front of us,
         // asked here, outside every allocation call.

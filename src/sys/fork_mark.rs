@@ -11,8 +11,10 @@
 // good if our background thread was in a pass. A large malloc there handed out the address of a
 // kept block, where the child's own mmap had since landed (its data overwritten: glibc alone
 // serves it fresh memory), a trim unmapped the child's own mappings, and a malloc could sleep
-// forever on the lock. So once the background thread runs or a fork was prepared (the first times
-// our records can hold either), a page of ours is advised MADV_WIPEONFORK with its word set; every
+// forever on the lock. So at load a page of ours is advised MADV_WIPEONFORK with its word set (it
+// was once done when the thread first ran or a fork was first prepared, but a child must also
+// know it is not its parent when the parent forked before either: Note [A child in our memory]
+// in reaper.rs); every
 // taking of the cache lock, every CUDA entry, every wait for a lock of ours and our fork's
 // prepare handler read the word first (one load). Zero: the first thread to see it
 // claims the adoption and runs what our child handler would have (the lock made free, the

@@ -405,7 +405,13 @@ fn presence_of(addr: usize, len: usize) -> Presence {
     Presence::All
 }
 
-/// Fresh zeroed memory for our own tables, never freed. Not on any allocation path after the
+/// A table `map_table` made, given back (the few that are not kept for good: a thread's scope
+/// frames).
+pub fn unmap_table(addr: usize, len: usize) {
+    OsPages.unmap(addr, len);
+}
+
+/// Fresh zeroed memory for our own tables, kept for good (but for `unmap_table`'s). Not on any allocation path after the
 /// first use, and never through the malloc family.
 pub fn map_table(len: usize) -> Option<usize> {
     if future_locking().is_none() {

@@ -54,7 +54,13 @@ const RETRY_NS: u64 = 1_000_000_000;
 // process). So a process in another's memory never makes our thread (`process::
 // in_anothers_memory`, a getpid, asked only when no thread runs): what is due is done in the
 // call and the cache let go, as with no thread at all (Note [No thread to release]), which in
-// shared memory is the parent's cache; the parent makes its thread at its next cached block.
+// shared memory is the parent's cache; the parent makes its thread at its next cached block. A
+// child with memory of its own made without our fork handlers (a raw fork) is told apart by the
+// page it finds wiped (Note [Children our handlers did not see] in fork_mark.rs): adopting its
+// parent's records it takes the memory as its own. Without MADV_WIPEONFORK it cannot be told
+// apart and is served as a child in our memory, with no thread. Nor can a child that has its
+// parent's pid number: made with CLONE_VM|CLONE_NEWPID by the first process of a pid namespace,
+// it is pid 1 as its parent is (docs/limits.md).
 
 // Note [No thread to release]
 // Idle blocks are released and unmapped by our thread, whatever the program does meanwhile. When

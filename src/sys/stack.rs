@@ -10,6 +10,9 @@
 // guard page below it, so an overflow faults instead of writing over something), switched to
 // for the call and back (x86-64; elsewhere, and when the mapping or the stack itself is not to
 // be had, the work runs where it is called). One thread uses it at a time; another runs in place.
+// The program's signals wait while a thread is on it (all but those a faulting instruction
+// raises): a handler would run on our stack too, and one that needs more of it than is left
+// went past the guard page (SIGSEGV) where on its thread's own stack it fit.
 // The out-of-memory report keeps its text in a static buffer instead (Note [A report off the
 // stack] in report/oom.rs): memory may be short right then.
 
@@ -29,7 +32,7 @@ pub fn on_own_stack<T, F: FnOnce() -> T>(f: F) -> T {
     if BUSY.swap(true, Acquire) {
         return f();
     }
-    let out = run_on(top, f);
+    let out = super::thread::with_async_signals_held(|| run_on(top, f));
     BUSY.store(false, Release);
     out
 }
