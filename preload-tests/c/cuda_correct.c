@@ -342,6 +342,7 @@ static void range_on(int dev) {
     CHECK(cuMemGetAddressRange_v2(&base, &size, p) != 0);
     unsigned type = 7;
     CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) != 0);
+    CHECK(type == 7); /* a failed query leaves the caller's answer as it was */
     CUdeviceptr start = 7;
     type = 7;
     int attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR};
@@ -350,6 +351,20 @@ static void range_on(int dev) {
     struct cudaPointerAttributes at;
     memset(&at, 0xff, sizeof at);
     CHECK(cudaPointerGetAttributes(&at, (char *)b + 100) == 0 && at.type == 0 && at.devicePointer == NULL);
+    cudaGetLastError();
+    /* So does a block freed after an IPC handle named it, which the pool keeps from reuse (its
+     * neighbour live in the same segment). */
+    void *kept = NULL, *named = NULL;
+    CHECK(cudaMalloc(&kept, 1 * MB) == 0 && cudaMalloc(&named, 1 * MB) == 0);
+    CUipcMemHandle handle;
+    CHECK(cudaIpcGetMemHandle(&handle, named) == 0);
+    CHECK(cudaFree(named) == 0);
+    CHECK(cuMemGetAddressRange_v2(&base, &size, DEV(named)) != 0);
+    type = 7;
+    CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, DEV(named)) != 0 && type == 7);
+    memset(&at, 0xff, sizeof at);
+    CHECK(cudaPointerGetAttributes(&at, named) == 0 && at.type == 0 && at.devicePointer == NULL);
+    CHECK(cudaFree(kept) == 0);
     cudaGetLastError();
 }
 

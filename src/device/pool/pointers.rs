@@ -57,8 +57,11 @@ impl DevicePool {
             }
             if addr - b.addr < b.size {
                 let whole_segment = b.seg_prev == NONE && b.seg_next == NONE;
-                let buffer_id = if b.allocated { b.buffer_id } else { 0 };
-                return Some(BlockView { addr: b.addr, size: b.size, allocated: b.allocated, whole_segment, buffer_id });
+                // A dead block (exported, then freed: Note [IPC of expandable segments]) keeps its
+                // room from reuse, and is freed memory to whoever asks.
+                let allocated = b.allocated && !b.dead;
+                let buffer_id = if allocated { b.buffer_id } else { 0 };
+                return Some(BlockView { addr: b.addr, size: b.size, allocated, whole_segment, buffer_id });
             }
             if b.seg_next == NONE {
                 return None;

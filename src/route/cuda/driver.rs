@@ -254,11 +254,17 @@ pub unsafe fn address_range(base: *mut u64, size: *mut usize, ptr: u64) -> c_int
 pub unsafe fn pointer_get_attribute(data: *mut c_void, attribute: c_int, ptr: u64) -> c_int {
     let Some(get) = real(|d| d.pointer_get_attribute) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| pool_answers()) else { return get(data, attribute, ptr) };
+    // Note [Freed memory answers as freed]: asked first, so the driver, which knows our segment
+    // as live, never writes into the caller's answer for a block the program freed.
+    let answer = DEVICE.range(ptr as usize);
+    if answer == RangeAnswer::Free {
+        return get(data, attribute, 0);
+    }
     let rc = get(data, attribute, ptr);
     if rc != CUDA_SUCCESS || data.is_null() {
         return rc;
     }
-    match DEVICE.range(ptr as usize) {
+    match answer {
         RangeAnswer::NotOurs => {
             if let Some((start, len)) = OPENED.block_of(ptr).filter(|_| range_attribute(attribute)) {
                 write_blockwise(data, attribute, (start, len, 0), ptr);
@@ -271,7 +277,7 @@ pub unsafe fn pointer_get_attribute(data: *mut c_void, attribute: c_int, ptr: u6
             }
             rc
         }
-        RangeAnswer::Free => get(data, attribute, 0),
+        RangeAnswer::Free => rc,
     }
 }
 
@@ -280,18 +286,22 @@ pub unsafe fn pointer_get_attribute(data: *mut c_void, attribute: c_int, ptr: u6
 pub unsafe fn pointer_get_attributes(count: c_uint, attributes: *mut c_int, data: *mut *mut c_void, ptr: u64) -> c_int {
     let Some(get) = real(|d| d.pointer_get_attributes) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| pool_answers()) else { return get(count, attributes, data, ptr) };
+    // Note [Freed memory answers as freed]: asked first, as in pointer_get_attribute.
+    let answer = DEVICE.range(ptr as usize);
+    if answer == RangeAnswer::Free {
+        return get(count, attributes, data, 0);
+    }
     let rc = get(count, attributes, data, ptr);
     if rc != CUDA_SUCCESS || attributes.is_null() || data.is_null() {
         return rc;
     }
-    let (block, answered): (_, fn(c_int) -> bool) = match DEVICE.range(ptr as usize) {
+    let (block, answered): (_, fn(c_int) -> bool) = match answer {
         RangeAnswer::NotOurs => match OPENED.block_of(ptr) {
             Some((start, len)) => ((start, len, 0), range_attribute),
             None => return rc,
         },
         RangeAnswer::Live(start, len, id) => ((start, len, id), blockwise),
-        // Note [Freed memory answers as freed]: the driver's defaults, at each one's size.
-        RangeAnswer::Free => return get(count, attributes, data, 0),
+        RangeAnswer::Free => return rc,
     };
     for i in 0..count as usize {
         let (attribute, out) = (*attributes.add(i), *data.add(i));
