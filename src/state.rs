@@ -43,20 +43,15 @@ pub(crate) static HOST: HostLayer<OsPages> = HostLayer::new(
     OsPages,
     map_table,
     clock::coarse_ns,
-    Background { on_cached: block_cached, running: reaper::running, wake: reaper::wake },
+    Background { on_cached: reaper::on_block_cached, running: reaper::running, wake: reaper::wake },
 );
 
-/// After a block entered the host cache, outside the lock. Before our thread is made for it, the
-/// freeing thread looks at the limits: the first block cached after a quiet spell must not stay
-/// under a limit set meanwhile (strict overcommit switched on), even until the thread's first
-/// pass (Note [Room for others] in host/host_layer/release.rs).
-fn block_cached(due_ns: u64) {
-    // In another's memory no thread is made (Note [A child in our memory] in sys/reaper.rs).
-    if reaper::not_started() && !crate::sys::process::in_anothers_memory() {
-        // Files read on a stack of ours: the caller may have a small one.
-        crate::sys::stack::on_own_stack(|| call(&LIMITS_WATCH));
-    }
-    reaper::on_block_cached(due_ns);
+/// Before our thread is made for a block just cached, in the freeing thread: the limits looked
+/// at, so the first block cached after a quiet spell does not stay under a limit set meanwhile
+/// (strict overcommit switched on), even until the thread's first pass (Note [Room for others] in
+/// host/host_layer/release.rs). Files read on a stack of ours: the caller's may be small.
+fn before_thread_start() {
+    crate::sys::stack::on_own_stack(|| call(&LIMITS_WATCH));
 }
 
 /// The resolved state, initializing on first use. `None` while initialization is under way
@@ -88,6 +83,7 @@ fn init_slow() -> Option<&'static Globals> {
     let (memory_bytes, in_limited_cgroup) = crate::sys::memory::usable_bytes();
     HOST.configure(&config, memory_bytes, in_limited_cgroup);
     reaper::set_work(background_pass);
+    reaper::set_before_start(before_thread_start);
     // Note [No thread to release]: nothing stays cached that no thread would release.
     reaper::set_alone(|| {
         HOST.trim();

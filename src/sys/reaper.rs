@@ -39,6 +39,8 @@ static SLEEPING_UNTIL: AtomicU64 = AtomicU64::new(u64::MAX);
 static WORK: AtomicPtr<()> = AtomicPtr::new(no_work as *mut ());
 /// What a call does while no thread can be made (`set_alone`): Note [No thread to release].
 static ALONE: AtomicPtr<()> = AtomicPtr::new(no_alone as *mut ());
+/// What runs before the thread is made for a cached block (`set_before_start`).
+static BEFORE_START: AtomicPtr<()> = AtomicPtr::new(no_alone as *mut ());
 /// When making the thread last failed (monotonic ns).
 static FAILED_AT: AtomicU64 = AtomicU64::new(0);
 /// How long after a failure making the thread is tried again.
@@ -83,6 +85,12 @@ pub fn set_work(work: fn() -> Option<u64>) {
     WORK.store(work as *mut (), Ordering::Release);
 }
 
+/// What runs in the freeing thread before our thread is made for a cached block (state.rs: the
+/// limits looked at), set at init.
+pub fn set_before_start(f: fn()) {
+    BEFORE_START.store(f as *mut (), Ordering::Release);
+}
+
 /// What a block entering the cache is followed by while no thread can be made (Note [No thread
 /// to release]), set at init.
 pub fn set_alone(alone: fn()) {
@@ -110,6 +118,8 @@ pub fn on_block_cached(deadline_ns: u64) {
                 let_go();
                 return;
             }
+            // SAFETY: BEFORE_START only ever holds a `fn()` (no_alone or set_before_start's).
+            unsafe { core::mem::transmute::<*mut (), fn()>(BEFORE_START.load(Ordering::Acquire))() };
             if super::front::front().is_some() {
                 never_from_a_call();
                 let_go();
