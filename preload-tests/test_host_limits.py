@@ -203,3 +203,17 @@ def test_the_library_in_a_second_namespace_makes_its_thread_again():
     env = {"TENSORMALLOC_HOST_RELEASE_MS": "100", "TENSORMALLOC_HOST_UNMAP_MS": "300"}
     out = ok(run([compile_c("second_namespace"), LIB], preload=False, env=env, timeout=60))
     assert "rounds 3" in out.stdout, out
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+@pytest.mark.parametrize("case", ["stop-world", "deep-handler"])
+def test_signals_that_arrive_inside_our_work_are_the_programs(preload, case):
+    """Note [A stack of our own] (src/sys/stack.rs), c/signals_in_our_work.c. A stop-the-world
+    collector (Boehm GC's, Mono's way: each thread paused in a signal handler) over workers that
+    grow blocks and map pages beside them: with the program's signals held on our stack, a worker
+    waiting there for the cache lock never took the pause, and the collector waited for good
+    (stuck in 4 of 4 runs). A timer handler using 512 KiB of stack, arriving while a free under
+    RLIMIT_AS unmapped on our 256 KiB stack: SIGSEGV past its guard page."""
+    argv = [compile_c("signals_in_our_work"), case] + (["1500"] if case == "stop-world" else [])
+    out = ok(run(argv, preload=LIB if preload else False, timeout=120))
+    assert ("stopped the world 1500 times" if case == "stop-world" else "handled ") in out.stdout, out

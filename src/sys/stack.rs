@@ -6,19 +6,22 @@
 // PTHREAD_STACK_MIN is 16 KiB, and glibc's exit and malloc need a few hundred bytes of it. Our
 // reports at exit take 20-40 KiB (a snapshot's buffers, the stats' JSON), and naming a file 7:
 // such a thread died of a stack overflow at exit under TENSORMALLOC_STATS, _TRACE, _LEAKS or
-// _SNAPSHOT_AT_EXIT. So that work runs on a stack of ours: 256 KiB mapped at its first use (a
+// _SNAPSHOT_AT_EXIT. So that work runs on a stack of ours: 1 MiB mapped at its first use (a
 // guard page below it, so an overflow faults instead of writing over something), switched to
 // for the call and back (x86-64; elsewhere, and when the mapping or the stack itself is not to
 // be had, the work runs where it is called). One thread uses it at a time; another runs in place.
-// The program's signals wait while a thread is on it (all but those a faulting instruction
-// raises): a handler would run on our stack too, and one that needs more of it than is left
-// went past the guard page (SIGSEGV) where on its thread's own stack it fit.
+// A signal handler that interrupts the work runs on our stack too: the stack is 1 MiB (its pages
+// touched only as used) so that one needing more than a few hundred KiB fits, as on its thread's
+// own stack (with 256 KiB, one that needed 512 KiB went past the guard page). Holding the
+// program's signals there instead hung stop-the-world collectors (Boehm GC, Mono): a thread on
+// our stack waiting for the cache lock, whose holder the collector had already paused, never
+// took the pause signal, and the collector waited for it for good.
 // The out-of-memory report keeps its text in a static buffer instead (Note [A report off the
 // stack] in report/oom.rs): memory may be short right then.
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::{Acquire, Release}};
 
-const STACK_BYTES: usize = 256 << 10;
+const STACK_BYTES: usize = 1 << 20;
 const GUARD_BYTES: usize = 4096;
 
 /// The top of our stack once mapped (0: not yet, 1: the mapping failed).
@@ -32,7 +35,7 @@ pub fn on_own_stack<T, F: FnOnce() -> T>(f: F) -> T {
     if BUSY.swap(true, Acquire) {
         return f();
     }
-    let out = super::thread::with_async_signals_held(|| run_on(top, f));
+    let out = run_on(top, f);
     BUSY.store(false, Release);
     out
 }
@@ -53,7 +56,7 @@ fn stack_top() -> Option<usize> {
     match TOP.load(Acquire) {
         0 => {
             let top = map_stack().unwrap_or(1);
-            // Two threads may map one each: the loser's stays unused (256 KiB of address space).
+            // Two threads may map one each: the loser's stays unused (1 MiB of address space).
             match TOP.compare_exchange(0, top, Release, Acquire) {
                 Ok(_) => (top != 1).then_some(top),
                 Err(theirs) => (theirs != 1).then_some(theirs),

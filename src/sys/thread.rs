@@ -228,26 +228,6 @@ pub fn with_signals_held<R>(f: impl FnOnce() -> R) -> R {
     }
 }
 
-/// Runs `f` with every signal blocked for this thread but those a faulting instruction raises
-/// (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS: blocked, the kernel would kill the process
-/// rather than deliver them, and a seccomp filter's SIGSYS or our SIGBUS guard must be answered).
-/// The others wait until `f` returns.
-pub fn with_async_signals_held<R>(f: impl FnOnce() -> R) -> R {
-    // SAFETY: masks of our own on the stack; the old mask is put back as it was.
-    unsafe {
-        let mut held: libc::sigset_t = core::mem::zeroed();
-        let mut was: libc::sigset_t = core::mem::zeroed();
-        libc::sigfillset(&mut held);
-        for sig in [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP, libc::SIGSYS] {
-            libc::sigdelset(&mut held, sig);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &held, &mut was);
-        let r = f();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &was, core::ptr::null_mut());
-        r
-    }
-}
-
 /// Runs `hook` when the process exits, before the destructors of loaded libraries (glibc runs
 /// exit handlers in the reverse order of their registration, then those destructors). False
 /// when it cannot be registered. glibc may allocate its table entry (calloc) past the first 32.

@@ -109,10 +109,14 @@ impl<M: PageMemory> HostLayer<M> {
             cache.tally.publish(&self.stats);
             // Most frees leave nothing to unmap: no list is built for them (nor room for one
             // on this call's stack).
-            if inserted.evicted > 0 || !inserted.accepted {
+            if inserted.evicted > 0 {
                 timer.exact(self.precise);
                 // 4 KiB of stack for the list (Note [A stack of our own] in sys/stack.rs).
                 crate::sys::stack::on_own_stack(|| self.unmap_leaving(cache, &inserted));
+            } else if !inserted.accepted {
+                // The block alone, refused (under a mapping limit, every free): no list.
+                timer.exact(self.precise);
+                self.unmap_refused(cache, inserted.block);
             }
             (inserted.accepted, due_ns)
         };
@@ -136,6 +140,28 @@ impl<M: PageMemory> HostLayer<M> {
         let unmaps = self.defer_unmaps(&mut cache, &leaving);
         drop(cache);
         self.finish_unmaps(unmaps);
+    }
+
+    /// A freed block the cache refused, evicting nothing: deferred or unmapped as
+    /// `unmap_leaving` would, without its list.
+    #[cold]
+    #[inline(never)]
+    fn unmap_refused(&self, mut cache: Guard<'_, BlockCache>, r: Range) {
+        let was_empty = cache.deferred_bytes() == 0;
+        let running = (self.background.running)() && self.mapping_limit_bytes.load(Relaxed) == u64::MAX;
+        let deferred = running && cache.defer_unmap(r);
+        self.stats.deferred.set(cache.deferred_bytes() as u64);
+        let transit = self.transit();
+        drop(cache);
+        if !deferred {
+            self.timed(&self.stats.phases.free_unmap, || self.memory.unmap(r.addr, r.len));
+            self.stats.unmapped_blocks.add(1);
+            self.stats.unmapped_bytes.add(r.len as u64);
+        }
+        drop(transit);
+        if deferred && was_empty {
+            (self.background.wake)();
+        }
     }
 
     pub(super) fn unmap_all(&self, ranges: &RangeList) {

@@ -1,0 +1,122 @@
+/* Signals that arrive while a thread is inside our work (Note [A stack of our own]).
+ *   stop-world ROUNDS: a stop-the-world collector as Boehm GC and Mono have one: SIGUSR1 makes
+ *       each of 3 worker threads acknowledge and wait in its handler for SIGUSR2; the collector
+ *       waits (5 s at most) for every acknowledgement. The workers grow blocks by realloc and
+ *       map and unmap pages of their own beside large blocks, so that one is often on our stack
+ *       waiting for the cache lock while the holder is paused. Prints "stopped the world N times"
+ *       or "stuck".
+ *   deep-handler: under RLIMIT_AS, a timer's handler using 512 KiB of stack while the main
+ *       thread frees large blocks. Prints "handled N".
+ * Usage: signals_in_our_work stop-world ROUNDS | deep-handler */
+#include "check.h"
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#define WORKERS 3
+static sem_t acknowledged;
+static volatile sig_atomic_t generation;
+static volatile int done;
+
+static void on_pause(int sig) {
+    (void)sig;
+    int saved = errno, mine = generation;
+    sem_post(&acknowledged);
+    sigset_t wait_for;
+    sigfillset(&wait_for);
+    sigdelset(&wait_for, SIGUSR2);
+    while (generation == mine) sigsuspend(&wait_for);
+    errno = saved;
+}
+
+static void on_resume(int sig) { (void)sig; }
+
+static void *work(void *arg) {
+    size_t base = (size_t)(4 + (long)arg) * MB;
+    for (unsigned long n = 0; !done; n++) {
+        char *p = malloc(base + (n % 3) * 2 * MB);
+        CHECK(p);
+        p[0] = 1;
+        char *q = realloc(p, 2 * base);
+        CHECK(q);
+        q[base] = 2;
+        char *own = mmap(NULL, MB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(own != MAP_FAILED);
+        own[0] = 3;
+        CHECK(munmap(own, MB) == 0);
+        free(q);
+    }
+    return NULL;
+}
+
+static void stop_world(int rounds) {
+    CHECK(sem_init(&acknowledged, 0, 0) == 0);
+    struct sigaction sa = {.sa_handler = on_pause, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGUSR2);
+    CHECK(sigaction(SIGUSR1, &sa, NULL) == 0);
+    sa.sa_handler = on_resume;
+    sigemptyset(&sa.sa_mask);
+    CHECK(sigaction(SIGUSR2, &sa, NULL) == 0);
+    pthread_t t[WORKERS];
+    for (long i = 0; i < WORKERS; i++) CHECK(pthread_create(&t[i], NULL, work, (void *)i) == 0);
+    for (int r = 0; r < rounds; r++) {
+        for (int i = 0; i < WORKERS; i++) CHECK(pthread_kill(t[i], SIGUSR1) == 0);
+        for (int i = 0; i < WORKERS; i++) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += 5;
+            while (sem_timedwait(&acknowledged, &until) != 0) {
+                if (errno == ETIMEDOUT) {
+                    printf("stuck: a worker never acknowledged round %d\n", r);
+                    fflush(stdout);
+                    _exit(0);
+                }
+            }
+        }
+        generation++;
+        for (int i = 0; i < WORKERS; i++) CHECK(pthread_kill(t[i], SIGUSR2) == 0);
+        usleep(200);
+    }
+    done = 1;
+    for (int i = 0; i < WORKERS; i++) CHECK(pthread_join(t[i], NULL) == 0);
+    printf("stopped the world %d times\n", rounds);
+}
+
+static volatile unsigned long handled;
+
+static void deep(int sig) {
+    (void)sig;
+    volatile char frame[512 << 10];
+    for (size_t i = 0; i < sizeof frame; i += 4096) frame[i] = (char)i;
+    handled++;
+}
+
+static void deep_handler(void) {
+    struct rlimit r = {4UL << 30, 4UL << 30};
+    CHECK(setrlimit(RLIMIT_AS, &r) == 0);
+    struct sigaction sa = {.sa_handler = deep, .sa_flags = SA_RESTART};
+    CHECK(sigaction(SIGALRM, &sa, NULL) == 0);
+    struct itimerval every = {{0, 200}, {0, 200}};
+    CHECK(setitimer(ITIMER_REAL, &every, NULL) == 0);
+    for (int i = 0; i < 5000; i++) {
+        char *p = malloc(16 * MB);
+        CHECK(p);
+        p[0] = 1;
+        free(p);
+    }
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, NULL);
+    printf("handled %lu\n", handled);
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc >= 2);
+    if (!strcmp(argv[1], "stop-world") && argc == 3) stop_world(atoi(argv[2]));
+    else if (!strcmp(argv[1], "deep-handler")) deep_handler();
+    else CHECK(!"usage: signals_in_our_work stop-world ROUNDS | deep-handler");
+    return 0;
+}
