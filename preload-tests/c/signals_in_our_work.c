@@ -5,8 +5,9 @@
  *       map and unmap pages of their own beside large blocks, so that one is often on our stack
  *       waiting for the cache lock while the holder is paused. Prints "stopped the world N times"
  *       or "stuck".
- *   deep-handler: under RLIMIT_AS, a timer's handler using 512 KiB of stack while the main
- *       thread frees large blocks. Prints "handled N".
+ *   deep-handler: a timer's handler using 512 KiB of stack while the main thread grows large
+ *       blocks by realloc, which runs on our stack: the handler runs there too, and must fit.
+ *       Prints "handled N, off the thread's stack M" (M: how often it ran on ours).
  * Usage: signals_in_our_work stop-world ROUNDS | deep-handler */
 #include "check.h"
 #include <pthread.h>
@@ -86,31 +87,40 @@ static void stop_world(int rounds) {
     printf("stopped the world %d times\n", rounds);
 }
 
-static volatile unsigned long handled;
+static volatile unsigned long handled, elsewhere;
+static uintptr_t stack_low, stack_high;
 
 static void deep(int sig) {
     (void)sig;
     volatile char frame[512 << 10];
     for (size_t i = 0; i < sizeof frame; i += 4096) frame[i] = (char)i;
+    uintptr_t here = (uintptr_t)&frame[0];
+    if (here < stack_low || here >= stack_high) elsewhere++;
     handled++;
 }
 
 static void deep_handler(void) {
-    struct rlimit r = {4UL << 30, 4UL << 30};
-    CHECK(setrlimit(RLIMIT_AS, &r) == 0);
+    pthread_attr_t attr;
+    void *low;
+    size_t size;
+    CHECK(pthread_getattr_np(pthread_self(), &attr) == 0 && pthread_attr_getstack(&attr, &low, &size) == 0);
+    stack_low = (uintptr_t)low, stack_high = (uintptr_t)low + size;
     struct sigaction sa = {.sa_handler = deep, .sa_flags = SA_RESTART};
     CHECK(sigaction(SIGALRM, &sa, NULL) == 0);
     struct itimerval every = {{0, 200}, {0, 200}};
     CHECK(setitimer(ITIMER_REAL, &every, NULL) == 0);
-    for (int i = 0; i < 5000; i++) {
-        char *p = malloc(16 * MB);
+    /* A large realloc runs on our stack (Note [A stack of our own]). */
+    for (int i = 0; i < 3000; i++) {
+        char *p = malloc(8 * MB);
         CHECK(p);
         p[0] = 1;
+        p = realloc(p, 56 * MB);
+        CHECK(p && p[0] == 1);
         free(p);
     }
     struct itimerval off = {{0, 0}, {0, 0}};
     setitimer(ITIMER_REAL, &off, NULL);
-    printf("handled %lu\n", handled);
+    printf("handled %lu, off the thread's stack %lu\n", handled, elsewhere);
 }
 
 int main(int argc, char **argv) {
