@@ -348,11 +348,6 @@ fn reap_inline() {
     }
 }
 
-/// Whether no thread runs and the next cached block would make one.
-pub fn not_started() -> bool {
-    STATE.load(Ordering::Acquire) == NOT_STARTED
-}
-
 /// Whether the thread runs (deferred unmaps will be done).
 pub fn running() -> bool {
     STATE.load(Ordering::Acquire) == RUNNING

@@ -154,9 +154,7 @@ impl<M: PageMemory> HostLayer<M> {
         let transit = self.transit();
         drop(cache);
         if !deferred {
-            self.timed(&self.stats.phases.free_unmap, || self.memory.unmap(r.addr, r.len));
-            self.stats.unmapped_blocks.add(1);
-            self.stats.unmapped_bytes.add(r.len as u64);
+            self.unmap_one(r, &self.stats.phases.free_unmap);
         }
         drop(transit);
         if deferred && was_empty {
@@ -170,10 +168,14 @@ impl<M: PageMemory> HostLayer<M> {
 
     pub(super) fn unmap_timed(&self, ranges: &RangeList, phase: &PhaseTimer) {
         for r in ranges.iter() {
-            self.timed(phase, || self.memory.unmap(r.addr, r.len));
-            self.stats.unmapped_blocks.add(1);
-            self.stats.unmapped_bytes.add(r.len as u64);
+            self.unmap_one(*r, phase);
         }
+    }
+
+    fn unmap_one(&self, r: Range, phase: &PhaseTimer) {
+        self.timed(phase, || self.memory.unmap(r.addr, r.len));
+        self.stats.unmapped_blocks.add(1);
+        self.stats.unmapped_bytes.add(r.len as u64);
     }
 
     /// Under the cache lock: ranges leaving the records for the kernel are in transit until the
