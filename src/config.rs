@@ -658,20 +658,20 @@ impl Config {
     /// earlier name too takes its name's value, whatever their order in the environment: the
     /// earlier name is ignored, with a line.
     pub fn from_vars(vars: impl Fn(&mut dyn FnMut(&[u8], &[u8])), mut warn: impl FnMut(ConfigError<'_>)) -> Config {
+        // Which settings are set under their own name (or spelling), by place in OPTIONS.
+        let index = |spec: &OptionSpec| OPTIONS.iter().position(|o| core::ptr::eq(o, spec));
         let mut named = [false; OPTIONS.len()];
         vars(&mut |name, value| {
-            if let Some((spec, names::Found::Name | names::Found::Spelling)) = names::find(name) {
-                if let Some(i) = OPTIONS.iter().position(|o| core::ptr::eq(o, spec)).filter(|_| !trim_ascii(value).is_empty()) {
-                    if let Some(n) = named.get_mut(i) {
-                        *n = true;
-                    }
+            if let Some((spec, names::Found::Name | names::Found::Spelling)) = names::find(name).filter(|_| !trim_ascii(value).is_empty()) {
+                if let Some(n) = index(spec).and_then(|i| named.get_mut(i)) {
+                    *n = true;
                 }
             }
         });
         let mut config = Config::default();
         vars(&mut |name, value| {
             if let Some((spec, names::Found::Old(old))) = names::find(name).filter(|_| !trim_ascii(value).is_empty()) {
-                if OPTIONS.iter().position(|o| core::ptr::eq(o, spec)).and_then(|i| named.get(i)) == Some(&true) {
+                if index(spec).and_then(|i| named.get(i)) == Some(&true) {
                     warn(ConfigError::Shadowed { old, spec });
                     return;
                 }
