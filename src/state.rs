@@ -51,7 +51,7 @@ pub(crate) static HOST: HostLayer<OsPages> = HostLayer::new(
 /// (strict overcommit switched on), even until the thread's first pass (Note [Room for others] in
 /// host/host_layer/release.rs). Files read on a stack of ours: the caller's may be small.
 fn before_thread_start() {
-    crate::sys::stack::on_own_stack(|| call(&LIMITS_WATCH));
+    crate::sys::stack::on_own_stack_quiet(|| call(&LIMITS_WATCH));
 }
 
 /// The resolved state, initializing on first use. `None` while initialization is under way

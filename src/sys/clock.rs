@@ -45,12 +45,16 @@ pub fn timespec(ns: u64) -> libc::timespec {
 pub fn sleep_ns(ns: u64) {
     let t = timespec(ns);
     // SAFETY: nanosleep reads one timespec we own.
-    super::cancel::cancel_held(|| unsafe { libc::nanosleep(&t, core::ptr::null_mut()) });
+    super::stack::wait_as_the_program(|| {
+        super::cancel::cancel_held(|| unsafe { libc::nanosleep(&t, core::ptr::null_mut()) });
+    });
 }
 
 /// Sleeps about 50 µs: a waiter's pause while another thread finishes a short piece of work.
 pub fn pause() {
     let ts = libc::timespec { tv_sec: 0, tv_nsec: 50_000 };
     // SAFETY: nanosleep reads one timespec we own; an early wake is harmless.
-    super::cancel::cancel_held(|| unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) });
+    super::stack::wait_as_the_program(|| {
+        super::cancel::cancel_held(|| unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) });
+    });
 }

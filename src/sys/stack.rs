@@ -10,16 +10,28 @@
 // guard page below it, so an overflow faults instead of writing over something), switched to
 // for the call and back (x86-64; elsewhere, and when the mapping or the stack itself is not to
 // be had, the work runs where it is called). One thread uses it at a time; another runs in place.
-// A signal handler that interrupts the work runs on our stack too: the stack is 1 MiB (its pages
-// touched only as used) so that one needing more than a few hundred KiB fits, as on its thread's
-// own stack (with 256 KiB, one that needed 512 KiB went past the guard page). Holding the
-// program's signals there instead hung stop-the-world collectors (Boehm GC, Mono): a thread on
-// our stack waiting for the cache lock, whose holder the collector had already paused, never
-// took the pause signal, and the collector waited for it for good.
+//
+// Note [Signals off our stack]
+// A signal handler is the program's code, and expects its thread's stack: a conservative
+// collector's pause handler (Boehm GC, Mono) scans from its stack pointer up to the thread's
+// stack's base, and a profiler's unwinds from there. So the work on our stack that only waits
+// through our own locks and gates (`on_own_stack_quiet`: a large realloc, gathering, evictions,
+// claims, a limit followed) holds the program's asynchronous signals, and every wait of ours
+// made there (a futex, a sleep: `wait_as_the_program`) runs back on the caller's stack with the
+// program's mask: a collector pausing the world pauses a thread waiting for a lock whose holder
+// it already paused (holding signals through the wait hung Boehm's and Mono's way of stopping,
+// 4 runs in 4). Synchronous signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS) are never
+// held: blocked, a fault would kill the process instead of reaching the program's handler, which
+// then runs on our stack (an incremental collector's write barrier does not look at its stack
+// pointer). Work that may block elsewhere (making a thread: glibc's locks; writing reports:
+// files) runs with the program's signals (`on_own_stack`, even inside quiet work), and a handler
+// may run on our stack there: the stack is 1 MiB (its pages touched only as used) so that one
+// needing a few hundred KiB fits (with 256 KiB, one that needed 512 KiB went past the guard page).
 // The out-of-memory report keeps its text in a static buffer instead (Note [A report off the
 // stack] in report/oom.rs): memory may be short right then.
 
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::{Acquire, Release}};
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
 
 const STACK_BYTES: usize = 1 << 20;
 const GUARD_BYTES: usize = 4096;
@@ -28,26 +40,103 @@ const GUARD_BYTES: usize = 4096;
 static TOP: AtomicUsize = AtomicUsize::new(0);
 static BUSY: AtomicBool = AtomicBool::new(false);
 
+/// Where the thread on our stack left its own (its stack pointer at the switch).
+static CALLER_SP: AtomicUsize = AtomicUsize::new(0);
+/// Whether the thread on our stack holds the program's asynchronous signals there.
+static HOLDING: AtomicBool = AtomicBool::new(false);
+/// The mask they were held from, given back for waits and at the end.
+struct ProgramMask(UnsafeCell<libc::sigset_t>);
+// SAFETY: written and read only by the thread that owns the stack (BUSY), and by its signal
+// handlers, which run while it does not touch it.
+unsafe impl Sync for ProgramMask {}
+static PROGRAM_MASK: ProgramMask = ProgramMask(UnsafeCell::new(unsafe { core::mem::zeroed() }));
+
 /// Runs `f` on our own stack when it can be had, else on the caller's (Note [A stack of our
-/// own]); its result.
+/// own]), with the program's signals as they are: for work that may wait on others' locks or on
+/// files (Note [Signals off our stack]); its result.
 pub fn on_own_stack<T, F: FnOnce() -> T>(f: F) -> T {
     let Some(top) = stack_top() else { return f() };
     if BUSY.swap(true, Acquire) {
-        return f();
+        // Inside quiet work of this thread: the program's signals for this part.
+        return if HOLDING.load(Relaxed) && on_ours_now() { with_program_mask(f) } else { f() };
     }
-    let out = run_on(top, f);
+    let out = run_on(top, f, CALLER_SP.as_ptr());
     BUSY.store(false, Release);
     out
+}
+
+/// `on_own_stack` for work that waits only through our own locks and gates: the program's
+/// asynchronous signals held while it runs there (Note [Signals off our stack]).
+pub fn on_own_stack_quiet<T, F: FnOnce() -> T>(f: F) -> T {
+    let Some(top) = stack_top().filter(|_| cfg!(target_arch = "x86_64")) else { return f() };
+    if BUSY.swap(true, Acquire) {
+        return f();
+    }
+    hold_asynchronous_signals(PROGRAM_MASK.0.get());
+    HOLDING.store(true, Relaxed);
+    let out = run_on(top, f, CALLER_SP.as_ptr());
+    HOLDING.store(false, Relaxed);
+    // SAFETY: the mask saved above, by this thread.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, PROGRAM_MASK.0.get(), core::ptr::null_mut()) };
+    BUSY.store(false, Release);
+    out
+}
+
+/// Runs a wait of ours (a futex, a sleep) as the program's own code would: from our stack, on
+/// the caller's stack below where it left it, with the program's signals (Note [Signals off our
+/// stack]); elsewhere, where it is.
+pub fn wait_as_the_program(wait: impl FnOnce()) {
+    if !on_ours_now() {
+        return wait();
+    }
+    // Below the caller's red zone, 16-byte aligned: nothing of its lives there while it waits
+    // for us.
+    let below = CALLER_SP.load(Relaxed).saturating_sub(128) & !15;
+    let mut unused = 0usize;
+    // The mask changed there: a signal held until now is taken as it opens, on that stack.
+    run_on(below, || with_program_mask(wait), &mut unused);
+}
+
+/// `f` with the program's mask in place, when this thread holds its signals on our stack.
+fn with_program_mask<T>(f: impl FnOnce() -> T) -> T {
+    if !HOLDING.load(Relaxed) {
+        return f();
+    }
+    // SAFETY: the mask this thread saved when it held the signals.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, PROGRAM_MASK.0.get(), core::ptr::null_mut()) };
+    let out = f();
+    hold_asynchronous_signals(core::ptr::null_mut());
+    out
+}
+
+/// Blocks every signal but those a fault raises (and those glibc keeps for itself); the mask
+/// before into `was` when not null.
+fn hold_asynchronous_signals(was: *mut libc::sigset_t) {
+    // SAFETY: a set of our own on the stack; pthread_sigmask of the calling thread.
+    unsafe {
+        let mut set: libc::sigset_t = core::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for synchronous in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP, libc::SIGSYS] {
+            libc::sigdelset(&mut set, synchronous);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, was);
+    }
+}
+
+/// Whether this thread runs on our stack now.
+fn on_ours_now() -> bool {
+    let here = 0u8;
+    let sp = &here as *const u8 as usize;
+    let top = TOP.load(Acquire);
+    top > 1 && sp < top && sp >= top + ABOVE_TOP - STACK_BYTES
 }
 
 /// In a forked child: a use the parent had under way in another thread is not this process's
 /// (one under way in this thread, a fork from a signal handler on our stack, still is).
 pub fn after_fork_in_child() {
-    let here = 0u8;
-    let sp = &here as *const u8 as usize;
-    let top = TOP.load(Acquire);
     // Written only when set: every page a child handler writes is a copy-on-write fault.
-    if !(top > 1 && sp < top && sp >= top + ABOVE_TOP - STACK_BYTES) && BUSY.load(Acquire) {
+    if !on_ours_now() && BUSY.load(Acquire) {
+        HOLDING.store(false, Relaxed);
         BUSY.store(false, Release);
     }
 }
@@ -87,8 +176,9 @@ struct Job<F, T> {
     out: core::mem::MaybeUninit<T>,
 }
 
+/// `f` run with the stack pointer at `top`, the caller's stack pointer stored at `caller_sp`.
 #[cfg(target_arch = "x86_64")]
-fn run_on<T, F: FnOnce() -> T>(top: usize, f: F) -> T {
+fn run_on<T, F: FnOnce() -> T>(top: usize, f: F, caller_sp: *mut usize) -> T {
     extern "C" fn enter<T, F: FnOnce() -> T>(arg: *mut core::ffi::c_void) {
         // SAFETY: `arg` is the Job below, alive for the call and used by this call alone.
         let job = unsafe { &mut *arg.cast::<Job<F, T>>() };
@@ -99,23 +189,25 @@ fn run_on<T, F: FnOnce() -> T>(top: usize, f: F) -> T {
     let mut job = Job { f: Some(f), out: core::mem::MaybeUninit::uninit() };
     // SAFETY: `top` is the 16-byte-aligned top of a mapping of ours no other thread uses (BUSY);
     // `enter` never unwinds (panic = "abort").
-    unsafe { call_on(top, (&mut job as *mut Job<F, T>).cast(), enter::<T, F>) };
+    unsafe { call_on(top, (&mut job as *mut Job<F, T>).cast(), enter::<T, F>, caller_sp) };
     // SAFETY: `enter` took the work, which was there, and wrote its result.
     unsafe { job.out.assume_init() }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn run_on<T, F: FnOnce() -> T>(_top: usize, f: F) -> T {
+fn run_on<T, F: FnOnce() -> T>(_top: usize, f: F, _caller_sp: *mut usize) -> T {
     f()
 }
 
-/// Calls `f(arg)` with the stack pointer at `top`, then returns on the caller's stack.
+/// Calls `f(arg)` with the stack pointer at `top`, then returns on the caller's stack; the
+/// caller's stack pointer (all below it free) stored at `caller_sp` first.
 #[cfg(target_arch = "x86_64")]
 #[unsafe(naked)]
-unsafe extern "C" fn call_on(_top: usize, _arg: *mut core::ffi::c_void, _f: extern "C" fn(*mut core::ffi::c_void)) {
+unsafe extern "C" fn call_on(_top: usize, _arg: *mut core::ffi::c_void, _f: extern "C" fn(*mut core::ffi::c_void), _caller_sp: *mut usize) {
     core::arch::naked_asm!(
         "push rbp",
         "mov rbp, rsp",
+        "mov [rcx], rsp",
         "mov rsp, rdi",
         "mov rdi, rsi",
         "call rdx",
@@ -154,5 +246,42 @@ mod tests {
         let mut again = 0usize;
         on_own_stack(|| again = (&again as *const usize) as usize);
         assert!(again != 0);
+    }
+
+    fn blocked_now(signal: i32) -> bool {
+        // SAFETY: reads this thread's mask into a set we own.
+        unsafe {
+            let mut now: libc::sigset_t = core::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, core::ptr::null(), &mut now);
+            libc::sigismember(&now, signal) == 1
+        }
+    }
+
+    #[test]
+    fn quiet_work_holds_the_programs_signals_and_waits_as_the_program() {
+        if !cfg!(target_arch = "x86_64") {
+            return;
+        }
+        // Another test may hold the stack: tried until this one had it.
+        for _ in 0..1000 {
+            let mut seen = None;
+            on_own_stack_quiet(|| {
+                if !on_ours_now() {
+                    return;
+                }
+                let mut waited = (false, true, true);
+                wait_as_the_program(|| waited = (on_ours_now(), blocked_now(libc::SIGUSR1), blocked_now(libc::SIGSEGV)));
+                seen = Some(((blocked_now(libc::SIGUSR1), blocked_now(libc::SIGSEGV)), waited, blocked_now(libc::SIGUSR1)));
+            });
+            if let Some((inside, waited, after_wait)) = seen {
+                assert_eq!(inside, (true, false), "asynchronous signals held, synchronous ones not");
+                assert_eq!(waited, (false, false, false), "the wait ran on the caller's stack, with its mask");
+                assert!(after_wait, "held again after the wait");
+                assert!(!blocked_now(libc::SIGUSR1), "the program's mask back at the end");
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        panic!("the stack was never free");
     }
 }

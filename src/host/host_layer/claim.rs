@@ -41,7 +41,7 @@ impl<M: PageMemory> HostLayer<M> {
     #[cold]
     #[inline(never)]
     fn claim_near_ours(&self, addr: usize, len: usize) {
-        crate::sys::stack::on_own_stack(|| self.claim_here(addr, len));
+        crate::sys::stack::on_own_stack_quiet(|| self.claim_here(addr, len));
     }
 
     #[inline(never)]

@@ -112,7 +112,7 @@ impl<M: PageMemory> HostLayer<M> {
             if inserted.evicted > 0 {
                 timer.exact(self.precise);
                 // 4 KiB of stack for the list (Note [A stack of our own] in sys/stack.rs).
-                crate::sys::stack::on_own_stack(|| self.unmap_leaving(cache, &inserted));
+                crate::sys::stack::on_own_stack_quiet(|| self.unmap_leaving(cache, &inserted));
             } else if !inserted.accepted {
                 // The block alone, refused (under a mapping limit, every free): no list.
                 timer.exact(self.precise);

@@ -33,7 +33,7 @@ impl<M: PageMemory> HostLayer<M> {
         }
         // Its lists of ranges take 6 KiB of stack, which a thread may not have (Note [A stack of
         // our own] in sys/stack.rs).
-        crate::sys::stack::on_own_stack(|| self.gathered(&parts, need, align, birth, zero_for))
+        crate::sys::stack::on_own_stack_quiet(|| self.gathered(&parts, need, align, birth, zero_for))
     }
 
     /// `gather_cached` once there are parts.

@@ -72,7 +72,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// On a stack of ours: its list of ranges takes 6 KiB (Note [A stack of our own] in
     /// sys/stack.rs).
     pub fn limit_mappings(&self, bytes: u64) {
-        crate::sys::stack::on_own_stack(|| self.limit_mappings_here(bytes));
+        crate::sys::stack::on_own_stack_quiet(|| self.limit_mappings_here(bytes));
     }
 
     #[inline(never)]

@@ -28,7 +28,7 @@ impl<M: PageMemory> HostLayer<M> {
     #[inline(never)]
     pub fn resize(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
         let start = (self.precise)();
-        let out = crate::sys::stack::on_own_stack(|| self.resize_untimed(addr, len, new_size));
+        let out = crate::sys::stack::on_own_stack_quiet(|| self.resize_untimed(addr, len, new_size));
         self.stats.phases.realloc.record((self.precise)().saturating_sub(start));
         out
     }
