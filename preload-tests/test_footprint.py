@@ -19,6 +19,7 @@ library does only what a malloc may do, each case beside glibc alone.
 TM_TEST_LIB=PATH runs them against another build (an older library, to see them fail)."""
 import os
 import re
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -266,6 +267,25 @@ def test_the_next_allocators_heap_grows_into_memory_freed_before_a_lower_limit(h
 
 def vmlck(stdout):
     return [int(x) for x in re.findall(r"VmLck[^:]*: (\d+) kB", stdout)]
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_an_unprivileged_mlockall_fits_the_default_memlock_limit(preload):
+    """c/mlock_at_start.c as user nobody (when the tests run as root) under the default 8 MiB
+    RLIMIT_MEMLOCK: our .bss once reserved 15 MB (the free check's bitmap, the bootstrap arena,
+    the history rings), and the kernel refused the program's mlockall for it (ENOMEM). The
+    bitmap is 256 KiB now, the arena and the rings mapped at their first use."""
+    binary = compile_c("mlock_at_start")
+
+    def unprivileged():
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (8 << 20, 8 << 20))
+        if os.geteuid() == 0:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+
+    out = ok(run([binary], preload=PRELOAD if preload else False, preexec_fn=unprivileged))
+    assert out.stdout.strip() == "mlockall ok", out
 
 
 @pytest.mark.parametrize("delay_ms", [0, 3000])

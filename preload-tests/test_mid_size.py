@@ -13,7 +13,7 @@ from conftest import LIB, compile_c, find_peer, ok, run
 PY = sys.executable
 HERE = Path(__file__).resolve().parent
 STEP = re.compile(r"^step (\d+): (\d+) faults$", re.M)
-# Pages the history ring's .bss takes on as it fills (about one a step here) and the stdio
+# Pages the history ring takes on as it fills (about one a step here) and the stdio
 # buffer: not the blocks'.
 SETTLED_MAX = 4
 

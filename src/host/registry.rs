@@ -130,18 +130,20 @@ const ASKED_AT: usize = 3 * LEAF_ENTRIES;
 /// Where a leaf's overlap counts start, after its four arrays of LEAF_ENTRIES.
 const GRANULES_AT: usize = 4 * LEAF_ENTRIES;
 
-/// One bit per 2 MiB granule of the 47-bit user address space (8 MiB of .bss, resident only
-/// where touched), set for every granule a block of ours has ever overlapped and never
-/// cleared: `ever_overlapped` answers "no block of ours here" in one load, for the interior-
-/// pointer check in front of every small free. Never clearing keeps it safe without a lock
-/// (a bit cleared while another thread marks the granule could hide a new block); a stale bit
-/// only sends that check down the exact path. Shared by every registry (tests make several):
-/// a stray bit costs a lookup, never an answer.
-const FILTER_GRANULES: usize = 1 << (47 - GRANULE_SHIFT);
+/// One bit per 2 MiB granule, set for every granule a block of ours has ever overlapped and
+/// never cleared: `ever_overlapped` answers "no block of ours here" in one load, for the
+/// interior-pointer check in front of every small free. Never clearing keeps it safe without a
+/// lock (a bit cleared while another thread marks the granule could hide a new block); a stale
+/// bit only sends that check down the exact path. Shared by every registry (tests make several):
+/// a stray bit costs a lookup, never an answer. 2^21 bits (256 KiB of .bss): granules 4 TiB
+/// apart share a bit, a "maybe" as rare as the granules we mark are few among two million. It
+/// was one bit per granule of the whole 47-bit space, 8 MiB, which a conservative collector
+/// (Boehm GC) scans with the rest of .bss at every collection.
+const FILTER_GRANULES: usize = 1 << 21;
 static EVER_OVERLAPPED: [AtomicU64; FILTER_GRANULES / 64] = [const { AtomicU64::new(0) }; FILTER_GRANULES / 64];
 
 /// False when no block of ours has ever overlapped the 2 MiB granule of `addr` (any value;
-/// addresses past 47 bits share bits with lower ones, a harmless "maybe").
+/// granules 4 TiB apart share a bit, a harmless "maybe").
 #[inline(always)]
 pub(crate) fn ever_overlapped(addr: usize) -> bool {
     let (word, bit) = filter_bit(addr);

@@ -1,8 +1,9 @@
 //! The recent history of large allocations and frees, host and device: two rings of the last
 //! EVENTS events each, always kept, for the snapshot's timeline (PyTorch's `device_traces`): the
 //! host blocks' (written under the host cache's lock, with plain stores) and everyone else's
-//! (device blocks, pinned blocks, segments, failures: one atomic add claims a slot). The rings
-//! are .bss (resident only as they fill, 896 KiB each when full); an event is a coarse clock
+//! (device blocks, pinned blocks, segments, failures: one atomic add claims a slot). Each ring is
+//! mapped at its first event (1 MiB, resident only as it fills), not kept in .bss: a
+//! conservative collector (Boehm GC) scans every library's .bss at each collection. An event is a coarse clock
 //! read (CLOCK_MONOTONIC_COARSE: 4 ns where the precise clock costs 28 ns here, at a resolution
 //! of a few ms; a ring's order is its events' order; the host layer passes the time it read) and
 //! seven stores. Readers skip slots being rewritten (a per-slot sequence number).
@@ -11,7 +12,7 @@
 //! events when its writer falls a ring behind (a file must not have holes in its middle); they
 //! keep different fields (streams and segments here; requested sizes, outcomes, samples there).
 
-use core::sync::atomic::{fence, AtomicU64, Ordering::{Acquire, Relaxed, Release}};
+use core::sync::atomic::{fence, AtomicPtr, AtomicU64, Ordering::{AcqRel, Acquire, Relaxed, Release}};
 
 pub const ALLOC: u8 = 0;
 pub const FREE: u8 = 1;
@@ -51,34 +52,48 @@ struct Slot {
     kind: AtomicU64,
 }
 
-impl Slot {
-    const fn new() -> Self {
-        Slot {
-            seq: AtomicU64::new(0),
-            time_ns: AtomicU64::new(0),
-            addr: AtomicU64::new(0),
-            size: AtomicU64::new(0),
-            holder: AtomicU64::new(0),
-            stream: AtomicU64::new(0),
-            kind: AtomicU64::new(0),
-        }
-    }
-}
-
-/// A ring of EVENTS events and the index of the next.
+/// A ring of EVENTS events, mapped at its first event, and the index of the next.
 struct Ring {
-    slots: [Slot; EVENTS],
+    slots: AtomicPtr<[Slot; EVENTS]>,
     head: AtomicU64,
 }
 
 impl Ring {
     const fn new() -> Self {
-        Ring { slots: [const { Slot::new() }; EVENTS], head: AtomicU64::new(0) }
+        Ring { slots: AtomicPtr::new(core::ptr::null_mut()), head: AtomicU64::new(0) }
+    }
+
+    /// The slots, if an event has mapped them.
+    fn slots(&self) -> Option<&[Slot; EVENTS]> {
+        // SAFETY: null, or a mapping of ours that lives as long as the process; zeroed pages are
+        // empty slots (every field an atomic integer).
+        unsafe { self.slots.load(Acquire).as_ref() }
+    }
+
+    /// The slots, mapped now if they were not; None when the mapping is refused (the event is
+    /// then not kept).
+    fn slots_to_write(&self) -> Option<&[Slot; EVENTS]> {
+        if let Some(slots) = self.slots() {
+            return Some(slots);
+        }
+        self.map_slots()
+    }
+
+    #[cold]
+    fn map_slots(&self) -> Option<&[Slot; EVENTS]> {
+        let bytes = core::mem::size_of::<[Slot; EVENTS]>();
+        let fresh = crate::sys::os_pages::map_table(bytes)? as *mut [Slot; EVENTS];
+        if let Err(_theirs) = self.slots.compare_exchange(core::ptr::null_mut(), fresh, AcqRel, Acquire) {
+            // Another thread mapped them first.
+            crate::sys::os_pages::unmap_table(fresh as usize, bytes);
+        }
+        self.slots()
     }
 
     /// Writes the event of index `index` into its slot.
     fn write(&self, index: u64, e: &HistoryEvent) {
-        let Some(s) = self.slots.get(index as usize % EVENTS) else { return };
+        let Some(slots) = self.slots_to_write() else { return };
+        let Some(s) = slots.get(index as usize % EVENTS) else { return };
         s.seq.store(0, Relaxed);
         fence(Release);
         s.time_ns.store(e.time_ns, Relaxed);
@@ -88,7 +103,7 @@ impl Ring {
         s.stream.store(e.stream, Relaxed);
         s.kind.store(u64::from(e.action) | u64::from(e.place) << 8, Relaxed);
         s.seq.store(index + 1, Release);
-        if let Some(next) = self.slots.get((index as usize + 1) % EVENTS) {
+        if let Some(next) = slots.get((index as usize + 1) % EVENTS) {
             prefetch_for_write(next);
         }
     }
@@ -96,8 +111,9 @@ impl Ring {
     /// Calls `f` for the events of indices below `cut` still in the ring, oldest first.
     fn for_each_before(&self, cut: u64, f: &mut impl FnMut(&HistoryEvent)) {
         let head = self.head.load(Acquire);
+        let Some(slots) = self.slots() else { return };
         for index in head.saturating_sub(EVENTS as u64)..cut.min(head) {
-            let Some(s) = self.slots.get(index as usize % EVENTS) else { continue };
+            let Some(s) = slots.get(index as usize % EVENTS) else { continue };
             if s.seq.load(Acquire) != index + 1 {
                 continue;
             }

@@ -147,7 +147,10 @@ pub(super) fn json_at_exit(path: &[u8]) {
     // Said once: when the file could not be made at the first event, that line said it.
     if let (Err(e), false) = (written, ledger::file_refused()) {
         let mut text = [0u8; 128];
-        crate::warn_line!("cannot write the stats to {} ({})", core::str::from_utf8(path).unwrap_or("(path)"), e.text(&mut text));
+        // The name as the file would have it (%p expanded), as the trace's line says it.
+        let mut named = [0u8; files::PATH_MAX_BYTES + 1];
+        let shown = files::expand_path(path, crate::sys::process::id(), &mut named).and_then(|n| named.get(..n)).unwrap_or(path);
+        crate::warn_line!("cannot write the stats to {} ({})", core::str::from_utf8(shown).unwrap_or("(path)"), e.text(&mut text));
     }
 }
 

@@ -143,23 +143,41 @@ impl NextAllocator {
 // realloc and malloc_usable_size work on it; free of a bootstrap block is a no-op.
 // Every block starts on BLOCK_ALIGN, so free's fast path can tell by one test on the address
 // that a pointer is neither the arena's nor ours (ours start there too). A few blocks are served
-// while dlsym runs; the arena is .bss, so pages never used cost nothing.
+// while dlsym runs (most programs need none). The arena is mapped at its first use, not kept in
+// .bss: a conservative collector (Boehm GC) scans every library's .bss at every collection, and
+// 4 MiB of it made each one take 20 times as long.
 
 /// Address space only: the pages that blocks never touch stay unbacked. Each block takes at
 /// least BLOCK_ALIGN of it, so this holds 64 blocks (none were needed by numpy, gcc or ls).
 const BOOTSTRAP_BYTES: usize = 4 << 20;
 const HEADER: usize = 16;
 
-#[repr(C, align(4096))]
-struct Arena([u8; BOOTSTRAP_BYTES]);
-
-static mut ARENA: Arena = Arena([0; BOOTSTRAP_BYTES]);
+/// The arena's base before it is mapped: no pointer a program holds lies within
+/// BOOTSTRAP_BYTES above it (a non-canonical address), null included.
+const UNMAPPED: usize = 1 << 63;
+static ARENA_BASE: AtomicUsize = AtomicUsize::new(UNMAPPED);
 static ARENA_USED: AtomicUsize = AtomicUsize::new(0);
 
 #[inline(always)]
 fn arena_base() -> usize {
-    // Only the address is taken; no reference to the mutable static is formed.
-    core::ptr::addr_of!(ARENA) as usize
+    ARENA_BASE.load(Ordering::Acquire)
+}
+
+/// The arena's base, mapped now if it was not; None when the mapping is refused.
+fn mapped_arena() -> Option<usize> {
+    let base = arena_base();
+    if base != UNMAPPED {
+        return Some(base);
+    }
+    let fresh = super::os_pages::map_table(BOOTSTRAP_BYTES)?;
+    match ARENA_BASE.compare_exchange(UNMAPPED, fresh, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Some(fresh),
+        Err(theirs) => {
+            // Another thread mapped it first.
+            super::os_pages::unmap_table(fresh, BOOTSTRAP_BYTES);
+            Some(theirs)
+        }
+    }
 }
 
 #[inline(always)]
@@ -167,10 +185,12 @@ pub fn is_bootstrap(p: *const c_void) -> bool {
     (p as usize).wrapping_sub(arena_base()) < BOOTSTRAP_BYTES
 }
 
-/// Calls `f(addr, len)` for the arena (the mlockall shim unlocks it: Note [Locked memory] in
-/// host/host_layer/mod.rs).
+/// Calls `f(addr, len)` for the arena once mapped (the mlockall shim unlocks it: Note [Locked
+/// memory] in host/host_layer/mod.rs).
 pub fn for_each_table(mut f: impl FnMut(usize, usize)) {
-    f(arena_base(), BOOTSTRAP_BYTES);
+    if arena_base() != UNMAPPED {
+        f(arena_base(), BOOTSTRAP_BYTES);
+    }
 }
 
 /// Serves one request from the arena, on a BLOCK_ALIGN boundary like every block of ours (free's
@@ -179,17 +199,18 @@ pub fn for_each_table(mut f: impl FnMut(usize, usize)) {
 /// satisfied too.
 pub fn bootstrap_alloc(size: usize, align: usize) -> *mut c_void {
     let align = align.max(crate::backing::BLOCK_ALIGN);
+    let Some(base) = mapped_arena() else { return enomem() };
     let mut used = ARENA_USED.load(Ordering::Relaxed);
     loop {
-        let user = match (arena_base() + used + HEADER).checked_add(align - 1) {
+        let user = match (base + used + HEADER).checked_add(align - 1) {
             Some(v) => v & !(align - 1),
             None => return enomem(),
         };
         let end = match user.checked_add(size) {
-            Some(e) if e <= arena_base() + BOOTSTRAP_BYTES => e,
+            Some(e) if e <= base + BOOTSTRAP_BYTES => e,
             _ => return enomem(),
         };
-        match ARENA_USED.compare_exchange_weak(used, end - arena_base(), Ordering::AcqRel, Ordering::Relaxed) {
+        match ARENA_USED.compare_exchange_weak(used, end - base, Ordering::AcqRel, Ordering::Relaxed) {
             Ok(_) => {
                 // SAFETY: [user - HEADER, end) lies inside the arena and was just reserved by us.
                 unsafe { ((user - HEADER) as *mut usize).write(size) };

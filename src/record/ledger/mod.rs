@@ -250,7 +250,12 @@ fn claim_file_here() {
             let mut text = [0u8; 128];
             let reason = e.text(&mut text);
             match place_to_use() {
-                Where::Path(path) => crate::warn_line!("cannot write the stats to {} ({})", show(path), reason),
+                Where::Path(path) => {
+                    // The name as the file would have it (%p expanded).
+                    let mut named = [0u8; crate::sys::files::PATH_MAX_BYTES + 1];
+                    let n = crate::sys::files::expand_path(path, crate::sys::process::id(), &mut named);
+                    crate::warn_line!("cannot write the stats to {} ({})", show(n.and_then(|n| named.get(..n)).unwrap_or(path)), reason)
+                }
                 Where::RuntimeDir => crate::warn_line!(
                     "TENSORMALLOC_STATS: cannot keep process {own}'s numbers in a file of its own ({reason}); its report is printed at exit only if it exits normally"
                 ),
