@@ -71,15 +71,16 @@ def gpu_program_over_standins(name):
     return str(out)
 
 
-def cuda_plugin(name="cuda_plugin"):
-    """Compiles preload-tests/c/NAME.c as a shared library linked with -lcuda (the stand-in, found
-    by its rpath), for a program to dlopen; returns its path."""
+def cuda_plugin(name="cuda_plugin", runtime=False):
+    """Compiles preload-tests/c/NAME.c as a shared library linked with -lcuda (and -lcudart when
+    asked: the stand-ins, found by its rpath), for a program to dlopen; returns its path."""
     lib = fake_cuda()
     out = BUILD / f"lib{name}.so"
     src = C_DIR / f"{name}.c"
     if not out.exists() or out.stat().st_mtime < max(src.stat().st_mtime, (lib / "libcuda.so.1").stat().st_mtime):
         tmp = out.with_name(f".{out.name}.tmp")
-        subprocess.run([*CFLAGS, "-o", str(tmp), str(src), f"-L{lib}", "-lcuda", f"-Wl,-rpath,{lib}"], check=True)
+        links = ["-lcudart", "-lcuda"] if runtime else ["-lcuda"]
+        subprocess.run([*CFLAGS, "-o", str(tmp), str(src), f"-L{lib}", *links, f"-Wl,-rpath,{lib}"], check=True)
         tmp.replace(out)
     return str(out)
 

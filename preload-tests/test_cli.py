@@ -5,11 +5,12 @@ every setting of the library's own table, and `tensormalloc plot` (bins named by
 lines). The installed package: test_package.py."""
 import json
 import re
+import shutil
 import sys
 
 import numpy as np
 
-from conftest import LIB, ROOT, compile_c, ok, run
+from conftest import LIB, ROOT, compile_c, find_peer, ok, run
 
 PY = str(ROOT / ".venv" / "bin" / "python")
 ENV = {"PYTHONPATH": str(ROOT / "python")}
@@ -93,6 +94,21 @@ def test_help_lists_every_setting_with_its_default_and_the_commands():
     for name in ("help", "cd", "find_lib"):
         missing = run([str(ROOT / "scripts" / "tensormalloc"), name], preload=False)
         assert missing.returncode == 127 and missing.stderr == f"tensormalloc: {name}: command not found\n", missing
+
+
+def test_the_launchers_leave_one_copy_of_the_library_in_ld_preload(tmp_path):
+    """A copy already preloaded (another build, the pip package's beside the source tree's) gives
+    way to the launcher's: two copies, one behind the other, handed libc's own definitions past
+    both to calls through libc's handle (Note [Calls through a library's handle]). The user's
+    other entries stay, in their order, after ours."""
+    copy = tmp_path / "other" / "libtensormalloc.so"
+    copy.parent.mkdir()
+    shutil.copy(LIB, copy)
+    peer = find_peer("libjemalloc.so.2")
+    env = {**ENV, "TENSORMALLOC_LIB": str(LIB), "LD_PRELOAD": f"{copy} {peer}:{copy}"}
+    for launcher in ([PY, "-m", "tensormalloc"], [str(ROOT / "scripts" / "tensormalloc")]):
+        out = ok(run([*launcher, "sh", "-c", "echo $LD_PRELOAD"], preload=False, env=env))
+        assert out.stdout.split() == [str(LIB), peer], (launcher, out.stdout)
 
 
 def help_settings(text):

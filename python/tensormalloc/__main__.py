@@ -55,6 +55,14 @@ def help_text(width=100):
     return "\n".join(lines)
 
 
+def without_our_copies(preload):
+    """LD_PRELOAD's entries but any copy of the library already there (one copy per process:
+    a second behind the first handed libc's own definitions past both, for calls through
+    libc's handle)."""
+    entries = preload.replace(":", " ").split()
+    return [e for e in entries if not os.path.basename(e).startswith("libtensormalloc")]
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv in (["run"], ["--"]):
@@ -89,7 +97,7 @@ def main(argv=None):
         print(lib)
         return 0
     env = dict(os.environ)
-    env["LD_PRELOAD"] = lib + (" " + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
+    env["LD_PRELOAD"] = " ".join([lib] + without_our_copies(env.get("LD_PRELOAD", "")))
     sys.stdout.flush()
     sys.stderr.flush()
     try:

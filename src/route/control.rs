@@ -70,11 +70,15 @@ pub fn mallopt(param: c_int, value: c_int) -> c_int {
 // glibc's, and an mprotect made that way went unseen, so the block came back read-only. So a
 // lookup through a library's handle of a name we define (the malloc family, glibc's control
 // calls, the page calls, the limits and thread calls) answers with ours when the handle's
-// definition is the one ours stands in front of, as a lookup by symbol already does. dlsym and
-// dlclose are ours only by symbol; C++ operators and CUDA names have their own rules.
+// definition is the one ours stands in front of, as a lookup by symbol already does, or is the
+// C library's own (a second copy of ours, or a tracer, between us and libc: two copies
+// preloaded, as a launcher prepending its own to the user's makes, handed out glibc's mprotect
+// and free past both). dlsym and dlclose are ours only by symbol; C++ operators and CUDA names
+// have their own rules.
 
 /// `dlsym(handle, name)` through a library's handle (Note [Calls through a library's handle]):
-/// ours when the handle reaches the very definition our next one is; None to let glibc's dlsym
+/// ours when the handle reaches the very definition our next one is, or the C library's; None
+/// to let glibc's dlsym
 /// answer (another object's, RTLD_NEXT, RTLD_DEFAULT, a name we do not define).
 pub fn served_symbol(handle: *mut core::ffi::c_void, name: &core::ffi::CStr, real_dlsym: crate::sys::dlsym::DlsymFn) -> Option<*mut core::ffi::c_void> {
     if handle.is_null() || handle == libc::RTLD_NEXT || handle == libc::RTLD_DEFAULT || ready().is_none() {
@@ -93,5 +97,5 @@ pub fn served_symbol(handle: *mut core::ffi::c_void, name: &core::ffi::CStr, rea
     let found = unsafe { real_dlsym(handle, name.as_ptr()) };
     // SAFETY: a lookup of the next definition, allocation-free.
     let next = unsafe { crate::sys::dlsym::next_definition(name) };
-    (!found.is_null() && found == next).then_some(ours)
+    (!found.is_null() && (found == next || crate::sys::dlsym::in_c_library(found as usize))).then_some(ours)
 }

@@ -23,11 +23,13 @@ fn pool_answers() -> bool {
     crate::state::globals().is_some() && DEVICE.answers()
 }
 
-/// The pool is on: our init ran and neither TENSORMALLOC_DISABLE nor TENSORMALLOC_CUDA_POOL=none
-/// turned it off. With it off, lookups hand out the driver's own entry points (a profiler sees
-/// those) and allocations pass through.
+/// The pool is on: our init ran, neither TENSORMALLOC_DISABLE nor TENSORMALLOC_CUDA_POOL=none
+/// turned it off, and the process allocates through us (Note [A copy the process does not
+/// allocate through] in sys/front.rs). With it off, lookups hand out the driver's own entry
+/// points (a profiler sees those) and allocations pass through; PyTorch's pluggable allocator
+/// is served all the same.
 fn pool_on() -> bool {
-    crate::state::globals().is_some() && DEVICE.enabled()
+    crate::state::globals().is_some() && DEVICE.enabled() && crate::sys::front::serves_the_process()
 }
 
 /// The pool may serve an allocation: it is on and a context is current (a driver allocation

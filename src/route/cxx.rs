@@ -17,6 +17,7 @@ use super::aligned_calls::aligned;
 use super::{free_large, invalid_pointer, large_unreported, malloc, malloc_as, owner, plainly_foreign, refuse_interior, refuse_interior_slow, report_out_of_memory, small_below};
 use super::{LARGE_FROM, MIN_ALIGN, PAGE};
 use crate::host::registry::Owner;
+use crate::sys::front::serves_the_process;
 use crate::sys::next::{bootstrap_alloc, is_bootstrap};
 use crate::sys::next_cxx::{NewAlignedNothrowFn, NewNothrowFn, NextOp};
 use crate::state::HOST;
@@ -53,7 +54,7 @@ fn throwing_new_slow<F: Copy>(op: &NextOp<F>, size: usize, align: usize, fallbac
     // Unreported: the next operator (or the fallback's malloc) has its go first (Note [Out of
     // memory behind operator new]). A form built on the program's own new is its alone (Note
     // [Operators the program replaced] in sys/next_cxx.rs).
-    let ours = size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two() && !op.forwards();
+    let ours = size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two() && !op.forwards() && serves_the_process();
     let ptr = if ours { large_unreported(size, align.max(PAGE), asker) } else { core::ptr::null_mut() };
     NewOutcome { ptr, next }
 }
@@ -121,7 +122,7 @@ fn new_nothrow_slow(op: &NextOp<NewNothrowFn>, size: usize, tag: *const c_void, 
         // SAFETY: as in new_nothrow (Note [Operators the program replaced]).
         return unsafe { f(size, tag) };
     }
-    let large = size >= LARGE_FROM.load(Relaxed);
+    let large = size >= LARGE_FROM.load(Relaxed) && serves_the_process();
     if large {
         let p = large_unreported(size, PAGE, asker);
         if !p.is_null() {
@@ -163,7 +164,7 @@ fn new_aligned_nothrow_slow(op: &NextOp<NewAlignedNothrowFn>, size: usize, align
         // SAFETY: as in new_nothrow (Note [Operators the program replaced]).
         return unsafe { f(size, align, tag) };
     }
-    let large = size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two();
+    let large = size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two() && serves_the_process();
     if large {
         let p = large_unreported(size, align.max(PAGE), asker);
         if !p.is_null() {

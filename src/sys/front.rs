@@ -14,6 +14,28 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 // allocator in front gets its own blocks back (a tracer in front sees the call, and hands it to
 // us as before).
 
+// Note [A copy the process does not allocate through]
+// Loaded by path rather than preloaded or linked ahead of libc (a library linked with
+// -ltensormalloc that is dlopened, RTLD_LOCAL as Python loads extensions; a copy dlopened late,
+// even RTLD_GLOBAL, as the Python package loads us without the preload), our malloc is not the
+// process's: glibc's comes first in the global scope. Our C++ operators and CUDA entry points
+// may still be found first by the objects bound after us (none other defines them in their
+// scope), and a block they hand out was then deleted by libstdc++ into glibc's free (SIGSEGV),
+// or freed by the runtime that objects loaded before us use (an error, the block lost). Such a
+// copy hands out none through those names: operator new and cudaMalloc go on to the next
+// definitions, and what we explicitly serve (the numpy handler, PyTorch's pluggable allocator)
+// stays ours; frees of our blocks still come back to us.
+
+/// Whether the process allocates through us (Note [A copy the process does not allocate
+/// through]): true until `resolve_at_load` looked.
+static SERVES_THE_PROCESS: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(true);
+
+/// Whether our operator new and cudaMalloc may hand out blocks of ours: our malloc is the
+/// process's, or another allocator stands in front of us (preloaded before us).
+pub fn serves_the_process() -> bool {
+    SERVES_THE_PROCESS.load(Ordering::Relaxed)
+}
+
 /// Not looked yet (0) or no allocator in front (1); above: the function's address.
 const NONE: usize = 1;
 static REALLOC: AtomicUsize = AtomicUsize::new(0);
@@ -43,6 +65,7 @@ pub fn resolve_at_load() {
     // Python's package loads us) or in a test, glibc's malloc comes first and never calls us.
     let in_front = super::dlsym::process_definition_is_ours(c"tm_get_stats") && found(c"malloc").is_some_and(|malloc| !super::dlsym::in_c_library(malloc));
     let (realloc, free) = if in_front { (found(c"realloc"), found(c"free")) } else { (None, None) };
+    SERVES_THE_PROCESS.store(in_front || super::dlsym::process_definition_is_ours(c"malloc"), Ordering::Relaxed);
     REALLOC.store(realloc.unwrap_or(NONE), Ordering::Release);
     FREE.store(free.unwrap_or(NONE), Ordering::Release);
 }
