@@ -9,13 +9,19 @@
  *   deep-handler: a timer's handler using 512 KiB of stack while the main thread grows large
  *       blocks by realloc, which runs on a stack of the allocator's: the handler must fit, and
  *       run on its thread's stack. Prints "handled N, off the thread's stack M".
- * Usage: signals_in_our_work stop-world ROUNDS | deep-handler */
+ *   born-blocked CHILDREN: each forked child frees large blocks under a 50 us timer, so that the
+ *       allocator makes its thread while the timer's process-directed SIGALRM keeps coming; the
+ *       handler must run in the program's thread (Note [Born with signals blocked]). Prints
+ *       "children N, handled elsewhere M".
+ * Usage: signals_in_our_work stop-world ROUNDS | deep-handler | born-blocked CHILDREN */
 #include "check.h"
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define WORKERS 3
@@ -148,10 +154,45 @@ static void deep_handler(void) {
     printf("handled %lu, off the thread's stack %lu\n", handled, elsewhere);
 }
 
+static volatile unsigned long alarms_elsewhere;
+
+static void count_where(int sig) {
+    (void)sig;
+    if (syscall(SYS_gettid) != getpid()) alarms_elsewhere++;
+}
+
+static void born_blocked(int children) {
+    int elsewhere = 0;
+    for (int c = 0; c < children; c++) {
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0) {
+            struct sigaction sa = {.sa_handler = count_where, .sa_flags = SA_RESTART};
+            CHECK(sigaction(SIGALRM, &sa, NULL) == 0);
+            struct itimerval every = {{0, 50}, {0, 50}};
+            CHECK(setitimer(ITIMER_REAL, &every, NULL) == 0);
+            for (int i = 0; i < 20; i++) {
+                char *p = malloc(8 * MB);
+                CHECK(p);
+                p[0] = 1;
+                free(p);
+            }
+            struct itimerval off = {{0, 0}, {0, 0}};
+            setitimer(ITIMER_REAL, &off, NULL);
+            _exit(alarms_elsewhere ? 3 : 0);
+        }
+        int status;
+        CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status));
+        elsewhere += WEXITSTATUS(status) == 3;
+    }
+    printf("children %d, handled elsewhere %d\n", children, elsewhere);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc >= 2);
     if (!strcmp(argv[1], "stop-world") && argc == 3) stop_world(atoi(argv[2]));
     else if (!strcmp(argv[1], "deep-handler")) deep_handler();
-    else CHECK(!"usage: signals_in_our_work stop-world ROUNDS | deep-handler");
+    else if (!strcmp(argv[1], "born-blocked") && argc == 3) born_blocked(atoi(argv[2]));
+    else CHECK(!"usage: signals_in_our_work stop-world ROUNDS | deep-handler | born-blocked CHILDREN");
     return 0;
 }

@@ -23,6 +23,8 @@ extern "C" fn on_load() {
         // Note [No thread inside another allocator's call]: whether one stands in front of us,
         // asked here, outside every allocation call.
         sys::front::resolve_at_load();
+        // Note [Born with signals blocked].
+        sys::thread::resolve_at_load();
         if !g.config.trace_path().is_empty() && trace::start(g.config.trace_path(), trace_sample) {
             sys::reaper::start_now();
         }

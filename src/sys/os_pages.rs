@@ -319,8 +319,9 @@ impl PageMemory for OsPages {
         let start = moved as usize;
         let aligned = (start + align - 1) & !(align - 1);
         if aligned != start {
+            // The program's pages (Note [Signals off our stack]).
             // SAFETY: both ranges lie in the span just mapped for us; copy handles the overlap.
-            unsafe { core::ptr::copy(start as *const u8, aligned as *mut u8, old_len) };
+            super::stack::as_the_program(|| unsafe { core::ptr::copy(start as *const u8, aligned as *mut u8, old_len) });
             self.unmap(start, aligned - start);
         }
         let tail = start + span - (aligned + new_len);
@@ -385,8 +386,9 @@ impl PageMemory for OsPages {
     }
 
     fn copy(&self, dst: usize, src: usize, len: usize) {
+        // The program's pages: a fault there is its handler's (Note [Signals off our stack]).
         // SAFETY: the caller owns both ranges, which do not overlap.
-        unsafe { core::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+        super::stack::as_the_program(|| unsafe { core::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) });
     }
 }
 

@@ -17,13 +17,16 @@
 // stack's base, and a profiler's unwinds from there. So the work on our stack that only waits
 // through our own locks and gates (`on_own_stack_quiet`: a large realloc, gathering, evictions,
 // claims, a limit followed) holds the program's asynchronous signals, and every wait of ours
-// made there (a futex, a sleep: `wait_as_the_program`) runs back on the caller's stack with the
-// program's mask: a collector pausing the world pauses a thread waiting for a lock whose holder
-// it already paused (holding signals through the wait hung Boehm's and Mono's way of stopping,
-// 4 runs in 4). Synchronous signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS) are never
-// held: blocked, a fault would kill the process instead of reaching the program's handler, which
-// then runs on our stack (an incremental collector's write barrier does not look at its stack
-// pointer). Work that may block elsewhere (making a thread: glibc's locks; writing reports:
+// made there (a futex, a sleep) and every copy of the program's memory (`as_the_program`) runs
+// back on the caller's stack with the program's mask: a collector pausing the world pauses a
+// thread waiting for a lock whose holder it already paused (holding signals through the wait
+// hung Boehm's and Mono's way of stopping, 4 runs in 4), and a fault in the copy (a page the
+// program protected) reaches the program's handler with its own mask, which may jump out of it
+// (with the signals held, they stayed blocked for good after such a jump). A mask a handler
+// changes there (through its ucontext) is the program's from then on. Synchronous signals
+// (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS) are never held: blocked, a fault would kill
+// the process instead of reaching the program's handler. A fork from a handler during such a
+// wait leaves the child's use of our stack its own (the owner is the forking thread). Work that may block elsewhere (making a thread: glibc's locks; writing reports:
 // files) runs with the program's signals (`on_own_stack`, even inside quiet work), and a handler
 // may run on our stack there: the stack is 1 MiB (its pages touched only as used) so that one
 // needing a few hundred KiB fits (with 256 KiB, one that needed 512 KiB went past the guard page).
@@ -42,6 +45,8 @@ static BUSY: AtomicBool = AtomicBool::new(false);
 
 /// Where the thread on our stack left its own (its stack pointer at the switch).
 static CALLER_SP: AtomicUsize = AtomicUsize::new(0);
+/// The thread using our stack (`thread::key`), while BUSY.
+static OWNER: AtomicUsize = AtomicUsize::new(0);
 /// Whether the thread on our stack holds the program's asynchronous signals there.
 static HOLDING: AtomicBool = AtomicBool::new(false);
 /// The mask they were held from, given back for waits and at the end.
@@ -60,6 +65,7 @@ pub fn on_own_stack<T, F: FnOnce() -> T>(f: F) -> T {
         // Inside quiet work of this thread: the program's signals for this part.
         return if HOLDING.load(Relaxed) && on_ours_now() { with_program_mask(f) } else { f() };
     }
+    OWNER.store(super::thread::key(), Relaxed);
     let out = run_on(top, f, CALLER_SP.as_ptr());
     BUSY.store(false, Release);
     out
@@ -72,6 +78,7 @@ pub fn on_own_stack_quiet<T, F: FnOnce() -> T>(f: F) -> T {
     if BUSY.swap(true, Acquire) {
         return f();
     }
+    OWNER.store(super::thread::key(), Relaxed);
     hold_asynchronous_signals(PROGRAM_MASK.0.get());
     HOLDING.store(true, Relaxed);
     let out = run_on(top, f, CALLER_SP.as_ptr());
@@ -82,10 +89,10 @@ pub fn on_own_stack_quiet<T, F: FnOnce() -> T>(f: F) -> T {
     out
 }
 
-/// Runs a wait of ours (a futex, a sleep) as the program's own code would: from our stack, on
-/// the caller's stack below where it left it, with the program's signals (Note [Signals off our
-/// stack]); elsewhere, where it is.
-pub fn wait_as_the_program(wait: impl FnOnce()) {
+/// Runs a wait of ours (a futex, a sleep) or a copy of the program's memory as the program's own
+/// code would: from our stack, on the caller's stack below where it left it, with the program's
+/// signals (Note [Signals off our stack]); elsewhere, where it is.
+pub fn as_the_program(wait: impl FnOnce()) {
     if !on_ours_now() {
         return wait();
     }
@@ -105,7 +112,8 @@ fn with_program_mask<T>(f: impl FnOnce() -> T) -> T {
     // SAFETY: the mask this thread saved when it held the signals.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, PROGRAM_MASK.0.get(), core::ptr::null_mut()) };
     let out = f();
-    hold_asynchronous_signals(core::ptr::null_mut());
+    // The mask as the program's handlers left it, theirs from now on.
+    hold_asynchronous_signals(PROGRAM_MASK.0.get());
     out
 }
 
@@ -132,10 +140,10 @@ fn on_ours_now() -> bool {
 }
 
 /// In a forked child: a use the parent had under way in another thread is not this process's
-/// (one under way in this thread, a fork from a signal handler on our stack, still is).
+/// (one under way in this thread, a fork from a signal handler inside our work, still is).
 pub fn after_fork_in_child() {
     // Written only when set: every page a child handler writes is a copy-on-write fault.
-    if !on_ours_now() && BUSY.load(Acquire) {
+    if BUSY.load(Acquire) && OWNER.load(Relaxed) != super::thread::key() {
         HOLDING.store(false, Relaxed);
         BUSY.store(false, Release);
     }
@@ -270,7 +278,7 @@ mod tests {
                     return;
                 }
                 let mut waited = (false, true, true);
-                wait_as_the_program(|| waited = (on_ours_now(), blocked_now(libc::SIGUSR1), blocked_now(libc::SIGSEGV)));
+                as_the_program(|| waited = (on_ours_now(), blocked_now(libc::SIGUSR1), blocked_now(libc::SIGSEGV)));
                 seen = Some(((blocked_now(libc::SIGUSR1), blocked_now(libc::SIGSEGV)), waited, blocked_now(libc::SIGUSR1)));
             });
             if let Some((inside, waited, after_wait)) = seen {
