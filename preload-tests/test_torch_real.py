@@ -123,3 +123,34 @@ except RuntimeError as e:
     for mode in ("hooks", "plain"):
         out = run([torch_python, "-c", code, mode], preload=True, env=env, timeout=300)
         assert out.returncode == 0 and out.stdout.strip() == "refused: True", (mode, out.stdout, out.stderr[-2000:])
+
+
+@pytest.mark.parametrize("preloaded", [True, False], ids=["preload", "by-path"])
+def test_the_hooks_figures_before_cuda_starts_and_in_a_forked_child_are_pytorchs(torch_python, preloaded):
+    """Under tensormalloc.torch.enable(), memory_allocated() and the other figures asked before the
+    first CUDA tensor started CUDA (a context on a real GPU; with no driver, "Found no NVIDIA
+    driver"), and in a child forked after the parent used CUDA they raised "Cannot re-initialize
+    CUDA in forked subprocess". PyTorch alone answers 0 and starts nothing: so do they now."""
+    code = r"""
+import os, sys, torch, tensormalloc.torch as tt
+if sys.argv[1] == "hooks":
+    tt.enable()
+print("before", torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), dict(torch.cuda.memory_stats()), torch.cuda.is_initialized())
+x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+print("parent", torch.cuda.memory_allocated() > 0)
+pid = os.fork()
+if pid == 0:
+    try:
+        print("child", torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated(), dict(torch.cuda.memory_stats()), flush=True)
+    except Exception as e:
+        print("child raised", type(e).__name__, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+    env = {"PYTHONPATH": str(ROOT / "python"), "LD_LIBRARY_PATH": str(fake_cuda()), "TORCH_REAL_STANDIN": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    outs = {}
+    for mode in ("hooks", "plain"):
+        out = run([torch_python, "-W", "ignore", "-c", code, mode], preload=preloaded, env=env, timeout=300)
+        assert out.returncode == 0, (mode, out.stdout, out.stderr[-2000:])
+        outs[mode] = out.stdout
+    assert outs["hooks"] == outs["plain"] == "before 0 0 {} False\nparent True\nchild 0 0 {}\n", outs

@@ -92,6 +92,10 @@ def memory_stats(device=None):
     import torch
     if _allocator is None:
         return torch.cuda.memory.memory_stats(device)
+    if not torch.cuda.is_initialized():
+        # As PyTorch's own: before the first CUDA call, and in a forked child, nothing to say
+        # (and no context made, nor CUDA started in a child, to say it).
+        return collections.OrderedDict()
     index = _device_index(device)
     place = f"cuda:{index}"
     rows = tensormalloc.holders()
@@ -142,7 +146,7 @@ def memory_summary(device=None, abbreviated=False):
     """A few lines of the pool's figures for the device (PyTorch's own summary without
     `enable()`)."""
     import torch
-    if _allocator is None:
+    if _allocator is None or not torch.cuda.is_initialized():
         return torch.cuda.memory.memory_summary(device, abbreviated)
     s = memory_stats(device)
     mib = lambda key: f"{s[key] / 2**20:.1f} MiB" if key in s else "n/a"
