@@ -255,6 +255,12 @@ def test_c_install_found_with_pkg_config(prefix, tmp_path):
     assert "linked ok" in ok(sh([exe])).stdout
     out = ok(sh([prefix / "bin" / "tensormalloc", "sh", "-c", "echo $LD_PRELOAD"]))
     assert out.stdout.strip() == f"{lib}/libtensormalloc.so"
+    # The docs as in the source tree: every relative link between the installed pages resolves
+    # (they were copied flat, and README.md's docs/ links and BENCHMARKS.md led nowhere).
+    docs = prefix / "share" / "doc" / "tensormalloc"
+    for page in [docs / "README.md", *sorted((docs / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", page.read_text()):
+            assert (page.parent / target).is_file(), (page, target)
 
 
 # One command (issue 37, item 5): what the pip package installs and what scripts/install does are

@@ -32,7 +32,8 @@ def _numpy_api():
     """numpy's C-API table (the `_ARRAY_API` capsule's pointer) and get_handler_name."""
     global _api
     if _api is None:
-        import numpy
+        from ._cuda import require
+        numpy = require("numpy", "numpy")
         major, minor = (int(x) for x in numpy.__version__.split(".")[:2])
         if (major, minor) < (1, 22):
             raise RuntimeError(f"tensormalloc.numpy needs numpy 1.22 or later (NEP 49); this is {numpy.__version__}")
