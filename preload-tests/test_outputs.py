@@ -5,6 +5,7 @@ import json
 import os
 import stat
 import sys
+import time
 
 import pytest
 
@@ -242,3 +243,20 @@ def test_a_pools_workers_each_leave_a_trace_and_stats_the_report_and_plot_read(t
     assert len(names) == len(set(tasks)), names
     allocs = [plot.summary(plot.load(str(shared / name)))["allocs"] for name in names]
     assert sorted(allocs) == sorted(50 * tasks.count(pid) for pid in set(tasks)), (names, allocs)
+
+
+def test_a_process_whose_parent_ended_first_names_the_parent_it_had(tmp_path):
+    """A child that outlives its parent is reparented (to pid 1 or a subreaper) before it exits:
+    its report named that one as its parent (multiprocessing's resource tracker showed parent 1
+    in `tensormalloc report`). The parent is now the one it had when it started."""
+    child = f"{sys.executable} -c 'import time, numpy; time.sleep(1); a = numpy.ones(1_000_000); del a' &"
+    # The parent outlives the child's start (0.3 s), not its end.
+    out = ok(run(["sh", "-c", f"echo $$; {child} sleep 0.3"], env={"TENSORMALLOC_STATS": f"json:{tmp_path}/s.%p.json"}))
+    parent = int(out.stdout.split()[0])
+    for _ in range(400):
+        files = [f for f in tmp_path.glob("s.*.json") if f.read_bytes().startswith(b"{") and json.loads(f.read_text()).get("ended") == "exit"]
+        if files:
+            break
+        time.sleep(0.05)
+    assert len(files) == 1, list(tmp_path.iterdir())
+    assert json.loads(files[0].read_text())["ppid"] == parent

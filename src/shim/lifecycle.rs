@@ -81,6 +81,7 @@ fn adopt_parent_records() {
 
 /// What a child does with the parent's state once the cache lock is its own.
 fn child_steps() {
+    sys::process::note_parent_in_child();
     HOST.forget_cache_in_child();
     crate::state::forked_from(sys::process::parent_id());
     crate::record::ledger::restart_in_child(sys::process::parent_id(), HOST.stats.live.current(), HOST.stats.live_blocks.current());

@@ -77,6 +77,7 @@ pub fn note_start() {
     STARTED_WALL_NS.store(super::clock::wall_ns(), Relaxed);
     START_TICKS.store(UNKNOWN, Relaxed);
     IMAGE_OWNER.store(id(), Relaxed);
+    PARENT.store(parent_now(), Relaxed);
 }
 
 /// The process whose memory this is (`note_start`); 0 before load.
@@ -139,10 +140,26 @@ fn ticks_to_wall_ns(ticks: u64) -> u64 {
     super::clock::wall_ns().saturating_sub(boot_ns.saturating_sub(start_ns))
 }
 
-/// The parent process's id.
+/// The parent process's id when this process started (or forked): a process whose parent
+/// ended meanwhile is reparented, and its report named pid 1 (or a subreaper) as its parent.
 pub fn parent_id() -> u32 {
+    match PARENT.load(Relaxed) {
+        0 => parent_now(),
+        parent => parent,
+    }
+}
+
+/// The parent as the kernel says now (0 before `note_start`).
+static PARENT: AtomicU32 = AtomicU32::new(0);
+
+fn parent_now() -> u32 {
     // SAFETY: getppid cannot fail.
     unsafe { libc::getppid() as u32 }
+}
+
+/// In a forked child: its parent is the process that forked it.
+pub fn note_parent_in_child() {
+    PARENT.store(parent_now(), Relaxed);
 }
 
 /// What /proc/PID/stat says of a process: its parent and its start.
