@@ -292,7 +292,7 @@ def text(rows, tot):
         lines.append(f"{r['pid']:>8} {r['command'][:16]:<16} {parent:>8} {r['requests']:>9} {r['hits']:>9} {r['frees']:>9} "
                      f"{_mib(r['live_bytes']):>12} {_mib(r['peak_live_bytes']):>12} {_mib(r['cached_bytes']):>12} {r['ended']:>8}  {cuda}")
     cuda = " ".join(f"{d}: {_mib(v['reserved_bytes'])}/{_mib(v['live_bytes'])}" for d, v in sorted(tot["cuda"].items()))
-    lines.append(f"{'total':>8} {str(tot['processes']) + ' processes':<16} {'':>8} {tot['requests']:>9} {tot['hits']:>9} {tot['frees']:>9} "
+    lines.append(f"{'total':>8} {str(tot['processes']) + (' process' if tot['processes'] == 1 else ' processes'):<16} {'':>8} {tot['requests']:>9} {tot['hits']:>9} {tot['frees']:>9} "
                  f"{_mib(tot['live_bytes']):>12} {'(own)':>12} {_mib(tot['cached_bytes']):>12} {'':>8}  {cuda}")
     lines.append("live and cached: each process's at the end of its file, summed; peak: each process's own "
                  "(peaks reached at different moments do not add); parent: Nf = forked from N (its numbers start at the fork); "
