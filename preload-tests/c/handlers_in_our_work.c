@@ -87,6 +87,18 @@ static void stop_helpers(pthread_t *t) {
     for (int i = 0; i < 3; i++) CHECK(pthread_join(t[i], NULL) == 0);
 }
 
+/* Grows blocks for `seconds` with SIGUSR1 (`handler`, SA_SIGINFO and `flags`) sent to this
+ * thread every `every_us` while two threads churn large blocks. */
+static void grow_while_kicked(void (*handler)(int, siginfo_t *, void *), int flags, useconds_t every_us, int seconds, void (*after)(void)) {
+    struct sigaction sa = {.sa_sigaction = handler, .sa_flags = SA_SIGINFO | flags};
+    CHECK(sigaction(SIGUSR1, &sa, NULL) == 0);
+    kick_every = every_us;
+    pthread_t t[3];
+    start_helpers(t, kicker);
+    grow_blocks(seconds, after);
+    stop_helpers(t);
+}
+
 static void fork_when_waiting(int sig, siginfo_t *si, void *context) {
     (void)sig, (void)si;
     ucontext_t *uc = context;
@@ -110,13 +122,7 @@ static void fork_when_waiting(int sig, siginfo_t *si, void *context) {
 }
 
 static void fork_in_wait(int seconds) {
-    struct sigaction sa = {.sa_sigaction = fork_when_waiting, .sa_flags = SA_SIGINFO};
-    CHECK(sigaction(SIGUSR1, &sa, NULL) == 0);
-    kick_every = 300;
-    pthread_t t[3];
-    start_helpers(t, kicker);
-    grow_blocks(seconds, NULL);
-    stop_helpers(t);
+    grow_while_kicked(fork_when_waiting, 0, 300, seconds, NULL);
     unsigned long ok = 0, killed = 0, lost = 0;
     for (int status; wait(&status) > 0;) {
         if (WIFEXITED(status) && WEXITSTATUS(status) == 0) ok++;
@@ -177,13 +183,7 @@ static void check_the_mask(void) {
 }
 
 static void handler_mask(int seconds) {
-    struct sigaction sa = {.sa_sigaction = edit_the_mask, .sa_flags = SA_SIGINFO | SA_RESTART};
-    CHECK(sigaction(SIGUSR1, &sa, NULL) == 0);
-    kick_every = 200;
-    pthread_t t[3];
-    start_helpers(t, kicker);
-    grow_blocks(seconds, check_the_mask);
-    stop_helpers(t);
+    grow_while_kicked(edit_the_mask, SA_RESTART, 200, seconds, check_the_mask);
     printf("handler changed the mask %lu times, lost %lu\n", changed, lost_changes);
 }
 

@@ -45,7 +45,7 @@ pub fn timespec(ns: u64) -> libc::timespec {
 pub fn sleep_ns(ns: u64) {
     let t = timespec(ns);
     // SAFETY: nanosleep reads one timespec we own.
-    super::stack::as_the_program(|| {
+    super::stack_switch::as_the_program(|| {
         super::cancel::cancel_held(|| unsafe { libc::nanosleep(&t, core::ptr::null_mut()) });
     });
 }
@@ -54,7 +54,7 @@ pub fn sleep_ns(ns: u64) {
 pub fn pause() {
     let ts = libc::timespec { tv_sec: 0, tv_nsec: 50_000 };
     // SAFETY: nanosleep reads one timespec we own; an early wake is harmless.
-    super::stack::as_the_program(|| {
+    super::stack_switch::as_the_program(|| {
         super::cancel::cancel_held(|| unsafe { libc::nanosleep(&ts, core::ptr::null_mut()) });
     });
 }

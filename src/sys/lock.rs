@@ -193,7 +193,7 @@ impl<T> Lock<T> {
 fn futex_wait(word: &AtomicU32, expected: u32) {
     // SAFETY: a futex wait on a word we own; returns at once if the word is no longer `expected`
     // (EAGAIN) or on a signal (EINTR): the caller loops either way.
-    super::stack::as_the_program(|| unsafe {
+    super::stack_switch::as_the_program(|| unsafe {
         libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, expected, core::ptr::null::<libc::timespec>());
     });
 }
@@ -328,7 +328,7 @@ fn futex_wait_for(word: &AtomicU32, expected: u32, timeout_ns: u64) {
     let t = super::clock::timespec(timeout_ns);
     // SAFETY: a futex wait on a word we own with a relative timeout on our stack; returns at once
     // if the word is no longer `expected`.
-    super::stack::as_the_program(|| unsafe {
+    super::stack_switch::as_the_program(|| unsafe {
         libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, expected, &t as *const libc::timespec);
     });
 }

@@ -36,6 +36,7 @@ pub mod reaper;
 pub mod reentry;
 pub mod shared_memory;
 pub mod stack;
+pub mod stack_switch;
 pub mod stderr;
 pub mod stdio;
 pub mod thread;

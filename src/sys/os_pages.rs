@@ -321,7 +321,7 @@ impl PageMemory for OsPages {
         if aligned != start {
             // The program's pages (Note [Signals off our stack]).
             // SAFETY: both ranges lie in the span just mapped for us; copy handles the overlap.
-            super::stack::as_the_program(|| unsafe { core::ptr::copy(start as *const u8, aligned as *mut u8, old_len) });
+            super::stack_switch::as_the_program(|| unsafe { core::ptr::copy(start as *const u8, aligned as *mut u8, old_len) });
             self.unmap(start, aligned - start);
         }
         let tail = start + span - (aligned + new_len);
@@ -388,7 +388,7 @@ impl PageMemory for OsPages {
     fn copy(&self, dst: usize, src: usize, len: usize) {
         // The program's pages: a fault there is its handler's (Note [Signals off our stack]).
         // SAFETY: the caller owns both ranges, which do not overlap.
-        super::stack::as_the_program(|| unsafe { core::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) });
+        super::stack_switch::as_the_program(|| unsafe { core::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) });
     }
 }
 

@@ -33,28 +33,12 @@
 // The out-of-memory report keeps its text in a static buffer instead (Note [A report off the
 // stack] in report/oom.rs): memory may be short right then.
 
-use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
+use super::stack_switch::{hold_asynchronous_signals, on_ours_now, run_on, this_thread, with_program_mask, ABOVE_TOP, CALLER_SP, HOLDING, OWNER, PROGRAM_MASK, STACK_BYTES, TOP};
+use core::sync::atomic::{AtomicBool, Ordering::{Acquire, Relaxed, Release}};
 
-const STACK_BYTES: usize = 1 << 20;
 const GUARD_BYTES: usize = 4096;
 
-/// The top of our stack once mapped (0: not yet, 1: the mapping failed).
-static TOP: AtomicUsize = AtomicUsize::new(0);
 static BUSY: AtomicBool = AtomicBool::new(false);
-
-/// Where the thread on our stack left its own (its stack pointer at the switch).
-static CALLER_SP: AtomicUsize = AtomicUsize::new(0);
-/// The thread using our stack (`thread::key`), while BUSY.
-static OWNER: AtomicUsize = AtomicUsize::new(0);
-/// Whether the thread on our stack holds the program's asynchronous signals there.
-static HOLDING: AtomicBool = AtomicBool::new(false);
-/// The mask they were held from, given back for waits and at the end.
-struct ProgramMask(UnsafeCell<libc::sigset_t>);
-// SAFETY: written and read only by the thread that owns the stack (BUSY), and by its signal
-// handlers, which run while it does not touch it.
-unsafe impl Sync for ProgramMask {}
-static PROGRAM_MASK: ProgramMask = ProgramMask(UnsafeCell::new(unsafe { core::mem::zeroed() }));
 
 /// Runs `f` on our own stack when it can be had, else on the caller's (Note [A stack of our
 /// own]), with the program's signals as they are: for work that may wait on others' locks or on
@@ -65,7 +49,7 @@ pub fn on_own_stack<T, F: FnOnce() -> T>(f: F) -> T {
         // Inside quiet work of this thread: the program's signals for this part.
         return if HOLDING.load(Relaxed) && on_ours_now() { with_program_mask(f) } else { f() };
     }
-    OWNER.store(super::thread::key(), Relaxed);
+    OWNER.store(this_thread(), Relaxed);
     let out = run_on(top, f, CALLER_SP.as_ptr());
     BUSY.store(false, Release);
     out
@@ -78,7 +62,7 @@ pub fn on_own_stack_quiet<T, F: FnOnce() -> T>(f: F) -> T {
     if BUSY.swap(true, Acquire) {
         return f();
     }
-    OWNER.store(super::thread::key(), Relaxed);
+    OWNER.store(this_thread(), Relaxed);
     hold_asynchronous_signals(PROGRAM_MASK.0.get());
     HOLDING.store(true, Relaxed);
     let out = run_on(top, f, CALLER_SP.as_ptr());
@@ -89,61 +73,11 @@ pub fn on_own_stack_quiet<T, F: FnOnce() -> T>(f: F) -> T {
     out
 }
 
-/// Runs a wait of ours (a futex, a sleep) or a copy of the program's memory as the program's own
-/// code would: from our stack, on the caller's stack below where it left it, with the program's
-/// signals (Note [Signals off our stack]); elsewhere, where it is.
-pub fn as_the_program(wait: impl FnOnce()) {
-    if !on_ours_now() {
-        return wait();
-    }
-    // Below the caller's red zone, 16-byte aligned: nothing of its lives there while it waits
-    // for us.
-    let below = CALLER_SP.load(Relaxed).saturating_sub(128) & !15;
-    let mut unused = 0usize;
-    // The mask changed there: a signal held until now is taken as it opens, on that stack.
-    run_on(below, || with_program_mask(wait), &mut unused);
-}
-
-/// `f` with the program's mask in place, when this thread holds its signals on our stack.
-fn with_program_mask<T>(f: impl FnOnce() -> T) -> T {
-    if !HOLDING.load(Relaxed) {
-        return f();
-    }
-    // SAFETY: the mask this thread saved when it held the signals.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, PROGRAM_MASK.0.get(), core::ptr::null_mut()) };
-    let out = f();
-    // The mask as the program's handlers left it, theirs from now on.
-    hold_asynchronous_signals(PROGRAM_MASK.0.get());
-    out
-}
-
-/// Blocks every signal but those a fault raises (and those glibc keeps for itself); the mask
-/// before into `was` when not null.
-fn hold_asynchronous_signals(was: *mut libc::sigset_t) {
-    // SAFETY: a set of our own on the stack; pthread_sigmask of the calling thread.
-    unsafe {
-        let mut set: libc::sigset_t = core::mem::zeroed();
-        libc::sigfillset(&mut set);
-        for synchronous in [libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP, libc::SIGSYS] {
-            libc::sigdelset(&mut set, synchronous);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, was);
-    }
-}
-
-/// Whether this thread runs on our stack now.
-fn on_ours_now() -> bool {
-    let here = 0u8;
-    let sp = &here as *const u8 as usize;
-    let top = TOP.load(Acquire);
-    top > 1 && sp < top && sp >= top + ABOVE_TOP - STACK_BYTES
-}
-
 /// In a forked child: a use the parent had under way in another thread is not this process's
 /// (one under way in this thread, a fork from a signal handler inside our work, still is).
 pub fn after_fork_in_child() {
     // Written only when set: every page a child handler writes is a copy-on-write fault.
-    if BUSY.load(Acquire) && OWNER.load(Relaxed) != super::thread::key() {
+    if BUSY.load(Acquire) && OWNER.load(Relaxed) != this_thread() {
         HOLDING.store(false, Relaxed);
         BUSY.store(false, Release);
     }
@@ -164,10 +98,6 @@ fn stack_top() -> Option<usize> {
     }
 }
 
-/// Bytes left mapped above the top: a function called first reads its caller's frame above its
-/// return address (glibc's syscall() loads a sixth argument from there whether passed or not).
-const ABOVE_TOP: usize = 256;
-
 /// Maps the stack and its guard page; its top, 16-byte aligned.
 fn map_stack() -> Option<usize> {
     let base = super::os_pages::map_table(STACK_BYTES + GUARD_BYTES)?;
@@ -178,56 +108,10 @@ fn map_stack() -> Option<usize> {
     Some(base + GUARD_BYTES + STACK_BYTES - ABOVE_TOP)
 }
 
-/// The work and, once it ran, its result.
-struct Job<F, T> {
-    f: Option<F>,
-    out: core::mem::MaybeUninit<T>,
-}
-
-/// `f` run with the stack pointer at `top`, the caller's stack pointer stored at `caller_sp`.
-#[cfg(target_arch = "x86_64")]
-fn run_on<T, F: FnOnce() -> T>(top: usize, f: F, caller_sp: *mut usize) -> T {
-    extern "C" fn enter<T, F: FnOnce() -> T>(arg: *mut core::ffi::c_void) {
-        // SAFETY: `arg` is the Job below, alive for the call and used by this call alone.
-        let job = unsafe { &mut *arg.cast::<Job<F, T>>() };
-        if let Some(f) = job.f.take() {
-            job.out.write(f());
-        }
-    }
-    let mut job = Job { f: Some(f), out: core::mem::MaybeUninit::uninit() };
-    // SAFETY: `top` is the 16-byte-aligned top of a mapping of ours no other thread uses (BUSY);
-    // `enter` never unwinds (panic = "abort").
-    unsafe { call_on(top, (&mut job as *mut Job<F, T>).cast(), enter::<T, F>, caller_sp) };
-    // SAFETY: `enter` took the work, which was there, and wrote its result.
-    unsafe { job.out.assume_init() }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn run_on<T, F: FnOnce() -> T>(_top: usize, f: F, _caller_sp: *mut usize) -> T {
-    f()
-}
-
-/// Calls `f(arg)` with the stack pointer at `top`, then returns on the caller's stack; the
-/// caller's stack pointer (all below it free) stored at `caller_sp` first.
-#[cfg(target_arch = "x86_64")]
-#[unsafe(naked)]
-unsafe extern "C" fn call_on(_top: usize, _arg: *mut core::ffi::c_void, _f: extern "C" fn(*mut core::ffi::c_void), _caller_sp: *mut usize) {
-    core::arch::naked_asm!(
-        "push rbp",
-        "mov rbp, rsp",
-        "mov [rcx], rsp",
-        "mov rsp, rdi",
-        "mov rdi, rsi",
-        "call rdx",
-        "mov rsp, rbp",
-        "pop rbp",
-        "ret",
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::stack_switch::as_the_program;
 
     #[test]
     fn work_runs_on_our_stack_and_comes_back() {
