@@ -78,8 +78,8 @@ pub fn mallopt(param: c_int, value: c_int) -> c_int {
 
 /// `dlsym(handle, name)` through a library's handle (Note [Calls through a library's handle]):
 /// ours when the handle reaches the very definition our next one is, or the C library's; None
-/// to let glibc's dlsym
-/// answer (another object's, RTLD_NEXT, RTLD_DEFAULT, a name we do not define).
+/// to let glibc's dlsym answer (another object's, RTLD_NEXT, RTLD_DEFAULT, a name we do not
+/// define).
 pub fn served_symbol(handle: *mut core::ffi::c_void, name: &core::ffi::CStr, real_dlsym: crate::sys::dlsym::DlsymFn) -> Option<*mut core::ffi::c_void> {
     if handle.is_null() || handle == libc::RTLD_NEXT || handle == libc::RTLD_DEFAULT || ready().is_none() {
         return None;

@@ -149,9 +149,10 @@ pub fn parent_id() -> u32 {
     }
 }
 
-/// The parent as the kernel says now (0 before `note_start`).
+/// The parent recorded at `note_start` or in a forked child (0 before either).
 static PARENT: AtomicU32 = AtomicU32::new(0);
 
+/// The parent as the kernel says now.
 fn parent_now() -> u32 {
     // SAFETY: getppid cannot fail.
     unsafe { libc::getppid() as u32 }
