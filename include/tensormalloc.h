@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define TM_STATS_VERSION 2
+#define TM_STATS_VERSION 3
 
 /* A snapshot of the counters. It can grow: set `size` to sizeof(tm_stats_t) before calling
  * tm_get_stats, which fills at most that many bytes and sets `size` to what it filled, and
@@ -60,6 +60,15 @@ typedef struct tm_stats_t {
      * (LazyFree in smaps) until the kernel needs the pages. The rest were dropped. */
     uint64_t host_cached_resident_bytes;
     uint64_t host_cached_lazyfree_bytes;
+    /* Version 3: the rest of the report's host figures (docs/observability.md says each). */
+    uint64_t host_handed_out_bytes;       /* every large block ever handed out, in bytes */
+    uint64_t host_deferred_unmap_bytes;   /* evicted, waiting for our thread to unmap them */
+    uint64_t host_bound_blocks;           /* the most the cache may keep now (follows the live peak) */
+    uint64_t host_bound_bytes;
+    uint64_t host_calloc_zeroed_by_discard; /* calloc hits zeroed with MADV_DONTNEED, not written */
+    uint64_t host_reset_blocks;           /* freed blocks made plain again (protection, locks, advice) */
+    uint64_t host_unresettable_blocks;    /* freed blocks that could not be: never reused */
+    uint64_t host_retries_after_trim;     /* failed requests retried after the cache was emptied */
 } tm_stats_t;
 
 /* The library version, e.g. "0.1.0". */

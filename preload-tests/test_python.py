@@ -23,6 +23,35 @@ def test_struct_fields_match_the_header():
     assert fields == [f for f, _ in tensormalloc._Scope._fields_]
 
 
+def test_stats_has_every_host_figure_of_the_report(tmp_path):
+    # One vocabulary: each host figure of the JSON report is in stats() (and tm_stats_t) as
+    # host_NAME, with the same value once the program is done with its blocks.
+    code = r"""
+import json, mmap, ctypes, numpy as np, tensormalloc
+for _ in range(5):
+    a = np.ones(4_000_000)
+    del a
+b = np.ones(4_000_000)
+libc = ctypes.CDLL(None)
+libc.mprotect(ctypes.c_void_p(b.ctypes.data & ~4095), 4096, mmap.PROT_READ)
+del b
+c = np.zeros(4_000_000)
+del c
+print(json.dumps(tensormalloc.stats()))
+"""
+    path = tmp_path / "s.json"
+    out = ok(run([PY, "-c", code], env={**ENV, "TENSORMALLOC_STATS": f"json:{path}"}))
+    stats = __import__("json").loads(out.stdout)
+    host = __import__("json").loads(path.read_text())["host"]
+    for name, value in host.items():
+        field = name if name == "threshold_bytes" else f"host_{name}"
+        assert field in stats, f"the JSON's host.{name} is not in stats()"
+    assert stats["host_reset_blocks"] == host["reset_blocks"] >= 1, (stats, host)
+    for name in ("bound_blocks", "bound_bytes", "unresettable_blocks", "retries_after_trim", "calloc_zeroed_by_discard"):
+        assert stats[f"host_{name}"] == host[name], name
+    assert stats["host_handed_out_bytes"] >= 7 * 32_000_000
+
+
 def test_scope_figures_match_a_known_pattern():
     code = r"""
 import numpy as np, tensormalloc

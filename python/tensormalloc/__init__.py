@@ -56,7 +56,11 @@ class _Stats(ctypes.Structure):
             "cuda_oom_retries", "cuda_oom_failures", "cuda_reserved_bytes", "cuda_peak_reserved_bytes",
             "cuda_live_bytes", "cuda_peak_live_bytes", "pinned_requests", "pinned_hits",
             "pinned_cached_bytes", "pinned_peak_cached_bytes",
-            "host_cached_resident_bytes", "host_cached_lazyfree_bytes")]
+            "host_cached_resident_bytes", "host_cached_lazyfree_bytes",
+            # version 3
+            "host_handed_out_bytes", "host_deferred_unmap_bytes", "host_bound_blocks", "host_bound_bytes",
+            "host_calloc_zeroed_by_discard", "host_reset_blocks", "host_unresettable_blocks",
+            "host_retries_after_trim")]
 
 
 class _Holder(ctypes.Structure):

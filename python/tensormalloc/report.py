@@ -24,7 +24,7 @@ import sys
 from ._files import Refused, open_input, read_all
 
 COLUMNS = ("pid", "command", "parent", "requests", "hits", "frees", "live", "peak", "cached", "ended", "cuda reserved", "cuda live")
-VERSIONS = (1, 2)  # of the JSON (tm_stats_t's version)
+VERSIONS = (1, 2, 3)  # of the JSON (tm_stats_t's version; 3 added no JSON field)
 MAX_BYTES = 16 << 20
 
 # src/record/ledger/layout.rs's layout (little-endian).

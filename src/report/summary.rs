@@ -9,7 +9,7 @@ use crate::state::{DEVICE, HOST};
 use core::fmt::{self, Write};
 
 /// Bumped when fields are appended to `tm_stats_t`.
-pub const STATS_VERSION: u32 = 2;
+pub const STATS_VERSION: u32 = 3;
 
 /// `tm_stats_t` in include/tensormalloc.h: the same fields in the same order.
 #[repr(C)]
@@ -52,6 +52,15 @@ pub struct Snapshot {
     // Version 2 (Note [What RSS shows]).
     pub host_cached_resident_bytes: u64,
     pub host_cached_lazyfree_bytes: u64,
+    // Version 3: the rest of the JSON's host figures.
+    pub host_handed_out_bytes: u64,
+    pub host_deferred_unmap_bytes: u64,
+    pub host_bound_blocks: u64,
+    pub host_bound_bytes: u64,
+    pub host_calloc_zeroed_by_discard: u64,
+    pub host_reset_blocks: u64,
+    pub host_unresettable_blocks: u64,
+    pub host_retries_after_trim: u64,
 }
 
 impl Snapshot {
@@ -79,6 +88,12 @@ impl Snapshot {
             host_unmapped_blocks: s.unmapped_blocks.get(),
             host_unmapped_bytes: s.unmapped_bytes.get(),
             host_map_failures: s.map_failures.get(),
+            host_handed_out_bytes: s.live.total(),
+            host_deferred_unmap_bytes: s.deferred.current(),
+            host_calloc_zeroed_by_discard: s.zeroed_by_discard.get(),
+            host_reset_blocks: s.resets.get(),
+            host_unresettable_blocks: s.unresettable.get(),
+            host_retries_after_trim: s.retries_after_trim.get(),
             ..Snapshot::default()
         };
         DEVICE.for_each_pool(|_, pool| {
@@ -97,6 +112,8 @@ impl Snapshot {
         (snap.pinned_requests, snap.pinned_hits, snap.pinned_cached_bytes, snap.pinned_peak_cached_bytes) = DEVICE.pinned_figures();
         let (resident, lazy) = HOST.cached_resident();
         (snap.host_cached_resident_bytes, snap.host_cached_lazyfree_bytes) = (resident as u64, lazy as u64);
+        let (bound_blocks, bound_bytes) = HOST.bounds();
+        (snap.host_bound_blocks, snap.host_bound_bytes) = (bound_blocks as u64, bound_bytes as u64);
         snap
     }
 }
@@ -183,19 +200,18 @@ pub fn write_text<W: Write>(w: &mut W, s: &Snapshot) -> fmt::Result {
         Bytes(s.host_released_bytes),
         Count(s.host_unmapped_blocks, "block"),
         Bytes(s.host_unmapped_bytes),
-        Bytes(HOST.stats.deferred.current()),
+        Bytes(s.host_deferred_unmap_bytes),
         s.host_map_failures
     )?;
-    let (bound_blocks, bound_bytes) = HOST.bounds();
     writeln!(
         w,
         "  bound {}, {}  calloc zeroed by discard {}  unresettable blocks {}  reset blocks {}  retries after trim {}",
-        Count(bound_blocks as u64, "block"),
-        Bytes(bound_bytes as u64),
-        HOST.stats.zeroed_by_discard.get(),
-        HOST.stats.unresettable.get(),
-        HOST.stats.resets.get(),
-        HOST.stats.retries_after_trim.get()
+        Count(s.host_bound_blocks, "block"),
+        Bytes(s.host_bound_bytes),
+        s.host_calloc_zeroed_by_discard,
+        s.host_unresettable_blocks,
+        s.host_reset_blocks,
+        s.host_retries_after_trim
     )?;
     DEVICE.for_each_pool(|device, pool| {
         let p = &pool.stats;
@@ -317,7 +333,7 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot, ending: Ending) -> fmt::Res
         "\"live_bytes\":{},\"peak_live_bytes\":{},\"handed_out_bytes\":{},\"cached_bytes\":{},\"peak_cached_bytes\":{},\"cached_blocks\":{},\"cached_resident_bytes\":{},\"cached_lazyfree_bytes\":{},",
         s.host_live_bytes,
         s.host_peak_live_bytes,
-        HOST.stats.live.total(),
+        s.host_handed_out_bytes,
         s.host_cached_bytes,
         s.host_peak_cached_bytes,
         s.host_cached_blocks,
@@ -331,19 +347,18 @@ pub fn write_json<W: Write>(w: &mut W, s: &Snapshot, ending: Ending) -> fmt::Res
         s.host_released_bytes,
         s.host_unmapped_blocks,
         s.host_unmapped_bytes,
-        HOST.stats.deferred.current(),
+        s.host_deferred_unmap_bytes,
         s.host_map_failures
     )?;
-    let (bound_blocks, bound_bytes) = HOST.bounds();
     write!(
         w,
         "\"bound_blocks\":{},\"bound_bytes\":{},\"calloc_zeroed_by_discard\":{},\"unresettable_blocks\":{},\"reset_blocks\":{},\"retries_after_trim\":{}}},",
-        bound_blocks,
-        bound_bytes,
-        HOST.stats.zeroed_by_discard.get(),
-        HOST.stats.unresettable.get(),
-        HOST.stats.resets.get(),
-        HOST.stats.retries_after_trim.get()
+        s.host_bound_blocks,
+        s.host_bound_bytes,
+        s.host_calloc_zeroed_by_discard,
+        s.host_unresettable_blocks,
+        s.host_reset_blocks,
+        s.host_retries_after_trim
     )?;
     w.write_str("\"cuda\":[")?;
     let mut first = true;
