@@ -12,7 +12,8 @@
 //! events when its writer falls a ring behind (a file must not have holes in its middle); they
 //! keep different fields (streams and segments here; requested sizes, outcomes, samples there).
 
-use core::sync::atomic::{fence, AtomicPtr, AtomicU64, Ordering::{AcqRel, Acquire, Relaxed, Release}};
+use crate::sys::mapped_on_use::MappedOnUse;
+use core::sync::atomic::{fence, AtomicU64, Ordering::{Acquire, Relaxed, Release}};
 
 pub const ALLOC: u8 = 0;
 pub const FREE: u8 = 1;
@@ -52,47 +53,22 @@ struct Slot {
     kind: AtomicU64,
 }
 
-/// A ring of EVENTS events, mapped at its first event, and the index of the next.
+/// A ring of EVENTS events, mapped at its first event (Note [Tables mapped at first use] in
+/// sys/mapped_on_use.rs), and the index of the next.
 struct Ring {
-    slots: AtomicPtr<[Slot; EVENTS]>,
+    slots: MappedOnUse<[Slot; EVENTS]>,
     head: AtomicU64,
 }
 
 impl Ring {
     const fn new() -> Self {
-        Ring { slots: AtomicPtr::new(core::ptr::null_mut()), head: AtomicU64::new(0) }
-    }
-
-    /// The slots, if an event has mapped them.
-    fn slots(&self) -> Option<&[Slot; EVENTS]> {
-        // SAFETY: null, or a mapping of ours that lives as long as the process; zeroed pages are
-        // empty slots (every field an atomic integer).
-        unsafe { self.slots.load(Acquire).as_ref() }
-    }
-
-    /// The slots, mapped now if they were not; None when the mapping is refused (the event is
-    /// then not kept).
-    fn slots_to_write(&self) -> Option<&[Slot; EVENTS]> {
-        if let Some(slots) = self.slots() {
-            return Some(slots);
-        }
-        self.map_slots()
-    }
-
-    #[cold]
-    fn map_slots(&self) -> Option<&[Slot; EVENTS]> {
-        let bytes = core::mem::size_of::<[Slot; EVENTS]>();
-        let fresh = crate::sys::os_pages::map_table(bytes)? as *mut [Slot; EVENTS];
-        if let Err(_theirs) = self.slots.compare_exchange(core::ptr::null_mut(), fresh, AcqRel, Acquire) {
-            // Another thread mapped them first.
-            crate::sys::os_pages::unmap_table(fresh as usize, bytes);
-        }
-        self.slots()
+        // SAFETY: zeroed slots are empty ones (every field an atomic integer).
+        Ring { slots: unsafe { MappedOnUse::new() }, head: AtomicU64::new(0) }
     }
 
     /// Writes the event of index `index` into its slot.
     fn write(&self, index: u64, e: &HistoryEvent) {
-        let Some(slots) = self.slots_to_write() else { return };
+        let Some(slots) = self.slots.get_or_map() else { return };
         let Some(s) = slots.get(index as usize % EVENTS) else { return };
         s.seq.store(0, Relaxed);
         fence(Release);
@@ -111,7 +87,7 @@ impl Ring {
     /// Calls `f` for the events of indices below `cut` still in the ring, oldest first.
     fn for_each_before(&self, cut: u64, f: &mut impl FnMut(&HistoryEvent)) {
         let head = self.head.load(Acquire);
-        let Some(slots) = self.slots() else { return };
+        let Some(slots) = self.slots.get() else { return };
         for index in head.saturating_sub(EVENTS as u64)..cut.min(head) {
             let Some(s) = slots.get(index as usize % EVENTS) else { continue };
             if s.seq.load(Acquire) != index + 1 {

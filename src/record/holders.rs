@@ -4,6 +4,7 @@
 //! and free by the layers' recording points; read by the reports. Names are never resolved here:
 //! a holder is a key (sys/caller.rs names it at report time).
 
+use crate::sys::mapped_on_use::MappedOnUse;
 use crate::backing::MAX_DEVICES;
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -471,12 +472,26 @@ impl Holders {
 
 }
 
-/// The process's table.
-pub static HOLDERS: Holders = Holders::new();
+/// The process's table, mapped at its first holder (Note [Tables mapped at first use] in
+/// sys/mapped_on_use.rs).
+// SAFETY: a zeroed table is an empty one (keys 0, rows 0, a free lock).
+static HOLDERS: MappedOnUse<Holders> = unsafe { MappedOnUse::new() };
+
+/// The process's table, if a holder has mapped it.
+pub fn table() -> Option<&'static Holders> {
+    HOLDERS.get()
+}
+
+/// The process's table, mapped now if it was not (None: refused).
+pub fn table_to_write() -> Option<&'static Holders> {
+    HOLDERS.get_or_map()
+}
 
 /// Every row of the process's table.
 pub fn for_each_row(f: impl FnMut(&HolderRow)) {
-    HOLDERS.for_each_row(f);
+    if let Some(h) = table() {
+        h.for_each_row(f);
+    }
 }
 
 /// Who asked for a block, as the entry points pass it down: the return address of the call
@@ -499,12 +514,14 @@ impl Asker {
     /// The holder word of the block this asker is handed.
     pub fn holder(self) -> u64 {
         let caller = self.0 as usize;
+        // No table (its mapping refused): every block's holder is unknown, and nothing counts.
+        let Some(holders) = table_to_write() else { return 0 };
         match self.0 >> CALLER_BITS {
-            0 => HOLDERS.holder_of_call(caller, |c| match crate::sys::caller::calling_object(c) {
+            0 => holders.holder_of_call(caller, |c| match crate::sys::caller::calling_object(c) {
                 Some(start) => start as u64,
                 None => KEY_ANONYMOUS,
             }),
-            key => HOLDERS.holder_of_hook(caller, key),
+            key => holders.holder_of_hook(caller, key),
         }
     }
 }
@@ -521,7 +538,7 @@ pub struct Description<'a> {
 
 /// Describes a holder word for a report: its holder, and where the call came from.
 pub fn describe<T>(word: u64, f: impl FnOnce(&Description) -> T) -> T {
-    let key = HOLDERS.key(id_of(word));
+    let key = table().map_or(0, |h| h.key(id_of(word)));
     let caller = caller_of(word);
     let hook = hook_name(key).map(str::as_bytes);
     crate::sys::caller::names(caller, |found| match found {
@@ -538,12 +555,12 @@ pub fn frees_and_retries(word: u64) -> bool {
 
 /// The short name of holder `id` (its object's file name, or its hook's library).
 pub fn holder_name<T>(id: u16, f: impl FnOnce(&[u8]) -> T) -> T {
-    let key = HOLDERS.key(id);
+    let key = table().map_or(0, |h| h.key(id));
     if key == TOMBSTONE {
         return f(b"(unloaded object)");
     }
-    if key & RETIRED != 0 {
-        return HOLDERS.retired_name(id, |name| {
+    if let Some(h) = table().filter(|_| key & RETIRED != 0) {
+        return h.retired_name(id, |name| {
             let mut w = crate::sys::stderr::StackWriter::<80>::new();
             let _ = core::fmt::Write::write_fmt(&mut w, format_args!("{} (unloaded)", name.and_then(|n| core::str::from_utf8(n).ok()).unwrap_or("?")));
             f(w.as_bytes())

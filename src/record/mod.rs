@@ -36,7 +36,7 @@ pub mod scopes;
 pub mod stats;
 pub mod trace;
 
-use holders::{Writers, HOLDERS, PLACE_HOST, PLACE_PINNED};
+use holders::{Writers, PLACE_HOST, PLACE_PINNED};
 
 /// A block as every record sees it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -105,19 +105,25 @@ impl HostBook {
 
     /// A host block handed out, at `now_ns` (the coarse clock).
     pub fn alloc(&mut self, b: Block, now_ns: u64) {
-        HOLDERS.on_alloc(b.holder, PLACE_HOST, b.asked, b.bytes, Writers::Serialized);
+        if let Some(h) = holders::table_to_write() {
+            h.on_alloc(b.holder, PLACE_HOST, b.asked, b.bytes, Writers::Serialized);
+        }
         Self::event(history::ALLOC, &b, now_ns);
     }
 
     /// A host block given back by the program.
     pub fn free(&mut self, b: Block, now_ns: u64) {
-        HOLDERS.on_free(b.holder, PLACE_HOST, b.asked, b.bytes, Writers::Serialized);
+        if let Some(h) = holders::table() {
+            h.on_free(b.holder, PLACE_HOST, b.asked, b.bytes, Writers::Serialized);
+        }
         Self::event(history::FREE, &b, now_ns);
     }
 
     /// A host block that kept its holder through a resize (see `resize`).
     pub fn resize(&mut self, old: Block, new: Block, now_ns: u64) {
-        HOLDERS.on_resize(old.holder, PLACE_HOST, (old.asked, old.bytes), (new.asked, new.bytes), Writers::Serialized);
+        if let Some(h) = holders::table() {
+            h.on_resize(old.holder, PLACE_HOST, (old.asked, old.bytes), (new.asked, new.bytes), Writers::Serialized);
+        }
         Self::event(history::FREE, &old, now_ns);
         Self::event(history::ALLOC, &new, now_ns);
     }
@@ -137,7 +143,9 @@ pub fn alloc(b: Block, found: Found) {
     ledger::on_alloc(b.place, b.bytes, found);
     if b.place != PLACE_HOST {
         retry_served(b.place, b.bytes);
-        HOLDERS.on_alloc(b.holder, b.place, b.asked, b.bytes, Writers::Many);
+        if let Some(h) = holders::table_to_write() {
+            h.on_alloc(b.holder, b.place, b.asked, b.bytes, Writers::Many);
+        }
         history::record(history::ALLOC, b.place, b.addr, b.bytes, b.holder, b.stream);
     }
     if let Some((kind, device)) = trace_kind(b.place) {
@@ -150,7 +158,9 @@ pub fn alloc(b: Block, found: Found) {
 pub fn free(b: Block) {
     ledger::on_free(b.place, b.bytes);
     if b.place != PLACE_HOST {
-        HOLDERS.on_free(b.holder, b.place, b.asked, b.bytes, Writers::Many);
+        if let Some(h) = holders::table() {
+            h.on_free(b.holder, b.place, b.asked, b.bytes, Writers::Many);
+        }
         history::record(history::FREE, b.place, b.addr, b.bytes, b.holder, b.stream);
     }
     if let Some((kind, device)) = trace_kind(b.place) {
@@ -165,7 +175,9 @@ pub fn free(b: Block) {
 pub fn resize(old: Block, new: Block) {
     ledger::on_resize(old.place, old.bytes, new.bytes);
     if old.place != PLACE_HOST {
-        HOLDERS.on_resize(old.holder, old.place, (old.asked, old.bytes), (new.asked, new.bytes), Writers::Many);
+        if let Some(h) = holders::table() {
+            h.on_resize(old.holder, old.place, (old.asked, old.bytes), (new.asked, new.bytes), Writers::Many);
+        }
         history::record(history::FREE, old.place, old.addr, old.bytes, old.holder, old.stream);
         history::record(history::ALLOC, new.place, new.addr, new.bytes, new.holder, new.stream);
     }
@@ -183,7 +195,9 @@ pub fn resize(old: Block, new: Block) {
 pub fn forgotten(b: Block) {
     ledger::on_forgotten(b.place, b.bytes);
     if b.place != PLACE_HOST {
-        HOLDERS.on_free(b.holder, b.place, b.asked, b.bytes, Writers::Many);
+        if let Some(h) = holders::table() {
+            h.on_free(b.holder, b.place, b.asked, b.bytes, Writers::Many);
+        }
         if b.place != PLACE_PINNED {
             history::record(history::FREE, b.place, b.addr, b.bytes, b.holder, b.stream);
         }

@@ -173,7 +173,7 @@ pub fn write_text<W: Write>(w: &mut W, t: &Table) -> fmt::Result {
             )
         })?;
     }
-    let refused = holders::HOLDERS.refused();
+    let refused = holders::table().map_or(0, |h| h.refused());
     if refused > 0 {
         writeln!(w, "  The table is full: {} more holders are counted as unknown (it names {}).", refused, holders::MAX_HOLDERS - 1)?;
     }

@@ -2,7 +2,7 @@
 //! [Holders]), so its blocks keep its name and an object loaded at its address later is counted
 //! apart.
 
-use crate::record::holders::HOLDERS;
+use crate::record::holders;
 use crate::sys::caller;
 use core::ffi::{c_int, c_void};
 
@@ -29,7 +29,9 @@ pub unsafe fn dlclose(handle: *mut c_void) -> c_int {
     if let Some((start, inside)) = object {
         // Still loaded (other handles hold it) when its address still lies in it.
         if answer == 0 && caller::object_start(inside) != Some(start) {
-            HOLDERS.retire(start as u64, name.get(..len).unwrap_or(&[]));
+            if let Some(h) = holders::table() {
+                h.retire(start as u64, name.get(..len).unwrap_or(&[]));
+            }
         }
     }
     answer

@@ -89,12 +89,16 @@ fn child_steps() {
     report::oom::after_fork_in_child();
     sys::stack::after_fork_in_child();
     sys::unmap_later::WAITING.forget_in_child();
-    crate::record::holders::HOLDERS.after_fork_in_child();
+    if let Some(h) = crate::record::holders::table() {
+        h.after_fork_in_child();
+    }
     crate::device::ipc::OPENED.forget_in_child();
     if DEVICE.after_fork_in_child() {
         // Note [Forked children]: the parent's device and pinned blocks are not this process's.
-        for place in (0..crate::record::holders::PLACES as u8).filter(|&p| p != crate::record::holders::PLACE_HOST) {
-            crate::record::holders::HOLDERS.forget_place(place);
+        if let Some(h) = crate::record::holders::table() {
+            for place in (0..crate::record::holders::PLACES as u8).filter(|&p| p != crate::record::holders::PLACE_HOST) {
+                h.forget_place(place);
+            }
         }
     }
     sys::reaper::after_fork_in_child();

@@ -24,6 +24,7 @@ pub mod fork_mark;
 pub mod front;
 pub mod kept;
 pub mod lock;
+pub mod mapped_on_use;
 pub mod memory;
 pub mod next;
 // Its users, the operator new shims, are not built for tests and the no-interpose harnesses.

@@ -377,7 +377,7 @@ fn out_of_memory_outside_the_pool_gets_its_cache_back_once() {
 /// The holders table's row of `word` on device 0: (live, peak, blocks).
 fn holder_row(word: u64) -> (u64, u64, u64) {
     let mut out = (0, 0, 0);
-    crate::record::holders::HOLDERS.for_each_row(|r| {
+    crate::record::holders::for_each_row(|r| {
         if r.id == crate::record::holders::id_of(word) && r.place == crate::record::holders::device_place(0) {
             out = (r.live_bytes, r.peak_bytes, r.blocks);
         }
@@ -389,7 +389,7 @@ fn holder_row(word: u64) -> (u64, u64, u64) {
 fn the_holders_table_follows_blocks_and_forgets_them_with_their_context() {
     let l = layer(Config::default(), &[GB]);
     // A key of this test's own: the table is the process's, shared with other tests.
-    let w = crate::record::holders::HOLDERS.holder_of_hook(0x1234, 0x5151_0000);
+    let w = crate::record::holders::table_to_write().unwrap().holder_of_hook(0x1234, 0x5151_0000);
     let a = l.malloc(MB, w).unwrap();
     let b = l.malloc(3 * MB, w).unwrap();
     let size = |p: usize| match l.range(p) {

@@ -3,12 +3,13 @@
 //! segment shares one mapping, counted; each pointer handed out is remembered until its close,
 //! and the segment is closed with its last one. A chunk run of an expandable block (Note [IPC of
 //! expandable segments] in device/pool/exports.rs), named by its registry bytes, is opened and
-//! closed the same way. Fixed tables under one lock, never held across a
-//! driver call: a segment being opened or closed is marked so, and another thread that needs it
+//! closed the same way. Fixed tables under one lock (mapped at the first open, Note [Tables
+//! mapped at first use] in sys/mapped_on_use.rs), never held across a driver call: a segment being opened or closed is marked so, and another thread that needs it
 //! waits for that to end. Unit-tested; never calls the system.
 
 use crate::backing::CUDA_ERROR_MEMORY_ALLOCATION;
 use crate::sys::lock::Lock;
+use crate::sys::mapped_on_use::MappedOnUse;
 use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use core::ffi::c_int;
 
@@ -46,7 +47,7 @@ struct Tables {
 }
 
 pub struct Opened {
-    tables: Lock<Tables>,
+    tables: MappedOnUse<Lock<Tables>>,
     /// A segment was ever opened (a forked child has tables to forget).
     ever_opened: AtomicBool,
 }
@@ -80,7 +81,9 @@ const EMPTY_SEGMENT: Segment = Segment { state: State::Empty, real: [0; 64], bas
 
 impl Opened {
     pub const fn new() -> Self {
-        Opened { tables: Lock::new(Tables { segments: [EMPTY_SEGMENT; SEGMENTS], pointers: [Pointer { ptr: 0, size: 0, segment: 0 }; POINTERS] }), ever_opened: AtomicBool::new(false) }
+        // SAFETY: zeroed tables are empty ones (State::Empty is 0, every pointer slot's segment
+        // 0) under a free lock.
+        Opened { tables: unsafe { MappedOnUse::new() }, ever_opened: AtomicBool::new(false) }
     }
 
     /// The segment `real` names, mapped once per process: `map` makes the mapping (its base,
@@ -114,13 +117,14 @@ impl Opened {
     /// context, which the child cannot use (the driver answers NOT_INITIALIZED there); a handle
     /// opened again, or a pointer closed, goes to the driver for its own answer.
     pub fn forget_in_child(&self) {
+        let Some(tables) = self.tables.get() else { return };
         // SAFETY: the child's fork handler; what the lock guards is forgotten whole (Note [Locks
         // a child inherits] in sys/lock.rs).
-        unsafe { self.tables.free_in_child() };
+        unsafe { tables.free_in_child() };
         if !self.ever_opened.load(Relaxed) {
-            return; // nothing to forget: 150 KB of tables left untouched
+            return; // nothing to forget: 176 KiB of tables left untouched
         }
-        let mut t = self.tables.lock();
+        let mut t = tables.lock();
         // In place: a thread may have 16 KiB of stack in all.
         for s in t.segments.iter_mut().filter(|s| s.state != State::Empty) {
             *s = EMPTY_SEGMENT;
@@ -132,7 +136,8 @@ impl Opened {
 
     /// A handle of ours names the segment `real`, the block of `size` bytes at `offset` in it.
     pub fn begin_open(&self, real: &[u8; 64], offset: u64, size: u64) -> Begin {
-        let mut t = self.tables.lock();
+        let Some(tables) = self.tables.get_or_map() else { return Begin::Full };
+        let mut t = tables.lock();
         if let Some(i) = t.segments.iter().position(|s| s.state != State::Empty && s.real == *real) {
             let s = t.segments.get(i).copied().unwrap_or(EMPTY_SEGMENT);
             if s.state != State::Open {
@@ -160,7 +165,9 @@ impl Opened {
     /// The driver opened segment `slot` at `base` (or refused: None); the block's pointer is
     /// `base` plus `offset`, recorded. False when it could not be recorded (the caller closes).
     pub fn end_open(&self, slot: usize, base: Option<u64>, offset: u64, size: u64) -> bool {
-        let mut t = self.tables.lock();
+        // begin_open mapped the tables.
+        let Some(tables) = self.tables.get() else { return false };
+        let mut t = tables.lock();
         let Some(base) = base else {
             if let Some(s) = t.segments.get_mut(slot) {
                 *s = EMPTY_SEGMENT;
@@ -194,13 +201,14 @@ impl Opened {
         if !self.ever_opened.load(Relaxed) {
             return None;
         }
-        let t = self.tables.lock();
+        let t = self.tables.get()?.lock();
         t.pointers.iter().find(|p| p.segment != 0 && addr.wrapping_sub(p.ptr) < p.size).map(|p| (p.ptr, p.size))
     }
 
     /// A close of `ptr`.
     pub fn close(&self, ptr: u64) -> Close {
-        let mut t = self.tables.lock();
+        let Some(tables) = self.tables.get() else { return Close::NotOurs };
+        let mut t = tables.lock();
         let Some(p) = t.pointers.iter_mut().find(|p| p.segment != 0 && p.ptr == ptr) else { return Close::NotOurs };
         let slot = p.segment as usize - 1;
         p.segment = 0;
@@ -215,7 +223,8 @@ impl Opened {
 
     /// The driver closed segment `slot`'s mapping: the slot is free.
     pub fn end_close(&self, slot: usize) {
-        if let Some(s) = self.tables.lock().segments.get_mut(slot) {
+        let Some(tables) = self.tables.get() else { return };
+        if let Some(s) = tables.lock().segments.get_mut(slot) {
             *s = EMPTY_SEGMENT;
         }
     }
@@ -257,7 +266,7 @@ mod tests {
         let real = [9u8; 64];
         let Begin::Open { slot } = o.begin_open(&real, 0, 1024) else { panic!() };
         assert!(o.end_open(slot, Some(0x2000_0000), 0, 1024));
-        core::mem::forget(o.tables.lock()); // a parent thread in the tables at the fork
+        core::mem::forget(o.tables.get().unwrap().lock()); // a parent thread in the tables at the fork
         o.forget_in_child();
         assert!(matches!(o.begin_open(&real, 0, 1024), Begin::Open { .. }), "the parent's mapping is not the child's");
         assert_eq!(o.close(0x2000_0000), Close::NotOurs);

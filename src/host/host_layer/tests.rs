@@ -1081,10 +1081,10 @@ fn gathering_survives_refused_moves() {
 fn the_holders_table_follows_allocs_resizes_and_frees_with_what_was_asked() {
     let l = layer(Config::default());
     // A key of this test's own: the table is the process's, shared with other tests.
-    let w = crate::record::holders::HOLDERS.holder_of_hook(0x4321, 0x4242_0000);
+    let w = crate::record::holders::table_to_write().unwrap().holder_of_hook(0x4321, 0x4242_0000);
     let row = || {
         let mut out = (0, 0, 0, 0);
-        crate::record::holders::HOLDERS.for_each_row(|r| {
+        crate::record::holders::for_each_row(|r| {
             if r.id == crate::record::holders::id_of(w) && r.place == crate::record::holders::PLACE_HOST {
                 out = (r.live_bytes, r.peak_bytes, r.blocks, r.unused_bytes);
             }
