@@ -13,10 +13,12 @@
 // holder row mapped late would be counted down for blocks it never counted up).
 
 use core::marker::PhantomData;
-use core::sync::atomic::{AtomicPtr, Ordering::{AcqRel, Acquire}};
+use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::{AcqRel, Acquire, Relaxed}};
 
 pub struct MappedOnUse<T> {
     table: AtomicPtr<T>,
+    /// The mapping was refused: never tried again.
+    refused: AtomicBool,
     _owns: PhantomData<T>,
 }
 
@@ -28,18 +30,14 @@ impl<T> MappedOnUse<T> {
     /// Zeroed memory must be a valid, empty `T` (integers, atomics, our locks: their free word
     /// is 0), and `T` must need no drop.
     pub const unsafe fn new() -> Self {
-        MappedOnUse { table: AtomicPtr::new(core::ptr::null_mut()), _owns: PhantomData }
+        MappedOnUse { table: AtomicPtr::new(core::ptr::null_mut()), refused: AtomicBool::new(false), _owns: PhantomData }
     }
 
     /// The table, if a write has mapped it.
     pub fn get(&self) -> Option<&T> {
-        let p = self.table.load(Acquire);
-        if p == refused() {
-            return None;
-        }
         // SAFETY: null, or a mapping of ours kept for the process's life, valid zeroed (new's
         // contract) and written only through `&T`.
-        unsafe { p.as_ref() }
+        unsafe { self.table.load(Acquire).as_ref() }
     }
 
     /// The table, mapped now if it was not; None when the kernel refuses the mapping.
@@ -53,22 +51,21 @@ impl<T> MappedOnUse<T> {
     #[cold]
     #[inline(never)]
     fn map(&self) -> Option<&T> {
-        if self.table.load(Acquire) == refused() {
+        if self.refused.load(Relaxed) {
             return None;
         }
         let bytes = core::mem::size_of::<T>();
-        let fresh = super::os_pages::map_table(bytes).map_or(refused(), |a| a as *mut T);
-        if self.table.compare_exchange(core::ptr::null_mut(), fresh, AcqRel, Acquire).is_err() && fresh != refused() {
-            // Another thread mapped it first (or was refused first).
-            super::os_pages::unmap_table(fresh as usize, bytes);
+        let Some(fresh) = super::os_pages::map_table(bytes) else {
+            // A thread that mapped it meanwhile keeps it: the table exists or never will.
+            self.refused.store(self.get().is_none(), Relaxed);
+            return self.get();
+        };
+        if self.table.compare_exchange(core::ptr::null_mut(), fresh as *mut T, AcqRel, Acquire).is_err() {
+            // Another thread mapped it first.
+            super::os_pages::unmap_table(fresh, bytes);
         }
         self.get()
     }
-}
-
-/// The pointer of a table whose mapping was refused: never a mapping's address.
-fn refused<T>() -> *mut T {
-    core::ptr::dangling_mut::<u8>() as *mut T
 }
 
 #[cfg(test)]
