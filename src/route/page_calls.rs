@@ -217,6 +217,7 @@ pub fn mlockall(flags: c_int) -> c_int {
             HOST.trim();
             HOST.for_each_table(crate::sys::os_pages::unlock_ours);
             crate::sys::next::for_each_table(crate::sys::os_pages::unlock_ours);
+            crate::sys::mapped_on_use::for_each_mapped(crate::sys::os_pages::unlock_ours);
         }
         set_errno(saved);
     }

@@ -10,10 +10,13 @@
 // as they would in an empty table. The mapping is tried once: one the kernel refuses leaves the
 // table unmapped for good, every write dropped (figures and events not kept, never the
 // program's call), so a table's figures either count from its first write or not at all (a
-// holder row mapped late would be counted down for blocks it never counted up).
+// holder row mapped late would be counted down for blocks it never counted up). The tables
+// are listed (`for_each_mapped`) for the mlockall shim, which unlocks them as it unlocks the
+// registry's (Note [Locked memory] in host/host_layer/mod.rs): mlockall(MCL_CURRENT) would
+// otherwise lock and fault in 2.6 MB of mostly untouched tables against RLIMIT_MEMLOCK.
 
 use core::marker::PhantomData;
-use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::{AcqRel, Acquire, Relaxed}};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::{AcqRel, Acquire, Relaxed, Release}};
 
 pub struct MappedOnUse<T> {
     table: AtomicPtr<T>,
@@ -63,8 +66,36 @@ impl<T> MappedOnUse<T> {
         if self.table.compare_exchange(core::ptr::null_mut(), fresh as *mut T, AcqRel, Acquire).is_err() {
             // Another thread mapped it first.
             super::os_pages::unmap_table(fresh, bytes);
+        } else {
+            note_mapped(fresh, bytes);
         }
         self.get()
+    }
+}
+
+/// The process has a few such tables (two rings, the holders, the IPC openings) and our own
+/// stack (sys/stack.rs); a test process makes more, past which they go unlisted.
+const LISTED: usize = 8;
+static MAPPED_AT: [AtomicUsize; LISTED] = [const { AtomicUsize::new(0) }; LISTED];
+static MAPPED_BYTES: [AtomicUsize; LISTED] = [const { AtomicUsize::new(0) }; LISTED];
+static MAPPED_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// Lists a mapping of ours kept for the process's life.
+pub(super) fn note_mapped(addr: usize, bytes: usize) {
+    let i = MAPPED_COUNT.fetch_add(1, Relaxed);
+    if let (Some(at), Some(len)) = (MAPPED_AT.get(i), MAPPED_BYTES.get(i)) {
+        len.store(bytes, Relaxed);
+        at.store(addr, Release);
+    }
+}
+
+/// Calls `f(addr, len)` for every table (and our stack) mapped so far.
+pub fn for_each_mapped(mut f: impl FnMut(usize, usize)) {
+    for (at, len) in MAPPED_AT.iter().zip(&MAPPED_BYTES) {
+        let addr = at.load(Acquire);
+        if addr != 0 {
+            f(addr, len.load(Relaxed));
+        }
     }
 }
 
@@ -89,5 +120,10 @@ mod tests {
         let t = TABLE.get().unwrap();
         assert_eq!((0..4).map(|i| t[i].load(Relaxed)).collect::<Vec<_>>(), [1, 2, 3, 4]);
         assert!(t[4..].iter().all(|a| a.load(Relaxed) == 0), "zeroed");
+        let mut listed = false;
+        for_each_mapped(|addr, len| listed |= addr == t as *const _ as usize && len == core::mem::size_of_val(t));
+        // The test process's other tables (every test's rings, holders, IPC tables) may have
+        // filled the list first.
+        assert!(listed || MAPPED_COUNT.load(Relaxed) > LISTED, "listed for the mlockall shim");
     }
 }

@@ -105,6 +105,8 @@ fn map_stack() -> Option<usize> {
     if unsafe { super::page_calls::mprotect(base as *mut libc::c_void, GUARD_BYTES, libc::PROT_NONE) } != 0 {
         return None;
     }
+    // Unlocked after mlockall(MCL_CURRENT) with our tables: it is ours, not the program's.
+    super::mapped_on_use::note_mapped(base + GUARD_BYTES, STACK_BYTES);
     Some(base + GUARD_BYTES + STACK_BYTES - ABOVE_TOP)
 }
 
