@@ -55,14 +55,15 @@ def library_built():
     assert LIB.exists(), f"{LIB} missing: run cargo build --release first (scripts/test does)"
 
 
-def compile_cxx(name, shared=False):
+def compile_cxx(name, shared=False, extra=(), as_name=None):
     """Builds preload-tests/c/NAME.cc with g++ once per session (a shared library NAME.so when
-    asked); returns its path."""
+    asked; `as_name` names a build with `extra` flags of its own); returns its path."""
     BUILD.mkdir(parents=True, exist_ok=True)
-    out = BUILD / (f"{name}.so" if shared else name)
+    base = as_name or name
+    out = BUILD / (f"{base}.so" if shared else base)
     src = C_DIR / f"{name}.cc"
     if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
         kind = ["-shared", "-fPIC"] if shared else []
-        cmd = ["g++", "-std=c++17", "-O1", "-g", "-Wall", "-fno-allocation-dce", *kind, "-o", str(out), str(src), "-ldl"]
+        cmd = ["g++", "-std=c++17", "-O1", "-g", "-Wall", "-fno-allocation-dce", *kind, "-o", str(out), str(src), "-ldl", *extra]
         subprocess.run(cmd, check=True)
     return str(out)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import LIB, compile_c, compile_cxx, find_peer, ok, run
+from conftest import BUILD, LIB, compile_c, compile_cxx, find_peer, ok, run
 
 PEERS = {
     "alone": None,
@@ -101,3 +101,38 @@ def test_operators_the_program_replaced_are_the_ones_every_form_calls(peer):
         assert ours.stdout == "news=13 deletes=11 headers ok\n", (ours.stdout, ours.stderr)
     else:
         assert ours.stdout == alone.stdout, (ours.stdout, ours.stderr)
+
+
+@pytest.mark.parametrize("how", ["linked", "preloaded-after-us", "symbolic"])
+def test_operators_a_library_behind_us_replaced_are_the_ones_every_form_calls(how):
+    """The same two operators in a library behind us (Note [Operators the program replaced]):
+    linked by the program, preloaded after us (a leak counter layered over tensormalloc), or
+    bound inside itself by -Bsymbolic-functions; blocks cross between the library's own calls
+    and the program's. Before, a sized or array delete went straight to free past the library's
+    header (`free(): invalid pointer`), and a large block the library's new got from us and the
+    program deleted was refused as an interior pointer."""
+    symbolic = how == "symbolic"
+    suffix = "_sym" if symbolic else ""
+    lib = compile_cxx("cxx_replaced", shared=True, as_name=f"libcxx_replaced{suffix}",
+                      extra=["-DOPERATORS_ONLY", *(["-Wl,-Bsymbolic-functions"] if symbolic else [])])
+    exe = compile_cxx("cxx_replaced", as_name=f"cxx_replaced_main{suffix}",
+                      extra=["-DMAIN_ONLY", f"-L{BUILD}", f"-lcxx_replaced{suffix}", f"-Wl,-rpath,{BUILD}"])
+    alone = ok(run([exe], preload=False))
+    assert alone.stdout == "news=13 deletes=13 headers ok\n", alone.stdout
+    ours = ok(run([exe], preload=f"{LIB} {lib}" if how == "preloaded-after-us" else True))
+    assert ours.stdout == alone.stdout, (ours.stdout, ours.stderr)
+
+
+def test_a_cxx_runtime_loaded_after_new_was_first_called_throws_for_it():
+    """A C program loads a plugin built with a static libstdc++ (its operators exported: the
+    process's first new found no C++ runtime behind us), then one on the shared libstdc++ whose
+    impossible new must run its new_handler and throw std::bad_alloc. Before, the first answer
+    was kept: one line and an abort."""
+    first = compile_cxx("cxx_runtime_late", shared=True, as_name="libcxx_static_runtime", extra=["-DSTATIC_RUNTIME", "-static-libstdc++"])
+    second = compile_cxx("cxx_runtime_late", shared=True, as_name="libcxx_shared_runtime")
+    exe = compile_c("cxx_runtime_late_main")
+    expected = "static runtime: 1000\nbad_alloc, handler calls 1\nbad_alloc again\n"
+    alone = ok(run([exe, first, second], preload=False))
+    assert alone.stdout == expected, alone.stdout
+    ours = ok(run([exe, first, second]))
+    assert ours.stdout == expected, (ours.stdout, ours.stderr)

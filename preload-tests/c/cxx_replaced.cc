@@ -4,6 +4,10 @@
 // src/sys/next_cxx.rs). Every form is exercised, small and large (32 MiB, which the program's new
 // gets from malloc, so from us); prints "news=N deletes=N headers ok" with the counts, the same
 // with or without the preload.
+// Built with -DOPERATORS_ONLY as a shared library (the operators, and two calls that use them
+// from inside it) and with -DMAIN_ONLY as a program linked with it: the same operators in a
+// library behind us (linked, preloaded after us, or bound inside itself by -Bsymbolic-functions),
+// and blocks crossing between the library's calls and the program's (13 news, 13 deletes).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -11,7 +15,12 @@
 #include <string>
 #include <vector>
 
-static size_t news = 0, deletes = 0;
+#ifdef MAIN_ONLY
+extern size_t news, deletes;
+void *replaced_make(size_t n);
+void replaced_take(void *p);
+#else
+size_t news = 0, deletes = 0;
 static const size_t MARK = 0xfeedface;
 
 void *operator new(std::size_t n) {
@@ -32,6 +41,12 @@ void operator delete(void *p) noexcept {
     deletes++;
     std::free(q);
 }
+
+void *replaced_make(size_t n) { return operator new(n); }
+void replaced_take(void *p) { operator delete(p); }
+#endif
+
+#ifndef OPERATORS_ONLY
 
 struct S {
     long a[4];
@@ -54,6 +69,15 @@ int main() {
         std::vector<char> vec(n, 'x');
         std::string str(n, 'y');
     }
+#ifdef MAIN_ONLY
+    void *made = replaced_make(big);  // the library's new, the program's delete
+    std::memset(made, 3, big);
+    operator delete(made);
+    void *taken = operator new(big);  // the program's new, the library's delete
+    std::memset(taken, 4, big);
+    replaced_take(taken);
+#endif
     std::printf("news=%zu deletes=%zu headers ok\n", news, deletes);
     return 0;
 }
+#endif

@@ -56,7 +56,37 @@ fn throwing_new_slow<F: Copy>(op: &NextOp<F>, size: usize, align: usize, fallbac
     // [Operators the program replaced] in sys/next_cxx.rs).
     let ours = size >= LARGE_FROM.load(Relaxed) && align.is_power_of_two() && !op.forwards() && serves_the_process();
     let ptr = if ours { large_unreported(size, align.max(PAGE), asker) } else { core::ptr::null_mut() };
+    if ptr.is_null() && next == fallback {
+        return without_a_runtime(op, size, align, asker);
+    }
     NewOutcome { ptr, next }
+}
+
+/// A throwing new in a process that had no C++ runtime when its operator was resolved: the
+/// malloc family serves it; where that fails, a runtime loaded since (a plugin on the shared
+/// libstdc++ after one with a static copy) runs the new_handler and throws, as it would have
+/// with no us; with none still, one line and an abort (rather than NULL to a C++ caller).
+#[cold]
+#[inline(never)]
+fn without_a_runtime<F: Copy>(op: &NextOp<F>, size: usize, align: usize, asker: Asker) -> NewOutcome {
+    let ptr = match align {
+        MIN_ALIGN => malloc_as(size, asker),
+        a if a.is_power_of_two() => aligned(a, size, asker),
+        _ => core::ptr::null_mut(),
+    };
+    if !ptr.is_null() {
+        return NewOutcome { ptr, next: 0 };
+    }
+    match op.resolve_again() {
+        // SAFETY: as in throwing_new_slow.
+        Some(f) => NewOutcome { ptr, next: unsafe { core::mem::transmute_copy::<F, usize>(&f) } },
+        None => NewOutcome { ptr, next: no_runtime_to_throw as *const () as usize },
+    }
+}
+
+/// Both throwing forms' last word (the aligned form's second argument unread).
+extern "C" fn no_runtime_to_throw(size: usize) -> *mut c_void {
+    or_abort(core::ptr::null_mut(), size)
 }
 
 pub(crate) extern "C" fn new_slow(size: usize, asker: Asker) -> NewOutcome {

@@ -75,18 +75,29 @@ impl<F: Copy> NextOp<F> {
     pub fn resolve(&self) -> Option<F> {
         if self.addr.load(Ordering::Acquire) == UNRESOLVED {
             let replaced_base = self.bases.iter().any(|&base| replaced(base));
+            let replaced_behind = !replaced_base && self.bases.iter().any(|&base| replaced_behind_us(base));
             // SAFETY: a C string constant; dlsym/dlopen/dladdr are safe to call after init.
             let a = unsafe { if replaced_base { find_in_cxx_runtime(self.name) } else { find(self.name) } };
             let (found, ours, plain) = match super::dlsym::object_of(a as usize) {
                 Some(lib) => (true, lib.0 == own_library().0, is_libstdcxx(lib)),
                 None => (!a.is_null(), false, false),
             };
-            let forwards = found && !ours && replaced_base;
+            let forwards = found && !ours && (replaced_base || replaced_behind);
             self.forwards.store(forwards, Ordering::Relaxed);
             self.plain.store(plain && found && !ours && !forwards, Ordering::Relaxed);
             self.addr.store(if !found || ours { MISSING } else { a as usize }, Ordering::Release);
         }
         self.get()
+    }
+
+    /// Resolves again an operator the process had no definition of: a C++ runtime may have been
+    /// loaded since (a C program's plugin built with a static libstdc++, then one on the shared
+    /// one). Only where serving without it failed: the look costs the loader's locks.
+    #[cold]
+    #[inline(never)]
+    pub fn resolve_again(&self) -> Option<F> {
+        let _ = self.addr.compare_exchange(MISSING, UNRESOLVED, Ordering::AcqRel, Ordering::Acquire);
+        self.resolve()
     }
 
     /// The resolved operator is libstdc++'s (read after `get` returned it).
@@ -115,6 +126,16 @@ impl<F: Copy> NextOp<F> {
 // calls the program's): no shortcut, no large block of ours, no delete of ours. The next is the
 // C++ runtime's even with jemalloc, tcmalloc or mimalloc preloaded after us: theirs would free
 // the program's pointers themselves too.
+// A library behind us may replace them too (linked by the program, or preloaded after us: a leak
+// counter layered over tensormalloc): its definitions are the next ones, not the process's. Its
+// base forms are then called as they are, and every form built on them goes on to the next
+// definition of its own (the library's, or libstdc++'s, which calls the base through the PLT, so
+// us, so the library's): a sized or array delete handed straight to free, as libstdc++'s
+// shortcut would, freed the library's pointers past its header (`free(): invalid pointer`), and
+// a large block served by us under a delete of its own was refused as an interior pointer. Such a
+// library is told from an allocator (jemalloc, tcmalloc, mimalloc, whose operators we call as
+// they are while serving large requests ourselves) by the malloc it does not define, and from a
+// C++ runtime linked in statically by the std::set_new_handler it does not define.
 
 /// Whether the process's definition of operator `base` is not ours: the program (or a library
 /// ahead of us) replaced it.
@@ -124,6 +145,35 @@ fn replaced(base: &CStr) -> bool {
     match super::dlsym::object_of(a as usize) {
         Some(lib) => lib.0 != own_library().0,
         None => !a.is_null(),
+    }
+}
+
+/// Whether the next definition of operator `base` (RTLD_NEXT) is a library's replacement: not
+/// ours, not a C++ runtime's (shared or linked in), in an object that defines no malloc.
+fn replaced_behind_us(base: &CStr) -> bool {
+    // SAFETY: a C string constant; RTLD_NEXT searches the scope after us.
+    let a = unsafe { libc::dlsym(libc::RTLD_NEXT, base.as_ptr()) };
+    match super::dlsym::object_of(a as usize) {
+        Some(lib) => lib.0 != own_library().0 && !is_cxx_runtime(lib) && !defines(lib, c"malloc") && !defines(lib, c"_ZSt15set_new_handlerPFvvE"),
+        None => false,
+    }
+}
+
+/// Whether the loaded object `lib` itself defines `name` (a lookup by its handle also searches
+/// its dependencies: the answer must lie in it): malloc for an allocator, std::set_new_handler
+/// for a copy of the C++ runtime linked in (-static-libstdc++). Unknown (no handle): as if it
+/// did.
+fn defines((base, path): (usize, &'static CStr), name: &CStr) -> bool {
+    // SAFETY: a loaded object's path; NOLOAD only counts a reference, given back at once.
+    unsafe {
+        let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+        if h.is_null() {
+            return true;
+        }
+        // glibc's own dlsym: ours answers our malloc for the next allocator's handle.
+        let m = super::dlsym::glibc()(h, name.as_ptr());
+        libc::dlclose(h);
+        super::dlsym::object_of(m as usize).is_some_and(|(b, _)| b == base)
     }
 }
 
@@ -174,6 +224,12 @@ fn own_library() -> (usize, &'static CStr) {
 
 fn is_libstdcxx((_, path): (usize, &'static CStr)) -> bool {
     path.to_bytes().windows(b"libstdc++.so".len()).any(|w| w == b"libstdc++.so")
+}
+
+/// libstdc++, or LLVM's libc++ and libc++abi: operators that call malloc, never a replacement.
+fn is_cxx_runtime(lib: (usize, &'static CStr)) -> bool {
+    let contains = |name: &[u8]| lib.1.to_bytes().windows(name.len()).any(|w| w == name);
+    is_libstdcxx(lib) || contains(b"libc++.so") || contains(b"libc++abi.so")
 }
 
 // The forms, by mangled name (checked with `nm -D --defined-only` against libstdc++.so.6,
