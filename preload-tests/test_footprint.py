@@ -288,6 +288,21 @@ def test_an_unprivileged_mlockall_fits_the_default_memlock_limit(preload):
     assert out.stdout.strip() == "mlockall ok", out
 
 
+@pytest.mark.parametrize("args", [["1048576", "2097152", "2000"], ["4194304", "8388608", "500"], ["1000000", "16000000", "300", "double"]],
+                         ids=["1-to-2MiB", "4-to-8MiB", "doubling-to-16MB"])
+def test_a_realloc_growth_loop_holds_no_more_than_glibc(args):
+    """c/realloc_loop.c: malloc, realloc to twice the size (or doubling, as a growing buffer),
+    free, in a loop with a few MB live: peak RSS and faults after the first round as glibc's
+    (Note [Growing over the cache] in src/host/host_layer/resize.rs). Before, each growth moved
+    into a fresh mapping past the cached rest of the block it came from, and RSS climbed to the
+    cache's 1 GiB bound, a fault per page: 514,495 faults against glibc's 513."""
+    exe = compile_c("realloc_loop")
+    figures = lambda out: tuple(map(int, re.fullmatch(r"faults (\d+) peak growth (\d+) kB\n", out.stdout).groups()))
+    plain_faults, _ = figures(ok(run([exe, *args], preload=False)))
+    faults, growth = figures(ok(run([exe, *args], preload=PRELOAD)))
+    assert faults <= plain_faults + 1000 and growth <= 16 << 10, (faults, plain_faults, growth)
+
+
 def test_a_collector_scans_under_half_a_megabyte_of_ours():
     """c/writable_segments.c sums the writable segments of the library as a conservative
     collector (Boehm GC) finds them to scan at each collection, once a large block came and went:

@@ -39,7 +39,7 @@
 
 static int all(const unsigned char *p, size_t n, unsigned char v) {
     for (size_t i = 0; i < n; i += 4096)
-        if (p[i] != v || p[i + 4095] != v) return 0;
+        if (p[i] != v || p[i + 4095 < n ? i + 4095 : n - 1] != v) return 0;
     return 1;
 }
 
@@ -128,28 +128,31 @@ static void shm(const char *how) {
     shmctl(id, IPC_RMID, NULL);
 }
 
-static void grow(const char *how) {
-    unsigned char *p = malloc(BLOCK);
+/* grow-HOW: 16 MiB to 64 MiB; grow-HOW-within: 5,000,000 to 5,500,000 bytes and 200,000 to
+ * 250,000, each inside the rounding of the block first handed out (6 MiB, 256 KiB). */
+static void grow_one(const char *how, size_t size, size_t grown) {
+    unsigned char *p = malloc(size);
     CHECK(p);
-    memset(p, 1, BLOCK);
-    unsigned char *part = (unsigned char *)(((uintptr_t)p + 4 * MB) & ~4095UL);
+    memset(p, 1, size);
+    size_t part_len = size / 4 < MB ? (size / 4) & ~4095UL : MB;
+    unsigned char *part = (unsigned char *)(((uintptr_t)p + size / 4) & ~4095UL);
     int r = -1;
-    if (!strcmp(how, "ro")) r = mprotect(part, MB, PROT_READ);
-    else if (!strcmp(how, "dontfork")) r = madvise(part, MB, MADV_DONTFORK);
-    else if (!strcmp(how, "wipeonfork")) r = madvise(part, MB, MADV_WIPEONFORK);
-    else if (!strcmp(how, "mlock")) r = mlock(part, MB);
+    if (!strncmp(how, "ro", 2)) r = mprotect(part, part_len, PROT_READ);
+    else if (!strncmp(how, "dontfork", 8)) r = madvise(part, part_len, MADV_DONTFORK);
+    else if (!strncmp(how, "wipeonfork", 10)) r = madvise(part, part_len, MADV_WIPEONFORK);
+    else if (!strncmp(how, "mlock", 5)) r = mlock(part, part_len);
     if (r != 0) {
         printf("claimed grow-%s skipped: %s\n", how, strerror(errno));
         exit(0);
     }
-    unsigned char *q = realloc(p, 64 * MB);
+    unsigned char *q = realloc(p, grown);
     CHECK(q);
-    CHECK(all(q, BLOCK, 1));
-    memset(q, 5, 64 * MB);
+    CHECK(all(q, size, 1));
+    memset(q, 5, grown);
     CHECK(status_kb("VmLck") == 0);
     pid_t child = fork();
     CHECK(child >= 0);
-    if (child == 0) _exit(all(q, 64 * MB, 5) ? 0 : 3);
+    if (child == 0) _exit(all(q, grown, 5) ? 0 : 3);
     int status;
     CHECK(waitpid(child, &status, 0) == child);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
@@ -157,6 +160,15 @@ static void grow(const char *how) {
         exit(1);
     }
     free(q);
+}
+
+static void grow(const char *how) {
+    if (strstr(how, "-within")) {
+        grow_one(how, 5000000, 5500000);
+        grow_one(how, 200000, 250000);
+    } else {
+        grow_one(how, BLOCK, 64 * MB);
+    }
 }
 
 int main(int argc, char **argv) {

@@ -311,6 +311,30 @@ impl BlockCache {
         Some(taken)
     }
 
+    /// The first `want` bytes of the available cached block that starts at `addr`, with the
+    /// huge-page advice `advised_by` (a live block ending there grows over them: Note [Growing
+    /// over the cache] in host/host_layer/resize.rs); a rest stays cached.
+    pub fn take_following(&mut self, addr: usize, want: usize, advised_by: u32) -> Option<Taken> {
+        if self.parked.addr == addr {
+            self.unpark();
+        }
+        let id = self.store.starting_at(addr)?;
+        let b = *self.store.get(id);
+        if b.state == BlockState::Releasing || b.len < want || b.facts.advised_by != advised_by {
+            return None;
+        }
+        let mut taken = Taken { addr, len: want, was_released: b.state == BlockState::Released, facts: b.facts, tail_kept: None };
+        if b.len > want {
+            let rest = Range { addr: addr + want, len: b.len - want };
+            self.store.cut_front(id, rest.addr, rest.len);
+            taken.tail_kept = Some(rest);
+        } else {
+            self.store.remove(id);
+        }
+        self.cached_bytes -= want;
+        Some(taken)
+    }
+
     /// Offers a freed block (`facts`: what is known of its pages); `live` is the live large
     /// memory before this free. It merges with cached blocks on either side (Note
     /// [Neighbours merge]); older blocks are evicted (least recently freed first) to respect

@@ -32,6 +32,25 @@ fn reuses_hot_block_untouched() {
 }
 
 #[test]
+fn a_growing_block_takes_the_front_of_the_cached_block_after_it() {
+    // Note [Growing over the cache]: the rest stays cached where it was; a block too short, of
+    // other advice, or not there is no answer.
+    let mut c = BlockCache::new(limits());
+    assert!(c.insert(0x1000_0000, 8 * MB, PageFacts::DIRTY, 0, Live::default()).accepted);
+    assert!(c.take_following(0x1000_0000, 16 * MB, 0).is_none(), "too short");
+    assert!(c.take_following(0x1000_0000, MB, 7).is_none(), "other advice");
+    assert!(c.take_following(0x1000_0000 + 4096, MB, 0).is_none(), "none starts there");
+    let t = c.take_following(0x1000_0000, 3 * MB, 0).unwrap();
+    assert_eq!((t.addr, t.len, t.tail_kept), (0x1000_0000, 3 * MB, Some(Range { addr: 0x1000_0000 + 3 * MB, len: 5 * MB })));
+    assert_eq!((c.block_count(), c.cached_bytes()), (1, 5 * MB));
+    c.check_invariants().unwrap();
+    let t = c.take_following(0x1000_0000 + 3 * MB, 5 * MB, 0).unwrap();
+    assert_eq!((t.len, t.tail_kept), (5 * MB, None), "the whole of it");
+    assert_eq!((c.block_count(), c.cached_bytes()), (0, 0));
+    c.check_invariants().unwrap();
+}
+
+#[test]
 fn best_fit_and_alignment() {
     let mut c = BlockCache::new(limits());
     c.insert(0x1000_0000, 100 * MB, PageFacts::zeroed(false), 0, Live::default());

@@ -85,7 +85,7 @@ impl<M: PageMemory> HostLayer<M> {
     /// memory]). Returns what is then known of its pages; `None` when the kernel refused: the
     /// block is unmapped (its record goes) and the request is served otherwise. Note [Plain
     /// memory].
-    fn make_fit(&self, addr: usize, len: usize, facts: PageFacts) -> Option<PageFacts> {
+    pub(super) fn make_fit(&self, addr: usize, len: usize, facts: PageFacts) -> Option<PageFacts> {
         if facts.kept_any && !self.memory.readmit(addr, len) {
             return self.drop_taken(addr, len);
         }

@@ -11,11 +11,29 @@
 // needs the new length and the alignment's slack; off the alignment, its contents are copied up
 // to it (a copy, in this case only). Only then does the copying last resort (new block, copy,
 // free) run, which needs both again.
+//
+// Note [Growing over the cache]
+// A block served from the head of a cached one has the rest cached right after it, still
+// mapped: a realloc that grew it could neither extend it in place (mremap found the rest's pages
+// in the way) nor reuse the rest, and moved into a fresh mapping, leaving the rest behind. A
+// loop of malloc, realloc to twice the size, free left one such rest per turn: RSS climbed to the
+// cache's bound (1 GiB, with a fault per page: 515,146 faults for 2,000 turns of 1 to 2 MiB where
+// glibc took 1,106). So a growth first takes what it needs of a cached block that starts where
+// the live one ends, with the same huge-page advice: no system call, its pages already there.
+//
+// Note [Growing a changed block]
+// A growth onto pages the block was not asked for keeps nothing the program changed: glibc's
+// mremap is refused by the mapping a change split, and it copies into a plain block. One that
+// fits the block's rounding (64 KiB, 2 MiB from 4 MiB up) was kept in place with its changes: a
+// page the program had protected inside it faulted when the program wrote the grown block, and
+// pages kept from children were missing in a child forked after. It copies as glibc's does;
+// without room for the copy (an address-space limit) it stays in place, as glibc's mremap keeps a
+// block the change covered whole.
 
 use super::{holder_tag, single, HostLayer, PAGE};
 use crate::backing::PageMemory;
 use crate::host::cache::PageFacts;
-use crate::host::registry::Birth;
+use crate::host::registry::{Birth, Marks};
 use crate::host::tally::CallTimer;
 use crate::ranges::Range;
 use crate::record::{self, Block};
@@ -36,6 +54,13 @@ impl<M: PageMemory> HostLayer<M> {
     fn resize_untimed(&self, addr: usize, len: usize, new_size: usize) -> Option<usize> {
         let (need, granule) = self.block_shape(new_size)?;
         let (born, was_asked, marks) = self.registry.live_record(addr);
+        // Note [Growing a changed block].
+        let onto_new_pages = new_size.div_ceil(PAGE) > (was_asked as usize).div_ceil(PAGE);
+        if need <= len && marks.changed() && onto_new_pages {
+            if let Some(fresh) = self.copied(addr, len, new_size, born.holder) {
+                return Some(fresh);
+            }
+        }
         if need <= len {
             let spare = len - need;
             // Kept whole when the spare is too small to give back.
@@ -73,6 +98,10 @@ impl<M: PageMemory> HostLayer<M> {
                 return Some(fresh);
             }
         }
+        if !changed && self.grow_over_cached(addr, len, need, born, marks) {
+            self.record_resize((addr, len, was_asked), (addr, need), new_size, born);
+            return Some(addr);
+        }
         if self.registry.reserve_spare() {
             self.registry.clear(addr);
             // Not mremap's MAYMOVE first: it puts the block on any page, and moving the
@@ -101,10 +130,38 @@ impl<M: PageMemory> HostLayer<M> {
         self.copied(addr, len, new_size, born.holder)
     }
 
+    /// Grows the live block at `addr` from `len` to `need` bytes over the cached block that
+    /// follows it (Note [Growing over the cache]); false leaves everything as it was, but for a
+    /// cached part that could not be made fit (unmapped, as alloc's make_fit does).
+    fn grow_over_cached(&self, addr: usize, len: usize, need: usize, born: Birth, marks: Marks) -> bool {
+        if !self.registry.reserve_spare() {
+            return false;
+        }
+        let advice = if marks.huge() { holder_tag(born.holder) } else { 0 };
+        let taken = {
+            let mut cache = self.cache();
+            let Some(t) = cache.take_following(addr + len, need - len, advice) else { return false };
+            self.registry.clear(t.addr);
+            if let Some(rest) = t.tail_kept {
+                let _ = self.registry.set_cached(rest.addr, rest.len);
+            }
+            self.stats.cached.set(cache.cached_bytes() as u64);
+            t
+        };
+        if self.make_fit(taken.addr, taken.len, taken.facts).is_none() {
+            return false;
+        }
+        // Cannot fail: the spare leaf was reserved above, and the taken part's leaves exist.
+        let _ = self.registry.set_live(addr, need, born);
+        self.registry.keep_marks(addr, marks);
+        true
+    }
+
     /// The block's contents copied into a new one of `new_size` bytes, and the block freed.
     fn copied(&self, addr: usize, len: usize, new_size: usize, holder: u64) -> Option<usize> {
         let fresh = self.alloc(new_size, PAGE, false, holder)?;
-        self.memory.copy(fresh, addr, len);
+        // A growth within the old block's rounding asks for less than its mapped length.
+        self.memory.copy(fresh, addr, len.min(new_size));
         self.free(addr, len);
         Some(fresh)
     }

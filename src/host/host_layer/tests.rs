@@ -1200,6 +1200,46 @@ fn a_range_the_program_claims_leaves_the_cache() {
 /// A realloc that grows a block whose pages the program changed copies into a plain block (the
 /// old one is reset at its free), as glibc's refused mremap does; an unchanged one moves.
 #[test]
+fn a_block_grows_over_the_cached_rest_that_follows_it() {
+    // Note [Growing over the cache]: a block from the head of a cached one grows over the rest
+    // with no system call, turn after turn, and the cache holds no more than it did.
+    let l = layer(Config { max_waste_percent: Some(10), ..Config::default() });
+    let first = l.alloc(16 * MB, 4096, false, 0).unwrap();
+    l.free(first, 16 * MB);
+    let before = (l.memory.calls(), l.cached());
+    for _ in 0..100 {
+        let a = l.alloc(4 * MB, 4096, false, 0).unwrap();
+        assert_eq!(a, first, "the head of the cached block");
+        assert_eq!(l.resize(a, 4 * MB, 8 * MB), Some(a), "grown in place");
+        assert_eq!(l.owner(a), Owner::Live { len: 8 * MB });
+        check(&l);
+        l.free(a, 8 * MB);
+    }
+    let after = (l.memory.calls(), l.cached());
+    assert_eq!((after.0.maps, after.0.remaps, after.0.copied_bytes), (before.0.maps, before.0.remaps, before.0.copied_bytes), "no system call");
+    assert_eq!(after.1, before.1, "the cache holds what it held");
+    check(&l);
+}
+
+#[test]
+fn a_changed_block_grown_within_its_rounding_is_copied_into_a_plain_one() {
+    // Note [Growing a changed block]: 5 MB is a 6 MiB block; 5.5 MB fits it, onto new pages.
+    let l = layer(Config::default());
+    let a = l.alloc(5_000_000, 4096, false, 0).unwrap();
+    assert_eq!(l.owner(a), Owner::Live { len: 6 * MB });
+    l.memory.write(a, 6 * MB);
+    l.note_page_change(a + MB, MB, PageChange::Changed);
+    let b = l.resize(a, 6 * MB, 5_500_000).unwrap();
+    assert_ne!(b, a, "copied");
+    assert!(!l.registry.marks(b).changed(), "the new block is plain");
+    // The same pages (a growth inside the last page asked for): kept, as glibc keeps it.
+    l.note_page_change(b, MB, PageChange::Changed);
+    assert_eq!(l.resize(b, live_len(&l, b), 5_500_001), Some(b));
+    l.free(b, live_len(&l, b));
+    check(&l);
+}
+
+#[test]
 fn growing_a_changed_block_copies_into_a_plain_one() {
     let l = layer(Config::default());
     let a = l.alloc(16 * MB, 4096, false, 0).unwrap();
