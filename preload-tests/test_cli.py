@@ -109,6 +109,15 @@ def test_the_launchers_leave_one_copy_of_the_library_in_ld_preload(tmp_path):
     for launcher in ([PY, "-m", "tensormalloc"], [str(ROOT / "scripts" / "tensormalloc")]):
         out = ok(run([*launcher, "sh", "-c", "echo $LD_PRELOAD"], preload=False, env=env))
         assert out.stdout.split() == [str(LIB), peer], (launcher, out.stdout)
+    # An entry with glob characters is a file name to ld.so: kept as written, never expanded
+    # against the files beside it (the shell launcher's unquoted split did, a review found).
+    for name in ("libA.so", "libB.so"):
+        (tmp_path / name).write_bytes(b"")
+    pattern = f"{tmp_path}/lib?.so"
+    env = {**ENV, "TENSORMALLOC_LIB": str(LIB), "LD_PRELOAD": f"{pattern}::{peer}"}
+    for launcher in ([PY, "-m", "tensormalloc"], [str(ROOT / "scripts" / "tensormalloc")]):
+        out = run([*launcher, "sh", "-c", 'printf "%s\\n" "$LD_PRELOAD"'], preload=False, env=env, cwd=tmp_path)
+        assert out.stdout.strip() == f"{LIB} {pattern} {peer}", (launcher, out.stdout)
 
 
 def help_settings(text):

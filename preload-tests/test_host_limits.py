@@ -263,3 +263,16 @@ def test_signals_that_arrive_inside_our_work_are_the_programs(preload, case):
     else:
         handled, elsewhere = map(int, re.match(r"handled (\d+), off the thread's stack (\d+)", out.stdout).groups())
         assert handled > 0 and elsewhere == 0, out
+
+
+@pytest.mark.parametrize("setting", ["stats-text", "defaults", "glibc"])
+@pytest.mark.parametrize("first", ["realloc", "free"])
+def test_a_forked_childs_first_large_call_leaves_its_signals_open(first, setting):
+    """c/fork_first_realloc.c: a child's first large call is a realloc (or free) of a block it
+    inherited, then it sends itself SIGTERM, and dies by it, as under glibc alone. Under
+    TENSORMALLOC_STATS=1 the realloc (quiet work on our stack) claimed the child's report file on
+    our stack and started our thread from there: the nested switch left every asynchronous
+    signal blocked for good (a review's find; a Pool's terminate() then waited on the worker)."""
+    env = {"TENSORMALLOC_STATS": "1"} if setting == "stats-text" else {}
+    out = ok(run([compile_c("fork_first_realloc"), first], preload=False if setting == "glibc" else LIB, env=env, timeout=60))
+    assert "child: SIGTERM blocked=0" in out.stdout and "child killed by signal 15" in out.stdout, (out.stdout, out.stderr)

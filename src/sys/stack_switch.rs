@@ -12,13 +12,13 @@ pub(super) static TOP: AtomicUsize = AtomicUsize::new(0);
 
 /// Where the thread on our stack left its own (its stack pointer at the switch).
 pub(super) static CALLER_SP: AtomicUsize = AtomicUsize::new(0);
-/// The thread using our stack (`this_thread`), while the stack is busy.
+/// The thread using our stack (`this_thread`); 0 while the stack is free.
 pub(super) static OWNER: AtomicUsize = AtomicUsize::new(0);
 /// Whether the thread on our stack holds the program's asynchronous signals there.
 pub(super) static HOLDING: AtomicBool = AtomicBool::new(false);
 /// The mask they were held from, given back for waits and at the end.
 pub(super) struct ProgramMask(pub(super) UnsafeCell<libc::sigset_t>);
-// SAFETY: written and read only by the thread that owns the stack (stack.rs's BUSY), and by its signal
+// SAFETY: written and read only by the thread that owns the stack (OWNER), and by its signal
 // handlers, which run while it does not touch it.
 unsafe impl Sync for ProgramMask {}
 pub(super) static PROGRAM_MASK: ProgramMask = ProgramMask(UnsafeCell::new(unsafe { core::mem::zeroed() }));
@@ -47,11 +47,17 @@ pub(super) fn with_program_mask<T>(f: impl FnOnce() -> T) -> T {
     if !HOLDING.load(Relaxed) {
         return f();
     }
+    // Not holding while the program's mask is in place: a call nested in `f` (a wait inside
+    // on_own_stack inside quiet work) leaves the mask alone. It saved, over the program's mask,
+    // the one with every signal held, which the end of the quiet work then kept: a forked
+    // child's first realloc under TENSORMALLOC_STATS=1 left SIGTERM blocked for its life.
+    HOLDING.store(false, Relaxed);
     // SAFETY: the mask this thread saved when it held the signals.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, PROGRAM_MASK.0.get(), core::ptr::null_mut()) };
     let out = f();
     // The mask as the program's handlers left it, theirs from now on.
     hold_asynchronous_signals(PROGRAM_MASK.0.get());
+    HOLDING.store(true, Relaxed);
     out
 }
 
@@ -102,7 +108,7 @@ pub(super) fn run_on<T, F: FnOnce() -> T>(top: usize, f: F, caller_sp: *mut usiz
         }
     }
     let mut job = Job { f: Some(f), out: core::mem::MaybeUninit::uninit() };
-    // SAFETY: `top` is the 16-byte-aligned top of a mapping of ours no other thread uses (BUSY);
+    // SAFETY: `top` is the 16-byte-aligned top of a mapping of ours no other thread uses (OWNER);
     // `enter` never unwinds (panic = "abort").
     unsafe { call_on(top, (&mut job as *mut Job<F, T>).cast(), enter::<T, F>, caller_sp) };
     // SAFETY: `enter` took the work, which was there, and wrote its result.
