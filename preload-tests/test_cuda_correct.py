@@ -19,7 +19,7 @@ MODES = {
 }
 POOLED = ("split", "binned", "sync-reuse", "binned-sync-reuse", "expandable")
 SCENARIOS = ["reset", "reset-live", "primary-reset", "primary-reset-live", "ctx-destroy", "driver-free",
-             "ipc", "ipc-driver", "ipc-after-free", "range", "async", "managed", "vmm"]
+             "ipc", "ipc-driver", "ipc-after-free", "range", "async", "per-thread-streams", "managed", "vmm"]
 
 
 def scenario(name, env=None, preload=True, stats=None):

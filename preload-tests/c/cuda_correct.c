@@ -3,6 +3,7 @@
  * stream-ordered frees, managed and VMM memory, re-entrant runtimes, driver frees of runtime
  * blocks. argv[1] names the scenario; each prints "SCENARIO ok". They pass without tensormalloc. */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "check.h"
@@ -47,6 +48,7 @@ int cuCtxCreate_v2(CUcontext *, unsigned, int);
 int cuCtxDestroy_v2(CUcontext);
 int cuMemFree_v2(CUdeviceptr);
 int cuMemFreeAsync(CUdeviceptr, CUstream);
+int cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
 int cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
 int cuPointerGetAttribute(void *, int, CUdeviceptr);
 int cuPointerGetAttributes(unsigned, int *, void **, CUdeviceptr);
@@ -396,6 +398,57 @@ static void async(void) {
     CHECK(cudaStreamDestroy(s) == 0);
 }
 
+/* Note [Per-thread streams] (src/route/cuda.rs): thread A frees a block with its kernel still
+ * queued, on its own per-thread stream (cudaStreamPerThread through tm_cuda_free, or the null
+ * stream of cuMemFreeAsync_ptsz); thread B then asks on its own per-thread stream (or the null
+ * stream, a different one from A's per-thread stream) and must not get the block before A's
+ * kernel is done: B's data survives the device synchronization. Without tm_cuda_alloc (no
+ * preload), cudaMalloc stands in. */
+#define PER_THREAD_STREAM ((void *)0x2)
+static void *(*pt_alloc)(long, int, void *);
+static void (*pt_release)(void *, long, int, void *);
+static void *pt_block;
+static int pt_ptsz;
+
+static void *per_thread_a(void *unused) {
+    (void)unused;
+    CHECK(cudaFree(NULL) == 0);
+    if (pt_alloc) pt_block = pt_alloc(8 * MB, 0, pt_ptsz ? NULL : PER_THREAD_STREAM);
+    else CHECK(cudaMalloc(&pt_block, 8 * MB) == 0);
+    CHECK(pt_block);
+    CHECK(fakecuda_launch_memset(pt_block, 0x77, 8 * MB) == 0); /* still queued at the free */
+    if (pt_ptsz) CHECK(cuMemFreeAsync_ptsz(DEV(pt_block), NULL) == 0);
+    else if (pt_release) pt_release(pt_block, 8 * MB, 0, PER_THREAD_STREAM);
+    else CHECK(cudaFree(pt_block) == 0);
+    return NULL;
+}
+
+static void *per_thread_b(void *unused) {
+    (void)unused;
+    CHECK(cudaFree(NULL) == 0);
+    void *q = NULL;
+    if (pt_alloc) q = pt_alloc(8 * MB, 0, pt_ptsz ? NULL : PER_THREAD_STREAM);
+    else CHECK(cudaMalloc(&q, 8 * MB) == 0);
+    CHECK(q);
+    memset(q, 0x11, 8 * MB); /* B's data, with nothing of A's ordered before it */
+    CHECK(cudaDeviceSynchronize() == 0);
+    CHECK(holds(q, 8 * MB, 0x11));
+    if (pt_release) pt_release(q, 8 * MB, 0, pt_ptsz ? NULL : PER_THREAD_STREAM);
+    else CHECK(cudaFree(q) == 0);
+    return NULL;
+}
+
+static void per_thread_streams(void) {
+    pt_alloc = (void *(*)(long, int, void *))dlsym(RTLD_DEFAULT, "tm_cuda_alloc");
+    pt_release = (void (*)(void *, long, int, void *))dlsym(RTLD_DEFAULT, "tm_cuda_free");
+    CHECK(cudaFree(NULL) == 0);
+    for (pt_ptsz = 0; pt_ptsz < 2; pt_ptsz++) {
+        pthread_t t;
+        CHECK(pthread_create(&t, NULL, per_thread_a, NULL) == 0 && pthread_join(t, NULL) == 0);
+        CHECK(pthread_create(&t, NULL, per_thread_b, NULL) == 0 && pthread_join(t, NULL) == 0);
+    }
+}
+
 static void managed(void) {
     void *m = NULL;
     CHECK(cudaMallocManaged(&m, 4 * MB, 1) == 0);
@@ -474,6 +527,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "ipc-after-free")) ipc_after_free();
     else if (!strcmp(s, "range")) range_on(0), range_on(1);
     else if (!strcmp(s, "async")) async();
+    else if (!strcmp(s, "per-thread-streams")) per_thread_streams();
     else if (!strcmp(s, "managed")) managed();
     else if (!strcmp(s, "vmm")) vmm();
     else if (!strcmp(s, "reentrant")) reentrant();

@@ -1249,6 +1249,8 @@ EXPORT(cuMemAllocAsync, s_cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s
 EXPORT(cuMemFree, s_cuMemFree_v2, (CUdeviceptr p), (p))
 EXPORT(cuMemFree_v2, s_cuMemFree_v2, (CUdeviceptr p), (p))
 EXPORT(cuMemFreeAsync, s_cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s))
+/* One queue for every stream here: the per-thread default stream's spelling is the same call. */
+EXPORT(cuMemFreeAsync_ptsz, s_cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s))
 EXPORT(cuMemGetInfo, s_cuMemGetInfo_v2, (size_t *f, size_t *t), (f, t))
 EXPORT(cuMemGetInfo_v2, s_cuMemGetInfo_v2, (size_t *f, size_t *t), (f, t))
 EXPORT(cuMemHostAlloc, s_cuMemHostAlloc, (void **p, size_t n, unsigned f), (p, n, f))

@@ -32,6 +32,44 @@ fn pool_on() -> bool {
     crate::state::globals().is_some() && DEVICE.enabled() && crate::sys::front::serves_the_process()
 }
 
+// Note [Per-thread streams]
+// A block freed on a stream is reused on that stream with no synchronization (Note [Safe reuse]
+// in device/pool/mod.rs), so the pool must know which stream a handle names. Two handles name a
+// different stream on each thread: cudaStreamPerThread (2), which CuPy passes from every thread
+// under CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1, and the null stream of a _ptsz entry point (a
+// program built with --default-stream per-thread). Taken as one stream, a block thread A freed
+// with its kernel still queued went at once to thread B, whose data A's kernel then overwrote.
+// Each is this thread's own stream here; cudaStreamLegacy (1) is the null stream it names.
+
+/// The stream `handle` names for the pool's reuse (Note [Per-thread streams]);
+/// `per_thread_default`: the call came through a _ptsz entry point.
+fn stream_of(handle: *mut core::ffi::c_void, per_thread_default: bool) -> usize {
+    const LEGACY: usize = 1;
+    const PER_THREAD: usize = 2;
+    match handle as usize {
+        0 if per_thread_default => this_threads_stream(),
+        LEGACY => 0,
+        PER_THREAD => this_threads_stream(),
+        h => h,
+    }
+}
+
+/// A stream word no handle is (handles are addresses under 2^57): a number above bit 62 that
+/// no other thread of the process is given, not even one made later on the same stack (a thread
+/// that ended may have left work queued on its stream).
+fn this_threads_stream() -> usize {
+    thread_local! {
+        static STREAM: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+    }
+    static NEXT: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(1);
+    STREAM.with(|s| {
+        if s.get() == 0 {
+            s.set(1 << 62 | NEXT.fetch_add(1, Relaxed));
+        }
+        s.get()
+    })
+}
+
 /// The pool may serve an allocation: it is on and a context is current (a driver allocation
 /// with none fails, and the driver should say so).
 fn pool_ready() -> bool {

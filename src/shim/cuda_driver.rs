@@ -173,14 +173,14 @@ pub unsafe extern "C" fn cuMemFree_v2(ptr: u64) -> c_int {
 /// As cuMemFreeAsync.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeAsync(ptr: u64, stream: *mut c_void) -> c_int {
-    route::mem_free_async(ptr, stream, |d| d.mem_free_async)
+    route::mem_free_async(ptr, stream, |d| d.mem_free_async, false)
 }
 
 /// # Safety
 /// As cuMemFreeAsync_ptsz.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(ptr: u64, stream: *mut c_void) -> c_int {
-    route::mem_free_async(ptr, stream, |d| d.mem_free_async_ptsz)
+    route::mem_free_async(ptr, stream, |d| d.mem_free_async_ptsz, true)
 }
 
 /// Out of memory, the pool's cache is given back and the call made once more (so for the next three).

@@ -83,7 +83,7 @@ pub unsafe extern "C" fn cudaIpcCloseMemHandle(ptr: *mut c_void) -> c_int {
 /// As cudaFreeAsync.
 #[no_mangle]
 pub unsafe extern "C" fn cudaFreeAsync(ptr: *mut c_void, stream: *mut c_void) -> c_int {
-    route::free_async(ptr, stream, |rt| rt.free_async)
+    route::free_async(ptr, stream, |rt| rt.free_async, false)
 }
 
 /// The per-thread-default-stream spelling of cudaFreeAsync.
@@ -92,7 +92,7 @@ pub unsafe extern "C" fn cudaFreeAsync(ptr: *mut c_void, stream: *mut c_void) ->
 /// As cudaFreeAsync.
 #[no_mangle]
 pub unsafe extern "C" fn cudaFreeAsync_ptsz(ptr: *mut c_void, stream: *mut c_void) -> c_int {
-    route::free_async(ptr, stream, |rt| rt.free_async_ptsz)
+    route::free_async(ptr, stream, |rt| rt.free_async_ptsz, true)
 }
 
 with_caller!(

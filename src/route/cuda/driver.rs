@@ -349,13 +349,13 @@ pub unsafe fn mem_free(ptr: u64) -> c_int {
 
 /// # Safety
 /// As cuMemFreeAsync(_ptsz).
-pub unsafe fn mem_free_async(ptr: u64, stream: *mut c_void, spelling: Spelling<unsafe extern "C" fn(u64, *mut c_void) -> c_int>) -> c_int {
+pub unsafe fn mem_free_async(ptr: u64, stream: *mut c_void, spelling: Spelling<unsafe extern "C" fn(u64, *mut c_void) -> c_int>, per_thread_default: bool) -> c_int {
     let Some(free) = real(spelling) else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| pool_answers() && ptr != 0) else { return free(ptr, stream) };
     if let Some(rc) = without_context(ptr as usize) {
         return rc;
     }
-    answer_free("cuMemFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, stream as usize)), || free(ptr, stream))
+    answer_free("cuMemFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, super::stream_of(stream, per_thread_default))), || free(ptr, stream))
 }
 
 /// An allocation the pool does not serve (the runtime's stream-ordered pool, managed memory,

@@ -193,13 +193,13 @@ pub unsafe fn device_reset() -> c_int {
 ///
 /// # Safety
 /// As cudaFreeAsync.
-pub unsafe fn free_async(ptr: *mut c_void, stream: *mut c_void, spelling: fn(&CudaFns) -> Option<FreeAsyncFn>) -> c_int {
+pub unsafe fn free_async(ptr: *mut c_void, stream: *mut c_void, spelling: fn(&CudaFns) -> Option<FreeAsyncFn>, per_thread_default: bool) -> c_int {
     let Some(real_free) = real().and_then(spelling) else { return NO_RUNTIME };
     let Some(_entered) = reentry::enter() else { return real_free(ptr, stream) };
     if ptr.is_null() || !super::pool_answers() {
         return real_free(ptr, stream);
     }
-    let rc = answer_free("cudaFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, stream as usize)), || real_free(ptr, stream));
+    let rc = answer_free("cudaFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, super::stream_of(stream, per_thread_default))), || real_free(ptr, stream));
     match real() {
         Some(rt) if rc == CUDA_ERROR_INVALID_VALUE => as_the_runtime(rt, rc),
         _ => rc,
@@ -219,7 +219,7 @@ pub unsafe extern "C" fn pluggable_alloc(size: isize, device: c_int, stream: *mu
     if let Some(rt) = real() {
         context_bound(rt);
     }
-    match DEVICE.malloc_on_stream(size, device, stream as usize, asker.holder()) {
+    match DEVICE.malloc_on_stream(size, device, super::stream_of(stream, false), asker.holder()) {
         Ok(addr) => addr as *mut c_void,
         Err(e) => {
             if matches!(e, DeviceError::OutOfMemory | DeviceError::CapReached) {
@@ -239,7 +239,7 @@ pub unsafe fn pluggable_free(ptr: *mut c_void, device: c_int, stream: *mut c_voi
     if ptr.is_null() {
         return;
     }
-    match DEVICE.free_on_stream(ptr as usize, device, stream as usize) {
+    match DEVICE.free_on_stream(ptr as usize, device, super::stream_of(stream, false)) {
         FreeAnswer::Pooled => return,
         FreeAnswer::Refused => return warn_refused("tm_cuda_free", ptr as usize, FreeOf::Device),
         FreeAnswer::NotOurs => {}
