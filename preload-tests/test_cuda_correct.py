@@ -87,3 +87,33 @@ def test_reset_empties_the_pool_report(mode, tmp_path):
     ok(scenario("reset", MODES[mode], stats=stats))
     pools = json.loads(stats.read_text())["cuda"]
     assert sum(p["resets"] for p in pools) >= 1, pools
+
+
+@pytest.mark.parametrize("mode", ["split", "binned", "expandable"])
+def test_a_release_beside_a_graph_capture_leaves_the_capture_whole(mode, tmp_path):
+    """c/cuda_correct.c `capture`: a segment goes idle, then the program captures a graph in the
+    global mode for longer than the release delay (50 ms). Our thread gives the segment back
+    during the capture, in the relaxed mode (Note [Releases beside a graph capture]), and the
+    capture ends whole. Before, its cuMemFree was refused there (the stand-in driver models
+    the global mode's rule) and the program's capture invalidated."""
+    stats = tmp_path / "stats.json"
+    env = {**MODES[mode], "TENSORMALLOC_CUDA_RELEASE_MS": "50"}
+    out = ok(scenario("capture", env, stats=stats))
+    assert "capture ok" in out.stdout, out.stdout + out.stderr
+    pools = json.loads(stats.read_text())["cuda"]
+    released = sum(p.get("segments_released", 0) + p.get("chunks_released", 0) for p in pools)
+    assert released >= 1, pools
+
+
+@pytest.mark.parametrize("mode", ["split", "binned", "expandable", "sync-reuse"])
+def test_blocks_freed_on_streams_go_back_to_the_driver_once_idle(mode):
+    """c/cuda_correct.c `stream-idle`: 600 MiB freed on a stream (tm_cuda_free, as the package's
+    PyTorch and CuPy hooks free, and cudaFreeAsync) with their kernels queued, then nothing: past
+    the release delay (50 ms) the driver has it all back (Note [Idle blocks freed on streams]).
+    Before, a block freed on a stream waited for a synchronization only the program could make,
+    and stayed with the process for good."""
+    env = {**MODES[mode], "TENSORMALLOC_CUDA_RELEASE_MS": "50"}
+    out = ok(scenario("stream-idle", env))
+    assert "stream-idle ok" in out.stdout, out.stdout + out.stderr
+    alone = ok(scenario("stream-idle", preload=False))
+    assert "stream-idle ok" in alone.stdout

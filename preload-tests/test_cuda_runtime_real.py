@@ -24,7 +24,7 @@ PER_THREAD = {"cuMemAllocAsync", "cuMemFreeAsync"}  # flags 2: the _ptsz export
 # What the pool serves, by exported name (where the stand-in exports it too).
 SERVED = {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuMemHostAlloc",
           "cuMemAllocHost_v2", "cuMemFreeHost", "cuMemAllocAsync", "cuMemAllocManaged", "cuMemCreate",
-          "cuMemFreeAsync", "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease",
+          "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease",
           "cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset", "cuCtxDestroy_v2", "cuCtxDestroy",
           "cuIpcGetMemHandle", "cuMemGetAddressRange_v2", "cuPointerGetAttribute", "cuPointerGetAttributes",
           "cuGetProcAddress", "cuGetProcAddress_v2", "cuCtxEnablePeerAccess", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2",

@@ -201,6 +201,11 @@ pub trait DeviceRuntime {
     fn free(&self, addr: usize) -> Result<(), DeviceError>;
     /// cuCtxSynchronize of the current context.
     fn synchronize(&self) -> Result<(), DeviceError>;
+    /// cuThreadExchangeStreamCaptureMode: sets the calling thread's capture mode; its old one
+    /// (None: no such call, nothing changed).
+    fn exchange_capture_mode(&self, _mode: i32) -> Option<i32> {
+        None
+    }
     /// cuMemGetInfo for the current context's device: (free, total) bytes.
     fn mem_info(&self) -> Result<(usize, usize), DeviceError>;
     /// cuMemHostAlloc (pinned host memory) with its flags (the runtime's cudaHostAlloc flags

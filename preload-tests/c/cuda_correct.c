@@ -49,6 +49,10 @@ int cuCtxDestroy_v2(CUcontext);
 int cuMemFree_v2(CUdeviceptr);
 int cuMemFreeAsync(CUdeviceptr, CUstream);
 int cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
+int cuStreamBeginCapture_v2(CUstream, int);
+struct fakecuda_counters { uint64_t mallocs, frees, syncs, host_allocs, host_frees; uint64_t used[4]; };
+void fakecuda_get_counters(struct fakecuda_counters *);
+int cuStreamEndCapture(CUstream, void **);
 int cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
 int cuPointerGetAttribute(void *, int, CUdeviceptr);
 int cuPointerGetAttributes(unsigned, int *, void **, CUdeviceptr);
@@ -449,6 +453,63 @@ static void per_thread_streams(void) {
     }
 }
 
+/* Note [Releases beside a graph capture] (src/device/device_layer/give_back.rs): a segment the
+ * program freed goes idle, then the program captures a graph in the global mode (as
+ * torch.cuda.graph does) for longer than the release delay; our thread gives the segment back
+ * meanwhile, and the capture must end whole. */
+static void capture(void) {
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, 64 * MB) == 0);
+    CHECK(cudaFree(p) == 0);
+    CUstream s = NULL;
+    CHECK(cudaStreamCreate(&s) == 0);
+    CHECK(cuStreamBeginCapture_v2(s, 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */) == 0);
+    usleep(400 * 1000);
+    void *graph = NULL;
+    int rc = cuStreamEndCapture(s, &graph);
+    if (rc != 0) printf("capture invalidated (%d)\n", rc);
+    CHECK(rc == 0 && graph);
+    CHECK(cudaStreamDestroy(s) == 0);
+}
+
+/* Note [Idle blocks freed on streams] (src/device/device_layer/give_back.rs): blocks freed on a
+ * stream (tm_cuda_free, as PyTorch's and CuPy's hooks free, and cudaFreeAsync), their kernels
+ * queued, then nothing: past the release delay the driver has the memory back, and the kernels'
+ * work was done first. Without tm_cuda_alloc (no preload), cudaMalloc and cudaFree. */
+static void stream_idle(void) {
+    void *(*alloc)(long, int, void *) = (void *(*)(long, int, void *))dlsym(RTLD_DEFAULT, "tm_cuda_alloc");
+    void (*release)(void *, long, int, void *) = (void (*)(void *, long, int, void *))dlsym(RTLD_DEFAULT, "tm_cuda_free");
+    CHECK(cudaFree(NULL) == 0);
+    struct fakecuda_counters c;
+    fakecuda_get_counters(&c);
+    uint64_t before = c.used[0];
+    CUstream s = NULL;
+    CHECK(cudaStreamCreate(&s) == 0);
+    void *p[3];
+    for (int i = 0; i < 3; i++) {
+        if (alloc) p[i] = alloc(200 * MB, 0, s);
+        else CHECK(cudaMalloc(&p[i], 200 * MB) == 0);
+        CHECK(p[i]);
+        CHECK(fakecuda_launch_memset(p[i], 0x20 + i, 200 * MB) == 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (release) release(p[i], 200 * MB, 0, s);
+        else CHECK(cudaFree(p[i]) == 0);
+    }
+    CHECK(cudaFreeAsync(p[2], s) == 0);
+    if (!alloc) CHECK(cudaStreamSynchronize(s) == 0); /* alone, the runtime frees it after the stream's work */
+    /* The release delay is 50 ms here; the stand-in runs the queued kernels (600 MiB of memset)
+     * at the synchronization, which takes it most of a second on a loaded machine. */
+    for (int waited = 0; waited < 200; waited++) {
+        fakecuda_get_counters(&c);
+        if (c.used[0] <= before) break;
+        usleep(50 * 1000);
+    }
+    if (c.used[0] > before) printf("driver still holds %lu MiB\n", (unsigned long)((c.used[0] - before) / MB));
+    CHECK(c.used[0] <= before);
+    CHECK(cudaStreamDestroy(s) == 0);
+}
+
 static void managed(void) {
     void *m = NULL;
     CHECK(cudaMallocManaged(&m, 4 * MB, 1) == 0);
@@ -528,6 +589,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "range")) range_on(0), range_on(1);
     else if (!strcmp(s, "async")) async();
     else if (!strcmp(s, "per-thread-streams")) per_thread_streams();
+    else if (!strcmp(s, "capture")) capture();
+    else if (!strcmp(s, "stream-idle")) stream_idle();
     else if (!strcmp(s, "managed")) managed();
     else if (!strcmp(s, "vmm")) vmm();
     else if (!strcmp(s, "reentrant")) reentrant();

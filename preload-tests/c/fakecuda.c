@@ -298,6 +298,27 @@ static void enqueue(struct op o) {
 }
 
 /* Maps a fresh memfd-backed allocation of kind k in the current context. */
+/* ----- stream capture, as far as another thread's calls go: a capture begun in the global mode
+ * makes the calls that may synchronize (cuMemAlloc, cuMemFree, cuCtxSynchronize) of every thread
+ * in the global mode fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and invalidates the
+ * capture (its end answers CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); a thread in the relaxed mode
+ * is never stopped (cuThreadExchangeStreamCaptureMode). ----- */
+#define CU_STREAM_CAPTURE_MODE_GLOBAL 0
+#define CU_STREAM_CAPTURE_MODE_RELAXED 2
+#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+#define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
+static __thread __attribute__((tls_model("initial-exec"))) int capture_mode_of_thread;
+static int global_captures, capture_invalidated; /* under `lock` */
+
+static CUresult capture_forbids(void) {
+    if (capture_mode_of_thread == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    int forbidden = global_captures > 0;
+    if (forbidden) capture_invalidated = 1;
+    pthread_mutex_unlock(&lock);
+    return forbidden ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
 static CUresult alloc_mem(CUdeviceptr *out, size_t size, int k) {
     if (!out || !size) return CUDA_ERROR_INVALID_VALUE;
     CUresult e = need_ctx();
@@ -579,6 +600,7 @@ static CUresult s_cuCtxGetDevice(CUdevice *d) {
 
 static CUresult s_cuCtxSynchronize(void) {
     CUresult e = need_ctx();
+    if (!e) e = capture_forbids();
     if (e) return e;
     pthread_mutex_lock(&lock);
     synchronize();
@@ -615,7 +637,10 @@ static CUresult s_cuStreamSynchronize(CUstream s) {
 
 /* ----- device, managed, pinned memory ----- */
 
-static CUresult s_cuMemAlloc_v2(CUdeviceptr *p, size_t size) { return alloc_mem(p, size, K_DEVICE); }
+static CUresult s_cuMemAlloc_v2(CUdeviceptr *p, size_t size) {
+    CUresult e = capture_forbids();
+    return e ? e : alloc_mem(p, size, K_DEVICE);
+}
 
 static CUresult s_cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned elem) {
     if (!pitch || !width || !height || (elem != 4 && elem != 8 && elem != 16)) return CUDA_ERROR_INVALID_VALUE;
@@ -654,6 +679,7 @@ static CUresult s_cuMemFree_v2(CUdeviceptr p) {
     CUresult e = CUDA_SUCCESS;
     if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (!p) return CUDA_SUCCESS; /* as free(NULL): NVIDIA's runtime frees 0 to initialize a context */
+    if ((e = capture_forbids())) return e;
     pthread_mutex_lock(&lock);
     synchronize();
     int i = find_base((uintptr_t)p, M(K_DEVICE) | M(K_ASYNC) | M(K_MANAGED));
@@ -1236,6 +1262,9 @@ EXPORT(cuCtxPopCurrent, s_cuCtxPopCurrent_v2, (CUcontext *c), (c))
 EXPORT(cuCtxPopCurrent_v2, s_cuCtxPopCurrent_v2, (CUcontext *c), (c))
 EXPORT(cuCtxGetDevice, s_cuCtxGetDevice, (CUdevice *d), (d))
 EXPORT(cuCtxSynchronize, s_cuCtxSynchronize, (void), ())
+EXPORT(cuStreamBeginCapture_v2, s_cuStreamBeginCapture_v2, (CUstream s, int m), (s, m))
+EXPORT(cuStreamEndCapture, s_cuStreamEndCapture, (CUstream s, void **g), (s, g))
+EXPORT(cuThreadExchangeStreamCaptureMode, s_cuThreadExchangeStreamCaptureMode, (int *m), (m))
 EXPORT(cuStreamCreate, s_cuStreamCreate, (CUstream *s, unsigned f), (s, f))
 EXPORT(cuStreamDestroy, s_cuStreamDestroy_v2, (CUstream s), (s))
 EXPORT(cuStreamDestroy_v2, s_cuStreamDestroy_v2, (CUstream s), (s))

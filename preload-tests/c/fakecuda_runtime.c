@@ -301,11 +301,33 @@ static CUresult s_cuStreamGetCaptureInfo(CUstream s, int *status, unsigned long 
 
 static CUresult s_cuThreadExchangeStreamCaptureMode(int *mode) {
     if (!mode) return CUDA_ERROR_INVALID_VALUE;
-    static __thread __attribute__((tls_model("initial-exec"))) int thread_mode;
-    int old = thread_mode;
-    thread_mode = *mode;
+    int old = capture_mode_of_thread;
+    capture_mode_of_thread = *mode;
     *mode = old;
     return CUDA_SUCCESS;
+}
+
+/* One capture at a time, recorded for what other threads may call meanwhile (see
+ * capture_forbids); the graph is a token. */
+static CUresult s_cuStreamBeginCapture_v2(CUstream s, int mode) {
+    CUresult e = stream_check(s);
+    if (e) return e;
+    pthread_mutex_lock(&lock);
+    if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) global_captures++;
+    capture_invalidated = 0;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+static CUresult s_cuStreamEndCapture(CUstream s, void **graph) {
+    CUresult e = stream_check(s);
+    if (e) return e;
+    pthread_mutex_lock(&lock);
+    if (global_captures > 0) global_captures--;
+    int invalidated = capture_invalidated;
+    pthread_mutex_unlock(&lock);
+    if (graph) *graph = invalidated ? NULL : (void *)0x6a;
+    return invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
 }
 
 /* ----- events: completed when recorded (the queue runs when they are asked) ----- */
@@ -613,6 +635,8 @@ static const struct proc runtime_procs[] = {
     P("cuStreamIsCapturing", s_cuStreamIsCapturing),
     P("cuStreamGetCaptureInfo", s_cuStreamGetCaptureInfo),
     P("cuThreadExchangeStreamCaptureMode", s_cuThreadExchangeStreamCaptureMode),
+    P("cuStreamBeginCapture", s_cuStreamBeginCapture_v2),
+    P("cuStreamEndCapture", s_cuStreamEndCapture),
     P("cuEventCreate", s_cuEventCreate),
     P("cuEventDestroy", s_cuEventDestroy),
     P("cuEventRecord", s_cuEventRecord),

@@ -82,6 +82,12 @@ impl DeviceRuntime for CudaDriver {
         // SAFETY: plain call.
         check(unsafe { f() })
     }
+    fn exchange_capture_mode(&self, mode: i32) -> Option<i32> {
+        let f = get(|d| d.exchange_capture_mode).ok()?;
+        let mut mode: c_int = mode;
+        // SAFETY: reads and writes one int, the calling thread's setting.
+        (unsafe { f(&mut mode) } == 0).then_some(mode)
+    }
     fn mem_info(&self) -> Result<(usize, usize), DeviceError> {
         let f = get(|d| d.mem_get_info)?;
         let (mut free, mut total) = (0usize, 0usize);

@@ -42,6 +42,8 @@ pub type MemAllocHostFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int
 pub type MemFreeHostFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 pub type CtxGetDeviceFn = unsafe extern "C" fn(*mut c_int) -> c_int;
 pub type CtxSynchronizeFn = unsafe extern "C" fn() -> c_int;
+/// cuThreadExchangeStreamCaptureMode: the calling thread's mode in, its old mode out.
+pub type ExchangeCaptureModeFn = unsafe extern "C" fn(*mut c_int) -> c_int;
 pub type CtxPopFn = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
 pub type DeviceGetAttributeFn = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
 pub type MemGetGranularityFn = unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_int) -> c_int;
@@ -146,6 +148,7 @@ pub struct DriverFns {
     pub mem_free_host: Option<MemFreeHostFn>,
     pub ctx_get_device: Option<CtxGetDeviceFn>,
     pub ctx_synchronize: Option<CtxSynchronizeFn>,
+    pub exchange_capture_mode: Option<ExchangeCaptureModeFn>,
     pub ctx_push: Option<CtxFn>,
     pub ctx_pop: Option<CtxPopFn>,
     pub get_proc_address: Option<GetProcAddressFn>,
@@ -212,6 +215,7 @@ unsafe fn resolve_in(handle: *mut c_void) -> DriverFns {
         mem_free_host: find(handle, c"cuMemFreeHost"),
         ctx_get_device: find(handle, c"cuCtxGetDevice"),
         ctx_synchronize: find(handle, c"cuCtxSynchronize"),
+        exchange_capture_mode: find(handle, c"cuThreadExchangeStreamCaptureMode"),
         ctx_push: find(handle, c"cuCtxPushCurrent_v2"),
         ctx_pop: find(handle, c"cuCtxPopCurrent_v2"),
         get_proc_address: find(handle, c"cuGetProcAddress"),

@@ -121,8 +121,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     return self.passthrough_malloc(device, size);
                 }
                 Alloc::NeedSync => {
+                    let began = (self.clock)();
                     self.synchronize()?;
-                    pool.lock().mark_all_synced();
+                    pool.lock().mark_synced_before(began);
                 }
                 Alloc::NeedMap { addr, size } => {
                     self.map_block(device, pool, addr, size)?;

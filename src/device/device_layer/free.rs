@@ -47,6 +47,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     pub(super) fn free_ours(&self, addr: usize, device: usize) -> Result<FreeAnswer, DeviceError> {
         let synced = self.sync_on_free.load(Relaxed);
+        let began = (self.clock)();
         if synced {
             // Note [Safe reuse]: the device that ran the block's kernels is the one to wait for.
             self.with_device(device as i32, || self.synchronize())?;
@@ -57,7 +58,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             if synced {
                 // The whole device is idle now: blocks freed on streams are reusable too, and
                 // the report counts this sync.
-                pool.mark_all_synced();
+                pool.mark_synced_before(began);
             }
             pool.free(addr as u64, if synced { SYNCED } else { PENDING }, (self.clock)())
         };

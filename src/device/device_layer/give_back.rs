@@ -25,6 +25,29 @@ const IDLE_BATCH: usize = 16;
 /// Note [No driver call after exit]: set in `DeviceLayer::background` once exit began.
 pub(super) const BACKGROUND_CLOSED: u32 = 1 << 31;
 
+// Note [Releases beside a graph capture]
+// A program capturing a CUDA graph in the global mode (PyTorch's torch.cuda.graph, and so
+// torch.compile's "reduce-overhead", capture so) forbids every other thread in that mode the
+// calls that may synchronize: a cuMemFree from our background thread or the neighbours' thread
+// in the middle of it failed with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidated the
+// program's capture. A release frees only idle segments, which no captured work can name, so
+// our threads make their driver calls in the relaxed mode, as PyTorch's own allocator does
+// around its cudaMalloc, and put the mode back after.
+
+// Note [Idle blocks freed on streams]
+// A block freed on a stream (PyTorch's and CuPy's frees under the package's hooks, cudaFreeAsync)
+// or by a deferred cudaFree (TENSORMALLOC_CUDA_SYNC=reuse) may still be used by queued work: it
+// waits for a synchronization before anyone else reuses it (Note [Safe reuse] in
+// device/pool/mod.rs), and a segment is released only once it is free and synchronized. The
+// program's own synchronizing calls are not ours to see (hooks mode interposes nothing), so such
+// segments stayed with the process for good: no release by time, none under pressure, none for a
+// neighbour, and cudaMemGetInfo short by all of them. So when such a block has been idle as long
+// as a release asks (the release delay, a second under pressure, a neighbour's moment), our
+// thread synchronizes the pool's device itself, in the relaxed capture mode, and every block
+// freed before it began is reusable and releasable; one freed meanwhile keeps its tag. In a
+// training loop freed blocks are reused long before that: the synchronization comes only for
+// memory the program stopped using.
+
 // Note [No driver call after exit]
 // The background thread (idle and pressure releases) and the neighbours' answering thread call
 // the driver on their own, whenever they like. Once the process exits, the driver tears itself
@@ -47,6 +70,17 @@ impl Drop for BackgroundBatch<'_> {
 }
 
 impl<R: DeviceRuntime> DeviceLayer<R> {
+    /// `f`'s driver calls in the relaxed capture mode (Note [Releases beside a graph capture]).
+    fn beside_captures<T>(&self, f: impl FnOnce() -> T) -> T {
+        const RELAXED: i32 = 2;
+        let was = self.runtime.exchange_capture_mode(RELAXED);
+        let out = f();
+        if let Some(was) = was.filter(|&m| m != RELAXED) {
+            let _ = self.runtime.exchange_capture_mode(was);
+        }
+        out
+    }
+
     /// Enters the gate for one background batch; None once exit began.
     pub(super) fn background_batch(&self) -> Option<BackgroundBatch<'_>> {
         let before = self.background.fetch_add(1, AcqRel);
@@ -96,8 +130,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Synchronizes (so every free block is reusable and whole segments can be freed), then
     /// gives fully free segments of the current device back to the runtime.
     pub(super) fn release_cached(&self, device: usize, pool: &Lock<DevicePool>, max_bytes: u64) -> Result<u64, DeviceError> {
+        let began = (self.clock)();
         self.synchronize()?;
-        pool.lock().mark_all_synced();
+        pool.lock().mark_synced_before(began);
         let mut total = 0;
         if pool.lock().expandable() {
             let Some(grow) = self.growing.get(device) else { return Ok(0) };
@@ -239,6 +274,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// back (lock_between_releases). None: no pool.
     pub(super) fn release_idle_batch(&self, device: usize, pool: &Lock<DevicePool>, releasing: &AtomicU32, cutoff_ns: u64, why: Release) -> Option<(IdleRelease, Result<(), DeviceError>)> {
         let _batch = self.background_batch()?;
+        self.synchronize_for_idle(device, pool, releasing, cutoff_ns);
         if pool.lock().expandable() {
             return self.release_idle_chunk_batch(device, pool, releasing, cutoff_ns, why);
         }
@@ -257,7 +293,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         if idle.count == 0 {
             return Some((idle, Ok(())));
         }
-        let freed = self.with_device(device as i32, || {
+        let freed = self.beside_captures(|| self.with_device(device as i32, || {
             if pool.lock().generation() != generation {
                 return Ok(());
             }
@@ -266,9 +302,32 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 record::segment(device_place(device), addr, len, false);
             }
             Ok(())
-        });
+        }));
         releasing.fetch_sub(1, AcqRel);
         Some((idle, freed))
+    }
+
+    /// Synchronizes `device` when a block freed on a stream (or deferred) has been free since
+    /// `cutoff_ns` or before (Note [Idle blocks freed on streams]), under the same guard as the
+    /// releases (`releasing`, the generation).
+    fn synchronize_for_idle(&self, device: usize, pool: &Lock<DevicePool>, releasing: &AtomicU32, cutoff_ns: u64) {
+        let generation = {
+            let p = pool.lock();
+            if !p.is_ready() || p.oldest_unsynced_free().is_none_or(|freed| freed > cutoff_ns) {
+                return;
+            }
+            p.generation()
+        };
+        releasing.fetch_add(1, AcqRel);
+        let began = (self.clock)();
+        let synced = self.beside_captures(|| self.with_device(device as i32, || if pool.lock().generation() == generation { self.synchronize().map(|()| true) } else { Ok(false) }));
+        if synced == Ok(true) {
+            let mut p = pool.lock();
+            if p.generation() == generation {
+                p.mark_synced_before(began);
+            }
+        }
+        releasing.fetch_sub(1, AcqRel);
     }
 
     /// `release_idle_batch` for expandable segments: idle chunks, under the grow lock.
@@ -291,12 +350,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             return Some((idle, Ok(())));
         }
         let taken = batch.get(..idle.count).unwrap_or(&[]);
-        let freed = self.with_device(device as i32, || {
+        let freed = self.beside_captures(|| self.with_device(device as i32, || {
             if pool.lock().generation() != generation {
                 return Ok(());
             }
             self.unmap_chunks(device, chunk, taken)
-        });
+        }));
         self.close_exported(taken);
         releasing.fetch_sub(1, AcqRel);
         Some((idle, freed))
@@ -315,7 +374,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         }
         let Some(_batch) = self.background_batch() else { return false };
         releasing.fetch_add(1, AcqRel);
-        let info = self.with_device(device as i32, || if pool.lock().generation() == generation { self.runtime.mem_info().map(Some) } else { Ok(None) });
+        let info = self.beside_captures(|| self.with_device(device as i32, || if pool.lock().generation() == generation { self.runtime.mem_info().map(Some) } else { Ok(None) }));
         releasing.fetch_sub(1, AcqRel);
         matches!(info, Ok(Some((free, total))) if total > 0 && (free as u64).saturating_mul(100) < (total as u64).saturating_mul(percent))
     }

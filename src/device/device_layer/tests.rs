@@ -563,17 +563,30 @@ fn idle_segments_go_back_to_the_driver_and_busy_ones_stay() {
     assert_eq!(l.runtime().device(0).frees, 3);
 }
 
-/// An idle segment that waits for a synchronization (freed on a stream) is not given back yet,
-/// and even with a zero delay the background thread is not asked to look again at once.
+/// Note [Idle blocks freed on streams]: an idle segment freed on a stream (or by a deferred
+/// cudaFree) is not given back while it is young, and the background thread is not asked to
+/// look again at once; once idle for the release delay, the thread synchronizes the device and
+/// gives it back, also under pressure and to a neighbour. Before, it stayed for good.
 #[test]
-fn a_segment_waiting_for_a_sync_is_looked_at_later_not_at_once() {
+fn a_segment_freed_on_a_stream_goes_back_after_the_delay_with_a_synchronization() {
     let l = Box::new(DeviceLayer::new(SimRuntime::new(&[GB]), leak_table, fake_now));
-    l.configure(&Config { cuda_release_ms: 0, ..Config::default() });
+    l.configure(&Config { cuda_release_ms: 1000, ..Config::default() });
     let a = l.malloc_on_stream(64 * MB, 0, 0x77, 0).unwrap();
     assert_eq!(l.free_on_stream(a, 0, 0x77), FreeAnswer::Pooled);
+    let syncs = l.runtime().device(0).syncs;
     let due = l.release_idle().expect("the pending segment is looked at again");
     assert!(due >= fake_now() + 100_000_000, "not at once");
-    assert_eq!(l.runtime().device(0).frees, 0, "a stream may still use it");
+    assert_eq!((l.runtime().device(0).frees, l.runtime().device(0).syncs), (0, syncs), "young: a stream may still use it");
+    advance_ms(1001);
+    assert_eq!(l.release_idle(), None, "nothing left to wait for");
+    // One synchronization of ours, then the free (which synchronizes too, as cudaFree does).
+    assert_eq!((l.runtime().device(0).frees, l.runtime().device(0).syncs), (1, syncs + 2), "synchronized, then given back");
+    // A neighbour's ask does the same for a segment idle since its moment.
+    let b = l.malloc_on_stream(64 * MB, 0, 0x77, 0).unwrap();
+    assert_eq!(l.free_on_stream(b, 0, 0x77), FreeAnswer::Pooled);
+    advance_ms(10);
+    assert!(!l.release_for_neighbour(0, fake_now()), "nothing left");
+    assert_eq!(l.runtime().device(0).frees, 2);
 }
 
 /// Note [No driver call after exit]: once exit began, neither the background pass nor a

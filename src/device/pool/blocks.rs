@@ -231,8 +231,16 @@ impl DevicePool {
         i
     }
 
-    /// The caller synchronized the device: every free block becomes reusable by anyone.
+    /// `mark_synced_before` with nothing freed since (the pool's own tests).
+    #[cfg(test)]
     pub fn mark_all_synced(&mut self) {
+        self.mark_synced_before(u64::MAX);
+    }
+
+    /// The caller synchronized the device, having read the clock at `began_ns` before it asked:
+    /// every block freed before then becomes reusable by anyone. One freed while the
+    /// synchronization ran (by another thread, its work maybe still queued) keeps its tag.
+    pub fn mark_synced_before(&mut self, began_ns: u64) {
         self.stats.syncs += 1;
         if self.pending_free_bytes == 0 && self.other_tag_free_bytes == 0 {
             return;
@@ -242,7 +250,7 @@ impl DevicePool {
                 loop {
                     // Take one tagged block from this bin, retag and merge it, relink it.
                     let mut i = self.bin_head(small, bin);
-                    while i != NONE && self.blocks.get(i).tag == SYNCED {
+                    while i != NONE && (self.blocks.get(i).tag == SYNCED || self.blocks.get(i).born_ns >= began_ns) {
                         i = self.blocks.get(i).bin_next;
                     }
                     if i == NONE {
@@ -255,5 +263,27 @@ impl DevicePool {
                 }
             }
         }
+    }
+
+    /// When the longest-waiting free block that needs a synchronization before anyone may reuse
+    /// it (freed on a stream, or in the deferred mode) was freed; None when there is none.
+    pub fn oldest_unsynced_free(&self) -> Option<u64> {
+        if self.pending_free_bytes == 0 && self.other_tag_free_bytes == 0 {
+            return None;
+        }
+        let mut oldest = None::<u64>;
+        for small in [false, true] {
+            for bin in 0..BINS {
+                let mut i = self.bin_head(small, bin);
+                while i != NONE {
+                    let b = self.blocks.get(i);
+                    if b.tag != SYNCED {
+                        oldest = Some(oldest.map_or(b.born_ns, |o| o.min(b.born_ns)));
+                    }
+                    i = b.bin_next;
+                }
+            }
+        }
+        oldest
     }
 }

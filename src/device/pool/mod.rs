@@ -1,13 +1,14 @@
 //! One device's caching pool: bookkeeping only. It never calls CUDA: it says what it needs (a
 //! new segment, a device synchronization) and the caller does it outside the lock, then tells
-//! the pool (`add_segment`, `mark_all_synced`). Tested over a simulated device.
+//! the pool (`add_segment`, `mark_synced_before`). Tested over a simulated device.
 //
 // Note [Safe reuse]
 // cudaFree synchronizes the device, so a program may free a block while kernels that use it
 // are still queued on any stream, and count on the memory not being reused too early. Each free
 // block carries a tag saying who may reuse it with no synchronization:
 // - SYNCED: every piece of work issued before its free has finished (the caller synchronized
-//   the device at free, the default, or later in `mark_all_synced`);
+//   the device at free, the default, or later in `mark_synced_before`, for what was freed
+//   before that synchronization began);
 // - PENDING: freed by cudaFree in the deferred mode; usable only after a device sync;
 // - a stream tag: freed through the pluggable allocator on that stream; stream order makes it
 //   safe for a later allocation on the same stream, and for others after a device sync.

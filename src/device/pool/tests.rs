@@ -119,6 +119,26 @@ fn pending_blocks_need_a_sync_before_reuse() {
 }
 
 #[test]
+fn a_sync_covers_only_what_was_freed_before_it_began() {
+    // A block freed on a stream while another thread's synchronization ran may still be used by
+    // work queued after that synchronization began: it keeps its tag.
+    let mut h = Harness::new(Strategy::Split, 1 << 40);
+    let s = stream_tag(0x1234);
+    let a = h.alloc(32 * MB, s).unwrap();
+    let b = h.alloc(32 * MB, s).unwrap();
+    h.pool.free(a, s, 100);
+    h.pool.free(b, PENDING, 200);
+    assert_eq!(h.pool.oldest_unsynced_free(), Some(100));
+    h.pool.mark_synced_before(150);
+    assert_eq!(h.pool.oldest_unsynced_free(), Some(200), "freed after the synchronization began");
+    assert_eq!(h.pool.alloc(32 * MB, SYNCED, Birth::at(300)), Alloc::Hit { addr: a, size: 32 * MB });
+    assert_eq!(h.pool.alloc(32 * MB, SYNCED, Birth::at(300)), Alloc::NeedSync, "b waits for the next one");
+    h.pool.mark_synced_before(250);
+    assert_eq!(h.pool.oldest_unsynced_free(), None);
+    h.pool.check_invariants().unwrap();
+}
+
+#[test]
 fn stream_blocks_are_reused_on_their_stream_without_sync() {
     let mut h = Harness::new(Strategy::Split, 1 << 40);
     let s1 = stream_tag(0x1234);
