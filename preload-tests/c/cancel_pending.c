@@ -56,23 +56,13 @@ static void *info_worker(void *arg) {
     return NULL;
 }
 
-static long vm_size_kb(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, "VmSize:", 7) == 0) kb = atol(line + 7);
-    if (f) fclose(f);
-    return kb;
-}
-
 static int info_rounds(int n) {
     info_out = fopen("/dev/null", "w");
     CHECK(info_out && setvbuf(info_out, NULL, _IONBF, 0) == 0);
     void *big = malloc(8 * MB); /* a block of ours: malloc_info has something to say */
     CHECK(big);
     memset(big, 1, 8 * MB);
-    long before = vm_size_kb();
+    long before = status_kb("VmSize");
     int cancelled = 0;
     for (int i = 0; i < n; i++) {
         pthread_barrier_init(&asked, NULL, 2);
@@ -88,7 +78,7 @@ static int info_rounds(int n) {
         pthread_barrier_destroy(&asked);
         pthread_barrier_destroy(&pending);
     }
-    printf("cancelled %d of %d, address space grew by %ld MB\n", cancelled, n, (vm_size_kb() - before) >> 10);
+    printf("cancelled %d of %d, address space grew by %ld MB\n", cancelled, n, (status_kb("VmSize") - before) >> 10);
     free(big);
     return 0;
 }
