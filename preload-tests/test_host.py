@@ -304,17 +304,15 @@ def test_a_pending_cancellation_waits_for_the_programs_own_cancellation_point(pr
     assert "malloc returned null, freed, then cancelled" in out.stdout, out.stdout + out.stderr
 
 
-def test_a_thread_cancelled_around_malloc_info_leaves_no_mapping_behind():
-    """1,000 threads with pthread_cancel pending call malloc_info (glibc's writes to the caller's
-    FILE are a cancellation point): each is cancelled (there under glibc alone, at its
-    pthread_testcancel under us: Note [Cancellation points]) and the process gains no more
-    address space than the next allocator's arena. Before, each left our 256 KiB scratch
-    mapping: 322 MB over glibc's 8."""
-    plain = ok(run([compile_c("cancel_pending"), "info"], preload=False, timeout=120))
-    ours = ok(run([compile_c("cancel_pending"), "info"], timeout=120))
-    grew = lambda out: int(re.search(r"cancelled 1000 of 1000, address space grew by (\d+) MB", out.stdout).group(1))
-    # glibc's arena for the threads' small requests (64 MiB reserved) comes with us, not alone.
-    assert grew(ours) <= grew(plain) + 100, (plain.stdout, ours.stdout)
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_a_thread_blocked_in_malloc_info_can_be_cancelled(preload):
+    """A thread's malloc_info blocks writing to a full pipe; pthread_cancel ends it there, as
+    glibc's writes are cancellation points. A version of this session held cancellation off
+    around the writes (to keep a cancelled thread from leaving our scratch mapped): the join
+    waited for good, a review found. The scratch left by a thread cancelled there is in
+    docs/limits.md."""
+    out = ok(run([compile_c("cancel_pending"), "info"], preload=preload, timeout=60))
+    assert "joined: cancelled" in out.stdout, out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("report", EXIT_REPORTS)

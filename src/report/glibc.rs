@@ -106,13 +106,11 @@ pub unsafe fn malloc_info(options: c_int, fp: *mut libc::FILE) -> c_int {
             // SAFETY: the captured text lies in the scratch mapping, still mapped.
             let text = unsafe { core::slice::from_raw_parts(text, len) };
             let mut ok = true;
-            // Held, unlike glibc's own writes (Note [Cancellation points] in sys/cancel.rs): a
-            // thread cancelled here left the scratch mapped, 256 KiB each time. The request
-            // stays pending for the program's next cancellation point.
-            crate::sys::cancel::cancel_held(|| {
-                // SAFETY: fp is the caller's open FILE.
-                edit_info(text, held(), |part| ok &= unsafe { crate::sys::stdio::put(fp, part) });
-            });
+            // Cancellable, as glibc's own writes here are: a thread blocked writing to a full
+            // pipe must be cancellable (docs/limits.md: one cancelled here leaves the scratch
+            // mapped, 256 KiB).
+            // SAFETY: fp is the caller's open FILE.
+            edit_info(text, held(), |part| ok &= unsafe { crate::sys::stdio::put(fp, part) });
             if ok { 0 } else { -1 }
         }
         // SAFETY: plain forwarding (the text did not fit, or no scratch: passed on unedited).

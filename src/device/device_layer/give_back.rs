@@ -28,11 +28,14 @@ pub(super) const BACKGROUND_CLOSED: u32 = 1 << 31;
 // Note [Releases beside a graph capture]
 // A program capturing a CUDA graph in the global mode (PyTorch's torch.cuda.graph, and so
 // torch.compile's "reduce-overhead", capture so) forbids every other thread in that mode the
-// calls that may synchronize: a cuMemFree from our background thread or the neighbours' thread
-// in the middle of it failed with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidated the
-// program's capture. A release frees only idle segments, which no captured work can name, so
-// our threads make their driver calls in the relaxed mode, as PyTorch's own allocator does
-// around its cudaMalloc, and put the mode back after.
+// calls CUDA calls unsafe: a cuMemFree from our background thread or the neighbours' thread in
+// the middle of it is refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and the capture
+// invalidated. A release frees only idle segments, which no captured work can name, so our
+// threads make their driver calls in the relaxed mode, as PyTorch's own allocator does around
+// its cudaMalloc, and put the mode back after. The stand-in driver models that rule; whether the
+// synchronization a release makes (cuMemFree's own, synchronize_for_idle's) still invalidates a
+// capture on a real GPU, as NVIDIA says synchronizations do whatever the mode, is not yet
+// checked (docs/limits.md).
 
 // Note [Idle blocks freed on streams]
 // A block freed on a stream (PyTorch's and CuPy's frees under the package's hooks, cudaFreeAsync)
@@ -316,9 +319,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             if !p.is_ready() || p.oldest_unsynced_free().is_none_or(|freed| freed > cutoff_ns) {
                 return;
             }
+            // Counted under the lock, as a release is: a context's end through us waits for it,
+            // or comes first and this finds the generation changed (never a context retained or
+            // synchronized after its end).
+            releasing.fetch_add(1, AcqRel);
             p.generation()
         };
-        releasing.fetch_add(1, AcqRel);
         let began = (self.clock)();
         let synced = self.beside_captures(|| self.with_device(device as i32, || if pool.lock().generation() == generation { self.synchronize().map(|()| true) } else { Ok(false) }));
         if synced == Ok(true) {
@@ -365,15 +371,16 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// in the pool's own context only (never by retaining a primary context the program may be
     /// releasing), under the same guard as the releases (`releasing`, the generation).
     pub(super) fn short_of_memory(&self, device: usize, pool: &Lock<DevicePool>, releasing: &AtomicU32, percent: u64) -> bool {
-        let (owner, generation) = {
-            let p = pool.lock();
-            (p.owner(), p.generation())
-        };
-        if owner == 0 {
-            return false;
-        }
         let Some(_batch) = self.background_batch() else { return false };
-        releasing.fetch_add(1, AcqRel);
+        let generation = {
+            let p = pool.lock();
+            if p.owner() == 0 {
+                return false;
+            }
+            // Under the lock, as in synchronize_for_idle.
+            releasing.fetch_add(1, AcqRel);
+            p.generation()
+        };
         let info = self.beside_captures(|| self.with_device(device as i32, || if pool.lock().generation() == generation { self.runtime.mem_info().map(Some) } else { Ok(None) }));
         releasing.fetch_sub(1, AcqRel);
         matches!(info, Ok(Some((free, total))) if total > 0 && (free as u64).saturating_mul(100) < (total as u64).saturating_mul(percent))
