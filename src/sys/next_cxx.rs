@@ -164,17 +164,25 @@ fn replaced_behind_us(base: &CStr) -> bool {
 /// for a copy of the C++ runtime linked in (-static-libstdc++). Unknown (no handle): as if it
 /// did.
 fn defines((base, path): (usize, &'static CStr), name: &CStr) -> bool {
-    // SAFETY: a loaded object's path; NOLOAD only counts a reference, given back at once.
-    unsafe {
-        let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
-        if h.is_null() {
-            return true;
-        }
-        // glibc's own dlsym: ours answers our malloc for the next allocator's handle.
-        let m = super::dlsym::glibc()(h, name.as_ptr());
-        libc::dlclose(h);
-        super::dlsym::object_of(m as usize).is_some_and(|(b, _)| b == base)
+    // SAFETY: a loaded object's path and a C string constant.
+    match unsafe { lookup_in_loaded(path, name) } {
+        Some(m) => super::dlsym::object_of(m as usize).is_some_and(|(b, _)| b == base),
+        None => true,
     }
+}
+
+/// `name` looked up by the handle of the already loaded object `path` (it and its dependencies),
+/// with glibc's own dlsym (ours answers our malloc for the next allocator's handle); None when
+/// `path` is not loaded. Never loads anything: the NOLOAD handle only counts a reference to an
+/// object that stays loaded, given back at once.
+unsafe fn lookup_in_loaded(path: &CStr, name: &CStr) -> Option<*mut c_void> {
+    let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+    if h.is_null() {
+        return None;
+    }
+    let a = super::dlsym::glibc()(h, name.as_ptr());
+    libc::dlclose(h);
+    Some(a)
 }
 
 // Note [libstdc++ shortcut]
@@ -200,18 +208,7 @@ unsafe fn find(name: &CStr) -> *mut c_void {
 /// The C++ runtime's own definition, whatever is preloaded after us: the copy already loaded,
 /// by handle, never loading one.
 unsafe fn find_in_cxx_runtime(name: &CStr) -> *mut c_void {
-    for lib in [c"libstdc++.so.6", c"libc++.so.1"] {
-        let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
-        if !h.is_null() {
-            let a = libc::dlsym(h, name.as_ptr());
-            // The NOLOAD handle only counted a reference to a library that stays loaded.
-            libc::dlclose(h);
-            if !a.is_null() {
-                return a;
-            }
-        }
-    }
-    core::ptr::null_mut()
+    [c"libstdc++.so.6", c"libc++.so.1"].into_iter().find_map(|lib| lookup_in_loaded(lib, name).filter(|a| !a.is_null())).unwrap_or(core::ptr::null_mut())
 }
 
 
