@@ -19,8 +19,9 @@ from test_cuda_correct import MODES, POOLED
 SINCE = {"cuMemAlloc": 3020, "cuMemAllocPitch": 3020, "cuMemFree": 3020, "cuMemGetInfo": 3020,
          "cuMemAllocHost": 3020, "cuMemGetAddressRange": 3020, "cuCtxDestroy": 4000,
          "cuDevicePrimaryCtxReset": 11000, "cuDevicePrimaryCtxRelease": 11000, "cuGetProcAddress": 12000,
-         "cuIpcOpenMemHandle": 11000}
-PER_THREAD = {"cuMemAllocAsync", "cuMemFreeAsync"}  # flags 2: the _ptsz export
+         "cuIpcOpenMemHandle": 11000, "cuStreamBeginCapture": 10010}
+# flags 2: the _ptsz export (after the _v2 where both apply).
+PER_THREAD = {"cuMemAllocAsync", "cuMemFreeAsync", "cuStreamBeginCapture", "cuStreamEndCapture", "cuStreamBeginCaptureToGraph"}
 # What the pool serves, by exported name (where the stand-in exports it too).
 SERVED = {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuMemHostAlloc",
           "cuMemAllocHost_v2", "cuMemFreeHost", "cuMemAllocAsync", "cuMemAllocManaged", "cuMemCreate",
@@ -28,15 +29,16 @@ SERVED = {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemFree_v2", "cuMemGetInfo_v
           "cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset", "cuCtxDestroy_v2", "cuCtxDestroy",
           "cuIpcGetMemHandle", "cuMemGetAddressRange_v2", "cuPointerGetAttribute", "cuPointerGetAttributes",
           "cuGetProcAddress", "cuGetProcAddress_v2", "cuCtxEnablePeerAccess", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2",
-          "cuIpcCloseMemHandle"}
+          "cuIpcCloseMemHandle", "cuStreamBeginCapture", "cuStreamBeginCapture_ptsz", "cuStreamBeginCapture_v2",
+          "cuStreamBeginCapture_v2_ptsz", "cuStreamEndCapture", "cuStreamEndCapture_ptsz"}
 LOOKUP = re.compile(r"lookup (\S+) (\d+) (\d+) (-?\d+) (driver|ours) (\S+) (\S+)")
 
 
 def exported(name, version, flags):
-    if name in SINCE:
-        return f"{name}_v2" if version >= SINCE[name] else name
-    if name in PER_THREAD and flags & 2:
-        return f"{name}_ptsz"
+    if name in SINCE and version >= SINCE[name]:
+        name = f"{name}_v2"
+    if name.removesuffix("_v2") in PER_THREAD and flags & 2:
+        name = f"{name}_ptsz"
     return name
 
 

@@ -53,6 +53,7 @@ int cuStreamBeginCapture_v2(CUstream, int);
 struct fakecuda_counters { uint64_t mallocs, frees, syncs, host_allocs, host_frees; uint64_t used[4]; };
 void fakecuda_get_counters(struct fakecuda_counters *);
 int cuStreamEndCapture(CUstream, void **);
+int cuThreadExchangeStreamCaptureMode(int *);
 int cuMemGetAddressRange_v2(CUdeviceptr *, size_t *, CUdeviceptr);
 int cuPointerGetAttribute(void *, int, CUdeviceptr);
 int cuPointerGetAttributes(unsigned, int *, void **, CUdeviceptr);
@@ -453,23 +454,75 @@ static void per_thread_streams(void) {
     }
 }
 
-/* Note [Releases beside a graph capture] (src/device/device_layer/give_back.rs): a segment the
- * program freed goes idle, then the program captures a graph in the global mode (as
- * torch.cuda.graph does) for longer than the release delay; our thread gives the segment back
- * meanwhile, and the capture must end whole. */
-static void capture(void) {
-    void *p = NULL;
+/* Note [Graph captures under way] (src/device/device_layer/captures.rs): a segment the program
+ * freed goes idle, and a block freed on a stream waits for a synchronization; then the program
+ * captures a graph for longer than the release delay, in the global mode (as torch.cuda.graph
+ * does) or the relaxed one, allocating in it (the stand-in lets the capturing thread do so in
+ * the relaxed mode; the global mode's capture, as PyTorch's, makes its own thread relaxed around
+ * the allocation). Nothing may synchronize the device meanwhile: the capture must end whole.
+ * After it, the idle memory goes back to the driver. `capture-relaxed` captures in the relaxed
+ * mode. */
+static void capture(const char *scenario) {
+    const int relaxed_mode = 2;
+    int mode = !strcmp(scenario, "capture-relaxed") ? relaxed_mode : 0;
+    void *p = NULL, *q = NULL, *r = NULL;
     CHECK(cudaMalloc(&p, 64 * MB) == 0);
     CHECK(cudaFree(p) == 0);
-    CUstream s = NULL;
-    CHECK(cudaStreamCreate(&s) == 0);
-    CHECK(cuStreamBeginCapture_v2(s, 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */) == 0);
+    CUstream s = NULL, other = NULL;
+    CHECK(cudaStreamCreate(&s) == 0 && cudaStreamCreate(&other) == 0);
+    CHECK(cudaMalloc(&q, 96 * MB) == 0); /* larger than p: only q would serve r */
+    /* Freed on a stream as the package's hooks free (tm_cuda_free), else as the runtime does. */
+    void (*release)(void *, long, int, void *) = (void (*)(void *, long, int, void *))dlsym(RTLD_DEFAULT, "tm_cuda_free");
+    if (release) release(q, 96 * MB, 0, other);
+    else CHECK(cudaFreeAsync(q, other) == 0);
+    CHECK(cuStreamBeginCapture_v2(s, mode) == 0);
+    int was = relaxed_mode;
+    CHECK(cuThreadExchangeStreamCaptureMode(&was) == 0);
+    int allocated = cudaMalloc(&r, 96 * MB);
+    CHECK(cuThreadExchangeStreamCaptureMode(&was) == 0);
+    if (allocated != 0) printf("allocation in the capture failed (%d)\n", allocated);
+    CHECK(allocated == 0);
     usleep(400 * 1000);
     void *graph = NULL;
     int rc = cuStreamEndCapture(s, &graph);
     if (rc != 0) printf("capture invalidated (%d)\n", rc);
     CHECK(rc == 0 && graph);
-    CHECK(cudaStreamDestroy(s) == 0);
+    CHECK(cudaFree(r) == 0);
+    CHECK(cudaStreamDestroy(s) == 0 && cudaStreamDestroy(other) == 0);
+    usleep(400 * 1000); /* the idle releases come after the capture */
+}
+
+/* A thread's first runtime call is a free or an IPC handle of a pooled block; the runtime binds
+ * the device's primary context first, and the thread's driver calls after it count on that
+ * (runtime and driver API mixed, as the runtime's own docs allow). */
+int cuCtxGetCurrent(CUcontext *);
+int cuMemAlloc_v2(CUdeviceptr *, size_t);
+static void *first_block;
+static int first_kind;
+
+static void *first_call(void *arg) {
+    (void)arg;
+    CUipcMemHandle handle;
+    int rc = first_kind == 0 ? cudaFree(first_block)
+           : first_kind == 1 ? cudaFreeAsync(first_block, NULL)
+           : cudaIpcGetMemHandle(&handle, first_block);
+    CUcontext c = NULL;
+    CUdeviceptr d = 0;
+    CHECK(cuCtxGetCurrent(&c) == 0);
+    int alloc_rc = cuMemAlloc_v2(&d, 1 * MB);
+    if (!c || alloc_rc != 0) printf("first call %d: rc %d, context %p, cuMemAlloc %d\n", first_kind, rc, (void *)c, alloc_rc);
+    CHECK(rc == 0 && c && alloc_rc == 0);
+    CHECK(cuMemFree_v2(d) == 0);
+    return NULL;
+}
+
+static void first_calls(void) {
+    for (first_kind = 0; first_kind < 3; first_kind++) {
+        CHECK(cudaMalloc(&first_block, 1 * MB) == 0);
+        pthread_t t;
+        CHECK(pthread_create(&t, NULL, first_call, NULL) == 0 && pthread_join(t, NULL) == 0);
+        if (first_kind == 2) CHECK(cudaFree(first_block) == 0);
+    }
 }
 
 /* Note [Idle blocks freed on streams] (src/device/device_layer/give_back.rs): blocks freed on a
@@ -589,7 +642,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "range")) range_on(0), range_on(1);
     else if (!strcmp(s, "async")) async();
     else if (!strcmp(s, "per-thread-streams")) per_thread_streams();
-    else if (!strcmp(s, "capture")) capture();
+    else if (!strcmp(s, "capture") || !strcmp(s, "capture-relaxed")) capture(s);
+    else if (!strcmp(s, "first-calls")) first_calls();
     else if (!strcmp(s, "stream-idle")) stream_idle();
     else if (!strcmp(s, "managed")) managed();
     else if (!strcmp(s, "vmm")) vmm();

@@ -299,25 +299,32 @@ static void enqueue(struct op o) {
 
 /* Maps a fresh memfd-backed allocation of kind k in the current context. */
 /* ----- stream capture, as far as another thread's calls go: a capture begun in the global mode
- * makes the calls that may synchronize (cuMemAlloc, cuMemFree, cuCtxSynchronize) of every thread
- * in the global mode fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and invalidates the
- * capture (its end answers CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); a thread in the relaxed mode
- * is never stopped (cuThreadExchangeStreamCaptureMode). ----- */
+ * makes the calls CUDA calls unsafe (cuMemAlloc, cuMemFree, cuCtxSynchronize) of every thread in
+ * the global mode fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and invalidates the capture
+ * (its end answers CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); a thread in the relaxed mode
+ * (cuThreadExchangeStreamCaptureMode) may make them. A synchronization of the context while any
+ * capture is under way, in any mode, is invalid (CUDA's programming guide, "Prohibited and
+ * Unhandled Operations") and fails and invalidates the same way: cuCtxSynchronize, and
+ * cuMemFree, which synchronizes here (modelled so: whether a real GPU's cuMemFree counts as one
+ * under the relaxed mode is not checked). ----- */
 #define CU_STREAM_CAPTURE_MODE_GLOBAL 0
 #define CU_STREAM_CAPTURE_MODE_RELAXED 2
 #define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
 #define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
 static __thread __attribute__((tls_model("initial-exec"))) int capture_mode_of_thread;
-static int global_captures, capture_invalidated; /* under `lock` */
+static int global_captures, captures, capture_invalidated; /* under `lock` */
 
-static CUresult capture_forbids(void) {
-    if (capture_mode_of_thread == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+/* `synchronizes`: the call synchronizes the context (forbidden during any capture). */
+static CUresult capture_forbids_call(int synchronizes) {
+    int relaxed = capture_mode_of_thread == CU_STREAM_CAPTURE_MODE_RELAXED;
     pthread_mutex_lock(&lock);
-    int forbidden = global_captures > 0;
+    int forbidden = (synchronizes && captures > 0) || (!relaxed && global_captures > 0);
     if (forbidden) capture_invalidated = 1;
     pthread_mutex_unlock(&lock);
     return forbidden ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
+static CUresult capture_forbids(void) { return capture_forbids_call(0); }
+static CUresult capture_forbids_sync(void) { return capture_forbids_call(1); }
 
 static CUresult alloc_mem(CUdeviceptr *out, size_t size, int k) {
     if (!out || !size) return CUDA_ERROR_INVALID_VALUE;
@@ -600,7 +607,7 @@ static CUresult s_cuCtxGetDevice(CUdevice *d) {
 
 static CUresult s_cuCtxSynchronize(void) {
     CUresult e = need_ctx();
-    if (!e) e = capture_forbids();
+    if (!e) e = capture_forbids_sync();
     if (e) return e;
     pthread_mutex_lock(&lock);
     synchronize();
@@ -679,7 +686,7 @@ static CUresult s_cuMemFree_v2(CUdeviceptr p) {
     CUresult e = CUDA_SUCCESS;
     if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (!p) return CUDA_SUCCESS; /* as free(NULL): NVIDIA's runtime frees 0 to initialize a context */
-    if ((e = capture_forbids())) return e;
+    if ((e = capture_forbids_sync())) return e;
     pthread_mutex_lock(&lock);
     synchronize();
     int i = find_base((uintptr_t)p, M(K_DEVICE) | M(K_ASYNC) | M(K_MANAGED));
@@ -1262,8 +1269,12 @@ EXPORT(cuCtxPopCurrent, s_cuCtxPopCurrent_v2, (CUcontext *c), (c))
 EXPORT(cuCtxPopCurrent_v2, s_cuCtxPopCurrent_v2, (CUcontext *c), (c))
 EXPORT(cuCtxGetDevice, s_cuCtxGetDevice, (CUdevice *d), (d))
 EXPORT(cuCtxSynchronize, s_cuCtxSynchronize, (void), ())
+EXPORT(cuStreamBeginCapture, s_cuStreamBeginCapture, (CUstream s), (s))
+EXPORT(cuStreamBeginCapture_ptsz, s_cuStreamBeginCapture, (CUstream s), (s))
 EXPORT(cuStreamBeginCapture_v2, s_cuStreamBeginCapture_v2, (CUstream s, int m), (s, m))
+EXPORT(cuStreamBeginCapture_v2_ptsz, s_cuStreamBeginCapture_v2, (CUstream s, int m), (s, m))
 EXPORT(cuStreamEndCapture, s_cuStreamEndCapture, (CUstream s, void **g), (s, g))
+EXPORT(cuStreamEndCapture_ptsz, s_cuStreamEndCapture, (CUstream s, void **g), (s, g))
 EXPORT(cuThreadExchangeStreamCaptureMode, s_cuThreadExchangeStreamCaptureMode, (int *m), (m))
 EXPORT(cuStreamCreate, s_cuStreamCreate, (CUstream *s, unsigned f), (s, f))
 EXPORT(cuStreamDestroy, s_cuStreamDestroy_v2, (CUstream s), (s))

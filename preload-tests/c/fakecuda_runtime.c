@@ -308,22 +308,33 @@ static CUresult s_cuThreadExchangeStreamCaptureMode(int *mode) {
 }
 
 /* One capture at a time, recorded for what other threads may call meanwhile (see
- * capture_forbids); the graph is a token. */
+ * capture_forbids_call); the graph is a token. The end of a capture begun in the global mode
+ * lowers that count: the mode is kept per stream as one word, enough for one capture. */
+static int capture_was_global;
+
 static CUresult s_cuStreamBeginCapture_v2(CUstream s, int mode) {
     CUresult e = stream_check(s);
     if (e) return e;
     pthread_mutex_lock(&lock);
-    if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) global_captures++;
+    captures++;
+    capture_was_global = mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    if (capture_was_global) global_captures++;
     capture_invalidated = 0;
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
+}
+
+/* CUDA 10.0's spelling: the global mode. */
+static CUresult s_cuStreamBeginCapture(CUstream s) {
+    return s_cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
 }
 
 static CUresult s_cuStreamEndCapture(CUstream s, void **graph) {
     CUresult e = stream_check(s);
     if (e) return e;
     pthread_mutex_lock(&lock);
-    if (global_captures > 0) global_captures--;
+    if (captures > 0) captures--;
+    if (capture_was_global && global_captures > 0) global_captures--;
     int invalidated = capture_invalidated;
     pthread_mutex_unlock(&lock);
     if (graph) *graph = invalidated ? NULL : (void *)0x6a;

@@ -1,6 +1,6 @@
 //! CUDA's route, as `route` is malloc's: the one decision "does the pool serve this call" for
 //! the runtime's and the driver's entry points alike, and the answers a pooled free gives; each
-//! entry point's routing in `runtime`, `driver`, `ipc` (`ipc_chunks` for expandable blocks) and `lookup` (a shim is one call into
+//! entry point's routing in `runtime`, `driver`, `captures`, `ipc` (`ipc_chunks` for expandable blocks) and `lookup` (a shim is one call into
 //! them). Called by the shims only; calls the device layer (`DEVICE`) and the sys
 //! layer (the real functions, the context query), never a shim.
 
@@ -11,6 +11,7 @@ use crate::state::DEVICE;
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
+pub mod captures;
 pub mod driver;
 pub mod ipc;
 mod ipc_chunks;

@@ -5,10 +5,11 @@
 //! the few the pool must see; every other lookup tail-jumps to glibc's dlsym with the caller's
 //! registers and return address untouched, so `RTLD_NEXT` keeps meaning "after the caller". On
 //! other targets dlsym is not interposed (docs/limits.md). Each entry point is one call into
-//! `route::cuda::lookup`, given `served`: the table naming our entry points (`cuda_driver.rs`'s
-//! and this file's), the one thing the route cannot name. This file imports `cuda_driver.rs`;
+//! `route::cuda::lookup`, given `served`: the table naming our entry points (`cuda_driver.rs`'s,
+//! `cuda_captures.rs`' and this file's), the one thing the route cannot name. This file imports `cuda_driver.rs`;
 //! nothing under `shim/` imports this one.
 
+use super::cuda_captures::*;
 use super::cuda_driver::*;
 use crate::route::cuda::lookup as route;
 use crate::sys::cuda_driver::DriverFns;
@@ -50,6 +51,14 @@ fn served(symbol: &[u8], d: &DriverFns) -> Option<(*mut c_void, Option<usize>)> 
         b"cuMemGetAddressRange_v2" => row!(cuMemGetAddressRange_v2, d.address_range),
         b"cuPointerGetAttribute" => row!(cuPointerGetAttribute, d.pointer_get_attribute),
         b"cuPointerGetAttributes" => row!(cuPointerGetAttributes, d.pointer_get_attributes),
+        b"cuStreamBeginCapture" => row!(cuStreamBeginCapture, d.begin_capture_v1),
+        b"cuStreamBeginCapture_ptsz" => row!(cuStreamBeginCapture_ptsz, d.begin_capture_v1_ptsz),
+        b"cuStreamBeginCapture_v2" => row!(cuStreamBeginCapture_v2, d.begin_capture),
+        b"cuStreamBeginCapture_v2_ptsz" => row!(cuStreamBeginCapture_v2_ptsz, d.begin_capture_ptsz),
+        b"cuStreamBeginCaptureToGraph" => row!(cuStreamBeginCaptureToGraph, d.begin_capture_to_graph),
+        b"cuStreamBeginCaptureToGraph_ptsz" => row!(cuStreamBeginCaptureToGraph_ptsz, d.begin_capture_to_graph_ptsz),
+        b"cuStreamEndCapture" => row!(cuStreamEndCapture, d.end_capture),
+        b"cuStreamEndCapture_ptsz" => row!(cuStreamEndCapture_ptsz, d.end_capture_ptsz),
         b"cuGetProcAddress" => row!(cuGetProcAddress, d.get_proc_address),
         b"cuGetProcAddress_v2" => row!(cuGetProcAddress_v2, d.get_proc_address_v2),
         _ => None,

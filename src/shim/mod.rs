@@ -32,6 +32,8 @@ mod cuda_runtime;
 #[cfg(not(any(test, feature = "no-interpose")))]
 mod cuda_driver;
 #[cfg(not(any(test, feature = "no-interpose")))]
+mod cuda_captures;
+#[cfg(not(any(test, feature = "no-interpose")))]
 mod cuda_lookup;
 #[cfg(not(any(test, feature = "no-interpose")))]
 mod cxx;

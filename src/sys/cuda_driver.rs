@@ -44,6 +44,14 @@ pub type CtxGetDeviceFn = unsafe extern "C" fn(*mut c_int) -> c_int;
 pub type CtxSynchronizeFn = unsafe extern "C" fn() -> c_int;
 /// cuThreadExchangeStreamCaptureMode: the calling thread's mode in, its old mode out.
 pub type ExchangeCaptureModeFn = unsafe extern "C" fn(*mut c_int) -> c_int;
+/// cuStreamBeginCapture (CUDA 10.0's, and its _ptsz form): the stream only.
+pub type BeginCaptureV1Fn = unsafe extern "C" fn(*mut c_void) -> c_int;
+/// cuStreamBeginCapture_v2: the stream and the capture mode.
+pub type BeginCaptureFn = unsafe extern "C" fn(*mut c_void, c_int) -> c_int;
+/// cuStreamBeginCaptureToGraph: stream, graph, dependencies, their edge data, their count, mode.
+pub type BeginCaptureToGraphFn = unsafe extern "C" fn(*mut c_void, *mut c_void, *const c_void, *const c_void, usize, c_int) -> c_int;
+/// cuStreamEndCapture: the stream, and where the graph goes.
+pub type EndCaptureFn = unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> c_int;
 pub type CtxPopFn = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
 pub type DeviceGetAttributeFn = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
 pub type MemGetGranularityFn = unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_int) -> c_int;
@@ -149,6 +157,14 @@ pub struct DriverFns {
     pub ctx_get_device: Option<CtxGetDeviceFn>,
     pub ctx_synchronize: Option<CtxSynchronizeFn>,
     pub exchange_capture_mode: Option<ExchangeCaptureModeFn>,
+    pub begin_capture_v1: Option<BeginCaptureV1Fn>,
+    pub begin_capture_v1_ptsz: Option<BeginCaptureV1Fn>,
+    pub begin_capture: Option<BeginCaptureFn>,
+    pub begin_capture_ptsz: Option<BeginCaptureFn>,
+    pub begin_capture_to_graph: Option<BeginCaptureToGraphFn>,
+    pub begin_capture_to_graph_ptsz: Option<BeginCaptureToGraphFn>,
+    pub end_capture: Option<EndCaptureFn>,
+    pub end_capture_ptsz: Option<EndCaptureFn>,
     pub ctx_push: Option<CtxFn>,
     pub ctx_pop: Option<CtxPopFn>,
     pub get_proc_address: Option<GetProcAddressFn>,
@@ -216,6 +232,14 @@ unsafe fn resolve_in(handle: *mut c_void) -> DriverFns {
         ctx_get_device: find(handle, c"cuCtxGetDevice"),
         ctx_synchronize: find(handle, c"cuCtxSynchronize"),
         exchange_capture_mode: find(handle, c"cuThreadExchangeStreamCaptureMode"),
+        begin_capture_v1: find(handle, c"cuStreamBeginCapture"),
+        begin_capture_v1_ptsz: find(handle, c"cuStreamBeginCapture_ptsz"),
+        begin_capture: find(handle, c"cuStreamBeginCapture_v2"),
+        begin_capture_ptsz: find(handle, c"cuStreamBeginCapture_v2_ptsz"),
+        begin_capture_to_graph: find(handle, c"cuStreamBeginCaptureToGraph"),
+        begin_capture_to_graph_ptsz: find(handle, c"cuStreamBeginCaptureToGraph_ptsz"),
+        end_capture: find(handle, c"cuStreamEndCapture"),
+        end_capture_ptsz: find(handle, c"cuStreamEndCapture_ptsz"),
         ctx_push: find(handle, c"cuCtxPushCurrent_v2"),
         ctx_pop: find(handle, c"cuCtxPopCurrent_v2"),
         get_proc_address: find(handle, c"cuGetProcAddress"),

@@ -31,9 +31,9 @@ struct Step {
 }
 
 impl Step {
-    fn decide(p: &mut DevicePool, ctx: u64, size: usize, tag: u64, birth: Birth) -> Step {
+    fn decide(p: &mut DevicePool, ctx: u64, size: usize, tag: u64, birth: Birth, may_sync: bool) -> Step {
         let other_context = !p.serves(ctx);
-        let decision = if other_context { Alloc::Untracked } else { p.alloc(size as u64, tag, birth) };
+        let decision = if other_context { Alloc::Untracked } else { p.alloc_deciding(size as u64, tag, birth, may_sync) };
         let chunk_bytes = p.chunk_bytes();
         let (fits_cap, could_fit_cap) = match decision {
             Alloc::NeedSegment { len, .. } if chunk_bytes == 0 => (p.fits_cap(len), len <= p.limit_bytes()),
@@ -93,6 +93,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let mut released = false;
         let mut asked = false;
         let mut mapped = false;
+        // Note [Graph captures under way]: no synchronization of ours during a capture.
+        let mut may_sync = true;
         // The pool's answer taken under the lock that added a segment, for the next step.
         let mut carried: Option<Step> = None;
         // A fallback seen under the pool's lock, said after it.
@@ -102,7 +104,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 Some(step) => step,
                 None => {
                     let birth = Birth { ns: (self.clock)(), holder };
-                    Step::decide(&mut pool.lock(), ctx, size, tag, birth)
+                    Step::decide(&mut pool.lock(), ctx, size, tag, birth, may_sync)
                 }
             };
             match step.decision {
@@ -120,11 +122,14 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     }
                     return self.passthrough_malloc(device, size);
                 }
-                Alloc::NeedSync => {
-                    let began = (self.clock)();
-                    self.synchronize()?;
-                    pool.lock().mark_synced_before(began);
-                }
+                Alloc::NeedSync => match self.unasked() {
+                    Some(_call) => {
+                        let began = (self.clock)();
+                        self.synchronize()?;
+                        pool.lock().mark_synced_before(began);
+                    }
+                    None => may_sync = false,
+                },
                 Alloc::NeedMap { addr, size } => {
                     self.map_block(device, pool, addr, size)?;
                     self.join_neighbours(device);
@@ -164,15 +169,14 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                         }
                         return self.passthrough_malloc(device, size);
                     }
-                    carried = Some(Step::decide(&mut p, ctx, size, tag, birth));
+                    carried = Some(Step::decide(&mut p, ctx, size, tag, birth, may_sync));
                 }
                 Alloc::NeedSegment { len, small } => {
                     if !step.fits_cap {
-                        if released || !step.could_fit_cap {
+                        if released || !step.could_fit_cap || !self.release_cached_unasked(device as usize, pool)? {
                             pool.lock().stats.oom_failures += 1;
                             return Err(DeviceError::CapReached);
                         }
-                        self.release_cached(device as usize, pool, u64::MAX)?;
                         released = true;
                         continue;
                     }
@@ -191,7 +195,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                                 if p.generation() != step.generation {
                                     true
                                 } else if p.bind(ctx) && p.add_segment(addr as u64, len, small) {
-                                    carried = Some(Step::decide(&mut p, ctx, size, tag, birth));
+                                    carried = Some(Step::decide(&mut p, ctx, size, tag, birth, may_sync));
                                     true
                                 } else {
                                     fallback_seen = Some(if p.serves(ctx) { Fallback::TablesFull { device } } else { Fallback::OtherContext { device } });
@@ -208,11 +212,11 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                             record::segment(device_place(device as usize), addr as u64, len, true);
                             self.join_neighbours(device);
                         }
-                        Err(DeviceError::OutOfMemory) if !released && self.could_hold(len as usize) => {
+                        Err(DeviceError::OutOfMemory) if !released && self.could_hold(len as usize) && !self.capturing() => {
                             // The failed call left an error for cudaGetLastError; we recover.
                             self.runtime.clear_last_error();
                             pool.lock().stats.oom_retries += 1;
-                            self.release_cached(device as usize, pool, u64::MAX)?;
+                            self.release_cached_unasked(device as usize, pool)?;
                             released = true;
                         }
                         Err(DeviceError::OutOfMemory) if !asked && self.could_hold(len as usize) && self.ask_neighbours(device) => {

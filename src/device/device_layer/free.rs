@@ -46,7 +46,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 
     pub(super) fn free_ours(&self, addr: usize, device: usize) -> Result<FreeAnswer, DeviceError> {
-        let synced = self.sync_on_free.load(Relaxed);
+        // Note [Graph captures under way]: during a capture the block waits for a later
+        // synchronization instead, as one freed on a stream does.
+        let call = if self.sync_on_free.load(Relaxed) { self.unasked() } else { None };
+        let synced = call.is_some();
         let began = (self.clock)();
         if synced {
             // Note [Safe reuse]: the device that ran the block's kernels is the one to wait for.

@@ -10,7 +10,7 @@ use crate::device::pool::{DevicePool, IdleRelease, Release};
 use crate::record;
 use crate::record::holders::device_place;
 use crate::sys::lock::Lock;
-use core::sync::atomic::{AtomicU32, Ordering::{AcqRel, Acquire, Relaxed}};
+use core::sync::atomic::{AtomicU32, Ordering::{AcqRel, Acquire, Relaxed, SeqCst}};
 
 /// How soon the background thread looks again at an idle segment that waits for a
 /// synchronization (Note [Idle segments]).
@@ -32,10 +32,9 @@ pub(super) const BACKGROUND_CLOSED: u32 = 1 << 31;
 // the middle of it is refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and the capture
 // invalidated. A release frees only idle segments, which no captured work can name, so our
 // threads make their driver calls in the relaxed mode, as PyTorch's own allocator does around
-// its cudaMalloc, and put the mode back after. The stand-in driver models that rule; whether the
-// synchronization a release makes (cuMemFree's own, synchronize_for_idle's) still invalidates a
-// capture on a real GPU, as NVIDIA says synchronizations do whatever the mode, is not yet
-// checked (docs/limits.md).
+// its cudaMalloc, and put the mode back after. A synchronization during a capture is invalid
+// whatever the mode, so under the preload no release meets a capture at all (Note [Graph
+// captures under way] in captures.rs); the relaxed mode is for captures we do not see.
 
 // Note [Idle blocks freed on streams]
 // A block freed on a stream (PyTorch's and CuPy's frees under the package's hooks, cudaFreeAsync)
@@ -68,7 +67,7 @@ pub(super) struct BackgroundBatch<'a>(&'a AtomicU32);
 
 impl Drop for BackgroundBatch<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, AcqRel);
+        self.0.fetch_sub(1, SeqCst);
     }
 }
 
@@ -86,7 +85,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// Enters the gate for one background batch; None once exit began.
     pub(super) fn background_batch(&self) -> Option<BackgroundBatch<'_>> {
-        let before = self.background.fetch_add(1, AcqRel);
+        // SeqCst: a capture's begin reads this count after counting itself (captures.rs).
+        let before = self.background.fetch_add(1, SeqCst);
         let batch = BackgroundBatch(&self.background);
         (before & BACKGROUND_CLOSED == 0).then_some(batch)
     }
@@ -118,6 +118,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 return 0;
             }
         }
+        let Some(_call) = self.unasked() else { return 0 };
         let released = self.with_device(device, || self.release_cached(device as usize, pool, u64::MAX)).unwrap_or(0);
         if released > 0 {
             pool.lock().stats.oom_retries += 1;
@@ -132,6 +133,13 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// Synchronizes (so every free block is reusable and whole segments can be freed), then
     /// gives fully free segments of the current device back to the runtime.
+    /// `release_cached` of everything, for a program's call that did not ask for it: false, with
+    /// nothing done, while a capture is under way (Note [Graph captures under way]).
+    pub(super) fn release_cached_unasked(&self, device: usize, pool: &Lock<DevicePool>) -> Result<bool, DeviceError> {
+        let Some(_call) = self.unasked() else { return Ok(false) };
+        self.release_cached(device, pool, u64::MAX).map(|_| true)
+    }
+
     pub(super) fn release_cached(&self, device: usize, pool: &Lock<DevicePool>, max_bytes: u64) -> Result<u64, DeviceError> {
         let began = (self.clock)();
         self.synchronize()?;
@@ -277,6 +285,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// back (lock_between_releases). None: no pool.
     pub(super) fn release_idle_batch(&self, device: usize, pool: &Lock<DevicePool>, releasing: &AtomicU32, cutoff_ns: u64, why: Release) -> Option<(IdleRelease, Result<(), DeviceError>)> {
         let _batch = self.background_batch()?;
+        if self.capturing() {
+            // Note [Graph captures under way]: looked at again a pass later.
+            return Some((IdleRelease { count: 0, oldest_left_ns: None, pending_left: true }, Ok(())));
+        }
         self.synchronize_for_idle(device, pool, releasing, cutoff_ns);
         if pool.lock().expandable() {
             return self.release_idle_chunk_batch(device, pool, releasing, cutoff_ns, why);
@@ -371,7 +383,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// in the pool's own context only (never by retaining a primary context the program may be
     /// releasing), under the same guard as the releases (`releasing`, the generation).
     pub(super) fn short_of_memory(&self, device: usize, pool: &Lock<DevicePool>, releasing: &AtomicU32, percent: u64) -> bool {
-        let Some(_batch) = self.background_batch() else { return false };
+        let Some(_batch) = self.background_batch().filter(|_| !self.capturing()) else { return false };
         let generation = {
             let p = pool.lock();
             if p.owner() == 0 {

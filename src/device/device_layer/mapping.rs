@@ -25,20 +25,19 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let result = loop {
             match self.map_chunks(d, pool, addr, size) {
                 Ok(()) => break Ok(()),
-                Err(DeviceError::OutOfMemory) if !released && self.could_hold(size as usize) => {
+                Err(DeviceError::OutOfMemory) if !released && self.could_hold(size as usize) && !self.capturing() => {
                     self.runtime.clear_last_error();
                     pool.lock().stats.oom_retries += 1;
-                    if let Err(e) = self.release_cached(d, pool, u64::MAX) {
+                    if let Err(e) = self.release_cached_unasked(d, pool) {
                         break Err(e);
                     }
                     released = true;
                 }
-                Err(DeviceError::CapReached) if !released => {
-                    if let Err(e) = self.release_cached(d, pool, u64::MAX) {
-                        break Err(e);
-                    }
-                    released = true;
-                }
+                Err(DeviceError::CapReached) if !released => match self.release_cached_unasked(d, pool) {
+                    Ok(true) => released = true,
+                    Ok(false) => break Err(DeviceError::CapReached),
+                    Err(e) => break Err(e),
+                },
                 Err(DeviceError::OutOfMemory) if !asked && self.could_hold(size as usize) && self.ask_neighbours(device) => {
                     self.runtime.clear_last_error();
                     asked = true;
@@ -55,7 +54,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 p.free(addr, SYNCED, (self.clock)());
             }
             // The chunks mapped for it are idle now: they go back, for the others on the GPU.
-            let _ = self.release_cached(d, pool, u64::MAX);
+            let _ = self.release_cached_unasked(d, pool);
             self.runtime.clear_last_error();
         }
         result

@@ -9,7 +9,8 @@
 //! beside it: `alloc` (serving a request), `mapping` (expandable chunks and peer access),
 //! `contexts` (which context a pool lives in, and its end), `free` (a block back), `pointers`
 //! (what an address is: queries, IPC), `sharing` (IPC of expandable blocks: their chunks'
-//! descriptors), `give_back` (idle, pressure, neighbours, trim).
+//! descriptors), `give_back` (idle, pressure, neighbours, trim), `captures` (graph captures
+//! under way: no driver call of ours meanwhile).
 
 use super::fallback::{self, Fallback};
 use super::pinned::cache::PinnedCache;
@@ -24,6 +25,7 @@ use crate::sys::lock::Lock;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering::{Relaxed, SeqCst}};
 
 mod alloc;
+mod captures;
 mod contexts;
 mod free;
 mod give_back;
@@ -62,6 +64,11 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     /// Note [No driver call after exit]: background passes under way (the low bits), and
     /// BACKGROUND_CLOSED once the process began to exit.
     background: AtomicU32,
+    /// Graph captures under way in the process (Note [Graph captures under way] in captures.rs).
+    captures: AtomicU32,
+    /// Driver calls of ours the program's own calls make without asking for them, under way
+    /// (captures.rs `unasked`).
+    unasked: AtomicU32,
     /// Told when a segment became idle, with when it is due (the background thread's
     /// `on_block_cached`); a `fn(u64)`, null until set.
     on_idle: AtomicPtr<()>,
@@ -103,6 +110,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             release_below_percent: AtomicU64::new(0),
             releasing: [const { AtomicU32::new(0) }; MAX_DEVICES],
             background: AtomicU32::new(0),
+            captures: AtomicU32::new(0),
+            unasked: AtomicU32::new(0),
             on_idle: AtomicPtr::new(core::ptr::null_mut()),
             join_neighbours: AtomicPtr::new(core::ptr::null_mut()),
             ask_neighbours: AtomicPtr::new(core::ptr::null_mut()),
@@ -170,6 +179,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         if self.background.load(Relaxed) & !give_back::BACKGROUND_CLOSED != 0 {
             self.background.fetch_and(give_back::BACKGROUND_CLOSED, Relaxed);
         }
+        // Likewise the parent's other threads' calls and captures (captures.rs).
+        self.unasked.store(0, Relaxed);
+        self.captures.store(0, Relaxed);
         let used = self.used.load(Relaxed);
         if used {
             self.inherited.store(true, Relaxed);

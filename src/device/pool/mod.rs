@@ -335,9 +335,20 @@ impl DevicePool {
     }
 
     pub fn alloc(&mut self, size: u64, tag: u64, birth: Birth) -> Alloc {
+        self.alloc_deciding(size, tag, birth, true)
+    }
+
+    /// `alloc`, where `may_sync` false never answers NeedSync (Note [Graph captures under way]
+    /// in device_layer/captures.rs): blocks waiting for a synchronization stay waiting, and the
+    /// request takes new memory.
+    pub fn alloc_deciding(&mut self, size: u64, tag: u64, birth: Birth, may_sync: bool) -> Alloc {
         let Some(need) = self.rounded(size) else { return Alloc::Untracked };
         let small = self.strategy == Strategy::Split && need < SMALL_LIMIT;
-        let after_sync = if tag == SYNCED { self.pending_free_bytes + self.other_tag_free_bytes } else { self.pending_free_bytes };
+        let after_sync = match (may_sync, tag == SYNCED) {
+            (false, _) => 0,
+            (true, true) => self.pending_free_bytes + self.other_tag_free_bytes,
+            (true, false) => self.pending_free_bytes,
+        };
         if let Some(index) = self.find_fit(need, small, tag) {
             // Expandable: a block that needs new memory waits for a sync when blocks waiting
             // for one would do (Note [Safe reuse]: a deferred loop never grows memory).

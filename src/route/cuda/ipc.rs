@@ -87,6 +87,10 @@ pub unsafe fn runtime_get(handle: *mut c_void, ptr: *mut c_void) -> c_int {
     let Some(rt) = real() else { return NO_DRIVER };
     let Some(get) = rt.ipc_get_mem_handle else { return NO_DRIVER };
     let Some(_entered) = reentry::enter().filter(|_| !handle.is_null()) else { return get(handle, ptr) };
+    // The runtime binds a context first (as in runtime.rs's frees).
+    if super::pool_on() {
+        super::context_bound(rt);
+    }
     match export("cudaIpcGetMemHandle", ptr as usize) {
         Ok(None) => get(handle, ptr),
         Ok(Some(bytes)) => {

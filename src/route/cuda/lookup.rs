@@ -31,6 +31,14 @@ fn versioned(base: &[u8], cuda_version: c_int, per_thread: bool) -> Option<&'sta
         b"cuDevicePrimaryCtxRelease" => at(11000, b"cuDevicePrimaryCtxRelease_v2", b"cuDevicePrimaryCtxRelease"),
         b"cuDevicePrimaryCtxReset" => at(11000, b"cuDevicePrimaryCtxReset_v2", b"cuDevicePrimaryCtxReset"),
         b"cuGetProcAddress" => at(12000, b"cuGetProcAddress_v2", b"cuGetProcAddress"),
+        b"cuStreamBeginCapture" => Some(match (cuda_version >= 10010, per_thread) {
+            (true, true) => b"cuStreamBeginCapture_v2_ptsz",
+            (true, false) => b"cuStreamBeginCapture_v2",
+            (false, true) => b"cuStreamBeginCapture_ptsz",
+            (false, false) => b"cuStreamBeginCapture",
+        }),
+        b"cuStreamBeginCaptureToGraph" => Some(if per_thread { b"cuStreamBeginCaptureToGraph_ptsz" } else { b"cuStreamBeginCaptureToGraph" }),
+        b"cuStreamEndCapture" => Some(if per_thread { b"cuStreamEndCapture_ptsz" } else { b"cuStreamEndCapture" }),
         b"cuMemFreeAsync" => Some(if per_thread { b"cuMemFreeAsync_ptsz" } else { b"cuMemFreeAsync" }),
         b"cuMemAllocAsync" => Some(if per_thread { b"cuMemAllocAsync_ptsz" } else { b"cuMemAllocAsync" }),
         b"cuMemAllocManaged" => Some(b"cuMemAllocManaged"),
@@ -56,7 +64,9 @@ unsafe fn substituted(rc: c_int, symbol: *const c_char, pfn: *mut *mut c_void, c
     }
     let Some(d) = driver() else { return rc };
     let base = CStr::from_ptr(symbol).to_bytes();
-    let per_thread = flags == PER_THREAD_DEFAULT_STREAM || d.mem_free_async_ptsz.is_some_and(|f| f as usize == *pfn as usize);
+    // The driver's own answer names the per-thread spelling when the caller asked for it.
+    let answered_per_thread = || versioned(base, cuda_version, true).and_then(|name| served(name, d)).is_some_and(|(_, real)| real == Some(*pfn as usize));
+    let per_thread = flags == PER_THREAD_DEFAULT_STREAM || answered_per_thread();
     // Only where our wrapper has the driver's export of that name to forward to.
     if let Some((ours, Some(_))) = versioned(base, cuda_version, per_thread).and_then(|name| served(name, d)) {
         *pfn = ours;

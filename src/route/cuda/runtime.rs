@@ -80,6 +80,11 @@ pub unsafe fn free(ptr: *mut c_void) -> c_int {
     if ptr.is_null() || !super::pool_answers() {
         return (rt.free)(ptr);
     }
+    // As in free_host: the runtime binds a context first, and the program's driver calls after
+    // count on it.
+    if super::pool_on() {
+        context_bound(rt);
+    }
     // A refusal is recorded as the runtime's last error (once more, harmlessly, when the answer
     // was the runtime's own).
     let rc = answer_free("cudaFree", ptr as usize, FreeOf::Device, DEVICE.free(ptr as usize), || (rt.free)(ptr));
@@ -198,6 +203,9 @@ pub unsafe fn free_async(ptr: *mut c_void, stream: *mut c_void, spelling: fn(&Cu
     let Some(_entered) = reentry::enter() else { return real_free(ptr, stream) };
     if ptr.is_null() || !super::pool_answers() {
         return real_free(ptr, stream);
+    }
+    if let Some(rt) = real().filter(|_| super::pool_on()) {
+        context_bound(rt);
     }
     let rc = answer_free("cudaFreeAsync", ptr as usize, FreeOf::Device, Ok(DEVICE.free_async(ptr as usize, super::stream_of(stream, per_thread_default))), || real_free(ptr, stream));
     match real() {

@@ -1,0 +1,108 @@
+//! Note [Graph captures under way], over simulated devices: while a capture is under way the
+//! layer makes no driver call the program did not ask for, and catches up after its end.
+
+use super::*;
+use crate::backing::DeviceError;
+use crate::config::{Config, CudaSync};
+use crate::device::device_layer::FreeAnswer;
+use crate::sim::{leak_table, SimRuntime};
+
+const MB: usize = 1 << 20;
+const GB: usize = 1 << 30;
+
+thread_local! {
+    static NOW_NS: core::cell::Cell<u64> = const { core::cell::Cell::new(1) };
+}
+fn fake_now() -> u64 {
+    NOW_NS.with(|n| n.get())
+}
+fn advance_ms(ms: u64) {
+    NOW_NS.with(|n| n.set(n.get() + ms * 1_000_000));
+}
+
+fn layer(config: Config, capacity: usize) -> Box<DeviceLayer<SimRuntime>> {
+    let l = Box::new(DeviceLayer::new(SimRuntime::new(&[capacity]), leak_table, fake_now));
+    l.configure(&config);
+    l
+}
+
+fn calls(l: &DeviceLayer<SimRuntime>) -> (u64, u64, u64) {
+    let d = l.runtime().device(0);
+    (d.mallocs, d.frees, d.syncs)
+}
+
+#[test]
+fn idle_memory_waits_for_the_end_of_a_capture() {
+    let l = layer(Config { cuda_release_ms: 1000, ..Config::default() }, 8 * GB);
+    let a = l.malloc(64 * MB, 0).unwrap();
+    l.free(a).unwrap();
+    let b = l.malloc_on_stream(96 * MB, 0, 0x77, 0).unwrap();
+    assert_eq!(l.free_on_stream(b, 0, 0x77), FreeAnswer::Pooled);
+    advance_ms(2000);
+    l.capture_beginning();
+    l.capture_begin_answered(0);
+    let before = calls(&l);
+    let due = l.release_idle().expect("looked at again after the capture");
+    assert!(due > fake_now(), "not at once");
+    assert!(!l.release_for_neighbour(0, fake_now()));
+    assert_eq!(calls(&l), before, "no free, no synchronization during the capture");
+    // An end the driver refused for the wrong thread ends nothing.
+    l.capture_end_answered(908);
+    l.release_idle();
+    assert_eq!(calls(&l), before);
+    l.capture_end_answered(901);
+    assert!(!l.capturing());
+    assert_eq!(l.release_idle(), None, "nothing left");
+    let (_, frees, syncs) = calls(&l);
+    assert_eq!(frees, 2, "both segments back after the capture");
+    assert!(syncs > before.2);
+}
+
+#[test]
+fn a_refused_begin_begins_no_capture_and_ends_never_go_below_zero() {
+    let l = layer(Config::default(), 8 * GB);
+    l.capture_beginning();
+    l.capture_begin_answered(900);
+    assert!(!l.capturing());
+    l.capture_end_answered(0);
+    assert!(!l.capturing());
+    l.capture_beginning();
+    assert!(l.capturing(), "counted before the driver's call");
+}
+
+#[test]
+fn the_programs_calls_make_no_synchronization_of_ours_during_a_capture() {
+    for sync in [CudaSync::Free, CudaSync::Reuse] {
+        let l = layer(Config { cuda_sync: sync, ..Config::default() }, 8 * GB);
+        let a = l.malloc_on_stream(96 * MB, 0, 0x77, 0).unwrap();
+        assert_eq!(l.free_on_stream(a, 0, 0x77), FreeAnswer::Pooled);
+        l.capture_beginning();
+        let (mallocs, _, syncs) = calls(&l);
+        // The freed block would need a synchronization to be reused: new memory instead.
+        let b = l.malloc(96 * MB, 0).unwrap();
+        assert_ne!(a, b);
+        // A cudaFree does not synchronize either: the block waits for a later one.
+        assert_eq!(l.free(b), Ok(FreeAnswer::Pooled));
+        assert_eq!(calls(&l), (mallocs + 1, 0, syncs), "{sync:?}");
+        l.capture_end_answered(0);
+        advance_ms(1);
+        // After the capture the freed blocks are reused, with a synchronization.
+        let c = l.malloc(96 * MB, 0).unwrap_or_else(|e| panic!("{sync:?}: {e:?}"));
+        assert!(c == a || c == b);
+        assert_eq!(calls(&l).0, mallocs + 1);
+        assert!(calls(&l).2 > syncs);
+    }
+}
+
+#[test]
+fn out_of_memory_during_a_capture_keeps_the_cache() {
+    let l = layer(Config::default(), GB);
+    let a = l.malloc(600 * MB, 0).unwrap();
+    l.free(a).unwrap();
+    l.capture_beginning();
+    assert_eq!(l.malloc(700 * MB, 0), Err(DeviceError::OutOfMemory), "the driver's answer, as without us");
+    assert_eq!(calls(&l).1, 0, "the cache was not given back during the capture");
+    l.capture_end_answered(0);
+    let b = l.malloc(700 * MB, 0).expect("after it, the cache is given back and the request served");
+    l.free(b).unwrap();
+}
