@@ -53,6 +53,17 @@ def test_cap_refuses_past_the_limit():
     assert out.returncode == 1 and "cudaMalloc(&a, 600 * MB) == 0" in out.stderr
 
 
+@pytest.mark.parametrize("pool", ["split", "binned"])
+@pytest.mark.parametrize("limit", ["50%", "33%", "30M", "10M"])
+def test_under_a_cap_all_that_memgetinfo_reports_is_served(limit, pool):
+    """Note [What the cap leaves]: c/cuda_pool.c `meminfo-capped` under TENSORMALLOC_CUDA_LIMIT.
+    Before, the first cudaMemGetInfo ignored the cap (a 1 GiB device under 50% reported all of
+    it, and cudaMalloc of that failed), the figure counted the free tail of a carved segment, and
+    under 10M not one 1 MiB block could be had (each wanted a 20 MiB segment)."""
+    ok(run([cuda_program(), "meminfo-capped", "expect-passthrough"], preload=False))
+    ok(run([cuda_program(), "meminfo-capped", "expect-pool"], env={"TENSORMALLOC_CUDA_LIMIT": limit, "TENSORMALLOC_CUDA_POOL": pool}))
+
+
 @pytest.mark.parametrize("limit", [None, "512M"])
 def test_the_runtimes_last_error_says_what_the_call_answered(limit):
     """A refusal of ours (the cap's out of memory) is the runtime's last error, as its own are."""

@@ -381,6 +381,38 @@ static void meminfo(void) {
     CHECK(cudaGetLastError() == 0);
 }
 
+/* Note [What the cap leaves] (src/device/pool/cap.rs): under TENSORMALLOC_CUDA_LIMIT too, an
+ * allocation of all cudaMemGetInfo reports succeeds: before the first allocation, with a 1 MiB
+ * block live, and after its free; and 1 MiB blocks fill what was reported to within a block
+ * each (a carved 20 MiB segment the cap refuses gives way to one of their own). */
+static void all_reported_is_served(const char *when) {
+    size_t f, t;
+    void *p = NULL;
+    CHECK(cudaMemGetInfo(&f, &t) == 0 && f > 0);
+    int rc = cudaMalloc(&p, f);
+    if (rc != 0) printf("%s: %zu reported, cudaMalloc of it: %d\n", when, f, rc);
+    CHECK(rc == 0 && cudaFree(p) == 0);
+}
+
+static void meminfo_capped(void) {
+    CHECK(cudaSetDevice(0) == 0);
+    all_reported_is_served("before any allocation");
+    void *live = NULL;
+    CHECK(cudaMalloc(&live, 1 * MB) == 0);
+    all_reported_is_served("with 1 MiB live");
+    CHECK(cudaFree(live) == 0);
+    all_reported_is_served("after its free");
+    size_t f, t;
+    CHECK(cudaMemGetInfo(&f, &t) == 0);
+    static void *blocks[4096];
+    size_t n = 0, want = f / (2 * MB);
+    while (n < want && n < 4096 && cudaMalloc(&blocks[n], 1 * MB) == 0) n++;
+    if (n < want) printf("%zu of %zu 1 MiB blocks in %zu reported\n", n, want, f);
+    CHECK(n >= want);
+    while (n > 0) CHECK(cudaFree(blocks[--n]) == 0);
+    cudaGetLastError();
+}
+
 static void pluggable(void) {
     void *(*alloc)(long, int, void *) = (void *(*)(long, int, void *))dlsym(RTLD_DEFAULT, "tm_cuda_alloc");
     void (*release)(void *, long, int, void *) = (void (*)(void *, long, int, void *))dlsym(RTLD_DEFAULT, "tm_cuda_free");
@@ -428,6 +460,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "foreign")) foreign();
     else if (!strcmp(s, "safe-reuse")) safe_reuse();
     else if (!strcmp(s, "meminfo")) meminfo();
+    else if (!strcmp(s, "meminfo-capped")) meminfo_capped();
     else if (!strcmp(s, "pluggable")) pluggable();
     else if (!strcmp(s, "leak")) leak();
     else CHECK(!"unknown scenario");

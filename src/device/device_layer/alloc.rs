@@ -5,6 +5,7 @@
 use super::DeviceLayer;
 use crate::backing::{DeviceError, DeviceRuntime};
 use crate::device::fallback::{self, Fallback};
+use crate::device::pool::cap::largest_request_of_a_new_pool;
 use crate::device::pool::{stream_tag, Alloc, DevicePool, MAX_POOLED_BYTES, SYNCED};
 use crate::record;
 use crate::record::holders::{device_place, Birth};
@@ -33,10 +34,17 @@ struct Step {
 impl Step {
     fn decide(p: &mut DevicePool, ctx: u64, size: usize, tag: u64, birth: Birth, may_sync: bool) -> Step {
         let other_context = !p.serves(ctx);
-        let decision = if other_context { Alloc::Untracked } else { p.alloc_deciding(size as u64, tag, birth, may_sync) };
+        let mut decision = if other_context { Alloc::Untracked } else { p.alloc_deciding(size as u64, tag, birth, may_sync) };
         let chunk_bytes = p.chunk_bytes();
         let (fits_cap, could_fit_cap) = match decision {
-            Alloc::NeedSegment { len, .. } if chunk_bytes == 0 => (p.fits_cap(len), len <= p.limit_bytes()),
+            Alloc::NeedSegment { len, .. } if chunk_bytes == 0 && !p.fits_cap(len) => match p.capped_segment_for(size as u64) {
+                // Note [What the cap leaves]: a segment of its own size where the carved one is refused.
+                Some(own) if own < len && p.fits_cap(own) => {
+                    decision = Alloc::NeedSegment { len: own, small: false };
+                    (true, true)
+                }
+                own => (false, own.unwrap_or(len).min(len) <= p.limit_bytes()),
+            },
             _ => (true, true),
         };
         Step { decision, fits_cap, could_fit_cap, generation: p.generation(), chunk_bytes, other_context }
@@ -283,11 +291,16 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let Some(pool) = self.pools().get(device) else { return free };
         let pool = pool.lock();
         if !pool.is_ready() {
-            return free;
+            // Note [What the cap leaves]: the cap the pool will have, before its first segment.
+            let cap = self.cap_for(total as u64);
+            return match self.strategy() {
+                Some(strategy) if cap != u64::MAX => (free as u64).min(largest_request_of_a_new_pool(strategy, cap)) as usize,
+                _ => free,
+            };
         }
         let mut free = free as u64 + pool.releasable_bytes();
-        if pool.limit_bytes() != u64::MAX {
-            free = free.min(pool.limit_bytes().saturating_sub(pool.stats.live_bytes));
+        if let Some(room) = pool.room_under_cap() {
+            free = free.min(pool.largest_request_within(room));
         }
         free.min(total as u64) as usize
     }

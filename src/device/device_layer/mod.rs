@@ -141,6 +141,23 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         self.expandable_wanted.store(c.cuda_segments == CudaSegments::Expandable, Relaxed);
     }
 
+    /// The strategy pools are set up with; None with the pool off.
+    pub(super) fn strategy(&self) -> Option<Strategy> {
+        match self.mode.load(Relaxed) {
+            MODE_NONE => None,
+            MODE_BINNED => Some(Strategy::Binned),
+            _ => Some(Strategy::Split),
+        }
+    }
+
+    /// The cap a pool set up on a device of `total` bytes gets (u64::MAX: none).
+    pub(super) fn cap_for(&self, total: u64) -> u64 {
+        match self.limit_percent.load(Relaxed) {
+            0 => self.limit_bytes.load(Relaxed),
+            percent => (total / 100).saturating_mul(percent),
+        }
+    }
+
     /// The cap on what `device`'s pool reserves (u64::MAX: none).
     pub fn cap_bytes(&self, device: usize) -> u64 {
         self.pools().get(device).map_or(u64::MAX, |p| p.lock().limit_bytes())
@@ -221,13 +238,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         if pool.lock().is_ready() {
             return Some(pool);
         }
-        let percent = self.limit_percent.load(Relaxed);
-        let limit = if percent > 0 {
+        let limit = if self.limit_percent.load(Relaxed) > 0 {
             let Ok((_, total)) = self.runtime.mem_info() else {
                 fallback::say(Fallback::PercentCap { device });
                 return None;
             };
-            (total as u64 / 100).saturating_mul(percent)
+            self.cap_for(total as u64)
         } else {
             self.limit_bytes.load(Relaxed)
         };
@@ -328,6 +344,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod cap_tests;
 
 #[cfg(test)]
 mod expandable_tests;

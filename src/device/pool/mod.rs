@@ -488,6 +488,7 @@ impl Default for DevicePool {
 }
 
 mod blocks;
+pub mod cap;
 
 mod pointers;
 pub use pointers::BlockView;
