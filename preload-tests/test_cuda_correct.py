@@ -20,7 +20,7 @@ MODES = {
 POOLED = ("split", "binned", "sync-reuse", "binned-sync-reuse", "expandable")
 SCENARIOS = ["reset", "reset-live", "primary-reset", "primary-reset-live", "ctx-destroy", "driver-free",
              "ipc", "ipc-driver", "ipc-after-free", "range", "async", "per-thread-streams", "managed", "vmm",
-             "first-calls"]
+             "first-calls", "pinned-range"]
 
 
 def scenario(name, env=None, preload=True, stats=None):
@@ -43,7 +43,10 @@ def test_under_the_preload(name, mode, tmp_path):
     out = ok(scenario(name, MODES[mode], stats=stats))
     assert f"{name} ok" in out.stdout
     pools = json.loads(stats.read_text())["cuda"]
-    if mode in POOLED and name not in ("managed", "vmm"):
+    if mode in POOLED and name == "pinned-range":
+        pinned = json.loads(stats.read_text())["pinned"]
+        assert pinned["hits"] >= 1, "the second round reuses the cached pinned block"
+    elif mode in POOLED and name not in ("managed", "vmm"):
         assert sum(p["requests"] for p in pools) > 0, "the scenario must exercise the pool"
     if mode in POOLED and name == "async" and mode != "expandable":
         # Blocks freed with cudaFreeAsync/cuMemFreeAsync came back to the pool, not the runtime.

@@ -65,7 +65,8 @@ int cuIpcCloseMemHandle(CUdeviceptr);
 enum { CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
        CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11, CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12 };
 enum { CU_MEMORYTYPE_DEVICE = 2 };
-enum { cudaMemoryTypeDevice = 2, cudaMemoryTypeManaged = 3 };
+enum { cudaMemoryTypeUnregistered = 0, cudaMemoryTypeHost = 1, cudaMemoryTypeDevice = 2, cudaMemoryTypeManaged = 3 };
+enum { CUDA_ERROR_NOT_FOUND = 500 };
 #define DEV(p) ((CUdeviceptr)(uintptr_t)(p))
 
 /* The byte at p, read without faulting (a dead block answers 700). */
@@ -492,6 +493,32 @@ static void capture(const char *scenario) {
     usleep(400 * 1000); /* the idle releases come after the capture */
 }
 
+/* Note [Pinned memory answers as asked] (src/device/pinned/cache.rs): a pinned block of 5,000
+ * bytes answers pointer queries with its own range, a pointer past it is unknown memory, and so
+ * is the block after cudaFreeHost (our cache keeps it pinned); twice, the second time on the
+ * block the cache kept. */
+static void pinned_range(void) {
+    for (int round = 0; round < 2; round++) {
+        char *h = NULL;
+        CHECK(cudaHostAlloc((void **)&h, 5000, 0) == 0 && h);
+        CUdeviceptr base = 0;
+        size_t size = 0, rsize = 0;
+        CHECK(cuMemGetAddressRange_v2(&base, &size, DEV(h + 10)) == 0 && base == DEV(h) && size == 5000);
+        CHECK(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, DEV(h + 4999)) == 0 && rsize == 5000);
+        struct cudaPointerAttributes at;
+        CHECK(cudaPointerGetAttributes(&at, h) == 0 && at.type == cudaMemoryTypeHost);
+        for (int past = 5000; past <= 8191; past += 3191) {
+            CHECK(cuMemGetAddressRange_v2(&base, &size, DEV(h + past)) == CUDA_ERROR_NOT_FOUND);
+            CHECK(cudaPointerGetAttributes(&at, h + past) == 0 && at.type == cudaMemoryTypeUnregistered);
+            cudaGetLastError();
+        }
+        CHECK(cudaFreeHost(h) == 0);
+        CHECK(cuMemGetAddressRange_v2(&base, &size, DEV(h)) == CUDA_ERROR_NOT_FOUND);
+        CHECK(cudaPointerGetAttributes(&at, h) == 0 && at.type == cudaMemoryTypeUnregistered);
+        cudaGetLastError();
+    }
+}
+
 /* A thread's first runtime call is a free or an IPC handle of a pooled block; the runtime binds
  * the device's primary context first, and the thread's driver calls after it count on that
  * (runtime and driver API mixed, as the runtime's own docs allow). */
@@ -644,6 +671,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "per-thread-streams")) per_thread_streams();
     else if (!strcmp(s, "capture") || !strcmp(s, "capture-relaxed")) capture(s);
     else if (!strcmp(s, "first-calls")) first_calls();
+    else if (!strcmp(s, "pinned-range")) pinned_range();
     else if (!strcmp(s, "stream-idle")) stream_idle();
     else if (!strcmp(s, "managed")) managed();
     else if (!strcmp(s, "vmm")) vmm();

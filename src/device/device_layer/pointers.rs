@@ -69,6 +69,9 @@ pub enum RangeAnswer {
     Live(u64, u64, u64),
     /// Inside cached (freed) memory of ours: no allocation there, as after the runtime's free.
     Free,
+    /// Inside a live pinned block: (start, bytes asked for) (Note [Pinned memory answers as
+    /// asked] in device/pinned/cache.rs); the driver's other attributes stand.
+    Pinned(u64, u64),
 }
 
 /// Note [Buffer ids]: a pool's number for a block as an id of its own: above any id the runtime
@@ -144,11 +147,23 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// cuMemGetAddressRange / RANGE_START_ADDR / RANGE_SIZE / BUFFER_ID: the block, not our
     /// segment.
     pub fn range(&self, addr: usize) -> RangeAnswer {
+        if let Some((b, live)) = self.pinned_containing(addr as u64) {
+            let asked = b.asked.max(1);
+            return if live && (addr as u64) - b.addr < asked { RangeAnswer::Pinned(b.addr, asked) } else { RangeAnswer::Free };
+        }
         match self.locate(addr) {
             None => RangeAnswer::NotOurs,
             Some((d, b)) if b.allocated => RangeAnswer::Live(b.addr, b.size, buffer_id(d, b.buffer_id)),
             Some(_) => RangeAnswer::Free,
         }
+    }
+
+    /// The pinned block of ours `addr` lies in, and whether it is live.
+    fn pinned_containing(&self, addr: u64) -> Option<(crate::device::pinned::cache::PinnedBlock, bool)> {
+        if !self.answers() || !self.used.load(core::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        self.pinned.lock().containing(addr)
     }
 
     /// The context of the expandable segment `addr` lies in (Note [Expandable segments]); None

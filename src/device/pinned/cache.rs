@@ -21,14 +21,26 @@ pub struct PinnedBlock {
     pub ctx: u64,
     /// Its holder word while live (Note [Holders]).
     pub holder: u64,
+    /// The bytes asked for in its current life: the allocation range a query answers (Note
+    /// [Pinned memory answers as asked]).
+    pub asked: u64,
     freed_seq: u64,
 }
 
 impl PinnedBlock {
-    pub const fn live(addr: u64, len: u64, flags: u32, ctx: u64, holder: u64) -> Self {
-        PinnedBlock { addr, len, flags, ctx, holder, freed_seq: 0 }
+    pub const fn live(addr: u64, len: u64, asked: u64, flags: u32, ctx: u64, holder: u64) -> Self {
+        PinnedBlock { addr, len, flags, ctx, holder, asked, freed_seq: 0 }
     }
 }
+
+// Note [Pinned memory answers as asked]
+// A pinned block is the driver's allocation of its class's length, and stays pinned in our
+// cache after cudaFreeHost. Asked about it, the driver would call a freed block live pinned
+// memory, and a live one as long as its class (8 KiB for 5,000 bytes), pinned past its end. So
+// a pointer query (cuPointerGetAttribute(s), cuMemGetAddressRange, and the runtime's
+// cudaPointerGetAttributes over them) answers for our blocks: a live block's range is what was
+// asked for, and a pointer past it or in a cached block is unknown memory, as after the
+// runtime's own free (Note [Freed memory answers as freed] in route/cuda/driver.rs).
 
 /// Size classes: whole pages, then four classes per power of two. None past
 /// MAX_POOLED_BYTES (more than any machine pins, or a size whose rounding would wrap): such a
@@ -99,7 +111,7 @@ impl PinnedCache {
         self.requests += 1;
         let len = pinned_class(size)?;
         let index = self.free.iter().position(|s| s.is_some_and(|b| b.len == len && b.flags == flags && b.ctx == ctx))?;
-        let block = PinnedBlock { holder, ..self.free.get(index).copied().flatten()? };
+        let block = PinnedBlock { holder, asked: size, ..self.free.get(index).copied().flatten()? };
         // Untrackable (tables full): leave it cached and let the caller allocate fresh.
         if !self.track(block) {
             return None;
@@ -119,8 +131,21 @@ impl PinnedCache {
     }
 
     /// Records a freshly pinned block; false when the tables are full (leave it untracked).
-    pub fn add_live(&mut self, addr: u64, len: u64, flags: u32, ctx: u64, holder: u64) -> bool {
-        self.track(PinnedBlock::live(addr, len, flags, ctx, holder))
+    pub fn add_live(&mut self, block: PinnedBlock) -> bool {
+        self.track(block)
+    }
+
+    /// The block `addr` lies in, live or cached (Note [Pinned memory answers as asked]).
+    pub fn containing(&self, addr: u64) -> Option<(PinnedBlock, bool)> {
+        let inside = |b: &PinnedBlock| addr >= b.addr && addr - b.addr < b.len;
+        let mut found = None;
+        self.live.for_each(|_, i| {
+            let b = self.live_records.get(i);
+            if found.is_none() && inside(b) {
+                found = Some((*b, true));
+            }
+        });
+        found.or_else(|| self.free.iter().flatten().find(|b| inside(b)).map(|b| (*b, false)))
     }
 
     /// The live block starting at `addr`.
@@ -241,6 +266,22 @@ mod tests {
     use super::*;
     use crate::sim::leak_table;
 
+    /// Note [Pinned memory answers as asked]: the block an address lies in, live or cached, with
+    /// the size asked for in its current life.
+    #[test]
+    fn a_block_is_found_by_any_address_in_it_with_what_was_asked() {
+        let mut c = Box::new(PinnedCache::new());
+        assert!(c.init(64 << 20, leak_table));
+        let len = c.len_for(5000).unwrap();
+        assert!(c.add_live(PinnedBlock::live(0x1000_0000, len, 5000, 0, 7, 0)));
+        assert_eq!(c.containing(0x1000_0000 + len - 1).map(|(b, live)| (b.addr, b.asked, live)), Some((0x1000_0000, 5000, true)));
+        assert_eq!(c.containing(0x1000_0000 + len), None);
+        c.free(0x1000_0000);
+        assert_eq!(c.containing(0x1000_0000 + 10).map(|(_, live)| live), Some(false));
+        let b = c.take(6000, 0, 7, 0).unwrap();
+        assert_eq!(c.containing(b.addr).map(|(b, live)| (b.asked, live)), Some((6000, true)), "asked anew");
+    }
+
     #[test]
     fn reuses_same_class_and_flags_and_bounds_bytes() {
         let mut c = Box::new(PinnedCache::new());
@@ -248,7 +289,7 @@ mod tests {
         assert_eq!(c.take(10 << 20, 0, 7, 0), None);
         let len = c.len_for(10 << 20).unwrap();
         assert_eq!(len, 10 << 20);
-        assert!(c.add_live(0x1000_0000, len, 0, 7, 0));
+        assert!(c.add_live(PinnedBlock::live(0x1000_0000, len, len, 0, 7, 0)));
         assert!(matches!(c.free(0x1000_0000), PinnedFree::Cached { evicted } if evicted.is_empty()));
         assert!(c.is_cached(0x1000_0000) && !c.owns(0x1000_0000));
         assert!(matches!(c.free(0x1000_0000), PinnedFree::NotOurs), "double free is not ours");
@@ -258,16 +299,16 @@ mod tests {
         assert_eq!(c.hits, 1);
         // Over the byte limit the oldest blocks go.
         c.free(0x1000_0000);
-        c.add_live(0x2000_0000, c.len_for(40 << 20).unwrap(), 0, 7, 0);
-        c.add_live(0x3000_0000, c.len_for(40 << 20).unwrap(), 0, 7, 0);
+        c.add_live(PinnedBlock::live(0x2000_0000, c.len_for(40 << 20).unwrap(), 40 << 20, 0, 7, 0));
+        c.add_live(PinnedBlock::live(0x3000_0000, c.len_for(40 << 20).unwrap(), 40 << 20, 0, 7, 0));
         assert!(matches!(c.free(0x2000_0000), PinnedFree::Cached { .. }));
         let PinnedFree::Cached { evicted } = c.free(0x3000_0000) else { panic!() };
         let evicted: Vec<_> = evicted.iter().map(|r| (r.addr, r.len)).collect();
         assert_eq!(evicted, vec![(0x1000_0000, 10 << 20), (0x2000_0000, 40 << 20)]);
-        c.add_live(0x4000_0000, c.len_for(100 << 20).unwrap(), 0, 7, 0);
+        c.add_live(PinnedBlock::live(0x4000_0000, c.len_for(100 << 20).unwrap(), 100 << 20, 0, 7, 0));
         assert!(matches!(c.free(0x4000_0000), PinnedFree::Refused));
         assert_eq!(c.cached_bytes(), 40 << 20);
-        assert!(c.add_live(0x5000_0000, 4096, 0, 7, 9 << 48));
+        assert!(c.add_live(PinnedBlock::live(0x5000_0000, 4096, 4000, 0, 7, 9 << 48)));
         let mut seen = vec![];
         c.for_each(|b, live| seen.push((b.addr, b.len, b.holder, live)));
         assert_eq!(seen, vec![(0x5000_0000, 4096, 9 << 48, true), (0x3000_0000, 40 << 20, 0, false)]);
@@ -281,7 +322,7 @@ mod tests {
         let mut c = Box::new(PinnedCache::new());
         assert!(c.init(1 << 30, leak_table));
         for (i, ctx) in [(1u64, 7u64), (2, 7), (3, 8), (4, 8)] {
-            assert!(c.add_live(i << 28, 1 << 20, 0, ctx, 0));
+            assert!(c.add_live(PinnedBlock::live(i << 28, 1 << 20, 1 << 20, 0, ctx, 0)));
         }
         c.free(1 << 28);
         c.free(3 << 28);

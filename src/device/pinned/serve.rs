@@ -44,8 +44,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         };
         // The runtime may have made a context current for this very call.
         let ctx = if ctx == 0 { self.runtime.current_context() } else { ctx };
-        if self.pinned.lock().add_live(addr as u64, len as u64, flags, ctx, holder) {
-            record::alloc(recorded(&PinnedBlock::live(addr as u64, len as u64, flags, ctx, holder)), record::Found::Miss);
+        let block = PinnedBlock::live(addr as u64, len as u64, size as u64, flags, ctx, holder);
+        if self.pinned.lock().add_live(block) {
+            record::alloc(recorded(&block), record::Found::Miss);
         } else {
             self.stats.passthrough.add(1);
         }

@@ -220,7 +220,7 @@ pub unsafe fn address_range(base: *mut u64, size: *mut usize, ptr: u64) -> c_int
                     (b, s) = (start, len as usize);
                 }
             }
-            RangeAnswer::Live(start, len, _) => (b, s) = (start, len as usize),
+            RangeAnswer::Live(start, len, _) | RangeAnswer::Pinned(start, len) => (b, s) = (start, len as usize),
             // Memory we cached after its free: as the driver answers after a free.
             RangeAnswer::Free => return CUDA_ERROR_NOT_FOUND,
         }
@@ -277,6 +277,12 @@ pub unsafe fn pointer_get_attribute(data: *mut c_void, attribute: c_int, ptr: u6
             }
             rc
         }
+        RangeAnswer::Pinned(start, len) => {
+            if range_attribute(attribute) {
+                write_blockwise(data, attribute, (start, len, 0), ptr);
+            }
+            rc
+        }
         RangeAnswer::Free => rc,
     }
 }
@@ -301,6 +307,7 @@ pub unsafe fn pointer_get_attributes(count: c_uint, attributes: *mut c_int, data
             None => return rc,
         },
         RangeAnswer::Live(start, len, id) => ((start, len, id), blockwise),
+        RangeAnswer::Pinned(start, len) => ((start, len, 0), range_attribute),
         RangeAnswer::Free => return rc,
     };
     for i in 0..count as usize {
