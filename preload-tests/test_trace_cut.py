@@ -8,6 +8,7 @@ import os
 import re
 import resource
 import signal
+import subprocess
 
 import pytest
 
@@ -108,6 +109,19 @@ def test_a_trace_closed_at_exit_ends_with_its_end_record(tmp_path):
     assert (len(data) - 8) % 32 == 0 and data[-8:-4] == bytes([2, 1, 0, 0]), "a sample (kind 2), op END (1), last"
     drawn = ok(run([PY, "-m", "tensormalloc", "plot", str(trace), str(tmp_path / "t.png")], preload=False, env=ENV))
     assert drawn.stderr == "" and "allocs=10 frees=10" in drawn.stdout, drawn
+
+
+def test_a_trace_whose_ring_is_full_at_exit_still_ends_with_its_end_record(tmp_path):
+    """Three threads make 100,000 requests each on one CPU, faster than our thread writes the
+    ring out, so the ring is full when the process exits: the END sample is written after the
+    ring is emptied. Before, it was dropped as the ring's overflow, and a trace that ended
+    normally read as one whose process was killed (5 runs in 5 on one CPU)."""
+    trace = tmp_path / "t.bin"
+    one_cpu = lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    ok(run([compile_c("outputs"), "threads", "3", "100000"], env={**OLD_THRESHOLD, "TENSORMALLOC_TRACE": str(trace)},
+           stdin=subprocess.DEVNULL, preexec_fn=one_cpu, timeout=300))
+    data = trace.read_bytes()
+    assert (len(data) - 8) % 32 == 0 and data[-8:-4] == bytes([2, 1, 0, 0]), "a sample (kind 2), op END (1), last"
 
 
 @pytest.mark.parametrize("cut", [7, 32 * 3 + 5])

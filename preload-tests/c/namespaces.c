@@ -49,12 +49,16 @@ static int scenario(void) {
     int before = thread_count();
     int fd = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
     CHECK(fd >= 0);
+    errno = 1234; /* a success leaves errno as it was (under glibc alone too) */
     int setns_rc = setns(fd, CLONE_NEWNS);
+    CHECK(setns_rc != 0 || errno == 1234);
     const char *joined = result(setns_rc);
     print_tasks("setns", setns_rc);
     close(fd);
     churn_large(2, 64 * MB, 2);
+    errno = 1234;
     int unshare_rc = unshare(CLONE_NEWUSER);
+    CHECK(unshare_rc != 0 || errno == 1234);
     const char *unshared = result(unshare_rc);
     print_tasks("unshare", unshare_rc);
     churn_large(2, 64 * MB, 3);

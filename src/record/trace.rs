@@ -242,13 +242,24 @@ fn flush_with(sample_op: u8) {
         unsafe { core::mem::transmute::<*mut (), fn() -> (u64, u64)>(sampler)() }
     };
     let pages = u32::try_from(lazily_freed / 4096).unwrap_or(u32::MAX);
-    put(KIND_SAMPLE, sample_op, HIT, 0, crate::sys::memory::resident_bytes(), cached, pages);
     // Note [Descriptors the program may close]: one check a flush.
     let kept = FD.number();
     let fd = if kept >= 0 { FD.checked() } else { -1 };
     if kept >= 0 && fd < 0 {
         return lost();
     }
+    // The END sample must find room: a full ring would drop it, and a trace that ended normally
+    // would read as cut. So at the end the ring is emptied first.
+    if sample_op == OP_END && !write_completed(fd, &mut named) {
+        return;
+    }
+    put(KIND_SAMPLE, sample_op, HIT, 0, crate::sys::memory::resident_bytes(), cached, pages);
+    write_completed(fd, &mut named);
+}
+
+/// Writes every completed event in the ring to `fd` (-1: no file yet); false once the trace
+/// stopped or its file is being opened.
+fn write_completed(fd: i32, named: &mut Named) -> bool {
     let events = EVENTS.load(Ordering::Acquire);
     let seqs = SEQS.load(Ordering::Acquire);
     let mut tail = TAIL.load(Ordering::Acquire);
@@ -257,7 +268,7 @@ fn flush_with(sample_op: u8) {
         // SAFETY: slot < CAPACITY.
         let complete = unsafe { (*seqs.add(slot)).load(Ordering::Acquire) } == tail + 1;
         if !complete {
-            break;
+            return true;
         }
         // Write the run of complete events up to the ring's end in one call.
         let mut end = tail + 1;
@@ -269,7 +280,7 @@ fn flush_with(sample_op: u8) {
         let run = unsafe { core::slice::from_raw_parts(events.add(slot), count) };
         if fd < 0 {
             if CLAIM.load(Ordering::Acquire) != UNCLAIMED {
-                return; // being opened by the thread of the first event: its events wait
+                return false; // being opened by the thread of the first event: its events wait
             }
             // Nothing large yet: samples before the first event are not kept.
             tail = end;
@@ -277,12 +288,12 @@ fn flush_with(sample_op: u8) {
             continue;
         }
         let mut ok = true;
-        new_holders(run, &mut named, |id| ok = ok && write_name(fd, id));
+        new_holders(run, named, |id| ok = ok && write_name(fd, id));
         ok = ok && write_records(fd, run);
         tail = end;
         TAIL.store(tail, Ordering::Release);
         if !ok {
-            return;
+            return false;
         }
     }
 }

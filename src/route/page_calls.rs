@@ -290,13 +290,25 @@ const TASK_WAIT_NS: u64 = 100_000_000;
 /// emptying the cache must be able to give for a retry to make sense.
 const THREAD_STACK_BYTES: usize = 1 << 20;
 
+/// `call` made with errno as the program left it (stepping our thread aside asks the kernel
+/// about it, which sets errno), then its answer and errno after it: errno stays the program's
+/// when the call succeeds, as the call alone leaves it.
+fn as_the_program_left_errno(call: impl FnOnce() -> c_int) -> impl FnOnce() -> (c_int, i32) {
+    let left = errno();
+    move || {
+        set_errno(left);
+        let answer = call();
+        (answer, errno())
+    }
+}
+
 /// The program changes its own thread's capabilities: our background thread steps aside around
 /// it (Note [Threads and credentials] in sys/reaper.rs).
 /// # Safety
 /// As libc's `capset`.
 pub unsafe fn capset(header: *mut c_void, data: *const c_void) -> c_int {
     // SAFETY: the caller's contract.
-    let (answer, error) = crate::sys::reaper::without_thread(|| (unsafe { next::capset(header, data) }, errno()));
+    let (answer, error) = crate::sys::reaper::without_thread(as_the_program_left_errno(|| unsafe { next::capset(header, data) }));
     set_errno(error);
     answer
 }
@@ -308,7 +320,7 @@ pub unsafe fn capset(header: *mut c_void, data: *const c_void) -> c_int {
 /// As libc's `unshare`.
 pub unsafe fn unshare(flags: c_int) -> c_int {
     // SAFETY: the caller's contract.
-    let (answer, error) = crate::sys::reaper::without_thread(|| (unsafe { next::unshare(flags) }, errno()));
+    let (answer, error) = crate::sys::reaper::without_thread(as_the_program_left_errno(|| unsafe { next::unshare(flags) }));
     set_errno(error);
     answer
 }
@@ -318,7 +330,7 @@ pub unsafe fn unshare(flags: c_int) -> c_int {
 /// As libc's `setns`.
 pub unsafe fn setns(fd: c_int, kind: c_int) -> c_int {
     // SAFETY: the caller's contract.
-    let (answer, error) = crate::sys::reaper::without_thread(|| (unsafe { next::setns(fd, kind) }, errno()));
+    let (answer, error) = crate::sys::reaper::without_thread(as_the_program_left_errno(|| unsafe { next::setns(fd, kind) }));
     set_errno(error);
     answer
 }
