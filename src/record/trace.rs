@@ -233,28 +233,36 @@ pub fn finish() {
 }
 
 fn flush_with(sample_op: u8) {
-    let mut named = WRITER.lock();
+    // Note [Exit from inside our work] (shim/lifecycle.rs): the figures need the cache's lock,
+    // which this thread may hold already; asked before the writer's lock is taken.
     let sampler = SAMPLER.load(Ordering::Acquire);
-    let (cached, lazily_freed) = if sampler.is_null() {
+    let (cached, lazily_freed) = if sampler.is_null() || crate::sys::lock::held_here() {
         (0, 0)
     } else {
         // SAFETY: set by start to a `fn() -> (u64, u64)`.
         unsafe { core::mem::transmute::<*mut (), fn() -> (u64, u64)>(sampler)() }
     };
     let pages = u32::try_from(lazily_freed / 4096).unwrap_or(u32::MAX);
+    let mut named = WRITER.lock();
     // Note [Descriptors the program may close]: one check a flush.
     let kept = FD.number();
     let fd = if kept >= 0 { FD.checked() } else { -1 };
     if kept >= 0 && fd < 0 {
         return lost();
     }
-    // The END sample must find room: a full ring would drop it, and a trace that ended normally
-    // would read as cut. So at the end the ring is emptied first.
-    if sample_op == OP_END && !write_completed(fd, &mut named) {
+    let resident = crate::sys::memory::resident_bytes();
+    if sample_op != OP_END {
+        put(KIND_SAMPLE, sample_op, HIT, 0, resident, cached, pages);
+        write_completed(fd, &mut named);
         return;
     }
-    put(KIND_SAMPLE, sample_op, HIT, 0, crate::sys::memory::resident_bytes(), cached, pages);
-    write_completed(fd, &mut named);
+    // The END sample goes straight to the file after what the ring holds: through the ring, a
+    // full one would drop it, and a slot claimed by a call that never resumes (Note [Exit from
+    // inside our work]) would hold it back; either way a trace that ended would read as cut.
+    if write_completed(fd, &mut named) && fd >= 0 {
+        let end = Event { time_ns: crate::sys::clock::now_ns(), size: resident, extra: cached, kind: KIND_SAMPLE, op: OP_END, outcome: HIT, device: 0, pages };
+        write_records(fd, &[end]);
+    }
 }
 
 /// Writes every completed event in the ring to `fd` (-1: no file yet); false once the trace
