@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, compile_c, ok, run
+from conftest import LIB, ROOT, compile_c, ok, run
 from test_cli import ENV, PY
 
 # These tests are about files and numbers, not the threshold: at the default (128K) Python's own
@@ -298,6 +298,33 @@ def test_exit_from_a_handler_that_interrupted_an_allocation_ends_the_process(tmp
             assert (len(data) - 8) % 32 == 0 and data[-8:-4] == bytes([2, 1, 0, 0]), "END last"
     if preload and output != "trace":
         assert said >= 1, "the handler never landed inside our calls: the test tests nothing"
+
+
+@pytest.mark.parametrize("case", ["tensormalloc-report", "glibc-own-write"])
+def test_a_sigterm_ends_a_process_whose_exit_report_waits_on_a_full_pipe(tmp_path, case):
+    """stderr is a pipe whose reader is alive but does not read (Popen(stderr=PIPE) then
+    wait(timeout) and terminate(), a terminal paused with ^S), nearly full when the program
+    exits: the exit report of TENSORMALLOC_STATS=1 waits for room, and a SIGTERM ends the process
+    then, as it ends one blocked in its own last write under glibc alone. Before, the report was
+    written with every signal held, and only SIGKILL ended it."""
+    preload = case.startswith("tensormalloc")
+    argv = [compile_c("full_stderr")] + ([] if preload else ["own"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORMALLOC_") and k != "LD_PRELOAD"}
+    if preload:
+        env.update({"LD_PRELOAD": str(LIB), "TENSORMALLOC_STATS": "1", "XDG_RUNTIME_DIR": str(tmp_path)})
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=write_end, env=env)
+    os.close(write_end)
+    try:
+        assert proc.stdout.readline() == b"exiting\n"
+        time.sleep(0.5)
+        assert proc.poll() is None, "the write waits for room"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(read_end)
 
 
 @pytest.mark.parametrize("mode", ["handler", "default", "resethand"])

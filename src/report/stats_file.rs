@@ -45,9 +45,11 @@ pub fn at_exit(config: &Config) {
             });
             // Printed, then marked and removed with no signal between (a Pool's SIGTERM at
             // this instant would leave a printed file for the parent to count a second time).
-            crate::sys::thread::with_signals_held(|| {
-                if let Some(mut w) = printed {
-                    w.flush_to(2);
+            // A wait for room (a full pipe nobody reads) lets the program's signals in: a
+            // SIGTERM then still ends the process, as it ends one blocked in its own write.
+            crate::sys::thread::with_signals_held(|open| {
+                if let Some(w) = printed {
+                    let _ = crate::sys::files::write_all_waiting_open(2, w.as_bytes(), open);
                 }
                 ledger::mark_exited();
                 remove_own_file();

@@ -194,11 +194,16 @@ fn signals_held<R>(write: impl FnOnce() -> R) -> R {
             return write();
         }
         let before = pending();
+        // Only a write that failed with EPIPE or EFBIG raised one: a signal that came meanwhile
+        // from kill() (the program's, for its own sigwait) is not taken.
+        let errno_before = errno();
+        super::process::set_errno(0);
         let out = write();
-        let saved = errno();
+        let raised = matches!(errno(), libc::EPIPE | libc::EFBIG);
+        let saved = if errno() == 0 { errno_before } else { errno() };
         let after = pending();
         for sig in WRITE_SIGNALS {
-            if libc::sigismember(&after, sig) == 1 && libc::sigismember(&before, sig) != 1 {
+            if raised && libc::sigismember(&after, sig) == 1 && libc::sigismember(&before, sig) != 1 {
                 let mut one: libc::sigset_t = core::mem::zeroed();
                 libc::sigemptyset(&mut one);
                 libc::sigaddset(&mut one, sig);
@@ -299,6 +304,46 @@ pub fn write_all(fd: i32, bytes: &[u8]) -> Result<(), i32> {
 /// As `write_all`; a failure also says how many bytes went out before it.
 pub fn write_counted(fd: i32, bytes: &[u8]) -> Result<(), (i32, usize)> {
     write_signals_held(|| write_loop(fd, bytes))
+}
+
+/// `write_all` for a caller that holds every signal (thread.rs `with_signals_held`): it waits
+/// for room only in ppoll, with `open` (the program's own mask, SIGPIPE and SIGXFSZ still held)
+/// in place, so a signal that ends the program ends it while a pipe's reader does not read; each
+/// write then takes no more than a pipe accepts at once.
+pub fn write_all_waiting_open(fd: i32, bytes: &[u8], open: &libc::sigset_t) -> Result<(), i32> {
+    const PIPE_BUF: usize = 4096;
+    let mut wait_mask = *open;
+    for sig in WRITE_SIGNALS {
+        // SAFETY: a set of our own.
+        unsafe { libc::sigaddset(&mut wait_mask, sig) };
+    }
+    write_signals_held(|| {
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let mut room = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+            // SAFETY: one pollfd of ours; no timeout; a mask of ours.
+            if unsafe { libc::ppoll(&mut room, 1, core::ptr::null(), &wait_mask) } < 0 {
+                match errno() {
+                    libc::EINTR => continue,
+                    e => return Err(e),
+                }
+            }
+            let chunk = rest.get(..rest.len().min(PIPE_BUF)).unwrap_or(rest);
+            // SAFETY: the pointer and length describe a live slice.
+            let n = unsafe { libc::write(fd, chunk.as_ptr().cast(), chunk.len()) };
+            if n < 0 {
+                match errno() {
+                    libc::EINTR | libc::EAGAIN => continue,
+                    e => return Err(e),
+                }
+            }
+            if n == 0 {
+                return Err(libc::EIO);
+            }
+            rest = rest.get(n as usize..).unwrap_or(&[]);
+        }
+        Ok(())
+    })
 }
 
 fn write_loop(fd: i32, mut bytes: &[u8]) -> Result<(), (i32, usize)> {

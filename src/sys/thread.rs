@@ -249,15 +249,17 @@ pub fn yield_now() {
 }
 
 /// Runs `f` with every signal blocked for this thread (SIGKILL and SIGSTOP excepted): a
-/// SIGTERM cannot land between two steps that must happen together.
-pub fn with_signals_held<R>(f: impl FnOnce() -> R) -> R {
+/// SIGTERM cannot land between two steps that must happen together. `f` is given the mask the
+/// thread had, for a wait that must let the program's signals in (files.rs
+/// `write_all_waiting_open`).
+pub fn with_signals_held<R>(f: impl FnOnce(&libc::sigset_t) -> R) -> R {
     // SAFETY: masks of our own on the stack; the old mask is put back as it was.
     unsafe {
         let mut all: libc::sigset_t = core::mem::zeroed();
         let mut was: libc::sigset_t = core::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut was);
-        let r = f();
+        let r = f(&was);
         libc::pthread_sigmask(libc::SIG_SETMASK, &was, core::ptr::null_mut());
         r
     }
