@@ -3,6 +3,7 @@ ones: a block is freed by its owner whichever name frees it (Note [glibc's own n
 src/route/libc_names.rs). Beside glibc alone, and with tcmalloc (which defines those names too)
 behind us. Not over jemalloc: Debian's jemalloc alone aborts on this program (glibc's free() reports an
 invalid pointer), and so it does behind us, no worse."""
+import os
 import shutil
 import subprocess
 
@@ -92,3 +93,29 @@ def test_a_copy_loaded_late_hands_out_no_block_through_cuda_malloc(library):
     # The stand-in runtime finds the stand-in driver as NVIDIA's finds its: by the library path.
     out = ok(run(argv, preload=False, env={"LD_LIBRARY_PATH": str(fake_cuda())}))
     assert out.stdout == "done\n", out
+
+
+MALLOC_DEBUG = next((p for p in ["/usr/lib/x86_64-linux-gnu/libc_malloc_debug.so.0", "/lib/x86_64-linux-gnu/libc_malloc_debug.so.0",
+                                 "/usr/lib64/libc_malloc_debug.so.0"] if os.path.exists(p)), None)
+
+
+@pytest.mark.skipif(MALLOC_DEBUG is None, reason="glibc's libc_malloc_debug.so.0 (glibc 2.34 and later) is not installed")
+@pytest.mark.parametrize("order", ["debug-first", "tensormalloc-first"])
+@pytest.mark.parametrize("check", ["MALLOC_CHECK_=3", "mcheck", "none"])
+def test_glibc_malloc_debugging_sees_every_block(order, check):
+    """Note [Memory debuggers], Note [Versioned interposers]: glibc's malloc debugging library
+    preloaded before or after us. Its functions are compat symbols a plain dlsym skips, and it
+    reads glibc's chunk headers around every block. Before: in front of us its
+    malloc_usable_size of a large block crashed (SIGSEGV), and under MALLOC_CHECK_=3 its free
+    aborted on our reallocarray's blocks (`ls` too); behind us mprobe of a valid block aborted.
+    Now we step aside with one line, and every block is glibc's, checked as without us."""
+    env = {"MALLOC_CHECK_": "3"} if check == "MALLOC_CHECK_=3" else {}
+    argv = [compile_c("malloc_debug")] + (["mcheck"] if check == "mcheck" else [])
+    alone = ok(run(argv, preload=MALLOC_DEBUG, env=env))
+    assert alone.stdout == "ok\n"
+    both = f"{MALLOC_DEBUG} {LIB}" if order == "debug-first" else f"{LIB} {MALLOC_DEBUG}"
+    out = ok(run(argv, preload=both, env=env))
+    assert out.stdout == "ok\n"
+    assert out.stderr.count("tensormalloc steps aside") == 1, out.stderr
+    if check == "MALLOC_CHECK_=3":
+        ok(run(["ls", "/usr/lib"], preload=both, env=env))

@@ -44,3 +44,19 @@ def test_malloc_trim_through_ctypes_gives_the_cache_back(preload):
     assert after < base + 40, out.stdout
     if preload:
         assert before > base + 300 and released == 1, out.stdout
+
+
+@pytest.mark.parametrize("how", ["MALLOC_PERTURB_", "tunable", "mallopt"])
+def test_glibc_perturbation_reaches_every_block(how):
+    """Note [Memory debuggers]: glibc's perturbation fills each block malloc hands out with
+    perturb ^ 0xff, to expose reads of memory never written. Asked by MALLOC_PERTURB_, the
+    glibc.malloc.perturb tunable or mallopt(M_PERTURB), we step aside (one line for the
+    environment's), and large and mid-size blocks read 0x5a as under glibc alone. Before, a fresh
+    large block read zero and a reused one its previous owner's bytes."""
+    env = {"MALLOC_PERTURB_": {"MALLOC_PERTURB_": "165"}, "tunable": {"GLIBC_TUNABLES": "glibc.malloc.perturb=165"}, "mallopt": {}}[how]
+    argv = [compile_c("perturb")] + (["mallopt"] if how == "mallopt" else [])
+    alone = ok(run(argv, preload=False, env=env))
+    assert alone.stdout == "large 5a 5a\nlarge-again 5a 5a\nmid 5a 5a\nmid-again 5a 5a\n", alone.stdout
+    out = ok(run(argv, env=env))
+    assert out.stdout == alone.stdout
+    assert out.stderr.count("steps aside") == (0 if how == "mallopt" else 1), out.stderr

@@ -5,6 +5,7 @@
 //! from this table (config/generated.rs); names.rs finds a name and the nearest to a near miss.
 
 mod names;
+pub mod glibc;
 #[cfg(test)]
 mod generated;
 

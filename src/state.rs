@@ -54,6 +54,19 @@ fn before_thread_start() {
     crate::sys::stack::on_own_stack_quiet(|| call(&LIMITS_WATCH));
 }
 
+// Note [Memory debuggers]
+// glibc's malloc debugging library is loaded only when asked for (LD_PRELOAD or
+// -lc_malloc_debug: MALLOC_CHECK_, mcheck, mtrace): its user is hunting a memory bug, and its
+// checks read glibc's chunk headers around every block. Beside it our blocks were wrong for it:
+// in front of us, its malloc_usable_size read before one of ours (SIGSEGV), and MALLOC_CHECK_
+// rejected them (`ls` aborted); behind us, it never saw them (mprobe of a valid block aborted,
+// mtrace reported no leak). So with it loaded we step aside, as under TENSORMALLOC_DISABLE=1,
+// and say so in one line; with Note [Versioned interposers] its functions are the next
+// allocator's or the one in front. Likewise for glibc's perturbation (MALLOC_PERTURB_, the
+// glibc.malloc.perturb tunable, mallopt(M_PERTURB) in route/control.rs): it fills every block at
+// malloc and free to expose reads of uninitialized or freed memory, which our large blocks
+// (fresh zero pages, or the previous owner's bytes) would hide.
+
 /// The resolved state, initializing on first use. `None` while initialization is under way
 /// (a reentrant call from dlsym, or another thread meanwhile): callers use the bootstrap arena.
 #[inline]
@@ -70,7 +83,15 @@ fn init_slow() -> Option<&'static Globals> {
     if INIT_STATE.compare_exchange(UNINIT, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return None;
     }
-    let config = read_config();
+    let mut config = read_config();
+    // Note [Memory debuggers].
+    if !config.disabled && crate::sys::dlsym::glibc_malloc_debug_loaded() {
+        config.disabled = true;
+        crate::warn_line!("glibc's malloc debugging library (libc_malloc_debug.so) is loaded: tensormalloc steps aside, as under TENSORMALLOC_DISABLE=1, so that its checks see every block");
+    } else if !config.disabled && glibc_perturbs() {
+        config.disabled = true;
+        crate::warn_line!("MALLOC_PERTURB_ (or glibc.malloc.perturb) is set: tensormalloc steps aside, as under TENSORMALLOC_DISABLE=1, so that glibc perturbs every block");
+    }
     // SAFETY: reentrant calls made by dlsym see RUNNING and use the bootstrap arena.
     let Some(next) = (unsafe { NextAllocator::resolve() }) else {
         crate::warn_line!("no next malloc found with dlsym(RTLD_NEXT); serving from a small static arena only");
@@ -189,6 +210,17 @@ fn background_pass() -> Option<u64> {
     }
     trace::flush();
     Some(deadline.unwrap_or(u64::MAX).min(clock::now_ns().saturating_add(TRACE_FLUSH_NS)))
+}
+
+/// Whether the environment asks glibc to perturb memory (config/glibc.rs); setuid programs' is
+/// not read, as glibc ignores it there.
+fn glibc_perturbs() -> bool {
+    let mut asked = false;
+    if !crate::sys::env::is_secure_execution() {
+        crate::sys::env::for_each_with_prefix(b"MALLOC_PERTURB_", |name, value| asked |= crate::config::glibc::asks_perturb(name, value));
+        crate::sys::env::for_each_with_prefix(b"GLIBC_TUNABLES", |name, value| asked |= crate::config::glibc::asks_perturb(name, value));
+    }
+    asked
 }
 
 fn read_config() -> Config {

@@ -6,7 +6,8 @@
 //! - M_TRIM_THRESHOLD: the most freed memory kept for reuse (the cache's byte bound);
 //! - M_MMAP_MAX = 0: no large block of ours any more: every request goes to the next allocator,
 //!   which serves it as glibc does under that setting (from its heap); a later nonzero value
-//!   turns the cache back on.
+//!   turns the cache back on;
+//! - M_PERTURB nonzero: likewise, so that glibc perturbs every block; 0 turns it back on.
 
 use super::{ready, set_enabled};
 use crate::state::HOST;
@@ -17,12 +18,15 @@ use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
 pub const M_TRIM_THRESHOLD: c_int = -1;
 pub const M_MMAP_THRESHOLD: c_int = -3;
 pub const M_MMAP_MAX: c_int = -4;
+pub const M_PERTURB: c_int = -6;
 
 /// Our smallest threshold (TENSORMALLOC_THRESHOLD's floor).
 const THRESHOLD_MIN: usize = 4 << 10;
 
 /// M_MMAP_MAX = 0 turned the cache off (and only then does a nonzero value turn it back on).
 static OFF_BY_MALLOPT: AtomicBool = AtomicBool::new(false);
+/// M_PERTURB nonzero turned the cache off (and only then does 0 turn it back on).
+static OFF_BY_PERTURB: AtomicBool = AtomicBool::new(false);
 
 /// malloc_trim: the cache given back, then the next allocator's trim. 1 when memory was
 /// released, as glibc answers.
@@ -56,6 +60,13 @@ pub fn mallopt(param: c_int, value: c_int) -> c_int {
         }
         // Back on only when M_MMAP_MAX = 0 is what turned it off.
         M_MMAP_MAX if OFF_BY_MALLOPT.swap(false, Relaxed) => {
+            set_enabled(true);
+        }
+        // Note [Memory debuggers] (state.rs): glibc perturbs every block, so none is ours.
+        M_PERTURB if bytes != 0 && answer == 1 => {
+            OFF_BY_PERTURB.fetch_or(set_enabled(false), Relaxed);
+        }
+        M_PERTURB if bytes == 0 && OFF_BY_PERTURB.swap(false, Relaxed) => {
             set_enabled(true);
         }
         _ => {}

@@ -76,7 +76,8 @@ pub unsafe fn next_definition(name: &core::ffi::CStr) -> *mut c_void {
     // SAFETY: glibc's dlsym, called from here: RTLD_NEXT is relative to us.
     let p = unsafe { glibc()(libc::RTLD_NEXT, name.as_ptr()) };
     if !p.is_null() && !is_ours(p) {
-        return p;
+        // Note [Versioned interposers]: one before the C library that a plain lookup skips.
+        return versioned_interposer(true, name).filter(|_| in_c_library(p as usize)).unwrap_or(p);
     }
     // Some answer named us after all: glibc's own definition, by its version.
     for version in [c"GLIBC_2.2.5", c"GLIBC_2.17"] {
@@ -87,6 +88,47 @@ pub unsafe fn next_definition(name: &core::ffi::CStr) -> *mut c_void {
         }
     }
     core::ptr::null_mut()
+}
+
+// Note [Versioned interposers]
+// glibc's malloc debugging library (libc_malloc_debug.so, which MALLOC_CHECK_, mcheck and mtrace
+// need since glibc 2.34) defines malloc, free and the rest only as compat symbols
+// (malloc@GLIBC_2.2.5, hidden from a lookup with no version): programs bind to them, but a plain
+// dlsym skips them and answers with the C library's. So the next allocator after us skipped it
+// (its checks silently off), and one in front of us went unseen (our reallocarray handed its
+// blocks to glibc: `ls` aborted under MALLOC_CHECK_=3). A lookup that lands in the C library is
+// made again by version: a definition found that way in another object (not ours) is the one
+// the program's own calls reach.
+
+/// The definition of `name` at its glibc version after us (`after_us`) or in the whole global
+/// scope, when it lies in neither this
+/// library nor the C library (Note [Versioned interposers]). Only the malloc family is looked
+/// up, each at the version the C library defines it at: a lookup that fails allocates its
+/// error message, and an allocation through the debugging library before main makes the
+/// program's mcheck() fail.
+pub fn versioned_interposer(after_us: bool, name: &core::ffi::CStr) -> Option<*mut c_void> {
+    let handle = if after_us { libc::RTLD_NEXT } else { libc::RTLD_DEFAULT };
+    let version = match name.to_bytes() {
+        b"malloc" | b"free" | b"calloc" | b"realloc" | b"memalign" | b"posix_memalign" | b"valloc" | b"pvalloc" | b"malloc_usable_size" | b"mallopt" | b"mallinfo" | b"malloc_trim" | b"malloc_stats" => c"GLIBC_2.2.5",
+        b"malloc_info" => c"GLIBC_2.10",
+        b"aligned_alloc" => c"GLIBC_2.16",
+        _ => return None,
+    };
+    // SAFETY: valid C strings; dlvsym is not interposed.
+    let q = unsafe { libc::dlvsym(handle, name.as_ptr(), version.as_ptr()) };
+    (!q.is_null() && !is_ours(q) && !in_c_library(q as usize)).then_some(q)
+}
+
+/// Whether glibc's malloc debugging library stands in front of us or after us (Note [Memory
+/// debuggers] in state.rs): its malloc, found by version, lies in it. Successful lookups only,
+/// which allocate nothing (an allocation through it before main would make the program's
+/// mcheck() fail).
+pub fn glibc_malloc_debug_loaded() -> bool {
+    [false, true].into_iter().any(|after_us| {
+        versioned_interposer(after_us, c"malloc").and_then(|p| object_of(p as usize)).is_some_and(|(_, path)| {
+            path.to_bytes().rsplit(|&b| b == b'/').next().is_some_and(|name| name.starts_with(b"libc_malloc_debug.so"))
+        })
+    })
 }
 
 /// This library's own definition of `name`, looked up in it by handle; null when it defines none.

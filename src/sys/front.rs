@@ -58,7 +58,12 @@ pub fn resolve_at_load() {
     let found = |name: &core::ffi::CStr| {
         // SAFETY: glibc's dlsym with a constant name; RTLD_DEFAULT searches the global scope.
         let p = unsafe { super::dlsym::glibc()(libc::RTLD_DEFAULT, name.as_ptr()) };
-        (!p.is_null() && !super::dlsym::is_ours(p)).then_some(p as usize)
+        if !p.is_null() && !super::dlsym::is_ours(p) {
+            return Some(p as usize);
+        }
+        // Note [Versioned interposers] (sys/dlsym.rs): one in front that defines only compat
+        // symbols, which a plain lookup skips.
+        super::dlsym::versioned_interposer(false, name).map(|q| q as usize)
     };
     // Someone's malloc comes before ours in the global scope, where we are (our tm_get_stats is
     // the process's), and it is not the C library's: loaded by path (even RTLD_GLOBAL, as
