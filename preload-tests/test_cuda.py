@@ -53,15 +53,19 @@ def test_cap_refuses_past_the_limit():
     assert out.returncode == 1 and "cudaMalloc(&a, 600 * MB) == 0" in out.stderr
 
 
-@pytest.mark.parametrize("pool", ["split", "binned"])
-@pytest.mark.parametrize("limit", ["50%", "33%", "30M", "10M"])
+POOL_SETUPS = {"split": {}, "binned": {"TENSORMALLOC_CUDA_POOL": "binned"}, "expandable": {"TENSORMALLOC_CUDA_SEGMENTS": "expandable"},
+               "expandable-reuse": {"TENSORMALLOC_CUDA_SEGMENTS": "expandable", "TENSORMALLOC_CUDA_SYNC": "reuse"}}
+
+
+@pytest.mark.parametrize("pool", POOL_SETUPS)
+@pytest.mark.parametrize("limit", ["50%", "33%", "40M", "10M"])
 def test_under_a_cap_all_that_memgetinfo_reports_is_served(limit, pool):
     """Note [What the cap leaves]: c/cuda_pool.c `meminfo-capped` under TENSORMALLOC_CUDA_LIMIT.
     Before, the first cudaMemGetInfo ignored the cap (a 1 GiB device under 50% reported all of
     it, and cudaMalloc of that failed), the figure counted the free tail of a carved segment, and
     under 10M not one 1 MiB block could be had (each wanted a 20 MiB segment)."""
     ok(run([cuda_program(), "meminfo-capped", "expect-passthrough"], preload=False))
-    ok(run([cuda_program(), "meminfo-capped", "expect-pool"], env={"TENSORMALLOC_CUDA_LIMIT": limit, "TENSORMALLOC_CUDA_POOL": pool}))
+    ok(run([cuda_program(), "meminfo-capped", "expect-pool"], env={"TENSORMALLOC_CUDA_LIMIT": limit, **POOL_SETUPS[pool]}))
 
 
 @pytest.mark.parametrize("limit", [None, "512M"])

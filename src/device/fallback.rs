@@ -32,9 +32,12 @@ pub enum Fallback {
     DeviceOrdinal { device: i32 },
     /// The pinned cache's tables could not be mapped.
     PinnedTables,
+    /// A capture began while a driver call of ours was still under way after the bounded wait
+    /// (Note [Graph captures under way] in device_layer/captures.rs).
+    CaptureOverlap,
 }
 
-const KINDS: usize = 11;
+const KINDS: usize = 12;
 static SAID: [AtomicBool; KINDS] = [const { AtomicBool::new(false) }; KINDS];
 
 impl Fallback {
@@ -51,6 +54,7 @@ impl Fallback {
             Fallback::PercentCap { .. } => 8,
             Fallback::DeviceOrdinal { .. } => 9,
             Fallback::PinnedTables => 10,
+            Fallback::CaptureOverlap => 11,
         }
     }
 }
@@ -73,6 +77,7 @@ pub fn say(f: Fallback) {
         Fallback::PercentCap { device } => crate::warn_line!("TENSORMALLOC_CUDA_LIMIT in percent: the driver did not say the size of device {device}; its allocations go to the driver unpooled"),
         Fallback::DeviceOrdinal { device } => crate::warn_line!("device {device} is past the {} devices the pool tracks; its allocations go to the driver unpooled", crate::backing::MAX_DEVICES),
         Fallback::PinnedTables => crate::warn_line!("the pinned cache's tables could not be mapped (an address-space limit?); cudaHostAlloc goes to the driver uncached"),
+        Fallback::CaptureOverlap => crate::warn_line!("a CUDA graph capture began while the pool's own driver call was still under way after 2 s (a synchronization waiting on long work): that capture may be invalidated"),
     }
 }
 

@@ -298,9 +298,16 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 _ => free,
             };
         }
-        let mut free = free as u64 + pool.releasable_bytes();
-        if let Some(room) = pool.room_under_cap() {
-            free = free.min(pool.largest_request_within(room));
+        // Note [Graph captures under way]: the cache is not given back during a capture.
+        let releasable = if self.capturing() { 0 } else { pool.releasable_bytes() };
+        // Note [What the cap leaves]: the device's room counts as the cap's does (a request's
+        // segment is rounded up from its size).
+        let room = pool.room_under_cap(releasable).map_or(free as u64 + releasable, |cap_room| cap_room.min(free as u64 + releasable));
+        let mut free = pool.largest_request_within(room);
+        if pool.expandable() {
+            // Note [What the cap leaves]: a block may start inside a chunk.
+            let chunk = pool.chunk_bytes().max(1);
+            free = (free / chunk).saturating_sub(1) * chunk;
         }
         free.min(total as u64) as usize
     }

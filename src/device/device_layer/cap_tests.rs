@@ -3,16 +3,31 @@
 //! after, and a medium request the carved segment would not fit takes one of its own size.
 
 use super::*;
-use crate::config::{Config, CudaPool, DeviceLimit};
+use crate::config::{Config, CudaPool, CudaSegments, CudaSync, DeviceLimit};
 use crate::sim::{leak_table, SimRuntime};
 
 const MB: usize = 1 << 20;
 const GB: usize = 1 << 30;
 
 fn layer(limit: DeviceLimit, pool: CudaPool) -> Box<DeviceLayer<SimRuntime>> {
+    layer_with(Config { cuda_limit: limit, cuda_pool: pool, ..Config::default() })
+}
+
+fn layer_with(config: Config) -> Box<DeviceLayer<SimRuntime>> {
     let l = Box::new(DeviceLayer::new(SimRuntime::new(&[GB]), leak_table, crate::sys::clock::now_ns));
-    l.configure(&Config { cuda_limit: limit, cuda_pool: pool, ..Config::default() });
+    l.configure(&config);
     l
+}
+
+/// The four ways a pool may be set up: split, binned, expandable, expandable with deferred sync.
+fn setup(round: usize, limit: DeviceLimit) -> Config {
+    let base = Config { cuda_limit: limit, ..Config::default() };
+    match round % 4 {
+        0 => base,
+        1 => Config { cuda_pool: CudaPool::Binned, ..base },
+        2 => Config { cuda_segments: CudaSegments::Expandable, ..base },
+        _ => Config { cuda_segments: CudaSegments::Expandable, cuda_sync: CudaSync::Reuse, ..base },
+    }
 }
 
 /// What cudaMemGetInfo reports can be allocated in one request.
@@ -51,7 +66,9 @@ fn a_medium_request_the_cap_refuses_a_carved_segment_takes_its_own() {
     }
 }
 
-/// Random mixes of live and freed blocks under caps: what is reported is always served.
+/// Random mixes of live and freed blocks (on streams too) under caps and none, in every kind of
+/// pool: what is reported is always served. Few layers (each keeps its tables for good), many
+/// checks each.
 #[test]
 fn after_any_mix_of_requests_all_that_is_reported_is_served() {
     const SIZES: [usize; 7] = [300 << 10, MB, 3 * MB / 2, 3 * MB, 17 * MB, 64 * MB, 5_000_001];
@@ -62,27 +79,41 @@ fn after_any_mix_of_requests_all_that_is_reported_is_served() {
         seed ^= seed << 17;
         (seed % n as u64) as usize
     };
-    for round in 0..60 {
-        let pool = if round % 2 == 0 { CudaPool::Split } else { CudaPool::Binned };
-        let limit = [DeviceLimit::Bytes(40 * MB as u64), DeviceLimit::Bytes(100 * MB as u64), DeviceLimit::Percent(30)][round % 3];
-        let l = layer(limit, pool);
-        let mut live = Vec::new();
-        for _ in 0..20 {
+    for round in 0..16 {
+        let limit = [DeviceLimit::Bytes(40 * MB as u64), DeviceLimit::Bytes(100 * MB as u64), DeviceLimit::Percent(30), DeviceLimit::Unlimited][round % 4];
+        let config = setup(round / 4, limit);
+        let pool = (config.cuda_pool, config.cuda_segments, config.cuda_sync);
+        let l = layer_with(config);
+        let mut live: Vec<(usize, usize)> = Vec::new();
+        for step in 0..200 {
             if live.is_empty() || next(3) > 0 {
-                if let Ok(a) = l.malloc(SIZES[next(SIZES.len())], 0) {
-                    live.push(a);
+                let stream = [0usize, 0x77, 0x99][next(3)];
+                let size = SIZES[next(SIZES.len())];
+                let got = if stream == 0 { l.malloc(size, 0) } else { l.malloc_on_stream(size, 0, stream, 0) };
+                if let Ok(a) = got {
+                    live.push((a, stream));
                 }
             } else {
-                let i = next(live.len());
-                l.free(live.swap_remove(i)).unwrap();
+                let (a, stream) = live.swap_remove(next(live.len()));
+                if stream == 0 {
+                    l.free(a).unwrap();
+                } else {
+                    l.free_on_stream(a, 0, stream);
+                }
+            }
+            if step % 10 == 9 {
+                let (free, _) = l.mem_info().unwrap();
+                if free > 0 {
+                    let a = l.malloc(free, 0).unwrap_or_else(|e| panic!("round {round} step {step} {pool:?} {limit:?}: {free} reported, {e:?}"));
+                    l.free(a).unwrap();
+                }
+            }
+            if live.len() > 12 {
+                let (a, _) = live.swap_remove(0);
+                l.free(a).unwrap();
             }
         }
-        let (free, _) = l.mem_info().unwrap();
-        if free > 0 {
-            let a = l.malloc(free, 0).unwrap_or_else(|e| panic!("round {round} {pool:?} {limit:?}: {free} reported, {e:?}"));
-            l.free(a).unwrap();
-        }
-        for a in live {
+        for (a, _) in live {
             l.free(a).unwrap();
         }
     }

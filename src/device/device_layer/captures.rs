@@ -5,7 +5,7 @@
 use super::give_back::BACKGROUND_CLOSED;
 use super::DeviceLayer;
 use crate::backing::DeviceRuntime;
-use core::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 
 // Note [Graph captures under way]
 // While a program captures a CUDA graph, a synchronization of the device or context that holds
@@ -26,12 +26,65 @@ use core::sync::atomic::{AtomicU32, Ordering::SeqCst};
 // driver calls already under way, and every call of ours counts itself, then looks for
 // captures, so none overlaps a capture.
 // A capture's end from the wrong thread (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) or on a stream
-// that was not capturing ends none. Only captures begun through us are seen: under the plain
+// that was not capturing ends none. A capture is kept with its stream and context (16 at a
+// time; more are counted only), so that the end of its context (destroyed, reset) ends it: a
+// count left up for good would keep the pool from ever synchronizing for the program. Only captures begun through us are seen: under the plain
 // preload every spelling is ours (symbols and cuGetProcAddress); a process that loads us without
 // the preload (the package's hooks alone) has its captures begun by a runtime we do not reach.
 
 /// cuStreamEndCapture's answers that end the capture: success, invalidated, unjoined.
 pub const ENDS_A_CAPTURE: [i32; 3] = [0, 901, 904];
+/// Captures under way whose stream and context are kept, so that a context's end ends them.
+const TRACKED: usize = 16;
+
+/// The streams capturing and their contexts (0: a free slot), and the captures not kept here.
+pub(super) struct CaptureStreams {
+    streams: [AtomicU64; TRACKED],
+    contexts: [AtomicU64; TRACKED],
+    untracked: AtomicU32,
+}
+
+impl CaptureStreams {
+    pub(super) const fn new() -> Self {
+        CaptureStreams { streams: [const { AtomicU64::new(0) }; TRACKED], contexts: [const { AtomicU64::new(0) }; TRACKED], untracked: AtomicU32::new(0) }
+    }
+
+    fn keep(&self, stream: u64, ctx: u64) {
+        for (s, c) in self.streams.iter().zip(&self.contexts) {
+            if stream != 0 && s.compare_exchange(0, stream, SeqCst, SeqCst).is_ok() {
+                c.store(ctx, SeqCst);
+                return;
+            }
+        }
+        self.untracked.fetch_add(1, SeqCst);
+    }
+
+    /// Whether `stream`'s capture was under way here (kept, or one of those not kept).
+    fn end(&self, stream: u64) -> bool {
+        if let Some((s, c)) = self.streams.iter().zip(&self.contexts).find(|(s, _)| stream != 0 && s.load(SeqCst) == stream) {
+            c.store(0, SeqCst);
+            return s.compare_exchange(stream, 0, SeqCst, SeqCst).is_ok();
+        }
+        self.untracked.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok()
+    }
+
+    /// Ends the captures kept for context `ctx`; how many.
+    fn end_context(&self, ctx: u64) -> u32 {
+        let mut ended = 0;
+        for (s, c) in self.streams.iter().zip(&self.contexts) {
+            if ctx != 0 && c.load(SeqCst) == ctx && c.compare_exchange(ctx, 0, SeqCst, SeqCst).is_ok() {
+                s.store(0, SeqCst);
+                ended += 1;
+            }
+        }
+        ended
+    }
+
+    fn clear(&self) {
+        self.streams.iter().chain(&self.contexts).for_each(|w| w.store(0, SeqCst));
+        self.untracked.store(0, SeqCst);
+    }
+}
 /// How long a capture's begin waits for driver calls of ours already under way.
 const DRAIN_WAIT_NS: u64 = 2_000_000_000;
 
@@ -54,24 +107,43 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let deadline = (self.clock)().saturating_add(DRAIN_WAIT_NS);
         while (self.background.load(SeqCst) & !BACKGROUND_CLOSED) != 0 || self.unasked.load(SeqCst) != 0 {
             if (self.clock)() >= deadline {
+                crate::device::fallback::say(crate::device::fallback::Fallback::CaptureOverlap);
                 return;
             }
             crate::sys::clock::pause();
         }
     }
 
-    /// The begin call answered `rc`: a refused one began no capture.
-    pub fn capture_begin_answered(&self, rc: i32) {
+    /// The begin call on `stream` answered `rc`: a refused one began no capture; one begun is
+    /// kept with the current context.
+    pub fn capture_begin_answered(&self, rc: i32, stream: u64) {
         if rc != 0 {
+            self.one_capture_fewer();
+        } else {
+            self.capture_streams.keep(stream, self.runtime.current_context());
+        }
+    }
+
+    /// A capture's end on `stream` answered `rc`: one fewer under way when that answer ends one
+    /// still counted (a context's end may have ended it already).
+    pub fn capture_end_answered(&self, rc: i32, stream: u64) {
+        if ENDS_A_CAPTURE.contains(&rc) && self.capture_streams.end(stream) {
             self.one_capture_fewer();
         }
     }
 
-    /// A capture's end answered `rc`: one fewer under way when that answer ends one.
-    pub fn capture_end_answered(&self, rc: i32) {
-        if ENDS_A_CAPTURE.contains(&rc) {
+    /// Context `ctx` ended (destroyed, reset, released for good): its captures with it.
+    pub(super) fn captures_of_context_ended(&self, ctx: u64) {
+        for _ in 0..self.capture_streams.end_context(ctx) {
             self.one_capture_fewer();
         }
+    }
+
+    /// In a forked child: the parent's captures are none of its own.
+    pub(super) fn forget_captures(&self) {
+        self.capture_streams.clear();
+        self.captures.store(0, SeqCst);
+        self.unasked.store(0, SeqCst);
     }
 
     fn one_capture_fewer(&self) {
@@ -92,6 +164,3 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     }
 }
 
-#[cfg(test)]
-#[path = "captures_tests.rs"]
-mod tests;

@@ -26,6 +26,12 @@ fn layer(config: Config, capacity: usize) -> Box<DeviceLayer<SimRuntime>> {
     l
 }
 
+/// A capture begun on stream 0x5000, as the route counts one.
+fn begin(l: &DeviceLayer<SimRuntime>) {
+    l.capture_beginning();
+    l.capture_begin_answered(0, 0x5000);
+}
+
 fn calls(l: &DeviceLayer<SimRuntime>) -> (u64, u64, u64) {
     let d = l.runtime().device(0);
     (d.mallocs, d.frees, d.syncs)
@@ -40,17 +46,17 @@ fn idle_memory_waits_for_the_end_of_a_capture() {
     assert_eq!(l.free_on_stream(b, 0, 0x77), FreeAnswer::Pooled);
     advance_ms(2000);
     l.capture_beginning();
-    l.capture_begin_answered(0);
+    l.capture_begin_answered(0, 0x5000);
     let before = calls(&l);
     let due = l.release_idle().expect("looked at again after the capture");
     assert!(due > fake_now(), "not at once");
     assert!(!l.release_for_neighbour(0, fake_now()));
     assert_eq!(calls(&l), before, "no free, no synchronization during the capture");
     // An end the driver refused for the wrong thread ends nothing.
-    l.capture_end_answered(908);
+    l.capture_end_answered(908, 0x5000);
     l.release_idle();
     assert_eq!(calls(&l), before);
-    l.capture_end_answered(901);
+    l.capture_end_answered(901, 0x5000);
     assert!(!l.capturing());
     assert_eq!(l.release_idle(), None, "nothing left");
     let (_, frees, syncs) = calls(&l);
@@ -62,9 +68,9 @@ fn idle_memory_waits_for_the_end_of_a_capture() {
 fn a_refused_begin_begins_no_capture_and_ends_never_go_below_zero() {
     let l = layer(Config::default(), 8 * GB);
     l.capture_beginning();
-    l.capture_begin_answered(900);
+    l.capture_begin_answered(900, 0x5000);
     assert!(!l.capturing());
-    l.capture_end_answered(0);
+    l.capture_end_answered(0, 0x5000);
     assert!(!l.capturing());
     l.capture_beginning();
     assert!(l.capturing(), "counted before the driver's call");
@@ -76,7 +82,7 @@ fn the_programs_calls_make_no_synchronization_of_ours_during_a_capture() {
         let l = layer(Config { cuda_sync: sync, ..Config::default() }, 8 * GB);
         let a = l.malloc_on_stream(96 * MB, 0, 0x77, 0).unwrap();
         assert_eq!(l.free_on_stream(a, 0, 0x77), FreeAnswer::Pooled);
-        l.capture_beginning();
+        begin(&l);
         let (mallocs, _, syncs) = calls(&l);
         // The freed block would need a synchronization to be reused: new memory instead.
         let b = l.malloc(96 * MB, 0).unwrap();
@@ -84,7 +90,7 @@ fn the_programs_calls_make_no_synchronization_of_ours_during_a_capture() {
         // A cudaFree does not synchronize either: the block waits for a later one.
         assert_eq!(l.free(b), Ok(FreeAnswer::Pooled));
         assert_eq!(calls(&l), (mallocs + 1, 0, syncs), "{sync:?}");
-        l.capture_end_answered(0);
+        l.capture_end_answered(0, 0x5000);
         advance_ms(1);
         // After the capture the freed blocks are reused, with a synchronization.
         let c = l.malloc(96 * MB, 0).unwrap_or_else(|e| panic!("{sync:?}: {e:?}"));
@@ -99,10 +105,30 @@ fn out_of_memory_during_a_capture_keeps_the_cache() {
     let l = layer(Config::default(), GB);
     let a = l.malloc(600 * MB, 0).unwrap();
     l.free(a).unwrap();
-    l.capture_beginning();
+    begin(&l);
     assert_eq!(l.malloc(700 * MB, 0), Err(DeviceError::OutOfMemory), "the driver's answer, as without us");
     assert_eq!(calls(&l).1, 0, "the cache was not given back during the capture");
-    l.capture_end_answered(0);
+    l.capture_end_answered(0, 0x5000);
     let b = l.malloc(700 * MB, 0).expect("after it, the cache is given back and the request served");
     l.free(b).unwrap();
+}
+
+/// A capture whose context ends (destroyed, reset) ends with it: the pool synchronizes for the
+/// program again. An end after that ends nothing more.
+#[test]
+fn the_end_of_a_captures_context_ends_the_capture() {
+    let l = layer(Config::default(), 8 * GB);
+    let a = l.malloc(64 * MB, 0).unwrap();
+    l.free(a).unwrap();
+    let ctx = l.runtime().current_context();
+    assert_ne!(ctx, 0);
+    begin(&l);
+    l.capture_beginning();
+    l.capture_begin_answered(0, 0x6000);
+    l.forget_context(ctx);
+    assert!(!l.capturing(), "both captures ended with their context");
+    l.capture_end_answered(0, 0x5000);
+    begin(&l);
+    l.capture_end_answered(0, 0x5000);
+    assert!(!l.capturing(), "a later capture counts and ends as before");
 }

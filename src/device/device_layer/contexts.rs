@@ -21,6 +21,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Note [Context lifetime]: context `ctx` was (or is about to be) destroyed: every pool
     /// whose segments live in it, and its pinned blocks, are forgotten.
     pub fn forget_context(&self, ctx: u64) {
+        self.captures_of_context_ended(ctx);
         for (device, pool) in self.pools().iter().enumerate() {
             if ctx != 0 {
                 self.release_all_chunks(device, pool, ctx);
@@ -104,6 +105,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             if let Ok(d) = usize::try_from(device) {
                 self.forget_pool(d);
             }
+        }
+        if let PrimaryContext::Active(p) = primary {
+            self.captures_of_context_ended(p);
         }
         self.forget_pinned(match primary {
             PrimaryContext::Active(p) => Some(p),

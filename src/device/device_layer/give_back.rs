@@ -131,8 +131,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         self.runtime.current_device().map_or(0, |d| self.give_back(d))
     }
 
-    /// Synchronizes (so every free block is reusable and whole segments can be freed), then
-    /// gives fully free segments of the current device back to the runtime.
     /// `release_cached` of everything, for a program's call that did not ask for it: false, with
     /// nothing done, while a capture is under way (Note [Graph captures under way]).
     pub(super) fn release_cached_unasked(&self, device: usize, pool: &Lock<DevicePool>) -> Result<bool, DeviceError> {
@@ -140,6 +138,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         self.release_cached(device, pool, u64::MAX).map(|_| true)
     }
 
+    /// Synchronizes (so every free block is reusable and whole segments can be freed), then
+    /// gives fully free segments of the current device back to the runtime.
     pub(super) fn release_cached(&self, device: usize, pool: &Lock<DevicePool>, max_bytes: u64) -> Result<u64, DeviceError> {
         let began = (self.clock)();
         self.synchronize()?;

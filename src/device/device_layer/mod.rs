@@ -69,6 +69,8 @@ pub struct DeviceLayer<R: DeviceRuntime> {
     /// Driver calls of ours the program's own calls make without asking for them, under way
     /// (captures.rs `unasked`).
     unasked: AtomicU32,
+    /// The captures under way with their streams and contexts (captures.rs).
+    capture_streams: captures::CaptureStreams,
     /// Told when a segment became idle, with when it is due (the background thread's
     /// `on_block_cached`); a `fn(u64)`, null until set.
     on_idle: AtomicPtr<()>,
@@ -112,6 +114,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             background: AtomicU32::new(0),
             captures: AtomicU32::new(0),
             unasked: AtomicU32::new(0),
+            capture_streams: captures::CaptureStreams::new(),
             on_idle: AtomicPtr::new(core::ptr::null_mut()),
             join_neighbours: AtomicPtr::new(core::ptr::null_mut()),
             ask_neighbours: AtomicPtr::new(core::ptr::null_mut()),
@@ -197,8 +200,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             self.background.fetch_and(give_back::BACKGROUND_CLOSED, Relaxed);
         }
         // Likewise the parent's other threads' calls and captures (captures.rs).
-        self.unasked.store(0, Relaxed);
-        self.captures.store(0, Relaxed);
+        self.forget_captures();
         let used = self.used.load(Relaxed);
         if used {
             self.inherited.store(true, Relaxed);
@@ -347,6 +349,9 @@ mod tests;
 
 #[cfg(test)]
 mod cap_tests;
+
+#[cfg(test)]
+mod captures_tests;
 
 #[cfg(test)]
 mod expandable_tests;

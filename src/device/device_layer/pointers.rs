@@ -147,23 +147,28 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// cuMemGetAddressRange / RANGE_START_ADDR / RANGE_SIZE / BUFFER_ID: the block, not our
     /// segment.
     pub fn range(&self, addr: usize) -> RangeAnswer {
-        if let Some((b, live)) = self.pinned_containing(addr as u64) {
-            let asked = b.asked.max(1);
-            return if live && (addr as u64) - b.addr < asked { RangeAnswer::Pinned(b.addr, asked) } else { RangeAnswer::Free };
-        }
         match self.locate(addr) {
-            None => RangeAnswer::NotOurs,
+            None => self.pinned_range(addr),
             Some((d, b)) if b.allocated => RangeAnswer::Live(b.addr, b.size, buffer_id(d, b.buffer_id)),
             Some(_) => RangeAnswer::Free,
         }
     }
 
-    /// The pinned block of ours `addr` lies in, and whether it is live.
-    fn pinned_containing(&self, addr: u64) -> Option<(crate::device::pinned::cache::PinnedBlock, bool)> {
-        if !self.answers() || !self.used.load(core::sync::atomic::Ordering::Relaxed) {
-            return None;
+    /// `range` for an address in no pool: a pinned block of ours by the runtime's range of it
+    /// (Note [Pinned memory answers as asked] in device/pinned/cache.rs); no runtime call while
+    /// none is held.
+    fn pinned_range(&self, addr: usize) -> RangeAnswer {
+        if !self.answers() || !self.used.load(core::sync::atomic::Ordering::Relaxed) || self.pinned.lock().is_empty() {
+            return RangeAnswer::NotOurs;
         }
-        self.pinned.lock().containing(addr)
+        let Some((base, _)) = self.runtime.allocation_range(addr) else { return RangeAnswer::NotOurs };
+        let Some((b, live)) = self.pinned.lock().starting_at(base as u64) else { return RangeAnswer::NotOurs };
+        let asked = b.asked.max(1);
+        if live && (addr as u64).wrapping_sub(b.addr) < asked {
+            RangeAnswer::Pinned(b.addr, asked)
+        } else {
+            RangeAnswer::Free
+        }
     }
 
     /// The context of the expandable segment `addr` lies in (Note [Expandable segments]); None

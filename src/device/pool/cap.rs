@@ -13,7 +13,9 @@ use super::{class_of, DevicePool, Strategy, LARGE_ROUND, MAX_POOLED_BYTES, NONE,
 // size, as a large request does. The figure reported is the largest request whose segment fits
 // in that room: whole 2 MiB (or chunks) for split pools, a size class for binned ones. Before
 // the pool's first segment the cap applies all the same (RMM and "take 90% of what is free"
-// size themselves from the first answer).
+// size themselves from the first answer). In expandable segments a block may start inside a
+// chunk (a free block before it kept apart by its stream tag), so a request may need one chunk
+// more than its size: the figure leaves one out.
 
 impl DevicePool {
     /// The segment a request of `size` takes when the cap refuses its usual one: one of its own
@@ -24,9 +26,10 @@ impl DevicePool {
         (self.strategy == Strategy::Split && !self.expandable() && need >= SMALL_LIMIT).then(|| need.div_ceil(LARGE_ROUND) * LARGE_ROUND)
     }
 
-    /// The room the cap leaves for new segments once the cache is given back; None: no cap.
-    pub fn room_under_cap(&self) -> Option<u64> {
-        (self.limit_bytes != u64::MAX).then(|| self.limit_bytes.saturating_sub(self.stats.reserved_bytes).saturating_add(self.releasable_bytes()))
+    /// The room the cap leaves for new segments once `releasable` bytes of the cache are given
+    /// back; None: no cap.
+    pub fn room_under_cap(&self, releasable: u64) -> Option<u64> {
+        (self.limit_bytes != u64::MAX).then(|| self.limit_bytes.saturating_sub(self.stats.reserved_bytes).saturating_add(releasable))
     }
 
     /// The largest request the pool serves under the cap, given `room` under it (Note [What

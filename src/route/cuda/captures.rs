@@ -12,11 +12,11 @@ use core::ffi::{c_int, c_void};
 ///
 /// # Safety
 /// `call` makes the driver's call with the caller's arguments, under the driver's contract.
-pub unsafe fn begin<F>(spelling: fn(&DriverFns) -> Option<F>, call: impl FnOnce(F) -> c_int) -> c_int {
+pub unsafe fn begin<F>(stream: *mut c_void, spelling: fn(&DriverFns) -> Option<F>, call: impl FnOnce(F) -> c_int) -> c_int {
     let Some(real) = driver().and_then(spelling) else { return CUDA_ERROR_INITIALIZATION };
     DEVICE.capture_beginning();
     let rc = call(real);
-    DEVICE.capture_begin_answered(rc);
+    DEVICE.capture_begin_answered(rc, stream as u64);
     rc
 }
 
@@ -25,6 +25,6 @@ pub unsafe fn begin<F>(spelling: fn(&DriverFns) -> Option<F>, call: impl FnOnce(
 pub unsafe fn end(stream: *mut c_void, graph: *mut *mut c_void, spelling: fn(&DriverFns) -> Option<crate::sys::cuda_driver::EndCaptureFn>) -> c_int {
     let Some(real) = driver().and_then(spelling) else { return CUDA_ERROR_INITIALIZATION };
     let rc = real(stream, graph);
-    DEVICE.capture_end_answered(rc);
+    DEVICE.capture_end_answered(rc, stream as u64);
     rc
 }
