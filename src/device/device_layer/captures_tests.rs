@@ -5,20 +5,11 @@ use super::*;
 use crate::backing::DeviceError;
 use crate::config::{Config, CudaSync};
 use crate::device::device_layer::FreeAnswer;
+use super::tests::{advance_ms, fake_now};
 use crate::sim::{leak_table, SimRuntime};
 
 const MB: usize = 1 << 20;
 const GB: usize = 1 << 30;
-
-thread_local! {
-    static NOW_NS: core::cell::Cell<u64> = const { core::cell::Cell::new(1) };
-}
-fn fake_now() -> u64 {
-    NOW_NS.with(|n| n.get())
-}
-fn advance_ms(ms: u64) {
-    NOW_NS.with(|n| n.set(n.get() + ms * 1_000_000));
-}
 
 fn layer(config: Config, capacity: usize) -> Box<DeviceLayer<SimRuntime>> {
     let l = Box::new(DeviceLayer::new(SimRuntime::new(&[capacity]), leak_table, fake_now));

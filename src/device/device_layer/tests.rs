@@ -487,10 +487,11 @@ fn reported_free_memory_can_be_had_in_one_request() {
 thread_local! {
     static NOW_NS: core::cell::Cell<u64> = const { core::cell::Cell::new(1) };
 }
-fn fake_now() -> u64 {
+/// A clock the test moves (each test thread has its own).
+pub(super) fn fake_now() -> u64 {
     NOW_NS.with(|n| n.get())
 }
-fn advance_ms(ms: u64) {
+pub(super) fn advance_ms(ms: u64) {
     NOW_NS.with(|n| n.set(n.get() + ms * 1_000_000));
 }
 
