@@ -304,7 +304,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         // segment is rounded up from its size).
         let room = pool.room_under_cap(releasable).map_or(free as u64 + releasable, |cap_room| cap_room.min(free as u64 + releasable));
         let mut free = pool.largest_request_within(room);
-        if pool.expandable() {
+        if pool.expandable() && pool.has_unsynced_free() {
             // Note [What the cap leaves]: a block may start inside a chunk.
             let chunk = pool.chunk_bytes().max(1);
             free = (free / chunk).saturating_sub(1) * chunk;

@@ -267,6 +267,11 @@ impl DevicePool {
 
     /// When the longest-waiting free block that needs a synchronization before anyone may reuse
     /// it (freed on a stream, or in the deferred mode) was freed; None when there is none.
+    /// Whether a free block waits for a synchronization or is kept for its stream.
+    pub fn has_unsynced_free(&self) -> bool {
+        self.pending_free_bytes != 0 || self.other_tag_free_bytes != 0
+    }
+
     pub fn oldest_unsynced_free(&self) -> Option<u64> {
         if self.pending_free_bytes == 0 && self.other_tag_free_bytes == 0 {
             return None;

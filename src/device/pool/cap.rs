@@ -13,9 +13,9 @@ use super::{class_of, DevicePool, Strategy, LARGE_ROUND, MAX_POOLED_BYTES, NONE,
 // size, as a large request does. The figure reported is the largest request whose segment fits
 // in that room: whole 2 MiB (or chunks) for split pools, a size class for binned ones. Before
 // the pool's first segment the cap applies all the same (RMM and "take 90% of what is free"
-// size themselves from the first answer). In expandable segments a block may start inside a
-// chunk (a free block before it kept apart by its stream tag), so a request may need one chunk
-// more than its size: the figure leaves one out.
+// size themselves from the first answer). In expandable segments a request may start inside a
+// chunk when a free block before it is kept apart by its stream tag or a pending synchronization,
+// and then need one chunk more than its size: while such blocks exist the figure leaves one out.
 
 impl DevicePool {
     /// The segment a request of `size` takes when the cap refuses its usual one: one of its own
