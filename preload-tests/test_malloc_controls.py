@@ -46,17 +46,20 @@ def test_malloc_trim_through_ctypes_gives_the_cache_back(preload):
         assert before > base + 300 and released == 1, out.stdout
 
 
-@pytest.mark.parametrize("how", ["MALLOC_PERTURB_", "tunable", "mallopt"])
+@pytest.mark.parametrize("how", ["MALLOC_PERTURB_", "MALLOC_PERTURB_-hex", "tunable", "mallopt", "mallopt-negative", "mallopt-composed"])
 def test_glibc_perturbation_reaches_every_block(how):
     """Note [Memory debuggers]: glibc's perturbation fills each block malloc hands out with
-    perturb ^ 0xff, to expose reads of memory never written. Asked by MALLOC_PERTURB_, the
-    glibc.malloc.perturb tunable or mallopt(M_PERTURB), we step aside (one line for the
-    environment's), and large and mid-size blocks read 0x5a as under glibc alone. Before, a fresh
-    large block read zero and a reused one its previous owner's bytes."""
-    env = {"MALLOC_PERTURB_": {"MALLOC_PERTURB_": "165"}, "tunable": {"GLIBC_TUNABLES": "glibc.malloc.perturb=165"}, "mallopt": {}}[how]
-    argv = [compile_c("perturb")] + (["mallopt"] if how == "mallopt" else [])
+    perturb ^ 0xff, to expose reads of memory never written. Asked by MALLOC_PERTURB_ (in any
+    base strtoul reads), the glibc.malloc.perturb tunable or mallopt(M_PERTURB) (a negative value
+    too, and after M_MMAP_MAX = 0 is taken back), we step aside (one line for the environment's),
+    and large and mid-size blocks read as under glibc alone. Before, a fresh large block read zero
+    and a reused one its previous owner's bytes."""
+    env = {"MALLOC_PERTURB_": {"MALLOC_PERTURB_": "165"}, "MALLOC_PERTURB_-hex": {"MALLOC_PERTURB_": "0x5a"},
+           "tunable": {"GLIBC_TUNABLES": "glibc.malloc.perturb=165"}}.get(how, {})
+    argv = [compile_c("perturb")] + ([how] if how.startswith("mallopt") else [])
     alone = ok(run(argv, preload=False, env=env))
-    assert alone.stdout == "large 5a 5a\nlarge-again 5a 5a\nmid 5a 5a\nmid-again 5a 5a\n", alone.stdout
+    byte = "a5" if how.endswith("hex") else "5a"
+    assert alone.stdout == "".join(f"{w} {byte} {byte}\n" for w in ["large", "large-again", "mid", "mid-again"]), alone.stdout
     out = ok(run(argv, env=env))
     assert out.stdout == alone.stdout
-    assert out.stderr.count("steps aside") == (0 if how == "mallopt" else 1), out.stderr
+    assert out.stderr.count("steps aside") == (0 if how.startswith("mallopt") else 1), out.stderr

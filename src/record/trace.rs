@@ -236,14 +236,17 @@ fn flush_with(sample_op: u8) {
     // Note [Exit from inside our work] (shim/lifecycle.rs): the figures need the cache's lock,
     // which this thread may hold already; asked before the writer's lock is taken.
     let sampler = SAMPLER.load(Ordering::Acquire);
-    let (cached, lazily_freed) = if sampler.is_null() || crate::sys::lock::held_here() {
+    let inside_our_work = crate::sys::lock::held_here();
+    let (cached, lazily_freed) = if sampler.is_null() || inside_our_work {
         (0, 0)
     } else {
         // SAFETY: set by start to a `fn() -> (u64, u64)`.
         unsafe { core::mem::transmute::<*mut (), fn() -> (u64, u64)>(sampler)() }
     };
     let pages = u32::try_from(lazily_freed / 4096).unwrap_or(u32::MAX);
-    let mut named = WRITER.lock();
+    // Inside our own work the writer's lock may be this thread's own (a flush made inline, where
+    // no thread of ours could be made): then nothing more is written.
+    let Some(mut named) = (if inside_our_work { WRITER.try_lock() } else { Some(WRITER.lock()) }) else { return };
     // Note [Descriptors the program may close]: one check a flush.
     let kept = FD.number();
     let fd = if kept >= 0 { FD.checked() } else { -1 };

@@ -12,7 +12,7 @@
 use super::{ready, set_enabled};
 use crate::state::HOST;
 use core::ffi::c_int;
-use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 /// glibc's mallopt parameters (malloc.h).
 pub const M_TRIM_THRESHOLD: c_int = -1;
@@ -23,10 +23,30 @@ pub const M_PERTURB: c_int = -6;
 /// Our smallest threshold (TENSORMALLOC_THRESHOLD's floor).
 const THRESHOLD_MIN: usize = 4 << 10;
 
-/// M_MMAP_MAX = 0 turned the cache off (and only then does a nonzero value turn it back on).
-static OFF_BY_MALLOPT: AtomicBool = AtomicBool::new(false);
-/// M_PERTURB nonzero turned the cache off (and only then does 0 turn it back on).
-static OFF_BY_PERTURB: AtomicBool = AtomicBool::new(false);
+/// Why mallopt turned the cache off: M_MMAP_MAX = 0, M_PERTURB nonzero, a bit each; the cache
+/// comes back on when the last of them is taken back (and only then: one mallopt did not turn
+/// it off leaves it as it is). Changed under OFF_LOCK.
+static OFF_BY_MALLOPT: AtomicU8 = AtomicU8::new(0);
+static OFF_LOCK: crate::sys::lock::Lock<()> = crate::sys::lock::Lock::new(());
+const OFF_MMAP_MAX: u8 = 1;
+const OFF_PERTURB: u8 = 2;
+
+/// mallopt asked the cache off (`off`) or back on for `reason`.
+fn mallopt_turns(reason: u8, off: bool) {
+    let _one = OFF_LOCK.lock();
+    let was = OFF_BY_MALLOPT.load(Relaxed);
+    if off {
+        // Counted only when mallopt turned it off or keeps it off (not TENSORMALLOC_DISABLE's).
+        if was != 0 || set_enabled(false) {
+            OFF_BY_MALLOPT.store(was | reason, Relaxed);
+        }
+    } else if was & reason != 0 {
+        OFF_BY_MALLOPT.store(was & !reason, Relaxed);
+        if was == reason {
+            set_enabled(true);
+        }
+    }
+}
 
 /// malloc_trim: the cache given back, then the next allocator's trim. 1 when memory was
 /// released, as glibc answers.
@@ -44,6 +64,12 @@ pub fn mallopt(param: c_int, value: c_int) -> c_int {
     let Some(g) = ready() else { return 0 };
     // SAFETY: plain forwarding.
     let answer = g.next.control.mallopt.map_or(1, |f| unsafe { f(param, value) });
+    // Note [Memory debuggers] (state.rs): glibc perturbs every block (any nonzero value, negative
+    // too), so none is ours.
+    if param == M_PERTURB && answer == 1 {
+        mallopt_turns(OFF_PERTURB, value != 0);
+        return answer;
+    }
     let Ok(bytes) = usize::try_from(value) else { return answer };
     match param {
         // As far as the next allocator took it (glibc refuses values past its heap's half).
@@ -54,21 +80,7 @@ pub fn mallopt(param: c_int, value: c_int) -> c_int {
             }
         }
         M_TRIM_THRESHOLD => HOST.set_cache_bytes(bytes),
-        M_MMAP_MAX if bytes == 0 => {
-            // Marked only when this call is what turned the cache off.
-            OFF_BY_MALLOPT.fetch_or(set_enabled(false), Relaxed);
-        }
-        // Back on only when M_MMAP_MAX = 0 is what turned it off.
-        M_MMAP_MAX if OFF_BY_MALLOPT.swap(false, Relaxed) => {
-            set_enabled(true);
-        }
-        // Note [Memory debuggers] (state.rs): glibc perturbs every block, so none is ours.
-        M_PERTURB if bytes != 0 && answer == 1 => {
-            OFF_BY_PERTURB.fetch_or(set_enabled(false), Relaxed);
-        }
-        M_PERTURB if bytes == 0 && OFF_BY_PERTURB.swap(false, Relaxed) => {
-            set_enabled(true);
-        }
+        M_MMAP_MAX => mallopt_turns(OFF_MMAP_MAX, bytes == 0),
         _ => {}
     }
     answer

@@ -108,10 +108,18 @@ pub unsafe fn next_definition(name: &core::ffi::CStr) -> *mut c_void {
 /// program's mcheck() fail.
 pub fn versioned_interposer(after_us: bool, name: &core::ffi::CStr) -> Option<*mut c_void> {
     let handle = if after_us { libc::RTLD_NEXT } else { libc::RTLD_DEFAULT };
-    let version = match name.to_bytes() {
-        b"malloc" | b"free" | b"calloc" | b"realloc" | b"memalign" | b"posix_memalign" | b"valloc" | b"pvalloc" | b"malloc_usable_size" | b"mallopt" | b"mallinfo" | b"malloc_trim" | b"malloc_stats" => c"GLIBC_2.2.5",
-        b"malloc_info" => c"GLIBC_2.10",
-        b"aligned_alloc" => c"GLIBC_2.16",
+    let base = match name.to_bytes() {
+        b"malloc" | b"free" | b"calloc" | b"realloc" | b"memalign" | b"posix_memalign" | b"valloc" | b"pvalloc" | b"malloc_usable_size" | b"mallopt" | b"mallinfo" | b"malloc_trim" | b"malloc_stats" => true,
+        b"malloc_info" | b"aligned_alloc" => false,
+        _ => return None,
+    };
+    // Each name's version in the C library: x86-64's base is 2.2.5 (malloc_info came in 2.10,
+    // aligned_alloc in 2.16); AArch64's is 2.17 for all. Elsewhere none is looked up.
+    let version = match (cfg!(target_arch = "x86_64"), cfg!(target_arch = "aarch64"), name.to_bytes()) {
+        (true, _, _) if base => c"GLIBC_2.2.5",
+        (true, _, b"malloc_info") => c"GLIBC_2.10",
+        (true, _, _) => c"GLIBC_2.16",
+        (_, true, _) => c"GLIBC_2.17",
         _ => return None,
     };
     // SAFETY: valid C strings; dlvsym is not interposed.

@@ -325,7 +325,8 @@ pub fn write_all_waiting_open(fd: i32, bytes: &[u8], open: &libc::sigset_t) -> R
             if unsafe { libc::ppoll(&mut room, 1, core::ptr::null(), &wait_mask) } < 0 {
                 match errno() {
                     libc::EINTR => continue,
-                    e => return Err(e),
+                    // ppoll refused (a sandbox's filter): the rest is written as any write is.
+                    _ => return write_loop(fd, rest).map_err(|(e, _)| e),
                 }
             }
             let chunk = rest.get(..rest.len().min(PIPE_BUF)).unwrap_or(rest);
@@ -342,6 +343,8 @@ pub fn write_all_waiting_open(fd: i32, bytes: &[u8], open: &libc::sigset_t) -> R
             }
             rest = rest.get(n as usize..).unwrap_or(&[]);
         }
+        // A retry's EINTR or EAGAIN is not what the program's errno should read.
+        super::process::set_errno(0);
         Ok(())
     })
 }
@@ -363,6 +366,8 @@ fn write_loop(fd: i32, mut bytes: &[u8]) -> Result<(), (i32, usize)> {
         sent += n as usize;
         bytes = bytes.get(n as usize..).unwrap_or(&[]);
     }
+    // A retry's EINTR is not what the program's errno should read (signals_held puts it back).
+    super::process::set_errno(0);
     Ok(())
 }
 

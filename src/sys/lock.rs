@@ -115,6 +115,17 @@ impl<T> Lock<T> {
         Guard { lock: self, reentered: false, here }
     }
 
+    /// The lock when it is free now; None at once when anyone holds it (a caller that may hold
+    /// it itself: Note [Exit from inside our work] in shim/lifecycle.rs).
+    pub fn try_lock(&self) -> Option<Guard<'_, T>> {
+        let here = count_in();
+        if self.state.compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            return Some(Guard { lock: self, reentered: false, here });
+        }
+        here.count_out();
+        None
+    }
+
     /// Waits for the lock; true when this thread already holds it across a fork (Note [Fork
     /// handlers that allocate] in host/host_layer/fork.rs): it is asked again from another library's
     /// fork handler, which runs between ours, and gets it at once.
