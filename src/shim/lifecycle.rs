@@ -49,6 +49,8 @@ extern "C" fn before_fork() {
     // A child made without our handlers that forks in turn adopts first: the lock may be held
     // by a thread of its parent.
     sys::fork_mark::check();
+    // Note [A stack before the fork] (sys/stack.rs).
+    sys::stack::map_before_fork();
     HOST.lock_for_fork();
 }
 

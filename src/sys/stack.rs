@@ -82,6 +82,18 @@ pub fn on_own_stack_quiet<T, F: FnOnce() -> T>(f: F) -> T {
 
 /// In a forked child: a use the parent had under way in another thread is not this process's
 /// (one under way in this thread, a fork from a signal handler inside our work, still is).
+/// Before a fork: the stack mapped now if it is not yet (Note [A stack before the fork]).
+pub fn map_before_fork() {
+    let _ = stack_top();
+}
+
+// Note [A stack before the fork]
+// Our child handler's steps may run on our stack, which is mapped at first use. Mapped first in
+// the child, it went where the kernel found room: into the hole a block advised MADV_DONTFORK
+// left there, where the program then mapped its own memory (MAP_FIXED_NOREPLACE failed: half the
+// runs of c/fork_kept.c, depending on whether our thread had mapped it in the parent). Mapped
+// in the parent before the fork, the child inherits it and maps nothing.
+
 pub fn after_fork_in_child() {
     // Written only when set: every page a child handler writes is a copy-on-write fault.
     let owner = OWNER.load(Acquire);
