@@ -7,7 +7,7 @@ import pytest
 
 from conftest import LIB, compile_c, ok, run
 
-SCENARIOS = ["trim", "mallinfo", "mmap-max", "trim-threshold", "mmap-threshold", "info"]
+SCENARIOS = ["trim", "mallinfo", "mmap-max", "trim-threshold", "trim-threshold-never", "mmap-threshold", "info"]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

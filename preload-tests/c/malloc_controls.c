@@ -69,6 +69,16 @@ int main(int argc, char **argv) {
         size_t after = rss_mb();
         printf("rss after frees with M_TRIM_THRESHOLD=1M: %zu MiB\n", after);
         CHECK(after < 40);
+    } else if (!strcmp(s, "trim-threshold-never")) {
+        /* glibc reads the value as a size_t: -1 is "never trim". A bound set before is lifted. */
+        CHECK(mallopt(M_TRIM_THRESHOLD, 1 << 20) == 1);
+        CHECK(mallopt(M_TRIM_THRESHOLD, -1) == 1);
+        churn();
+        if (ours) {
+            CHECK(tm_stats(&st) == 0);
+            printf("cached after frees with M_TRIM_THRESHOLD=-1: %llu MiB\n", (unsigned long long)(st.host_cached_bytes / MB));
+            CHECK(st.host_cached_bytes >= 40 * MB);
+        }
     } else if (!strcmp(s, "mmap-threshold")) {
         CHECK(mallopt(M_MMAP_THRESHOLD, 16 << 20) == 1);
         if (ours) CHECK(tm_stats(&st) == 0 && st.threshold_bytes == 16 << 20);

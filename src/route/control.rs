@@ -3,7 +3,8 @@
 //! cache back; `mallopt` honours the options that concern large blocks in the sense their users
 //! mean them (docs/host.md, "glibc's malloc controls"):
 //! - M_MMAP_THRESHOLD: requests of at least that many bytes are ours (our threshold);
-//! - M_TRIM_THRESHOLD: the most freed memory kept for reuse (the cache's byte bound);
+//! - M_TRIM_THRESHOLD: the most freed memory kept for reuse (the cache's byte bound; a
+//!   negative value, glibc's "never trim", lifts the bound);
 //! - M_MMAP_MAX = 0: no large block of ours any more: every request goes to the next allocator,
 //!   which serves it as glibc does under that setting (from its heap); a later nonzero value
 //!   turns the cache back on;
@@ -68,6 +69,11 @@ pub fn mallopt(param: c_int, value: c_int) -> c_int {
     // too), so none is ours.
     if param == M_PERTURB && answer == 1 {
         mallopt_turns(OFF_PERTURB, value != 0);
+        return answer;
+    }
+    // glibc reads M_TRIM_THRESHOLD's value as a size_t: -1 is "never trim", keep everything.
+    if param == M_TRIM_THRESHOLD && answer == 1 && value < 0 {
+        HOST.set_cache_bytes(usize::MAX);
         return answer;
     }
     let Ok(bytes) = usize::try_from(value) else { return answer };
