@@ -64,8 +64,8 @@ print(w[0].category.__name__, w[0].message)
 
 
 def settings_of_the_library():
-    """(name, default) of every option, as config.rs's table has them."""
-    src = (ROOT / "src" / "config.rs").read_text()
+    """(name, default) of every option, as config/options.rs's table has them."""
+    src = (ROOT / "src" / "config" / "options.rs").read_text()
     table = src[src.index("pub static OPTIONS"):src.index("\n];", src.index("pub static OPTIONS"))]
     return re.findall(r'name: "(\w+)",\s*default: "([^"]*)"', table)
 
@@ -137,7 +137,7 @@ def help_settings(text):
 
 def test_the_docs_reference_is_what_help_lists():
     """docs/configuration.md and `tensormalloc --help` list the same settings, with the same
-    defaults and words, in the same groups (both written from src/config.rs's table)."""
+    defaults and words, in the same groups (both written from src/config/options.rs's table)."""
     out = ok(run([PY, "-m", "tensormalloc", "--help"], preload=False, env=ENV)).stdout
     listed = help_settings(out)
     doc = (ROOT / "docs" / "configuration.md").read_text().split("\n## Earlier names")[0]

@@ -1,7 +1,7 @@
 """What the library says, as a user reads it: an out-of-range setting's warning names the range
 the setting allows, the report's counts agree in number ("1 block") and its %tot column is
 explained under the table; the settings' one vocabulary (issue 37, Note [One vocabulary] in
-src/config.rs): earlier names still read, with one line naming the new; off in many spellings;
+src/config/options.rs): earlier names still read, with one line naming the new; off in many spellings;
 US and UK spellings; the nearest setting named for a near miss."""
 from conftest import compile_c, ok, run
 

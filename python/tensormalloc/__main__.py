@@ -7,7 +7,7 @@ with the same subcommands:
     tensormalloc plot TRACE...              draw traces
     tensormalloc --path | --version | --help
 
-`--help` lists every setting from _settings.py, which src/config.rs's table writes (a test
+`--help` lists every setting from _settings.py, which src/config/options.rs's table writes (a test
 checks). The launcher never loads the library into itself: it would read the settings and start
 a trace meant for COMMAND."""
 import os

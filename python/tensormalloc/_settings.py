@@ -1,4 +1,4 @@
-# Generated from OPTIONS in src/config.rs by config/generated.rs
+# Generated from OPTIONS in src/config/options.rs by config/generated.rs
 # (TENSORMALLOC_BLESS=1 cargo test --lib generated rewrites it); do not edit.
 # What `tensormalloc --help` lists: LEGEND, then GROUPS in order, each with its SETTINGS
 # (name, default, group, doc, other names).

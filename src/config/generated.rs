@@ -55,7 +55,7 @@ fn table_row(out: &mut String, spec: &OptionSpec) {
 /// python/tensormalloc/_settings.py.
 fn python_settings() -> String {
     let mut out = String::from(
-        "# Generated from OPTIONS in src/config.rs by config/generated.rs\n\
+        "# Generated from OPTIONS in src/config/options.rs by config/generated.rs\n\
          # (TENSORMALLOC_BLESS=1 cargo test --lib generated rewrites it); do not edit.\n\
          # What `tensormalloc --help` lists: LEGEND, then GROUPS in order, each with its SETTINGS\n\
          # (name, default, group, doc, other names).\n",
@@ -82,9 +82,9 @@ fn python_settings() -> String {
 fn reference() -> String {
     let mut out = String::from(
         "# Configuration reference\n\n\
-         <!-- Generated from OPTIONS in src/config.rs by config/generated.rs (TENSORMALLOC_BLESS=1 cargo test --lib generated); do not edit. -->\n\n\
+         <!-- Generated from OPTIONS in src/config/options.rs by config/generated.rs (TENSORMALLOC_BLESS=1 cargo test --lib generated); do not edit. -->\n\n\
          Every setting of the library, as `tensormalloc --help` lists them (both come from the table in\n\
-         `src/config.rs`). Why the defaults are what they are: [BENCHMARKS.md](../BENCHMARKS.md#why-the-defaults).\n\n",
+         `src/config/options.rs`). Why the defaults are what they are: [BENCHMARKS.md](../BENCHMARKS.md#why-the-defaults).\n\n",
     );
     for line in LEGEND {
         writeln!(out, "- {line}").unwrap();
@@ -105,7 +105,7 @@ fn reference() -> String {
     out
 }
 
-const README_BEGIN: &str = "<!-- settings: generated from src/config.rs (TENSORMALLOC_BLESS=1 cargo test --lib generated) -->\n";
+const README_BEGIN: &str = "<!-- settings: generated from src/config/options.rs (TENSORMALLOC_BLESS=1 cargo test --lib generated) -->\n";
 const README_END: &str = "<!-- end of settings -->\n";
 
 /// README.md with its table of the settings most users set written anew between the markers.
