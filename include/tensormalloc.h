@@ -2,7 +2,12 @@
  *
  * Load it with LD_PRELOAD=libtensormalloc.so, or link it (-ltensormalloc) ahead of libc.
  * This header is optional: it reads statistics and controls the cache at run time. Every
- * function is safe to call from any thread, at any time, including before main and at exit.
+ * function is safe to call from any thread, at any time, including before main and at exit,
+ * and none changes errno. From a signal handler that interrupted tensormalloc's own work on
+ * the same thread (a malloc or free of a large block), the calls that need its locks answer at
+ * once as if there were nothing to give (tm_get_stats -1, tm_get_holders 0 rows, the trims 0
+ * bytes, tm_print_stats one line on stderr, tm_snapshot -EDEADLK) rather than wait for that
+ * work, which waits for the handler.
  */
 #ifndef TENSORMALLOC_H
 #define TENSORMALLOC_H
@@ -74,7 +79,8 @@ typedef struct tm_stats_t {
 /* The library version, e.g. "0.1.0". */
 const char *tm_version(void);
 
-/* Fills *out (see tm_stats_t). Returns 0, or -1 if out is NULL or out->size < 16. */
+/* Fills *out (see tm_stats_t). Returns 0, or -1 if out is NULL or out->size < 16 (or from a
+ * signal handler inside tensormalloc's work: see the top). */
 int tm_get_stats(tm_stats_t *out);
 
 /* Gives every cached block back to the system now. Returns the bytes released. */
@@ -85,7 +91,9 @@ size_t tm_trim(void);
 size_t tm_cuda_trim(int device);
 
 /* Turns caching of large blocks on (1) or off (0); returns the previous setting. Turning it
- * off empties the cache; blocks already handed out are still freed correctly. */
+ * off empties the cache; blocks already handed out are still freed correctly, and go back to
+ * the system when freed while it is off. Under TENSORMALLOC_DISABLE=1 (or where tensormalloc
+ * stepped aside for glibc's malloc debugging) it stays off. */
 int tm_set_enabled(int on);
 int tm_is_enabled(void);
 
@@ -98,7 +106,8 @@ void tm_print_stats(void);
  * the device pools' segments and blocks, who holds each block (the calling library and
  * function), and the recent allocations and frees. Host memory (large blocks, pinned blocks)
  * goes to PATH.host.pickle in the same format. Returns 0, or a negative errno (-ENOENT: the
- * directory does not exist, -EACCES, ...). TENSORMALLOC_SNAPSHOT_AT_EXIT=PATH writes one at exit. */
+ * directory does not exist, -EACCES, -EINVAL: PATH is not a regular file, ...).
+ * TENSORMALLOC_SNAPSHOT_AT_EXIT=PATH writes one at exit. */
 int tm_snapshot(const char *path);
 
 /* Scoped accounting, per thread: every large host block (at or above the threshold) and every

@@ -9,6 +9,7 @@ import shutil
 import sys
 
 import numpy as np
+import pytest
 
 from conftest import LIB, ROOT, compile_c, find_peer, ok, run
 
@@ -61,6 +62,24 @@ print(w[0].category.__name__, w[0].message)
     code = "import tensormalloc\ntensormalloc.stats()\nwith tensormalloc.scope('x'): pass\n"
     out = ok(run([PY, "-W", "default", "-c", code], env=ENV))
     assert "Warning" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["loaded", "not-loaded"])
+def test_a_scope_name_is_checked_whether_the_library_is_loaded_or_not(preload):
+    """Loaded, scope(None) raised AttributeError and a NUL cut the name; not loaded, both
+    passed silently: a program right on one machine failed on the next."""
+    code = ("import tensormalloc\n"
+            "for name, error in ((None, TypeError), (b'x', TypeError), (5, TypeError), ('a\\0b', ValueError)):\n"
+            "    try:\n"
+            "        tensormalloc.scope(name)\n"
+            "    except error:\n"
+            "        continue\n"
+            "    raise SystemExit(f'{name!r}: no {error.__name__}')\n"
+            "with tensormalloc.scope('ok'):\n"
+            "    pass\n"
+            "print('checked')\n")
+    out = ok(run([PY, "-c", code], preload=preload, env=ENV))
+    assert "checked" in out.stdout
 
 
 def settings_of_the_library():
@@ -118,6 +137,26 @@ def test_the_launchers_leave_one_copy_of_the_library_in_ld_preload(tmp_path):
     for launcher in ([PY, "-m", "tensormalloc"], [str(ROOT / "scripts" / "tensormalloc")]):
         out = run([*launcher, "sh", "-c", 'printf "%s\\n" "$LD_PRELOAD"'], preload=False, env=env, cwd=tmp_path)
         assert out.stdout.strip() == f"{LIB} {pattern} {peer}", (launcher, out.stdout)
+
+
+def test_the_launchers_run_what_a_shell_runs_and_name_what_they_cannot(tmp_path):
+    """An executable file with no #! line is a shell script (execvp and shells run it with
+    /bin/sh); the Python launcher ended in a traceback. A path through a file, exit 126 with the
+    reason. A relative TENSORMALLOC_LIB with CDPATH exported: the shell launcher's `cd` printed
+    the directory into the library's path, and the program ran without the library."""
+    script = tmp_path / "noshebang"
+    script.write_text('echo "from the script $1"\nexit 3\n')
+    script.chmod(0o755)
+    for launcher in ([PY, "-m", "tensormalloc"], [str(ROOT / "scripts" / "tensormalloc")]):
+        out = run([*launcher, str(script), "a"], preload=False, env={**ENV, "TENSORMALLOC_LIB": str(LIB)})
+        assert out.returncode == 3 and out.stdout == "from the script a\n", (launcher, out)
+        out = run([*launcher, f"{script}/x"], preload=False, env={**ENV, "TENSORMALLOC_LIB": str(LIB)})
+        assert out.returncode in (126, 127) and "Traceback" not in out.stderr and "tensormalloc:" in out.stderr, (launcher, out)
+    relative = LIB.relative_to(LIB.parent.parent)
+    env = {**ENV, "TENSORMALLOC_LIB": str(relative), "CDPATH": str(LIB.parent.parent)}
+    for launcher in ([PY, "-m", "tensormalloc"], [str(ROOT / "scripts" / "tensormalloc")]):
+        out = ok(run([*launcher, "sh", "-c", 'printf "%s\n" "$LD_PRELOAD"'], preload=False, env=env, cwd=LIB.parent.parent))
+        assert out.stdout == f"{LIB}\n", (launcher, out.stdout)
 
 
 def help_settings(text):

@@ -101,7 +101,7 @@ fn set_targets(g: &'static Globals) -> Option<&'static Globals> {
     NEXT_CALLOC.store(next.calloc as usize, Relaxed);
     room::follow_mapping_limits();
     crate::state::watch_limits(room::follow_limits_in_pass);
-    set_large_from(HOST.is_enabled());
+    set_large_from(HOST.is_enabled(), true);
     TARGETS.store(SET, Release);
     Some(g)
 }
@@ -133,13 +133,17 @@ fn arm_interior_check_slow() {
 }
 
 /// Turns the host cache on or off at run time; returns the previous setting. Blocks already
-/// handed out stay ours and are still taken back correctly.
-pub fn set_enabled(on: bool) -> bool {
-    if ready().is_none() {
-        return HOST.is_enabled();
+/// handed out stay ours and are still taken back correctly (freed while off, they are unmapped).
+/// Off empties the cache when `may_trim` (Note [The API inside our own work] in shim/api.rs).
+/// Under TENSORMALLOC_DISABLE, or where we stepped aside (Note [Memory debuggers] in state.rs),
+/// it stays off: the program runs as if we were not loaded.
+pub fn set_enabled(on: bool, may_trim: bool) -> bool {
+    let Some(g) = ready() else { return HOST.is_enabled() };
+    if on && g.config.disabled {
+        return false;
     }
     let was = HOST.swap_enabled(on);
-    set_large_from(on);
+    set_large_from(on, may_trim);
     was
 }
 
@@ -147,9 +151,9 @@ pub fn is_enabled() -> bool {
     HOST.is_enabled()
 }
 
-fn set_large_from(on: bool) {
+fn set_large_from(on: bool, may_trim: bool) {
     LARGE_FROM.store(if on { HOST.threshold_bytes() } else { usize::MAX }, Release);
-    if !on {
+    if !on && may_trim {
         HOST.trim();
     }
 }

@@ -333,6 +333,11 @@ class scope:
     (nothing, and one warning per process, when the library is not loaded)."""
 
     def __init__(self, name):
+        # Checked whether the library is loaded or not: a program is right or wrong either way.
+        if not isinstance(name, str):
+            raise TypeError(f"tensormalloc.scope: the name must be a str, not {type(name).__name__}")
+        if "\0" in name:
+            raise ValueError("tensormalloc.scope: the name contains a NUL character")
         self.result = ScopeResult(name)
         self._lib = None
 

@@ -10,7 +10,9 @@ with the same subcommands:
 `--help` lists every setting from _settings.py, which src/config/options.rs's table writes (a test
 checks). The launcher never loads the library into itself: it would read the settings and start
 a trace meant for COMMAND."""
+import errno
 import os
+import shutil
 import sys
 import textwrap
 
@@ -107,6 +109,14 @@ def main(argv=None):
         return 127
     except PermissionError:
         print(f"tensormalloc: {argv[0]}: permission denied", file=sys.stderr)
+        return 126
+    except OSError as e:
+        if e.errno == errno.ENOEXEC:
+            # An executable file with no #! line: a shell script, run as execvp and shells run it.
+            program = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
+            if program:
+                os.execve("/bin/sh", ["/bin/sh", program] + argv[1:], env)
+        print(f"tensormalloc: {argv[0]}: {os.strerror(e.errno or errno.EIO)}", file=sys.stderr)
         return 126
 
 

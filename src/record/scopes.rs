@@ -13,9 +13,18 @@
 // system calls a scope, which wraps an epoch or a batch). With no memory for the page, `begin`
 // says None, as at MAX_DEPTH. A thread that ends with a scope open leaves its page mapped (4 KiB);
 // a forked child has its copy.
+//
+// Note [Scopes in a signal handler]
+// A handler may open and close a scope of its own on a thread that is in the middle of
+// `begin` or `end`. The handler's scope, balanced, leaves the depth as it found it; but it
+// took the frame the interrupted `begin` was filling, and, finding itself outermost, unmapped
+// the page that `begin` then wrote into (SIGSEGV, 3 runs of 3 with a SIGALRM every 200 us). So a
+// `begin` claims its frame (the depth) before it writes it, an `end` copies its frame before it
+// gives it up, and only a call that no other `begin` or `end` on its thread is under unmaps
+// the page or maps one (a nested one finds the page mapped, or says None).
 
 use core::cell::Cell;
-use core::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use core::sync::atomic::{compiler_fence, AtomicBool, Ordering::Relaxed, Ordering::SeqCst};
 
 pub const MAX_DEPTH: usize = 16;
 pub const NAME_BYTES: usize = 48;
@@ -61,6 +70,22 @@ thread_local! {
     /// This thread's frames while it has a scope open; null otherwise. const-initialised, no
     /// Drop: no TLS destructor is registered (glibc would do it with calloc).
     static MINE: Cell<*mut Stack> = const { Cell::new(core::ptr::null_mut()) };
+    /// How many `begin`s and `end`s this thread is in (more than one: a signal handler's, Note
+    /// [Scopes in a signal handler]).
+    static UNDER_WAY: Cell<u32> = const { Cell::new(0) };
+}
+
+/// `f` as the only `begin` or `end` under way on this thread (`true`), or nested in one.
+fn counted<T>(f: impl FnOnce(bool) -> T) -> T {
+    let outer = UNDER_WAY.try_with(|u| {
+        u.set(u.get() + 1);
+        u.get() == 1
+    });
+    compiler_fence(SeqCst);
+    let out = f(outer == Ok(true));
+    compiler_fence(SeqCst);
+    let _ = UNDER_WAY.try_with(|u| u.set(u.get().saturating_sub(1)));
+    out
 }
 
 /// Whether any thread ever opened a scope: until one does, a block's event reads no
@@ -97,32 +122,45 @@ fn unmap_stack() {
 /// Opens a scope; returns its depth (1 = outermost), or `None` when MAX_DEPTH are open.
 pub fn begin(name: &[u8]) -> Option<usize> {
     EVER_OPENED.store(true, Relaxed);
-    if MINE.try_with(Cell::get).ok()?.is_null() && !map_stack() {
-        return None;
-    }
-    with_stack(|s| {
-        let frame = s.frames.get_mut(s.depth)?;
-        *frame = EMPTY;
-        let n = name.len().min(NAME_BYTES - 1);
-        frame.name.get_mut(..n)?.copy_from_slice(name.get(..n)?);
-        s.depth += 1;
-        frame.depth = s.depth as u32;
-        Some(s.depth)
+    counted(|alone| {
+        if MINE.try_with(Cell::get).ok()?.is_null() && !(alone && map_stack()) {
+            return None;
+        }
+        with_stack(|s| {
+            let at = s.depth;
+            if at >= MAX_DEPTH {
+                return None;
+            }
+            // Claimed before it is written: a handler's scope takes the next frame.
+            s.depth = at + 1;
+            compiler_fence(SeqCst);
+            let frame = s.frames.get_mut(at)?;
+            *frame = ScopeStats { depth: at as u32 + 1, ..EMPTY };
+            let n = name.len().min(NAME_BYTES - 1);
+            frame.name.get_mut(..n)?.copy_from_slice(name.get(..n)?);
+            Some(at + 1)
+        })
+        .flatten()
     })
-    .flatten()
 }
 
 /// Closes the innermost scope and returns its figures.
 pub fn end() -> Option<ScopeStats> {
-    let (ended, outermost) = with_stack(|s| {
-        s.depth = s.depth.checked_sub(1)?;
-        Some((s.frames.get(s.depth).copied()?, s.depth == 0))
+    counted(|alone| {
+        let (ended, outermost) = with_stack(|s| {
+            let at = s.depth.checked_sub(1)?;
+            // Copied before it is given up: a handler's scope would take it.
+            let ended = s.frames.get(at).copied()?;
+            compiler_fence(SeqCst);
+            s.depth = at;
+            Some((ended, at == 0))
+        })
+        .flatten()?;
+        if outermost && alone {
+            unmap_stack();
+        }
+        Some(ended)
     })
-    .flatten()?;
-    if outermost {
-        unmap_stack();
-    }
-    Some(ended)
 }
 
 /// The innermost open scope's figures so far.

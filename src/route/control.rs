@@ -38,13 +38,13 @@ fn mallopt_turns(reason: u8, off: bool) {
     let was = OFF_BY_MALLOPT.load(Relaxed);
     if off {
         // Counted only when mallopt turned it off or keeps it off (not TENSORMALLOC_DISABLE's).
-        if was != 0 || set_enabled(false) {
+        if was != 0 || set_enabled(false, true) {
             OFF_BY_MALLOPT.store(was | reason, Relaxed);
         }
     } else if was & reason != 0 {
         OFF_BY_MALLOPT.store(was & !reason, Relaxed);
         if was == reason {
-            set_enabled(true);
+            set_enabled(true, true);
         }
     }
 }
@@ -82,7 +82,7 @@ pub fn mallopt(param: c_int, value: c_int) -> c_int {
         M_MMAP_THRESHOLD if answer == 1 => {
             HOST.set_threshold_bytes(bytes.max(THRESHOLD_MIN));
             if HOST.is_enabled() {
-                set_enabled(true);
+                set_enabled(true, true);
             }
         }
         M_TRIM_THRESHOLD => HOST.set_cache_bytes(bytes),

@@ -1,7 +1,22 @@
 //! The `tm_*` C API declared in include/tensormalloc.h.
+//
+// Note [The API inside our own work]
+// The header promises every call at any time, and a signal handler may call one on a thread
+// that was inside our own work: holding the cache lock, a pool's, or a gate (Note [Inside our
+// own work] in sys/lock.rs). Our locks are not reentrant, so a call there that takes one
+// waited for itself for good (tm_get_stats from a SIGALRM handler over a malloc loop hung 3
+// runs of 3). Those calls answer at once instead, as if there were nothing to give: the
+// figures -1, the holders no row, a trim no byte, the report one line on stderr, the snapshot
+// -EDEADLK; tm_set_enabled(0) turns the switch and leaves the cache to the idle release. The
+// calls that take no lock (the version, the switch's state, scopes) answer as anywhere.
 
 use crate::report::summary::Snapshot;
 use core::ffi::{c_char, c_int};
+
+/// This thread is inside our own work: a lock of ours cannot be waited for here.
+fn inside_our_work() -> bool {
+    crate::sys::lock::held_here()
+}
 
 #[no_mangle]
 pub extern "C" fn tm_version() -> *const c_char {
@@ -20,7 +35,7 @@ pub unsafe extern "C" fn tm_get_stats(out: *mut Snapshot) -> c_int {
         return -1;
     }
     let room = (*out).size;
-    if room < 16 {
+    if room < 16 || inside_our_work() {
         return -1;
     }
     let mut snap = Snapshot::take();
@@ -39,6 +54,9 @@ pub unsafe extern "C" fn tm_get_stats(out: *mut Snapshot) -> c_int {
 /// `out` points to `capacity * row_size` writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn tm_get_holders(out: *mut u8, capacity: usize, row_size: usize) -> usize {
+    if inside_our_work() {
+        return 0;
+    }
     // SAFETY: the caller's contract.
     unsafe { crate::report::holders::fill_c_rows(out, capacity, row_size) }
 }
@@ -50,6 +68,9 @@ pub unsafe extern "C" fn tm_get_holders(out: *mut u8, capacity: usize, row_size:
 /// `out` points to `capacity` writable `tm_holder_v1_t`.
 #[no_mangle]
 pub unsafe extern "C" fn tm_holders(out: *mut crate::report::holders::CHolderRowV1, capacity: usize) -> usize {
+    if inside_our_work() {
+        return 0;
+    }
     // SAFETY: the caller's contract.
     unsafe { crate::report::holders::fill_v1_rows(out, capacity) }
 }
@@ -57,7 +78,7 @@ pub unsafe extern "C" fn tm_holders(out: *mut crate::report::holders::CHolderRow
 /// Gives every cached block (host, device and pinned) back now; returns the bytes released.
 #[no_mangle]
 pub extern "C" fn tm_trim() -> usize {
-    if crate::state::globals().is_none() {
+    if crate::state::globals().is_none() || inside_our_work() {
         return 0;
     }
     let device = if crate::sys::cuda_driver::is_bound() { crate::state::DEVICE.trim() } else { 0 };
@@ -69,7 +90,7 @@ pub extern "C" fn tm_trim() -> usize {
 /// its own cache (`torch.cuda.empty_cache()`, CuPy's `free_all_blocks()`).
 #[no_mangle]
 pub extern "C" fn tm_cuda_trim(device: c_int) -> usize {
-    if crate::state::globals().is_none() || !crate::sys::cuda_driver::is_bound() {
+    if crate::state::globals().is_none() || !crate::sys::cuda_driver::is_bound() || inside_our_work() {
         return 0;
     }
     let released = match usize::try_from(device) {
@@ -85,7 +106,7 @@ pub extern "C" fn tm_set_enabled(on: c_int) -> c_int {
     if crate::state::globals().is_none() {
         return 0;
     }
-    c_int::from(crate::route::set_enabled(on != 0))
+    c_int::from(crate::route::set_enabled(on != 0, !inside_our_work()))
 }
 
 #[no_mangle]
@@ -99,13 +120,18 @@ pub extern "C" fn tm_is_enabled() -> c_int {
 /// Writes the exit report now, to stderr (or the JSON path of TENSORMALLOC_STATS).
 #[no_mangle]
 pub extern "C" fn tm_print_stats() {
+    if inside_our_work() {
+        crate::warn_line!("tm_print_stats(): called inside tensormalloc's own work on this thread (a signal handler): no report");
+        return;
+    }
     if let Some(g) = crate::state::globals() {
         crate::report::stats_file::write_report(&g.config);
     }
 }
 
 /// Writes the memory snapshot (Note [Snapshot format] in report/snapshot.rs) to `path`, and the host's
-/// to `path` + ".host.pickle". Returns 0, or a negative errno (-EINVAL for a NULL path).
+/// to `path` + ".host.pickle". Returns 0, or a negative errno (-EINVAL for a NULL path or one
+/// that is not a regular file; -EDEADLK inside our own work: Note [The API inside our own work]).
 ///
 /// # Safety
 /// `path` is NULL or a NUL-terminated string.
@@ -117,10 +143,18 @@ pub unsafe extern "C" fn tm_snapshot(path: *const c_char) -> c_int {
     if crate::state::globals().is_none() {
         return -libc::EAGAIN;
     }
-    match crate::report::snapshot::write(core::ffi::CStr::from_ptr(path).to_bytes()) {
+    if inside_our_work() {
+        return -libc::EDEADLK;
+    }
+    // The answer is the return value: errno stays as the program left it (the writer's own
+    // attempts, an EEXIST from replacing the file, are not the program's).
+    let saved = crate::sys::process::SavedErrno::save();
+    let answer = match crate::report::snapshot::write(core::ffi::CStr::from_ptr(path).to_bytes()) {
         Ok(()) => 0,
         Err(e) => -e,
-    }
+    };
+    saved.restore();
+    answer
 }
 
 /// Opens a named scope on this thread (`name` may be NULL); returns its depth, or -1 when

@@ -28,7 +28,10 @@ impl<M: PageMemory> HostLayer<M> {
             timer.exact(self.precise);
         }
         let facts = PageFacts { votes: marks.votes(), advised_by: if marks.huge() { holder_tag(holder) } else { 0 }, ..PageFacts::DIRTY };
-        let kept = if marks.replaced() {
+        // Off (tm_set_enabled(0), mallopt's M_MMAP_MAX 0 or M_PERTURB): no request takes a cached
+        // block, so a block freed now goes back at once, as glibc unmaps its mmapped chunks.
+        let off = !self.enabled.load(Relaxed);
+        let kept = if marks.replaced() || off {
             None
         } else if marks.no_huge() {
             // Note [Huge-page advice]: fresh pages are the only way back to no advice.
@@ -52,7 +55,8 @@ impl<M: PageMemory> HostLayer<M> {
             }
             self.cache_block(addr, len, facts, now, Some(block), &mut timer);
         } else {
-            // Never reused: part of it is gone or it is sealed. Whatever is still ours goes.
+            // Never reused: part of it is gone or it is sealed, or the cache is off. Whatever is
+            // still ours goes.
             timer.exact(self.precise);
             {
                 let mut cache = self.cache();
@@ -63,7 +67,9 @@ impl<M: PageMemory> HostLayer<M> {
             }
             self.registry.clear(addr);
             self.unmap_all(&single(Range { addr, len }));
-            self.stats.unresettable.add(1);
+            if !off {
+                self.stats.unresettable.add(1);
+            }
         }
         timer.finish(self.precise, &[&self.stats.phases.free]);
     }

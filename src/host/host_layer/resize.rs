@@ -69,7 +69,7 @@ impl<M: PageMemory> HostLayer<M> {
                 let _ = self.registry.set_live(addr, need, born);
                 self.registry.keep_marks(addr, marks);
                 let tail = Range { addr: addr + need, len: spare };
-                if !marks.changed() && !marks.replaced() && !marks.no_huge() {
+                if !marks.changed() && !marks.replaced() && !marks.no_huge() && self.is_enabled() {
                     // Plain pages, written before: cached like a freed block (a page heap keeps
                     // what a realloc cut off; unmapped, its pages faulted in again at the next
                     // request that reached them). Note [Locked memory]: never cached locked.
@@ -79,7 +79,8 @@ impl<M: PageMemory> HostLayer<M> {
                     let facts = PageFacts { advised_by: if marks.huge() { holder_tag(born.holder) } else { 0 }, ..PageFacts::DIRTY };
                     self.cache_block(tail.addr, tail.len, facts, (self.clock)(), None, &mut CallTimer::untimed());
                 } else {
-                    // Note [Plain memory]: pages the program changed are not cached unreset.
+                    // Note [Plain memory]: pages the program changed are not cached unreset;
+                    // nor is anything while the cache is off.
                     let unmaps = self.defer_unmaps(&mut self.cache(), &single(tail));
                     self.finish_unmaps(unmaps);
                 }

@@ -1266,3 +1266,27 @@ fn growing_a_changed_block_copies_into_a_plain_one() {
     l.free(d, 160 * MB);
     check(&l);
 }
+
+#[test]
+fn blocks_freed_while_the_cache_is_off_go_back_at_once() {
+    let l = layer(Config::default());
+    let a = l.alloc(32 * MB, 4096, false, 0).unwrap();
+    let b = l.alloc(32 * MB, 4096, false, 0).unwrap();
+    let (len_a, len_b) = (live_len(&l, a), live_len(&l, b));
+    // Off (tm_set_enabled(0), mallopt): no request would take a cached block.
+    assert!(l.swap_enabled(false));
+    let unmaps = l.memory.calls().unmaps;
+    l.free(a, len_a);
+    assert_eq!(l.owner(a), Owner::Foreign, "unmapped, not cached");
+    assert_eq!(l.memory.calls().unmaps, unmaps + 1);
+    // A realloc that shrinks keeps nothing of its tail either.
+    assert_eq!(l.resize(b, len_b, 4 * MB), Some(b));
+    assert_eq!(l.cached(), (0, 0));
+    assert_eq!(l.stats.unresettable.get(), 0, "not a block that could not be reset");
+    check(&l);
+    // On again: freed blocks are cached.
+    l.swap_enabled(true);
+    l.free(b, live_len(&l, b));
+    assert_eq!(l.owner(b), Owner::Cached);
+    check(&l);
+}
