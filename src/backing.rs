@@ -116,8 +116,8 @@ pub trait PageMemory {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Presence {
     All,
-    /// Its first page is, not all the rest.
-    Part,
+    /// Its first page is, not all the rest: `mapped` bytes from its start are (whole pages).
+    Part { mapped: usize },
     /// Its first page is not.
     None,
 }

@@ -565,7 +565,8 @@ impl PageMemory for SimPages {
         if !here(addr, 4096) {
             crate::backing::Presence::None
         } else if !here(addr, len) {
-            crate::backing::Presence::Part
+            let pages = (1..len / 4096).take_while(|&n| here(addr, (n + 1) * 4096)).count() + 1;
+            crate::backing::Presence::Part { mapped: pages * 4096 }
         } else {
             crate::backing::Presence::All
         }

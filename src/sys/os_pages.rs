@@ -392,19 +392,29 @@ impl PageMemory for OsPages {
     }
 }
 
-/// Whether [addr, addr+len) is mapped: none, part or all of it.
+/// Whether [addr, addr+len) is mapped: none, part (how much from its start) or all of it.
 fn presence_of(addr: usize, len: usize) -> Presence {
-    // SAFETY: msync(MS_ASYNC) of anonymous memory does nothing but check that the whole
-    // range is mapped (ENOMEM otherwise): first its first page, then all of it.
-    unsafe {
-        if libc::msync(addr as *mut libc::c_void, PAGE, libc::MS_ASYNC) != 0 {
-            return Presence::None;
-        }
-        if libc::msync(addr as *mut libc::c_void, len, libc::MS_ASYNC) != 0 {
-            return Presence::Part;
+    // msync(MS_ASYNC) of anonymous memory does nothing but check that the whole range is
+    // mapped (ENOMEM otherwise).
+    // SAFETY: as said; no memory is touched.
+    let mapped = |n: usize| unsafe { libc::msync(addr as *mut libc::c_void, n, libc::MS_ASYNC) == 0 };
+    if !mapped(PAGE) {
+        return Presence::None;
+    }
+    if mapped(len) {
+        return Presence::All;
+    }
+    // The mapped prefix, in whole pages, by halving: [lo, hi) pages holds the answer.
+    let (mut lo, mut hi) = (1, len / PAGE);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if mapped(mid * PAGE) {
+            lo = mid;
+        } else {
+            hi = mid;
         }
     }
-    Presence::All
+    Presence::Part { mapped: lo * PAGE }
 }
 
 /// A table `map_table` made, given back (the few that are not kept for good: a thread's scope

@@ -58,12 +58,13 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// In a forked child: a live block the program advised MADV_DONTFORK is not here (wholly or
     /// in part). Its record goes when its first page is missing (a free of it then fails as under
-    /// glibc alone, and a mapping the child makes there is never taken for ours); a block missing
-    /// only in part is never reused (its free unmaps what is left).
+    /// glibc alone, and a mapping the child makes there is never taken for ours). A block missing
+    /// in part is recorded as long as the run of its pages that came first (Note [A block the
+    /// child has in part]).
     fn forget_blocks_kept_from_children(&self, cache: &mut BlockCache) {
         self.registry.for_each_kept_from_children(|addr, len| match self.memory.presence(addr, len) {
             Presence::All => {}
-            Presence::Part => self.registry.note_change(addr, len, PageChange::Replaced),
+            Presence::Part { mapped } => self.keep_mapped_part(cache, addr, len, mapped),
             Presence::None => {
                 let (birth, asked, _) = self.registry.live_record(addr);
                 self.registry.clear(addr);
@@ -73,6 +74,34 @@ impl<M: PageMemory> HostLayer<M> {
                 record::forgotten(block);
             }
         });
+    }
+
+    // Note [A block the child has in part]
+    // A live block part of which the program advised MADV_DONTFORK reaches a forked child with
+    // holes. Recorded at its whole length, its holes were ours: a mapping the child then made
+    // in one (glibc's own chunk for a small request) read as the inside of our block, and its
+    // free aborted ("invalid pointer ... inside the large block", the integrity hunter's
+    // fuzzer, one run in 10-30); the block's own free would have unmapped that mapping too. So
+    // the child keeps the block recorded as far as its first hole (its pages from the start,
+    // found by msync, which only checks they are mapped) and never reuses it; the pages after
+    // the hole are no longer ours (the child leaks them, as glibc's child would leak them if its
+    // free did not unmap the hole's new owner with them).
+
+    /// `keep_mapped_part`: the block at `addr` of `len` bytes is now the `mapped` bytes from its
+    /// start, never reused; its figures follow, as a resize's.
+    fn keep_mapped_part(&self, cache: &mut BlockCache, addr: usize, len: usize, mapped: usize) {
+        let (birth, asked, marks) = self.registry.live_record(addr);
+        if !self.registry.set_live(addr, mapped, birth) {
+            return; // no table memory: the entry is as it was (set_live changed nothing)
+        }
+        self.registry.keep_marks(addr, marks);
+        self.registry.note_change(addr, mapped, PageChange::Replaced);
+        let asked_now = asked.min(mapped as u64);
+        self.registry.set_asked(addr, asked_now);
+        let (old, new) = (Block::host(addr as u64, len as u64, asked, birth.holder), Block::host(addr as u64, mapped as u64, asked_now, birth.holder));
+        cache.tally.resized(len, mapped);
+        cache.book.resize(old, new, (self.clock)());
+        record::resize(old, new);
     }
 
     // Note [Fork handlers that allocate]

@@ -466,7 +466,8 @@ fn a_bound_the_user_set_holds_under_a_mapping_limit() {
 }
 
 /// A block the program advised MADV_DONTFORK is not in a forked child: the child forgets its
-/// record (wholly missing) or never reuses it (missing in part); blocks it has stay as they are.
+/// record (wholly missing) or keeps it as far as its first hole and never reuses it (missing in
+/// part: Note [A block the child has in part]); blocks it has stay as they are.
 #[test]
 fn a_child_forgets_the_blocks_the_program_kept_from_it() {
     let l = layer(Config::default());
@@ -481,9 +482,15 @@ fn a_child_forgets_the_blocks_the_program_kept_from_it() {
     assert_eq!(l.owner(a), Owner::Foreign, "not in the child: no record");
     assert_eq!(l.stats.live_blocks.current(), live - 1);
     assert_eq!((l.registry.marks(b).changed(), l.registry.marks(b).replaced()), (true, true), "in part: never reused");
+    assert_eq!(l.owner(b), Owner::Live { len: 4 * MB }, "recorded as far as its hole");
+    assert_eq!(l.block_containing(b + 4 * MB), None, "the hole is not ours: the child may map there");
+    assert_eq!(l.block_containing(b + 4 * MB - 1), Some(b));
+    assert_eq!(l.registry.live_record(b).1, 4 * MB as u64, "asked: what is left");
+    assert_eq!(l.stats.live.current(), 8 * MB as u64 + 4 * MB as u64, "c and what is left of b");
     assert_eq!(l.registry.marks(c), registry::Marks::default(), "untouched");
-    l.free(b, 8 * MB);
-    assert!(!l.memory.is_mapped(b, 8 * MB) && l.cached() == (0, 0));
+    l.free(b, live_len(&l, b));
+    assert!(!l.memory.is_mapped(b, 4 * MB) && l.cached() == (0, 0));
+    assert!(l.memory.is_mapped(b + 4 * MB + PAGE, 4 * MB - PAGE), "after the hole: no longer ours, never unmapped by us");
     l.free(c, 8 * MB);
     assert_eq!(l.cached().0, 1);
 }
