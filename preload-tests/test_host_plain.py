@@ -9,6 +9,7 @@ TM_TEST_LIB=PATH runs the same tests against another build (an older library, to
 """
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -150,6 +151,29 @@ def test_a_child_given_part_of_a_block_keeps_its_own_mapping_in_the_hole(mode):
     the integrity hunter's fuzzer)."""
     out = ok(run_mode(mode, [compile_c("fork_kept_part")], timeout=60))
     assert "fork kept part ok" in out.stdout
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="hold_our_thread reads x86-64 registers")
+@pytest.mark.parametrize("release", ["lazy", "now"])
+def test_a_mapping_over_a_block_whose_release_is_stalled_waits_for_it(release):
+    """Note [Ranges the program claims]: our thread is held (ptrace) at the idle release's
+    madvise of a freed 64 MiB block for 8 s; the program maps pages of its own there meanwhile.
+    The old library's mmap gave up waiting after 5 s, and the release then madvised and unmapped
+    the program's pages (SIGSEGV, the sched hunter's claimx.c): now the mmap waits, with a line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORMALLOC_")}
+    env.update({"LD_PRELOAD": PRELOAD, "TENSORMALLOC_HOST_RELEASE": release})
+    program = subprocess.Popen([compile_c("claim_stalled")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert program.stdout.readline() == "ready\n"
+        hold = subprocess.run([compile_c("hold_our_thread"), str(program.pid), "8"], capture_output=True, text=True, timeout=60)
+        assert hold.returncode == 0 and "held" in hold.stdout, hold
+        out, err = program.communicate(timeout=60)
+    finally:
+        program.kill()
+    assert program.returncode == 0 and "claim stalled ok" in out, (program.returncode, out, err)
+    waited = float(re.search(r"took ([\d.]+) s", out).group(1))
+    assert waited > 5, out
+    assert "waits for that release" in err, err
 
 
 CLAIM_SETTINGS = {

@@ -306,6 +306,11 @@ impl Gate {
         self.waiting.store(false, Ordering::SeqCst);
     }
 
+    /// Whether no thread is inside now.
+    pub fn is_empty(&self) -> bool {
+        self.inside.load(Ordering::SeqCst) == 0
+    }
+
     #[cfg(test)]
     pub fn inside(&self) -> u32 {
         self.inside.load(Ordering::SeqCst)

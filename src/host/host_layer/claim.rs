@@ -11,8 +11,11 @@
 // records and is unmapped whole, as glibc's free had unmapped it. A block the background pass is
 // releasing is unmapped by the pass once its madvise returns, pages being gathered move or come
 // back, and a range on its way to the kernel is unmapped by the thread that took it out: the
-// call waits for those (CLAIM_WAIT_NS at most, seconds: the madvise must be over before the
-// program's pages are there) and looks again, until a look finds nothing of ours there. Live
+// call waits for those, for as long as they take (the madvise and the unmap must be over
+// before the program's pages are there: a wait that gave up after 5 s let a pass stalled
+// longer, its thread stopped by a tracer or starved on a busy CPU, madvise and unmap the
+// program's own pages, SIGSEGV in the sched hunter's claimx.c), with one line on stderr once
+// it has waited CLAIM_WARN_NS, and looks again, until a look finds nothing of ours there. Live
 // blocks the range overlaps are marked as before (Note [Pages the program changed] in mod.rs).
 // Far from every block we ever made the check is one load a 2 MiB granule. A signal handler on
 // a thread inside our own work, or another library's fork handler while the fork holds the
@@ -47,19 +50,33 @@ impl<M: PageMemory> HostLayer<M> {
     #[inline(never)]
     fn claim_here(&self, addr: usize, len: usize) {
         let end = addr.saturating_add(len.max(1));
-        let deadline = (self.clock)().saturating_add(CLAIM_WAIT_NS);
+        let since = (self.clock)();
         for _ in 0..MAX_LOOKS {
             let (found, doomed) = self.claim_once(addr, end);
             // What another thread took out of the records before us is unmapped, or put back,
             // by it; a block being released, by the pass.
-            self.transit.wait_empty(self.clock, deadline);
+            self.wait_out(&self.transit, since);
             if doomed {
-                self.releasing.wait_empty(self.clock, deadline);
+                self.wait_out(&self.releasing, since);
             }
             if !found && !doomed {
                 return;
             }
         }
+    }
+
+    /// Waits until no thread is inside `gate`, however long (Note [Ranges the program claims]);
+    /// after CLAIM_WARN_NS since `since`, says so once.
+    fn wait_out(&self, gate: &crate::sys::lock::Gate, since: u64) {
+        let warn_at = since.saturating_add(CLAIM_WARN_NS);
+        gate.wait_empty(self.clock, warn_at);
+        if gate.is_empty() {
+            return;
+        }
+        if !CLAIM_WARNED.swap(true, core::sync::atomic::Ordering::Relaxed) {
+            crate::warn_line!("a mapping the program makes over memory tensormalloc is releasing waits for that release, whose thread has not run for {} s (stopped or starved)", CLAIM_WARN_NS / 1_000_000_000);
+        }
+        gate.wait_empty(self.clock, u64::MAX);
     }
 
     /// One look: the cached blocks and deferred ranges in [addr, end) unmapped; whether any
@@ -94,8 +111,10 @@ impl<M: PageMemory> HostLayer<M> {
     }
 }
 
-/// How long a claim waits at most for what others are doing in its range: a pass releasing a
-/// large block on a starved CPU takes hundreds of milliseconds.
-const CLAIM_WAIT_NS: u64 = 5_000_000_000;
+/// How long a claim waits for what others are doing in its range before it says so (a pass
+/// releasing a large block on a starved CPU takes hundreds of milliseconds).
+const CLAIM_WARN_NS: u64 = 5_000_000_000;
+/// Whether the line was said (once a process).
+static CLAIM_WARNED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
 /// Looks at most (each after the waits): a busy program may free into the range meanwhile.
 const MAX_LOOKS: usize = 8;

@@ -1,0 +1,55 @@
+/* A mapping of the program's own over a freed block while our release of that block is stalled
+ * (Note [Ranges the program claims]): frees a 64 MiB block, waits 1.5 s (its idle release is due
+ * at 1 s; the test holds our thread at that release's madvise with c/hold_our_thread.c), then
+ * maps pages of its own over the block's addresses with mmap(MAP_FIXED), as glibc's free left
+ * them the kernel's, fills them and checks them for 10 s. The old library's mmap gave up waiting
+ * after 5 s; the stalled release then madvised and unmapped the program's own pages (SIGSEGV).
+ * Prints "claim stalled ok". */
+#include "check.h"
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void segv(int sig, siginfo_t *info, void *ctx) {
+    (void)sig, (void)ctx;
+    char b[128];
+    int n = snprintf(b, sizeof b, "SIGSEGV at %p: the program's own mapping is gone\n", info->si_addr);
+    (void)!write(1, b, n);
+    _exit(3);
+}
+
+int main(void) {
+    /* The tracer is not our parent: let it attach under Yama's ptrace_scope 1. */
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    struct sigaction sa = {.sa_sigaction = segv, .sa_flags = SA_SIGINFO};
+    CHECK(sigaction(SIGSEGV, &sa, NULL) == 0);
+    size_t len = 64 * MB;
+    unsigned char *x = malloc(len);
+    CHECK(x);
+    memset(x, 1, len);
+    printf("ready\n");
+    fflush(stdout);
+    free(x);
+    double t0 = now_s();
+    usleep(1500000);
+    double s = now_s();
+    unsigned char *p = mmap((void *)((uintptr_t)x & ~(uintptr_t)4095), len, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED);
+    printf("mmap(MAP_FIXED) over the freed block took %.2f s\n", now_s() - s);
+    fflush(stdout);
+    memset(p, 0xab, len);
+    while (now_s() - t0 < 12) {
+        for (size_t k = 0; k < len; k += 4096) CHECK(p[k] == 0xab);
+        usleep(250000);
+    }
+    printf("claim stalled ok\n");
+    return 0;
+}
