@@ -493,6 +493,26 @@ def test_our_thread_is_not_real_time_in_a_real_time_program(preload):
     assert threads == sorted([("realtime", "1")] + ([("tensormalloc", "0")] if preload else [])), out.stdout
 
 
+@needs_root
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_our_thread_is_the_processs_not_its_creators(preload):
+    """Note [Our threads are the process's]: a helper thread gone SCHED_IDLE, pinned to CPU 0
+    and given 20 s of timer slack frees the first large block. Our thread, made then, runs
+    SCHED_OTHER (0) on the main thread's CPUs with the default 50 us slack. Before, it inherited
+    all three (a release of 256 MiB took 22-51 s behind busy threads; 100 MiB stayed 21 s past
+    its release). Root: leaving SCHED_IDLE needs RLIMIT_NICE's leave (without it, ours keeps
+    its creator's policy)."""
+    out = ok(run([compile_c("made_by_a_helper")], preload=PRELOAD if preload else False))
+    rows = {line.split(" policy ")[0]: line for line in out.stdout.splitlines() if " policy " in line}
+    main = next(v for k, v in rows.items() if k.startswith("made_by"))
+    main_cpus = main.split(" cpus ")[1].split(" slack ")[0]
+    if preload:
+        ours = rows["tensormalloc"]
+        assert f"policy 0 cpus {main_cpus} slack 50000" in ours, out.stdout
+    else:
+        assert "tensormalloc" not in rows, out.stdout
+
+
 @pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
 @pytest.mark.parametrize("setting", [{}, {"TENSORMALLOC_STATS": "1"}, {"TENSORMALLOC_TRACE": "trace.bin"}], ids=["defaults", "stats", "trace"])
 def test_freed_blocks_leave_when_no_thread_can_be_made(preload, setting, tmp_path):

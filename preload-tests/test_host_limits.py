@@ -6,6 +6,7 @@ them fail)."""
 import os
 import re
 import resource
+import shutil
 import subprocess
 
 import pytest
@@ -104,6 +105,17 @@ def test_a_program_limited_to_its_own_tasks_makes_its_threads(preload):
     block freed (our thread starts, a task): both threads are made, as under glibc alone (Note
     [Our thread's task]). Before, the second was refused with EAGAIN."""
     out = ok(run([compile_c("nproc_threads")], preload=LIB if preload else False, timeout=60))
+    assert "nproc ok" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("chrt") or not shutil.which("taskset"), reason="a real-time policy needs root, chrt and taskset")
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+def test_a_real_time_program_limited_to_its_own_tasks_makes_its_threads(preload):
+    """As above, the program real-time (SCHED_RR) on one CPU with our thread: the retry while
+    ours gives its task back sleeps between tries. It yielded, which a real-time caller never
+    does to a normal thread on its CPU: it spun the whole 100 ms and the second thread was
+    refused (the sched hunter)."""
+    out = ok(run(["chrt", "-r", "10", "taskset", "-c", "0", compile_c("nproc_threads")], preload=LIB if preload else False, timeout=60))
     assert "nproc ok" in out.stdout, out.stdout + out.stderr
 
 

@@ -272,10 +272,12 @@ pub unsafe fn pthread_create(thread: *mut libc::pthread_t, attr: *const libc::pt
         answer = unsafe { next::pthread_create(thread, attr, start, arg) };
     }
     if answer == libc::EAGAIN && crate::sys::reaper::give_task_back() {
-        // Ours ends at its next wake; its task is counted out a moment after.
+        // Ours ends at its next wake; its task is counted out a moment after. Asleep between
+        // the tries, not yielding: a real-time caller on our thread's CPU never yields to it
+        // (it spun the whole wait and failed, the sched hunter's nproc.c).
         let asked = crate::sys::clock::now_ns();
         while answer == libc::EAGAIN && crate::sys::clock::now_ns().saturating_sub(asked) < TASK_WAIT_NS {
-            crate::sys::thread::yield_now();
+            crate::sys::clock::sleep_ns(TASK_RETRY_NS);
             // SAFETY: as above.
             answer = unsafe { next::pthread_create(thread, attr, start, arg) };
         }
@@ -285,6 +287,8 @@ pub unsafe fn pthread_create(thread: *mut libc::pthread_t, attr: *const libc::pt
 
 /// How long a thread refused for want of a task is tried again while ours ends.
 const TASK_WAIT_NS: u64 = 100_000_000;
+/// How long it sleeps between the tries.
+const TASK_RETRY_NS: u64 = 200_000;
 
 /// The room a thread needs at least (glibc's default stack is RLIMIT_STACK, often 8 MiB): what
 /// emptying the cache must be able to give for a retry to make sense.

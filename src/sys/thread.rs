@@ -38,10 +38,17 @@ pub fn spawn_joinable(thread: &'static Named<fn()>) -> Option<libc::pthread_t> {
 /// A thread of ours begins: it names itself (prctl(PR_SET_NAME): glibc's pthread_setname_np on
 /// another thread opens /proc/self/task/TID/comm, without O_CLOEXEC) and blocks every signal.
 fn begin(name: &core::ffi::CStr) {
-    // SAFETY: PR_SET_NAME reads at most 16 bytes of the NUL-terminated name.
-    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+    // SAFETY: PR_SET_NAME reads at most 16 bytes of the NUL-terminated name; PR_SET_TIMERSLACK
+    // takes a number (Note [Our threads are the process's]).
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, name.as_ptr());
+        libc::prctl(libc::PR_SET_TIMERSLACK, TIMER_SLACK_NS);
+    }
     block_signals();
 }
+
+/// The kernel's default timer slack (Note [Our threads are the process's]).
+const TIMER_SLACK_NS: libc::c_ulong = 50_000;
 
 /// Waits until a thread from `spawn_joinable` has ended; its kernel thread may linger a few
 /// microseconds more (Note [Joined is not gone]: `wait_released`).
@@ -160,20 +167,76 @@ fn create(start: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void, arg: *mu
             let mask = our_threads_mask();
             core::mem::transmute::<usize, SetSigmaskFn>(set_sigmask)(&mut attr, &mask);
         }
-        if creator_is_realtime() {
-            // Note [Our threads are not real-time].
-            let normal = libc::sched_param { sched_priority: 0 };
+        // Note [Our threads are not real-time], Note [Our threads are the process's].
+        let normal = libc::sched_param { sched_priority: 0 };
+        let policy_set = !creator_runs_normal();
+        if policy_set {
             libc::pthread_attr_setinheritsched(&mut attr, libc::PTHREAD_EXPLICIT_SCHED);
             libc::pthread_attr_setschedpolicy(&mut attr, libc::SCHED_OTHER);
             libc::pthread_attr_setschedparam(&mut attr, &normal);
         }
+        let mut cpus: libc::cpu_set_t = core::mem::zeroed();
+        let cpus_set = main_threads_cpus_if_others(&mut cpus) && libc::pthread_attr_setaffinity_np(&mut attr, core::mem::size_of::<libc::cpu_set_t>(), &cpus) == 0;
         let mut thread: libc::pthread_t = 0;
-        let rc = libc::pthread_create(&mut thread, &attr, start, arg);
+        let mut rc = libc::pthread_create(&mut thread, &attr, start, arg);
+        if rc != 0 && (policy_set || cpus_set) {
+            // Refused what it asked for (SCHED_IDLE to SCHED_OTHER needs RLIMIT_NICE's leave, a
+            // CPU set may be gone): made as its creator is, as before.
+            libc::pthread_attr_destroy(&mut attr);
+            libc::pthread_attr_init(&mut attr);
+            libc::pthread_attr_setdetachstate(&mut attr, detach);
+            libc::pthread_attr_setstacksize(&mut attr, STACK_BYTES);
+            if set_sigmask != 0 {
+                let mask = our_threads_mask();
+                core::mem::transmute::<usize, SetSigmaskFn>(set_sigmask)(&mut attr, &mask);
+            }
+            rc = libc::pthread_create(&mut thread, &attr, start, arg);
+        }
         libc::pthread_attr_destroy(&mut attr);
         if rc != 0 {
             return None;
         }
         Some(thread)
+    }
+}
+
+// Note [Our threads are the process's]
+// Beyond a real-time policy, a thread inherits from its creator whatever the program set for
+// that one thread: SCHED_IDLE or SCHED_BATCH, its CPU set, its timer slack. Ours is made by
+// whichever thread first frees a large block: a SCHED_IDLE helper made ours SCHED_IDLE (starved
+// behind four busy threads, a release of 256 MiB took 22-51 s, holding the address-space lock
+// the program's own mmap waited on: 15 s), a real-time poller pinned to its CPU made ours run
+// there only (its first release at 1.94 s instead of 1 s), and 20 s of timer slack held 100 MiB
+// 21 s past its release time (the sched hunter). So ours is made SCHED_OTHER whenever its
+// creator's policy is another (falling back to its creator's where the kernel refuses: leaving
+// SCHED_IDLE needs RLIMIT_NICE's leave), on the main thread's CPU set when its creator's differs
+// (glibc's own malloc asks sched_getaffinity too, sizing its arenas), and sets the kernel's
+// default timer slack, 50 us, as it begins. A nice value is kept: raising it back needs a
+// privilege.
+
+/// Whether the calling thread runs SCHED_OTHER (policy 0 in /proc/thread-self/stat); true when
+/// it cannot be read.
+fn creator_runs_normal() -> bool {
+    let mut buf = [0u8; 1024];
+    let Some(n) = super::process::read_kernel_file(b"/proc/thread-self/stat\0", &mut buf) else { return true };
+    policy_in_stat(buf.get(..n).unwrap_or(&[])).is_none_or(|p| p == 0)
+}
+
+/// Fills `cpus` with the main thread's CPU set when the calling thread is another one and its
+/// own set differs; false otherwise.
+fn main_threads_cpus_if_others(cpus: &mut libc::cpu_set_t) -> bool {
+    let process = super::process::id() as libc::pid_t;
+    if own_tid() == process {
+        return false;
+    }
+    let size = core::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: sets of our own, of the size given.
+    unsafe {
+        let mut own: libc::cpu_set_t = core::mem::zeroed();
+        if libc::sched_getaffinity(0, size, &mut own) != 0 || libc::sched_getaffinity(process, size, cpus) != 0 {
+            return false;
+        }
+        !libc::CPU_EQUAL(&own, cpus)
     }
 }
 
@@ -191,14 +254,6 @@ const STACK_BYTES: usize = 2 << 20;
 // (glibc sets it on the new thread before it runs: one sched_setscheduler, which a program that
 // went real-time itself is allowed). The policy is read from /proc (no new system call for the
 // others).
-
-/// Whether the calling thread runs under a real-time policy (SCHED_FIFO, SCHED_RR or
-/// SCHED_DEADLINE), from /proc/thread-self/stat; false when it cannot be read.
-fn creator_is_realtime() -> bool {
-    let mut buf = [0u8; 1024];
-    let Some(n) = super::process::read_kernel_file(b"/proc/thread-self/stat\0", &mut buf) else { return false };
-    matches!(policy_in_stat(buf.get(..n).unwrap_or(&[])), Some(1 | 2 | 6))
-}
 
 /// The scheduling policy in a /proc stat line: its 41st field.
 fn policy_in_stat(stat: &[u8]) -> Option<u32> {
@@ -303,7 +358,7 @@ mod tests {
         let ended = b"4242 (a (b) c) Z 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 2 0 123 0 0 18446744073709551615\n";
         assert_eq!(live_threads_in_stat(ended), Some(1), "a main thread that ended is not counted");
         // This test's own thread runs under the normal policy.
-        assert!(!creator_is_realtime());
+        assert!(creator_runs_normal());
     }
 
     #[test]
