@@ -115,7 +115,10 @@ def main(argv=None):
             # An executable file with no #! line: a shell script, run as execvp and shells run it.
             program = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
             if program:
-                os.execve("/bin/sh", ["/bin/sh", program] + argv[1:], env)
+                try:
+                    os.execve("/bin/sh", ["/bin/sh", program] + argv[1:], env)
+                except OSError:
+                    pass  # no /bin/sh (a distroless image): the first error is the one to name
         print(f"tensormalloc: {argv[0]}: {os.strerror(e.errno or errno.EIO)}", file=sys.stderr)
         return 126
 

@@ -8,14 +8,16 @@
 // runs of 3). Those calls answer at once instead, as if there were nothing to give: the
 // figures -1, the holders no row, a trim no byte, the report one line on stderr, the snapshot
 // -EDEADLK; tm_set_enabled(0) turns the switch and leaves the cache to the idle release. The
-// calls that take no lock (the version, the switch's state, scopes) answer as anywhere.
+// calls that take no lock (the version, the switch's state, scopes) answer as anywhere. The
+// thread that holds the cache lock across a fork is not inside our work for this: the fork's
+// handlers, ours and other libraries' run between them, take that lock again at once.
 
 use crate::report::summary::Snapshot;
 use core::ffi::{c_char, c_int};
 
 /// This thread is inside our own work: a lock of ours cannot be waited for here.
 fn inside_our_work() -> bool {
-    crate::sys::lock::held_here()
+    crate::sys::lock::held_here() && !crate::state::HOST.fork_held_here()
 }
 
 #[no_mangle]

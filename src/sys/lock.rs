@@ -169,6 +169,12 @@ impl<T> Lock<T> {
         self.fork_holder.store(super::thread::key(), Ordering::Relaxed);
     }
 
+    /// Whether this thread holds it across a fork (its fork handlers, and others' run between
+    /// them, may take it again).
+    pub fn held_across_fork_here(&self) -> bool {
+        self.fork_holder.load(Ordering::Relaxed) == super::thread::key()
+    }
+
     /// # Safety
     /// Only after `lock_for_fork` by this thread (or its forked child, where no other thread
     /// exists: a wake there finds no one).
@@ -304,11 +310,6 @@ impl Gate {
             futex_wait_for(&self.inside, inside, 1_000_000);
         }
         self.waiting.store(false, Ordering::SeqCst);
-    }
-
-    /// Whether no thread is inside now.
-    pub fn is_empty(&self) -> bool {
-        self.inside.load(Ordering::SeqCst) == 0
     }
 
     #[cfg(test)]

@@ -169,25 +169,21 @@ impl BlockCache {
     /// The program claims [addr, end) for pages of its own (Note [Ranges the program claims] in
     /// host/host_layer/claim.rs): the cached blocks that overlap it leave, as many as a list
     /// holds (the caller unmaps them and asks again until the list comes back empty), and so
-    /// do the deferred ranges that overlap it (`deferred_out`). A block being released is doomed
-    /// (`release_done` hands it back to be unmapped); whether one was is the third part.
-    pub fn claim(&mut self, addr: usize, end: usize, deferred_out: &mut RangeList) -> (RangeList, bool) {
+    /// do the deferred ranges that overlap it (`deferred_out`) and the blocks being released
+    /// (`releasing_out`: the caller unmaps them once the pass's madvise is over; `release_done`
+    /// then finds them gone).
+    pub fn claim(&mut self, addr: usize, end: usize, deferred_out: &mut RangeList, releasing_out: &mut RangeList) -> RangeList {
         self.unpark();
         let mut out = RangeList::new();
-        let mut doomed = false;
         let mut at = self.store.oldest();
-        while at != NONE && out.len() < RangeList::CAPACITY {
+        while at != NONE && out.len() < RangeList::CAPACITY && releasing_out.len() < RangeList::CAPACITY {
             let next = self.store.newer(at);
             let b = *self.store.get(at);
             if (Range { addr: b.addr, len: b.len }).overlaps(addr, end) {
-                if b.state == BlockState::Releasing {
-                    self.store.block_mut(at).doomed = true;
-                    doomed = true;
-                } else {
-                    out.push(Range { addr: b.addr, len: b.len });
-                    self.store.remove(at);
-                    self.cached_bytes -= b.len;
-                }
+                let list = if b.state == BlockState::Releasing { &mut *releasing_out } else { &mut out };
+                list.push(Range { addr: b.addr, len: b.len });
+                self.store.remove(at);
+                self.cached_bytes -= b.len;
             }
             at = next;
         }
@@ -203,7 +199,7 @@ impl BlockCache {
             }
         }
         self.deferred_count = kept;
-        (out, doomed)
+        out
     }
 
     /// Marks every block not yet wholly kept from forked children as kept, and gives each to

@@ -597,8 +597,8 @@ fn past_the_hot_bound_the_oldest_hot_blocks_are_released_at_once() {
 }
 
 /// Note [Ranges the program claims]: the cached blocks and deferred ranges a claimed range
-/// overlaps leave (and only those); a block being released is doomed, handed back when its
-/// madvise returns.
+/// overlaps leave (and only those); a block being released leaves too, apart, and its
+/// madvise's return finds it gone.
 #[test]
 fn a_claimed_range_takes_out_what_overlaps_it() {
     let mut c = BlockCache::new(CacheLimits { max_blocks: 16, ..limits() });
@@ -610,28 +610,29 @@ fn a_claimed_range_takes_out_what_overlaps_it() {
     assert!(c.defer_unmap(Range { addr: 0x5000_0000, len: 4 * MB }));
     // The first two become Releasing; the third is freed later and stays hot.
     assert_eq!(c.due(1000 * MS, false).release.len(), 2);
-    let mut deferred = RangeList::new();
+    let (mut deferred, mut releasing) = (RangeList::new(), RangeList::new());
     // The last page of the hot one.
-    let (out, doomed) = c.claim(r + 16 * MB - 4096, r + 16 * MB, &mut deferred);
+    let out = c.claim(r + 16 * MB - 4096, r + 16 * MB, &mut deferred, &mut releasing);
     assert_eq!(out.iter().map(|x| (x.addr, x.len)).collect::<Vec<_>>(), vec![(r, 16 * MB)]);
-    assert!(!doomed && deferred.is_empty());
+    assert!(releasing.is_empty() && deferred.is_empty());
     // The second deferred range, and nothing else.
-    let (out, doomed) = c.claim(0x5000_0000 + 4096, 0x5000_0000 + 8192, &mut deferred);
-    assert!(out.is_empty() && !doomed);
+    let out = c.claim(0x5000_0000 + 4096, 0x5000_0000 + 8192, &mut deferred, &mut releasing);
+    assert!(out.is_empty() && releasing.is_empty());
     assert_eq!(deferred.iter().map(|x| x.addr).collect::<Vec<_>>(), vec![0x5000_0000], "only the overlapping deferred range");
     assert_eq!((c.deferred_bytes(), c.deferred().len()), (4 * MB, 1));
     assert_eq!(c.deferred().iter().next().map(|x| x.addr), Some(0x4000_0000));
     c.check_invariants().unwrap();
     // Nothing overlaps the space between blocks.
-    let mut none = RangeList::new();
-    let (out, doomed) = c.claim(a + 16 * MB, b, &mut none);
-    assert!(out.is_empty() && none.is_empty() && !doomed);
-    // a was not claimed: it goes on to Released; b was (its first page): handed back.
-    let mut d = RangeList::new();
-    let (out, doomed) = c.claim(b, b + 4096, &mut d);
-    assert!(out.is_empty() && doomed, "b is Releasing: doomed, not handed out");
+    let (mut none, mut none_releasing) = (RangeList::new(), RangeList::new());
+    let out = c.claim(a + 16 * MB, b, &mut none, &mut none_releasing);
+    assert!(out.is_empty() && none.is_empty() && none_releasing.is_empty());
+    // a was not claimed: it goes on to Released; b was (its first page): out, apart.
+    let (mut d, mut r2) = (RangeList::new(), RangeList::new());
+    let out = c.claim(b, b + 4096, &mut d, &mut r2);
+    assert!(out.is_empty(), "b is Releasing: not with the cached blocks");
+    assert_eq!(r2.iter().map(|x| (x.addr, x.len)).collect::<Vec<_>>(), vec![(b, 16 * MB)]);
     assert_eq!(c.release_done(a, false), None);
-    assert_eq!(c.release_done(b, false), Some(Range { addr: b, len: 16 * MB }));
+    assert_eq!(c.release_done(b, false), None, "gone: the claimer unmaps it");
     assert_eq!(c.block_count(), 1);
     c.check_invariants().unwrap();
 }

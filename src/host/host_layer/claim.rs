@@ -9,14 +9,19 @@
 // served from them, the idle release madvise them away and the expiry unmap them. So before
 // such a call reaches the kernel, every cached block and deferred range it overlaps leaves our
 // records and is unmapped whole, as glibc's free had unmapped it. A block the background pass is
-// releasing is unmapped by the pass once its madvise returns, pages being gathered move or come
-// back, and a range on its way to the kernel is unmapped by the thread that took it out: the
-// call waits for those, for as long as they take (the madvise and the unmap must be over
-// before the program's pages are there: a wait that gave up after 5 s let a pass stalled
-// longer, its thread stopped by a tracer or starved on a busy CPU, madvise and unmap the
-// program's own pages, SIGSEGV in the sched hunter's claimx.c), with one line on stderr once
-// it has waited CLAIM_WARN_NS, and looks again, until a look finds nothing of ours there. Live
-// blocks the range overlaps are marked as before (Note [Pages the program changed] in mod.rs).
+// releasing leaves too, and is unmapped by the claim once the pass's madvise calls are over
+// (the `advising` gate, entered under the lock that marked it Releasing; the pass's own step
+// after them then finds it gone): that wait lasts as long as the calls take, with one line on
+// stderr after CLAIM_WARN_NS (a 5 s bound on it let a pass stalled longer, its thread stopped
+// by a tracer or starved on a busy CPU, madvise and unmap the program's own pages: SIGSEGV in
+// the sched hunter's claimx.c). The calls need no lock, so no thread the program stopped can
+// hold them up; the pass's next step, which takes the cache lock again, is not waited for.
+// Pages being gathered move or come back, and a range on its way to the kernel is unmapped by
+// the thread that took it out: the call waits for those at most CLAIM_WAIT_NS, since any
+// thread's count there, the program's own too, which a stop-the-world pause may hold inside
+// (waited for without a bound, a stop-the-world program hung: a review), and looks again,
+// until a look finds nothing of ours there. Live blocks the range overlaps are marked as
+// before (Note [Pages the program changed] in mod.rs).
 // Far from every block we ever made the check is one load a 2 MiB granule. A signal handler on
 // a thread inside our own work, or another library's fork handler while the fork holds the
 // cache lock, would wait for itself: there the claim steps aside (Note [Inside our own work] in
@@ -50,69 +55,71 @@ impl<M: PageMemory> HostLayer<M> {
     #[inline(never)]
     fn claim_here(&self, addr: usize, len: usize) {
         let end = addr.saturating_add(len.max(1));
-        let since = (self.clock)();
+        let deadline = (self.clock)().saturating_add(CLAIM_WAIT_NS);
         for _ in 0..MAX_LOOKS {
-            let (found, doomed) = self.claim_once(addr, end);
+            let found = self.claim_once(addr, end);
             // What another thread took out of the records before us is unmapped, or put back,
-            // by it; a block being released, by the pass.
-            self.wait_out(&self.transit, since);
-            if doomed {
-                self.wait_out(&self.releasing, since);
-            }
-            if !found && !doomed {
+            // by it.
+            self.transit.wait_empty(self.clock, deadline);
+            if !found {
                 return;
             }
         }
     }
 
-    /// Waits until no thread is inside `gate`, however long (Note [Ranges the program claims]);
-    /// after CLAIM_WARN_NS since `since`, says so once.
-    fn wait_out(&self, gate: &crate::sys::lock::Gate, since: u64) {
-        let warn_at = since.saturating_add(CLAIM_WARN_NS);
-        gate.wait_empty(self.clock, warn_at);
-        if gate.is_empty() {
+    /// One look: the cached blocks, blocks being released and deferred ranges in [addr, end)
+    /// unmapped; whether any was there.
+    fn claim_once(&self, addr: usize, end: usize) -> bool {
+        let mut found = false;
+        loop {
+            let (cached, deferred, releasing, transit) = {
+                let mut cache = self.cache();
+                // Most claims near our blocks find none of them there: no lists built (4 KiB).
+                if !cache.holds_any_in(addr, end) {
+                    return found;
+                }
+                let (mut deferred, mut releasing) = (RangeList::new(), RangeList::new());
+                let cached = cache.claim(addr, end, &mut deferred, &mut releasing);
+                for r in cached.iter().chain(releasing.iter()) {
+                    self.registry.clear(r.addr);
+                }
+                self.stats.cached.set(cache.cached_bytes() as u64);
+                self.stats.deferred.set(cache.deferred_bytes() as u64);
+                (cached, deferred, releasing, self.transit())
+            };
+            self.unmap_all(&cached);
+            self.unmap_all(&deferred);
+            if !releasing.is_empty() {
+                self.wait_for_advice();
+                self.unmap_all(&releasing);
+            }
+            drop(transit);
+            if cached.is_empty() && deferred.is_empty() && releasing.is_empty() {
+                return found;
+            }
+            found = true;
+        }
+    }
+
+    /// Waits until the background pass's madvise calls are over, however long (Note [Ranges
+    /// the program claims]); after CLAIM_WARN_NS, says so once.
+    fn wait_for_advice(&self) {
+        let warn_at = (self.clock)().saturating_add(CLAIM_WARN_NS);
+        self.advising.wait_empty(self.clock, warn_at);
+        if !self.advising.occupied() {
             return;
         }
         if !CLAIM_WARNED.swap(true, core::sync::atomic::Ordering::Relaxed) {
             crate::warn_line!("a mapping the program makes over memory tensormalloc is releasing waits for that release, whose thread has not run for {} s (stopped or starved)", CLAIM_WARN_NS / 1_000_000_000);
         }
-        gate.wait_empty(self.clock, u64::MAX);
-    }
-
-    /// One look: the cached blocks and deferred ranges in [addr, end) unmapped; whether any
-    /// was there, and whether one being released was doomed.
-    fn claim_once(&self, addr: usize, end: usize) -> (bool, bool) {
-        let (mut found, mut doomed_any) = (false, false);
-        loop {
-            let (cached, deferred, transit) = {
-                let mut cache = self.cache();
-                // Most claims near our blocks find none of them there: no lists built (4 KiB).
-                if !cache.holds_any_in(addr, end) {
-                    return (found, doomed_any);
-                }
-                let mut deferred = RangeList::new();
-                let (cached, doomed) = cache.claim(addr, end, &mut deferred);
-                doomed_any |= doomed;
-                for r in cached.iter() {
-                    self.registry.clear(r.addr);
-                }
-                self.stats.cached.set(cache.cached_bytes() as u64);
-                self.stats.deferred.set(cache.deferred_bytes() as u64);
-                (cached, deferred, self.transit())
-            };
-            self.unmap_all(&cached);
-            self.unmap_all(&deferred);
-            drop(transit);
-            if cached.is_empty() && deferred.is_empty() {
-                return (found, doomed_any);
-            }
-            found = true;
-        }
+        self.advising.wait_empty(self.clock, u64::MAX);
     }
 }
 
-/// How long a claim waits for what others are doing in its range before it says so (a pass
-/// releasing a large block on a starved CPU takes hundreds of milliseconds).
+/// How long a claim waits at most for ranges other threads have on their way to the kernel.
+const CLAIM_WAIT_NS: u64 = 5_000_000_000;
+/// How long a claim waits for the pass's madvise calls before it says so (a pass releasing a
+/// large block on a starved CPU takes hundreds of milliseconds).
 const CLAIM_WARN_NS: u64 = 5_000_000_000;
 /// Whether the line was said (once a process).
 static CLAIM_WARNED: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);

@@ -49,6 +49,7 @@ impl<M: PageMemory> HostLayer<M> {
         cache.forget_all(|r| self.registry.clear(r.addr));
         self.transit.clear(); // the threads that had ranges in transit are not here
         self.releasing.clear();
+        self.advising.clear();
         self.stats.cached.set(0);
         cache.tally.restart();
         self.forget_blocks_kept_from_children(cache);
@@ -92,7 +93,9 @@ impl<M: PageMemory> HostLayer<M> {
     fn keep_mapped_part(&self, cache: &mut BlockCache, addr: usize, len: usize, mapped: usize) {
         let (birth, asked, marks) = self.registry.live_record(addr);
         if !self.registry.set_live(addr, mapped, birth) {
-            return; // no table memory: the entry is as it was (set_live changed nothing)
+            // No table memory: the entry is as it was, never reused at least.
+            self.registry.note_change(addr, len, PageChange::Replaced);
+            return;
         }
         self.registry.keep_marks(addr, marks);
         self.registry.note_change(addr, mapped, PageChange::Replaced);
@@ -122,6 +125,11 @@ impl<M: PageMemory> HostLayer<M> {
         if pid != self.fork_pid.load(Relaxed) && self.forgotten_in.swap(pid, Relaxed) != pid {
             self.forget_blocks_of_parent(cache);
         }
+    }
+
+    /// Whether this thread holds the cache lock across a fork (in the fork's handlers).
+    pub fn fork_held_here(&self) -> bool {
+        self.cache.held_across_fork_here()
     }
 
     /// Takes the cache lock and keeps it: the fork handlers hold it across fork(). The cache is

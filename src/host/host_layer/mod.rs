@@ -107,6 +107,9 @@ pub struct HostLayer<M: PageMemory> {
     /// The background pass is releasing blocks, which a trim meanwhile leaves it to unmap
     /// (Note [Room for others], rule 7).
     releasing: Gate,
+    /// The background pass's madvise calls are under way (outside every lock): a claim waits
+    /// for them before it unmaps a block being released (Note [Ranges the program claims]).
+    advising: Gate,
     /// A fork is under way: the cache's blocks are kept from the child (Note [Fork at the fork]).
     forking: AtomicBool,
     /// TENSORMALLOC_RESET=always (Note [Pages the program changed]).
@@ -223,6 +226,7 @@ impl<M: PageMemory> HostLayer<M> {
             cache: Lock::new(BlockCache::new(DEFAULTS)),
             transit: Gate::new(),
             releasing: Gate::new(),
+            advising: Gate::new(),
             forking: AtomicBool::new(false),
             reset_always: AtomicBool::new(false),
             calloc_votes: AtomicU8::new(0),

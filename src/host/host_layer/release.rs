@@ -248,7 +248,7 @@ impl<M: PageMemory> HostLayer<M> {
                 (due || lazy) && self.near_limit(now)
             }
         };
-        let (due, transit, releasing) = {
+        let (due, transit, releasing, advising) = {
             let mut cache = self.cache();
             let due = cache.due(now, drop_pages);
             for r in due.expire.iter() {
@@ -256,9 +256,11 @@ impl<M: PageMemory> HostLayer<M> {
             }
             self.stats.cached.set(cache.cached_bytes() as u64);
             // Entered under the lock that marked them Releasing: a trim that finds them
-            // finds the gate occupied (rule 7).
+            // finds the gate occupied (rule 7), and so does a claim that takes one out (Note
+            // [Ranges the program claims]).
             let releasing = (!due.release.is_empty()).then(|| self.releasing.enter());
-            (due, self.transit(), releasing)
+            let advising = (!due.release.is_empty()).then(|| self.advising.enter());
+            (due, self.transit(), releasing, advising)
         };
         for r in due.expire.iter() {
             self.timed(&self.stats.phases.expire, || self.memory.unmap(r.addr, r.len));
@@ -272,6 +274,8 @@ impl<M: PageMemory> HostLayer<M> {
             self.stats.released_blocks.add(1);
             self.stats.released_bytes.add(r.len as u64);
         }
+        // The calls are over: a claim that took one of these blocks out may unmap it now.
+        drop(advising);
         let (doomed, deadline, transit) = {
             let mut cache = self.cache();
             let mut doomed = RangeList::new();
