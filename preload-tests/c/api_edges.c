@@ -10,15 +10,6 @@
 static int (*set_enabled)(int);
 static int (*snapshot)(const char *);
 
-static size_t rss_mb(void) {
-    FILE *f = fopen("/proc/self/statm", "r");
-    CHECK(f);
-    unsigned long size, resident;
-    CHECK(fscanf(f, "%lu %lu", &size, &resident) == 2);
-    fclose(f);
-    return resident * (size_t)sysconf(_SC_PAGESIZE) / MB;
-}
-
 int main(int argc, char **argv) {
     const char *s = argc > 1 ? argv[1] : "";
     set_enabled = (int (*)(int))dlsym(RTLD_DEFAULT, "tm_set_enabled");
@@ -34,7 +25,7 @@ int main(int argc, char **argv) {
         CHECK(set_enabled(0) == 1);
         for (int i = 0; i < 16; i++) free(b[i]);
         CHECK(tm_stats(&st) == 0);
-        size_t rss = rss_mb();
+        size_t rss = rss_mib();
         printf("after the frees, off: cached %llu MiB, rss %zu MiB\n", (unsigned long long)(st.host_cached_bytes / MB), rss);
         CHECK(st.host_cached_bytes == 0 && rss < 100);
         /* While off, requests go to the next allocator; on again, freed blocks are cached. */

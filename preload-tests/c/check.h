@@ -146,3 +146,8 @@ static inline void limit_address_space(long extra) {
     struct rlimit rl = {(rlim_t)(pages * 4096 + extra), RLIM_INFINITY};
     CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
 }
+
+/* The process's resident memory in MiB (VmRSS). */
+static inline size_t rss_mib(void) {
+    return (size_t)status_kb("VmRSS") / 1024;
+}

@@ -5,15 +5,6 @@
 #include <malloc.h>
 #include <unistd.h>
 
-static size_t rss_mb(void) {
-    FILE *f = fopen("/proc/self/statm", "r");
-    CHECK(f);
-    unsigned long size, resident;
-    CHECK(fscanf(f, "%lu %lu", &size, &resident) == 2);
-    fclose(f);
-    return resident * (size_t)sysconf(_SC_PAGESIZE) / MB;
-}
-
 /* Ten 40 MiB blocks, written and freed: 400 MiB that a cache could keep. */
 static void churn(void) {
     void *b[10];
@@ -31,9 +22,9 @@ int main(int argc, char **argv) {
     int ours = tm_stats(&st) == 0 && st.enabled;
     if (!strcmp(s, "trim")) {
         churn();
-        size_t before = rss_mb();
+        size_t before = rss_mib();
         int released = malloc_trim(0);
-        size_t after = rss_mb();
+        size_t after = rss_mib();
         printf("rss before %zu MiB, after malloc_trim %zu MiB, released %d\n", before, after, released);
         CHECK(after < 40);
         if (ours) CHECK(before >= 40 && released == 1);
@@ -53,7 +44,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(s, "mmap-max")) {
         CHECK(mallopt(M_MMAP_MAX, 0) == 1);
         churn();
-        size_t after = rss_mb();
+        size_t after = rss_mib();
         printf("rss after frees with M_MMAP_MAX=0: %zu MiB\n", after);
         CHECK(after < 40);
         void *p = malloc(40 * MB); /* served from the heap now, ours or not */
@@ -66,7 +57,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(s, "trim-threshold")) {
         CHECK(mallopt(M_TRIM_THRESHOLD, 1 << 20) == 1);
         churn();
-        size_t after = rss_mb();
+        size_t after = rss_mib();
         printf("rss after frees with M_TRIM_THRESHOLD=1M: %zu MiB\n", after);
         CHECK(after < 40);
     } else if (!strcmp(s, "trim-threshold-never")) {
