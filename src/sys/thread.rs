@@ -156,16 +156,8 @@ fn create(start: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void, arg: *mu
     // unwinds.
     unsafe {
         let mut attr: libc::pthread_attr_t = core::mem::zeroed();
-        if libc::pthread_attr_init(&mut attr) != 0 {
+        if !plain_attributes(&mut attr, detach) {
             return None;
-        }
-        libc::pthread_attr_setdetachstate(&mut attr, detach);
-        libc::pthread_attr_setstacksize(&mut attr, STACK_BYTES);
-        let set_sigmask = SET_SIGMASK.load(core::sync::atomic::Ordering::Relaxed);
-        if set_sigmask != 0 {
-            // Note [Born with signals blocked].
-            let mask = our_threads_mask();
-            core::mem::transmute::<usize, SetSigmaskFn>(set_sigmask)(&mut attr, &mask);
         }
         // Note [Our threads are not real-time], Note [Our threads are the process's].
         let normal = libc::sched_param { sched_priority: 0 };
@@ -183,12 +175,8 @@ fn create(start: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void, arg: *mu
             // Refused what it asked for (SCHED_IDLE to SCHED_OTHER needs RLIMIT_NICE's leave, a
             // CPU set may be gone): made as its creator is, as before.
             libc::pthread_attr_destroy(&mut attr);
-            libc::pthread_attr_init(&mut attr);
-            libc::pthread_attr_setdetachstate(&mut attr, detach);
-            libc::pthread_attr_setstacksize(&mut attr, STACK_BYTES);
-            if set_sigmask != 0 {
-                let mask = our_threads_mask();
-                core::mem::transmute::<usize, SetSigmaskFn>(set_sigmask)(&mut attr, &mask);
+            if !plain_attributes(&mut attr, detach) {
+                return None;
             }
             rc = libc::pthread_create(&mut thread, &attr, start, arg);
         }
@@ -198,6 +186,29 @@ fn create(start: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void, arg: *mu
         }
         Some(thread)
     }
+}
+
+/// Initialises `attr` for a thread of ours: `detach`, our stack size, every signal blocked from
+/// its first instruction where glibc can (Note [Born with signals blocked]); false when glibc
+/// cannot initialise it.
+///
+/// # Safety
+/// `attr` is not initialised, or was destroyed.
+unsafe fn plain_attributes(attr: &mut libc::pthread_attr_t, detach: libc::c_int) -> bool {
+    // SAFETY: plain pthread calls on attributes the caller owns.
+    unsafe {
+        if libc::pthread_attr_init(attr) != 0 {
+            return false;
+        }
+        libc::pthread_attr_setdetachstate(attr, detach);
+        libc::pthread_attr_setstacksize(attr, STACK_BYTES);
+        let set_sigmask = SET_SIGMASK.load(core::sync::atomic::Ordering::Relaxed);
+        if set_sigmask != 0 {
+            let mask = our_threads_mask();
+            core::mem::transmute::<usize, SetSigmaskFn>(set_sigmask)(attr, &mask);
+        }
+    }
+    true
 }
 
 // Note [Our threads are the process's]
