@@ -149,7 +149,7 @@ def test_a_child_given_part_of_a_block_keeps_its_own_mapping_in_the_hole(mode):
     unmapped the child's mapping with the block (recorded at its whole length), and took the
     hole for the inside of its block (a glibc chunk placed there aborted as an invalid pointer:
     the integrity hunter's fuzzer)."""
-    out = ok(run_mode(mode, [compile_c("fork_kept_part")], timeout=60))
+    out = ok(run_mode(mode, [compile_c("fork_kept"), "part"], timeout=60))
     assert "fork kept part ok" in out.stdout
 
 
