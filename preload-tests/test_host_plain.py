@@ -154,26 +154,36 @@ def test_a_child_given_part_of_a_block_keeps_its_own_mapping_in_the_hole(mode):
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="hold_our_thread reads x86-64 registers")
-@pytest.mark.parametrize("release", ["lazy", "now"])
-def test_a_mapping_over_a_block_whose_release_is_stalled_waits_for_it(release):
-    """Note [Ranges the program claims]: our thread is held (ptrace) at the idle release's
-    madvise of a freed 64 MiB block for 8 s; the program maps pages of its own there meanwhile.
-    The old library's mmap gave up waiting after 5 s, and the release then madvised and unmapped
-    the program's pages (SIGSEGV, the sched hunter's claimx.c): now the mmap waits, with a line."""
+@pytest.mark.parametrize("case", ["release-lazy", "release-now", "unmap", "beside"])
+def test_a_mapping_over_a_block_whose_release_is_stalled_waits_for_it(case):
+    """Note [Ranges the program claims]: our thread is held (ptrace) for 8 s at the idle
+    release's madvise of a freed 64 MiB block (`release-*`), or at the munmap that expires it
+    (`unmap`, Note [Ranges in transit]); the program maps pages of its own there meanwhile. The
+    old library's mmap gave up waiting after 5 s, and the release then madvised and unmapped the
+    program's pages (SIGSEGV, the sched hunter's claimx.c; `unmap` on the library of 2026-11-28):
+    now the mmap waits, with a line. `beside`: the program unmaps part of a live block of its own
+    meanwhile, away from the stalled unmap, which the old library waited 5 s for: now at once."""
+    mode, release = (case.split("-") + ["lazy"])[:2]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORMALLOC_")}
     env.update({"LD_PRELOAD": PRELOAD, "TENSORMALLOC_HOST_RELEASE": release})
-    program = subprocess.Popen([compile_c("claim_stalled")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if mode != "release":
+        env.update({"TENSORMALLOC_HOST_RELEASE_MS": "100", "TENSORMALLOC_HOST_UNMAP_MS": "500"})
+    program = subprocess.Popen([compile_c("claim_stalled"), mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert program.stdout.readline() == "ready\n"
-        hold = subprocess.run([compile_c("hold_our_thread"), str(program.pid), "8"], capture_output=True, text=True, timeout=60)
+        call = "madvise" if mode == "release" else "munmap"
+        hold = subprocess.run([compile_c("hold_our_thread"), str(program.pid), "8", call], capture_output=True, text=True, timeout=60)
         assert hold.returncode == 0 and "held" in hold.stdout, hold
         out, err = program.communicate(timeout=60)
     finally:
         program.kill()
     assert program.returncode == 0 and "claim stalled ok" in out, (program.returncode, out, err)
     waited = float(re.search(r"took ([\d.]+) s", out).group(1))
-    assert waited > 5, out
-    assert "waits for that release" in err, err
+    if mode == "beside":
+        assert waited < 1 and err == "", (out, err)
+    else:
+        assert waited > 5, out
+        assert "waits for that release" in err, err
 
 
 CLAIM_SETTINGS = {

@@ -1,6 +1,7 @@
-/* hold_our_thread PID SECONDS: attaches to PID's thread named "tensormalloc*" with ptrace and,
- * at its first madvise of 32 MiB or more, keeps it stopped there SECONDS, then lets it go: a
- * release pass stalled as a starved or traced thread stalls (c/claim_stalled.c). x86-64 only.
+/* hold_our_thread PID SECONDS [madvise|munmap]: attaches to PID's thread named "tensormalloc*"
+ * with ptrace and, at its first madvise (or munmap) of 32 MiB or more, keeps it stopped there
+ * SECONDS, then lets it go: a release or an unmap stalled as a starved or traced thread stalls
+ * (c/claim_stalled.c). x86-64 only.
  * Prints "held" once it let the thread go; exits 2 when ptrace is refused (a sandbox). */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -48,6 +49,7 @@ int main(int argc, char **argv) {
     if (argc < 3) return 1;
     int pid = atoi(argv[1]);
     double hold = atof(argv[2]);
+    long call = argc > 3 && !strcmp(argv[3], "munmap") ? SYS_munmap : SYS_madvise;
     int tid = 0;
     double t0 = now_s();
     while (!(tid = our_thread(pid)) && now_s() - t0 < 5) usleep(2000);
@@ -71,7 +73,7 @@ int main(int argc, char **argv) {
         if (!entering) continue;
         struct user_regs_struct r;
         ptrace(PTRACE_GETREGS, tid, 0, &r);
-        if (r.orig_rax == SYS_madvise && r.rsi >= (32ul << 20)) {
+        if ((long)r.orig_rax == call && r.rsi >= (32ul << 20)) {
             double h0 = now_s();
             while (now_s() - h0 < hold) usleep(10000);
             ptrace(PTRACE_DETACH, tid, 0, 0);

@@ -298,12 +298,19 @@ impl Gate {
 
     /// Waits until nobody is inside, or `deadline_ns` passes on `clock` (monotonic ns).
     pub fn wait_empty(&self, clock: fn() -> u64, deadline_ns: u64) {
+        self.wait_until(clock, deadline_ns, || false);
+    }
+
+    /// Waits until nobody is inside, `enough()` holds, or `deadline_ns` passes. `enough` is
+    /// asked after each read of the count, so what a thread changes before it leaves is seen:
+    /// by this look, or by the next, which its leaving wakes.
+    pub fn wait_until(&self, clock: fn() -> u64, deadline_ns: u64, enough: impl Fn() -> bool) {
         loop {
             // Announced first, read after (both SeqCst, as the exit's decrement and read are): a
             // thread leaving after this read sees the announcement and wakes us.
             self.waiting.store(true, Ordering::SeqCst);
             let inside = self.inside.load(Ordering::SeqCst);
-            if inside == 0 || clock() >= deadline_ns {
+            if inside == 0 || enough() || clock() >= deadline_ns {
                 break;
             }
             // A millisecond at most: a wake lost to a signal costs no more.
@@ -332,8 +339,10 @@ impl Default for Gate {
 
 impl Drop for Pass<'_> {
     fn drop(&mut self) {
-        let was = self.0.inside.fetch_sub(1, Ordering::SeqCst);
-        if was <= 1 && self.0.waiting.load(Ordering::SeqCst) {
+        // Every leaving wakes a waiter, not only the last: one may wait for this thread alone
+        // (`wait_until`).
+        self.0.inside.fetch_sub(1, Ordering::SeqCst);
+        if self.0.waiting.load(Ordering::SeqCst) {
             futex_wake_all(&self.0.inside);
         }
         self.1.count_out();

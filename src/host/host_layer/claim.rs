@@ -17,11 +17,18 @@
 // the sched hunter's claimx.c). The calls need no lock, so no thread the program stopped can
 // hold them up; the pass's next step, which takes the cache lock again, is not waited for.
 // Pages being gathered move or come back, and a range on its way to the kernel is unmapped by
-// the thread that took it out: the call waits for those at most CLAIM_WAIT_NS, since any
-// thread's count there, the program's own too, which a stop-the-world pause may hold inside
-// (waited for without a bound, a stop-the-world program hung: a review), and looks again,
-// until a look finds nothing of ours there. Live blocks the range overlaps are marked as
-// before (Note [Pages the program changed] in mod.rs).
+// the thread that took it out: the call waits for those that meet its range, however long, with
+// the same line after CLAIM_WARN_NS (Note [Ranges in transit] in transit.rs), and looks again,
+// until a look finds nothing of ours there. It waited for every range in transit, anywhere, for
+// at most 5 s: waited for without a bound, a stop-the-world program hung (a review: its
+// collector mapped pages beside our blocks while a thread it had paused was in our free), and
+// after 5 s our stalled thread's late munmap took the program's pages (SIGSEGV in
+// c/claim_stalled.c). A range in transit on a thread the program paused meets the program's
+// range only where the program maps over a block that thread is freeing at that moment, a race
+// glibc's own munmap loses too, or one that thread took back from the cache for a trim or a
+// gathering: there a collector that maps over it while the thread is paused waits for good
+// (limits.md). Live blocks the range overlaps are marked as before (Note [Pages the program
+// changed] in mod.rs).
 // Far from every block we ever made the check is one load a 2 MiB granule. A signal handler on
 // a thread inside our own work, or another library's fork handler while the fork holds the
 // cache lock, would wait for itself: there the claim steps aside (Note [Inside our own work] in
@@ -55,12 +62,11 @@ impl<M: PageMemory> HostLayer<M> {
     #[inline(never)]
     fn claim_here(&self, addr: usize, len: usize) {
         let end = addr.saturating_add(len.max(1));
-        let deadline = (self.clock)().saturating_add(CLAIM_WAIT_NS);
         for _ in 0..MAX_LOOKS {
             let found = self.claim_once(addr, end);
-            // What another thread took out of the records before us is unmapped, or put back,
-            // by it.
-            self.transit.wait_empty(self.clock, deadline);
+            // What another thread took out of the records before us is unmapped, moved or put
+            // back by it.
+            self.wait_stalled(|deadline| self.transit.wait_clear_of(addr, end, self.clock, deadline), || self.transit.meets(addr, end));
             if !found {
                 return;
             }
@@ -85,12 +91,13 @@ impl<M: PageMemory> HostLayer<M> {
                 }
                 self.stats.cached.set(cache.cached_bytes() as u64);
                 self.stats.deferred.set(cache.deferred_bytes() as u64);
-                (cached, deferred, releasing, self.transit())
+                let transit = self.transit(cached.iter().chain(deferred.iter()).chain(releasing.iter()).copied());
+                (cached, deferred, releasing, transit)
             };
             self.unmap_all(&cached);
             self.unmap_all(&deferred);
             if !releasing.is_empty() {
-                self.wait_for_advice();
+                self.wait_stalled(|deadline| self.advising.wait_empty(self.clock, deadline), || self.advising.occupied());
                 self.unmap_all(&releasing);
             }
             drop(transit);
@@ -101,24 +108,21 @@ impl<M: PageMemory> HostLayer<M> {
         }
     }
 
-    /// Waits until the background pass's madvise calls are over, however long (Note [Ranges
-    /// the program claims]); after CLAIM_WARN_NS, says so once.
-    fn wait_for_advice(&self) {
-        let warn_at = (self.clock)().saturating_add(CLAIM_WARN_NS);
-        self.advising.wait_empty(self.clock, warn_at);
-        if !self.advising.occupied() {
+    /// Waits with `wait(deadline)` until `waiting()` is false, however long (Note [Ranges the
+    /// program claims]); after CLAIM_WARN_NS, says so once.
+    fn wait_stalled(&self, wait: impl Fn(u64), waiting: impl Fn() -> bool) {
+        wait((self.clock)().saturating_add(CLAIM_WARN_NS));
+        if !waiting() {
             return;
         }
         if !CLAIM_WARNED.swap(true, core::sync::atomic::Ordering::Relaxed) {
             crate::warn_line!("a mapping the program makes over memory tensormalloc is releasing waits for that release, whose thread has not run for {} s (stopped or starved)", CLAIM_WARN_NS / 1_000_000_000);
         }
-        self.advising.wait_empty(self.clock, u64::MAX);
+        wait(u64::MAX);
     }
 }
 
-/// How long a claim waits at most for ranges other threads have on their way to the kernel.
-const CLAIM_WAIT_NS: u64 = 5_000_000_000;
-/// How long a claim waits for the pass's madvise calls before it says so (a pass releasing a
+/// How long a claim waits for our calls on the range before it says so (a pass releasing a
 /// large block on a starved CPU takes hundreds of milliseconds).
 const CLAIM_WARN_NS: u64 = 5_000_000_000;
 /// Whether the line was said (once a process).

@@ -10,7 +10,8 @@ use crate::host::tally::CallTimer;
 use crate::ranges::{Range, RangeList};
 use crate::record::stats::PhaseTimer;
 use crate::record::{self, Block};
-use crate::sys::lock::{Guard, Pass};
+use super::transit::InTransit;
+use crate::sys::lock::Guard;
 use core::sync::atomic::Ordering::Relaxed;
 
 impl<M: PageMemory> HostLayer<M> {
@@ -157,7 +158,7 @@ impl<M: PageMemory> HostLayer<M> {
         let running = (self.background.running)() && self.mapping_limit_bytes.load(Relaxed) == u64::MAX;
         let deferred = running && cache.defer_unmap(r);
         self.stats.deferred.set(cache.deferred_bytes() as u64);
-        let transit = self.transit();
+        let transit = self.transit([r]);
         drop(cache);
         if !deferred {
             self.unmap_one(r, &self.stats.phases.free_unmap);
@@ -184,15 +185,15 @@ impl<M: PageMemory> HostLayer<M> {
         self.stats.unmapped_bytes.add(r.len as u64);
     }
 
-    /// Under the cache lock: ranges leaving the records for the kernel are in transit until the
-    /// guard drops (Note [Fork at the fork]).
-    pub(super) fn transit(&self) -> Pass<'_> {
-        self.transit.enter()
+    /// Under the cache lock: `ranges`, leaving the records for the kernel, are in transit until
+    /// the result drops (Note [Ranges in transit]).
+    pub(super) fn transit(&self, ranges: impl IntoIterator<Item = Range>) -> InTransit<'_> {
+        self.transit.enter(ranges)
     }
 
     /// Under the cache lock: puts ranges leaving us on the deferred list (Note [Deferred
     /// unmaps]); returns those the caller must unmap itself, and whether to wake the thread.
-    pub(super) fn defer_unmaps(&self, cache: &mut BlockCache, ranges: &RangeList) -> (RangeList, bool, Pass<'_>) {
+    pub(super) fn defer_unmaps(&self, cache: &mut BlockCache, ranges: &RangeList) -> (RangeList, bool, InTransit<'_>) {
         let mut inline = RangeList::new();
         let was_empty = cache.deferred_bytes() == 0;
         // Under a mapping limit the room is needed now, not when the thread wakes.
@@ -203,11 +204,12 @@ impl<M: PageMemory> HostLayer<M> {
             }
         }
         self.stats.deferred.set(cache.deferred_bytes() as u64);
-        (inline, was_empty && cache.deferred_bytes() > 0, self.transit())
+        let transit = self.transit(inline.iter().copied());
+        (inline, was_empty && cache.deferred_bytes() > 0, transit)
     }
 
     /// After the lock: unmaps what could not wait and wakes the thread for the rest.
-    pub(super) fn finish_unmaps(&self, (inline, wake, transit): (RangeList, bool, Pass<'_>)) {
+    pub(super) fn finish_unmaps(&self, (inline, wake, transit): (RangeList, bool, InTransit<'_>)) {
         self.unmap_all(&inline);
         drop(transit);
         if wake {

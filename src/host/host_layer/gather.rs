@@ -26,7 +26,8 @@ impl<M: PageMemory> HostLayer<M> {
                 let _ = self.registry.set_cached(rest.addr, rest.len);
             }
             self.stats.cached.set(cache.cached_bytes() as u64);
-            (parts, self.transit())
+            let transit = self.transit(parts.iter().map(|p| Range { addr: p.addr, len: p.len }));
+            (parts, transit)
         };
         if parts.is_empty() {
             return None;

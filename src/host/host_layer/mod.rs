@@ -67,6 +67,7 @@ use crate::config::{Config, HugePages, MAX_CACHE_BLOCKS};
 use crate::ranges::{Range, RangeList};
 use crate::record::stats::{HostStats, PhaseTimer};
 use crate::sys::lock::{Gate, Guard, Lock};
+use transit::Transit;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 
 mod alloc;
@@ -76,6 +77,7 @@ mod free;
 mod gather;
 mod release;
 mod resize;
+mod transit;
 
 pub const PAGE: usize = 4096;
 const HUGE_PAGE: usize = 2 << 20;
@@ -102,8 +104,8 @@ pub struct HostLayer<M: PageMemory> {
     memory: M,
     registry: Registry,
     cache: Lock<BlockCache>,
-    /// Ranges out of the cache's records and not yet unmapped (Note [Fork at the fork]).
-    transit: Gate,
+    /// Ranges out of the cache's records and not yet unmapped (Note [Ranges in transit]).
+    transit: Transit,
     /// The background pass is releasing blocks, which a trim meanwhile leaves it to unmap
     /// (Note [Room for others], rule 7).
     releasing: Gate,
@@ -224,7 +226,7 @@ impl<M: PageMemory> HostLayer<M> {
             memory,
             registry: Registry::new(table_source),
             cache: Lock::new(BlockCache::new(DEFAULTS)),
-            transit: Gate::new(),
+            transit: Transit::new(),
             releasing: Gate::new(),
             advising: Gate::new(),
             forking: AtomicBool::new(false),

@@ -111,7 +111,8 @@ impl<M: PageMemory> HostLayer<M> {
             let mut cache = self.cache();
             let d = cache.take_deferred();
             self.stats.deferred.set(0);
-            (d, self.transit())
+            let transit = self.transit(d.iter().copied());
+            (d, transit)
         };
         self.unmap_timed(&deferred, &self.stats.phases.deferred_unmap);
         drop(transit);
@@ -187,7 +188,8 @@ impl<M: PageMemory> HostLayer<M> {
                     self.registry.clear(r.addr);
                 }
                 self.stats.cached.set(cache.cached_bytes() as u64);
-                (list, self.transit())
+                let transit = self.transit(list.iter().copied());
+                (list, transit)
             };
             self.unmap_all(&list);
             drop(transit);
@@ -260,7 +262,8 @@ impl<M: PageMemory> HostLayer<M> {
             // [Ranges the program claims]).
             let releasing = (!due.release.is_empty()).then(|| self.releasing.enter());
             let advising = (!due.release.is_empty()).then(|| self.advising.enter());
-            (due, self.transit(), releasing, advising)
+            let transit = self.transit(due.expire.iter().copied());
+            (due, transit, releasing, advising)
         };
         for r in due.expire.iter() {
             self.timed(&self.stats.phases.expire, || self.memory.unmap(r.addr, r.len));
@@ -286,7 +289,8 @@ impl<M: PageMemory> HostLayer<M> {
                 }
             }
             self.stats.cached.set(cache.cached_bytes() as u64);
-            (doomed, cache.next_deadline_ns(), self.transit())
+            let transit = self.transit(doomed.iter().copied());
+            (doomed, cache.next_deadline_ns(), transit)
         };
         self.unmap_all(&doomed);
         drop(transit);

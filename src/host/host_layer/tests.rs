@@ -736,7 +736,7 @@ fn a_retry_waits_for_blocks_on_their_way_to_the_kernel() {
         // Its unmap returns (and is counted, as unmap_timed does) once make_room waits for it,
         // or has returned without waiting. A pass is dropped by the thread that entered.
         s.spawn(move || {
-            let pass = gate.enter();
+            let pass = gate.enter([]);
             entered.store(true, SeqCst);
             while !gate.awaited() && !returned.load(SeqCst) {
                 std::hint::spin_loop();
