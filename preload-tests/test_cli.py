@@ -6,6 +6,7 @@ lines). The installed package: test_package.py."""
 import json
 import re
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -267,3 +268,27 @@ def test_plot_draws_a_runs_traces_in_lanes_and_refuses_a_damaged_one(tmp_path):
         refused = run([PY, "-m", "tensormalloc", "plot", traces[0], str(tmp_path / bad), "-o", str(tmp_path / "x.png")], preload=False, env=ENV)
         assert refused.returncode == 1 and not (tmp_path / "x.png").exists(), refused
         assert len(refused.stderr.strip().splitlines()) == 1 and bad in refused.stderr, refused.stderr
+
+
+def test_the_launchers_answer_as_a_shell_does(tmp_path):
+    """A newcomer's mistakes (the newcomer review): an empty program name ended the Python
+    launcher in a traceback; a missing path said "command not found", a directory "permission
+    denied", and an unknown option was looked for as a program. Now each says what bash says, with
+    its status, and an option that is not ours is named as such, with where the options are."""
+    (tmp_path / "plain").write_text("x\n")
+    cases = {
+        "": (127, "command not found"),
+        "no-such-program-here": (127, "command not found"),
+        "./no-such-file": (127, "No such file or directory"),
+        str(tmp_path): (126, "Is a directory"),
+        str(tmp_path / "plain"): (126, "Permission denied"),
+        str(tmp_path / "plain" / "x"): (126, "Not a directory"),
+    }
+    for launcher in ([PY, "-m", "tensormalloc"], [str(ROOT / "scripts" / "tensormalloc")]):
+        for name, (code, why) in cases.items():
+            out = run([*launcher, name], preload=False, env={**ENV, "TENSORMALLOC_LIB": str(LIB)}, cwd=tmp_path)
+            assert (out.returncode, out.stderr) == (code, f"tensormalloc: {name}: {why}\n"), (launcher, name, out)
+            shell = subprocess.run(["bash", "-c", '"$0"', name], capture_output=True, text=True, cwd=tmp_path)
+            assert shell.returncode == code and why in shell.stderr, (name, shell)
+        out = run([*launcher, "--bogus"], preload=False, env={**ENV, "TENSORMALLOC_LIB": str(LIB)})
+        assert out.returncode == 2 and "unknown option --bogus" in out.stderr and "--help" in out.stderr, (launcher, out)

@@ -80,7 +80,8 @@ def main(argv=None):
         try:
             from .plot import main as plot
         except ImportError as e:  # numpy, which the trace's reader needs; matplotlib is asked for later
-            print(f"tensormalloc plot: needs numpy and matplotlib ({e}): {sys.executable} -m pip install numpy matplotlib",
+            print(f"tensormalloc plot: needs numpy and matplotlib ({e}): {sys.executable} -m pip install numpy matplotlib"
+                  " (where that is the system's Python and pip refuses: apt install python3-numpy python3-matplotlib)",
                   file=sys.stderr)
             return 1
         return plot(argv[1:])
@@ -88,6 +89,10 @@ def main(argv=None):
         from .report import main as report
         return report(argv[1:])
     path_only = argv[0] == "--path"
+    if argv[0].startswith("-") and argv[0] not in ("--", "--path"):
+        print(f"tensormalloc: unknown option {argv[0]} (tensormalloc --help lists them; "
+              f"tensormalloc -- {argv[0]} runs a program of that name)", file=sys.stderr)
+        return 2
     if argv[0] in ("--", "run"):
         argv = argv[1:]
     try:
@@ -102,13 +107,20 @@ def main(argv=None):
     env["LD_PRELOAD"] = " ".join([lib] + without_our_copies(env.get("LD_PRELOAD", "")))
     sys.stdout.flush()
     sys.stderr.flush()
+    # What a shell says and returns: a name looked up in PATH is "not found"; a path names its
+    # reason, and a directory is no program.
+    if not argv[0]:
+        print("tensormalloc: : command not found", file=sys.stderr)
+        return 127
     try:
         os.execvpe(argv[0], argv, env)
     except FileNotFoundError:
-        print(f"tensormalloc: {argv[0]}: command not found", file=sys.stderr)
+        why = os.strerror(errno.ENOENT) if "/" in argv[0] else "command not found"
+        print(f"tensormalloc: {argv[0]}: {why}", file=sys.stderr)
         return 127
     except PermissionError:
-        print(f"tensormalloc: {argv[0]}: permission denied", file=sys.stderr)
+        why = os.strerror(errno.EISDIR) if os.path.isdir(argv[0]) else os.strerror(errno.EACCES)
+        print(f"tensormalloc: {argv[0]}: {why}", file=sys.stderr)
         return 126
     except OSError as e:
         if e.errno == errno.ENOEXEC:

@@ -25,7 +25,7 @@ SETTINGS = (
      "requests of this size and more are large: the host cache serves them; smaller ones go to the next allocator (4K to 1T)",
      ""),
     ("TENSORMALLOC_STATS", "off", "What most users set",
-     "1: print a report to stderr at exit, and the numbers of the processes it started that ended without theirs; json:PATH: write it as JSON to PATH (%p: the process id; until a normal exit the file holds the process's counts, which tensormalloc report reads)",
+     "1: print a report to stderr at exit (none from a process that made no large request), with the counts of any child process that ended without printing its own; json:PATH: write it as JSON to PATH (%p: the process id; until a normal exit the file holds the process's counts, which tensormalloc report reads)",
      ""),
     ("TENSORMALLOC_TRACE", "off", "What most users set",
      "PATH: record every large allocation and free, and memory every 100 ms, to PATH, for tensormalloc plot (%p: the process id)",

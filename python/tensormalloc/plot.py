@@ -396,7 +396,8 @@ def main(argv=None):
     try:
         draw_lanes(lanes, out_png)
     except ImportError as e:
-        print(f"tensormalloc plot: needs matplotlib ({e}): pip install matplotlib", file=sys.stderr)
+        print(f"tensormalloc plot: needs matplotlib ({e}): {sys.executable} -m pip install matplotlib"
+              " (where that is the system's Python and pip refuses: apt install python3-matplotlib)", file=sys.stderr)
         return 1
     except Refused as e:
         print(f"tensormalloc plot: cannot write {out_png}: {e}", file=sys.stderr)

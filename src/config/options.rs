@@ -51,7 +51,7 @@ pub static OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "TENSORMALLOC_STATS",
         default: "off",
-        doc: "1: print a report to stderr at exit, and the numbers of the processes it started that ended without theirs; json:PATH: write it as JSON to PATH (%p: the process id; until a normal exit the file holds the process's counts, which tensormalloc report reads)",
+        doc: "1: print a report to stderr at exit (none from a process that made no large request), with the counts of any child process that ended without printing its own; json:PATH: write it as JSON to PATH (%p: the process id; until a normal exit the file holds the process's counts, which tensormalloc report reads)",
         apply: |c, v| {
             if let Some(path) = v.strip_prefix(b"json:") {
                 if means_off(path) || path.len() >= STATS_PATH_MAX {
