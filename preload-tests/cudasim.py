@@ -155,6 +155,33 @@ def real_runtime_program():
     return str(out), None
 
 
+def runtime13_program(name):
+    """Compiles preload-tests/c/NAME.c against NVIDIA's libcudart.so.13 from .venv-torch's nvidia
+    wheels (scripts/setup installs them with PyTorch) beside the stand-in libcuda.so.1, in one
+    directory the binary's rpath names. Returns the binary's path, or None with the reason when
+    .venv-torch has no such runtime."""
+    found = sorted((ROOT / ".venv-torch").glob("lib/python3*/site-packages/nvidia/cu13/lib/libcudart.so.13"))
+    if not found:
+        return None, "no libcudart.so.13 in .venv-torch (scripts/setup installs it with PyTorch where the registry is reachable)"
+    lib = fake_cuda()
+    real = BUILD / "nvidia-cudart13"
+    real.mkdir(parents=True, exist_ok=True)
+    for link, target in (("libcudart.so.13", found[-1]), ("libcuda.so.1", lib / "libcuda.so.1")):
+        if not (real / link).is_symlink():
+            (real / link).unlink(missing_ok=True)
+            (real / link).symlink_to(target)
+    out = BUILD / f"{name}-cudart13"
+    src = C_DIR / f"{name}.c"
+    deps = [src, C_DIR / "check.h", found[-1], lib / "libcuda.so.1"]
+    if not out.exists() or out.stat().st_mtime < max(d.stat().st_mtime for d in deps):
+        tmp = out.with_name(f".{out.name}.tmp")
+        cmd = ["gcc", "-O1", "-g", "-Wall", "-fno-builtin", "-pthread", "-o", str(tmp), str(src), "-ldl", f"-L{real}",
+               "-l:libcudart.so.13", "-l:libcuda.so.1", "-Wl,--disable-new-dtags", f"-Wl,-rpath,{real}"]
+        subprocess.run(cmd, check=True)
+        tmp.replace(out)
+    return str(out), None
+
+
 def run_scenario(program, name, env=None, preload=True, stats=None, plt_calls=False):
     """Runs one scenario of a stand-in CUDA program (`PROGRAM NAME`), with the JSON report
     written to `stats` when given."""

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from conftest import ok
-from cudasim import run_scenario
+from conftest import ok, run
+from cudasim import run_scenario, runtime13_program
 from test_cuda_correct import MODES, POOLED
 
 SCENARIOS = ["release", "release-v1", "release-proc", "release-dlsym", "release-shared", "destroy-reuse", "race"]
@@ -38,3 +38,19 @@ def test_under_the_preload(name, mode, tmp_path):
         assert sum(p["requests"] for p in pools) > 0, "the scenario must exercise the pool"
         if name.startswith("release") and name != "release-shared":
             assert sum(p["resets"] for p in pools) >= 1, pools
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "alone"])
+@pytest.mark.parametrize("memory", ["device", "pinned"])
+def test_a_context_a_library_releases_lives_on_for_the_runtime(memory, preload):
+    """Note [The runtime set up before we serve it] (src/route/cuda.rs), c/runtime_context.c over
+    NVIDIA's libcudart.so.13: a driver-API library's primary context current, the program's first
+    runtime call cudaMalloc or cudaMallocHost, then the library's release. Alone the runtime holds
+    the context; the pool used to answer without the runtime setting up, and the release
+    destroyed the context and the block (cudaMemset 1, the read 700; SIGSEGV writing the pinned
+    buffer: the cudart hunter)."""
+    program, why = runtime13_program("runtime_context")
+    if program is None:
+        pytest.skip(why)
+    out = ok(run([program, memory], preload=preload, timeout=60))
+    assert out.stdout.endswith(f"{memory} ok\n"), out

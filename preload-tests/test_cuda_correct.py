@@ -121,6 +121,19 @@ def test_no_driver_call_of_ours_meets_a_graph_capture(mode, capture, tmp_path):
     assert released >= 1, pools
 
 
+@pytest.mark.parametrize("capture", ["capture-after-free-thread", "capture-after-free-relaxed"])
+@pytest.mark.parametrize("mode", ["alone", "split", "binned", "expandable", "sync-reuse"])
+def test_memory_freed_before_a_capture_serves_the_capture(mode, capture):
+    """c/cuda_correct.c `capture-after-free-*`: 600 MiB freed, then 700 MiB asked in a capture
+    (thread-local or relaxed mode) on a 1 GiB device. Alone the free gave the memory back; our
+    cache kept it through the capture (no synchronization may come there), and the allocation
+    failed with out of memory where it succeeds alone (the cudart hunter). Now the cache goes back
+    to the driver as the capture begins (Note [Graph captures under way])."""
+    env = {"FAKECUDA_DEVICE_MEM": str(1 << 30), **MODES.get(mode, {})}
+    out = ok(scenario(capture, env, preload=mode != "alone"))
+    assert f"{capture} ok" in out.stdout and "out of memory" not in out.stderr, out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("mode", ["split", "binned", "expandable", "sync-reuse"])
 def test_blocks_freed_on_streams_go_back_to_the_driver_once_idle(mode):
     """c/cuda_correct.c `stream-idle`: 600 MiB freed on a stream (tm_cuda_free, as the package's

@@ -493,6 +493,27 @@ static void capture(const char *scenario) {
     usleep(400 * 1000); /* the idle releases come after the capture */
 }
 
+/* Note [Graph captures under way]: 600 MiB freed before a capture (of a 1 GiB device), then
+ * 700 MiB asked in it, in the thread-local or the relaxed mode (`capture-after-free-MODE`).
+ * Alone, the free gave the memory back; the pool kept it cached through the capture, and the
+ * allocation failed with out of memory (the cudart hunter's find). */
+static void capture_after_free(const char *scenario) {
+    int mode = !strcmp(scenario, "capture-after-free-relaxed") ? 2 : 1;
+    void *p = NULL, *q = NULL, *graph = NULL;
+    CUstream s = NULL;
+    CHECK(cudaStreamCreate(&s) == 0);
+    CHECK(cudaMalloc(&p, 600 * MB) == 0);
+    CHECK(cudaFree(p) == 0);
+    CHECK(cuStreamBeginCapture_v2(s, mode) == 0);
+    int allocated = cudaMalloc(&q, 700 * MB);
+    if (allocated != 0) printf("allocation in the capture failed (%d)\n", allocated);
+    int rc = cuStreamEndCapture(s, &graph);
+    if (rc != 0) printf("capture invalidated (%d)\n", rc);
+    CHECK(allocated == 0 && rc == 0 && graph);
+    CHECK(cudaFree(q) == 0);
+    CHECK(cudaStreamDestroy(s) == 0);
+}
+
 /* Note [Pinned memory answers as asked] (src/device/pinned/cache.rs): a pinned block of 5,000
  * bytes answers pointer queries with its own range, a pointer past it is unknown memory, and so
  * is the block after cudaFreeHost (our cache keeps it pinned); twice, the second time on the
@@ -670,6 +691,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "async")) async();
     else if (!strcmp(s, "per-thread-streams")) per_thread_streams();
     else if (!strcmp(s, "capture") || !strcmp(s, "capture-relaxed")) capture(s);
+    else if (!strncmp(s, "capture-after-free-", 19)) capture_after_free(s);
     else if (!strcmp(s, "first-calls")) first_calls();
     else if (!strcmp(s, "pinned-range")) pinned_range();
     else if (!strcmp(s, "stream-idle")) stream_idle();

@@ -220,10 +220,10 @@ pub struct OutOfMemory {
     /// mapping limit (u64::MAX when none) and 0.
     pub total_bytes: u64,
     pub free_bytes: u64,
-    /// Device: what cudaMemGetInfo answers the program (free plus our cache, under the cap).
-    pub available_bytes: u64,
     /// The pool's cap, when the cap is what refused.
     pub cap_bytes: Option<u64>,
+    /// Device: a graph capture under way kept the pool from giving its cache back.
+    pub capture_kept_cache: bool,
     /// The caller frees its own cache and asks again, as PyTorch's caching allocator does: the
     /// report waits for that retry (Note [A report the program recovers from] in report/oom.rs).
     pub caller_retries: bool,

@@ -113,6 +113,8 @@ pub struct Failure {
     pub cached_bytes: u64,
     /// The largest free block the pool holds (fragmentation).
     pub largest_free_bytes: u64,
+    /// Device: a graph capture was under way, so the pool could not give its cache back.
+    pub capture_kept_cache: bool,
 }
 
 impl Failure {
@@ -137,7 +139,7 @@ impl Failure {
     pub fn last() -> Option<Failure> {
         let v: [u64; 8] = core::array::from_fn(|i| LAST.get(i).map_or(0, |a| a.load(Relaxed)));
         let [place, request_bytes, total_bytes, free_bytes, reserved_bytes, live_bytes, cached_bytes, largest_free_bytes] = v;
-        (place != 0).then(|| Failure { place: (place - 1) as u8, request_bytes, total_bytes, free_bytes, reserved_bytes, live_bytes, cached_bytes, largest_free_bytes })
+        (place != 0).then(|| Failure { place: (place - 1) as u8, request_bytes, total_bytes, free_bytes, reserved_bytes, live_bytes, cached_bytes, largest_free_bytes, capture_kept_cache: false })
     }
 }
 
@@ -149,7 +151,7 @@ pub fn on_out_of_memory(e: &OutOfMemory) {
         f.live_bytes = HOST.stats.live.current();
         f.cached_bytes = HOST.cached().1 as u64;
     } else {
-        f.free_bytes = e.available_bytes;
+        (f.free_bytes, f.capture_kept_cache) = (e.free_bytes, e.capture_kept_cache);
         DEVICE.for_each_pool(|d, pool| {
             if device_place(d) == e.place {
                 (f.reserved_bytes, f.live_bytes) = (pool.stats.reserved_bytes, pool.stats.live_bytes);
@@ -201,7 +203,11 @@ fn report(f: &Failure, cap_bytes: Option<u64>, caller_retries: bool) {
 pub fn write_report<W: Write>(w: &mut W, f: &Failure, cap_bytes: Option<u64>, left_out: u64, holders: &Table) -> fmt::Result {
     let place = PlaceName(f.place);
     if f.place >= 2 {
-        writeln!(w, "tensormalloc: out of memory on {place}: a request of {} failed after the pool gave its cached segments back and tried again", Bytes(f.request_bytes))?;
+        if f.capture_kept_cache && f.cached_bytes > 0 {
+            writeln!(w, "tensormalloc: out of memory on {place}: a request of {} failed; the pool kept its {} cached, since a graph capture is under way (giving it back would synchronize the device and invalidate the capture)", Bytes(f.request_bytes), Bytes(f.cached_bytes))?;
+        } else {
+            writeln!(w, "tensormalloc: out of memory on {place}: a request of {} failed after the pool gave its cached segments back and tried again", Bytes(f.request_bytes))?;
+        }
         if f.total_bytes > 0 {
             writeln!(w, "  device: {} total, {} free (the driver's figures); {} in use outside this pool (the CUDA context, other allocators, other processes)", Bytes(f.total_bytes), Bytes(f.free_bytes), Bytes(f.outside_pool_bytes()))?;
         }
@@ -271,7 +277,7 @@ mod tests {
 
     #[test]
     fn the_report_names_fragmentation_and_the_cap() {
-        let f = Failure { place: 2, request_bytes: 4 << 30, total_bytes: 80 << 30, free_bytes: 1 << 30, reserved_bytes: 70 << 30, live_bytes: 60 << 30, cached_bytes: 10 << 30, largest_free_bytes: 1 << 30 };
+        let f = Failure { place: 2, request_bytes: 4 << 30, total_bytes: 80 << 30, free_bytes: 1 << 30, reserved_bytes: 70 << 30, live_bytes: 60 << 30, cached_bytes: 10 << 30, largest_free_bytes: 1 << 30, capture_kept_cache: false };
         let mut w = StackWriter::<8192>::new();
         write_report(&mut w, &f, Some(70 << 30), 3, &Table::gather()).unwrap();
         let text = std::str::from_utf8(w.as_bytes()).unwrap();
@@ -286,5 +292,10 @@ mod tests {
         write_report(&mut w, &host, None, 0, &Table::gather()).unwrap();
         let text = std::str::from_utf8(w.as_bytes()).unwrap();
         assert!(text.contains("large host block of 1.0 GiB") && !text.contains("mapping limit"), "{text}");
+        // A capture under way: the cache was kept, and the report says so rather than that it went back.
+        let mut w = StackWriter::<8192>::new();
+        write_report(&mut w, &Failure { capture_kept_cache: true, ..f }, None, 0, &Table::gather()).unwrap();
+        let text = std::str::from_utf8(w.as_bytes()).unwrap();
+        assert!(text.contains("failed; the pool kept its 10.0 GiB cached, since a graph capture is under way") && !text.contains("gave its cached"), "{text}");
     }
 }

@@ -89,17 +89,36 @@ fn runtime_ready(rt: &CudaFns) -> bool {
     pool_on() && context_bound(rt)
 }
 
-/// Whether a context is current, after binding one if none was: a thread's first runtime call
-/// has none yet, and `cudaFree(NULL)`, the runtime's own idiom for it, binds the primary context
-/// of the current device and does nothing else.
+/// Whether a context is current, after the runtime has set itself up for it (Note [The runtime
+/// set up before we serve it]).
 fn context_bound(rt: &CudaFns) -> bool {
-    if crate::sys::cuda_driver::current_context() != 0 {
+    thread_local! {
+        /// The context the runtime was last set up for on this thread.
+        static SET_UP_FOR: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
+    }
+    let current = crate::sys::cuda_driver::current_context();
+    if current != 0 && SET_UP_FOR.with(|s| s.get()) == current {
         return true;
     }
     // SAFETY: cudaFree(NULL) is defined to do nothing but initialize.
     unsafe { (rt.free)(core::ptr::null_mut()) };
-    crate::sys::cuda_driver::current_context() != 0
+    let bound = crate::sys::cuda_driver::current_context();
+    SET_UP_FOR.with(|s| s.set(bound));
+    bound != 0
 }
+
+// Note [The runtime set up before we serve it]
+// The pool answers cudaMalloc, cudaMallocHost, cudaHostAlloc and cudaMemGetInfo from the driver,
+// so the runtime never sees them. Alone, the runtime's first call on a device sets it up: it
+// binds the device's primary context when none is current, and it retains that context, which
+// then lives as long as the runtime does. A program whose first runtime call is one of ours
+// would otherwise have no such reference: where a library using the driver API (Numba,
+// cuda-python, PyCUDA, JAX) had retained the primary context and made it current, its release
+// destroyed the context and every block in it (cudaMemset and cudaFree failing, a read of the
+// block 700, the program's own write to pinned memory SIGSEGV: the cudart hunter). So each
+// thread calls `cudaFree(NULL)`, the runtime's own idiom for "set up and do nothing else", once
+// for each context it finds current at one of these calls: one call of the runtime's per thread
+// and context, a load of a thread-local after.
 
 /// The memory a free names, for the one line a refused free prints per kind.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -124,7 +124,9 @@ pub fn versioned_interposer(after_us: bool, name: &core::ffi::CStr) -> Option<*m
     };
     // SAFETY: valid C strings; dlvsym is not interposed.
     let q = unsafe { libc::dlvsym(handle, name.as_ptr(), version.as_ptr()) };
-    (!q.is_null() && !is_ours(q) && !in_c_library(q as usize)).then_some(q)
+    // The main program's canonical PLT entry answers a versioned lookup too: no interposer
+    // (Note [A program that takes malloc's address]).
+    (!q.is_null() && !is_ours(q) && !in_c_library(q as usize) && !is_plt_stub(q)).then_some(q)
 }
 
 /// Whether glibc's malloc debugging library stands in front of us or after us (Note [Memory
@@ -167,8 +169,100 @@ pub unsafe fn own_definition(name: &core::ffi::CStr) -> *mut c_void {
 /// Whether the process's definition of `name` (what a call by symbol reaches) is ours: false when
 /// this library was loaded by path, outside the global scope.
 pub fn process_definition_is_ours(name: &core::ffi::CStr) -> bool {
+    is_ours(process_definition(name))
+}
+
+// Note [A program that takes malloc's address]
+// A program built without PIE (Debian's node and python3) whose code takes the address of
+// malloc, realloc or free (an allocator's table of them) gets a canonical PLT entry for it: its
+// dynamic symbol table lists the name undefined, but with the stub's address as its value, so
+// that every object's pointer to the function compares equal; and dlsym(RTLD_DEFAULT) answers
+// that stub. It is code of the main program, neither ours nor the C library's, and read as an
+// allocator in front of us: under node our thread was never made and every freed block was
+// unmapped at once (3 to 30 times glibc's time: the runtimes hunter). A call through the stub
+// reaches what the program's own reference was bound to, the first definition after the main
+// program in the global scope. So an answer that is such a stub is looked up again in each object
+// loaded after the main program, in load order, until one defines the name itself. Only
+// successful lookups (a failed one allocates its message), and only at load.
+
+/// What a call by symbol to `name` reaches in the process: glibc's dlsym with RTLD_DEFAULT, seen
+/// through the main program's canonical PLT entries (Note [A program that takes malloc's
+/// address]).
+pub fn process_definition(name: &core::ffi::CStr) -> *mut c_void {
     // SAFETY: glibc's dlsym; RTLD_DEFAULT searches the global scope whoever asks.
-    is_ours(unsafe { glibc()(libc::RTLD_DEFAULT, name.as_ptr()) })
+    let p = unsafe { glibc()(libc::RTLD_DEFAULT, name.as_ptr()) };
+    if !is_plt_stub(p) {
+        return p;
+    }
+    definition_after_main(name).unwrap_or(p)
+}
+
+/// Whether `p` is a canonical PLT entry: the symbol dladdr finds for it is undefined.
+fn is_plt_stub(p: *mut c_void) -> bool {
+    if p.is_null() {
+        return false;
+    }
+    // SAFETY: dladdr1 fills the struct we own and points `sym` at the loader's symbol entry,
+    // which lives as long as the object.
+    unsafe {
+        let mut info: libc::Dl_info = core::mem::zeroed();
+        let mut sym: *mut c_void = core::ptr::null_mut();
+        libc::dladdr1(p, &mut info, &mut sym, RTLD_DL_SYMENT) != 0 && !sym.is_null() && (*(sym as *const libc::Elf64_Sym)).st_shndx == SHN_UNDEF
+    }
+}
+
+const RTLD_DL_SYMENT: core::ffi::c_int = 1;
+const SHN_UNDEF: u16 = 0;
+/// Objects looked at after the main program: the preloads and the first of its libraries.
+const OBJECTS: usize = 32;
+
+/// The first definition of `name` in an object loaded after the main program, in load order.
+fn definition_after_main(name: &core::ffi::CStr) -> Option<*mut c_void> {
+    // Collected first: no lookup while dl_iterate_phdr holds the loader's lock.
+    let mut names = ([core::ptr::null::<core::ffi::c_char>(); OBJECTS], 0usize);
+    unsafe extern "C" fn collect(info: *mut libc::dl_phdr_info, _: usize, data: *mut c_void) -> core::ffi::c_int {
+        // SAFETY: `data` is `names`, borrowed for the call; `info` is the loader's.
+        let (names, count) = unsafe { &mut *(data as *mut ([*const core::ffi::c_char; OBJECTS], usize)) };
+        let Some(slot) = names.get_mut(*count) else { return 1 };
+        // SAFETY: as above.
+        *slot = unsafe { (*info).dlpi_name };
+        *count += 1;
+        0
+    }
+    // SAFETY: the callback only writes into `names`.
+    unsafe { libc::dl_iterate_phdr(Some(collect), &mut names as *mut _ as *mut c_void) };
+    let (names, count) = names;
+    // The first is the main program.
+    for &path in names.iter().take(count).skip(1) {
+        // SAFETY: the loader's name of a loaded object (the vdso's has no file: its lookup fails).
+        let path = unsafe { CStr::from_ptr(path) };
+        if path.is_empty() {
+            continue;
+        }
+        // SAFETY: a loaded object's path and a C string constant.
+        let Some(p) = (unsafe { lookup_in_loaded(path, name) }) else { continue };
+        if !p.is_null() && object_of(p as usize).is_some_and(|(_, of)| of == path) {
+            return Some(p);
+        }
+    }
+    None
+}
+
+/// `name` looked up by the handle of the already loaded object `path` (it and its dependencies),
+/// with glibc's own dlsym (ours answers our malloc for the next allocator's handle): null when
+/// nothing there defines it; None when `path` is not loaded. Never loads anything: the NOLOAD
+/// handle only counts a reference to an object that stays loaded, given back at once.
+///
+/// # Safety
+/// `path` names a loaded object or none.
+pub unsafe fn lookup_in_loaded(path: &CStr, name: &CStr) -> Option<*mut c_void> {
+    let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+    if h.is_null() {
+        return None;
+    }
+    let a = glibc()(h, name.as_ptr());
+    libc::dlclose(h);
+    Some(a)
 }
 
 /// Whether the code at `addr` lies in the C library (libc.so.6).

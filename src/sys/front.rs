@@ -56,8 +56,7 @@ pub fn front() -> Option<(ReallocFn, FreeFn)> {
 pub fn resolve_at_load() {
     // The process's definition: None when it is ours or there is none.
     let found = |name: &core::ffi::CStr| {
-        // SAFETY: glibc's dlsym with a constant name; RTLD_DEFAULT searches the global scope.
-        let p = unsafe { super::dlsym::glibc()(libc::RTLD_DEFAULT, name.as_ptr()) };
+        let p = super::dlsym::process_definition(name);
         if !p.is_null() && !super::dlsym::is_ours(p) {
             return Some(p as usize);
         }

@@ -165,24 +165,10 @@ fn replaced_behind_us(base: &CStr) -> bool {
 /// did.
 fn defines((base, path): (usize, &'static CStr), name: &CStr) -> bool {
     // SAFETY: a loaded object's path and a C string constant.
-    match unsafe { lookup_in_loaded(path, name) } {
+    match unsafe { super::dlsym::lookup_in_loaded(path, name) } {
         Some(m) => super::dlsym::object_of(m as usize).is_some_and(|(b, _)| b == base),
         None => true,
     }
-}
-
-/// `name` looked up by the handle of the already loaded object `path` (it and its dependencies),
-/// with glibc's own dlsym (ours answers our malloc for the next allocator's handle); None when
-/// `path` is not loaded. Never loads anything: the NOLOAD handle only counts a reference to an
-/// object that stays loaded, given back at once.
-unsafe fn lookup_in_loaded(path: &CStr, name: &CStr) -> Option<*mut c_void> {
-    let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
-    if h.is_null() {
-        return None;
-    }
-    let a = super::dlsym::glibc()(h, name.as_ptr());
-    libc::dlclose(h);
-    Some(a)
 }
 
 // Note [libstdc++ shortcut]
@@ -208,7 +194,7 @@ unsafe fn find(name: &CStr) -> *mut c_void {
 /// The C++ runtime's own definition, whatever is preloaded after us: the copy already loaded,
 /// by handle, never loading one.
 unsafe fn find_in_cxx_runtime(name: &CStr) -> *mut c_void {
-    [c"libstdc++.so.6", c"libc++.so.1"].into_iter().find_map(|lib| lookup_in_loaded(lib, name).filter(|a| !a.is_null())).unwrap_or(core::ptr::null_mut())
+    [c"libstdc++.so.6", c"libc++.so.1"].into_iter().find_map(|lib| super::dlsym::lookup_in_loaded(lib, name).filter(|a| !a.is_null())).unwrap_or(core::ptr::null_mut())
 }
 
 

@@ -84,9 +84,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 return; // more than the device holds: a probe, not a shortage (as on the host)
             }
             (e.free_bytes, e.total_bytes) = (free as u64, total as u64);
-            e.available_bytes = self.available(index, free, total) as u64;
         }
         e.cap_bytes = cap_refused.then(|| self.cap_bytes(index));
+        e.capture_kept_cache = self.capturing();
         e.caller_retries = holder != 0 && record::holders::frees_and_retries(holder);
         record::out_of_memory(&e);
     }

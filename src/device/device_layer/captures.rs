@@ -25,6 +25,14 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 // Each side counts itself before it reads the other: a capture's begin waits (bounded) for our
 // driver calls already under way, and every call of ours counts itself, then looks for
 // captures, so none overlaps a capture.
+// Before a capture begins, with none under way, the current device's cached memory goes back to
+// the driver (`before_capture`: one synchronization, then cuMemFree of every free segment). It
+// is memory the program freed; alone, its frees had given it back, and an allocation in the
+// capture that needs it could not have it from us later: the cache stays through a capture, so
+// a cudaMalloc there failed where it succeeds alone (PyTorch frees its cache before capturing,
+// torch.cuda.graph's empty_cache; the cudart hunter's 600 MiB freed, then 700 MiB asked in the
+// capture, of 1 GiB). A program that captures in a loop gets the cache back between captures
+// only as far as it allocates between them.
 // A capture's end from the wrong thread (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) or on a stream
 // that was not capturing ends none. A capture is kept with its stream and context (16 at a
 // time; more are counted only), so that the end of its context (destroyed, reset) ends it: a
@@ -112,6 +120,21 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             }
             crate::sys::clock::pause();
         }
+    }
+
+    /// A capture is about to begin: with none under way, the current device's cached memory
+    /// goes back to the driver (Note [Graph captures under way]).
+    pub fn before_capture(&self) {
+        let Ok(device) = self.runtime.current_device() else { return };
+        let Some(pool) = usize::try_from(device).ok().and_then(|d| self.pools().get(d)) else { return };
+        {
+            let pool = pool.lock();
+            if !pool.is_ready() || pool.cached_bytes() == 0 {
+                return;
+            }
+        }
+        let Some(_call) = self.unasked() else { return };
+        let _ = self.with_device(device, || self.release_cached(device as usize, pool, u64::MAX));
     }
 
     /// The begin call on `stream` answered `rc`: a refused one began no capture; one begun is

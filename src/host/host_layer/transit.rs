@@ -124,7 +124,11 @@ impl Drop for InTransit<'_> {
         // Before the pass leaves (the fields drop after this), which wakes the waiters.
         match self.held {
             Held::Nothing => {}
-            Held::Slot(slot) => self.transit.spans[slot].store(0, SeqCst),
+            Held::Slot(slot) => {
+                if let Some(span) = self.transit.spans.get(slot) {
+                    span.store(0, SeqCst);
+                }
+            }
             Held::Everything => {
                 self.transit.unspanned.fetch_sub(1, SeqCst);
             }

@@ -14,6 +14,7 @@ use core::ffi::{c_int, c_void};
 /// `call` makes the driver's call with the caller's arguments, under the driver's contract.
 pub unsafe fn begin<F>(stream: *mut c_void, spelling: fn(&DriverFns) -> Option<F>, call: impl FnOnce(F) -> c_int) -> c_int {
     let Some(real) = driver().and_then(spelling) else { return CUDA_ERROR_INITIALIZATION };
+    DEVICE.before_capture();
     DEVICE.capture_beginning();
     let rc = call(real);
     DEVICE.capture_begin_answered(rc, stream as u64);
