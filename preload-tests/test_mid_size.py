@@ -100,3 +100,17 @@ print(json.dumps({"faults_per_iter": (resource.getrusage(resource.RUSAGE_SELF).r
         assert ours["faults_per_iter"] > 10, (ours, glibc)  # the old threshold left them to glibc
     else:
         assert ours["faults_per_iter"] < 1, (ours, glibc)
+
+
+def test_a_ring_of_drifting_sizes_gathers_nothing(tmp_path):
+    """Note [Gathering pages] (src/host/cache/gather.rs), c/drifting_ring.c: 64 live blocks of
+    200-400 KB, each request a little larger than the block freed before it. A third of the
+    requests gathered pages of several cached blocks (four system calls and a new piece left
+    behind each time: 40 times glibc's time touching a byte a block); below 1 MiB a request is
+    now a fresh mapping or a hit, never a gathering."""
+    stats = tmp_path / "stats.json"
+    ok(run([compile_c("drifting_ring")], preload=False))
+    out = ok(run([compile_c("drifting_ring")], env={"TENSORMALLOC_STATS": f"json:{stats}"}))
+    assert out.stdout == "ring ok\n", out
+    host = json.loads(stats.read_text())["host"]
+    assert host["requests"] >= 20000 and host["grows"] == 0, host

@@ -14,6 +14,9 @@ impl<M: PageMemory> HostLayer<M> {
     /// mapping of the needed size, so only what they do not cover faults in (Note [Gathering
     /// pages]). Returns the block, its moved parts zeroed for a calloc of `zero_for` bytes.
     pub(super) fn gather_cached(&self, need: usize, align: usize, birth: Birth, zero_for: Option<usize>) -> Option<usize> {
+        if need < GATHER_MIN {
+            return None;
+        }
         // In transit until they moved or came back: a claim of their range waits (Note [Ranges
         // the program claims]).
         let (parts, _transit) = {
@@ -138,3 +141,6 @@ impl<M: PageMemory> HostLayer<M> {
         }
     }
 }
+
+/// The smallest request gathered (Note [Gathering pages]): below, a fresh mapping.
+const GATHER_MIN: usize = 1 << 20;
