@@ -83,6 +83,9 @@ fn init_slow() -> Option<&'static Globals> {
     if INIT_STATE.compare_exchange(UNINIT, RUNNING, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return None;
     }
+    // First: what tells us which object holds an address (sys::dlsym::object_of), which the
+    // lookups below ask about 160 times.
+    crate::sys::caller::init();
     let mut config = read_config();
     // Note [Memory debuggers].
     if !config.disabled && crate::sys::dlsym::glibc_malloc_debug_loaded() {
@@ -99,7 +102,6 @@ fn init_slow() -> Option<&'static Globals> {
         return None;
     };
     crate::sys::memory::read_commit_limit();
-    crate::sys::caller::init();
     crate::sys::page_calls::resolve_next();
     let (memory_bytes, in_limited_cgroup) = crate::sys::memory::usable_bytes();
     HOST.configure(&config, memory_bytes, in_limited_cgroup);

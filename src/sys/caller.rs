@@ -45,6 +45,21 @@ fn find_object(addr: usize) -> Option<DlFindObject> {
     (unsafe { find(addr as *mut c_void, &mut found) } == 0).then_some(found)
 }
 
+/// The object holding `addr`, as `_dl_find_object` says: where its mapping starts, and the
+/// loader's name for it (empty for the main program); None when it lies in no loaded object or
+/// glibc is too old to say (then ask dladdr).
+pub fn loaded_object(addr: usize) -> Option<(usize, &'static CStr)> {
+    let found = find_object(addr)?;
+    if found.link_map.is_null() {
+        return None;
+    }
+    // SAFETY: a `struct link_map` begins with l_addr and l_name (link.h, the public part); the
+    // loader's name lives as long as the object.
+    let name = unsafe { *(found.link_map as *const *const c_char).add(1) };
+    // SAFETY: as above; a non-null name is NUL-terminated.
+    Some((found.map_start as usize, if name.is_null() { c"" } else { unsafe { CStr::from_ptr(name) } }))
+}
+
 /// Where the object holding code address `addr` starts; `None` when `addr` lies in no loaded
 /// object (a JIT's code), `Some(addr)` itself when glibc is too old to say (each call site then
 /// stands for itself).
