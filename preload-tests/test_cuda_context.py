@@ -41,7 +41,7 @@ def test_under_the_preload(name, mode, tmp_path):
 
 
 @pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "alone"])
-@pytest.mark.parametrize("memory", ["device", "pinned"])
+@pytest.mark.parametrize("memory", ["device", "pinned", "reset"])
 def test_a_context_a_library_releases_lives_on_for_the_runtime(memory, preload):
     """Note [The runtime set up before we serve it] (src/route/cuda.rs), c/runtime_context.c over
     NVIDIA's libcudart.so.13: a driver-API library's primary context current, the program's first

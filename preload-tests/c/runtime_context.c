@@ -6,6 +6,9 @@
  * block live on. Before Note [The runtime set up before we serve it] the pool served the call
  * without the runtime ever setting up: the release destroyed the context with the block
  * (cudaMemset and cudaFree failing, the read 700; the pinned buffer's write SIGSEGV).
+ * `reset`: as `device`, after a first cudaMalloc, a cudaDeviceReset and the library's retain
+ * again: the primary context keeps its handle, and a per-thread record of the context the runtime
+ * was set up for skipped the setting up (the review).
  * Prints "NAME ok". Declarations of our own: the wheel has no headers. */
 #include <stdio.h>
 #include <string.h>
@@ -25,6 +28,7 @@ int cudaMemset(void *, int, size_t);
 int cudaDeviceSynchronize(void);
 int cudaMallocHost(void **, size_t);
 int cudaFreeHost(void *);
+int cudaDeviceReset(void);
 int fakecuda_read_byte(const void *, unsigned char *);
 
 int main(int argc, char **argv) {
@@ -33,7 +37,13 @@ int main(int argc, char **argv) {
     CUcontext ctx;
     CHECK(cuInit(0) == 0 && cuDeviceGet(&dev, 0) == 0);
     CHECK(cuDevicePrimaryCtxRetain(&ctx, dev) == 0 && cuCtxSetCurrent(ctx) == 0);
-    if (!strcmp(mode, "device")) {
+    if (!strcmp(mode, "reset")) {
+        void *first = NULL;
+        CHECK(cudaMalloc(&first, 1 << 20) == 0);
+        CHECK(cudaDeviceReset() == 0);
+        CHECK(cuDevicePrimaryCtxRetain(&ctx, dev) == 0 && cuCtxSetCurrent(ctx) == 0);
+    }
+    if (strcmp(mode, "pinned")) {
         void *block = NULL;
         CHECK(cudaMalloc(&block, 1 << 20) == 0);
         CHECK(cuDevicePrimaryCtxRelease_v2(dev) == 0);

@@ -93,17 +93,20 @@ fn runtime_ready(rt: &CudaFns) -> bool {
 /// set up before we serve it]).
 fn context_bound(rt: &CudaFns) -> bool {
     thread_local! {
-        /// The context the runtime was last set up for on this thread.
-        static SET_UP_FOR: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
+        /// The context the runtime was last set up for on this thread, and how many contexts
+        /// had ended then (a reset keeps a primary context's handle: a new context, the same
+        /// handle; the review's find).
+        static SET_UP_FOR: core::cell::Cell<(u64, u64)> = const { core::cell::Cell::new((0, 0)) };
     }
     let current = crate::sys::cuda_driver::current_context();
-    if current != 0 && SET_UP_FOR.with(|s| s.get()) == current {
+    let ended = crate::device::device_layer::contexts_ended();
+    if current != 0 && SET_UP_FOR.with(|s| s.get()) == (current, ended) {
         return true;
     }
     // SAFETY: cudaFree(NULL) is defined to do nothing but initialize.
     unsafe { (rt.free)(core::ptr::null_mut()) };
     let bound = crate::sys::cuda_driver::current_context();
-    SET_UP_FOR.with(|s| s.set(bound));
+    SET_UP_FOR.with(|s| s.set((bound, ended)));
     bound != 0
 }
 

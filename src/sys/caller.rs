@@ -3,69 +3,22 @@
 //! and, for reports only, the names dladdr gives (the loader's own strings, no allocation).
 //! Note [Holders] in holders.rs says what the answers are for.
 
+use super::find_object::find_object;
 use core::ffi::{c_char, c_int, c_void, CStr};
 use core::sync::atomic::{AtomicUsize, Ordering::{Acquire, Release}};
-
-/// glibc's `struct dl_find_object`, with room to spare for fields later versions append.
-#[repr(C)]
-struct DlFindObject {
-    flags: u64,
-    map_start: *mut c_void,
-    map_end: *mut c_void,
-    link_map: *mut c_void,
-    eh_frame: *mut c_void,
-    reserved: [u64; 16],
-}
-
-type FindObjectFn = unsafe extern "C" fn(*mut c_void, *mut DlFindObject) -> c_int;
-
-const UNRESOLVED: usize = 0;
-const ABSENT: usize = 1;
-static FIND_OBJECT: AtomicUsize = AtomicUsize::new(UNRESOLVED);
 
 /// Resolves `_dl_find_object` (at init, where dlsym may run).
 pub fn init() {
     // SAFETY: glibc's dlsym with a valid C string; not called on an allocation path.
     let p = unsafe { crate::sys::dlsym::glibc()(libc::RTLD_DEFAULT, c"_dl_find_object".as_ptr()) };
-    FIND_OBJECT.store(if p.is_null() { ABSENT } else { p as usize }, Release);
-}
-
-/// What `_dl_find_object` says of `addr`; `None` when it lies in no loaded object or glibc is
-/// too old to say.
-fn find_object(addr: usize) -> Option<DlFindObject> {
-    let f = FIND_OBJECT.load(Acquire);
-    if f == UNRESOLVED || f == ABSENT {
-        return None;
-    }
-    // SAFETY: FIND_OBJECT holds _dl_find_object (set once by init).
-    let find = unsafe { core::mem::transmute::<usize, FindObjectFn>(f) };
-    // SAFETY: an all-zero struct of plain fields and pointers is valid.
-    let mut found: DlFindObject = unsafe { core::mem::zeroed() };
-    // SAFETY: any address may be asked; the struct is ours and large enough.
-    (unsafe { find(addr as *mut c_void, &mut found) } == 0).then_some(found)
-}
-
-/// The object holding `addr`, as `_dl_find_object` says: where its mapping starts, and the
-/// loader's name for it (empty for the main program); None when it lies in no loaded object or
-/// glibc is too old to say (then ask dladdr).
-pub fn loaded_object(addr: usize) -> Option<(usize, &'static CStr)> {
-    let found = find_object(addr)?;
-    if found.link_map.is_null() {
-        return None;
-    }
-    // SAFETY: a `struct link_map` begins with l_addr and l_name (link.h, the public part); the
-    // loader's name lives as long as the object.
-    let name = unsafe { *(found.link_map as *const *const c_char).add(1) };
-    // SAFETY: as above; a non-null name is NUL-terminated.
-    Some((found.map_start as usize, if name.is_null() { c"" } else { unsafe { CStr::from_ptr(name) } }))
+    super::find_object::set(p as usize);
 }
 
 /// Where the object holding code address `addr` starts; `None` when `addr` lies in no loaded
 /// object (a JIT's code), `Some(addr)` itself when glibc is too old to say (each call site then
 /// stands for itself).
 pub fn object_start(addr: usize) -> Option<usize> {
-    let f = FIND_OBJECT.load(Acquire);
-    if f == UNRESOLVED || f == ABSENT {
+    if !super::find_object::available() {
         return Some(addr);
     }
     find_object(addr).map(|found| found.map_start as usize)

@@ -234,9 +234,10 @@ fn definition_after_main(name: &core::ffi::CStr) -> Option<*mut c_void> {
     let (names, count) = names;
     // The first is the main program.
     for &path in names.iter().take(count).skip(1) {
-        // SAFETY: the loader's name of a loaded object (the vdso's has no file: its lookup fails).
+        // SAFETY: the loader's name of a loaded object.
         let path = unsafe { CStr::from_ptr(path) };
-        if path.is_empty() {
+        // Objects with no file (the vdso) define no malloc, and a lookup that fails allocates.
+        if !path.to_bytes().contains(&b'/') {
             continue;
         }
         // SAFETY: a loaded object's path and a C string constant.
@@ -285,7 +286,7 @@ pub fn object_of(addr: usize) -> Option<(usize, &'static CStr)> {
     if addr == 0 {
         return None;
     }
-    if let Some(found) = super::caller::loaded_object(addr) {
+    if let Some(found) = super::find_object::loaded_object(addr) {
         return Some(found);
     }
     // SAFETY: dladdr fills the struct we own; a non-null name is NUL-terminated.

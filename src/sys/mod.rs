@@ -18,6 +18,7 @@ pub mod cuda_shareable;
 pub mod cxx_throw;
 pub mod dir;
 pub mod dlsym;
+pub mod find_object;
 pub mod env;
 pub mod files;
 pub mod fork_mark;

@@ -25,14 +25,16 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 // Each side counts itself before it reads the other: a capture's begin waits (bounded) for our
 // driver calls already under way, and every call of ours counts itself, then looks for
 // captures, so none overlaps a capture.
-// Before a capture begins, with none under way, the current device's cached memory goes back to
-// the driver (`before_capture`: one synchronization, then cuMemFree of every free segment). It
+// Before a capture begins, with none under way and the driver's free memory under what the
+// current device's pool holds cached, that cache goes back to the driver (`before_capture`: one
+// synchronization, then cuMemFree of every free segment). It
 // is memory the program freed; alone, its frees had given it back, and an allocation in the
 // capture that needs it could not have it from us later: the cache stays through a capture, so
 // a cudaMalloc there failed where it succeeds alone (PyTorch frees its cache before capturing,
 // torch.cuda.graph's empty_cache; the cudart hunter's 600 MiB freed, then 700 MiB asked in the
-// capture, of 1 GiB). A program that captures in a loop gets the cache back between captures
-// only as far as it allocates between them.
+// capture, of 1 GiB). With room to spare nothing is given back, and no synchronization comes
+// at the begin. Only the current device's pool: a capture on a stream of another device keeps
+// that device's cache (docs/limits.md).
 // A capture's end from the wrong thread (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) or on a stream
 // that was not capturing ends none. A capture is kept with its stream and context (16 at a
 // time; more are counted only), so that the end of its context (destroyed, reset) ends it: a
@@ -127,11 +129,14 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     pub fn before_capture(&self) {
         let Ok(device) = self.runtime.current_device() else { return };
         let Some(pool) = usize::try_from(device).ok().and_then(|d| self.pools().get(d)) else { return };
-        {
+        let cached = {
             let pool = pool.lock();
-            if !pool.is_ready() || pool.cached_bytes() == 0 {
-                return;
-            }
+            if !pool.is_ready() { 0 } else { pool.cached_bytes() }
+        };
+        // Only where the device is short: free memory under what we hold. A capture begin with
+        // room to spare costs no synchronization (a program capturing every step: the review).
+        if cached == 0 || self.runtime.mem_info().is_ok_and(|(free, _)| free as u64 >= cached) {
+            return;
         }
         let Some(_call) = self.unasked() else { return };
         let _ = self.with_device(device, || self.release_cached(device as usize, pool, u64::MAX));

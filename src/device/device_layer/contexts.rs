@@ -11,6 +11,20 @@ use crate::record::holders::device_place;
 use crate::sys::lock::Lock;
 use core::sync::atomic::Ordering::Acquire;
 
+/// Contexts ended so far (destroyed, reset, released for good): a handle the driver gives again
+/// names a new context, which the runtime must set up again (Note [The runtime set up before we
+/// serve it] in route/cuda.rs).
+static CONTEXTS_ENDED: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// How many contexts ended so far.
+pub fn contexts_ended() -> u64 {
+    CONTEXTS_ENDED.load(Acquire)
+}
+
+fn context_ended() {
+    CONTEXTS_ENDED.fetch_add(1, core::sync::atomic::Ordering::AcqRel);
+}
+
 impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// The context `device`'s pool is bound to (Note [Context lifetime]); 0 when none.
@@ -21,6 +35,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Note [Context lifetime]: context `ctx` was (or is about to be) destroyed: every pool
     /// whose segments live in it, and its pinned blocks, are forgotten.
     pub fn forget_context(&self, ctx: u64) {
+        context_ended();
         self.captures_of_context_ended(ctx);
         for (device, pool) in self.pools().iter().enumerate() {
             if ctx != 0 {
@@ -94,6 +109,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// cuDevicePrimaryCtxReset). Its pool is forgotten unless it lives in another context; when
     /// the driver cannot tell, it is forgotten anyway (a lost cache, never a dead block).
     pub fn forget_primary(&self, device: i32) {
+        context_ended();
         let primary = self.runtime.primary_context(device);
         let owner = self.context_of(device);
         let owned_by_primary = match primary {

@@ -27,6 +27,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, 
 mod alloc;
 mod captures;
 mod contexts;
+pub use contexts::contexts_ended;
 mod free;
 mod give_back;
 mod mapping;

@@ -66,7 +66,13 @@ impl<M: PageMemory> HostLayer<M> {
             let found = self.claim_once(addr, end);
             // What another thread took out of the records before us is unmapped, moved or put
             // back by it.
-            self.wait_stalled(|deadline| self.transit.wait_clear_of(addr, end, self.clock, deadline), || self.transit.meets(addr, end));
+            // Any span that meets the range, at most CLAIM_WAIT_NS; then one range's own, however
+            // long (Note [Ranges in transit]).
+            self.transit.wait_clear_of(addr, end, false, self.clock, (self.clock)().saturating_add(CLAIM_WAIT_NS));
+            if self.transit.meets(addr, end, true) {
+                warn_stalled();
+                self.transit.wait_clear_of(addr, end, true, self.clock, u64::MAX);
+            }
             if !found {
                 return;
             }
@@ -115,13 +121,20 @@ impl<M: PageMemory> HostLayer<M> {
         if !waiting() {
             return;
         }
-        if !CLAIM_WARNED.swap(true, core::sync::atomic::Ordering::Relaxed) {
-            crate::warn_line!("a mapping the program makes over memory tensormalloc is releasing waits for that release, whose thread has not run for {} s (stopped or starved)", CLAIM_WARN_NS / 1_000_000_000);
-        }
+        warn_stalled();
         wait(u64::MAX);
     }
 }
 
+/// The one line a claim says once it has waited CLAIM_WARN_NS (once a process).
+fn warn_stalled() {
+    if !CLAIM_WARNED.swap(true, core::sync::atomic::Ordering::Relaxed) {
+        crate::warn_line!("a mapping the program makes over memory tensormalloc is releasing waits for that release, whose thread has not run for {} s (stopped or starved)", CLAIM_WARN_NS / 1_000_000_000);
+    }
+}
+
+/// How long a claim waits at most for a span of several ranges in transit that meets its range.
+const CLAIM_WAIT_NS: u64 = 5_000_000_000;
 /// How long a claim waits for our calls on the range before it says so (a pass releasing a
 /// large block on a starved CPU takes hundreds of milliseconds).
 const CLAIM_WARN_NS: u64 = 5_000_000_000;

@@ -11,7 +11,9 @@
 // (limits.md), and then let our stalled munmap take the program's new pages. Now each thread in
 // transit writes the span of 2 MiB granules its ranges cover into one of SPANS slots, under the
 // lock that took them out, and clears it before it leaves; a claim waits only while a slot's
-// span meets its range, and for those without a bound. With every slot taken, a thread is
+// span meets its range: without a bound where the span is one range's own, at most 5 s where it
+// bounds several (a range between two blocks one thread has in transit waited for good while a
+// tracer held that thread: the review). With every slot taken, a thread is
 // counted as spanning everything (`unspanned`), as all were before. A span is a bounding one:
 // two blocks far apart make one wide span, which can only make a claim wait, never miss.
 
@@ -25,6 +27,8 @@ const GRANULE_SHIFT: u32 = 21;
 /// Granule numbers of 48-bit addresses: 27 bits each, first and last, under a "taken" bit.
 const GRANULE_BITS: u32 = 27;
 const TAKEN: u64 = 1 << 63;
+/// The span is one range's own (not the bounding span of several).
+const ONE: u64 = 1 << 62;
 
 pub struct Transit {
     gate: Gate,
@@ -78,20 +82,22 @@ impl Transit {
         self.gate.wait_empty(clock, deadline_ns);
     }
 
-    /// Waits until no range in transit meets [addr, end), or `deadline_ns` passes.
-    pub fn wait_clear_of(&self, addr: usize, end: usize, clock: fn() -> u64, deadline_ns: u64) {
-        self.gate.wait_until(clock, deadline_ns, || !self.meets(addr, end));
+    /// Waits until no range in transit meets [addr, end) (with `only_exact`, no span that is
+    /// one range's own), or `deadline_ns` passes.
+    pub fn wait_clear_of(&self, addr: usize, end: usize, only_exact: bool, clock: fn() -> u64, deadline_ns: u64) {
+        self.gate.wait_until(clock, deadline_ns, || !self.meets(addr, end, only_exact));
     }
 
-    /// Whether a range in transit may meet [addr, end).
-    pub fn meets(&self, addr: usize, end: usize) -> bool {
-        if self.unspanned.load(SeqCst) != 0 {
+    /// Whether a range in transit may meet [addr, end); with `only_exact`, whether a span that
+    /// is one range's own does (the 2 MiB granules around it).
+    pub fn meets(&self, addr: usize, end: usize, only_exact: bool) -> bool {
+        if !only_exact && self.unspanned.load(SeqCst) != 0 {
             return true;
         }
         let (first, last) = (addr as u64 >> GRANULE_SHIFT, (end.max(addr.saturating_add(1)) - 1) as u64 >> GRANULE_SHIFT);
         self.spans.iter().any(|s| {
             let packed = s.load(SeqCst);
-            packed & TAKEN != 0 && {
+            packed & TAKEN != 0 && (!only_exact || packed & ONE != 0) && {
                 let (lo, hi) = unpack(packed);
                 lo <= last && first <= hi
             }
@@ -139,17 +145,18 @@ impl Drop for InTransit<'_> {
 /// The granules `ranges` cover, first to last, packed for a slot; `None` for no range. A range
 /// past 48 bits (none of ours) spans everything.
 fn span(ranges: impl IntoIterator<Item = Range>) -> Option<u64> {
-    let (mut lo, mut hi) = (u64::MAX, 0u64);
+    let (mut lo, mut hi, mut count) = (u64::MAX, 0u64, 0);
     for r in ranges {
         lo = lo.min(r.addr as u64 >> GRANULE_SHIFT);
         hi = hi.max((r.addr.saturating_add(r.len.max(1)) - 1) as u64 >> GRANULE_SHIFT);
+        count += 1;
     }
     if lo == u64::MAX {
         return None;
     }
     let top = (1 << GRANULE_BITS) - 1;
-    let (lo, hi) = if hi > top { (0, top) } else { (lo, hi) };
-    Some(TAKEN | lo << GRANULE_BITS | hi)
+    let (lo, hi, one) = if hi > top { (0, top, 0) } else { (lo, hi, if count == 1 { ONE } else { 0 }) };
+    Some(TAKEN | one | lo << GRANULE_BITS | hi)
 }
 
 fn unpack(packed: u64) -> (u64, u64) {
@@ -171,7 +178,7 @@ mod tests {
     fn a_claim_meets_only_the_spans_it_overlaps() {
         let t = Transit::new();
         let base = 0x7f00_0000_0000usize;
-        assert!(!t.meets(base, base + MB));
+        assert!(!t.meets(base, base + MB, false));
         let a = t.enter([r(base + 8 * MB, 4 * MB), r(base + 32 * MB, 2 * MB)]);
         assert!(t.occupied());
         for (addr, len, meets) in [
@@ -184,12 +191,16 @@ mod tests {
             (base + 33 * MB, 4096, true),
             (0, usize::MAX, true),
         ] {
-            assert_eq!(t.meets(addr, addr.saturating_add(len)), meets, "{:#x}+{len:#x}", addr);
+            assert_eq!(t.meets(addr, addr.saturating_add(len), false), meets, "{:#x}+{len:#x}", addr);
         }
+        assert!(!t.meets(base + 20 * MB, base + 20 * MB + 4096, true), "a bounding span of two ranges is no range's own");
         drop(a);
-        assert!(!t.meets(0, usize::MAX) && !t.occupied());
+        let one = t.enter([r(base + 8 * MB, 4 * MB)]);
+        assert!(t.meets(base + 9 * MB, base + 9 * MB + 4096, true) && !t.meets(base + 20 * MB, base + 21 * MB, true));
+        drop(one);
+        assert!(!t.meets(0, usize::MAX, false) && !t.occupied());
         let nothing = t.enter([]);
-        assert!(t.occupied() && !t.meets(0, usize::MAX), "no range: waited for by a fork, not a claim");
+        assert!(t.occupied() && !t.meets(0, usize::MAX, false), "no range: waited for by a fork, not a claim");
         drop(nothing);
     }
 
@@ -198,16 +209,16 @@ mod tests {
         let t = Transit::new();
         let base = 0x7e00_0000_0000usize;
         let held: Vec<_> = (0..SPANS).map(|i| t.enter([r(base + i * 64 * MB, MB)])).collect();
-        assert!(!t.meets(base - 64 * MB, base - 32 * MB));
+        assert!(!t.meets(base - 64 * MB, base - 32 * MB, false));
         let extra = t.enter([r(base, MB)]);
-        assert!(t.meets(base - 64 * MB, base - 32 * MB), "a thread with no slot may be anywhere");
+        assert!(t.meets(base - 64 * MB, base - 32 * MB, false), "a thread with no slot may be anywhere");
         drop(extra);
-        assert!(!t.meets(base - 64 * MB, base - 32 * MB));
+        assert!(!t.meets(base - 64 * MB, base - 32 * MB, false));
         drop(held);
-        assert!(!t.meets(0, usize::MAX));
+        assert!(!t.meets(0, usize::MAX, false));
         t.enter([r(usize::MAX - MB, MB)]);
         let past = t.enter([r((1 << 48) + MB, MB)]);
-        assert!(t.meets(0, 4096), "past 48 bits: everything");
+        assert!(t.meets(0, 4096, false), "past 48 bits: everything");
         drop(past);
     }
 
@@ -236,12 +247,12 @@ mod tests {
                 std::hint::spin_loop();
             }
             let started = clock();
-            t.wait_clear_of(base + MB, base + 2 * MB, clock, u64::MAX);
+            t.wait_clear_of(base + MB, base + 2 * MB, false, clock, u64::MAX);
             assert!(left.load(SeqCst), "it waited for the range it meets");
             assert!(clock() - started < 500_000_000, "and was woken as it left, the other still in transit");
         });
         assert!(t.occupied(), "the range elsewhere is still in transit");
-        t.wait_clear_of(base, base + 4 * MB, clock, u64::MAX);
+        t.wait_clear_of(base, base + 4 * MB, false, clock, u64::MAX);
         drop(elsewhere);
     }
 }
