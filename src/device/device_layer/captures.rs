@@ -27,8 +27,8 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 // captures, so none overlaps a capture.
 // Before a capture begins, with none under way and the driver's free memory under what the
 // current device's pool holds cached, that cache goes back to the driver (`before_capture`: one
-// synchronization, then cuMemFree of every free segment). It
-// is memory the program freed; alone, its frees had given it back, and an allocation in the
+// synchronization, then cuMemFree of every free segment). It is memory the program freed;
+// alone, its frees had given it back, and an allocation in the
 // capture that needs it could not have it from us later: the cache stays through a capture, so
 // a cudaMalloc there failed where it succeeds alone (PyTorch frees its cache before capturing,
 // torch.cuda.graph's empty_cache; the cudart hunter's 600 MiB freed, then 700 MiB asked in the
@@ -138,8 +138,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         if cached == 0 || self.runtime.mem_info().is_ok_and(|(free, _)| free as u64 >= cached) {
             return;
         }
-        let Some(_call) = self.unasked() else { return };
-        let _ = self.with_device(device, || self.release_cached(device as usize, pool, u64::MAX));
+        let _ = self.with_device(device, || self.release_cached_unasked(device as usize, pool));
     }
 
     /// The begin call on `stream` answered `rc`: a refused one began no capture; one begun is

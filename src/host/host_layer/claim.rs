@@ -17,8 +17,10 @@
 // the sched hunter's claimx.c). The calls need no lock, so no thread the program stopped can
 // hold them up; the pass's next step, which takes the cache lock again, is not waited for.
 // Pages being gathered move or come back, and a range on its way to the kernel is unmapped by
-// the thread that took it out: the call waits for those that meet its range, however long, with
-// the same line after CLAIM_WARN_NS (Note [Ranges in transit] in transit.rs), and looks again,
+// the thread that took it out: the call waits for those that meet its range (Note [Ranges in
+// transit] in transit.rs), however long where a thread has that one range in transit (with the
+// same line after CLAIM_WARN_NS), at most CLAIM_WAIT_NS where its range lies within the span of
+// several a thread has in transit together, and looks again,
 // until a look finds nothing of ours there. It waited for every range in transit, anywhere, for
 // at most 5 s: waited for without a bound, a stop-the-world program hung (a review: its
 // collector mapped pages beside our blocks while a thread it had paused was in our free), and
@@ -103,7 +105,7 @@ impl<M: PageMemory> HostLayer<M> {
             self.unmap_all(&cached);
             self.unmap_all(&deferred);
             if !releasing.is_empty() {
-                self.wait_stalled(|deadline| self.advising.wait_empty(self.clock, deadline), || self.advising.occupied());
+                self.wait_for_advice();
                 self.unmap_all(&releasing);
             }
             drop(transit);
@@ -114,15 +116,15 @@ impl<M: PageMemory> HostLayer<M> {
         }
     }
 
-    /// Waits with `wait(deadline)` until `waiting()` is false, however long (Note [Ranges the
-    /// program claims]); after CLAIM_WARN_NS, says so once.
-    fn wait_stalled(&self, wait: impl Fn(u64), waiting: impl Fn() -> bool) {
-        wait((self.clock)().saturating_add(CLAIM_WARN_NS));
-        if !waiting() {
+    /// Waits until the background pass's madvise calls are over, however long (Note [Ranges
+    /// the program claims]); after CLAIM_WARN_NS, says so once.
+    fn wait_for_advice(&self) {
+        self.advising.wait_empty(self.clock, (self.clock)().saturating_add(CLAIM_WARN_NS));
+        if !self.advising.occupied() {
             return;
         }
         warn_stalled();
-        wait(u64::MAX);
+        self.advising.wait_empty(self.clock, u64::MAX);
     }
 }
 
