@@ -283,6 +283,8 @@ def test_the_launchers_answer_as_a_shell_does(tmp_path):
         str(tmp_path): (126, "Is a directory"),
         str(tmp_path / "plain"): (126, "Permission denied"),
         str(tmp_path / "plain" / "x"): (126, "Not a directory"),
+        str(tmp_path / "plain") + "/": (126, "Not a directory"),
+        "plain/x/y": (126, "Not a directory"),
     }
     for launcher in ([PY, "-m", "tensormalloc"], [str(ROOT / "scripts" / "tensormalloc")]):
         for name, (code, why) in cases.items():

@@ -4,7 +4,7 @@
 # (name, default, group, doc, other names).
 LEGEND = (
     "Environment variables, read once when the library loads; setuid and setgid programs ignore them, as glibc does its own MALLOC_*.",
-    "Sizes take K, M, G, T (binary: 4M is 4 MiB). Times are in milliseconds.",
+    "Sizes take K, M, G, T, with or without i or iB (binary: 4M and 4Mi are 4 MiB). Times are in milliseconds.",
     "Off is shown as off (0, no, none and false mean it too) for a setting that can be off (each line says what it takes: a size, a time or a percentage has no off), on as 1 (on, yes and true too); an empty value is the variable unset.",
     "A bad value gets one line on stderr naming the variable and the default used, and the program runs on; a TENSORMALLOC_ name that is no setting gets one line naming the nearest one; an earlier name is read as the new one, with a line, and ignored, with a line, where the new one is set too; a path setting given 1, on, yes or true writes no file (a line says so).",
     "release: idle memory goes back to the system. A host block's pages go to the kernel (lazily or now: TENSORMALLOC_HOST_RELEASE), its address range stays mapped until it is unmapped; a device segment is freed to the driver.",

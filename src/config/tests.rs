@@ -7,9 +7,12 @@ fn sizes() {
     assert_eq!(parse_size(b"4096"), Some(4096));
     assert_eq!(parse_size(b"4M"), Some(4 * MIB));
     assert_eq!(parse_size(b"4mib"), Some(4 * MIB));
+    assert_eq!(parse_size(b"1Mi"), Some(MIB));
+    assert_eq!(parse_size(b"64Ki"), Some(64 * KIB));
+    assert_eq!(parse_size(b"2Gi"), Some(2 * GIB));
     assert_eq!(parse_size(b"1G"), Some(GIB));
     assert_eq!(parse_size(b"2T"), Some(2 * TIB));
-    for bad in [&b""[..], b"-1", b"M", b"4X", b"1.5G", b" ", b"99999999999999999999999", b"18446744073709551615K"] {
+    for bad in [&b""[..], b"-1", b"M", b"4X", b"4i", b"4Mii", b"1.5G", b" ", b"99999999999999999999999", b"18446744073709551615K"] {
         assert_eq!(parse_size(bad), None, "{:?}", bad);
     }
 }

@@ -84,17 +84,18 @@ pub(super) fn parse_u64_in(v: &[u8], lo: u64, hi: u64, unit: Unit) -> Result<u64
     Ok(n)
 }
 
-/// Bytes with an optional binary suffix: `4096`, `512K`, `4M`, `4MiB`, `1g`, `2T`.
+/// Bytes with an optional binary suffix: `4096`, `512K`, `4M`, `4Mi`, `4MiB`, `1g`, `2T`.
 pub fn parse_size(v: &[u8]) -> Option<u64> {
     let digits = v.iter().take_while(|b| b.is_ascii_digit()).count();
     let (num, suffix) = v.split_at(digits);
     let n = parse_u64(num)?;
-    const SUFFIXES: [(&[u8], u64); 14] = [
+    // `Mi` as well: Kubernetes and PyTorch's settings write sizes so.
+    const SUFFIXES: [(&[u8], u64); 18] = [
         (b"", 1), (b"b", 1),
-        (b"k", KIB), (b"kb", KIB), (b"kib", KIB),
-        (b"m", MIB), (b"mb", MIB), (b"mib", MIB),
-        (b"g", GIB), (b"gb", GIB), (b"gib", GIB),
-        (b"t", TIB), (b"tb", TIB), (b"tib", TIB),
+        (b"k", KIB), (b"kb", KIB), (b"ki", KIB), (b"kib", KIB),
+        (b"m", MIB), (b"mb", MIB), (b"mi", MIB), (b"mib", MIB),
+        (b"g", GIB), (b"gb", GIB), (b"gi", GIB), (b"gib", GIB),
+        (b"t", TIB), (b"tb", TIB), (b"ti", TIB), (b"tib", TIB),
     ];
     // eq_ignore_ascii_case, not to_ascii_lowercase: this runs during init, before the next
     // allocator is resolved, so it must not allocate.
