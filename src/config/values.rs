@@ -89,7 +89,7 @@ pub fn parse_size(v: &[u8]) -> Option<u64> {
     let digits = v.iter().take_while(|b| b.is_ascii_digit()).count();
     let (num, suffix) = v.split_at(digits);
     let n = parse_u64(num)?;
-    // `Mi` as well: Kubernetes and PyTorch's settings write sizes so.
+    // `Mi` as well: Kubernetes writes sizes so (`512Mi`).
     const SUFFIXES: [(&[u8], u64); 18] = [
         (b"", 1), (b"b", 1),
         (b"k", KIB), (b"kb", KIB), (b"ki", KIB), (b"kib", KIB),
