@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -234,6 +235,28 @@ def test_a_receiver_whose_sender_is_gone_gets_an_error_and_one_line(tmp_path, ap
     assert set(opens.values()) == {"rc"} and r.stdout.count(" rc 304") == len(sender.blocks), r.stdout
     lines = [l for l in r.stderr.splitlines() if "TENSORMALLOC_CUDA_SEGMENTS=classic" in l]
     assert len(lines) == 1 and "Connection refused" in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("api", ["runtime", "driver"])
+def test_a_receiver_under_a_periodic_signal_still_gives_up_on_a_stopped_sender(tmp_path, api):
+    """The sender exported its blocks and was stopped (SIGSTOP), and the receiver takes SIGALRM
+    every 100 ms (a real-time profiler's timer): a timed receive fails with EINTR at each signal
+    even under SA_RESTART (signal(7)), so a retry that starts the 5 s wait over never ends. Each
+    open must still give up within its wait and answer 304 with one stderr line."""
+    env = env_for(tmp_path, True, EXPANDABLE)
+    sender = Sender(env, api)
+    sender.p.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        opens, _, r = receive(sender.blocks[:2], {**env, "TM_TEST_ALARM_MS": "100"}, api)
+        took = time.monotonic() - started
+        assert set(opens.values()) == {"rc"} and r.stdout.count(" rc 304") == 2, r.stdout
+        assert took < 20, f"two opens took {took:.1f} s"
+        lines = [l for l in r.stderr.splitlines() if "TENSORMALLOC_CUDA_SEGMENTS=classic" in l]
+        assert len(lines) == 1, r.stderr
+    finally:
+        sender.p.send_signal(signal.SIGCONT)
+    sender.finish()
 
 
 def test_a_driver_without_posix_descriptors_refuses_with_its_error_and_one_line(tmp_path):

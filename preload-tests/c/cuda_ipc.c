@@ -18,10 +18,14 @@
  *            writes VALUE^0x5a at the last byte. With "hold" it then prints "opened" and waits for
  *            a line, and prints "still I yes|no" (whether the first and middle bytes still hold
  *            VALUE, whatever the sender did meanwhile). Then it closes each ("close I rc RC"), and
- *            prints "gone I yes|no" (whether the driver knows the pointer no more). */
+ *            prints "gone I yes|no" (whether the driver knows the pointer no more).
+ * With TM_TEST_ALARM_MS set, the receiver takes SIGALRM (a handler, SA_RESTART) every that many
+ * milliseconds throughout, as gperftools' real-time profiler does. */
 #include <dirent.h>
 #include <dlfcn.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/time.h>
 #include <unistd.h>
 #include "check.h"
 #include "standin.h"
@@ -150,8 +154,26 @@ static void send(int exporting) {
     }
 }
 
+static volatile sig_atomic_t alarms;
+static void on_alarm(int sig) {
+    (void)sig;
+    alarms++;
+}
+
+static void alarm_every(const char *ms) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    sa.sa_flags = SA_RESTART;
+    CHECK(sigaction(SIGALRM, &sa, NULL) == 0);
+    long us = atol(ms) * 1000;
+    struct itimerval every = {{us / 1000000, us % 1000000}, {us / 1000000, us % 1000000}};
+    CHECK(us > 0 && setitimer(ITIMER_REAL, &every, NULL) == 0);
+}
+
 static void receive(int hold) {
     CHECK(cudaSetDevice(0) == 0);
+    if (getenv("TM_TEST_ALARM_MS")) alarm_every(getenv("TM_TEST_ALARM_MS"));
     char line[512];
     void *opened[MAX_BLOCKS] = {0};
     size_t opened_sizes[MAX_BLOCKS];

@@ -74,17 +74,22 @@ pub fn accept(listener: i32) -> Result<i32, i32> {
     }
 }
 
-/// A socket connected to abstract name `name`; the errno when no one listens there or the
-/// system refuses.
-pub fn connect(name: &[u8]) -> Result<i32, i32> {
+/// A socket connected to abstract name `name`, whose every send and receive waits at most
+/// `wait_ns` (as this connect does, should the listener's backlog be full); the errno when no one
+/// listens there, the wait ran out, or the system refuses.
+pub fn connect(name: &[u8], wait_ns: u64) -> Result<i32, i32> {
     let (a, len) = address(name).ok_or(libc::ENAMETOOLONG)?;
     let fd = stream()?;
+    let deadline = super::clock::now_ns().saturating_add(wait_ns);
     loop {
+        let e = if !wait_until(fd, deadline) {
+            libc::EAGAIN
         // SAFETY: an address on our stack of the length given; a socket we own.
-        if cancel_held(|| unsafe { libc::connect(fd, (&a as *const libc::sockaddr_un).cast(), len) }) == 0 {
+        } else if cancel_held(|| unsafe { libc::connect(fd, (&a as *const libc::sockaddr_un).cast(), len) }) == 0 {
             return Ok(fd);
-        }
-        let e = errno();
+        } else {
+            errno()
+        };
         if e != libc::EINTR {
             let _ = super::files::close(fd);
             return Err(e);
@@ -102,23 +107,32 @@ pub fn peer(fd: i32) -> Option<Peer> {
     (rc == 0 && cred.pid > 0).then_some(Peer { pid: cred.pid as u32, uid: cred.uid })
 }
 
-/// Every send and receive on `fd` gives up after `ns` (a peer that stops answering never holds
-/// us longer).
-pub fn set_timeouts(fd: i32, ns: u64) {
-    let t = super::clock::timespec(ns);
+/// Sets `fd`'s send and receive timeouts to the time left before `deadline` (CLOCK_MONOTONIC);
+/// false once under a microsecond is left, which the kernel would read as no timeout at all.
+/// Each call resets them, since a signal makes a timed wait fail with EINTR even under
+/// SA_RESTART (signal(7)) and a retry with the whole timeout again could wait forever under a
+/// profiler's periodic timer.
+fn wait_until(fd: i32, deadline: u64) -> bool {
+    let left = deadline.saturating_sub(super::clock::now_ns());
+    if left < 1_000 {
+        return false;
+    }
+    let t = super::clock::timespec(left);
     let tv = libc::timeval { tv_sec: t.tv_sec, tv_usec: t.tv_nsec / 1000 };
     for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
         // SAFETY: a timeval on our stack, on a socket we own.
         unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, opt, (&tv as *const libc::timeval).cast(), size_of::<libc::timeval>() as libc::socklen_t) };
     }
+    true
 }
 
 /// Control-message room for MAX_FDS descriptors, aligned as cmsghdr wants.
 #[repr(C, align(8))]
 struct Control([u8; 16 + 4 * MAX_FDS]);
 
-/// Sends `bytes` with descriptors `fds` (at most MAX_FDS) attached; the errno on failure.
-pub fn send(fd: i32, bytes: &[u8], fds: &[i32]) -> Result<(), i32> {
+/// Sends `bytes` with descriptors `fds` (at most MAX_FDS) attached, waiting at most `wait_ns` for
+/// room; the errno on failure (EAGAIN: the wait ran out).
+pub fn send(fd: i32, bytes: &[u8], fds: &[i32], wait_ns: u64) -> Result<(), i32> {
     if fds.len() > MAX_FDS || bytes.is_empty() {
         return Err(libc::EINVAL);
     }
@@ -140,7 +154,11 @@ pub fn send(fd: i32, bytes: &[u8], fds: &[i32]) -> Result<(), i32> {
             (*c).cmsg_len = libc::CMSG_LEN(data_len) as _;
             core::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(c), 4 * fds.len());
         }
+        let deadline = super::clock::now_ns().saturating_add(wait_ns);
         loop {
+            if !wait_until(fd, deadline) {
+                return Err(libc::EAGAIN);
+            }
             let n = cancel_held(|| libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL));
             if n == bytes.len() as isize {
                 return Ok(());
@@ -155,13 +173,18 @@ pub fn send(fd: i32, bytes: &[u8], fds: &[i32]) -> Result<(), i32> {
     }
 }
 
-/// Receives exactly `bytes.len()` bytes, and the descriptors that came with them into `fds`
-/// (close-on-exec); how many descriptors. The errno on failure (0: the peer closed), with
-/// every descriptor received closed.
-pub fn recv(fd: i32, bytes: &mut [u8], fds: &mut [i32]) -> Result<usize, i32> {
+/// Receives exactly `bytes.len()` bytes within `wait_ns`, and the descriptors that came with them
+/// into `fds` (close-on-exec); how many descriptors. The errno on failure (0: the peer closed;
+/// EAGAIN: the wait ran out), with every descriptor received closed.
+pub fn recv(fd: i32, bytes: &mut [u8], fds: &mut [i32], wait_ns: u64) -> Result<usize, i32> {
     let mut got = 0;
     let mut nfds = 0;
+    let deadline = super::clock::now_ns().saturating_add(wait_ns);
     while got < bytes.len() {
+        if !wait_until(fd, deadline) {
+            close_all(fds.get(..nfds).unwrap_or(&[]));
+            return Err(libc::EAGAIN);
+        }
         let mut control = Control([0; 16 + 4 * MAX_FDS]);
         let rest = bytes.get_mut(got..).unwrap_or(&mut []);
         let mut iov = libc::iovec { iov_base: rest.as_mut_ptr().cast(), iov_len: rest.len() };
@@ -199,7 +222,7 @@ pub fn recv(fd: i32, bytes: &mut [u8], fds: &mut [i32]) -> Result<usize, i32> {
             (n, msg.msg_flags & libc::MSG_CTRUNC != 0)
         };
         let failed = match n {
-            n if n < 0 && errno() == libc::EINTR => continue,
+            n if n < 0 && errno() == libc::EINTR => None,
             n if n < 0 => Some(errno()),
             0 => Some(0),
             _ if truncated => Some(libc::EMSGSIZE),
@@ -209,13 +232,17 @@ pub fn recv(fd: i32, bytes: &mut [u8], fds: &mut [i32]) -> Result<usize, i32> {
             }
         };
         if let Some(e) = failed {
-            for &f in fds.iter().take(nfds) {
-                let _ = super::files::close(f);
-            }
+            close_all(fds.get(..nfds).unwrap_or(&[]));
             return Err(e);
         }
     }
     Ok(nfds)
+}
+
+fn close_all(fds: &[i32]) {
+    for &f in fds {
+        let _ = super::files::close(f);
+    }
 }
 
 /// A close-on-exec duplicate of `fd`; None when the system refuses.
@@ -234,16 +261,16 @@ mod tests {
         let name = format!("tensormalloc-test-{}-{}", std::process::id(), line!());
         let listener = listen(name.as_bytes()).unwrap();
         assert_eq!(listen(name.as_bytes()), Err(libc::EADDRINUSE), "a name is held once");
-        let client = connect(name.as_bytes()).unwrap();
+        let client = connect(name.as_bytes(), 1_000_000_000).unwrap();
         let server = accept(listener).unwrap();
         let me = Peer { pid: std::process::id(), uid: unsafe { libc::geteuid() } };
         assert_eq!(peer(client), Some(me));
         assert_eq!(peer(server), Some(me));
         let (r, w) = crate::sys::files::pipe();
-        send(server, b"hello", &[r, w]).unwrap();
+        send(server, b"hello", &[r, w], 1_000_000_000).unwrap();
         let mut bytes = [0u8; 5];
         let mut fds = [-1i32; 4];
-        assert_eq!(recv(client, &mut bytes, &mut fds), Ok(2));
+        assert_eq!(recv(client, &mut bytes, &mut fds, 1_000_000_000), Ok(2));
         assert_eq!(&bytes, b"hello");
         // The received write end reaches the original read end.
         crate::sys::files::write_all(fds[1], b"x").unwrap();
@@ -252,11 +279,10 @@ mod tests {
         for fd in [r, w, fds[0], fds[1], server] {
             crate::sys::files::close(fd).unwrap();
         }
-        set_timeouts(client, 10_000_000);
-        assert_eq!(recv(client, &mut bytes, &mut fds), Err(0), "the peer closed");
+        assert_eq!(recv(client, &mut bytes, &mut fds, 10_000_000), Err(0), "the peer closed");
         for fd in [client, listener] {
             crate::sys::files::close(fd).unwrap();
         }
-        assert_eq!(connect(name.as_bytes()), Err(libc::ECONNREFUSED), "the name went with its listener");
+        assert_eq!(connect(name.as_bytes(), 1_000_000_000), Err(libc::ECONNREFUSED), "the name went with its listener");
     }
 }

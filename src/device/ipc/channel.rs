@@ -209,7 +209,6 @@ fn serve_peer(conn: i32) {
     if unix_socket::peer(conn).is_none_or(|p| p.uid != process::user_id()) {
         return;
     }
-    unix_socket::set_timeouts(conn, SERVE_WAIT_NS);
     let fds_fn = FDS.load(Acquire);
     if fds_fn.is_null() {
         return;
@@ -218,7 +217,7 @@ fn serve_peer(conn: i32) {
     let fds_fn = unsafe { core::mem::transmute::<*mut (), FdsFn>(fds_fn) };
     loop {
         let mut bytes = [0u8; 40];
-        if unix_socket::recv(conn, &mut bytes, &mut []).is_err() {
+        if unix_socket::recv(conn, &mut bytes, &mut [], SERVE_WAIT_NS).is_err() {
             return;
         }
         let Some(r) = Request::decode(&bytes) else { return };
@@ -228,7 +227,7 @@ fn serve_peer(conn: i32) {
         let sent = run.and_then(|run| fds_fn(&run, r.entry, r.first, out));
         let given = out.get(..sent.unwrap_or(0)).unwrap_or(&[]);
         let status = if sent.is_some() { SENT } else { NOT_LIVE };
-        let ok = unix_socket::send(conn, &answer(status, given.len()), given);
+        let ok = unix_socket::send(conn, &answer(status, given.len()), given, SERVE_WAIT_NS);
         for &fd in given {
             let _ = files::close(fd);
         }
@@ -256,8 +255,7 @@ pub enum Fetch {
 pub fn fetch(h: &Handle, chunks: u64, mut map: impl FnMut(u64, i32) -> Result<(), c_int>) -> Result<(), Fetch> {
     let me = process::user_id();
     let mut buf = [0u8; 64];
-    let conn = unix_socket::connect(socket_name(me, h.pid, h.channel, &mut buf)).map_err(Fetch::Unreachable)?;
-    unix_socket::set_timeouts(conn, PEER_WAIT_NS);
+    let conn = unix_socket::connect(socket_name(me, h.pid, h.channel, &mut buf), PEER_WAIT_NS).map_err(Fetch::Unreachable)?;
     let result = (|| {
         match unix_socket::peer(conn) {
             Some(p) if p == (Peer { pid: h.pid, uid: me }) => {}
@@ -268,10 +266,10 @@ pub fn fetch(h: &Handle, chunks: u64, mut map: impl FnMut(u64, i32) -> Result<()
         while first < chunks {
             let count = (chunks - first).min(MAX_FDS as u64) as u32;
             let r = Request { entry: h.entry, token: h.token, size: h.size, first, count };
-            unix_socket::send(conn, &r.encode(), &[]).map_err(Fetch::Unreachable)?;
+            unix_socket::send(conn, &r.encode(), &[], PEER_WAIT_NS).map_err(Fetch::Unreachable)?;
             let mut bytes = [0u8; 16];
             let mut fds = [-1i32; MAX_FDS];
-            let n = unix_socket::recv(conn, &mut bytes, &mut fds).map_err(Fetch::Unreachable)?;
+            let n = unix_socket::recv(conn, &mut bytes, &mut fds, PEER_WAIT_NS).map_err(Fetch::Unreachable)?;
             let got = fds.get(..n).unwrap_or(&[]);
             let outcome = match parse_answer(&bytes) {
                 Some((SENT, k)) if k == count as usize && n == k => Ok(()),
