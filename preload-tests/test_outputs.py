@@ -28,6 +28,19 @@ def test_off_means_off(tmp_path, word):
     assert "tensormalloc:" not in out.stderr, out.stderr
 
 
+def test_the_stats_file_survives_an_interrupted_reservation(tmp_path):
+    """tmpfs before Linux 6.10 fails fallocate with EINTR whenever a caught signal arrives during
+    it (a profiler's timer): the file's reservation is asked again, and the process still leaves
+    its stats file, as it does uninterrupted. c/fallocate_interrupted.c, preloaded before us, fails
+    the first three calls so."""
+    from conftest import LIB
+    shim = compile_c("fallocate_interrupted", extra=["-shared", "-fPIC"])
+    stats = tmp_path / "stats.json"
+    proc = ok(run([compile_c("contract")], preload=f"{shim} {LIB}", env={"TENSORMALLOC_STATS": f"json:{stats}"}))
+    assert json.loads(stats.read_text())["host"], proc.stderr
+    assert "tensormalloc:" not in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("kind", SETTINGS)
 def test_percent_p_names_the_process_and_files_are_private(tmp_path, kind):
     name, form = SETTINGS[kind]

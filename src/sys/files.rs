@@ -234,15 +234,34 @@ pub fn try_lock(fd: i32) -> bool {
     unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) == 0 }
 }
 
+/// The most times `allocate` asks again after a signal.
+const INTERRUPTED_TRIES: u32 = 16;
+
+/// fallocate of `fd`'s first `len` bytes (SIGXFSZ held: Note [Signals our writes raise]); the
+/// errno when refused. Asked again when a signal interrupted it: tmpfs before Linux 6.10 fails
+/// with EINTR at any caught signal, undoing what it had reserved, so a program's profiling timer
+/// would otherwise cost it its stats file or the neighbour registry.
+pub(super) fn allocate(fd: i32, len: usize) -> Result<(), i32> {
+    let mut tries = 0;
+    loop {
+        // SAFETY: fallocate of a file the caller holds.
+        if write_signals_held(|| unsafe { libc::fallocate(fd, 0, 0, len as libc::off_t) }) == 0 {
+            return Ok(());
+        }
+        tries += 1;
+        if errno() != libc::EINTR || tries >= INTERRUPTED_TRIES {
+            return Err(errno());
+        }
+    }
+}
+
 /// Reserves `len` bytes of `fd`'s file on disk (fallocate; where the file system has none,
 /// zeros written), so that a full disk is found now and a mapping of it never faults on one.
 pub fn reserve(fd: i32, len: usize) -> Result<(), Refused> {
-    // SAFETY: fallocate of a file we hold.
-    if write_signals_held(|| unsafe { libc::fallocate(fd, 0, 0, len as libc::off_t) }) == 0 {
-        return Ok(());
-    }
-    if errno() != libc::EOPNOTSUPP {
-        return Err(last());
+    match allocate(fd, len) {
+        Ok(()) => return Ok(()),
+        Err(e) if e != libc::EOPNOTSUPP => return Err(Refused::Os(e)),
+        Err(_) => {}
     }
     let zeros = [0u8; 4096];
     let mut left = len;

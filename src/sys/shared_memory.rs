@@ -143,10 +143,7 @@ impl SharedFile {
         }
         // fallocate reserves the pages (ENOSPC on a full /dev/shm) and leaves contents alone
         // (EFBIG past a file size limit: Note [Signals our writes raise]).
-        if super::files::write_signals_held(|| libc::fallocate(fd, 0, 0, len as libc::off_t)) != 0 {
-            return Err(Refused::System(super::process::errno()));
-        }
-        Ok(())
+        super::files::allocate(fd, len).map_err(Refused::System)
     }
 }
 
