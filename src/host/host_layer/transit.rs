@@ -13,16 +13,25 @@
 // lock that took them out, and clears it before it leaves; a claim waits only while a slot's
 // span meets its range: without a bound where the span is one range's own, at most 5 s where it
 // bounds several (a range between two blocks one thread has in transit waited for good while a
-// tracer held that thread: the review). With every slot taken, a thread is
-// counted as spanning everything (`unspanned`), as all were before. A span is a bounding one:
-// two blocks far apart make one wide span, which can only make a claim wait, never miss.
+// tracer held that thread: the review). The first SPANS slots sit here; past them (more threads
+// in transit at once) a table of MORE_SPANS is mapped at its first use (Note [Tables mapped at
+// first use]). With only SPANS slots, the seventeenth thread counted as spanning everything:
+// under 24 threads churning blocks, the program's munmap near our blocks waited up to 5 s where
+// glibc's took microseconds, and that thread's one range was protected only for those 5 s (the
+// soak hunter). A thread counts so (`unspanned`) now only when the table cannot be mapped or is
+// full. A span is a bounding one: two blocks far apart make one wide span, which can only make a
+// claim wait, never miss.
 
 use crate::ranges::Range;
 use crate::sys::lock::{Gate, Pass};
-use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use crate::sys::mapped_on_use::MappedOnUse;
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 
-/// Slots for spans: more threads in transit at once than this count as spanning everything.
+/// Slots for spans kept here, and in the table mapped when more threads are in transit at once
+/// (256 KiB of address space, its pages touched as far as they are used); past both, a thread
+/// counts as spanning everything.
 const SPANS: usize = 16;
+const MORE_SPANS: usize = 1 << 15;
 const GRANULE_SHIFT: u32 = 21;
 /// Granule numbers of 48-bit addresses: 27 bits each, first and last, under a "taken" bit.
 const GRANULE_BITS: u32 = 27;
@@ -33,6 +42,9 @@ const ONE: u64 = 1 << 62;
 pub struct Transit {
     gate: Gate,
     spans: [AtomicU64; SPANS],
+    more: MappedOnUse<[AtomicU64; MORE_SPANS]>,
+    /// How many of `more`'s slots were ever taken (a claim looks no further).
+    more_used: AtomicUsize,
     /// Threads in transit whose span no slot holds: a claim waits for them whatever its range.
     unspanned: AtomicU32,
 }
@@ -52,7 +64,14 @@ enum Held {
 
 impl Transit {
     pub const fn new() -> Self {
-        Transit { gate: Gate::new(), spans: [const { AtomicU64::new(0) }; SPANS], unspanned: AtomicU32::new(0) }
+        Transit {
+            gate: Gate::new(),
+            spans: [const { AtomicU64::new(0) }; SPANS],
+            // SAFETY: zeroed atomics are an empty table of free slots.
+            more: unsafe { MappedOnUse::new() },
+            more_used: AtomicUsize::new(0),
+            unspanned: AtomicU32::new(0),
+        }
     }
 
     /// Under the cache lock, before the lock that took `ranges` out of the records drops: they
@@ -60,7 +79,7 @@ impl Transit {
     pub fn enter(&self, ranges: impl IntoIterator<Item = Range>) -> InTransit<'_> {
         let held = match span(ranges) {
             None => Held::Nothing,
-            Some(packed) => match self.spans.iter().position(|s| s.compare_exchange(0, packed, SeqCst, SeqCst).is_ok()) {
+            Some(packed) => match self.take_slot(packed) {
                 Some(slot) => Held::Slot(slot),
                 None => {
                     self.unspanned.fetch_add(1, SeqCst);
@@ -70,6 +89,32 @@ impl Transit {
         };
         // After the span: a claim that sees the count sees the span with it.
         InTransit { transit: self, held, _pass: self.gate.enter() }
+    }
+
+    /// A free slot, given `packed`: one of ours, else one of the table's (mapped now if this is
+    /// its first use); None when none is free or the table cannot be mapped.
+    fn take_slot(&self, packed: u64) -> Option<usize> {
+        let take = |s: &AtomicU64| s.compare_exchange(0, packed, SeqCst, SeqCst).is_ok();
+        if let Some(slot) = self.spans.iter().position(take) {
+            return Some(slot);
+        }
+        let more = self.more.get_or_map()?;
+        let k = more.iter().position(take)?;
+        self.more_used.fetch_max(k + 1, SeqCst);
+        Some(SPANS + k)
+    }
+
+    /// Every slot that may hold a span: ours, then the table's as far as it was ever used.
+    fn slots(&self) -> impl Iterator<Item = &AtomicU64> {
+        let more = self.more.get().map_or(&[][..], |m| m.get(..self.more_used.load(SeqCst)).unwrap_or(&[]));
+        self.spans.iter().chain(more)
+    }
+
+    fn slot(&self, slot: usize) -> Option<&AtomicU64> {
+        match slot.checked_sub(SPANS) {
+            None => self.spans.get(slot),
+            Some(k) => self.more.get()?.get(k),
+        }
     }
 
     /// Whether any thread has ranges in transit.
@@ -95,7 +140,7 @@ impl Transit {
             return true;
         }
         let (first, last) = (addr as u64 >> GRANULE_SHIFT, (end.max(addr.saturating_add(1)) - 1) as u64 >> GRANULE_SHIFT);
-        self.spans.iter().any(|s| {
+        self.slots().any(|s| {
             let packed = s.load(SeqCst);
             packed & TAKEN != 0 && (!only_exact || packed & ONE != 0) && {
                 let (lo, hi) = unpack(packed);
@@ -106,7 +151,7 @@ impl Transit {
 
     /// Forgets every thread in transit (a forked child, where they do not exist).
     pub fn clear(&self) {
-        for s in &self.spans {
+        for s in self.slots() {
             s.store(0, SeqCst);
         }
         self.unspanned.store(0, SeqCst);
@@ -131,7 +176,7 @@ impl Drop for InTransit<'_> {
         match self.held {
             Held::Nothing => {}
             Held::Slot(slot) => {
-                if let Some(span) = self.transit.spans.get(slot) {
+                if let Some(span) = self.transit.slot(slot) {
                     span.store(0, SeqCst);
                 }
             }
@@ -205,17 +250,24 @@ mod tests {
     }
 
     #[test]
-    fn past_its_slots_a_thread_spans_everything() {
+    fn past_our_slots_a_thread_keeps_a_span_of_its_own() {
         let t = Transit::new();
         let base = 0x7e00_0000_0000usize;
+        let (elsewhere, far) = (base - 64 * MB, base + 4096 * MB);
         let held: Vec<_> = (0..SPANS).map(|i| t.enter([r(base + i * 64 * MB, MB)])).collect();
-        assert!(!t.meets(base - 64 * MB, base - 32 * MB, false));
-        let extra = t.enter([r(base, MB)]);
-        assert!(t.meets(base - 64 * MB, base - 32 * MB, false), "a thread with no slot may be anywhere");
+        let extra = t.enter([r(far, MB)]);
+        assert!(t.meets(far, far + 4096, true), "the seventeenth thread's one range is its own: waited for however long");
+        assert!(!t.meets(elsewhere, elsewhere + MB, false), "a claim elsewhere does not wait for it");
         drop(extra);
-        assert!(!t.meets(base - 64 * MB, base - 32 * MB, false));
-        drop(held);
-        assert!(!t.meets(0, usize::MAX, false));
+        assert!(!t.meets(far, far + MB, false));
+        // Past the table too, a thread may be anywhere.
+        let more: Vec<_> = (0..MORE_SPANS).map(|i| t.enter([r(far + i * 4 * MB, MB)])).collect();
+        let past = t.enter([r(far, MB)]);
+        assert!(t.meets(elsewhere, elsewhere + MB, false), "a thread with no slot may be anywhere");
+        drop(past);
+        assert!(!t.meets(elsewhere, elsewhere + MB, false));
+        drop((held, more));
+        assert!(!t.meets(0, usize::MAX, false) && !t.occupied());
         t.enter([r(usize::MAX - MB, MB)]);
         let past = t.enter([r((1 << 48) + MB, MB)]);
         assert!(t.meets(0, 4096, false), "past 48 bits: everything");
