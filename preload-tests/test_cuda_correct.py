@@ -134,6 +134,19 @@ def test_memory_freed_before_a_capture_serves_the_capture(mode, capture):
     assert f"{capture} ok" in out.stdout and "out of memory" not in out.stderr, out.stdout + out.stderr
 
 
+@pytest.mark.parametrize("capture", ["capture-pinned-free-same", "capture-pinned-free-other"])
+@pytest.mark.parametrize("mode", ["alone", "split", "sync-reuse"])
+def test_pinned_memory_freed_during_a_capture_leaves_the_capture_whole(mode, capture):
+    """c/cuda_correct.c `capture-pinned-free-*`: cudaFreeHost while a graph is captured, by the
+    capturing thread or another. Alone the free and the capture's end succeed. Our free
+    synchronized first, as for any pinned block that may still be copied from: the free
+    answered 900 and the end 901 (the cuda2 hunter). Now a pinned block freed during a capture
+    goes back to the runtime, as the program's own free would (Note [Graph captures under
+    way])."""
+    out = ok(scenario(capture, MODES.get(mode, {}), preload=mode != "alone"))
+    assert f"{capture} ok" in out.stdout, out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("mode", ["split", "binned", "expandable", "sync-reuse"])
 def test_blocks_freed_on_streams_go_back_to_the_driver_once_idle(mode):
     """c/cuda_correct.c `stream-idle`: 600 MiB freed on a stream (tm_cuda_free, as the package's

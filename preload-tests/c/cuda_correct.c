@@ -493,6 +493,44 @@ static void capture(const char *scenario) {
     usleep(400 * 1000); /* the idle releases come after the capture */
 }
 
+/* Note [Graph captures under way]: pinned memory freed while a graph is captured, by the
+ * capturing thread or another one (`capture-pinned-free-same`, `-other`), in the global mode:
+ * alone the free and the capture's end both succeed. Our free synchronized the device first (a
+ * pinned block may still be copied from), which invalidates the capture: the free answered 900
+ * and the end 901 (the cuda2 hunter). */
+static void *free_pinned(void *p) {
+    return (void *)(intptr_t)cudaFreeHost(p);
+}
+
+static void capture_pinned_free(const char *scenario) {
+    void *pinned[3] = {0}, *graph = NULL;
+    CUstream s = NULL;
+    CHECK(cudaStreamCreate(&s) == 0);
+    for (int k = 0; k < 3; k++) CHECK(cudaMallocHost(&pinned[k], (k + 1) * MB) == 0);
+    CHECK(cudaFreeHost(pinned[2]) == 0); /* one block cached before the capture */
+    CHECK(cuStreamBeginCapture_v2(s, 0) == 0);
+    int freed[2];
+    for (int k = 0; k < 2; k++) {
+        if (!strcmp(scenario, "capture-pinned-free-other")) {
+            pthread_t t;
+            void *rc = NULL;
+            CHECK(pthread_create(&t, NULL, free_pinned, pinned[k]) == 0 && pthread_join(t, &rc) == 0);
+            freed[k] = (int)(intptr_t)rc;
+        } else {
+            freed[k] = cudaFreeHost(pinned[k]);
+        }
+    }
+    int rc = cuStreamEndCapture(s, &graph);
+    if (freed[0] || freed[1]) printf("pinned free in the capture failed (%d, %d)\n", freed[0], freed[1]);
+    if (rc != 0) printf("capture invalidated (%d)\n", rc);
+    CHECK(freed[0] == 0 && freed[1] == 0 && rc == 0 && graph);
+    void *again = NULL;
+    CHECK(cudaMallocHost(&again, 2 * MB) == 0);
+    memset(again, 0x5a, 2 * MB);
+    CHECK(cudaFreeHost(again) == 0);
+    CHECK(cudaStreamDestroy(s) == 0);
+}
+
 /* Note [Graph captures under way]: 600 MiB freed before a capture (of a 1 GiB device), then
  * 700 MiB asked in it, in the thread-local or the relaxed mode (`capture-after-free-MODE`).
  * Alone, the free gave the memory back; the pool kept it cached through the capture, and the
@@ -692,6 +730,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "per-thread-streams")) per_thread_streams();
     else if (!strcmp(s, "capture") || !strcmp(s, "capture-relaxed")) capture(s);
     else if (!strncmp(s, "capture-after-free-", 19)) capture_after_free(s);
+    else if (!strncmp(s, "capture-pinned-free-", 20)) capture_pinned_free(s);
     else if (!strcmp(s, "first-calls")) first_calls();
     else if (!strcmp(s, "pinned-range")) pinned_range();
     else if (!strcmp(s, "stream-idle")) stream_idle();

@@ -19,9 +19,10 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 //   for blocks freed on streams and a neighbour's ask wait for the next pass;
 // - the program's own calls make none it did not ask for: an allocation does not synchronize
 //   to reuse blocks freed on streams (it maps new memory, as it would without us) nor give the
-//   cache back when the driver is out of memory (the error stands, as without us), and a
-//   cudaFree does not synchronize (its block waits for a later synchronization, as one freed on
-//   a stream does).
+//   cache back when the driver is out of memory (the error stands, as without us), a cudaFree
+//   does not synchronize (its block waits for a later synchronization, as one freed on a stream
+//   does), and a cudaFreeHost gives its block to the runtime rather than synchronize to keep it
+//   (pinned/serve.rs: it synchronized, and the free and the capture failed, the cuda2 hunter).
 // Each side counts itself before it reads the other: a capture's begin waits (bounded) for our
 // driver calls already under way, and every call of ours counts itself, then looks for
 // captures, so none overlaps a capture.
@@ -100,7 +101,7 @@ const DRAIN_WAIT_NS: u64 = 2_000_000_000;
 
 /// A driver call of ours the program did not ask for, under way (Note [Graph captures under
 /// way]); ends when dropped.
-pub(super) struct Unasked<'a>(&'a AtomicU32);
+pub(in crate::device) struct Unasked<'a>(&'a AtomicU32);
 
 impl Drop for Unasked<'_> {
     fn drop(&mut self) {
@@ -184,7 +185,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// Leave to make a driver call the program did not ask for, from its own thread: None while
     /// a capture is under way.
-    pub(super) fn unasked(&self) -> Option<Unasked<'_>> {
+    pub(in crate::device) fn unasked(&self) -> Option<Unasked<'_>> {
         self.unasked.fetch_add(1, SeqCst);
         let call = Unasked(&self.unasked);
         (!self.capturing()).then_some(call)

@@ -234,6 +234,13 @@ impl PinnedCache {
         PinnedFree::Cached { evicted }
     }
 
+    /// Takes `addr`'s live block out without keeping it: the caller gives it back itself.
+    pub fn release(&mut self, addr: u64) -> PinnedFree {
+        let Some(i) = self.live.remove(addr) else { return PinnedFree::NotOurs };
+        self.live_records.remove(i);
+        PinnedFree::Refused
+    }
+
     /// Calls `f(block, live)` for every block, live then cached (the memory snapshot).
     pub fn for_each(&self, mut f: impl FnMut(&PinnedBlock, bool)) {
         self.live.for_each(|_, i| f(self.live_records.get(i), true));
@@ -339,5 +346,17 @@ mod tests {
         c.forget(None, |_| {});
         assert!(!c.owns(4 << 28) && !c.owns(3 << 28));
         assert_eq!(c.cached_bytes(), 0);
+    }
+
+    /// Note [Graph captures under way]: a block freed during a capture is given back, not kept.
+    #[test]
+    fn a_released_block_is_neither_ours_nor_kept() {
+        let mut c = Box::new(PinnedCache::new());
+        assert!(c.init(64 << 20, leak_table));
+        assert!(c.add_live(PinnedBlock::live(0x1000_0000, 1 << 20, 1 << 20, 0, 7, 0)));
+        assert!(matches!(c.release(0x1000_0000), PinnedFree::Refused));
+        assert!(!c.owns(0x1000_0000) && !c.is_cached(0x1000_0000) && c.cached_bytes() == 0);
+        assert_eq!(c.take(1 << 20, 0, 7, 0), None, "never handed out again");
+        assert!(matches!(c.release(0x1000_0000), PinnedFree::NotOurs), "a second free is not ours");
     }
 }

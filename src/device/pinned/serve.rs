@@ -81,7 +81,12 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             }
             pinned.live_block(addr as u64).map_or(0, |b| b.ctx)
         };
-        if self.sync_on_free.load(Relaxed) {
+        // Note [Graph captures under way]: no synchronization during a capture. Copies from or
+        // to the block may still be queued, so it is not kept either: it goes back to the
+        // runtime, as the program's own free would have given it.
+        let call = if self.sync_on_free.load(Relaxed) { self.unasked() } else { None };
+        let kept = !self.sync_on_free.load(Relaxed) || call.is_some();
+        if call.is_some() {
             // Copies from or to this memory may still be queued (Note [Safe reuse]): wait for
             // the context it was pinned in when none is current (host memory is no context's).
             if self.runtime.current_context() == 0 && pinned_in != 0 {
@@ -96,8 +101,9 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let (outcome, block) = {
             let mut pinned = self.pinned.lock();
             let block = pinned.live_block(addr as u64);
-            (pinned.free(addr as u64), block)
+            (if kept { pinned.free(addr as u64) } else { pinned.release(addr as u64) }, block)
         };
+        drop(call);
         if let (false, Some(b)) = (matches!(outcome, PinnedFree::NotOurs), block) {
             record::free(recorded(&b));
         }
