@@ -134,6 +134,19 @@ def test_memory_freed_before_a_capture_serves_the_capture(mode, capture):
     assert f"{capture} ok" in out.stdout and "out of memory" not in out.stderr, out.stdout + out.stderr
 
 
+@pytest.mark.parametrize("kept", ["kept-small-1", "kept-small-3"])
+@pytest.mark.parametrize("mode", ["alone", "split", "sync-reuse", "expandable"])
+def test_a_small_block_kept_after_a_large_free_leaves_the_device_its_memory(mode, kept):
+    """c/cuda_correct.c `kept-small-*`: 100 MiB freed, 1 or 3 MiB asked and kept, then 1000 MiB
+    of a 1 GiB device. Alone the free gave the 100 MiB back. The pool carved the small block from
+    the idle segment, which then could not go back, and the last request failed with out of
+    memory (the cuda2 hunter). Now a whole idle segment is carved only when new memory cannot be
+    had (Note [Whole idle segments])."""
+    env = {"FAKECUDA_DEVICE_MEM": str(1 << 30), **MODES.get(mode, {})}
+    out = ok(scenario(kept, env, preload=mode != "alone"))
+    assert f"{kept} ok" in out.stdout, out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("capture", ["capture-pinned-free-same", "capture-pinned-free-other"])
 @pytest.mark.parametrize("mode", ["alone", "split", "sync-reuse"])
 def test_pinned_memory_freed_during_a_capture_leaves_the_capture_whole(mode, capture):

@@ -493,6 +493,22 @@ static void capture(const char *scenario) {
     usleep(400 * 1000); /* the idle releases come after the capture */
 }
 
+/* Note [Whole idle segments] (src/device/pool/blocks.rs): 100 MiB freed, a small block (1 or 3
+ * MiB, `kept-small-1`, `kept-small-3`) asked and kept, then 1000 MiB of a 1 GiB device. Alone
+ * the free gave the 100 MiB back. The pool carved the small block from the idle segment, which
+ * then could not go back, and the last request failed with out of memory (the cuda2 hunter). */
+static void kept_small(const char *scenario) {
+    size_t small = (size_t)atoi(scenario + strlen("kept-small-")) * MB;
+    void *big = NULL, *kept = NULL, *most = NULL;
+    CHECK(cudaMalloc(&big, 100 * MB) == 0);
+    CHECK(cudaFree(big) == 0);
+    CHECK(cudaMalloc(&kept, small) == 0);
+    int rc = cudaMalloc(&most, 1000 * MB);
+    if (rc != 0) printf("1000 MiB refused (%d)\n", rc);
+    CHECK(rc == 0);
+    CHECK(cudaFree(most) == 0 && cudaFree(kept) == 0);
+}
+
 /* Note [Graph captures under way]: pinned memory freed while a graph is captured, by the
  * capturing thread or another one (`capture-pinned-free-same`, `-other`), in the global mode:
  * alone the free and the capture's end both succeed. Our free synchronized the device first (a
@@ -731,6 +747,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "capture") || !strcmp(s, "capture-relaxed")) capture(s);
     else if (!strncmp(s, "capture-after-free-", 19)) capture_after_free(s);
     else if (!strncmp(s, "capture-pinned-free-", 20)) capture_pinned_free(s);
+    else if (!strncmp(s, "kept-small-", 11)) kept_small(s);
     else if (!strcmp(s, "first-calls")) first_calls();
     else if (!strcmp(s, "pinned-range")) pinned_range();
     else if (!strcmp(s, "stream-idle")) stream_idle();

@@ -29,12 +29,15 @@ struct Step {
     chunk_bytes: u64,
     /// The pool lives in another context than the request's (Note [Context lifetime]).
     other_context: bool,
+    /// A whole free segment would serve the request, carved, should new memory be refused.
+    whole_fit: bool,
 }
 
 impl Step {
-    fn decide(p: &mut DevicePool, ctx: u64, size: usize, tag: u64, birth: Birth, may_sync: bool) -> Step {
+    fn decide(p: &mut DevicePool, ctx: u64, size: usize, tag: u64, birth: Birth, may: Allowed) -> Step {
         let other_context = !p.serves(ctx);
-        let mut decision = if other_context { Alloc::Untracked } else { p.alloc_deciding(size as u64, tag, birth, may_sync) };
+        let mut decision = if other_context { Alloc::Untracked } else { p.alloc_deciding(size as u64, tag, birth, may.sync, may.carve_whole) };
+        let whole_fit = !may.carve_whole && matches!(decision, Alloc::NeedSegment { .. }) && p.whole_segment_fits(size as u64, tag);
         let chunk_bytes = p.chunk_bytes();
         let (fits_cap, could_fit_cap) = match decision {
             Alloc::NeedSegment { len, .. } if chunk_bytes == 0 && !p.fits_cap(len) => match p.capped_segment_for(size as u64) {
@@ -47,8 +50,17 @@ impl Step {
             },
             _ => (true, true),
         };
-        Step { decision, fits_cap, could_fit_cap, generation: p.generation(), chunk_bytes, other_context }
+        Step { decision, fits_cap, could_fit_cap, generation: p.generation(), chunk_bytes, other_context, whole_fit }
     }
+}
+
+/// What a step may do that the program did not ask for.
+#[derive(Clone, Copy)]
+struct Allowed {
+    /// Synchronize to reuse blocks freed on streams (Note [Graph captures under way]).
+    sync: bool,
+    /// Carve a whole free segment much larger than the request (Note [Whole idle segments]).
+    carve_whole: bool,
 }
 
 
@@ -102,7 +114,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
         let mut asked = false;
         let mut mapped = false;
         // Note [Graph captures under way]: no synchronization of ours during a capture.
-        let mut may_sync = true;
+        let mut may = Allowed { sync: true, carve_whole: false };
         // The pool's answer taken under the lock that added a segment, for the next step.
         let mut carried: Option<Step> = None;
         // A fallback seen under the pool's lock, said after it.
@@ -112,7 +124,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                 Some(step) => step,
                 None => {
                     let birth = Birth { ns: (self.clock)(), holder };
-                    Step::decide(&mut pool.lock(), ctx, size, tag, birth, may_sync)
+                    Step::decide(&mut pool.lock(), ctx, size, tag, birth, may)
                 }
             };
             match step.decision {
@@ -136,7 +148,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                         self.synchronize()?;
                         pool.lock().mark_synced_before(began);
                     }
-                    None => may_sync = false,
+                    None => may.sync = false,
                 },
                 Alloc::NeedMap { addr, size } => {
                     self.map_block(device, pool, addr, size)?;
@@ -177,16 +189,20 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                         }
                         return self.passthrough_malloc(device, size);
                     }
-                    carried = Some(Step::decide(&mut p, ctx, size, tag, birth, may_sync));
+                    carried = Some(Step::decide(&mut p, ctx, size, tag, birth, may));
                 }
                 Alloc::NeedSegment { len, small } => {
                     if !step.fits_cap {
-                        if released || !step.could_fit_cap || !self.release_cached_unasked(device as usize, pool)? {
-                            pool.lock().stats.oom_failures += 1;
-                            return Err(DeviceError::CapReached);
+                        if !released && step.could_fit_cap && self.release_cached_unasked(device as usize, pool)? {
+                            released = true;
+                            continue;
                         }
-                        released = true;
-                        continue;
+                        if step.whole_fit {
+                            may.carve_whole = true;
+                            continue;
+                        }
+                        pool.lock().stats.oom_failures += 1;
+                        return Err(DeviceError::CapReached);
                     }
                     match self.runtime_malloc(len as usize) {
                         Ok(addr) => {
@@ -203,7 +219,7 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                                 if p.generation() != step.generation {
                                     true
                                 } else if p.bind(ctx) && p.add_segment(addr as u64, len, small) {
-                                    carried = Some(Step::decide(&mut p, ctx, size, tag, birth, may_sync));
+                                    carried = Some(Step::decide(&mut p, ctx, size, tag, birth, may));
                                     true
                                 } else {
                                     fallback_seen = Some(if p.serves(ctx) { Fallback::TablesFull { device } } else { Fallback::OtherContext { device } });
@@ -231,6 +247,10 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                             self.runtime.clear_last_error();
                             pool.lock().stats.oom_retries += 1;
                             asked = true;
+                        }
+                        Err(DeviceError::OutOfMemory) if step.whole_fit => {
+                            self.runtime.clear_last_error();
+                            may.carve_whole = true;
                         }
                         Err(e) => {
                             if e == DeviceError::OutOfMemory {

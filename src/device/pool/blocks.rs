@@ -20,6 +20,16 @@ use super::*;
 // the pool's blocks past it). Cost: no device memory; at most one block's room per segment for
 // requests that divide a segment exactly (three 512 KiB blocks per 2 MiB segment, not four).
 
+// Note [Whole idle segments]
+// A request carved from a free block that is a whole segment ties the segment to that block for
+// as long as it lives: only whole idle segments go back to the driver when it runs out of
+// memory, so a kept 1 MiB block carved from a freed 100 MiB segment made a later request for
+// nearly all of a 1 GiB device fail, where alone the free had given the 100 MiB back (the cuda2
+// hunter, over NVIDIA's runtime on the stand-in). So a whole free segment serves a request that
+// would leave more than HUGE_WASTE of it only when new memory cannot be had: the driver refused
+// it (after our cache went back, where that may be done, and the neighbours were asked), or the
+// cap refused it. Expandable segments release chunk by chunk and are not concerned.
+
 impl DevicePool {
     pub(super) fn usable(&self, b: &Block, need: u64, tag: u64) -> bool {
         if b.size < need || !(b.tag == SYNCED || b.tag == tag) {
@@ -39,14 +49,22 @@ impl DevicePool {
         }
     }
 
-    pub(super) fn find_fit(&self, need: u64, small: bool, tag: u64) -> Option<u32> {
+    /// Note [Whole idle segments]: whether free block `b` is a whole segment that `need` would
+    /// leave more than HUGE_WASTE of, carved.
+    pub(super) fn keeps_whole(&self, b: &Block, need: u64) -> bool {
+        !self.expandable() && self.strategy == Strategy::Split && b.seg_prev == NONE && b.seg_next == NONE && b.size - need > HUGE_WASTE
+    }
+
+    /// The best free block for `need` (the smallest, then the lowest); with `carve_whole` false,
+    /// never a whole segment much larger than it (Note [Whole idle segments]).
+    pub(super) fn find_fit(&self, need: u64, small: bool, tag: u64, carve_whole: bool) -> Option<u32> {
         let lists = self.bins.get(usize::from(small))?;
         for head in lists.iter().skip(bin_of(need)) {
             let mut best: Option<(u64, u64, u32)> = None;
             let mut i = *head;
             while i != NONE {
                 let b = self.blocks.get(i);
-                if self.usable(b, need, tag) && best.is_none_or(|(s, a, _)| (b.size, b.addr) < (s, a)) {
+                if self.usable(b, need, tag) && (carve_whole || !self.keeps_whole(b, need)) && best.is_none_or(|(s, a, _)| (b.size, b.addr) < (s, a)) {
                     best = Some((b.size, b.addr, i));
                 }
                 i = b.bin_next;

@@ -335,13 +335,14 @@ impl DevicePool {
     }
 
     pub fn alloc(&mut self, size: u64, tag: u64, birth: Birth) -> Alloc {
-        self.alloc_deciding(size, tag, birth, true)
+        self.alloc_deciding(size, tag, birth, true, false)
     }
 
     /// `alloc`, where `may_sync` false never answers NeedSync (Note [Graph captures under way]
     /// in device_layer/captures.rs): blocks waiting for a synchronization stay waiting, and the
-    /// request takes new memory.
-    pub fn alloc_deciding(&mut self, size: u64, tag: u64, birth: Birth, may_sync: bool) -> Alloc {
+    /// request takes new memory; `carve_whole`: new memory could not be had, and a whole free
+    /// segment much larger than the request may serve it (Note [Whole idle segments]).
+    pub fn alloc_deciding(&mut self, size: u64, tag: u64, birth: Birth, may_sync: bool, carve_whole: bool) -> Alloc {
         let Some(need) = self.rounded(size) else { return Alloc::Untracked };
         let small = self.strategy == Strategy::Split && need < SMALL_LIMIT;
         let after_sync = match (may_sync, tag == SYNCED) {
@@ -349,7 +350,7 @@ impl DevicePool {
             (true, true) => self.pending_free_bytes + self.other_tag_free_bytes,
             (true, false) => self.pending_free_bytes,
         };
-        if let Some(index) = self.find_fit(need, small, tag) {
+        if let Some(index) = self.find_fit(need, small, tag, carve_whole) {
             // Expandable: a block that needs new memory waits for a sync when blocks waiting
             // for one would do (Note [Safe reuse]: a deferred loop never grows memory).
             if self.expandable() && after_sync >= need && self.has_unmapped(self.blocks.get(index).addr, need) {
@@ -377,6 +378,14 @@ impl DevicePool {
         }
         let (len, small) = self.segment_for(need);
         Alloc::NeedSegment { len, small }
+    }
+
+    /// Whether a whole free segment much larger than `size` would serve it, carved (Note [Whole
+    /// idle segments]): what the caller may fall back on when new memory cannot be had.
+    pub fn whole_segment_fits(&self, size: u64, tag: u64) -> bool {
+        let Some(need) = self.rounded(size) else { return false };
+        let small = self.strategy == Strategy::Split && need < SMALL_LIMIT;
+        self.find_fit(need, small, tag, true).is_some_and(|i| self.keeps_whole(self.blocks.get(i), need))
     }
 
     /// The context this pool's segments live in; 0 before the first.

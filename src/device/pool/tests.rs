@@ -245,9 +245,31 @@ fn a_segment_base_goes_out_only_as_the_whole_segment() {
     let big = h.alloc(64 * MB, SYNCED).unwrap();
     assert!(h.pool.has_segment(big), "a whole segment goes out at its base");
     h.pool.free(big, SYNCED, 0).unwrap();
-    let part = h.alloc(40 * MB, SYNCED).unwrap();
-    assert_eq!(part, big + 24 * MB, "a cached segment is cut from its tail");
+    let part = h.alloc(50 * MB, SYNCED).unwrap();
+    assert_eq!(part, big + 14 * MB, "a cached segment is cut from its tail");
     h.pool.check_invariants().unwrap();
+}
+
+/// Note [Whole idle segments]: a small block kept from a freed large segment held the whole
+/// segment, and a request for nearly all of the device then failed where alone it succeeds.
+#[test]
+fn a_whole_idle_segment_is_carved_only_when_new_memory_cannot_be_had() {
+    let mut h = Harness::new(Strategy::Split, 1 << 30);
+    let big = h.alloc(100 * MB, SYNCED).unwrap();
+    h.pool.free(big, SYNCED, 0).unwrap();
+    let kept = h.alloc(MB, SYNCED).unwrap();
+    assert!(!(big..big + 100 * MB).contains(&kept), "new memory, not a piece of the idle 100 MiB");
+    assert!(h.alloc(1000 * MB, SYNCED).is_some(), "the idle segment went back for it");
+    // Where new memory cannot be had, the whole segment serves after all.
+    let mut pool = Box::new(DevicePool::new());
+    assert!(pool.init(Strategy::Split, u64::MAX, leak_table));
+    assert!(pool.add_segment(0x7000_0000_0000, 100 * MB, false));
+    assert!(matches!(pool.alloc(MB, SYNCED, Birth::at(0)), Alloc::NeedSegment { .. }));
+    assert!(pool.whole_segment_fits(MB, SYNCED));
+    assert!(!pool.whole_segment_fits(90 * MB, SYNCED), "one it would fill (10 MiB left) is no whole-segment fallback: it is a plain hit");
+    assert!(matches!(pool.alloc_deciding(MB, SYNCED, Birth::at(0), true, true), Alloc::Hit { .. }));
+    assert!(matches!(pool.alloc(90 * MB, SYNCED, Birth::at(0)), Alloc::Hit { .. }), "the rest is no whole segment now");
+    pool.check_invariants().unwrap();
 }
 
 /// A free block whose rest is too small to split is handed out whole: the hit names the block's
