@@ -267,6 +267,7 @@ fn a_whole_idle_segment_is_carved_only_when_new_memory_cannot_be_had() {
     assert!(matches!(pool.alloc(MB, SYNCED, Birth::at(0)), Alloc::NeedSegment { .. }));
     assert!(pool.whole_segment_fits(MB, SYNCED));
     assert!(!pool.whole_segment_fits(90 * MB, SYNCED), "one it would fill (10 MiB left) is no whole-segment fallback: it is a plain hit");
+    assert!(!pool.whole_segment_fits(50 * MB, SYNCED), "nor one of half the segment: it holds back no more than it serves");
     assert!(matches!(pool.alloc_deciding(MB, SYNCED, Birth::at(0), true, true), Alloc::Hit { .. }));
     assert!(matches!(pool.alloc(90 * MB, SYNCED, Birth::at(0)), Alloc::Hit { .. }), "the rest is no whole segment now");
     pool.check_invariants().unwrap();
