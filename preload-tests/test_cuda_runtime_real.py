@@ -17,14 +17,14 @@ from test_cuda_correct import MODES, POOLED
 
 # cuda.h: the exported name a base name means at a version (the _v2 of each, since).
 SINCE = {"cuMemAlloc": 3020, "cuMemAllocPitch": 3020, "cuMemFree": 3020, "cuMemGetInfo": 3020,
-         "cuMemAllocHost": 3020, "cuMemGetAddressRange": 3020, "cuCtxDestroy": 4000,
+         "cuMemAllocHost": 3020, "cuMemGetAddressRange": 3020, "cuMemHostGetDevicePointer": 3020, "cuCtxDestroy": 4000,
          "cuDevicePrimaryCtxReset": 11000, "cuDevicePrimaryCtxRelease": 11000, "cuGetProcAddress": 12000,
          "cuIpcOpenMemHandle": 11000, "cuStreamBeginCapture": 10010}
 # flags 2: the _ptsz export (after the _v2 where both apply).
 PER_THREAD = {"cuMemAllocAsync", "cuMemFreeAsync", "cuStreamBeginCapture", "cuStreamEndCapture", "cuStreamBeginCaptureToGraph"}
 # What the pool serves, by exported name (where the stand-in exports it too).
 SERVED = {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuMemHostAlloc",
-          "cuMemAllocHost_v2", "cuMemFreeHost", "cuMemAllocAsync", "cuMemAllocManaged", "cuMemCreate",
+          "cuMemAllocHost_v2", "cuMemFreeHost", "cuMemHostGetDevicePointer_v2", "cuMemHostGetFlags", "cuMemAllocAsync", "cuMemAllocManaged", "cuMemCreate",
           "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease",
           "cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset", "cuCtxDestroy_v2", "cuCtxDestroy",
           "cuIpcGetMemHandle", "cuMemGetAddressRange_v2", "cuPointerGetAttribute", "cuPointerGetAttributes",

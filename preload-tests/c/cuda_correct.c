@@ -571,7 +571,20 @@ static void capture_after_free(const char *scenario) {
 /* Note [Pinned memory answers as asked] (src/device/pinned/cache.rs): a pinned block of 5,000
  * bytes answers pointer queries with its own range, a pointer past it is unknown memory, and so
  * is the block after cudaFreeHost (our cache keeps it pinned); twice, the second time on the
- * block the cache kept. */
+ * block the cache kept. The pinned queries (cuMemHostGetDevicePointer_v2, cuMemHostGetFlags)
+ * answer so too: they answered 0 for the freed block and past its end (the cuda2 hunter). */
+int cuMemHostGetDevicePointer_v2(CUdeviceptr *, void *, unsigned);
+int cuMemHostGetFlags(unsigned *, void *);
+
+static int pinned_known(void *p) {
+    CUdeviceptr d = 0;
+    unsigned flags = 0;
+    int a = cuMemHostGetDevicePointer_v2(&d, p, 0), b = cuMemHostGetFlags(&flags, p);
+    CHECK((a == 0) == (b == 0));
+    CHECK(a != 0 || d == DEV(p));
+    return a == 0;
+}
+
 static void pinned_range(void) {
     for (int round = 0; round < 2; round++) {
         char *h = NULL;
@@ -582,12 +595,15 @@ static void pinned_range(void) {
         CHECK(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, DEV(h + 4999)) == 0 && rsize == 5000);
         struct cudaPointerAttributes at;
         CHECK(cudaPointerGetAttributes(&at, h) == 0 && at.type == cudaMemoryTypeHost);
+        CHECK(pinned_known(h) && pinned_known(h + 4999));
         for (int past = 5000; past <= 8191; past += 3191) {
+            CHECK(!pinned_known(h + past));
             CHECK(cuMemGetAddressRange_v2(&base, &size, DEV(h + past)) == CUDA_ERROR_NOT_FOUND);
             CHECK(cudaPointerGetAttributes(&at, h + past) == 0 && at.type == cudaMemoryTypeUnregistered);
             cudaGetLastError();
         }
         CHECK(cudaFreeHost(h) == 0);
+        CHECK(!pinned_known(h) && !pinned_known(h + 10));
         CHECK(cuMemGetAddressRange_v2(&base, &size, DEV(h)) == CUDA_ERROR_NOT_FOUND);
         CHECK(cudaPointerGetAttributes(&at, h) == 0 && at.type == cudaMemoryTypeUnregistered);
         cudaGetLastError();

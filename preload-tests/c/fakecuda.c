@@ -1297,6 +1297,8 @@ EXPORT(cuMemHostAlloc, s_cuMemHostAlloc, (void **p, size_t n, unsigned f), (p, n
 EXPORT(cuMemAllocHost, s_cuMemAllocHost_v2, (void **p, size_t n), (p, n))
 EXPORT(cuMemAllocHost_v2, s_cuMemAllocHost_v2, (void **p, size_t n), (p, n))
 EXPORT(cuMemFreeHost, s_cuMemFreeHost, (void *p), (p))
+EXPORT(cuMemHostGetDevicePointer_v2, s_cuMemHostGetDevicePointer, (CUdeviceptr *d, void *p, unsigned f), (d, p, f))
+EXPORT(cuMemHostGetFlags, s_cuMemHostGetFlags, (unsigned *f, void *p), (f, p))
 EXPORT(cuMemGetAddressRange, s_cuMemGetAddressRange_v2, (CUdeviceptr *b, size_t *n, CUdeviceptr p), (b, n, p))
 EXPORT(cuMemGetAddressRange_v2, s_cuMemGetAddressRange_v2, (CUdeviceptr *b, size_t *n, CUdeviceptr p), (b, n, p))
 EXPORT(cuPointerGetAttribute, s_cuPointerGetAttribute, (void *d, int a, CUdeviceptr p), (d, a, p))

@@ -50,6 +50,24 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> c_int {
     route::mem_free_host(p)
 }
 
+/// Note [Freed memory answers as freed] (route/cuda/driver.rs).
+///
+/// # Safety
+/// As cuMemHostGetDevicePointer_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(dptr: *mut u64, p: *mut c_void, flags: c_uint) -> c_int {
+    route::mem_host_get_device_pointer(dptr, p, flags)
+}
+
+/// Note [Freed memory answers as freed] (route/cuda/driver.rs).
+///
+/// # Safety
+/// As cuMemHostGetFlags.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) -> c_int {
+    route::mem_host_get_flags(flags, p)
+}
+
 /// Note [Context lifetime] (device/pool/mod.rs).
 ///
 /// # Safety

@@ -31,6 +31,8 @@ fn served(symbol: &[u8], d: &DriverFns) -> Option<(*mut c_void, Option<usize>)> 
         b"cuMemHostAlloc" => row!(cuMemHostAlloc, d.mem_host_alloc),
         b"cuMemAllocHost_v2" => row!(cuMemAllocHost_v2, d.mem_alloc_host),
         b"cuMemFreeHost" => row!(cuMemFreeHost, d.mem_free_host),
+        b"cuMemHostGetDevicePointer_v2" => row!(cuMemHostGetDevicePointer_v2, d.mem_host_get_device_pointer),
+        b"cuMemHostGetFlags" => row!(cuMemHostGetFlags, d.mem_host_get_flags),
         b"cuMemAllocAsync" => row!(cuMemAllocAsync, d.mem_alloc_async),
         b"cuMemAllocAsync_ptsz" => row!(cuMemAllocAsync_ptsz, d.mem_alloc_async_ptsz),
         b"cuMemAllocManaged" => row!(cuMemAllocManaged, d.mem_alloc_managed),

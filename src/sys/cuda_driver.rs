@@ -40,6 +40,8 @@ pub type MemGetInfoFn = unsafe extern "C" fn(*mut usize, *mut usize) -> c_int;
 pub type MemHostAllocFn = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int;
 pub type MemAllocHostFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
 pub type MemFreeHostFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+pub type MemHostGetDevicePointerFn = unsafe extern "C" fn(*mut u64, *mut c_void, c_uint) -> c_int;
+pub type MemHostGetFlagsFn = unsafe extern "C" fn(*mut c_uint, *mut c_void) -> c_int;
 pub type CtxGetDeviceFn = unsafe extern "C" fn(*mut c_int) -> c_int;
 pub type CtxSynchronizeFn = unsafe extern "C" fn() -> c_int;
 /// cuThreadExchangeStreamCaptureMode: the calling thread's mode in, its old mode out.
@@ -154,6 +156,8 @@ pub struct DriverFns {
     pub mem_host_alloc: Option<MemHostAllocFn>,
     pub mem_alloc_host: Option<MemAllocHostFn>,
     pub mem_free_host: Option<MemFreeHostFn>,
+    pub mem_host_get_device_pointer: Option<MemHostGetDevicePointerFn>,
+    pub mem_host_get_flags: Option<MemHostGetFlagsFn>,
     pub ctx_get_device: Option<CtxGetDeviceFn>,
     pub ctx_synchronize: Option<CtxSynchronizeFn>,
     pub exchange_capture_mode: Option<ExchangeCaptureModeFn>,
@@ -229,6 +233,8 @@ unsafe fn resolve_in(handle: *mut c_void) -> DriverFns {
         mem_host_alloc: find(handle, c"cuMemHostAlloc"),
         mem_alloc_host: find(handle, c"cuMemAllocHost_v2"),
         mem_free_host: find(handle, c"cuMemFreeHost"),
+        mem_host_get_device_pointer: find(handle, c"cuMemHostGetDevicePointer_v2"),
+        mem_host_get_flags: find(handle, c"cuMemHostGetFlags"),
         ctx_get_device: find(handle, c"cuCtxGetDevice"),
         ctx_synchronize: find(handle, c"cuCtxSynchronize"),
         exchange_capture_mode: find(handle, c"cuThreadExchangeStreamCaptureMode"),

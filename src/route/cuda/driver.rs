@@ -142,6 +142,33 @@ pub unsafe fn mem_free_host(p: *mut c_void) -> c_int {
     answer_free("cuMemFreeHost", p as usize, FreeOf::Pinned, DEVICE.host_free(p as usize), || free(p))
 }
 
+/// A pinned block we cached after its free, or a pointer past what was asked of a live one, is
+/// unknown host memory to the driver's pinned queries, as after the runtime's own free: asked for
+/// the null pointer (Note [Freed memory answers as freed]).
+fn host_query_target(p: *mut c_void) -> *mut c_void {
+    if DEVICE.range(p as usize) == RangeAnswer::Free {
+        core::ptr::null_mut()
+    } else {
+        p
+    }
+}
+
+/// # Safety
+/// As cuMemHostGetDevicePointer_v2.
+pub unsafe fn mem_host_get_device_pointer(dptr: *mut u64, p: *mut c_void, flags: c_uint) -> c_int {
+    let Some(get) = real(|d| d.mem_host_get_device_pointer) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| pool_answers()) else { return get(dptr, p, flags) };
+    get(dptr, host_query_target(p), flags)
+}
+
+/// # Safety
+/// As cuMemHostGetFlags.
+pub unsafe fn mem_host_get_flags(flags: *mut c_uint, p: *mut c_void) -> c_int {
+    let Some(get) = real(|d| d.mem_host_get_flags) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| pool_answers()) else { return get(flags, p) };
+    get(flags, host_query_target(p))
+}
+
 /// Note [Context lifetime] (device/pool/mod.rs): the reset frees every allocation of the primary
 /// context; the pool forgets them (before, and again after).
 ///

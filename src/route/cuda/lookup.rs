@@ -46,6 +46,8 @@ fn versioned(base: &[u8], cuda_version: c_int, per_thread: bool) -> Option<&'sta
         b"cuCtxEnablePeerAccess" => Some(b"cuCtxEnablePeerAccess"),
         b"cuMemHostAlloc" => Some(b"cuMemHostAlloc"),
         b"cuMemFreeHost" => Some(b"cuMemFreeHost"),
+        b"cuMemHostGetDevicePointer" => at(3020, b"cuMemHostGetDevicePointer_v2", b"cuMemHostGetDevicePointer"),
+        b"cuMemHostGetFlags" => Some(b"cuMemHostGetFlags"),
         b"cuIpcGetMemHandle" => Some(b"cuIpcGetMemHandle"),
         b"cuIpcOpenMemHandle" => at(11000, b"cuIpcOpenMemHandle_v2", b"cuIpcOpenMemHandle"),
         b"cuIpcCloseMemHandle" => Some(b"cuIpcCloseMemHandle"),
