@@ -134,6 +134,19 @@ def test_memory_freed_before_a_capture_serves_the_capture(mode, capture):
     assert f"{capture} ok" in out.stdout and "out of memory" not in out.stderr, out.stdout + out.stderr
 
 
+@pytest.mark.parametrize("mode", ["alone", "split", "binned", "sync-reuse", "expandable"])
+def test_a_stream_given_a_destroyed_streams_handle_waits_for_its_work(mode):
+    """c/cuda_correct.c `stream-reused`: a block freed on stream S with its kernel still queued, S
+    destroyed, and the new stream given S's handle (FAKECUDA_REUSE_STREAMS=1, as a driver that
+    reuses the address of its stream record may): a request on the new stream through the
+    package's hook got the block at once, and the queued kernel then overwrote its new owner's
+    data. Now a stream's end makes its free blocks wait for a synchronization (Note [Streams
+    that end])."""
+    env = {"FAKECUDA_REUSE_STREAMS": "1", **MODES.get(mode, {})}
+    out = ok(scenario("stream-reused", env, preload=mode != "alone"))
+    assert "stream-reused ok" in out.stdout, out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("kept", ["kept-small-1", "kept-small-3"])
 @pytest.mark.parametrize("mode", ["alone", "split", "sync-reuse", "expandable"])
 def test_a_small_block_kept_after_a_large_free_leaves_the_device_its_memory(mode, kept):

@@ -17,7 +17,7 @@ from test_cuda_correct import MODES, POOLED
 
 # cuda.h: the exported name a base name means at a version (the _v2 of each, since).
 SINCE = {"cuMemAlloc": 3020, "cuMemAllocPitch": 3020, "cuMemFree": 3020, "cuMemGetInfo": 3020,
-         "cuMemAllocHost": 3020, "cuMemGetAddressRange": 3020, "cuMemHostGetDevicePointer": 3020, "cuCtxDestroy": 4000,
+         "cuMemAllocHost": 3020, "cuMemGetAddressRange": 3020, "cuMemHostGetDevicePointer": 3020, "cuCtxDestroy": 4000, "cuStreamDestroy": 4000,
          "cuDevicePrimaryCtxReset": 11000, "cuDevicePrimaryCtxRelease": 11000, "cuGetProcAddress": 12000,
          "cuIpcOpenMemHandle": 11000, "cuStreamBeginCapture": 10010}
 # flags 2: the _ptsz export (after the _v2 where both apply).
@@ -27,7 +27,7 @@ SERVED = {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemFree_v2", "cuMemGetInfo_v
           "cuMemAllocHost_v2", "cuMemFreeHost", "cuMemHostGetDevicePointer_v2", "cuMemHostGetFlags", "cuMemAllocAsync", "cuMemAllocManaged", "cuMemCreate",
           "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease",
           "cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset", "cuCtxDestroy_v2", "cuCtxDestroy",
-          "cuIpcGetMemHandle", "cuMemGetAddressRange_v2", "cuPointerGetAttribute", "cuPointerGetAttributes",
+          "cuStreamDestroy_v2", "cuStreamDestroy", "cuIpcGetMemHandle", "cuMemGetAddressRange_v2", "cuPointerGetAttribute", "cuPointerGetAttributes",
           "cuGetProcAddress", "cuGetProcAddress_v2", "cuCtxEnablePeerAccess", "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2",
           "cuIpcCloseMemHandle", "cuStreamBeginCapture", "cuStreamBeginCapture_ptsz", "cuStreamBeginCapture_v2",
           "cuStreamBeginCapture_v2_ptsz", "cuStreamEndCapture", "cuStreamEndCapture_ptsz"}

@@ -404,6 +404,36 @@ static void async(void) {
     CHECK(cudaStreamDestroy(s) == 0);
 }
 
+/* Note [Streams that end] (src/device/pool/blocks.rs): a block freed on stream S with its kernel
+ * still queued, then S destroyed and a new stream made, which the driver may give S's handle
+ * (the stand-in's FAKECUDA_REUSE_STREAMS=1). A request on the new stream (tm_cuda_alloc, as the
+ * package's CuPy and PyTorch hooks ask; cudaMallocAsync without it) must not get the block
+ * before S's kernel is done: the new owner's data survives the device synchronization. */
+static void stream_reused(void) {
+    void *(*alloc_on)(long, int, void *) = (void *(*)(long, int, void *))dlsym(RTLD_DEFAULT, "tm_cuda_alloc");
+    void (*release)(void *, long, int, void *) = (void (*)(void *, long, int, void *))dlsym(RTLD_DEFAULT, "tm_cuda_free");
+    for (int i = 0; i < 10; i++) {
+        CUstream s = NULL, fresh = NULL;
+        CHECK(cudaStreamCreate(&s) == 0);
+        void *a = NULL, *b = NULL;
+        CHECK(cudaMalloc(&a, 8 * MB) == 0);
+        CHECK(fakecuda_launch_memset(a, 0x77, 8 * MB) == 0); /* still queued at the free */
+        CHECK(cudaFreeAsync(a, s) == 0);
+        CHECK(cudaStreamDestroy(s) == 0);
+        CHECK(cudaStreamCreate(&fresh) == 0);
+        if (getenv("FAKECUDA_REUSE_STREAMS")) CHECK(fresh == s);
+        if (alloc_on) b = alloc_on(8 * MB, 0, fresh);
+        else CHECK(cudaMallocAsync(&b, 8 * MB, fresh) == 0);
+        CHECK(b && byte_at(b) >= 0);
+        memset(b, 0x11, 8 * MB); /* the new owner's data, before the queued kernel ran */
+        CHECK(cudaDeviceSynchronize() == 0);
+        CHECK(holds(b, 8 * MB, 0x11));
+        if (release) release(b, 8 * MB, 0, fresh);
+        else CHECK(cudaFreeAsync(b, fresh) == 0);
+        CHECK(cudaStreamDestroy(fresh) == 0);
+    }
+}
+
 /* Note [Per-thread streams] (src/route/cuda.rs): thread A frees a block with its kernel still
  * queued, on its own per-thread stream (cudaStreamPerThread through tm_cuda_free, or the null
  * stream of cuMemFreeAsync_ptsz); thread B then asks on its own per-thread stream (or the null
@@ -760,6 +790,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "range")) range_on(0), range_on(1);
     else if (!strcmp(s, "async")) async();
     else if (!strcmp(s, "per-thread-streams")) per_thread_streams();
+    else if (!strcmp(s, "stream-reused")) stream_reused();
     else if (!strcmp(s, "capture") || !strcmp(s, "capture-relaxed")) capture(s);
     else if (!strncmp(s, "capture-after-free-", 19)) capture_after_free(s);
     else if (!strncmp(s, "capture-pinned-free-", 20)) capture_pinned_free(s);

@@ -8,7 +8,8 @@
  * subset as NVIDIA documents it, and "kernels" (fakecuda_launch_memset) queued until the next synchronization, so a pool
  * that reuses a block before the work on it finished, or hands out a block of a dead context, is
  * caught. Knobs to widen races: FAKECUDA_ALLOC_DELAY_US makes every cuMemAlloc take that long
- * (outside the lock, as on a busy GPU); FAKECUDA_REUSE_CONTEXTS=1 gives a new context the handle
+ * (outside the lock, as on a busy GPU); FAKECUDA_REUSE_STREAMS=1 gives a new stream the handle of
+ * the most recently destroyed one; FAKECUDA_REUSE_CONTEXTS=1 gives a new context the handle
  * of the most recently destroyed one; FAKECUDA_SHARED_MEM=PATH makes the processes that name PATH
  * share the devices' memory, as processes share a GPU; FAKECUDA_RESET_KEEPS_REFS=1 makes a primary
  * context reset keep its references, as NVIDIA documents ("resetting the primary context does not
@@ -115,6 +116,8 @@ static int *alive(const char *call) {
 #define initialized (*alive(__func__))
 static unsigned alloc_delay_us;
 static int reuse_contexts;
+static int reuse_streams;
+static CUstream last_destroyed_stream;
 static int reset_keeps_refs;
 static CUcontext last_destroyed;
 static size_t capacity;
@@ -170,6 +173,8 @@ static void configure(void) {
     alloc_delay_us = v ? (unsigned)strtoul(v, NULL, 10) : 0;
     v = getenv("FAKECUDA_REUSE_CONTEXTS");
     reuse_contexts = v && *v == '1';
+    v = getenv("FAKECUDA_REUSE_STREAMS");
+    reuse_streams = v && *v == '1';
     v = getenv("FAKECUDA_RESET_KEEPS_REFS");
     reset_keeps_refs = v && *v == '1';
     v = getenv("FAKECUDA_SHARED_MEM");
@@ -623,14 +628,25 @@ static CUresult s_cuStreamCreate(CUstream *s, unsigned flags) {
     if (e) return e;
     if (!s) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
-    *s = (CUstream)(uintptr_t)(0xfa4e0000UL + 0x10 * next_stream++);
+    if (reuse_streams && last_destroyed_stream) {
+        *s = last_destroyed_stream;
+        last_destroyed_stream = NULL;
+    } else {
+        *s = (CUstream)(uintptr_t)(0xfa4e0000UL + 0x10 * next_stream++);
+    }
     pthread_mutex_unlock(&lock);
     return CUDA_SUCCESS;
 }
 
+/* Work queued on the stream stays queued (one queue for every stream here), as NVIDIA's driver
+ * lets it finish after the destroy returns. */
 static CUresult s_cuStreamDestroy_v2(CUstream s) {
     if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    return s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    last_destroyed_stream = s;
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
 }
 
 static CUresult s_cuStreamSynchronize(CUstream s) {

@@ -121,6 +121,22 @@ pub unsafe extern "C" fn cuCtxDestroy(ctx: *mut c_void) -> c_int {
     route::ctx_destroy(ctx, |d| d.ctx_destroy_v1)
 }
 
+/// Note [Streams that end] (device/pool/blocks.rs).
+///
+/// # Safety
+/// As cuStreamDestroy_v2.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamDestroy_v2(stream: *mut c_void) -> c_int {
+    route::stream_destroy(stream, |d| d.stream_destroy)
+}
+
+/// # Safety
+/// As cuStreamDestroy.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamDestroy(stream: *mut c_void) -> c_int {
+    route::stream_destroy(stream, |d| d.stream_destroy_v1)
+}
+
 /// Note [IPC] (device/pool/pointers.rs): a block sharing a segment gets a handle of ours.
 ///
 /// # Safety

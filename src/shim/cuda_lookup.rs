@@ -45,6 +45,8 @@ fn served(symbol: &[u8], d: &DriverFns) -> Option<(*mut c_void, Option<usize>)> 
         b"cuDevicePrimaryCtxReset" => row!(cuDevicePrimaryCtxReset, d.primary_reset_v1),
         b"cuCtxDestroy_v2" => row!(cuCtxDestroy_v2, d.ctx_destroy),
         b"cuCtxDestroy" => row!(cuCtxDestroy, d.ctx_destroy_v1),
+        b"cuStreamDestroy_v2" => row!(cuStreamDestroy_v2, d.stream_destroy),
+        b"cuStreamDestroy" => row!(cuStreamDestroy, d.stream_destroy_v1),
         b"cuCtxEnablePeerAccess" => row!(cuCtxEnablePeerAccess, d.ctx_enable_peer_access),
         b"cuIpcGetMemHandle" => row!(cuIpcGetMemHandle, d.ipc_get_mem_handle),
         b"cuIpcOpenMemHandle_v2" => row!(cuIpcOpenMemHandle_v2, d.ipc_open_mem_handle),

@@ -99,6 +99,18 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
 
     /// cudaFreeAsync / cuMemFreeAsync of a pointer: back into its pool, reusable on `stream`
     /// at once and by anyone else after a device synchronization (Note [Safe reuse]).
+    /// cuStreamDestroy: the blocks freed on `stream` wait for a synchronization (Note [Streams
+    /// that end] in pool/blocks.rs).
+    pub fn stream_ended(&self, stream: usize) {
+        let tag = stream_tag(stream);
+        for pool in self.pools() {
+            let mut p = pool.lock();
+            if p.is_ready() {
+                p.stream_ended(tag);
+            }
+        }
+    }
+
     pub fn free_async(&self, addr: usize, stream: usize) -> FreeAnswer {
         self.free_tagged(addr, None, stream_tag(stream))
     }

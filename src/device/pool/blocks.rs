@@ -20,6 +20,15 @@ use super::*;
 // the pool's blocks past it). Cost: no device memory; at most one block's room per segment for
 // requests that divide a segment exactly (three 512 KiB blocks per 2 MiB segment, not four).
 
+// Note [Streams that end]
+// A block freed on a stream is reused on that stream without a synchronization (its work and the
+// new owner's are ordered there), and the pool knows the stream by its handle's value. A driver
+// may give a new stream the handle of a destroyed one whose work is still queued (CuPy makes and
+// drops streams freely; a handle is the address of the driver's record), and the new stream then
+// took the block before that work was done. So cuStreamDestroy first makes the stream's free
+// blocks wait for a synchronization, as blocks freed without a stream do (the stand-in driver's
+// FAKECUDA_REUSE_STREAMS=1 gives the new stream the old handle).
+
 // Note [Whole idle segments]
 // A request carved from a free block that is a whole segment ties the segment to that block for
 // as long as it lives: only whole idle segments go back to the driver when it runs out of
@@ -251,6 +260,36 @@ impl DevicePool {
             }
         }
         i
+    }
+
+    /// Note [Streams that end]: the free blocks tagged `tag` (a stream's) wait for a
+    /// synchronization, as blocks freed without a stream do.
+    pub fn stream_ended(&mut self, tag: u64) {
+        if tag == SYNCED || tag == PENDING || self.other_tag_free_bytes == 0 {
+            return;
+        }
+        for small in [false, true] {
+            for bin in 0..BINS {
+                loop {
+                    let mut i = self.bin_head(small, bin);
+                    while i != NONE && self.blocks.get(i).tag != tag {
+                        i = self.blocks.get(i).bin_next;
+                    }
+                    if i == NONE {
+                        break;
+                    }
+                    self.unlink(i);
+                    // The merged block waits for a synchronization begun after its latest free.
+                    let b = *self.blocks.get(i);
+                    let waiting = |n: u32| (n != NONE).then(|| *self.blocks.get(n)).filter(|n| !n.allocated && n.tag == PENDING);
+                    let latest = [b.seg_prev, b.seg_next].into_iter().filter_map(waiting).fold(b.born_ns, |t, n| t.max(n.born_ns));
+                    self.blocks.get_mut(i).tag = PENDING;
+                    let merged = self.merge_neighbours(i);
+                    self.blocks.get_mut(merged).born_ns = latest;
+                    self.link(merged);
+                }
+            }
+        }
     }
 
     /// `mark_synced_before` with nothing freed since (the pool's own tests).

@@ -288,3 +288,29 @@ fn a_hit_names_the_size_its_free_will_name() {
     assert_eq!((addr, size), (a, 3 << 19), "the freed block, whole: a 4 KiB rest is not split off");
     assert_eq!(pool.free(addr, SYNCED, 0).map(|f| f.size), Some(size));
 }
+
+/// Note [Streams that end]: a block freed on a stream that ended waits for a synchronization
+/// begun after its free, even for a stream given the same handle.
+#[test]
+fn blocks_freed_on_a_stream_that_ended_wait_for_a_synchronization() {
+    let mut h = Harness::new(Strategy::Split, 1 << 40);
+    let (stream, other) = (stream_tag(0xfa4e_0010), stream_tag(0xfa4e_0020));
+    let a = h.alloc(8 * MB, SYNCED).unwrap();
+    let kept = h.alloc(8 * MB, SYNCED).unwrap();
+    h.pool.free(a, stream, 5).unwrap();
+    h.pool.stream_ended(other);
+    let Alloc::Hit { addr, .. } = h.pool.alloc(8 * MB, stream, Birth::at(6)) else { panic!("another stream's end changes nothing") };
+    assert_eq!(addr, a);
+    h.pool.free(a, stream, 7).unwrap();
+    h.pool.stream_ended(stream);
+    h.pool.check_invariants().unwrap();
+    assert_eq!(h.pool.alloc(8 * MB, stream, Birth::at(8)), Alloc::NeedSync, "the handle's next stream waits");
+    h.pool.mark_synced_before(7);
+    assert_eq!(h.pool.alloc(8 * MB, stream, Birth::at(8)), Alloc::NeedSync, "a synchronization begun before the free does not do");
+    h.pool.mark_synced_before(8);
+    let Alloc::Hit { addr, .. } = h.pool.alloc(8 * MB, SYNCED, Birth::at(9)) else { panic!("after one begun later, anyone may") };
+    assert_eq!(addr, a);
+    h.pool.free(addr, SYNCED, 10).unwrap();
+    h.pool.free(kept, SYNCED, 10).unwrap();
+    h.pool.check_invariants().unwrap();
+}

@@ -231,6 +231,18 @@ pub unsafe fn ctx_destroy(ctx: *mut c_void, spelling: Spelling<unsafe extern "C"
     rc
 }
 
+/// Note [Streams that end] (device/pool/blocks.rs): the blocks freed on `stream` wait for a
+/// synchronization before the driver may give its handle to a new stream.
+///
+/// # Safety
+/// As cuStreamDestroy(_v2).
+pub unsafe fn stream_destroy(stream: *mut c_void, spelling: Spelling<unsafe extern "C" fn(*mut c_void) -> c_int>) -> c_int {
+    let Some(destroy) = real(spelling) else { return NO_DRIVER };
+    let Some(_entered) = reentry::enter().filter(|_| pool_answers()) else { return destroy(stream) };
+    DEVICE.stream_ended(super::stream_of(stream, false));
+    destroy(stream)
+}
+
 /// Our block's start and size for a pooled pointer, not the segment the driver sees.
 ///
 /// # Safety

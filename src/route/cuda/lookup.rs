@@ -28,6 +28,7 @@ fn versioned(base: &[u8], cuda_version: c_int, per_thread: bool) -> Option<&'sta
         b"cuMemAllocHost" => at(3020, b"cuMemAllocHost_v2", b"cuMemAllocHost"),
         b"cuMemGetAddressRange" => at(3020, b"cuMemGetAddressRange_v2", b"cuMemGetAddressRange"),
         b"cuCtxDestroy" => at(4000, b"cuCtxDestroy_v2", b"cuCtxDestroy"),
+        b"cuStreamDestroy" => at(4000, b"cuStreamDestroy_v2", b"cuStreamDestroy"),
         b"cuDevicePrimaryCtxRelease" => at(11000, b"cuDevicePrimaryCtxRelease_v2", b"cuDevicePrimaryCtxRelease"),
         b"cuDevicePrimaryCtxReset" => at(11000, b"cuDevicePrimaryCtxReset_v2", b"cuDevicePrimaryCtxReset"),
         b"cuGetProcAddress" => at(12000, b"cuGetProcAddress_v2", b"cuGetProcAddress"),
