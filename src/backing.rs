@@ -16,6 +16,18 @@ pub const BLOCK_ALIGN: usize = 64 << 10;
 
 /// Anonymous page memory (mmap and friends). Addresses are plain integers so a simulation can
 /// hand out addresses that are never dereferenced.
+/// The pages `PageMemory::sampled_written` reads of [addr, addr+len): at most WRITTEN_SAMPLES,
+/// spread evenly from the first (offsets from addr, each a whole page inside the range).
+pub fn written_sample(len: usize) -> impl Iterator<Item = usize> {
+    const PAGE: usize = 4096;
+    let pages = len / PAGE;
+    let n = pages.min(WRITTEN_SAMPLES);
+    (0..n).map(move |k| k * pages / n * PAGE)
+}
+
+/// How many pages `written_sample` picks at most.
+pub const WRITTEN_SAMPLES: usize = 64;
+
 pub trait PageMemory {
     /// A fresh zero-filled private mapping of `len` bytes starting at a multiple of `align`
     /// (a power of two, at least the page size); `None` when the system refuses.
@@ -98,6 +110,10 @@ pub trait PageMemory {
     /// it cost (a page not resident faults in as it is written). Note [calloc costs what is
     /// touched] in host/host_layer/alloc.rs.
     fn zero_weighed(&self, addr: usize, len: usize) -> bool;
+    /// Whether at least half of the pages `written_sample` picks from the range hold a byte
+    /// that is not zero: whether the program wrote over most of a block we had zeroed (Note
+    /// [calloc costs what is touched] in host/host_layer/alloc.rs). Reads only.
+    fn sampled_written(&self, addr: usize, len: usize) -> bool;
     /// Drops the range's pages (MADV_DONTNEED): it then reads zero, and each page touched
     /// faults in a fresh zero page. Costs about what is resident. False: nothing was done.
     fn discard(&self, addr: usize, len: usize) -> bool;

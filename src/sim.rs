@@ -582,6 +582,13 @@ impl PageMemory for SimPages {
         resident * 2 >= len
     }
 
+    fn sampled_written(&self, addr: usize, len: usize) -> bool {
+        let st = self.state.lock().unwrap();
+        let sample: Vec<usize> = crate::backing::written_sample(len).collect();
+        let written = sample.iter().filter(|&&offset| Self::overlaps(&st.dirty, addr + offset, 4096)).count();
+        !sample.is_empty() && 2 * written >= sample.len()
+    }
+
     fn discard_weighed(&self, addr: usize, len: usize) -> Option<bool> {
         let resident = {
             let st = self.state.lock().unwrap();

@@ -365,6 +365,18 @@ impl PageMemory for OsPages {
         lower_median(costs.get_mut(..n).unwrap_or(&mut [])) <= NOT_RESIDENT_WRITE_NS_PER_PAGE
     }
 
+    fn sampled_written(&self, addr: usize, len: usize) -> bool {
+        let (mut sampled, mut written) = (0usize, 0usize);
+        for offset in crate::backing::written_sample(len) {
+            // SAFETY: a whole page inside a range the caller owns, mapped and readable; a page
+            // never touched reads the kernel's zero page.
+            let words = unsafe { core::slice::from_raw_parts((addr + offset) as *const u64, PAGE / 8) };
+            sampled += 1;
+            written += usize::from(words.iter().any(|&w| w != 0));
+        }
+        sampled > 0 && 2 * written >= sampled
+    }
+
     fn discard(&self, addr: usize, len: usize) -> bool {
         // SAFETY: the caller owns the range and wants its contents gone.
         unsafe { calls::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) == 0 }
