@@ -237,6 +237,15 @@ def test_a_receiver_whose_sender_is_gone_gets_an_error_and_one_line(tmp_path, ap
     assert len(lines) == 1 and "Connection refused" in lines[0], r.stderr
 
 
+def all_stopped(pid):
+    """Whether every thread of `pid` is stopped (state T in /proc/PID/task/*/stat)."""
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/stat") as f:
+            states.append(f.read().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state == "T" for state in states)
+
+
 @pytest.mark.parametrize("api", ["runtime", "driver"])
 def test_a_receiver_under_a_periodic_signal_still_gives_up_on_a_stopped_sender(tmp_path, api):
     """The sender exported its blocks and was stopped (SIGSTOP), and the receiver takes SIGALRM
@@ -247,6 +256,12 @@ def test_a_receiver_under_a_periodic_signal_still_gives_up_on_a_stopped_sender(t
     sender = Sender(env, api)
     sender.p.send_signal(signal.SIGSTOP)
     try:
+        # Every thread stopped (its exporter's too) before the receiver asks: on a loaded machine
+        # the exporter's thread served the opens before it took the stop.
+        deadline = time.monotonic() + 30
+        while not all_stopped(sender.p.pid):
+            assert time.monotonic() < deadline, "the sender did not stop"
+            time.sleep(0.01)
         started = time.monotonic()
         opens, _, r = receive(sender.blocks[:2], {**env, "TM_TEST_ALARM_MS": "100"}, api)
         took = time.monotonic() - started
