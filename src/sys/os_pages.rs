@@ -366,15 +366,19 @@ impl PageMemory for OsPages {
     }
 
     fn sampled_written(&self, addr: usize, len: usize) -> bool {
-        let (mut sampled, mut written) = (0usize, 0usize);
+        let sampled = crate::backing::written_sample(len).count();
+        let mut written = 0;
         for offset in crate::backing::written_sample(len) {
             // SAFETY: a whole page inside a range the caller owns, mapped and readable; a page
             // never touched reads the kernel's zero page.
             let words = unsafe { core::slice::from_raw_parts((addr + offset) as *const u64, PAGE / 8) };
-            sampled += 1;
             written += usize::from(words.iter().any(|&w| w != 0));
+            // A dense block is known at half the pages.
+            if 2 * written >= sampled {
+                return true;
+            }
         }
-        sampled > 0 && 2 * written >= sampled
+        false
     }
 
     fn discard(&self, addr: usize, len: usize) -> bool {
