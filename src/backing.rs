@@ -14,12 +14,13 @@ pub type TableSource = fn(usize) -> Option<usize>;
 /// churn took the slow path, on a branch no predictor can learn (BENCHMARKS.md, "The small path").
 pub const BLOCK_ALIGN: usize = 64 << 10;
 
-/// Anonymous page memory (mmap and friends). Addresses are plain integers so a simulation can
-/// hand out addresses that are never dereferenced.
+/// The page size the library assumes (x86-64's; the one every length and alignment of ours
+/// is a multiple of).
+pub const PAGE: usize = 4096;
+
 /// The pages `PageMemory::sampled_written` reads of [addr, addr+len): at most WRITTEN_SAMPLES,
 /// spread evenly from the first (offsets from addr, each a whole page inside the range).
 pub fn written_sample(len: usize) -> impl Iterator<Item = usize> {
-    const PAGE: usize = 4096;
     let pages = len / PAGE;
     let n = pages.min(WRITTEN_SAMPLES);
     (0..n).map(move |k| k * pages / n * PAGE)
@@ -28,6 +29,8 @@ pub fn written_sample(len: usize) -> impl Iterator<Item = usize> {
 /// How many pages `written_sample` picks at most.
 pub const WRITTEN_SAMPLES: usize = 64;
 
+/// Anonymous page memory (mmap and friends). Addresses are plain integers so a simulation can
+/// hand out addresses that are never dereferenced.
 pub trait PageMemory {
     /// A fresh zero-filled private mapping of `len` bytes starting at a multiple of `align`
     /// (a power of two, at least the page size); `None` when the system refuses.

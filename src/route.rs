@@ -15,7 +15,7 @@
 use crate::host::registry::Owner;
 use crate::record::holders::{self, Asker};
 use crate::sys::next::{bootstrap_alloc, bootstrap_size, is_bootstrap};
-use crate::backing::BLOCK_ALIGN;
+use crate::backing::{BLOCK_ALIGN, PAGE};
 use crate::state::{Globals, HOST};
 use crate::sys::process::{abort, set_errno, SavedErrno};
 use core::ffi::c_void;
@@ -34,7 +34,6 @@ mod room;
 #[cfg(not(any(test, feature = "no-interpose")))]
 pub(crate) mod cuda;
 
-const PAGE: usize = 4096;
 /// malloc's guaranteed alignment on x86-64 (and glibc's MALLOC_ALIGNMENT).
 const MIN_ALIGN: usize = 16;
 

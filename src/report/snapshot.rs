@@ -3,11 +3,11 @@
 //! format of PyTorch's memory snapshots (Note [Snapshot format]). Collected under each table's
 //! own lock into a scratch mapping, then written with no lock held: no heap, no std formatting.
 
-use crate::backing::PageMemory;
+use crate::backing::{PageMemory, PAGE};
 use crate::record::history::{self, HistoryEvent};
 use crate::record::holders::{PLACE_HOST, PLACE_PINNED};
 use crate::report::pickle::{FdSink, Pickler};
-use crate::sys::os_pages::{OsPages, PAGE};
+use crate::sys::os_pages::OsPages;
 use crate::sys::claim;
 use crate::sys::dir::{Dir, Unnamed};
 use crate::sys::files::{self, Refused};

@@ -1,10 +1,9 @@
 //! `PageMemory` over the kernel: mmap, munmap, madvise, mremap. Aligned mappings are made by
 //! over-mapping and trimming, so every block we own starts exactly at the address we return.
 
-use crate::backing::{Moved, PageMemory, Presence};
+use crate::backing::{Moved, PageMemory, Presence, PAGE};
 use core::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
-pub const PAGE: usize = 4096;
 
 /// Set once MADV_FREE has been refused on a fresh page (kernels before 4.5, or a seccomp filter):
 /// later releases use MADV_DONTNEED.

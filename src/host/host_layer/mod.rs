@@ -62,7 +62,7 @@
 
 use super::cache::{BlockCache, CacheLimits};
 use super::registry::{Birth, Owner, PageChange, Registry};
-use crate::backing::{PageMemory, TableSource, BLOCK_ALIGN};
+use crate::backing::{PageMemory, TableSource, BLOCK_ALIGN, PAGE};
 use crate::config::{Config, HugePages, MAX_CACHE_BLOCKS};
 use crate::ranges::{Range, RangeList};
 use crate::record::stats::{HostStats, PhaseTimer};
@@ -79,7 +79,6 @@ mod release;
 mod resize;
 mod transit;
 
-pub const PAGE: usize = 4096;
 const HUGE_PAGE: usize = 2 << 20;
 /// Blocks from this size up are aligned and rounded to huge pages under `HugePages::Auto`
 /// (numpy asks for huge pages from 4 MiB up).
