@@ -63,3 +63,21 @@ def test_glibc_perturbation_reaches_every_block(how):
     out = ok(run(argv, env=env))
     assert out.stdout == alone.stdout
     assert out.stderr.count("steps aside") == (0 if how.startswith("mallopt") else 1), out.stderr
+
+
+@pytest.mark.parametrize("env", [{"MALLOC_PERTURB_": "256"}, {"GLIBC_TUNABLES": "glibc.malloc.perturb=1000"},
+                                 {"GLIBC_TUNABLES": "glibc.malloc.perturb=165:glibc.malloc.perturb=0"},
+                                 {"MALLOC_PERTURB_": "165", "GLIBC_TUNABLES": "glibc.malloc.perturb=0"}],
+                         ids=["past-255", "tunable-past-255", "tunable-last-0", "tunable-over-env"])
+def test_perturb_settings_glibc_ignores_leave_us_serving(env):
+    """glibc takes a perturb byte of 0 to 255 only, the last glibc.malloc.perturb in
+    GLIBC_TUNABLES deciding, and the tunable over MALLOC_PERTURB_ (config/glibc.rs). These
+    perturb nothing under glibc alone; we stepped aside for them all the same, with a line on
+    stderr and no cache for the process's life (the glibc-tools hunter). Now: no line, and the
+    large block freed is cached (the second reads the first's bytes, 0x11)."""
+    argv = [compile_c("perturb")]
+    alone = ok(run(argv, preload=False, env=env))
+    assert alone.stdout.startswith("large 00 00\n"), "glibc alone does not perturb: " + alone.stdout
+    out = ok(run(argv, env=env))
+    assert "steps aside" not in out.stderr and out.stderr == "", out.stderr
+    assert "large-again 11 11\n" in out.stdout, out.stdout

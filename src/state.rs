@@ -217,12 +217,23 @@ fn background_pass() -> Option<u64> {
 /// Whether the environment asks glibc to perturb memory (config/glibc.rs); setuid programs' is
 /// not read, as glibc ignores it there.
 fn glibc_perturbs() -> bool {
-    let mut asked = false;
-    if !crate::sys::env::is_secure_execution() {
-        crate::sys::env::for_each_with_prefix(b"MALLOC_PERTURB_", |name, value| asked |= crate::config::glibc::asks_perturb(name, value));
-        crate::sys::env::for_each_with_prefix(b"GLIBC_TUNABLES", |name, value| asked |= crate::config::glibc::asks_perturb(name, value));
+    use crate::config::glibc::{perturb_setting, perturbs};
+    if crate::sys::env::is_secure_execution() {
+        return false;
     }
-    asked
+    // The first entry of each name, as getenv reads it.
+    let first = |wanted: &[u8]| {
+        let mut setting = None;
+        let mut seen = false;
+        crate::sys::env::for_each_with_prefix(wanted, |name, value| {
+            if name == wanted && !seen {
+                seen = true;
+                setting = perturb_setting(name, value);
+            }
+        });
+        setting
+    };
+    perturbs(first(b"GLIBC_TUNABLES"), first(b"MALLOC_PERTURB_"))
 }
 
 fn read_config() -> Config {

@@ -1,16 +1,26 @@
 //! glibc's own malloc settings that decide whether we serve at all: MALLOC_PERTURB_ and the
 //! glibc.malloc.perturb tunable (Note [Memory debuggers] in state.rs).
 
-/// Whether the environment entry `name=value` asks glibc to perturb memory (fill each block at
-/// malloc and at free with a byte, to expose reads of uninitialized or freed memory): a nonzero
-/// MALLOC_PERTURB_, or glibc.malloc.perturb nonzero in GLIBC_TUNABLES. glibc reads them as
-/// strtoul in base 0 does: leading blanks, then decimal, 0x hexadecimal or 0 octal.
-pub fn asks_perturb(name: &[u8], value: &[u8]) -> bool {
+/// What the environment entry `name=value` says of glibc's perturbation (fill each block at
+/// malloc and at free with a byte, to expose reads of uninitialized or freed memory): Some(on)
+/// for a MALLOC_PERTURB_ or a glibc.malloc.perturb in GLIBC_TUNABLES that glibc takes (the last
+/// there deciding), None for one it ignores or none. glibc reads them as strtoul in base 0 does
+/// (leading blanks, then decimal, 0x hexadecimal or 0 octal) and ignores a value outside the
+/// tunable's range, 0 to 255: 256 or 1000 perturbs nothing, and stepping aside for it cost the
+/// cache and a line on stderr (the glibc-tools hunter).
+pub fn perturb_setting(name: &[u8], value: &[u8]) -> Option<bool> {
+    let taken = |v: &[u8]| (number(v) <= 255).then(|| number(v) != 0);
     match name {
-        b"MALLOC_PERTURB_" => number(value) != 0,
-        b"GLIBC_TUNABLES" => value.split(|&b| b == b':').any(|t| t.strip_prefix(b"glibc.malloc.perturb=").is_some_and(|v| number(v) != 0)),
-        _ => false,
+        b"MALLOC_PERTURB_" => taken(value),
+        b"GLIBC_TUNABLES" => value.rsplit(|&b| b == b':').filter_map(|t| t.strip_prefix(b"glibc.malloc.perturb=")).find_map(taken),
+        _ => None,
     }
+}
+
+/// Whether glibc perturbs under these settings (`perturb_setting` of each): the tunable, where
+/// it says anything, over MALLOC_PERTURB_, as glibc 2.36 has it whatever their order.
+pub fn perturbs(tunables: Option<bool>, malloc_perturb: Option<bool>) -> bool {
+    tunables.or(malloc_perturb).unwrap_or(false)
 }
 
 /// strtoul(value, NULL, 0), saturating: 0 where no digit is read.
@@ -27,7 +37,11 @@ fn number(value: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::asks_perturb;
+    use super::{perturb_setting, perturbs};
+
+    fn asks_perturb(name: &[u8], value: &[u8]) -> bool {
+        perturb_setting(name, value) == Some(true)
+    }
 
     #[test]
     fn perturb_is_asked_by_a_nonzero_value_in_either_spelling() {
@@ -43,5 +57,23 @@ mod tests {
         assert!(asks_perturb(b"MALLOC_PERTURB_", b"017"));
         assert!(!asks_perturb(b"MALLOC_PERTURB_", b"00"));
         assert!(!asks_perturb(b"MALLOC_PERTURB_", b""));
+    }
+
+    #[test]
+    fn perturb_settings_glibc_ignores_ask_nothing() {
+        // Checked against glibc 2.36: a value past 255 leaves the tunable as it was.
+        assert_eq!(perturb_setting(b"MALLOC_PERTURB_", b"256"), None);
+        assert_eq!(perturb_setting(b"MALLOC_PERTURB_", b"255"), Some(true));
+        assert_eq!(perturb_setting(b"GLIBC_TUNABLES", b"glibc.malloc.perturb=300"), None);
+        assert_eq!(perturb_setting(b"GLIBC_TUNABLES", b"glibc.malloc.perturb=0x100"), None);
+        // The last one taken decides.
+        assert_eq!(perturb_setting(b"GLIBC_TUNABLES", b"glibc.malloc.perturb=165:glibc.malloc.perturb=0"), Some(false));
+        assert_eq!(perturb_setting(b"GLIBC_TUNABLES", b"glibc.malloc.perturb=0:glibc.malloc.perturb=7"), Some(true));
+        assert_eq!(perturb_setting(b"GLIBC_TUNABLES", b"glibc.malloc.perturb=7:glibc.malloc.perturb=1000"), Some(true));
+        // The tunable over MALLOC_PERTURB_.
+        assert!(!perturbs(Some(false), Some(true)));
+        assert!(perturbs(None, Some(true)));
+        assert!(perturbs(Some(true), None));
+        assert!(!perturbs(None, None));
     }
 }
