@@ -130,3 +130,49 @@ def test_a_program_that_takes_mallocs_address_is_not_an_allocator_in_front():
     assert ok(run([binary, "glibc"], preload=False)).stdout == "ran\n"
     out = ok(run([binary]))
     assert out.stdout == "cached 20, thread yes\n", out
+
+
+MEMUSAGE = next((p for p in ["/usr/lib/x86_64-linux-gnu/libmemusage.so", "/lib/x86_64-linux-gnu/libmemusage.so"] if os.path.exists(p)), None)
+
+
+def tracer_library(name):
+    BUILD.mkdir(parents=True, exist_ok=True)
+    out = BUILD / f"lib{name}.so"
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(out), str(C_DIR / f"{name}.c"), "-ldl"], check=True)
+    return str(out)
+
+
+@pytest.mark.parametrize("tracer", ["header-tracer", "memusage"])
+def test_a_tracer_in_front_sees_cxx_and_aligned_blocks(tracer):
+    """LD_PRELOAD="TRACER libtensormalloc.so" with a tracer that adds a header to each block and
+    lacks the C++ operators and the aligned names (glibc's memusage, which heaptrack-style
+    launchers put in front of an LD_PRELOAD they find). Before: libstdc++'s shortcut freed the
+    tracer's blocks, past its header, into glibc's free (`munmap_chunk(): invalid pointer`), and
+    it saw none of the program's news; an aligned block of ours, freed through the tracer's free,
+    which reads the 16 bytes before it, crashed where it started a mapping. Now C++ goes through
+    libstdc++'s operators to the tracer and aligned requests to glibc, as without us, and the
+    tracer counts what it counts alone (the glibc-tools hunter)."""
+    assert MEMUSAGE, "glibc's libmemusage.so ships with libc6"
+    front = MEMUSAGE if tracer == "memusage" else tracer_library("header_tracer")
+    binary = compile_cxx("front_cxx")
+    alone = ok(run([binary], preload=front))
+    out = ok(run([binary], preload=f"{front} {LIB}"))
+    assert "front cxx ok" in out.stdout, out
+    if tracer == "header-tracer":
+        assert out.stdout == alone.stdout, (out.stdout, alone.stdout)
+
+
+@pytest.mark.parametrize("behind", ["handle-hook", "header-tracer", "memusage"])
+def test_a_hook_behind_us_is_called_as_without_us(behind):
+    """LD_PRELOAD="libtensormalloc.so HOOK". A hook that finds "the real" malloc and mmap through
+    libc's handle was answered with ours (Note [Calls through a library's handle]), which calls
+    the next, the hook's: the stack ran out (SIGSEGV, even with TENSORMALLOC_DISABLE=1). A small
+    block realloc'd past the threshold was sized with glibc's malloc_usable_size where the next
+    malloc, a tracer's, adds a header (memusage): a garbage size, SIGSEGV in the copy. Now the
+    hook gets libc's own and the copy asks the tracer's realloc (the glibc-tools hunter)."""
+    assert MEMUSAGE, "glibc's libmemusage.so ships with libc6"
+    hook = {"handle-hook": lambda: tracer_library("handle_hook"), "header-tracer": lambda: tracer_library("header_tracer"), "memusage": lambda: MEMUSAGE}[behind]()
+    binary = compile_c("behind_us")
+    for env in [{}, {"TENSORMALLOC_DISABLE": "1"}]:
+        out = ok(run([binary], preload=f"{LIB} {hook}", env=env))
+        assert "behind us ok" in out.stdout, out

@@ -19,7 +19,11 @@ pub(super) fn aligned(align: usize, size: usize, asker: Asker) -> *mut c_void {
 pub(super) fn aligned_with(align: usize, size: usize, asker: Asker, names: Names) -> *mut c_void {
     let align = align.max(MIN_ALIGN);
     let Some(g) = ready() else { return bootstrap_alloc(size, align) };
-    if size < LARGE_FROM.load(Relaxed) {
+    // An allocator or tracer in front of us that lacks these names (glibc's memusage) frees
+    // every block through its own free, which reads the bytes before it for its header: glibc's
+    // aligned blocks have a chunk header there, ours may start a mapping (SIGSEGV; the
+    // glibc-tools hunter). Its own large blocks still come to us through its malloc.
+    if size < LARGE_FROM.load(Relaxed) || crate::sys::front::front().is_some() {
         if let (Names::Libc, Some(memalign)) = (names, g.next.libc.memalign) {
             // SAFETY: plain forwarding; align is a power of two.
             return unsafe { memalign(align, size) };

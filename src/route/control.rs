@@ -104,12 +104,18 @@ pub fn mallopt(param: c_int, value: c_int) -> c_int {
 // preloaded, as a launcher prepending its own to the user's makes, handed out glibc's mprotect
 // and free past both). dlsym and dlclose are ours only by symbol; C++ operators and CUDA names
 // have their own rules.
+// The exception is a hook behind us that finds "the real one" this way: a library preloaded
+// after us that defines mmap (or malloc) and looks up libc's through libc's handle. Ours would
+// call the next definition, the hook's, which would call ours again, until the stack ran out
+// (SIGSEGV, even under TENSORMALLOC_DISABLE; the glibc-tools hunter). A caller whose own object
+// defines the name, where the process's definition lies elsewhere (it stands behind someone),
+// gets glibc's answer.
 
 /// `dlsym(handle, name)` through a library's handle (Note [Calls through a library's handle]):
 /// ours when the handle reaches the very definition our next one is, or the C library's; None
 /// to let glibc's dlsym answer (another object's, RTLD_NEXT, RTLD_DEFAULT, a name we do not
-/// define).
-pub fn served_symbol(handle: *mut core::ffi::c_void, name: &core::ffi::CStr, real_dlsym: crate::sys::dlsym::DlsymFn) -> Option<*mut core::ffi::c_void> {
+/// define); None too for `caller` (dlsym's return address) in a hook behind us.
+pub fn served_symbol(handle: *mut core::ffi::c_void, name: &core::ffi::CStr, real_dlsym: crate::sys::dlsym::DlsymFn, caller: usize) -> Option<*mut core::ffi::c_void> {
     if handle.is_null() || handle == libc::RTLD_NEXT || handle == libc::RTLD_DEFAULT || ready().is_none() {
         return None;
     }
@@ -126,5 +132,6 @@ pub fn served_symbol(handle: *mut core::ffi::c_void, name: &core::ffi::CStr, rea
     let found = unsafe { real_dlsym(handle, name.as_ptr()) };
     // SAFETY: a lookup of the next definition, allocation-free.
     let next = unsafe { crate::sys::dlsym::next_definition(name) };
-    (!found.is_null() && (found == next || crate::sys::dlsym::in_c_library(found as usize))).then_some(ours)
+    let stands_for_ours = !found.is_null() && (found == next || crate::sys::dlsym::in_c_library(found as usize));
+    (stands_for_ours && !crate::sys::dlsym::interposer_behind(caller, name)).then_some(ours)
 }

@@ -75,8 +75,9 @@ pub(super) unsafe fn realloc_named(p: *mut c_void, size: usize, asker: Asker, na
                 return unsafe { next_realloc(p, size) };
             }
             // Growing past the threshold: move into the host layer.
-            let Some(usable) = g.next.usable_size else {
-                // SAFETY: as above; without malloc_usable_size we cannot know what to copy.
+            let Some(usable) = g.next.sizes_its_blocks else {
+                // SAFETY: as above; without its own malloc_usable_size we cannot know what to
+                // copy.
                 return unsafe { next_realloc(p, size) };
             };
             // One the next allocator serves when we cannot (Note [The next allocator's free

@@ -105,7 +105,7 @@ pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion(symbol: *const c_char,
 /// dlsym answer (`route::cuda::lookup::served_symbol`, and for the names we define looked up
 /// through a library's handle `route::control::served_symbol`).
 #[cfg(target_arch = "x86_64")]
-extern "C" fn served_symbol(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+extern "C" fn served_symbol(handle: *mut c_void, name: *const c_char, caller: usize) -> *mut c_void {
     let cuda = route::served_symbol(handle, name, served, dlsym as *const ());
     if !cuda.is_null() || name.is_null() {
         return cuda;
@@ -113,7 +113,7 @@ extern "C" fn served_symbol(handle: *mut c_void, name: *const c_char) -> *mut c_
     // SAFETY: dlsym's name is a C string.
     let name = unsafe { core::ffi::CStr::from_ptr(name) };
     let real = crate::sys::dlsym::resolve(dlsym as *const ());
-    crate::route::control::served_symbol(handle, name, real).unwrap_or(core::ptr::null_mut())
+    crate::route::control::served_symbol(handle, name, real, caller).unwrap_or(core::ptr::null_mut())
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -121,10 +121,12 @@ extern "C" fn served_symbol(handle: *mut c_void, name: *const c_char) -> *mut c_
 #[no_mangle]
 pub extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *mut c_void {
     core::arch::naked_asm!(
-        // Keep the arguments, align the stack for the call (entry leaves rsp 8 off 16).
+        // Keep the arguments, align the stack for the call (entry leaves rsp 8 off 16); the
+        // caller's return address is the third argument.
         "push rdi",
         "push rsi",
         "sub rsp, 8",
+        "mov rdx, [rsp + 24]",
         "call {decide}",
         "add rsp, 8",
         "pop rsi",

@@ -266,6 +266,25 @@ pub unsafe fn lookup_in_loaded(path: &CStr, name: &CStr) -> Option<*mut c_void> 
     Some(a)
 }
 
+/// Whether the code at `caller` lies in an object that defines `name` itself while the
+/// process's definition of it lies elsewhere: a hook standing behind someone (Note [Calls
+/// through a library's handle] in route/control.rs). Never for the main program (it comes
+/// first), the C library or us.
+pub fn interposer_behind(caller: usize, name: &CStr) -> bool {
+    let Some((base, path)) = object_of(caller) else { return false };
+    if !path.to_bytes().contains(&b'/') || is_ours(caller as *mut c_void) || in_c_library(caller) {
+        return false;
+    }
+    let base_of = |p: *mut c_void| object_of(p as usize).map(|(b, _)| b);
+    // SAFETY: a loaded object's path (the caller's code is running) and a C string.
+    let defines = unsafe { lookup_in_loaded(path, name) }.is_some_and(|p| !p.is_null() && base_of(p) == Some(base));
+    // Looked up last, whatever the answer above: a lookup that succeeds clears the message a
+    // failed one leaves for the caller's dlerror (the name is defined in the process: asked
+    // only for names the caller's handle found).
+    let first = base_of(process_definition(name));
+    defines && first != Some(base)
+}
+
 /// Whether the code at `addr` lies in the C library (libc.so.6).
 pub fn in_c_library(addr: usize) -> bool {
     object_of(addr).is_some_and(|(_, path)| path.to_bytes().rsplit(|&b| b == b'/').next().is_some_and(|name| name.starts_with(b"libc.so")))

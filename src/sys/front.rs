@@ -51,23 +51,30 @@ pub fn front() -> Option<(ReallocFn, FreeFn)> {
     (realloc > NONE && free > NONE).then(|| unsafe { (core::mem::transmute::<usize, ReallocFn>(realloc), core::mem::transmute::<usize, FreeFn>(free)) })
 }
 
+/// The process's definition of `name` when it is not ours (None when it is ours or there is
+/// none).
+fn found(name: &core::ffi::CStr) -> Option<usize> {
+    let p = super::dlsym::process_definition(name);
+    if !p.is_null() && !super::dlsym::is_ours(p) {
+        return Some(p as usize);
+    }
+    // Note [Versioned interposers] (sys/dlsym.rs): one in front that defines only compat
+    // symbols, which a plain lookup skips.
+    super::dlsym::versioned_interposer(false, name).map(|q| q as usize)
+}
+
+/// Whether someone's malloc comes before ours in the global scope, where we are (our
+/// tm_get_stats is the process's), and it is not the C library's: loaded by path (even
+/// RTLD_GLOBAL, as Python's package loads us) or in a test, glibc's malloc comes first and
+/// never calls us. Looks each time (dlsym: never inside an allocation call).
+pub fn malloc_in_front() -> bool {
+    super::dlsym::process_definition_is_ours(c"tm_get_stats") && found(c"malloc").is_some_and(|malloc| !super::dlsym::in_c_library(malloc))
+}
+
 /// Looks once, at load, outside every allocation call (glibc's dlsym may allocate, and inside
 /// another allocator's call that could wait on its lock).
 pub fn resolve_at_load() {
-    // The process's definition: None when it is ours or there is none.
-    let found = |name: &core::ffi::CStr| {
-        let p = super::dlsym::process_definition(name);
-        if !p.is_null() && !super::dlsym::is_ours(p) {
-            return Some(p as usize);
-        }
-        // Note [Versioned interposers] (sys/dlsym.rs): one in front that defines only compat
-        // symbols, which a plain lookup skips.
-        super::dlsym::versioned_interposer(false, name).map(|q| q as usize)
-    };
-    // Someone's malloc comes before ours in the global scope, where we are (our tm_get_stats is
-    // the process's), and it is not the C library's: loaded by path (even RTLD_GLOBAL, as
-    // Python's package loads us) or in a test, glibc's malloc comes first and never calls us.
-    let in_front = super::dlsym::process_definition_is_ours(c"tm_get_stats") && found(c"malloc").is_some_and(|malloc| !super::dlsym::in_c_library(malloc));
+    let in_front = malloc_in_front();
     let (realloc, free) = if in_front { (found(c"realloc"), found(c"free")) } else { (None, None) };
     SERVES_THE_PROCESS.store(in_front || super::dlsym::process_definition_is_ours(c"malloc"), Ordering::Relaxed);
     REALLOC.store(realloc.unwrap_or(NONE), Ordering::Release);

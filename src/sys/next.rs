@@ -25,6 +25,11 @@ pub struct NextAllocator {
     pub aligned_alloc: Option<MemalignFn>,
     pub memalign: Option<MemalignFn>,
     pub usable_size: Option<UsableSizeFn>,
+    /// `usable_size` when the object that defines the next malloc defines it too: the only one
+    /// that can size that malloc's blocks (realloc's copy into a block of ours trusts only it).
+    /// A tracer after us that adds a header and lacks the name (glibc's memusage) has glibc's,
+    /// which read its blocks as garbage sizes (SIGSEGV in the copy; the glibc-tools hunter).
+    pub sizes_its_blocks: Option<UsableSizeFn>,
     /// The same under glibc's own names (`__libc_malloc`...), as the next object defining them
     /// has them (glibc, or jemalloc and tcmalloc, which define them too); the plain names where
     /// no object does. A next allocator built over `__libc_malloc` (a debugging layer, a spy)
@@ -95,6 +100,9 @@ impl NextAllocator {
         let optional = |p: *mut c_void| if p.is_null() { None } else { Some(p) };
         let or = |p: *mut c_void, plain: *mut c_void| if p.is_null() { plain } else { p };
         let memalign = optional(lookup(c"memalign"));
+        let usable_size = optional(lookup(c"malloc_usable_size")).map(|p| core::mem::transmute::<*mut c_void, UsableSizeFn>(p));
+        let object = |p: *mut c_void| super::dlsym::object_of(p as usize).map(|(base, _)| base);
+        let same_object = usable_size.is_some_and(|u| object(u as *mut c_void).is_some() && object(u as *mut c_void) == object(malloc));
         // SAFETY: dlsym returned the addresses of C functions with these standard signatures.
         Some(NextAllocator {
             malloc: core::mem::transmute::<*mut c_void, MallocFn>(malloc),
@@ -104,7 +112,8 @@ impl NextAllocator {
             posix_memalign: core::mem::transmute::<*mut c_void, PosixMemalignFn>(posix_memalign),
             aligned_alloc: optional(lookup(c"aligned_alloc")).map(|p| core::mem::transmute::<*mut c_void, MemalignFn>(p)),
             memalign: memalign.map(|p| core::mem::transmute::<*mut c_void, MemalignFn>(p)),
-            usable_size: optional(lookup(c"malloc_usable_size")).map(|p| core::mem::transmute::<*mut c_void, UsableSizeFn>(p)),
+            usable_size,
+            sizes_its_blocks: usable_size.filter(|_| same_object),
             libc: LibcNames {
                 malloc: core::mem::transmute::<*mut c_void, MallocFn>(or(lookup(c"__libc_malloc"), malloc)),
                 free: core::mem::transmute::<*mut c_void, FreeFn>(or(lookup(c"__libc_free"), free)),

@@ -82,7 +82,7 @@ impl<F: Copy> NextOp<F> {
                 Some(lib) => (true, lib.0 == own_library().0, is_libstdcxx(lib)),
                 None => (!a.is_null(), false, false),
             };
-            let forwards = found && !ours && (replaced_base || replaced_behind);
+            let forwards = found && !ours && (replaced_base || replaced_behind || super::front::malloc_in_front());
             self.forwards.store(forwards, Ordering::Relaxed);
             self.plain.store(plain && found && !ours && !forwards, Ordering::Relaxed);
             self.addr.store(if !found || ours { MISSING } else { a as usize }, Ordering::Release);
@@ -136,6 +136,11 @@ impl<F: Copy> NextOp<F> {
 // library is told from an allocator (jemalloc, tcmalloc, mimalloc, whose operators we call as
 // they are while serving large requests ourselves) by the malloc it does not define, and from a
 // C++ runtime linked in statically by the std::set_new_handler it does not define.
+// An allocator or tracer in front of us that lacks the operators (glibc's memusage, a
+// heaptrack-style tracer) sees C++ allocations only through libstdc++'s operators calling malloc
+// and free, which reach it first: every form then goes on unchanged too. The shortcut's free
+// handed its blocks, offset by its header, to glibc's free (`munmap_chunk(): invalid pointer`),
+// and it saw 3 of 1,502 of the program's news (the glibc-tools hunter).
 
 /// Whether the process's definition of operator `base` is not ours: the program (or a library
 /// ahead of us) replaced it.
