@@ -294,3 +294,54 @@ def test_the_launchers_answer_as_a_shell_does(tmp_path):
             assert shell.returncode == code and why in shell.stderr, (name, shell)
         out = run([*launcher, "--bogus"], preload=False, env={**ENV, "TENSORMALLOC_LIB": str(LIB)})
         assert out.returncode == 2 and "unknown option --bogus" in out.stderr and "--help" in out.stderr, (launcher, out)
+
+
+LAUNCHERS = {"pip": [PY, "-m", "tensormalloc"], "script": [str(ROOT / "scripts" / "tensormalloc")]}
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_the_program_gets_the_signals_a_shell_gives(launcher, tmp_path):
+    """Python starts with SIGPIPE and SIGXFSZ ignored, and exec kept them so: under the pip
+    command `yes | head -1` printed "Broken pipe" and exited 1, a program printing forever into
+    `head` never ended, and `dd` past `ulimit -f` got "File too large" (the package hunter). Now
+    each ends as under bash: 141 (SIGPIPE), 153 (SIGXFSZ)."""
+    cmd = " ".join(f"'{a}'" for a in LAUNCHERS[launcher])
+    env = {**ENV, "TENSORMALLOC_LIB": str(LIB)}
+    for program, code in [("", 141), (cmd + " ", 141)]:
+        out = run(["bash", "-c", f"{program}yes | head -1; echo ${{PIPESTATUS[0]}}"], preload=False, env=env, timeout=60)
+        assert out.stdout.split() == ["y", str(code)] and "Broken pipe" not in out.stderr, (program, out)
+    out = run(["bash", "-c", f"ulimit -f 1; {cmd} dd if=/dev/zero of=big bs=4096 count=10 2>/dev/null; echo $?"], preload=False, env=env, cwd=tmp_path, timeout=60)
+    assert out.stdout.split()[-1] == "153", out
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_a_library_ld_so_cannot_preload_is_refused(launcher, tmp_path):
+    """ld.so splits LD_PRELOAD at spaces and colons: a library under "My Projects" ran the
+    program without us, with an ld.so error line in it and in every child; a file that is no
+    library the same (the package hunter). Now the command says so in one line and exits 1,
+    before running anything."""
+    spaced = tmp_path / "My Projects" / "libtensormalloc.so"
+    spaced.parent.mkdir()
+    shutil.copy(LIB, spaced)
+    text = tmp_path / "notes.txt"
+    text.write_text("not a library\n")
+    for lib, why in [(spaced, "a space or a colon"), (text, "is not a shared library")]:
+        out = run([*LAUNCHERS[launcher], "touch", str(tmp_path / "ran")], preload=False, env={**ENV, "TENSORMALLOC_LIB": str(lib)})
+        assert out.returncode == 1 and out.stderr.count("\n") == 1 and why in out.stderr, out
+        assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_names_in_path_answer_as_a_shell_does(launcher, tmp_path):
+    """A directory in PATH with the program's name is no program: bash says "command not found"
+    (127), the pip command said "Permission denied" (126); a file there that is not executable is
+    "Permission denied" (126), which the script printed as bash's own line about itself."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "noexec").write_text("x\n")
+    (tmp_path / "mytool").mkdir()
+    path = f"{tmp_path / 'bin'}:{tmp_path}:/usr/bin:/bin"
+    for name, (code, why) in {"mytool": (127, "command not found"), "noexec": (126, "Permission denied")}.items():
+        shell = subprocess.run(["bash", "-c", name], capture_output=True, text=True, env={"PATH": path}, cwd="/")
+        assert shell.returncode == code, shell
+        out = run([*LAUNCHERS[launcher], name], preload=False, env={**ENV, "TENSORMALLOC_LIB": str(LIB), "PATH": path}, cwd="/")
+        assert (out.returncode, out.stderr) == (code, f"tensormalloc: {name}: {why}\n"), out

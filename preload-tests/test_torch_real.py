@@ -154,3 +154,21 @@ os.waitpid(pid, 0)
         assert out.returncode == 0, (mode, out.stdout, out.stderr[-2000:])
         outs[mode] = out.stdout
     assert outs["hooks"] == outs["plain"] == "before 0 0 {} False\nparent True\nchild 0 0 {}\n", outs
+
+
+@pytest.mark.parametrize("preloaded", [True, False], ids=["preload", "by-path"])
+def test_empty_cache_and_summary_before_cuda_and_in_a_forked_child(torch_python, preloaded):
+    """py/torch_hook_edges.py: after tensormalloc.torch.enable(), torch.cuda.empty_cache()
+    before CUDA had started started it (on a GPU, a context), and in a child forked after it
+    started raised "Cannot re-initialize CUDA in forked subprocess"; memory_summary() before CUDA
+    started called itself until RecursionError (the package hunter). Now each does what it does
+    under PyTorch's own allocator."""
+    env = {"PYTHONPATH": str(ROOT / "python"), "LD_LIBRARY_PATH": str(fake_cuda()), "TORCH_REAL_STANDIN": "1",
+           "PYTHONDONTWRITEBYTECODE": "1", "TENSORMALLOC_CUDA_SEGMENTS": "classic"}
+    script = str(SCRIPT.parent / "torch_hook_edges.py")
+    plain = run([torch_python, script, "plain"], preload=False, env=env, timeout=300)
+    hooks = run([torch_python, script, "hooks"], preload=preloaded, env=env, timeout=300)
+    assert plain.returncode == 0 and hooks.returncode == 0, (plain.stderr[-2000:], hooks.stderr[-2000:])
+    expected = json.loads(plain.stdout.splitlines()[-1])
+    assert expected["empty_cache_in_forked_child"] == "ok" and not expected["started_by_empty_cache"], expected
+    assert json.loads(hooks.stdout.splitlines()[-1]) == expected

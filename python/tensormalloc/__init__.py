@@ -84,15 +84,17 @@ class _Scope(ctypes.Structure):
 
 def library_path():
     """The libtensormalloc.so to preload or load: TENSORMALLOC_LIB, else the one this package
-    ships, else the release build of the source tree this module sits in."""
+    ships, else the release build of the source tree this module sits in; in a source tree with
+    both (an editable install copies the build beside this module), the newer, so a rebuild
+    with `cargo build --release` is what runs."""
     env = os.environ.get("TENSORMALLOC_LIB")
     if env:
         if not os.path.isfile(env):
             raise FileNotFoundError(f"TENSORMALLOC_LIB={env} is not a file")
         return os.path.abspath(env)
-    for candidate in (_HERE / "libtensormalloc.so", _HERE.parent.parent / "target" / "release" / "libtensormalloc.so"):
-        if candidate.is_file():
-            return str(candidate)
+    found = [c for c in (_HERE / "libtensormalloc.so", _HERE.parent.parent / "target" / "release" / "libtensormalloc.so") if c.is_file()]
+    if found:
+        return str(max(found, key=lambda c: c.stat().st_mtime))
     raise FileNotFoundError("libtensormalloc.so not found: `pip install` this package, build the source tree with "
                             "`cargo build --release`, or set TENSORMALLOC_LIB to its path")
 

@@ -13,6 +13,7 @@ a trace meant for COMMAND."""
 import errno
 import os
 import shutil
+import signal
 import sys
 import textwrap
 
@@ -65,6 +66,29 @@ def without_our_copies(preload):
     return [e for e in entries if not os.path.basename(e).startswith("libtensormalloc")]
 
 
+def unpreloadable(lib):
+    """Why ld.so could not preload `lib`, or None. It splits LD_PRELOAD at spaces and colons
+    (a venv under "My Projects" preloaded "/…/My" and ran the program without us, with an
+    ld.so error line in every child), and names a file that is no shared library only in such a
+    line (the package hunter)."""
+    if any(c.isspace() or c == ":" for c in lib):
+        return (f"the library's path has a space or a colon, which LD_PRELOAD cannot carry: {lib} "
+                "(set TENSORMALLOC_LIB to a copy at a path without them)")
+    try:
+        with open(lib, "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                return f"{lib} is not a shared library"
+    except OSError as e:
+        return f"{lib}: {e.strerror}"
+    return None
+
+
+def in_path_as_file(name, path):
+    """Whether PATH holds a file (not a directory) of this name: a shell says "Permission denied"
+    for one it cannot run, "command not found" when there is only a directory."""
+    return any(os.path.isfile(os.path.join(d or ".", name)) for d in (path or os.defpath).split(os.pathsep))
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv in (["run"], ["--"]):
@@ -103,10 +127,19 @@ def main(argv=None):
     if path_only:
         print(lib)
         return 0
+    why = unpreloadable(lib)
+    if why:
+        print(f"tensormalloc: {why}", file=sys.stderr)
+        return 1
     env = dict(os.environ)
     env["LD_PRELOAD"] = " ".join([lib] + without_our_copies(env.get("LD_PRELOAD", "")))
     sys.stdout.flush()
     sys.stderr.flush()
+    # Python starts with SIGPIPE and SIGXFSZ ignored, and an ignored signal stays ignored across
+    # exec: the program would write on into a closed pipe (`tensormalloc prog | head` never
+    # ended) or past its file size limit. A shell gives it the defaults, as subprocess does.
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
     # What a shell says and returns: a name looked up in PATH is "not found"; a path names its
     # reason, and a directory is no program.
     if not argv[0]:
@@ -119,6 +152,9 @@ def main(argv=None):
         print(f"tensormalloc: {argv[0]}: {why}", file=sys.stderr)
         return 127
     except PermissionError:
+        if "/" not in argv[0] and not in_path_as_file(argv[0], env.get("PATH")):
+            print(f"tensormalloc: {argv[0]}: command not found", file=sys.stderr)
+            return 127
         why = os.strerror(errno.EISDIR) if os.path.isdir(argv[0]) else os.strerror(errno.EACCES)
         print(f"tensormalloc: {argv[0]}: {why}", file=sys.stderr)
         return 126

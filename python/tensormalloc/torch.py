@@ -39,7 +39,10 @@ def enable():
     _allocator = alloc
     # torch.cuda.empty_cache() is how PyTorch users give memory to other processes: after
     # PyTorch's own, the pool's cached blocks on the current device go back to the driver.
-    trim = lambda: lib.tm_cuda_trim(torch.cuda.current_device())
+    # As PyTorch's own, nothing before CUDA has started or in a child forked after it started:
+    # current_device() there starts CUDA, or raises "Cannot re-initialize CUDA in forked
+    # subprocess" (the package hunter).
+    trim = lambda: lib.tm_cuda_trim(torch.cuda.current_device()) if torch.cuda.is_initialized() else None
     for module in (torch.cuda, torch.cuda.memory):
         _cuda.after(module, "empty_cache", trim)
     # What PyTorch's pluggable allocator cannot answer, answered from the pool (the functions
@@ -146,8 +149,11 @@ def memory_summary(device=None, abbreviated=False):
     """A few lines of the pool's figures for the device (PyTorch's own summary without
     `enable()`)."""
     import torch
-    if _allocator is None or not torch.cuda.is_initialized():
+    if _allocator is None:
         return torch.cuda.memory.memory_summary(device, abbreviated)
+    # As PyTorch's own, which starts CUDA (its device index does) and raises as it does in a child
+    # forked after CUDA started. Before, this called PyTorch's, which called ours (RecursionError).
+    torch.cuda.init()
     s = memory_stats(device)
     mib = lambda key: f"{s[key] / 2**20:.1f} MiB" if key in s else "n/a"
     lines = [f"tensormalloc's pool on cuda:{_device_index(device)} (PyTorch's allocator: tensormalloc.torch.enable())",
