@@ -164,7 +164,7 @@ FRAMEWORKS = {
     # Just what the hooks touch, as PyTorch and CuPy name it: the hooks' code is the real code.
     "torch/__init__.py": "from . import cuda\n",
     "torch/cuda/__init__.py": "from . import memory\nfrom .memory import empty_cache\nemptied = []\n"
-                              "def current_device():\n    return 0\n",
+                              "def current_device():\n    return 0\ndef is_initialized():\n    return True\n",
     "torch/cuda/memory.py": "class CUDAPluggableAllocator:\n    def __init__(self, path, alloc, free):\n        self.args = (path, alloc, free)\n"
                             "def change_current_allocator(a):\n    pass\n"
                             "def empty_cache():\n    import torch.cuda\n    torch.cuda.emptied.append(1)\n",
