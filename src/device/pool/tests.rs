@@ -314,3 +314,22 @@ fn blocks_freed_on_a_stream_that_ended_wait_for_a_synchronization() {
     h.pool.free(kept, SYNCED, 10).unwrap();
     h.pool.check_invariants().unwrap();
 }
+
+/// A segment with no live block whose free parts wait for different synchronizations counts as
+/// releasable whole (cudaMemGetInfo reads it as free), and a request for all of it gets it.
+#[test]
+fn a_free_segment_in_parts_of_different_tags_is_releasable_whole() {
+    let mut h = Harness::new(Strategy::Split, 1 << 40);
+    let a = h.alloc(21 * MB, SYNCED).unwrap();
+    let total = h.mapped;
+    assert!(total > 21 * MB, "a segment with a free tail beside the block");
+    assert_eq!(h.pool.releasable_bytes(), 0, "a live block in the one segment");
+    h.pool.free(a, PENDING, 1).unwrap();
+    h.pool.check_invariants().unwrap();
+    assert_eq!(h.pool.releasable_bytes(), total, "the pending block and the synchronized tail, together");
+    let mut out = [(0, 0); 4];
+    assert_eq!(h.pool.release_free_segments(u64::MAX, &mut out), 0, "not whole until synchronized");
+    h.pool.mark_all_synced();
+    assert_eq!(h.pool.release_free_segments(u64::MAX, &mut out), 1);
+    assert_eq!(out[0].1, total);
+}
