@@ -109,6 +109,13 @@ fn say_unreachable(h: &Handle, why: Fetch) {
     );
 }
 
+fn say_exporter_ended(h: &Handle) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Relaxed) {
+        crate::warn_line!("cuIpcOpenMemHandle: a tensormalloc handle from process {}, which has ended; refused with invalid value, as the driver refuses a handle whose exporter is gone (said once)", h.pid);
+    }
+}
+
 /// Maps the chunk run of handle `h`'s block, fetched from its exporter: the run's base.
 fn map_run(h: &Handle, run: &ChunkRun) -> Result<u64, c_int> {
     let (len, chunk) = (run.bytes(), run.chunk_bytes);
@@ -129,6 +136,13 @@ fn map_run(h: &Handle, run: &ChunkRun) -> Result<u64, c_int> {
         Fetch::Map(code) => code,
         Fetch::NotLive => {
             ipc::say_not_live(h);
+            CUDA_ERROR_INVALID_VALUE
+        }
+        // The exporter has ended: the driver refuses a handle whose exporter is gone with
+        // invalid value, and no setting of its would have helped (error 304 and a hint to use
+        // classic segments there misled: the torchsim hunter).
+        Fetch::Unreachable(_) if !crate::sys::shared_memory::process_running(h.pid) => {
+            say_exporter_ended(h);
             CUDA_ERROR_INVALID_VALUE
         }
         Fetch::Unreachable(_) | Fetch::WrongPeer(_) => {
