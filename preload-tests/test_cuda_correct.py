@@ -147,14 +147,16 @@ def test_a_stream_given_a_destroyed_streams_handle_waits_for_its_work(mode):
     assert "stream-reused ok" in out.stdout, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("kept", ["kept-small-1", "kept-small-3"])
+@pytest.mark.parametrize("kept", ["kept-small-1", "kept-small-3", "kept-left-1", "kept-left-4"])
 @pytest.mark.parametrize("mode", ["alone", "split", "sync-reuse", "expandable"])
 def test_a_small_block_kept_after_a_large_free_leaves_the_device_its_memory(mode, kept):
     """c/cuda_correct.c `kept-small-*`: 100 MiB freed, 1 or 3 MiB asked and kept, then 1000 MiB
     of a 1 GiB device. Alone the free gave the 100 MiB back. The pool carved the small block from
     the idle segment, which then could not go back, and the last request failed with out of
     memory (the cuda2 hunter). Now a whole idle segment is carved only when new memory cannot be
-    had (Note [Whole idle segments])."""
+    had (Note [Whole idle segments]). `kept-left-*`: 60 MiB asked first, the small block from what
+    it left, then the 60 MiB freed: the same failure, through a segment that was not whole when
+    the small block was carved (the soak hunter)."""
     env = {"FAKECUDA_DEVICE_MEM": str(1 << 30), **MODES.get(mode, {})}
     out = ok(scenario(kept, env, preload=mode != "alone"))
     assert f"{kept} ok" in out.stdout, out.stdout + out.stderr

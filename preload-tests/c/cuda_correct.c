@@ -527,12 +527,18 @@ static void capture(const char *scenario) {
  * MiB, `kept-small-1`, `kept-small-3`) asked and kept, then 1000 MiB of a 1 GiB device. Alone
  * the free gave the 100 MiB back. The pool carved the small block from the idle segment, which
  * then could not go back, and the last request failed with out of memory (the cuda2 hunter). */
+/* `kept-left-1`, `kept-left-4`: 60 MiB asked first (half the segment or more may carve it),
+ * then the small block from what is left, then the 60 MiB freed: the small block pinned the
+ * whole segment the same way (the soak hunter). */
 static void kept_small(const char *scenario) {
-    size_t small = (size_t)atoi(scenario + strlen("kept-small-")) * MB;
-    void *big = NULL, *kept = NULL, *most = NULL;
+    int leftover = !strncmp(scenario, "kept-left-", 10);
+    size_t small = (size_t)atoi(scenario + strlen(leftover ? "kept-left-" : "kept-small-")) * MB;
+    void *big = NULL, *kept = NULL, *most = NULL, *mid = NULL;
     CHECK(cudaMalloc(&big, 100 * MB) == 0);
     CHECK(cudaFree(big) == 0);
+    if (leftover) CHECK(cudaMalloc(&mid, 60 * MB) == 0);
     CHECK(cudaMalloc(&kept, small) == 0);
+    if (leftover) CHECK(cudaFree(mid) == 0 && cudaDeviceSynchronize() == 0);
     int rc = cudaMalloc(&most, 1000 * MB);
     if (rc != 0) printf("1000 MiB refused (%d)\n", rc);
     CHECK(rc == 0);
@@ -794,7 +800,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "capture") || !strcmp(s, "capture-relaxed")) capture(s);
     else if (!strncmp(s, "capture-after-free-", 19)) capture_after_free(s);
     else if (!strncmp(s, "capture-pinned-free-", 20)) capture_pinned_free(s);
-    else if (!strncmp(s, "kept-small-", 11)) kept_small(s);
+    else if (!strncmp(s, "kept-small-", 11) || !strncmp(s, "kept-left-", 10)) kept_small(s);
     else if (!strcmp(s, "first-calls")) first_calls();
     else if (!strcmp(s, "pinned-range")) pinned_range();
     else if (!strcmp(s, "stream-idle")) stream_idle();

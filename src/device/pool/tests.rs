@@ -333,3 +333,29 @@ fn a_free_segment_in_parts_of_different_tags_is_releasable_whole() {
     assert_eq!(h.pool.release_free_segments(u64::MAX, &mut out), 1);
     assert_eq!(out[0].1, total);
 }
+
+/// Note [Whole idle segments], through a segment that is not whole when the small block comes:
+/// what a larger request left of it is not carved for one under half the segment that would
+/// leave more than HUGE_WASTE, unless new memory cannot be had; freed, the segment is whole again.
+#[test]
+fn a_segments_leftover_is_carved_only_when_new_memory_cannot_be_had() {
+    let mut h = Harness::new(Strategy::Split, 1 << 30);
+    let big = h.alloc(100 * MB, SYNCED).unwrap();
+    h.pool.free(big, SYNCED, 0).unwrap();
+    let mid = h.alloc(60 * MB, SYNCED).unwrap();
+    assert!((big..big + 100 * MB).contains(&mid), "half the segment or more carves it");
+    let kept = h.alloc(MB, SYNCED).unwrap();
+    assert!(!(big..big + 100 * MB).contains(&kept), "new memory, not a piece of the 40 MiB left");
+    let near_full = h.alloc(30 * MB, SYNCED).unwrap();
+    assert!((big..big + 100 * MB).contains(&near_full), "one that leaves 20 MiB or less carves it");
+    h.pool.check_invariants().unwrap();
+    // Where new memory cannot be had, the leftover serves after all.
+    let mut pool = Box::new(DevicePool::new());
+    assert!(pool.init(Strategy::Split, u64::MAX, leak_table));
+    assert!(pool.add_segment(0x7000_0000_0000, 100 * MB, false));
+    assert!(matches!(pool.alloc(60 * MB, SYNCED, Birth::at(0)), Alloc::Hit { .. }));
+    assert!(matches!(pool.alloc(MB, SYNCED, Birth::at(0)), Alloc::NeedSegment { .. }));
+    assert!(pool.whole_segment_fits(MB, SYNCED));
+    assert!(matches!(pool.alloc_deciding(MB, SYNCED, Birth::at(0), true, true), Alloc::Hit { .. }));
+    pool.check_invariants().unwrap();
+}
