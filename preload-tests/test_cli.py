@@ -345,3 +345,14 @@ def test_names_in_path_answer_as_a_shell_does(launcher, tmp_path):
         assert shell.returncode == code, shell
         out = run([*LAUNCHERS[launcher], name], preload=False, env={**ENV, "TENSORMALLOC_LIB": str(LIB), "PATH": path}, cwd="/")
         assert (out.returncode, out.stderr) == (code, f"tensormalloc: {name}: {why}\n"), out
+
+
+def test_the_zero_figures_warning_says_why():
+    """Loaded by path (no preload), zero figures get one warning. Under TENSORMALLOC_DISABLE=1 it
+    said numpy had handed nothing yet, though numpy had handed it arrays (the package hunter):
+    now it says the library is disabled."""
+    code = "import tensormalloc, numpy as np\ntensormalloc.numpy.enable()\na = np.ones(10**7)\nprint(tensormalloc.stats()['host_requests'])\n"
+    off = ok(run([PY, "-c", code], preload=False, env={**ENV, "TENSORMALLOC_DISABLE": "1"}))
+    assert off.stdout.split() == ["0"] and "is disabled" in off.stderr and "none yet" not in off.stderr, off
+    fresh = ok(run([PY, "-c", "import tensormalloc\ntensormalloc.load()\nprint(tensormalloc.stats()['host_requests'])\n"], preload=False, env=ENV))
+    assert fresh.stdout.split() == ["0"] and "there has been none yet" in fresh.stderr, fresh

@@ -224,9 +224,14 @@ def stats():
     global _warned_path_zeros
     if _loaded_by == "path" and out["host_requests"] == 0 and out["cuda_requests"] == 0 and not _warned_path_zeros:
         _warned_path_zeros = True
-        warnings.warn("tensormalloc was loaded by path, without LD_PRELOAD: its figures count only what "
-                      "tensormalloc.numpy.enable() (or .torch/.cupy/.numba) hands it, and nothing has been yet; "
-                      "run under `tensormalloc python ...` to count every large allocation", stacklevel=2)
+        if not s.enabled:
+            warnings.warn("tensormalloc is disabled (TENSORMALLOC_DISABLE=1, or set_enabled(False)): it hands every "
+                          "request on, and its figures stay zero", stacklevel=2)
+        else:
+            warnings.warn("tensormalloc was loaded by path, without LD_PRELOAD: its figures count only the large "
+                          "requests tensormalloc.numpy.enable() (or .torch/.cupy/.numba) hands it (from "
+                          "TENSORMALLOC_THRESHOLD up), and there has been none yet; run under `tensormalloc python ...` "
+                          "to count every large allocation", stacklevel=2)
     return out
 
 
