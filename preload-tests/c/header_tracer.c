@@ -4,8 +4,7 @@
  * realloc. It defines malloc, calloc, realloc and free only (no aligned names, no
  * malloc_usable_size). Counts its calls; prints "header tracer: malloc M free F" at exit.
  * Preloaded in front of us or after us; built as a shared library by the test. */
-#define _GNU_SOURCE
-#include <dlfcn.h>
+#include "tracer.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,31 +13,10 @@
 #define MAGIC 0xfeedbeefbadc0ffeULL
 struct header { uint64_t magic; size_t size; };
 
-static void *(*next_malloc)(size_t);
-static void (*next_free)(void *);
-static void *(*next_realloc)(void *, size_t);
 static long mallocs, frees;
-static __thread int resolving;
-static char scratch[1 << 16];
-static size_t scratch_used;
-
-static int in_scratch(void *p) { return (char *)p >= scratch && (char *)p < scratch + sizeof scratch; }
-
-static void resolve(void) {
-    if (next_malloc) return;
-    resolving = 1;
-    next_free = dlsym(RTLD_NEXT, "free");
-    next_realloc = dlsym(RTLD_NEXT, "realloc");
-    next_malloc = dlsym(RTLD_NEXT, "malloc");
-    resolving = 0;
-}
 
 void *malloc(size_t n) {
-    if (resolving) {
-        void *p = scratch + scratch_used;
-        scratch_used += (n + 15) & ~(size_t)15;
-        return p;
-    }
+    if (resolving) return from_scratch(n);
     resolve();
     struct header *h = next_malloc(n + sizeof *h);
     if (!h) return NULL;

@@ -2,43 +2,17 @@
  * simple ones are written: the next malloc, free, calloc and realloc by dlsym(RTLD_NEXT), each
  * called under one plain (non-recursive) mutex, a scratch area for the calls dlsym makes. Counts
  * the calls; prints "locking tracer: N calls" at exit. Built as a shared library by the test. */
-#define _GNU_SOURCE
-#include <dlfcn.h>
+#include "tracer.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-static void *(*next_malloc)(size_t);
-static void (*next_free)(void *);
-static void *(*next_calloc)(size_t, size_t);
-static void *(*next_realloc)(void *, size_t);
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static long calls;
-static __thread int resolving;
-static char scratch[1 << 16];
-static size_t scratch_used;
-
-static int in_scratch(void *p) { return (char *)p >= scratch && (char *)p < scratch + sizeof scratch; }
-
-static void resolve(void) {
-    if (next_malloc) return;
-    resolving = 1;
-    next_calloc = dlsym(RTLD_NEXT, "calloc");
-    next_malloc = dlsym(RTLD_NEXT, "malloc");
-    next_free = dlsym(RTLD_NEXT, "free");
-    next_realloc = dlsym(RTLD_NEXT, "realloc");
-    resolving = 0;
-}
-
-static void *from_scratch(void) {
-    void *p = scratch + scratch_used;
-    scratch_used += 4096;
-    return p;
-}
 
 void *malloc(size_t n) {
-    if (resolving) return from_scratch();
+    if (resolving) return from_scratch(0);
     resolve();
     pthread_mutex_lock(&lock);
     void *p = next_malloc(n);
@@ -48,7 +22,7 @@ void *malloc(size_t n) {
 }
 
 void *calloc(size_t count, size_t size) {
-    if (resolving) return from_scratch();
+    if (resolving) return from_scratch(0);
     resolve();
     pthread_mutex_lock(&lock);
     void *p = next_calloc(count, size);
