@@ -9,7 +9,10 @@
 /// tunable's range, 0 to 255: 256 or 1000 perturbs nothing, and stepping aside for it cost the
 /// cache and a line on stderr (the glibc-tools hunter).
 pub fn perturb_setting(name: &[u8], value: &[u8]) -> Option<bool> {
-    let taken = |v: &[u8]| (number(v) <= 255).then(|| number(v) != 0);
+    let taken = |v: &[u8]| {
+        let n = number(v);
+        (n <= 255).then_some(n != 0)
+    };
     match name {
         b"MALLOC_PERTURB_" => taken(value),
         b"GLIBC_TUNABLES" => value.rsplit(|&b| b == b':').filter_map(|t| t.strip_prefix(b"glibc.malloc.perturb=")).find_map(taken),

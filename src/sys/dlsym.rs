@@ -275,14 +275,22 @@ pub fn interposer_behind(caller: usize, name: &CStr) -> bool {
     if !path.to_bytes().contains(&b'/') || is_ours(caller as *mut c_void) || in_c_library(caller) {
         return false;
     }
-    let base_of = |p: *mut c_void| object_of(p as usize).map(|(b, _)| b);
-    // SAFETY: a loaded object's path (the caller's code is running) and a C string.
-    let defines = unsafe { lookup_in_loaded(path, name) }.is_some_and(|p| !p.is_null() && base_of(p) == Some(base));
+    // The caller's code is running: its object is loaded.
+    let defines = defines_itself((base, path), name) == Some(true);
     // Looked up last, whatever the answer above: a lookup that succeeds clears the message a
     // failed one leaves for the caller's dlerror (the name is defined in the process: asked
     // only for names the caller's handle found).
-    let first = base_of(process_definition(name));
+    let first = object_of(process_definition(name) as usize).map(|(b, _)| b);
     defines && first != Some(base)
+}
+
+/// Whether the loaded object `lib` (its base and path, as `object_of` gives them) itself
+/// defines `name`: a lookup by its handle also searches its dependencies, so the answer must
+/// lie in it. None when it has no handle (not loaded by that path).
+pub fn defines_itself((base, path): (usize, &CStr), name: &CStr) -> Option<bool> {
+    // SAFETY: a loaded object's path and a C string.
+    let found = unsafe { lookup_in_loaded(path, name) }?;
+    Some(object_of(found as usize).is_some_and(|(b, _)| b == base))
 }
 
 /// Whether the code at `addr` lies in the C library (libc.so.6).

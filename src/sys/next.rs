@@ -102,7 +102,7 @@ impl NextAllocator {
         let memalign = optional(lookup(c"memalign"));
         let usable_size = optional(lookup(c"malloc_usable_size")).map(|p| core::mem::transmute::<*mut c_void, UsableSizeFn>(p));
         let object = |p: *mut c_void| super::dlsym::object_of(p as usize).map(|(base, _)| base);
-        let same_object = usable_size.is_some_and(|u| object(u as *mut c_void).is_some() && object(u as *mut c_void) == object(malloc));
+        let same_object = usable_size.and_then(|u| object(u as *mut c_void)).is_some_and(|b| Some(b) == object(malloc));
         // SAFETY: dlsym returned the addresses of C functions with these standard signatures.
         Some(NextAllocator {
             malloc: core::mem::transmute::<*mut c_void, MallocFn>(malloc),

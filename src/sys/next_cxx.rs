@@ -164,16 +164,11 @@ fn replaced_behind_us(base: &CStr) -> bool {
     }
 }
 
-/// Whether the loaded object `lib` itself defines `name` (a lookup by its handle also searches
-/// its dependencies: the answer must lie in it): malloc for an allocator, std::set_new_handler
-/// for a copy of the C++ runtime linked in (-static-libstdc++). Unknown (no handle): as if it
-/// did.
-fn defines((base, path): (usize, &'static CStr), name: &CStr) -> bool {
-    // SAFETY: a loaded object's path and a C string constant.
-    match unsafe { super::dlsym::lookup_in_loaded(path, name) } {
-        Some(m) => super::dlsym::object_of(m as usize).is_some_and(|(b, _)| b == base),
-        None => true,
-    }
+/// Whether the loaded object `lib` itself defines `name`: malloc for an allocator,
+/// std::set_new_handler for a copy of the C++ runtime linked in (-static-libstdc++). Unknown
+/// (no handle): as if it did.
+fn defines(lib: (usize, &'static CStr), name: &CStr) -> bool {
+    super::dlsym::defines_itself(lib, name).unwrap_or(true)
 }
 
 // Note [libstdc++ shortcut]
