@@ -282,6 +282,39 @@ def test_a_neighbour_that_ended_is_not_waited_for(tmp_path):
     assert took < 5, took
 
 
+def test_a_slot_whose_pid_the_kernel_gave_again_is_not_asked(tmp_path):
+    """Note [A pid given again]: a slot left by a process that ended names a pid the kernel gave
+    to an unrelated live process (a `sleep` here, planted with a start time not its own, as a
+    process of ours that ended records its own). The taker asks the holder and not that slot:
+    its 600 MiB comes at once. Before, the ask waited out its whole bound (10 s here) for an
+    answer that never comes: stop 53's CI run, on a long-lived /dev/shm registry."""
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        started = int(Path(f"/proc/{sleeper.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        raw = bytearray(32768)
+        raw[0:8] = b"TMNEIGH1"
+        slot = raw[256:512]
+        slot[0:4] = sleeper.pid.to_bytes(4, "little")
+        # Device entry 0: the stand-in's GPU 0 by UUID ("fakecuda-gpu-" and the ordinal).
+        uuid = b"fakecuda-gpu-\0\0\0"
+        slot[16:24] = (int.from_bytes(uuid[:8], "little") | 1).to_bytes(8, "little")
+        slot[24:32] = uuid[8:].ljust(8, b"\0")
+        # After the eight entries: the pid whose start is recorded, and the start.
+        slot[208:212] = sleeper.pid.to_bytes(4, "little")
+        slot[216:224] = (started - 1 if started > 1 else started + 1).to_bytes(8, "little")
+        raw[256:512] = slot
+        registry = private_run_dir(tmp_path) / "tensormalloc-neighbours"
+        registry.write_bytes(bytes(raw))
+        registry.chmod(0o600)
+        taker, stats, took, _ = neighbours(tmp_path, True)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert taker.returncode == 0, taker.stderr
+    assert stats["neighbour_released_bytes"] >= 600 << 20, stats
+    assert took < 5, took
+
+
 DAMAGE_SAID = {"garbage": None, "fresh": None, "other-version": "another version's or damaged (its mark)",
                "wrong-size": "another version's or damaged (its size)", "not-private": "others may read or write it",
                "symlink": "not a plain file"}

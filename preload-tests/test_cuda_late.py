@@ -15,7 +15,7 @@ from test_cuda_correct import MODES, POOLED
 # The requests each scenario makes of the pool when it serves them all.
 REQUESTS = {"lookups": 200, "threads": 32, "runtime-threads": 32}
 # The first-call race is won or lost within microseconds: a few processes make losing it likely.
-RUNS = {"lookups": 1, "threads": 5, "runtime-threads": 5}
+RUNS = {"lookups": 1, "threads": 15, "runtime-threads": 15}
 
 
 @pytest.mark.parametrize("name", REQUESTS)

@@ -610,6 +610,8 @@ impl PageMemory for SimPages {
 /// injected failures, and counts of the calls the layer makes (allocations, frees, syncs).
 pub struct SimRuntime {
     state: Mutex<RuntimeState>,
+    /// Reservations held until this many threads are inside `reserve` (wanted, arrived).
+    reserve_meeting: (Mutex<(u64, u64)>, std::sync::Condvar),
 }
 
 #[derive(Default, Debug, Clone)]
@@ -664,7 +666,8 @@ impl SimRuntime {
     pub fn new(capacities: &[usize]) -> Self {
         let devices = capacities.iter().map(|&capacity| SimDeviceState { capacity, ..Default::default() }).collect();
         let primary_active = vec![false; capacities.len()];
-        SimRuntime { state: Mutex::new(RuntimeState { devices, primary_active, next_addr: 0x7f00_0000_0000, granularity: 2 << 20, ..Default::default() }) }
+        let state = Mutex::new(RuntimeState { devices, primary_active, next_addr: 0x7f00_0000_0000, granularity: 2 << 20, ..Default::default() });
+        SimRuntime { state, reserve_meeting: (Mutex::new((0, 0)), std::sync::Condvar::new()) }
     }
     /// A driver without the virtual memory API (granularity 0), or with another granularity.
     pub fn set_granularity(&self, bytes: u64) {
@@ -705,6 +708,11 @@ impl SimRuntime {
 
     pub fn fail_next_mallocs(&self, n: u64) {
         self.state.lock().unwrap().fail_next_mallocs = n;
+    }
+    /// The next `n` threads to reserve address space wait in `reserve` until all `n` are there
+    /// (at most 10 s): requests that all reserve a range before any adds one.
+    pub fn meet_in_reserve(&self, n: u64) {
+        *self.reserve_meeting.0.lock().unwrap() = (n, 0);
     }
     /// The next `n` address reservations are refused with out of memory.
     pub fn fail_next_reserves(&self, n: u64) {
@@ -884,6 +892,18 @@ impl DeviceRuntime for SimRuntime {
         (st.granularity != 0 && usize::try_from(device).is_ok_and(|d| d < st.devices.len())).then_some(st.granularity)
     }
     fn reserve(&self, len: u64) -> Result<u64, DeviceError> {
+        {
+            let (meeting, arrivals) = &self.reserve_meeting;
+            let mut m = meeting.lock().unwrap();
+            if m.1 < m.0 {
+                m.1 += 1;
+                arrivals.notify_all();
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while m.1 < m.0 && std::time::Instant::now() < deadline {
+                    m = arrivals.wait_timeout(m, std::time::Duration::from_millis(10)).unwrap().0;
+                }
+            }
+        }
         let mut st = self.state.lock().unwrap();
         if st.granularity == 0 || len == 0 || !len.is_multiple_of(st.granularity) {
             return Err(DeviceError::Other(1));

@@ -177,6 +177,18 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
                     }
                     let birth = Birth { ns: (self.clock)(), holder };
                     let mut p = pool.lock();
+                    // Threads whose first requests came at once each reserved a range: one that
+                    // another added meanwhile may serve this request, and ours goes back (more
+                    // than MAX_RANGES threads would otherwise leave requests unpooled).
+                    if p.generation() == step.generation {
+                        let again = Step::decide(&mut p, ctx, size, tag, birth, may);
+                        if !matches!(again.decision, Alloc::NeedSegment { .. }) {
+                            drop(p);
+                            let _ = self.runtime.unreserve(addr, len);
+                            carried = Some(again);
+                            continue;
+                        }
+                    }
                     if p.generation() != step.generation || !p.bind(ctx) || !p.add_range(addr, len, small) {
                         let (other_context, full) = (!p.serves(ctx), p.expandable() && p.generation() == step.generation);
                         drop(p);

@@ -237,3 +237,28 @@ fn a_refused_reservation_falls_back_and_says_so() {
     assert!(l.malloc(64 * MB, 0).is_ok(), "the next reservation is tried again");
     assert_eq!(l.free(small), Ok(FreeAnswer::Pooled));
 }
+
+/// More threads than the pool has ranges make their first requests at once, and each reserves a
+/// range before any is added (the CI run of stop 53: 4 of 32 requests unpooled, "holds as many
+/// address ranges as it tracks"). Each request is served from the range added first; the others'
+/// ranges go back to the driver.
+#[test]
+fn first_requests_made_at_once_share_one_range() {
+    const THREADS: u64 = 12;
+    let l = layer(CudaSegments::Expandable, 4 * GB);
+    l.runtime().meet_in_reserve(THREADS);
+    let blocks: Vec<usize> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..THREADS).map(|_| s.spawn(|| l.malloc(MB, 0).unwrap())).collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    assert_eq!(l.stats.passthrough.get(), 0, "every request pooled");
+    let mut requests = 0;
+    l.for_each_pool(|_, p| requests = p.stats.requests);
+    assert_eq!(requests, THREADS);
+    for b in &blocks {
+        assert_ne!(l.range(*b), RangeAnswer::NotOurs);
+        assert_eq!(l.free(*b), Ok(FreeAnswer::Pooled));
+    }
+    let d = l.runtime().device(0);
+    assert_eq!((d.reserves, d.unreserves), (THREADS, THREADS - 1), "one range kept: {d:?}");
+}

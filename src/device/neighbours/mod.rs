@@ -38,7 +38,7 @@
 
 mod registry;
 
-pub use registry::{Asked, Key, Registry, DEVICES, REGISTRY_BYTES, SLOTS};
+pub use registry::{Asked, Key, Owner, Registry, DEVICES, REGISTRY_BYTES, SLOTS};
 use registry::reached;
 
 use crate::sys::shared_memory::{self, Refused, SharedFile};
@@ -182,7 +182,8 @@ pub fn join(device: i32) {
         if CLAIMING.swap(true, AcqRel) {
             return; // another thread is joining: the next segment tries again
         }
-        let Some(claimed) = reg.claim(process::id(), shared_memory::process_alive) else {
+        let started = shared_memory::process_started(process::id()).unwrap_or(0);
+        let Some(claimed) = reg.claim(process::id(), started, shared_memory::process_alive) else {
             STATE.store(UNAVAILABLE, Release);
             say_off(Off::Full(registry_file().path()));
             return;
@@ -227,6 +228,22 @@ static SEEN_AT_JOIN: [AtomicU32; DEVICES] = [const { AtomicU32::new(0) }; DEVICE
 // another process now or that has ended (a zombie its parent has not waited for included).
 const GONE_CHECK_NS: u64 = 20_000_000;
 
+// Note [A pid given again]
+// A slot outlives its process until another process claims it, and the kernel gives pids again
+// (32768 of them by default, a day's worth of short processes, minutes of a test suite): a slot
+// whose pid now names an unrelated live process was asked, and the ask waited out its whole
+// bound (1 s by default; stop 53's CI run waited 10 s, the tests' bound, for a 600 MiB request
+// a neighbour served at once). So a slot records when its owner started (the kernel's start
+// time, /proc/PID/stat), and a slot whose pid now names a process started at another time is
+// not asked. A slot of a version that records no start is asked as before. Not covered: a
+// process that joined and then replaced its program (exec) keeps its pid and start; it is asked,
+// and costs the bound once (SILENT).
+
+/// Whether the process a slot names is the one that claimed it (Note [A pid given again]).
+fn still_there(owner: Owner) -> bool {
+    shared_memory::process_alive(owner.pid) && owner.started.is_none_or(|then| shared_memory::process_started(owner.pid).is_none_or(|now| now == then))
+}
+
 /// Per slot, the pid that let an ask of ours wait out its bound (stopped, or a pid the kernel
 /// gave to a process that is no neighbour): not asked again by this process while it holds that
 /// slot, so each costs the wait once.
@@ -238,7 +255,7 @@ static SILENT: [AtomicU32; SLOTS] = [const { AtomicU32::new(0) }; SLOTS];
 pub fn ask(device: i32) -> bool {
     let Some(reg) = registry() else { return false };
     let mut asked = [Asked::default(); SLOTS];
-    let eligible = |slot: usize, pid: u32| SILENT.get(slot).is_none_or(|s| s.load(Relaxed) != pid) && shared_memory::process_alive(pid);
+    let eligible = |slot: usize, owner: Owner| SILENT.get(slot).is_none_or(|s| s.load(Relaxed) != owner.pid) && still_there(owner);
     let n = reg.ask(process::id(), key_of(device), eligible, &mut asked);
     let asked = asked.get(..n).unwrap_or(&[]);
     for bell in asked.iter().filter_map(|a| reg.doorbell(a.slot)) {

@@ -21,12 +21,17 @@ pub struct Registry {
 
 #[repr(C)]
 pub(super) struct Slot {
-    pid: AtomicU32,
+    pub(super) pid: AtomicU32,
     pub(super) doorbell: AtomicU32,
     pub(super) answered: AtomicU32,
     _pad: u32,
     pub(super) devices: [Entry; DEVICES],
-    _tail: [u64; 6],
+    /// The pid whose start `started` is (a version that records none leaves another's here).
+    started_pid: AtomicU32,
+    _pad2: u32,
+    /// When the owner started (Note [A pid given again] in mod.rs); 0: not said.
+    started: AtomicU64,
+    _tail: [u64; 4],
 }
 
 #[repr(C)]
@@ -38,6 +43,14 @@ pub(super) struct Entry {
 
 pub const REGISTRY_BYTES: usize = 32768;
 const _: () = assert!(core::mem::size_of::<Registry>() == REGISTRY_BYTES);
+
+/// A slot's owner as the slot names it: its pid, and when it started where the process that
+/// claimed the slot said so (the kernel's start time, compared, never trusted further).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Owner {
+    pub pid: u32,
+    pub started: Option<u64>,
+}
 
 /// One neighbour asked: its slot and the doorbell value its answer must reach.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -51,6 +64,15 @@ pub struct Asked {
 /// Whether `value` has reached `ticket` (counters wrap).
 pub(super) fn reached(value: u32, ticket: u32) -> bool {
     value.wrapping_sub(ticket) as i32 >= 0
+}
+
+impl Slot {
+    fn owner(&self) -> Owner {
+        let pid = self.pid.load(Acquire);
+        let said = self.started_pid.load(Acquire) == pid;
+        let started = self.started.load(Relaxed);
+        Owner { pid, started: (said && started != 0).then_some(started) }
+    }
 }
 
 impl Registry {
@@ -67,9 +89,11 @@ impl Registry {
         self.slots.get(index)
     }
 
-    /// A slot for process `me`: one it held already (a pid the kernel gave again after the old
-    /// process died), else a free one or a dead process's. Its device entries start empty.
-    pub fn claim(&self, me: u32, alive: impl Fn(u32) -> bool) -> Option<usize> {
+    /// A slot for process `me`, started at `started` (0: not known): one it held already (a pid
+    /// the kernel gave again after the old process died), else a free one or a dead process's.
+    /// Its device entries start empty. A slot whose pid the kernel gave to a process that is no
+    /// neighbour is not taken: that process could be taking it back as its own meanwhile.
+    pub fn claim(&self, me: u32, started: u64, alive: impl Fn(u32) -> bool) -> Option<usize> {
         let index = self.slots.iter().position(|s| s.pid.load(Acquire) == me).or_else(|| {
             self.slots.iter().position(|s| {
                 let pid = s.pid.load(Acquire);
@@ -77,6 +101,8 @@ impl Registry {
             })
         })?;
         if let Some(s) = self.slot(index) {
+            s.started.store(started, Relaxed);
+            s.started_pid.store(me, Release);
             for e in &s.devices {
                 e.key[0].store(0, Relaxed);
                 e.key[1].store(0, Release);
@@ -105,15 +131,16 @@ impl Registry {
     }
 
     /// Asks every process other than `me` that pools on device `key` and that `eligible(slot,
-    /// pid)` accepts (alive, not silent): bumps that device's `wanted` in its slot, then its
+    /// owner)` accepts (alive, not silent): bumps that device's `wanted` in its slot, then its
     /// doorbell (the caller rings it). Returns how many it put in `out`; with `out` as long as
     /// the table (SLOTS), every such process.
-    pub fn ask(&self, me: u32, key: Key, eligible: impl Fn(usize, u32) -> bool, out: &mut [Asked]) -> usize {
+    pub fn ask(&self, me: u32, key: Key, eligible: impl Fn(usize, Owner) -> bool, out: &mut [Asked]) -> usize {
         let mut n = 0;
         for (index, s) in self.slots.iter().enumerate() {
             let Some(place) = out.get_mut(n) else { break };
-            let pid = s.pid.load(Acquire);
-            if pid == 0 || pid == me || !eligible(index, pid) {
+            let owner = s.owner();
+            let pid = owner.pid;
+            if pid == 0 || pid == me || !eligible(index, owner) {
                 continue;
             }
             let Some(e) = s.devices.iter().find(|e| Self::key_of(e) == key) else { continue };

@@ -21,13 +21,13 @@ fn a_file_of_another_version_is_not_used() {
 #[test]
 fn an_ask_reaches_the_live_processes_on_the_same_gpu_only() {
     let r = registry();
-    let (a, b, c) = (r.claim(100, |_| true).unwrap(), r.claim(200, |_| true).unwrap(), r.claim(300, |_| true).unwrap());
+    let (a, b, c) = (r.claim(100, 0, |_| true).unwrap(), r.claim(200, 0, |_| true).unwrap(), r.claim(300, 0, |_| true).unwrap());
     r.enter(a, GPU).unwrap();
     r.enter(b, OTHER_GPU).unwrap();
     r.enter(c, GPU).unwrap();
     let mut out = [Asked::default(); 4];
     // Process 100 asks: not itself, not 200 (another GPU), not 300 when it died.
-    assert_eq!(r.ask(100, GPU, |_, pid| pid != 300, &mut out), 0);
+    assert_eq!(r.ask(100, GPU, |_, o| o.pid != 300, &mut out), 0);
     let n = r.ask(100, GPU, |_, _| true, &mut out);
     assert_eq!(&out[..n], &[Asked { slot: c, pid: 300, ticket: 1 }]);
     assert!(!r.answered(out[0]));
@@ -43,7 +43,7 @@ fn an_ask_reaches_the_live_processes_on_the_same_gpu_only() {
 #[test]
 fn an_ask_after_the_owner_read_its_doorbell_waits_for_the_next_answer() {
     let r = registry();
-    let c = r.claim(300, |_| true).unwrap();
+    let c = r.claim(300, 0, |_| true).unwrap();
     r.enter(c, GPU).unwrap();
     let mut seen = [0; DEVICES];
     let bell = r.doorbell(c).unwrap().load(Acquire);
@@ -61,23 +61,23 @@ fn an_ask_after_the_owner_read_its_doorbell_waits_for_the_next_answer() {
 #[test]
 fn a_dead_processs_slot_is_taken_with_its_devices_forgotten() {
     let r = registry();
-    let old = r.claim(100, |_| true).unwrap();
+    let old = r.claim(100, 0, |_| true).unwrap();
     r.enter(old, GPU).unwrap();
     for pid in 101..(100 + SLOTS as u32) {
-        r.claim(pid, |_| true).unwrap();
+        r.claim(pid, 0, |_| true).unwrap();
     }
-    assert_eq!(r.claim(999, |_| true), None, "full, everyone alive");
-    let taken = r.claim(999, |pid| pid != 100).unwrap();
+    assert_eq!(r.claim(999, 0, |_| true), None, "full, everyone alive");
+    let taken = r.claim(999, 0, |pid| pid != 100).unwrap();
     assert_eq!(taken, old);
     let mut out = [Asked::default(); 4];
     assert_eq!(r.ask(1, GPU, |_, _| true, &mut out), 0, "the dead process's GPU is not the new one's");
-    assert_eq!(r.claim(999, |_| true), Some(taken), "a pid holds one slot");
+    assert_eq!(r.claim(999, 0, |_| true), Some(taken), "a pid holds one slot");
 }
 
 #[test]
 fn garbage_in_the_file_never_indexes_or_sizes_anything() {
     let r = registry();
-    let c = r.claim(300, |_| true).unwrap();
+    let c = r.claim(300, 0, |_| true).unwrap();
     r.enter(c, GPU).unwrap();
     // Another process scribbles every word of the slot.
     r.slots[c].doorbell.store(u32::MAX, Relaxed);
@@ -109,7 +109,7 @@ fn an_ask_reaches_every_process_the_table_holds() {
     // Issue 36: asks stopped at 16; every slot's process is asked now.
     let r = registry();
     for pid in 1..=SLOTS as u32 {
-        let s = r.claim(pid, |_| true).unwrap();
+        let s = r.claim(pid, 0, |_| true).unwrap();
         r.enter(s, GPU).unwrap();
     }
     let mut out = [Asked::default(); SLOTS];
@@ -117,7 +117,33 @@ fn an_ask_reaches_every_process_the_table_holds() {
     assert!(out.iter().take(SLOTS - 1).all(|a| a.pid != 1 && r.pid(a.slot) == a.pid));
     // A process let the last ask wait out its bound: it is skipped by slot and pid.
     let silent = out[40];
-    assert_eq!(r.ask(1, GPU, |slot, pid| (slot, pid) != (silent.slot, silent.pid), &mut out), SLOTS - 2);
+    assert_eq!(r.ask(1, GPU, |slot, o| (slot, o.pid) != (silent.slot, silent.pid), &mut out), SLOTS - 2);
     r.leave(silent.slot, silent.pid);
     assert_eq!(r.pid(silent.slot), 0, "left: free for the next process");
+}
+
+/// Note [A pid given again]: a slot says when its owner started; a slot claimed by a version that
+/// records no start (its pid written over another's record) says nothing, and is asked as before.
+#[test]
+fn a_slot_says_when_its_owner_started() {
+    let r = registry();
+    let a = r.claim(100, 5_000, |_| true).unwrap();
+    r.enter(a, GPU).unwrap();
+    let owners = |r: &Registry| {
+        let seen = std::cell::RefCell::new(Vec::new());
+        let mut out = [Asked::default(); 4];
+        r.ask(1, GPU, |_, o| {
+            seen.borrow_mut().push(o);
+            false
+        }, &mut out);
+        seen.into_inner()
+    };
+    assert_eq!(owners(&r), [Owner { pid: 100, started: Some(5_000) }]);
+    // Another version takes the slot after 100 died: it writes its pid only.
+    r.slots[a].pid.store(200, Relaxed);
+    assert_eq!(owners(&r), [Owner { pid: 200, started: None }]);
+    // A process that could not read its start.
+    let b = r.claim(300, 0, |_| true).unwrap();
+    r.enter(b, GPU).unwrap();
+    assert_eq!(owners(&r)[1], Owner { pid: 300, started: None });
 }
