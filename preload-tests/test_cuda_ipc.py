@@ -189,6 +189,20 @@ def test_a_peer_that_still_maps_a_freed_block_keeps_its_bytes(tmp_path, segments
     sender.finish()
 
 
+@pytest.mark.parametrize("api", ["runtime", "driver"])
+@pytest.mark.parametrize("pool", list(POOLS) + ["alone"])
+def test_handles_of_forked_siblings_open_each_ones_own_block(tmp_path, pool, api):
+    """The outlive hunter's finding: two workers forked by a parent that made no CUDA call (as
+    torch.multiprocessing's fork workers) export one block each; same history, so the same
+    addresses and buffer ids. The parent opens the first's handle, keeps it, opens the
+    second's: each reads its own exporter's byte, as with the driver alone. Before, with
+    expandable segments, the second open answered the first's mapping (0xaa where 0xbb was)."""
+    env = env_for(tmp_path, pool != "alone", POOLS.get(pool))
+    r = subprocess.run([cuda_program("cuda_ipc"), "siblings", api], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "siblings done" in r.stdout, r.stderr
+    assert [l for l in r.stdout.splitlines() if l.startswith("sibling ")] == [f"sibling 0 0 {0xaa}", f"sibling 1 0 {0xbb}"], r.stdout
+
+
 def unix_names(pid):
     """The abstract socket names our channel bound for process `pid` (from /proc/net/unix)."""
     with open("/proc/net/unix") as f:
@@ -221,23 +235,103 @@ def test_the_channel_exists_only_once_something_was_exported(tmp_path):
     sender.finish()
 
 
+REGISTRY_ENTRY = 128  # bytes an IPC registry entry takes, after a header of as many
+
+
+def handle_checksum(pid, entry, token, size, offset, channel):
+    """src/device/ipc/handle.rs's checksum of a handle of ours."""
+    mask = (1 << 64) - 1
+    x = 0x9e3779b97f4a7c15 ^ (pid << 32 | entry)
+    for v in (token, size, offset, channel):
+        x = ((x ^ v) * 0xbf58476d1ce4e5b9) & mask
+        x = ((x << 31) | (x >> 33)) & mask
+    return x
+
+
+def give_pid_again(block_line, registry, old_pid, new_pid):
+    """The state the kernel leaves when it gives exporter `old_pid`'s pid to `new_pid` (an
+    unrelated process): its registry entries and the handle in `block_line` name `new_pid`."""
+    words = block_line.split()
+    h = bytearray.fromhex(words[4])
+    entry, token, size, offset, channel = (int.from_bytes(h[a:b], "little") for a, b in ((12, 16), (16, 24), (24, 32), (32, 40), (48, 56)))
+    h[8:12] = new_pid.to_bytes(4, "little")
+    h[40:48] = handle_checksum(new_pid, entry, token, size, offset, channel).to_bytes(8, "little")
+    raw = bytearray(registry.read_bytes())
+    for at in range(REGISTRY_ENTRY, len(raw), REGISTRY_ENTRY):
+        if int.from_bytes(raw[at + 4:at + 8], "little") == old_pid:
+            raw[at + 4:at + 8] = new_pid.to_bytes(4, "little")
+    registry.write_bytes(bytes(raw))
+    return " ".join(words[:4] + [h.hex()]) + "\n"
+
+
+@pytest.mark.parametrize("pid_given_again", [False, True])
 @pytest.mark.parametrize("api", ["runtime", "driver"])
-def test_a_receiver_whose_sender_is_gone_gets_an_error_and_one_line(tmp_path, api):
+def test_a_receiver_whose_sender_is_gone_gets_an_error_and_one_line(tmp_path, api, pid_given_again):
     """The sender exported its blocks and died (its registry entries stay until reused): the
     receiver cannot reach it for the chunks' memory, and each open answers invalid value (1), as
     the driver answers a handle whose exporter is gone, with one stderr line saying the process
     has ended; never other memory. It answered 304 (the system's error) with a line advising
     TENSORMALLOC_CUDA_SEGMENTS=classic in the exporter, which could not have helped (the torchsim
-    hunter)."""
+    hunter). The same when the kernel has given the dead sender's pid to another process (a
+    `sleep` here): it answered 304 and that advice (the outlive hunter)."""
     env = env_for(tmp_path, True, EXPANDABLE)
     sender = Sender(env, api)
     sender.p.send_signal(signal.SIGKILL)
     sender.p.communicate(timeout=60)
-    opens, _, r = receive(sender.blocks, env, api)
-    assert set(opens.values()) == {"rc"} and r.stdout.count(" rc 1\n") == len(sender.blocks), r.stdout
+    blocks, pid = sender.blocks, sender.p.pid
+    sleeper = subprocess.Popen(["sleep", "120"]) if pid_given_again else None
+    try:
+        if sleeper:
+            registry = tmp_path / "run" / "tensormalloc-ipc"
+            blocks = [give_pid_again(b, registry, pid, sleeper.pid) for b in blocks]
+            pid = sleeper.pid
+        opens, _, r = receive(blocks, env, api)
+    finally:
+        if sleeper:
+            sleeper.kill()
+            sleeper.wait()
+    assert set(opens.values()) == {"rc"} and r.stdout.count(" rc 1\n") == len(blocks), r.stdout
     assert "TENSORMALLOC_CUDA_SEGMENTS=classic" not in r.stderr, r.stderr
     lines = [l for l in r.stderr.splitlines() if "which has ended" in l]
-    assert len(lines) == 1 and f"process {sender.p.pid}," in lines[0], r.stderr
+    assert len(lines) == 1 and f"process {pid}," in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("publisher", ["ended", "alive"])
+@pytest.mark.parametrize("segments", list(SEGMENTS))
+def test_entries_an_ended_exporter_left_under_a_pid_given_again_are_taken(tmp_path, segments, publisher):
+    """The outlive hunter's finding: every entry of the IPC registry is live, published by a
+    process that was killed (SIGKILL leaves its entries) and whose pid the kernel has given to an
+    unrelated process (a `sleep`; the entries planted, with the start time a process of ours
+    records). A new exporter's exports were refused ("all 4095 entries are live exports") for as
+    long as that process lived: after a few restarts of a container that exports and is killed,
+    for good. Now the entries are taken. Where the entries' start time is the sleep's own (a live
+    exporter's), they are kept and the exports refused, said once."""
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        started = int(open(f"/proc/{sleeper.pid}/stat").read().rsplit(")", 1)[1].split()[19])
+        raw = bytearray(REGISTRY_ENTRY * 4096)
+        raw[0:8] = b"TMIPCRG1"
+        for at in range(REGISTRY_ENTRY, len(raw), REGISTRY_ENTRY):
+            raw[at:at + 4] = (2).to_bytes(4, "little")  # live
+            raw[at + 4:at + 8] = sleeper.pid.to_bytes(4, "little")
+            raw[at + 8:at + 16] = (at + 1).to_bytes(8, "little")  # a token
+            raw[at + 104:at + 112] = (started if publisher == "alive" else started - 1).to_bytes(8, "little")
+        env = env_for(tmp_path, True, SEGMENTS[segments])
+        registry = tmp_path / "run" / "tensormalloc-ipc"
+        registry.write_bytes(bytes(raw))
+        registry.chmod(0o600)
+        sender = Sender(env, "runtime")
+        err = sender.finish()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # The small blocks share segments (and expandable ones chunks): their handles are ours.
+    if publisher == "ended":
+        assert sender.refused == [] and len(sender.blocks) == 2 * len(SIZES), (sender.refused, err)
+        assert "IPC registry" not in err, err
+    else:
+        assert sender.refused, sender.blocks
+        assert err.count("all 4095 entries are live exports") == 1, err
 
 
 def all_stopped(pid):

@@ -19,6 +19,11 @@
  *            a line, and prints "still I yes|no" (whether the first and middle bytes still hold
  *            VALUE, whatever the sender did meanwhile). Then it closes each ("close I rc RC"), and
  *            prints "gone I yes|no" (whether the driver knows the pointer no more).
+ *   siblings forks two children before any CUDA call of its own (as torch.multiprocessing's fork
+ *            workers are made); each exports one 4 KiB block holding its own byte (0xaa, 0xbb)
+ *            and waits; the parent opens the first's handle, keeps it open, opens the second's,
+ *            and prints "sibling I RC VALUE" for each (VALUE: the first byte read there, -1 when
+ *            refused). Two such children have one history: same addresses, same buffer ids.
  * With TM_TEST_ALARM_MS set, the receiver takes SIGALRM (a handler, SA_RESTART) every that many
  * milliseconds throughout, as gperftools' real-time profiler does. */
 #include <dirent.h>
@@ -26,6 +31,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "check.h"
 #include "standin.h"
@@ -229,11 +235,66 @@ static void receive(int hold) {
     }
 }
 
+/* A forked sibling's export: one 4 KiB block holding `value`, its handle written to `out`; waits
+ * until `hold` closes. */
+static void sibling(int value, int out, int hold) {
+    void *b = NULL;
+    CHECK(cudaSetDevice(0) == 0 && cudaMalloc(&b, 4096) == 0);
+    kernel_works(b, 4096, value);
+    CUipcMemHandle h;
+    memset(&h, 0, sizeof h);
+    CHECK((by_driver ? cuIpcGetMemHandle(&h, (CUdeviceptr)(uintptr_t)b) : cudaIpcGetMemHandle(&h, b)) == 0);
+    CHECK(write(out, &h, sizeof h) == sizeof h);
+    char c;
+    CHECK(read(hold, &c, 1) == 0);
+    _exit(0);
+}
+
+static void siblings(void) {
+    int handles[2][2], hold[2];
+    CHECK(pipe(hold) == 0);
+    pid_t kids[2];
+    for (int i = 0; i < 2; i++) {
+        CHECK(pipe(handles[i]) == 0);
+        kids[i] = fork();
+        CHECK(kids[i] >= 0);
+        if (kids[i] == 0) {
+            close(hold[1]);
+            sibling(i ? 0xbb : 0xaa, handles[i][1], hold[0]);
+        }
+    }
+    close(hold[0]);
+    CUipcMemHandle h[2];
+    for (int i = 0; i < 2; i++) CHECK(read(handles[i][0], &h[i], sizeof h[i]) == sizeof h[i]);
+    CHECK(cudaSetDevice(0) == 0);
+    void *p[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        int rc;
+        if (by_driver) {
+            CUdeviceptr d = 0;
+            rc = cuIpcOpenMemHandle_v2(&d, h[i], 1);
+            p[i] = (void *)(uintptr_t)d;
+        } else {
+            rc = cudaIpcOpenMemHandle(&p[i], h[i], 1);
+        }
+        printf("sibling %d %d %d\n", i, rc, rc ? -1 : byte_at(p[i]));
+    }
+    for (int i = 0; i < 2; i++) {
+        if (p[i]) CHECK((by_driver ? cuIpcCloseMemHandle((CUdeviceptr)(uintptr_t)p[i]) : cudaIpcCloseMemHandle(p[i])) == 0);
+    }
+    close(hold[1]);
+    for (int i = 0; i < 2; i++) {
+        int status = 0;
+        CHECK(waitpid(kids[i], &status, 0) == kids[i] && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 3 || argc == 4);
     by_driver = !strcmp(argv[2], "driver");
-    CHECK(cudaSetDevice(0) == 0);
-    if (!strcmp(argv[1], "send")) send(1);
+    if (!strcmp(argv[1], "siblings")) siblings(); /* before any CUDA call of the parent's */
+    else if (cudaSetDevice(0) != 0) CHECK(!"cudaSetDevice");
+    else if (!strcmp(argv[1], "send")) send(1);
     else if (!strcmp(argv[1], "hold")) send(0);
     else if (!strcmp(argv[1], "receive")) receive(argc == 4 && !strcmp(argv[3], "hold"));
     else CHECK(!"unknown role");

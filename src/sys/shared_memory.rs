@@ -211,6 +211,12 @@ pub fn process_alive(pid: u32) -> bool {
     pid > 0 && unsafe { libc::kill(pid, 0) } == 0
 }
 
+/// Whether process `pid` lives and, where `started` says when a process of that pid started, is
+/// that process (Note [A pid given again] in device/neighbours/mod.rs).
+pub fn process_lives(pid: u32, started: Option<u64>) -> bool {
+    process_alive(pid) && started.is_none_or(|then| process_started(pid).is_none_or(|now| now == then))
+}
+
 /// Whether process `pid` lives and has not ended: an ended process its parent has not waited
 /// for yet (a zombie) still answers signal 0, and answers nothing else.
 pub fn process_running(pid: u32) -> bool {

@@ -102,7 +102,8 @@ pub fn publish(what: &Published) -> Option<(Handle, u32)> {
     let reg = registry()?;
     let me = process::id();
     let token = token();
-    let Some(entry) = reg.publish(me, token, what, shared_memory::process_alive) else {
+    let started = shared_memory::process_started(me).unwrap_or(0);
+    let Some(entry) = reg.publish(me, started, token, what, shared_memory::process_lives) else {
         static SAID: AtomicBool = AtomicBool::new(false);
         if !SAID.swap(true, Relaxed) {
             crate::warn_line!("IPC registry {}: all {} entries are live exports of this user's; IPC handles of pooled blocks that share a segment or lie in an expandable one are refused until some are freed", text(registry_file().path()), registry::ENTRIES);
@@ -160,6 +161,13 @@ pub fn lookup(h: &Handle) -> Option<Published> {
         say_not_live(h);
     }
     found
+}
+
+/// Whether the process that exported handle `h` has ended: it runs no more, or its pid names a
+/// process that started at another time (Note [A pid given again] in device/neighbours/mod.rs).
+pub fn exporter_ended(h: &Handle) -> bool {
+    let started = registry().and_then(|reg| reg.publisher_started(h.entry, h.pid, h.token));
+    !shared_memory::process_running(h.pid) || !shared_memory::process_lives(h.pid, started)
 }
 
 /// Says once that handle `h` names no live block (its open is refused with invalid value).

@@ -3,7 +3,9 @@
 //! segment shares one mapping, counted; each pointer handed out is remembered until its close,
 //! and the segment is closed with its last one. A chunk run of an expandable block (Note [IPC of
 //! expandable segments] in device/pool/exports.rs), named by its registry bytes, is opened and
-//! closed the same way. Fixed tables under one lock (mapped at the first open, Note [Tables
+//! closed the same way. A segment is known by what names it and by its exporter: two processes'
+//! chunk runs may be byte for byte the same (forked siblings share one history: addresses,
+//! buffer ids), and one must never open the other's mapping. Fixed tables under one lock (mapped at the first open, Note [Tables
 //! mapped at first use] in sys/mapped_on_use.rs), never held across a driver call: a segment being opened or closed is marked so, and another thread that needs it
 //! waits for that to end. Unit-tested; never calls the system.
 
@@ -24,10 +26,15 @@ enum State {
     Closing,
 }
 
+/// Who exported what a handle names: its process, and for a chunk run the nonce of that process's
+/// channel (another process given the pid later has another).
+pub type Exporter = [u64; 2];
+
 #[derive(Clone, Copy)]
 struct Segment {
     state: State,
     real: [u8; 64],
+    exporter: Exporter,
     base: u64,
     refs: u32,
 }
@@ -77,7 +84,7 @@ pub enum Close {
     Last { slot: usize, base: u64, real: [u8; 64] },
 }
 
-const EMPTY_SEGMENT: Segment = Segment { state: State::Empty, real: [0; 64], base: 0, refs: 0 };
+const EMPTY_SEGMENT: Segment = Segment { state: State::Empty, real: [0; 64], exporter: [0; 2], base: 0, refs: 0 };
 
 impl Opened {
     pub const fn new() -> Self {
@@ -86,14 +93,14 @@ impl Opened {
         Opened { tables: unsafe { MappedOnUse::new() }, ever_opened: AtomicBool::new(false) }
     }
 
-    /// The segment `real` names, mapped once per process: `map` makes the mapping (its base,
+    /// The segment `real` of `exporter` names, mapped once per process: `map` makes the mapping (its base,
     /// or the code it failed with) while no other thread maps it; `unmap` gives back one made
     /// but not kept (the tables filled meanwhile); `wait` passes a moment while another thread
     /// opens or closes it. The pointer at `offset` in it, recorded with the block's `size`.
-    pub fn open_once(&self, real: &[u8; 64], (offset, size): (u64, u64), map: impl FnOnce() -> Result<u64, c_int>, unmap: impl FnOnce(u64), wait: impl Fn()) -> Result<u64, c_int> {
+    pub fn open_once(&self, real: &[u8; 64], exporter: Exporter, (offset, size): (u64, u64), map: impl FnOnce() -> Result<u64, c_int>, unmap: impl FnOnce(u64), wait: impl Fn()) -> Result<u64, c_int> {
         let mut map = Some(map);
         loop {
-            match self.begin_open(real, offset, size) {
+            match self.begin_open(real, exporter, offset, size) {
                 Begin::Mapped { base } => return Ok(base + offset),
                 Begin::Full => return Err(CUDA_ERROR_MEMORY_ALLOCATION),
                 Begin::Busy => wait(),
@@ -134,11 +141,12 @@ impl Opened {
         }
     }
 
-    /// A handle of ours names the segment `real`, the block of `size` bytes at `offset` in it.
-    pub fn begin_open(&self, real: &[u8; 64], offset: u64, size: u64) -> Begin {
+    /// A handle of ours names the segment `real` of `exporter`, the block of `size` bytes at
+    /// `offset` in it.
+    pub fn begin_open(&self, real: &[u8; 64], exporter: Exporter, offset: u64, size: u64) -> Begin {
         let Some(tables) = self.tables.get_or_map() else { return Begin::Full };
         let mut t = tables.lock();
-        if let Some(i) = t.segments.iter().position(|s| s.state != State::Empty && s.real == *real) {
+        if let Some(i) = t.segments.iter().position(|s| s.state != State::Empty && s.real == *real && s.exporter == exporter) {
             let s = t.segments.get(i).copied().unwrap_or(EMPTY_SEGMENT);
             if s.state != State::Open {
                 return Begin::Busy;
@@ -156,7 +164,7 @@ impl Opened {
             return Begin::Full;
         }
         if let Some(s) = t.segments.get_mut(slot) {
-            *s = Segment { state: State::Opening, real: *real, base: 0, refs: 0 };
+            *s = Segment { state: State::Opening, real: *real, exporter, base: 0, refs: 0 };
         }
         self.ever_opened.store(true, Relaxed);
         Begin::Open { slot }
@@ -240,21 +248,37 @@ impl Default for Opened {
 mod tests {
     use super::*;
 
+    const ME: Exporter = [1234, 0];
+
+    /// Forked siblings export runs that are byte for byte the same: each handle opens its own
+    /// exporter's mapping (the outlive hunter's finding), and another process given an exporter's
+    /// pid later, with another channel, is another exporter.
+    #[test]
+    fn the_same_run_of_two_exporters_is_two_segments() {
+        let o = Opened::new();
+        let run = [7u8; 64];
+        let a = o.open_once(&run, [100, 11], (0, 4096), || Ok(0x1000_0000), |_| panic!("kept"), || {}).unwrap();
+        let b = o.open_once(&run, [101, 11], (0, 4096), || Ok(0x2000_0000), |_| panic!("kept"), || {}).unwrap();
+        let later = o.open_once(&run, [100, 12], (0, 4096), || Ok(0x3000_0000), |_| panic!("kept"), || {}).unwrap();
+        assert_eq!((a, b, later), (0x1000_0000, 0x2000_0000, 0x3000_0000));
+        assert_eq!(o.begin_open(&run, [101, 11], 4096, 4096), Begin::Mapped { base: 0x2000_0000 }, "the same exporter's: shared");
+    }
+
     #[test]
     fn blocks_of_one_segment_share_its_mapping_until_their_last_close() {
         let o = Box::new(Opened::new());
         let real = [3u8; 64];
-        let Begin::Open { slot } = o.begin_open(&real, 4096, 1024) else { panic!() };
-        assert_eq!(o.begin_open(&real, 0, 1024), Begin::Busy, "another thread waits while it opens");
+        let Begin::Open { slot } = o.begin_open(&real, ME, 4096, 1024) else { panic!() };
+        assert_eq!(o.begin_open(&real, ME, 0, 1024), Begin::Busy, "another thread waits while it opens");
         assert!(o.end_open(slot, Some(0x1000_0000), 4096, 1024));
-        assert_eq!(o.begin_open(&real, 8192, 1024), Begin::Mapped { base: 0x1000_0000 });
+        assert_eq!(o.begin_open(&real, ME, 8192, 1024), Begin::Mapped { base: 0x1000_0000 });
         assert_eq!(o.close(0x1000_0000 + 4096), Close::Kept);
         assert_eq!(o.close(0x1000_0000 + 4096), Close::NotOurs, "closed once only");
         assert_eq!(o.close(0x5000), Close::NotOurs);
         assert_eq!(o.close(0x1000_0000 + 8192), Close::Last { slot, base: 0x1000_0000, real });
-        assert_eq!(o.begin_open(&real, 0, 1024), Begin::Busy, "until the driver closed it");
+        assert_eq!(o.begin_open(&real, ME, 0, 1024), Begin::Busy, "until the driver closed it");
         o.end_close(slot);
-        assert!(matches!(o.begin_open(&real, 0, 1024), Begin::Open { .. }), "opened anew");
+        assert!(matches!(o.begin_open(&real, ME, 0, 1024), Begin::Open { .. }), "opened anew");
     }
 
     /// A forked child cannot use the segments its parent opened: a handle is opened anew (the
@@ -264,11 +288,11 @@ mod tests {
         let o = Box::new(Opened::new());
         o.forget_in_child();
         let real = [9u8; 64];
-        let Begin::Open { slot } = o.begin_open(&real, 0, 1024) else { panic!() };
+        let Begin::Open { slot } = o.begin_open(&real, ME, 0, 1024) else { panic!() };
         assert!(o.end_open(slot, Some(0x2000_0000), 0, 1024));
         core::mem::forget(o.tables.get().unwrap().lock()); // a parent thread in the tables at the fork
         o.forget_in_child();
-        assert!(matches!(o.begin_open(&real, 0, 1024), Begin::Open { .. }), "the parent's mapping is not the child's");
+        assert!(matches!(o.begin_open(&real, ME, 0, 1024), Begin::Open { .. }), "the parent's mapping is not the child's");
         assert_eq!(o.close(0x2000_0000), Close::NotOurs);
     }
 
@@ -276,20 +300,20 @@ mod tests {
     fn a_segment_is_mapped_once_and_a_failed_map_leaves_nothing() {
         let o = Box::new(Opened::new());
         let (real, mut maps) = ([5u8; 64], 0);
-        let first = o.open_once(&real, (4096, 1024), || { maps += 1; Ok(0x2000_0000) }, |_| panic!("kept"), || {});
+        let first = o.open_once(&real, ME, (4096, 1024), || { maps += 1; Ok(0x2000_0000) }, |_| panic!("kept"), || {});
         assert_eq!(first, Ok(0x2000_0000 + 4096));
-        let second = o.open_once(&real, (8192, 1024), || { maps += 1; Ok(0x3000_0000) }, |_| panic!("kept"), || {});
+        let second = o.open_once(&real, ME, (8192, 1024), || { maps += 1; Ok(0x3000_0000) }, |_| panic!("kept"), || {});
         assert_eq!((second, maps), (Ok(0x2000_0000 + 8192), 1), "the mapping is shared");
-        let refused = o.open_once(&[6; 64], (0, 1024), || Err(700), |_| panic!("nothing was mapped"), || {});
+        let refused = o.open_once(&[6; 64], ME, (0, 1024), || Err(700), |_| panic!("nothing was mapped"), || {});
         assert_eq!(refused, Err(700), "the driver's code");
-        assert!(matches!(o.begin_open(&[6; 64], 0, 1024), Begin::Open { .. }), "the slot is free again");
+        assert!(matches!(o.begin_open(&[6; 64], ME, 0, 1024), Begin::Open { .. }), "the slot is free again");
     }
 
     #[test]
     fn a_range_query_inside_an_opened_block_names_the_block_not_the_segment() {
         let o = Box::new(Opened::new());
         assert_eq!(o.block_of(0x2000_0000), None, "nothing opened: no lock taken");
-        let p = o.open_once(&[5u8; 64], (4096, 1 << 20), || Ok(0x2000_0000), |_| panic!("kept"), || {}).unwrap();
+        let p = o.open_once(&[5u8; 64], ME, (4096, 1 << 20), || Ok(0x2000_0000), |_| panic!("kept"), || {}).unwrap();
         assert_eq!(o.block_of(p), Some((p, 1 << 20)));
         assert_eq!(o.block_of(p + (1 << 20) - 1), Some((p, 1 << 20)), "its last byte");
         assert_eq!(o.block_of(p + (1 << 20)), None, "past it: the exporter's other blocks");
@@ -301,8 +325,8 @@ mod tests {
     #[test]
     fn a_refused_open_leaves_nothing() {
         let o = Box::new(Opened::new());
-        let Begin::Open { slot } = o.begin_open(&[9; 64], 0, 1024) else { panic!() };
+        let Begin::Open { slot } = o.begin_open(&[9; 64], ME, 0, 1024) else { panic!() };
         assert!(!o.end_open(slot, None, 0, 1024));
-        assert!(matches!(o.begin_open(&[9; 64], 0, 1024), Begin::Open { .. }));
+        assert!(matches!(o.begin_open(&[9; 64], ME, 0, 1024), Begin::Open { .. }));
     }
 }

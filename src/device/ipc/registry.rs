@@ -31,7 +31,10 @@ pub(super) struct Entry {
     /// The segment's length.
     segment_len: AtomicU64,
     real: [AtomicU64; 8],
-    _pad: [u64; 3],
+    /// When the publishing process started (Note [A pid given again] in device/neighbours); 0:
+    /// not said (a version that records none).
+    started: AtomicU64,
+    _pad: [u64; 2],
 }
 
 pub const REGISTRY_BYTES: usize = 128 + ENTRIES * 128;
@@ -57,17 +60,22 @@ impl Registry {
         }
     }
 
-    /// Publishes `what` for process `me` under `token` (non-zero) in a free entry, or one a dead
-    /// process left (`alive`); its index, None when every entry is a live process's.
-    pub fn publish(&self, me: u32, token: u64, what: &Published, alive: impl Fn(u32) -> bool) -> Option<u32> {
-        let (index, e) = self.entries.iter().enumerate().find(|(_, e)| {
-            let state = e.state.load(Acquire);
-            // A dead process's live entry; one it died writing stays (rare, and never read).
-            let reusable = state == FREE || state == LIVE && !alive(e.pid.load(Acquire));
-            reusable && e.state.compare_exchange(state, WRITING, AcqRel, Acquire).is_ok()
+    /// Publishes `what` for process `me`, started at `started` (0: not known), under `token`
+    /// (non-zero) in a free entry, else one a process that ended left (`alive(pid, started)`:
+    /// whether the process the entry names still runs); its index, None when every entry is a
+    /// live process's. Free entries are looked for first: judging a live one costs system calls.
+    pub fn publish(&self, me: u32, started: u64, token: u64, what: &Published, alive: impl Fn(u32, Option<u64>) -> bool) -> Option<u32> {
+        let take = |e: &Entry, state: u32| e.state.compare_exchange(state, WRITING, AcqRel, Acquire).is_ok();
+        let free = self.entries.iter().enumerate().find(|(_, e)| e.state.load(Acquire) == FREE && take(e, FREE));
+        let (index, e) = free.or_else(|| {
+            self.entries.iter().enumerate().find(|(_, e)| {
+                // A dead process's live entry; one it died writing stays (rare, and never read).
+                e.state.load(Acquire) == LIVE && !alive(e.pid.load(Acquire), Self::started(e)) && take(e, LIVE)
+            })
         })?;
         e.token.store(0, Release);
         e.pid.store(me, Relaxed);
+        e.started.store(started, Relaxed);
         e.offset.store(what.offset, Relaxed);
         e.size.store(what.size, Relaxed);
         e.segment_len.store(what.segment_len, Relaxed);
@@ -77,6 +85,19 @@ impl Registry {
         e.token.store(token, Release);
         e.state.store(LIVE, Release);
         u32::try_from(index).ok()
+    }
+
+    fn started(e: &Entry) -> Option<u64> {
+        Some(e.started.load(Relaxed)).filter(|&t| t != 0)
+    }
+
+    /// When the process that published live entry `index` under `token` started, as it said;
+    /// None when it did not say or the entry is not that.
+    pub fn publisher_started(&self, index: u32, pid: u32, token: u64) -> Option<u64> {
+        let e = self.entries.get(index as usize)?;
+        let started = Self::started(e);
+        let agrees = e.state.load(Acquire) == LIVE && e.pid.load(Acquire) == pid && token != 0 && e.token.load(Acquire) == token;
+        started.filter(|_| agrees)
     }
 
     /// Process `me` withdraws its entry `index` published under `token`: a later open fails.
@@ -128,7 +149,7 @@ mod tests {
     #[test]
     fn an_entry_is_found_only_with_its_pid_token_and_size_and_never_after_withdrawal() {
         let r = registry();
-        let i = r.publish(100, 55, &WHAT, |_| true).unwrap();
+        let i = r.publish(100, 0, 55, &WHAT, |_, _| true).unwrap();
         assert_eq!(r.lookup(i, 100, 55, 4096), Some(WHAT));
         assert_eq!(r.token(i, 100), Some(55));
         assert_eq!(r.lookup(i, 100, 56, 4096), None, "another token");
@@ -138,7 +159,7 @@ mod tests {
         assert!(r.lookup(i, 100, 55, 4096).is_some(), "only its process withdraws it");
         r.withdraw(i, 100, 55);
         assert_eq!(r.lookup(i, 100, 55, 4096), None, "withdrawn: the freed block's handle opens nothing");
-        let j = r.publish(100, 77, &Published { offset: 0, ..WHAT }, |_| true).unwrap();
+        let j = r.publish(100, 0, 77, &Published { offset: 0, ..WHAT }, |_, _| true).unwrap();
         assert_eq!(j, i, "the entry is reused");
         assert_eq!(r.lookup(i, 100, 55, 4096), None, "an old handle never names the later block");
         assert_eq!(r.lookup(i, 100, 77, 4096).map(|p| p.offset), Some(0));
@@ -148,10 +169,14 @@ mod tests {
     fn a_dead_processs_entries_are_taken_and_garbage_names_nothing() {
         let r = registry();
         for k in 0..ENTRIES as u64 {
-            r.publish(100, k + 1, &WHAT, |_| true).unwrap();
+            r.publish(100, 5_000, k + 1, &WHAT, |_, _| true).unwrap();
         }
-        assert_eq!(r.publish(200, 9, &WHAT, |_| true), None, "full, everyone alive");
-        assert!(r.publish(200, 9, &WHAT, |pid| pid != 100).is_some(), "a dead process's entry");
+        assert_eq!(r.publish(200, 0, 9, &WHAT, |_, _| true), None, "full, everyone alive");
+        // Note [A pid given again]: pid 100 now names a process that started at another time.
+        assert_eq!(r.publisher_started(0, 100, 1), Some(5_000));
+        assert!(r.publish(200, 0, 9, &WHAT, |pid, started| pid != 100 || started != Some(5_000)).is_some(), "an ended process's entry");
+        assert_eq!(r.publisher_started(0, 100, 1), None, "taken");
+        assert!(r.publish(200, 0, 10, &WHAT, |pid, _| pid != 100).is_some(), "a dead process's entry");
         let e = &r.entries[3];
         e.segment_len.store(10, Relaxed); // scribbled: the block no longer fits its segment
         assert_eq!(r.lookup(3, 100, 4, 4096), None);

@@ -237,12 +237,9 @@ const GONE_CHECK_NS: u64 = 20_000_000;
 // time, /proc/PID/stat), and a slot whose pid now names a process started at another time is
 // not asked. A slot of a version that records no start is asked as before. Not covered: a
 // process that joined and then replaced its program (exec) keeps its pid and start; it is asked,
-// and costs the bound once (SILENT).
-
-/// Whether the process a slot names is the one that claimed it (Note [A pid given again]).
-fn still_there(owner: Owner) -> bool {
-    shared_memory::process_alive(owner.pid) && owner.started.is_none_or(|then| shared_memory::process_started(owner.pid).is_none_or(|now| now == then))
-}
+// and costs the bound once (SILENT). The IPC registry's entries record the same
+// (device/ipc/registry.rs): an ended exporter's entries are taken by the next, and a handle of
+// one is refused as the driver refuses a dead exporter's.
 
 /// Per slot, the pid that let an ask of ours wait out its bound (stopped, or a pid the kernel
 /// gave to a process that is no neighbour): not asked again by this process while it holds that
@@ -255,7 +252,7 @@ static SILENT: [AtomicU32; SLOTS] = [const { AtomicU32::new(0) }; SLOTS];
 pub fn ask(device: i32) -> bool {
     let Some(reg) = registry() else { return false };
     let mut asked = [Asked::default(); SLOTS];
-    let eligible = |slot: usize, owner: Owner| SILENT.get(slot).is_none_or(|s| s.load(Relaxed) != owner.pid) && still_there(owner);
+    let eligible = |slot: usize, owner: Owner| SILENT.get(slot).is_none_or(|s| s.load(Relaxed) != owner.pid) && shared_memory::process_lives(owner.pid, owner.started);
     let n = reg.ask(process::id(), key_of(device), eligible, &mut asked);
     let asked = asked.get(..n).unwrap_or(&[]);
     for bell in asked.iter().filter_map(|a| reg.doorbell(a.slot)) {

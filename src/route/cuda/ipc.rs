@@ -114,7 +114,9 @@ unsafe fn open_ours(h: &Handle, flags: c_uint, open: IpcOpenMemHandleFn) -> Resu
     if let Some(run) = ChunkRun::decode(&what.real) {
         return super::ipc_chunks::open(h, &what, &run);
     }
-    OPENED.open_once(&what.real, (what.offset, what.size), || {
+    // The driver's handle names one segment of one process; the pid keeps two processes'
+    // handles apart should the driver's bytes ever be the same.
+    OPENED.open_once(&what.real, [u64::from(h.pid), 0], (what.offset, what.size), || {
         let mut base = 0u64;
         // SAFETY: the caller's contract: `open` is the driver's cuIpcOpenMemHandle.
         let rc = unsafe { open(&mut base, IpcMemHandle { reserved: what.real }, flags) };

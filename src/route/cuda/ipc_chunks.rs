@@ -141,7 +141,7 @@ fn map_run(h: &Handle, run: &ChunkRun) -> Result<u64, c_int> {
         // The exporter has ended: the driver refuses a handle whose exporter is gone with
         // invalid value, and no setting of its would have helped (error 304 and a hint to use
         // classic segments there misled: the torchsim hunter).
-        Fetch::Unreachable(_) if !crate::sys::shared_memory::process_running(h.pid) => {
+        Fetch::Unreachable(_) if ipc::exporter_ended(h) => {
             say_exporter_ended(h);
             CUDA_ERROR_INVALID_VALUE
         }
@@ -157,7 +157,7 @@ pub(super) fn open(h: &Handle, what: &Published, run: &ChunkRun) -> Result<u64, 
     let unmap = |base| {
         let _ = cuda_shareable::unmap_imported(base, run.chunk_bytes, run.chunks, run.bytes());
     };
-    OPENED.open_once(&what.real, (what.offset, what.size), || map_run(h, run), unmap, crate::sys::clock::pause)
+    OPENED.open_once(&what.real, [u64::from(h.pid), h.channel], (what.offset, what.size), || map_run(h, run), unmap, crate::sys::clock::pause)
 }
 
 /// The last close of a chunk run opened at `base`: unmapped, its address space freed.
