@@ -483,19 +483,27 @@ def test_a_hot_loop_beside_a_neighbour_asking_without_end_recreates_nothing(tmp_
     its driver allocations in its first step and none after, no free (expandable: no virtual
     memory call after the first step), counted by the stand-in (the loop checks it): segments
     it keeps reusing are never given back (only memory idle for 100 ms goes). Before, every ask
-    took them: hundreds of driver allocations and frees."""
-    counter = tmp_path / "asks"
-    env = two_processes_env(tmp_path, True, TENSORMALLOC_CUDA_SEGMENTS=segments, TM_TEST_COUNTER=str(counter), TM_TEST_ASKS="30")
-    loop = subprocess.Popen([cuda_program(), "hot-loop", "expect-pool"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert loop.stdout.readline() == "looping\n"
-        asker = subprocess.run([cuda_program(), "endless-asker", "expect-pool"], env=env, capture_output=True, text=True, timeout=120)
-        assert asker.returncode == 0, asker.stderr
-        out, err = loop.communicate(timeout=120)
-    finally:
-        loop.kill()
-    assert loop.returncode == 0, err
-    assert "hot-loop ok" in out, out
+    took them: hundreds of driver allocations and frees. A loop the machine starved for 50 ms
+    or more between a step's frees and the next step's allocation (a loaded machine: the flake
+    hunter saw 100 ms and more) may lose its segments, idle that long, by design; it says so,
+    and runs again, three times at most."""
+    for attempt in range(3):
+        run_dir = tmp_path / f"attempt{attempt}"
+        run_dir.mkdir()
+        counter = run_dir / "asks"
+        env = two_processes_env(run_dir, True, TENSORMALLOC_CUDA_SEGMENTS=segments, TM_TEST_COUNTER=str(counter), TM_TEST_ASKS="30")
+        loop = subprocess.Popen([cuda_program(), "hot-loop", "expect-pool"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert loop.stdout.readline() == "looping\n"
+            asker = subprocess.run([cuda_program(), "endless-asker", "expect-pool"], env=env, capture_output=True, text=True, timeout=120)
+            assert asker.returncode == 0, asker.stderr
+            out, err = loop.communicate(timeout=120)
+        finally:
+            loop.kill()
+        assert loop.returncode == 0, err
+        if "starved" not in out:
+            break
+    assert "hot-loop ok" in out and "starved" not in out, out
 
 
 @pytest.mark.parametrize("segments", ["classic", "expandable"])

@@ -168,15 +168,23 @@ def test_a_mapping_over_a_block_whose_release_is_stalled_waits_for_it(case):
     env.update({"LD_PRELOAD": PRELOAD, "TENSORMALLOC_HOST_RELEASE": release})
     if mode != "release":
         env.update({"TENSORMALLOC_HOST_RELEASE_MS": "100", "TENSORMALLOC_HOST_UNMAP_MS": "500"})
-    program = subprocess.Popen([compile_c("claim_stalled"), mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    program = subprocess.Popen([compile_c("claim_stalled"), mode], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    hold = None
     try:
         assert program.stdout.readline() == "ready\n"
         call = "madvise" if mode == "release" else "munmap"
-        hold = subprocess.run([compile_c("hold_our_thread"), str(program.pid), "8", call], capture_output=True, text=True, timeout=60)
-        assert hold.returncode == 0 and "held" in hold.stdout, hold
+        hold = subprocess.Popen([compile_c("hold_our_thread"), str(program.pid), "8", call], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # The block is freed once the tracer is attached, however slow its start (the flake hunter).
+        assert hold.stdout.readline() == "attached\n", hold.communicate(timeout=60)
+        program.stdin.write("go\n")
+        program.stdin.flush()
+        held, why = hold.communicate(timeout=60)
+        assert hold.returncode == 0 and "held" in held, (held, why)
         out, err = program.communicate(timeout=60)
     finally:
         program.kill()
+        if hold:
+            hold.kill()
     assert program.returncode == 0 and "claim stalled ok" in out, (program.returncode, out, err)
     waited = float(re.search(r"took ([\d.]+) s", out).group(1))
     if mode == "beside":

@@ -10,7 +10,8 @@
  * munmap took the program's pages.
  * `beside`: our thread held at that munmap, the program unmaps the last 2 MiB of another block
  * of its own, a live one; nothing of ours is on its way to the kernel there, and the old
- * library's munmap waited 5 s for the range elsewhere. Prints "claim stalled ok". */
+ * library's munmap waited 5 s for the range elsewhere. Prints "claim stalled ok". Each frees its
+ * block once a line comes on stdin: the test sends it when the tracer is attached. */
 #include "check.h"
 #include <signal.h>
 #include <sys/mman.h>
@@ -43,8 +44,15 @@ int main(int argc, char **argv) {
     CHECK(kept && x);
     memset(kept, 2, len);
     memset(x, 1, len);
+    /* A block freed first starts our thread, for the tracer to find (under 32 MiB: not held). */
+    unsigned char *starter = malloc(8 * MB);
+    CHECK(starter);
+    memset(starter, 3, 8 * MB);
+    free(starter);
     printf("ready\n");
     fflush(stdout);
+    char go[8];
+    CHECK(fgets(go, sizeof go, stdin) != NULL); /* the tracer holds our thread from here on */
     free(x);
     double t0 = now_s();
     usleep(1500000);

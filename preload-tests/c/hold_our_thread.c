@@ -64,6 +64,8 @@ int main(int argc, char **argv) {
     ptrace(PTRACE_INTERRUPT, tid, 0, 0);
     int st;
     waitpid(tid, &st, __WALL);
+    printf("attached\n"); /* the program may go on: every call of our thread is seen from here */
+    fflush(stdout);
     int entering = 0;
     for (;;) {
         if (ptrace(PTRACE_SYSCALL, tid, 0, 0) != 0) return 1;
