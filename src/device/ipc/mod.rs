@@ -103,7 +103,19 @@ pub fn publish(what: &Published) -> Option<(Handle, u32)> {
     let me = process::id();
     let token = token();
     let started = shared_memory::process_started(me).unwrap_or(0);
-    let Some(entry) = reg.publish(me, started, token, what, shared_memory::process_lives) else {
+    // A full table is walked entry by entry: the entries of one process lie together, and each
+    // judgement costs system calls, so the last one is kept (ours need none).
+    let last = core::cell::Cell::new((me, Some(started).filter(|&t| t != 0), true));
+    let lives = |pid: u32, started: Option<u64>| {
+        let (seen_pid, seen_started, verdict) = last.get();
+        if (pid, started) == (seen_pid, seen_started) {
+            return verdict;
+        }
+        let verdict = shared_memory::process_lives(pid, started);
+        last.set((pid, started, verdict));
+        verdict
+    };
+    let Some(entry) = reg.publish(me, started, token, what, lives) else {
         static SAID: AtomicBool = AtomicBool::new(false);
         if !SAID.swap(true, Relaxed) {
             crate::warn_line!("IPC registry {}: all {} entries are live exports of this user's; IPC handles of pooled blocks that share a segment or lie in an expandable one are refused until some are freed", text(registry_file().path()), registry::ENTRIES);
