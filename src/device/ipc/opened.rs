@@ -5,9 +5,10 @@
 //! expandable segments] in device/pool/exports.rs), named by its registry bytes, is opened and
 //! closed the same way. A segment is known by what names it and by its exporter: two processes'
 //! chunk runs may be byte for byte the same (forked siblings share one history: addresses,
-//! buffer ids), and one must never open the other's mapping. Fixed tables under one lock (mapped at the first open, Note [Tables
-//! mapped at first use] in sys/mapped_on_use.rs), never held across a driver call: a segment being opened or closed is marked so, and another thread that needs it
-//! waits for that to end. Unit-tested; never calls the system.
+//! buffer ids), and one must never open the other's mapping. Fixed tables under one lock
+//! (mapped at the first open, Note [Tables mapped at first use] in sys/mapped_on_use.rs), never
+//! held across a driver call: a segment being opened or closed is marked so, and another thread
+//! that needs it waits for that to end. Unit-tested; never calls the system.
 
 use crate::backing::CUDA_ERROR_MEMORY_ALLOCATION;
 use crate::sys::lock::Lock;
