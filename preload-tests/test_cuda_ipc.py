@@ -258,8 +258,9 @@ def give_pid_again(block_line, registry, old_pid, new_pid):
     h[40:48] = handle_checksum(new_pid, entry, token, size, offset, channel).to_bytes(8, "little")
     raw = bytearray(registry.read_bytes())
     for at in range(REGISTRY_ENTRY, len(raw), REGISTRY_ENTRY):
-        if int.from_bytes(raw[at + 4:at + 8], "little") == old_pid:
-            raw[at + 4:at + 8] = new_pid.to_bytes(4, "little")
+        for pid_at in (at + 4, at + 112):  # the entry's pid, and the pid its start time is of
+            if int.from_bytes(raw[pid_at:pid_at + 4], "little") == old_pid:
+                raw[pid_at:pid_at + 4] = new_pid.to_bytes(4, "little")
     registry.write_bytes(bytes(raw))
     return " ".join(words[:4] + [h.hex()]) + "\n"
 
@@ -316,6 +317,7 @@ def test_entries_an_ended_exporter_left_under_a_pid_given_again_are_taken(tmp_pa
             raw[at + 4:at + 8] = sleeper.pid.to_bytes(4, "little")
             raw[at + 8:at + 16] = (at + 1).to_bytes(8, "little")  # a token
             raw[at + 104:at + 112] = (started if publisher == "alive" else started - 1).to_bytes(8, "little")
+            raw[at + 112:at + 116] = sleeper.pid.to_bytes(4, "little")  # whose start that is
         env = env_for(tmp_path, True, SEGMENTS[segments])
         registry = tmp_path / "run" / "tensormalloc-ipc"
         registry.write_bytes(bytes(raw))

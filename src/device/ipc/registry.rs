@@ -32,9 +32,11 @@ pub(super) struct Entry {
     segment_len: AtomicU64,
     real: [AtomicU64; 8],
     /// When the publishing process started (Note [A pid given again] in device/neighbours); 0:
-    /// not said (a version that records none).
+    /// not said.
     started: AtomicU64,
-    _pad: [u64; 2],
+    /// The pid whose start `started` is: a version that records none publishes over another's.
+    started_pid: AtomicU32,
+    _pad: [u32; 3],
 }
 
 pub const REGISTRY_BYTES: usize = 128 + ENTRIES * 128;
@@ -70,12 +72,19 @@ impl Registry {
         let (index, e) = free.or_else(|| {
             self.entries.iter().enumerate().find(|(_, e)| {
                 // A dead process's live entry; one it died writing stays (rare, and never read).
-                e.state.load(Acquire) == LIVE && !alive(e.pid.load(Acquire), Self::started(e)) && take(e, LIVE)
+                // Taken by its token first: an entry published again while we judged has another.
+                let token = e.token.load(Acquire);
+                token != 0
+                    && e.state.load(Acquire) == LIVE
+                    && !alive(e.pid.load(Acquire), Self::started(e))
+                    && e.token.compare_exchange(token, 0, AcqRel, Acquire).is_ok()
+                    && take(e, LIVE)
             })
         })?;
         e.token.store(0, Release);
         e.pid.store(me, Relaxed);
         e.started.store(started, Relaxed);
+        e.started_pid.store(me, Relaxed);
         e.offset.store(what.offset, Relaxed);
         e.size.store(what.size, Relaxed);
         e.segment_len.store(what.segment_len, Relaxed);
@@ -88,16 +97,20 @@ impl Registry {
     }
 
     fn started(e: &Entry) -> Option<u64> {
-        Some(e.started.load(Relaxed)).filter(|&t| t != 0)
+        let said = e.started_pid.load(Relaxed) == e.pid.load(Relaxed);
+        Some(e.started.load(Relaxed)).filter(|&t| said && t != 0)
     }
 
     /// When the process that published live entry `index` under `token` started, as it said;
     /// None when it did not say or the entry is not that.
     pub fn publisher_started(&self, index: u32, pid: u32, token: u64) -> Option<u64> {
         let e = self.entries.get(index as usize)?;
+        let agrees = |e: &Entry| e.state.load(Acquire) == LIVE && e.pid.load(Acquire) == pid && token != 0 && e.token.load(Acquire) == token;
+        if !agrees(e) {
+            return None;
+        }
         let started = Self::started(e);
-        let agrees = e.state.load(Acquire) == LIVE && e.pid.load(Acquire) == pid && token != 0 && e.token.load(Acquire) == token;
-        started.filter(|_| agrees)
+        started.filter(|_| agrees(e))
     }
 
     /// Process `me` withdraws its entry `index` published under `token`: a later open fails.
@@ -165,6 +178,29 @@ mod tests {
         assert_eq!(r.lookup(i, 100, 77, 4096).map(|p| p.offset), Some(0));
     }
 
+    /// Two processes publish over a full table at once and judge the same dead entry: the one
+    /// that judged last leaves the entry the other has published meanwhile (the review's ABA).
+    #[test]
+    fn an_entry_published_again_while_judged_is_left_alone() {
+        let r = registry();
+        for k in 0..ENTRIES as u64 {
+            r.publish(100, 5_000, k + 1, &WHAT, |_, _| true).unwrap();
+        }
+        let judged = std::cell::Cell::new(0);
+        let ours = r.publish(300, 0, 99, &WHAT, |pid, _| {
+            if judged.replace(judged.get() + 1) == 0 {
+                // Meanwhile process 200 takes entry 0 and publishes there.
+                let e = &r.entries[0];
+                e.token.store(0, Release);
+                e.pid.store(200, Relaxed);
+                e.token.store(77, Release);
+            }
+            pid == 200
+        });
+        assert_eq!(ours, Some(1), "the next dead entry");
+        assert_eq!(r.lookup(0, 200, 77, 4096), Some(WHAT), "the other's export stands");
+    }
+
     #[test]
     fn a_dead_processs_entries_are_taken_and_garbage_names_nothing() {
         let r = registry();
@@ -177,6 +213,10 @@ mod tests {
         assert!(r.publish(200, 0, 9, &WHAT, |pid, started| pid != 100 || started != Some(5_000)).is_some(), "an ended process's entry");
         assert_eq!(r.publisher_started(0, 100, 1), None, "taken");
         assert!(r.publish(200, 0, 10, &WHAT, |pid, _| pid != 100).is_some(), "a dead process's entry");
+        // A version that records no start publishes over an entry of ours: its start says nothing.
+        let old = &r.entries[5];
+        old.pid.store(300, Relaxed);
+        assert_eq!(r.publisher_started(5, 300, 6), None, "not process 300's start");
         let e = &r.entries[3];
         e.segment_len.store(10, Relaxed); // scribbled: the block no longer fits its segment
         assert_eq!(r.lookup(3, 100, 4, 4096), None);
