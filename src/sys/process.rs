@@ -312,4 +312,25 @@ mod tests {
         note_start();
         assert!(process_started_wall_ns() <= started_wall_ns() && started_wall_ns() - process_started_wall_ns() < 3600 * 1_000_000_000);
     }
+
+    #[test]
+    fn a_start_time_is_read_past_a_command_with_spaces_and_parentheses() {
+        let process_started = |pid| stat_of(pid).map(|s| s.start_ticks);
+        let me = process_started(std::process::id()).unwrap();
+        let dir = std::env::temp_dir().join(format!("tm-started-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let odd = dir.join("a) 1 (2");
+        std::os::unix::fs::symlink("/bin/sleep", &odd).unwrap(); // a copy could be busy: another test forks
+        let mut child = std::process::Command::new(&odd).arg("5").spawn().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+        assert!(stat.contains("(a) 1 (2)"), "{stat}");
+        let expected: u64 = stat.rsplit_once(") ").unwrap().1.split(' ').nth(19).unwrap().parse().unwrap();
+        assert_eq!(process_started(child.id()), Some(expected));
+        assert!(expected >= me);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(process_started(child.id()), None, "ended and waited for");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

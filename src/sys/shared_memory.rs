@@ -214,7 +214,7 @@ pub fn process_alive(pid: u32) -> bool {
 /// Whether process `pid` lives and, where `started` says when a process of that pid started, is
 /// that process (Note [A pid given again] in device/neighbours/mod.rs).
 pub fn process_lives(pid: u32, started: Option<u64>) -> bool {
-    process_alive(pid) && started.is_none_or(|then| process_started(pid).is_none_or(|now| now == then))
+    process_alive(pid) && started.is_none_or(|then| super::process::stat_of(pid).is_none_or(|now| now.start_ticks == then))
 }
 
 /// Whether process `pid` lives and has not ended: an ended process its parent has not waited
@@ -223,28 +223,6 @@ pub fn process_running(pid: u32) -> bool {
     if !process_alive(pid) {
         return false;
     }
-    let mut stat = [0u8; 512];
-    let Some(fields) = stat_fields(pid, &mut stat) else { return true };
-    !matches!(fields.first(), Some(b'Z' | b'X'))
-}
-
-/// When process `pid` started, in clock ticks since boot (the kernel's own count, the same in
-/// every reader): a pid the kernel gave again names a process with another start. None when the
-/// kernel does not say.
-pub fn process_started(pid: u32) -> Option<u64> {
-    let mut stat = [0u8; 512];
-    // The start time is the 22nd field, the 20th after the command's.
-    let field = stat_fields(pid, &mut stat)?.split(|&b| b == b' ').nth(19)?;
-    let mut n = 0u64;
-    for &b in field {
-        n = n.checked_mul(10)?.checked_add(u64::from(b.checked_sub(b'0').filter(|d| *d <= 9)?))?;
-    }
-    (!field.is_empty()).then_some(n)
-}
-
-/// The fields of /proc/PID/stat after the command's closing parenthesis ("S ppid ..."); the
-/// command itself may hold spaces and parentheses.
-fn stat_fields(pid: u32, stat: &mut [u8; 512]) -> Option<&[u8]> {
     let mut path = [0u8; 32];
     let mut at = 0;
     for part in [&b"/proc/"[..], itoa(pid, &mut [0u8; 10]), &b"/stat\0"[..]] {
@@ -255,9 +233,12 @@ fn stat_fields(pid: u32, stat: &mut [u8; 512]) -> Option<&[u8]> {
             }
         }
     }
-    let n = super::process::read_kernel_file(path.get(..at).unwrap_or(&[]), stat)?;
-    let stat = stat.get(..n)?;
-    stat.get(stat.iter().rposition(|&b| b == b')')? + 2..)
+    let mut stat = [0u8; 512];
+    let Some(n) = super::process::read_kernel_file(path.get(..at).unwrap_or(&[]), &mut stat) else { return true };
+    // The state follows the command's closing parenthesis: "pid (comm) S ...".
+    let stat = stat.get(..n).unwrap_or(&[]);
+    let state = stat.iter().rposition(|&b| b == b')').and_then(|i| stat.get(i + 2));
+    !matches!(state, Some(b'Z' | b'X'))
 }
 
 /// `n` in decimal, in the end of `buf`.
@@ -297,25 +278,5 @@ mod tests {
         assert!(!process_alive(pid));
         assert_eq!(itoa(4_294_967_295, &mut [0; 10]), b"4294967295");
         assert_eq!(itoa(0, &mut [0; 10]), b"0");
-    }
-
-    #[test]
-    fn a_start_time_is_read_past_a_command_with_spaces_and_parentheses() {
-        let me = process_started(std::process::id()).unwrap();
-        let dir = std::env::temp_dir().join(format!("tm-started-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let odd = dir.join("a) 1 (2");
-        std::os::unix::fs::symlink("/bin/sleep", &odd).unwrap(); // a copy could be busy: another test forks
-        let mut child = std::process::Command::new(&odd).arg("5").spawn().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
-        assert!(stat.contains("(a) 1 (2)"), "{stat}");
-        let expected: u64 = stat.rsplit_once(") ").unwrap().1.split(' ').nth(19).unwrap().parse().unwrap();
-        assert_eq!(process_started(child.id()), Some(expected));
-        assert!(expected >= me);
-        child.kill().unwrap();
-        child.wait().unwrap();
-        assert_eq!(process_started(child.id()), None, "ended and waited for");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -182,8 +182,7 @@ pub fn join(device: i32) {
         if CLAIMING.swap(true, AcqRel) {
             return; // another thread is joining: the next segment tries again
         }
-        let started = shared_memory::process_started(process::id()).unwrap_or(0);
-        let Some(claimed) = reg.claim(process::id(), started, shared_memory::process_alive) else {
+        let Some(claimed) = reg.claim(process::id(), process::start_ticks(), shared_memory::process_alive) else {
             STATE.store(UNAVAILABLE, Release);
             say_off(Off::Full(registry_file().path()));
             return;
