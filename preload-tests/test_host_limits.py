@@ -37,6 +37,19 @@ def test_freed_memory_leaves_room_under_a_limit_the_program_sets(preload, limit_
     assert "512000 of 512000" in out.stdout and "900 of 900" in out.stdout and "64 of 64" in out.stdout
 
 
+@pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
+@pytest.mark.parametrize("trim", ["-1", "268435456"], ids=["never-trim", "trim-256M"])
+@pytest.mark.parametrize("which", ["as", "data"])
+def test_a_trim_threshold_the_program_set_leaves_room_under_a_limit_too(preload, trim, which):
+    """mallopt(M_TRIM_THRESHOLD, n) is glibc's bound on the top of its heap (-1, "never trim",
+    is the real-time recipe); its mmapped blocks are still unmapped at free. Under us it bounds
+    the cache, and it kept the 1 GiB block cached under the limit: the small blocks, the mmap and
+    the threads then failed (the pressure hunter: a stack overflow, sbrk, shmat and dlopen
+    refused). The limit now wins over the program's bound."""
+    out = ok(run([compile_c("address_limit"), "1536", which, trim], preload=LIB if preload else False))
+    assert "room under the limit" in out.stdout and "512000 of 512000" in out.stdout and "900 of 900" in out.stdout and "64 of 64" in out.stdout
+
+
 @pytest.mark.parametrize("which", ["as", "data"], ids=["ulimit-v", "ulimit-d"])
 @pytest.mark.parametrize("setting", [{}, {"TENSORMALLOC_HOST_RELEASE_MS": "0"}], ids=["defaults", "release-0"])
 def test_freed_memory_leaves_room_under_ulimit_v(setting, which):

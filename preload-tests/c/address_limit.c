@@ -4,9 +4,13 @@
  * after freeing a 1 GiB block, 500 MiB of 1000-byte mallocs (the next allocator's heap, grown by
  * brk), 900 mallocs of 1 MiB, a 900 MiB mmap and 64 threads all succeed.
  * A 64 TiB request fails with ENOMEM and leaves the cache as it was.
- * Usage: address_limit LIMIT_MIB [data] */
+ * With a third argument N the program first calls mallopt(M_TRIM_THRESHOLD, N), as real-time
+ * programs do (-1: "never trim"): glibc still unmaps at free, whatever N, so right after the
+ * free at least 1200 MiB of the limit is not mapped (VmSize, or VmData under RLIMIT_DATA).
+ * Usage: address_limit LIMIT_MIB [as|data] [N] */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,8 +21,21 @@
 
 static void *idle(void *arg) { return arg; }
 
+/* A /proc/self/status figure, in KiB. */
+static size_t vm_kib(const char *name) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kib = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, name, strlen(name)) == 0) kib = strtoull(line + strlen(name), NULL, 10);
+    }
+    if (f) fclose(f);
+    return kib;
+}
+
 int main(int argc, char **argv) {
     size_t limit = (size_t)atol(argc > 1 ? argv[1] : "2048") << 20;
+    if (argc > 3) CHECK(mallopt(M_TRIM_THRESHOLD, atoi(argv[3])) == 1);
     struct rlimit rl = { limit, limit };
     CHECK(setrlimit(argc > 2 && strcmp(argv[2], "data") == 0 ? RLIMIT_DATA : RLIMIT_AS, &rl) == 0);
 
@@ -26,6 +43,13 @@ int main(int argc, char **argv) {
     CHECK(big != NULL);
     memset(big, 1, (size_t)1 << 30);
     free(big);
+    if (argc > 3) {
+        /* What never passes through malloc (a brk heap of the program's own, a stack, a shmat
+         * segment, a library dlopen maps) finds the room too: the limit less what is mapped. */
+        size_t used = vm_kib(strcmp(argv[2], "data") == 0 ? "VmData:" : "VmSize:") << 10;
+        printf("room under the limit: %zu MiB\n", (limit - used) >> 20);
+        CHECK(used < limit && limit - used >= (size_t)1200 << 20);
+    }
 
     enum { PIECES = 500 * 1024 };
     static void *piece[PIECES];

@@ -341,6 +341,9 @@ impl BlockCache {
     /// the bounds; a block larger than the byte bound, or one that would need more than
     /// MAX_EVICTED blocks out, is refused.
     pub fn insert(&mut self, addr: usize, len: usize, facts: PageFacts, now_ns: u64, live: Live) -> Inserted {
+        // The free order is oldest first: a block freed earlier than one cached already (one
+        // that waited in its thread's slot, Note [A thread's own slot]) goes in as freed with it.
+        let now_ns = now_ns.max(self.store.newest_idle_since_ns()).max(if self.parked.len != 0 { self.parked.idle_since_ns } else { 0 });
         self.note_live(now_ns, live);
         let (max_blocks, max_bytes) = self.bounds();
         let mut block = CachedBlock { addr, len, idle_since_ns: now_ns, state: BlockState::Hot, doomed: false, facts };

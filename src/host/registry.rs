@@ -48,6 +48,9 @@ const NO_HUGE_ADVICE: u64 = 256;
 /// A live block part of which the program tagged with a protection key other than the default
 /// (pkey_mprotect): its reset at free uses pkey_mprotect, every other one plain mprotect.
 const KEYED: u64 = 512;
+/// A live block its thread freed and keeps in its slot, to ask for again (Note [A thread's own
+/// slot] in host/thread_slots.rs): the program's no longer, not yet the cache's.
+const IN_SLOT: u64 = 1024;
 /// Every mark of what the program did, the votes aside.
 const PROGRAM_MARKS: u64 = CHANGED | REPLACED | KEPT_FROM_CHILDREN | HUGE_ADVICE | NO_HUGE_ADVICE | KEYED;
 
@@ -289,10 +292,49 @@ impl Registry {
         let Some(slot) = self.slot(addr, false) else { return Owner::Foreign };
         let entry = slot.load(Ordering::Acquire);
         match entry & KIND_MASK {
+            LIVE if entry & IN_SLOT != 0 => Owner::Cached,
             LIVE => Owner::Live { len: (entry & !STATE_MASK) as usize },
             CACHED => Owner::Cached,
             _ => Owner::Foreign,
         }
+    }
+
+    /// The live block at `addr` of `len` bytes, freed by the program, goes to its thread's slot
+    /// (Note [A thread's own slot]): true when its entry said live, with no mark but its votes
+    /// and huge-page advice. A compare-exchange: of two threads freeing one block at once, one
+    /// moves it, and the other finds it in a slot (a double free).
+    pub fn move_to_slot(&self, addr: usize, len: usize) -> bool {
+        let Some(slot) = self.slot(addr, false) else { return false };
+        let entry = slot.load(Ordering::Acquire);
+        entry & !(VOTES_MASK | HUGE_ADVICE) == len as u64 | LIVE
+            && slot.compare_exchange(entry, entry | IN_SLOT, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+    }
+
+    /// The block at `addr` of `len` bytes, taken from a slot, goes back to the program, handed
+    /// out by `birth` for `asked` bytes; false (and in a slot still) when the program changed
+    /// its pages meanwhile. Its taker is the one thread that took it from the slot: stores, as
+    /// `write`.
+    pub fn take_from_slot(&self, addr: usize, len: usize, birth: Birth, asked: u64) -> bool {
+        let Some((entry, born, holder)) = self.slots(addr, false) else { return false };
+        let value = entry.load(Ordering::Acquire);
+        if value & !(VOTES_MASK | HUGE_ADVICE) != len as u64 | LIVE | IN_SLOT {
+            return false;
+        }
+        born.store(birth.ns, Ordering::Relaxed);
+        holder.store(birth.holder, Ordering::Relaxed);
+        self.set_asked(addr, asked);
+        entry.store(value & !IN_SLOT, Ordering::Release);
+        true
+    }
+
+    /// The block at `addr`, taken from a slot, is live again on its way to the cache (its taker
+    /// frees it as the program did): by whom and for how much it was asked, and its marks,
+    /// which the program may have added while it was in the slot.
+    pub fn out_of_slot(&self, addr: usize) -> (Birth, u64, Marks) {
+        if let Some(entry) = self.slot(addr, false) {
+            entry.fetch_and(!IN_SLOT, Ordering::AcqRel);
+        }
+        self.live_record(addr)
     }
 
     /// Records a live block; false when no table memory could be had (the caller then gives
@@ -337,8 +379,15 @@ impl Registry {
         });
     }
 
-    /// Calls `f(addr, entry, leaf, index)` for every live block's start entry: a walk of every
-    /// table (reports, a forked child's handler; never a hot path).
+    /// Whether the block at `addr` is in a slot (tests).
+    #[cfg(test)]
+    pub fn in_slot(&self, addr: usize) -> bool {
+        self.slot(addr, false).is_some_and(|e| e.load(Ordering::Acquire) & (KIND_MASK | IN_SLOT) == LIVE | IN_SLOT)
+    }
+
+    /// Calls `f(addr, entry, leaf, index)` for every live block's start entry (one in a thread's
+    /// slot is the program's no longer): a walk of every table (reports, a forked child's handler; never
+    /// a hot path).
     fn walk_live(&self, mut f: impl FnMut(usize, u64, *mut AtomicU64, usize)) {
         let Some(root) = self.root(false) else { return };
         for r in 0..ROOT_ENTRIES {
@@ -350,7 +399,7 @@ impl Registry {
             for i in 0..LEAF_ENTRIES {
                 // SAFETY: as in slots().
                 let entry = unsafe { (*leaf.add(i)).load(Ordering::Acquire) };
-                if entry & KIND_MASK == LIVE {
+                if entry & (KIND_MASK | IN_SLOT) == LIVE {
                     f(((r << LEAF_BITS) | i) << PAGE_SHIFT, entry, leaf, i);
                 }
             }

@@ -72,6 +72,17 @@ impl Tally {
     }
 
     /// A live block of `len` bytes is gone (freed, or forgotten in a forked child).
+    /// `n` blocks of `bytes` in all handed out again from their threads' slots: each a free, a
+    /// request and a hit, live again (Note [A thread's own slot] in host/thread_slots.rs).
+    pub fn count_reuses(&mut self, n: u64, bytes: u64) {
+        self.frees += n;
+        self.requests += n;
+        self.hits += n;
+        self.hit_bytes += bytes;
+        self.live_bytes_total += bytes;
+        self.live_blocks_total += n;
+    }
+
     pub fn left(&mut self, len: usize) {
         self.live_bytes = self.live_bytes.saturating_sub(len as u64);
         self.live_blocks = self.live_blocks.saturating_sub(1);

@@ -1,7 +1,7 @@
 //! The recent history of large allocations and frees, host and device: two rings of the last
 //! EVENTS events each, always kept, for the snapshot's timeline (PyTorch's `device_traces`): the
-//! host blocks' (written under the host cache's lock, with plain stores) and everyone else's
-//! (device blocks, pinned blocks, segments, failures: one atomic add claims a slot). Each ring is
+//! host blocks' and everyone else's (device blocks, pinned blocks, segments, failures); in both,
+//! one atomic add claims a slot. Each ring is
 //! mapped at its first event (1 MiB, resident only as it fills), not kept in .bss: a
 //! conservative collector (Boehm GC) scans every library's .bss at each collection. An event is a coarse clock
 //! read (CLOCK_MONOTONIC_COARSE: 4 ns where the precise clock costs 28 ns here, at a resolution
@@ -130,20 +130,19 @@ static OTHERS: Ring = Ring::new();
 
 /// Records an event now: `action` on a block (or segment) of `size` bytes at `addr` in `place`,
 /// held by `holder` (a holder word, 0 for segments), on `stream` (the pool's tag; 0 for none).
-/// Not for host blocks (`record_serialized`).
+/// Not for host blocks (`record_host`).
 pub fn record(action: u8, place: u8, addr: u64, size: u64, holder: u64, stream: u64) {
     let time_ns = crate::sys::clock::coarse_ns();
     let index = OTHERS.head.fetch_add(1, Relaxed);
     OTHERS.write(index, &HistoryEvent { time_ns, addr, size, holder, stream, action, place });
 }
 
-/// Records a host block's event, stamped `e.time_ns` (the coarse clock), by the holder of the
-/// host cache's lock, the only writer of its ring (Note [Host records under the cache lock] in
-/// record/mod.rs): the head moves with a plain store once the slot is written.
-pub fn record_serialized(e: &HistoryEvent) {
-    let index = HOST.head.load(Relaxed);
+/// Records a host block's event, stamped `e.time_ns` (the coarse clock the host layer read):
+/// under the host cache's lock, or by a thread moving a block to or from its slot (Note [A
+/// thread's own slot] in host/thread_slots.rs), so one atomic add claims a slot here too.
+pub fn record_host(e: &HistoryEvent) {
+    let index = HOST.head.fetch_add(1, Relaxed);
     HOST.write(index, e);
-    HOST.head.store(index + 1, Release);
 }
 
 /// Where the rings stood at one moment: a reader can leave out what came after.

@@ -19,13 +19,15 @@
 // Each record of a block is a few locked read-modify-writes on shared figures: three on the
 // holder's row, one on the history ring's head. A large malloc/free pair made eight of them,
 // 8 ns each even with one thread, on top of the four of the cache lock: a third of the pair.
-// The host layer takes its cache lock once per call anyway, and nothing else writes host rows
-// or host events: so a host block's row and event are written by the `HostBook` the cache
-// keeps under that lock, with plain loads and stores (the holders' `Writers::Serialized`, the
-// history's host ring), stamped with the time the layer read. The rest of its record (the
-// ledger, the scopes, the trace, which may create a file) is `alloc`'s, `free`'s, ... below,
-// called after the lock is let go, and skips what the book wrote. Device and pinned blocks
-// keep the locked adds: their pools have locks of their own (per device, and the pinned one).
+// The host layer takes its cache lock once per call anyway, and nothing else writes host rows:
+// so a host block's row is written by the `HostBook` the cache keeps under that lock, with
+// plain loads and stores (the holders' `Writers::Serialized`), and its event too, stamped with
+// the time the layer read (the history's host ring, whose head is an atomic add: a block a
+// thread moves to or from its slot records its event without the lock, Note [A thread's own
+// slot] in host/thread_slots.rs). The rest of its record (the ledger, the scopes, the trace,
+// which may create a file) is `alloc`'s, `free`'s, ... below, called after the lock is let go,
+// and skips what the book wrote. Device and pinned blocks keep the locked adds: their pools
+// have locks of their own (per device, and the pinned one).
 
 use core::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
@@ -133,8 +135,25 @@ impl HostBook {
         self.free(b, now_ns);
     }
 
+    /// A block freed into its thread's slot leaves it for the cache: its row follows (its
+    /// event was recorded at its free, `freed_to_slot`).
+    pub fn left_slot(&mut self, b: Block) {
+        if let Some(h) = holders::table() {
+            h.on_free(b.holder, PLACE_HOST, b.asked, b.bytes, Writers::Serialized);
+        }
+    }
+
+    /// A block taken back from a slot as `new` by another holder or for another size: the rows
+    /// move (its events are `taken_from_slot`'s).
+    pub fn changed_hands(&mut self, old: Block, new: Block) {
+        if let Some(h) = holders::table_to_write() {
+            h.on_free(old.holder, PLACE_HOST, old.asked, old.bytes, Writers::Serialized);
+            h.on_alloc(new.holder, PLACE_HOST, new.asked, new.bytes, Writers::Serialized);
+        }
+    }
+
     fn event(action: u8, b: &Block, time_ns: u64) {
-        history::record_serialized(&history::HistoryEvent { time_ns, addr: b.addr, size: b.bytes, holder: b.holder, stream: 0, action, place: PLACE_HOST });
+        history::record_host(&history::HistoryEvent { time_ns, addr: b.addr, size: b.bytes, holder: b.holder, stream: 0, action, place: PLACE_HOST });
     }
 }
 
@@ -172,6 +191,20 @@ pub fn free(b: Block) {
 /// A block that kept its holder through a resize (in place or moved by the kernel): for the
 /// history and the trace, a free of the old block and an alloc of the new one. (A copying
 /// resize records an alloc and a free.)
+/// A host block freed into its thread's slot at `now_ns` (Note [A thread's own slot] in
+/// host/thread_slots.rs): a free, but for its holder's row, which follows when it leaves the
+/// slot (`HostBook::left_slot`, `HostBook::changed_hands`).
+pub fn freed_to_slot(b: Block, now_ns: u64) {
+    free(b);
+    HostBook::event(history::FREE, &b, now_ns);
+}
+
+/// A host block taken back from its thread's slot at `now_ns`, a hit.
+pub fn taken_from_slot(b: Block, now_ns: u64) {
+    HostBook::event(history::ALLOC, &b, now_ns);
+    alloc(b, Found::Hit);
+}
+
 pub fn resize(old: Block, new: Block) {
     ledger::on_resize(old.place, old.bytes, new.bytes);
     if old.place != PLACE_HOST {

@@ -21,6 +21,8 @@ pub struct Held {
 }
 
 fn held() -> Held {
+    // A block freed into its thread's slot is cached, not in use.
+    HOST.settle_slots();
     let (cached_blocks, cached_bytes) = HOST.cached();
     Held {
         live_blocks: HOST.stats.live_blocks.current(),

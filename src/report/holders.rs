@@ -28,6 +28,8 @@ pub struct Table {
 
 /// Every row of the process now: its holders', and the caches of every place that has one.
 fn for_each_row(mut f: impl FnMut(HolderRow)) {
+    // A block freed into its thread's slot leaves its holder's row for the cache's.
+    HOST.settle_slots();
     holders::for_each_row(|r| f(*r));
     let (blocks, bytes) = HOST.cached();
     if bytes > 0 {

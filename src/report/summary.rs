@@ -65,6 +65,8 @@ pub struct Snapshot {
 
 impl Snapshot {
     pub fn take() -> Snapshot {
+        // Blocks freed into threads' slots are the cache's in every figure below.
+        HOST.settle_slots();
         let s = &HOST.stats;
         let (blocks, bytes) = HOST.cached();
         let mut snap = Snapshot {

@@ -225,6 +225,15 @@ impl Store {
         self.index_get(addr, true)
     }
 
+    /// When the block freed last was freed (0 when empty).
+    pub fn newest_idle_since_ns(&self) -> u64 {
+        if self.newest == NONE {
+            0
+        } else {
+            self.get(self.newest).idle_since_ns
+        }
+    }
+
     /// The block freed longest ago (NONE when empty).
     pub fn oldest(&self) -> NodeId {
         self.oldest

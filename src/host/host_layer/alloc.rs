@@ -127,6 +127,9 @@ impl<M: PageMemory> HostLayer<M> {
     /// two); zero-filled when `zeroed`; `holder` is its holder word (Note [Holders]). `None`
     /// means out of memory.
     pub fn alloc(&self, size: usize, align: usize, zeroed: bool, holder: u64) -> Option<usize> {
+        if let Some(addr) = self.alloc_from_slot(size, align, zeroed, holder) {
+            return Some(addr);
+        }
         let mut timer = CallTimer::begin(self.stats.requests.get(), self.precise);
         let birth = Birth { ns: (self.clock)(), holder };
         let out = self.alloc_untimed(size, align, zeroed, birth, &mut timer);

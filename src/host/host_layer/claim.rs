@@ -64,6 +64,7 @@ impl<M: PageMemory> HostLayer<M> {
     #[inline(never)]
     fn claim_here(&self, addr: usize, len: usize) {
         let end = addr.saturating_add(len.max(1));
+        self.empty_slots_meeting(addr, end);
         for _ in 0..MAX_LOOKS {
             let found = self.claim_once(addr, end);
             // What another thread took out of the records before us is unmapped, moved or put

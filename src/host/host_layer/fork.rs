@@ -135,6 +135,12 @@ impl<M: PageMemory> HostLayer<M> {
     /// Takes the cache lock and keeps it: the fork handlers hold it across fork(). The cache is
     /// kept from the child (Note [Fork at the fork]).
     pub fn lock_for_fork(&self) {
+        // Freed blocks waiting in slots are idle memory: the child gets none (Note [Fork at the
+        // fork]); one freed into a slot after this is the child's to give back. A fork from a
+        // signal handler inside our own work leaves them (the lock is this thread's already).
+        if !crate::sys::lock::held_here() {
+            self.empty_slots();
+        }
         self.fork_pid.store(self.memory.process_id(), Relaxed);
         self.cache.lock_for_fork();
         self.forking.store(true, Relaxed);

@@ -1,7 +1,7 @@
-//! A block back: reset, renewed or unlocked as its marks ask (Note [Plain memory] in mod.rs),
-//! offered to the cache, and what leaves the cache (evicted, refused, a cut tail) unmapped now
-//! or put on the list the background thread unmaps (Note [Deferred unmaps] in
-//! host/cache/release.rs).
+//! A block back: into its thread's slot (slots.rs), or reset, renewed or unlocked as its marks
+//! ask (Note [Plain memory] in mod.rs), offered to the cache, and what leaves the cache (evicted,
+//! refused, a cut tail) unmapped now or put on the list the background thread unmaps (Note
+//! [Deferred unmaps] in host/cache/release.rs).
 
 use super::{holder_tag, single, HostLayer};
 use crate::backing::PageMemory;
@@ -9,20 +9,32 @@ use crate::host::cache::{BlockCache, Inserted, Live, PageFacts};
 use crate::host::tally::CallTimer;
 use crate::ranges::{Range, RangeList};
 use crate::record::stats::PhaseTimer;
-use crate::record::{self, Block};
+use crate::host::registry::Marks;
+use crate::record::{self, Block, HostBook};
 use super::transit::InTransit;
 use crate::sys::lock::Guard;
 use core::sync::atomic::Ordering::Relaxed;
 
 impl<M: PageMemory> HostLayer<M> {
-    /// Takes back a live block (`owner` said `Live { len }`).
+    /// Takes back a live block (`owner` said `Live { len }`): into its thread's slot when it
+    /// can go there (Note [A thread's own slot]), else towards the cache.
     pub fn free(&self, addr: usize, len: usize) {
-        let mut timer = CallTimer::begin(self.stats.frees.get(), self.precise);
         let now = (self.clock)();
         let (birth, asked, marks) = self.registry.live_record(addr);
-        let holder = birth.holder;
-        let block = Block::host(addr as u64, len as u64, asked, holder);
+        let block = Block::host(addr as u64, len as u64, asked, birth.holder);
+        if self.free_into_slot(block, now) {
+            return;
+        }
+        let mut timer = CallTimer::begin(self.stats.frees.get(), self.precise);
         record::free(block);
+        self.take_back(block, marks, now, Freed::ByProgram, &mut timer);
+        timer.finish(self.precise, &[&self.stats.phases.free]);
+    }
+
+    /// A block the program freed at `now` (its record made, `freed` says where) with `marks`:
+    /// reset, renewed or unlocked as they ask, then cached, or unmapped when it cannot be reused.
+    pub(super) fn take_back(&self, block: Block, marks: Marks, now: u64, freed: Freed, timer: &mut CallTimer) {
+        let (addr, len, holder) = (block.addr as usize, block.bytes as usize, block.holder);
         // Note [Pages the program changed]: most blocks need no system call here.
         let reset = marks.changed() || self.reset_always.load(Relaxed);
         if reset || marks.no_huge() {
@@ -54,7 +66,7 @@ impl<M: PageMemory> HostLayer<M> {
                 timer.exact(self.precise);
                 self.memory.unlock(addr, len);
             }
-            self.cache_block(addr, len, facts, now, Some(block), &mut timer);
+            self.cache_block(addr, len, facts, now, Some((block, freed)), timer);
         } else {
             // Never reused: part of it is gone or it is sealed, or the cache is off. Whatever is
             // still ours goes.
@@ -63,7 +75,7 @@ impl<M: PageMemory> HostLayer<M> {
                 let mut cache = self.cache();
                 cache.tally.frees += 1;
                 cache.tally.left(len);
-                cache.book.free(block, now);
+                freed.book(&mut cache.book, block, now);
                 cache.tally.publish(&self.stats);
             }
             self.registry.clear(addr);
@@ -72,21 +84,20 @@ impl<M: PageMemory> HostLayer<M> {
                 self.stats.unresettable.add(1);
             }
         }
-        timer.finish(self.precise, &[&self.stats.phases.free]);
     }
 
     /// Offers a block that is ours and in no record (a freed one, or a part that could not be
     /// gathered) to the cache at time `now_ns`; unmaps what leaves it. `freed`: the program
     /// freed it, this live block (it leaves; the bounds follow what was live before).
-    pub(super) fn cache_block(&self, addr: usize, len: usize, facts: PageFacts, now_ns: u64, freed: Option<Block>, timer: &mut CallTimer) {
+    pub(super) fn cache_block(&self, addr: usize, len: usize, facts: PageFacts, now_ns: u64, freed: Option<(Block, Freed)>, timer: &mut CallTimer) {
         let (accepted, due_ns) = {
             let mut cache = self.cache();
             // Live before this free: the bounds follow its peak, reached just before some free.
             let live = if freed.is_some() { Live { bytes: cache.tally.live_bytes as usize, blocks: cache.tally.live_blocks as usize } } else { Live::default() };
-            if let Some(block) = freed {
+            if let Some((block, how)) = freed {
                 cache.tally.frees += 1;
                 cache.tally.left(len);
-                cache.book.free(block, now_ns);
+                how.book(&mut cache.book, block, now_ns);
             }
             let due_ns = now_ns.saturating_add(cache.limits().release_after_ns.min(cache.limits().expire_after_ns));
             // Note [Hot within the memory]: past the hot bound the background pass comes once
@@ -214,6 +225,26 @@ impl<M: PageMemory> HostLayer<M> {
         drop(transit);
         if wake {
             (self.background.wake)();
+        }
+    }
+}
+
+/// Where a block the program freed comes from on its way to the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Freed {
+    /// Its free, now.
+    ByProgram,
+    /// Its thread's slot, where its free put it and recorded its event (Note [A thread's own
+    /// slot]).
+    FromSlot,
+}
+
+impl Freed {
+    /// The book's record of the free, under the cache lock.
+    fn book(self, book: &mut HostBook, block: Block, now_ns: u64) {
+        match self {
+            Freed::ByProgram => book.free(block, now_ns),
+            Freed::FromSlot => book.left_slot(block),
         }
     }
 }

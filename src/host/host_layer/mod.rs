@@ -5,9 +5,9 @@
 //! This file holds the layer's state, its set-up and configuration, the cache lock and what the
 //! reports read, and the Notes on the pages of a block (plain, advised, locked, changed); one room
 //! per concept beside it: `alloc` (serving a request), `gather` (a miss served by cached pages),
-//! `free` (a block back, and what leaves the cache), `resize` (realloc), `release` (idle release,
-//! trim, room for others), `fork` (the cache across fork()), `claim` (ranges the program maps
-//! over or unmaps).
+//! `free` (a block back, and what leaves the cache), `slots` (a block into its thread's slot and
+//! back), `resize` (realloc), `release` (idle release, trim, room for others), `fork` (the cache
+//! across fork()), `claim` (ranges the program maps over or unmaps).
 //
 // Note [Plain memory]
 // A block we hand out is plain memory whatever its previous owner did to its pages: read-write
@@ -62,6 +62,7 @@
 
 use super::cache::{BlockCache, CacheLimits};
 use super::registry::{Birth, Owner, PageChange, Registry};
+use super::thread_slots::ThreadSlots;
 use crate::backing::{PageMemory, TableSource, BLOCK_ALIGN, PAGE};
 use crate::config::{Config, HugePages, MAX_CACHE_BLOCKS};
 use crate::ranges::{Range, RangeList};
@@ -77,6 +78,7 @@ mod free;
 mod gather;
 mod release;
 mod resize;
+mod slots;
 mod transit;
 
 const HUGE_PAGE: usize = 2 << 20;
@@ -123,6 +125,9 @@ pub struct HostLayer<M: PageMemory> {
     hugepages: AtomicU8,
     /// What the process may map (`limit_mappings`); u64::MAX without a limit.
     mapping_limit_bytes: AtomicU64,
+    /// The bound the program set with mallopt (M_TRIM_THRESHOLD; usize::MAX: none set), which
+    /// a mapping limit lowers to nothing meanwhile.
+    program_cache_bytes: AtomicUsize,
     /// The byte bound's ceiling from memory alone (a quarter of it), which a mapping limit
     /// lowers and a raised one gives back.
     memory_ceiling_bytes: AtomicU64,
@@ -135,6 +140,11 @@ pub struct HostLayer<M: PageMemory> {
     /// forgotten its parent's cache (Note [Fork handlers that allocate]).
     fork_pid: AtomicU32,
     forgotten_in: AtomicU32,
+    /// Freed blocks waiting for their threads' next requests (Note [A thread's own slot]),
+    /// whether the cache's bounds let them wait there, and when one there is first due.
+    slots: ThreadSlots,
+    slots_allowed: AtomicBool,
+    slot_due_after_ns: AtomicU64,
     /// Timestamps: when a block was born, freed, due (the coarse clock: Note [Timing one call
     /// in 64] in host/tally.rs).
     clock: fn() -> u64,
@@ -236,10 +246,14 @@ impl<M: PageMemory> HostLayer<M> {
             enabled: AtomicBool::new(false),
             mapping_limit_bytes: AtomicU64::new(u64::MAX),
             memory_ceiling_bytes: AtomicU64::new(DEFAULTS.max_bytes as u64),
+            program_cache_bytes: AtomicUsize::new(usize::MAX),
             release: AtomicU8::new(0),
             fork_pid: AtomicU32::new(NO_PROCESS),
             forgotten_in: AtomicU32::new(NO_PROCESS),
             hugepages: AtomicU8::new(0),
+            slots: ThreadSlots::new(),
+            slots_allowed: AtomicBool::new(true),
+            slot_due_after_ns: AtomicU64::new(DEFAULTS.release_after_ns),
             clock,
             precise: crate::sys::clock::now_ns,
             background,
@@ -269,6 +283,19 @@ impl<M: PageMemory> HostLayer<M> {
         self.reset_always.store(config.reset_always, Relaxed);
         self.memory_ceiling_bytes.store(memory_bytes / 4, Relaxed);
         self.cache().set_limits(limits_from(config, memory_bytes, in_limited_cgroup, self.mapping_limit_bytes.load(Relaxed)));
+        self.follow_bounds_in_slots();
+    }
+
+    /// Freed blocks wait in their threads' slots only while the cache's bounds follow the
+    /// working set, nothing limits what the process maps, and no cgroup bounds what is hot
+    /// (Note [A thread's own slot]).
+    fn follow_bounds_in_slots(&self) {
+        let (loose, due_after_ns) = {
+            let cache = self.cache();
+            let l = cache.limits();
+            (l.follow_bytes && l.follow_blocks && l.max_hot_bytes == usize::MAX, l.release_after_ns.min(l.expire_after_ns))
+        };
+        self.set_slots(loose && self.mapping_limit_bytes.load(Relaxed) == u64::MAX, due_after_ns);
     }
 
     /// Requests of at least `bytes` come here from now on (mallopt's M_MMAP_THRESHOLD); the
@@ -278,14 +305,20 @@ impl<M: PageMemory> HostLayer<M> {
     }
 
     /// The cache keeps at most `bytes` from now on, an exact bound (mallopt's
-    /// M_TRIM_THRESHOLD); holding more, it is emptied now.
+    /// M_TRIM_THRESHOLD), and nothing while a limit bounds what the process maps, as glibc's
+    /// free unmaps whatever the program set (Note [Room for others], rule 1); holding more, it
+    /// is emptied now.
     pub fn set_cache_bytes(&self, bytes: usize) {
+        // usize::MAX says "none set": "never trim" (-1) is a bound too, one that never binds.
+        self.program_cache_bytes.store(bytes.min(usize::MAX - 1), Relaxed);
+        let bound = bytes.min(usize::try_from(space_ceiling(self.mapping_limit_bytes.load(Relaxed))).unwrap_or(usize::MAX));
         {
             let mut cache = self.cache();
             let limits = *cache.limits();
-            cache.set_limits(CacheLimits { max_bytes: bytes, follow_bytes: false, ..limits });
+            cache.set_limits(CacheLimits { max_bytes: bound, follow_bytes: false, ..limits });
         }
-        if self.cached().1 > bytes {
+        self.follow_bounds_in_slots();
+        if self.cached().1 > bound {
             self.trim();
         }
     }

@@ -78,12 +78,18 @@ impl<M: PageMemory> HostLayer<M> {
     #[inline(never)]
     fn limit_mappings_here(&self, bytes: u64) {
         let was = self.mapping_limit_bytes.swap(bytes, Relaxed);
+        self.follow_bounds_in_slots();
         // The ceiling follows the limit both ways: one raised again gives the memory's back.
         let ceiling = usize::try_from(self.memory_ceiling_bytes.load(Relaxed).min(super::space_ceiling(bytes))).unwrap_or(usize::MAX);
+        let space = usize::try_from(super::space_ceiling(bytes)).unwrap_or(usize::MAX);
+        let program = self.program_cache_bytes.load(Relaxed);
         self.unmap_lists(|cache| {
             let limits = *cache.limits();
             if limits.follow_bytes {
                 cache.set_limits(CacheLimits { max_bytes: ceiling, ..limits });
+            } else if program != usize::MAX {
+                // The program's mallopt bound holds while no limit does (glibc's free unmaps).
+                cache.set_limits(CacheLimits { max_bytes: program.min(space), ..limits });
             }
             let bound = cache.bounds().1;
             if bytes < was {
@@ -164,9 +170,10 @@ impl<M: PageMemory> HostLayer<M> {
         self.memory.could_map(mapping_span(len, align))
     }
 
-    /// Whether the cache or the deferred list holds anything `make_room` could give back.
+    /// Whether the cache, the deferred list or a thread's slot holds anything `make_room`
+    /// could give back.
     pub fn holds_idle_memory(&self) -> bool {
-        self.idle_bytes() > 0
+        self.idle_bytes() > 0 || self.slots.any()
     }
 
     /// Bytes cached or waiting to be unmapped.
@@ -202,6 +209,7 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// Unmaps every cached block now; returns the bytes given back.
     pub fn trim(&self) -> usize {
+        self.empty_slots();
         let bytes = self.unmap_lists(BlockCache::drain);
         bytes + self.unmap_deferred()
     }
@@ -235,6 +243,9 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// Releases and expires idle blocks; returns when it next has work (monotonic ns).
     pub fn reap(&self) -> Option<u64> {
+        // Blocks in slots are idle as cached ones are, since they were freed (Note [A thread's
+        // own slot]).
+        let slot_due = self.empty_idle_slots((self.clock)());
         self.unmap_deferred();
         let now = (self.clock)();
         let drop_pages = match self.release_mode() {
@@ -298,6 +309,10 @@ impl<M: PageMemory> HostLayer<M> {
         // While it holds idle memory, the background pass (which reads the mapping limits
         // first) comes at least once a second: a limit another process lowers with prlimit, or
         // the program with a raw system call, is seen within one (Note [Room for others]).
+        let deadline = match (deadline, slot_due) {
+            (Some(d), Some(s)) => Some(d.min(s)),
+            (d, s) => d.or(s),
+        };
         if self.holds_idle_memory() {
             let poll = (self.clock)().saturating_add(LIMIT_POLL_NS);
             return Some(deadline.map_or(poll, |d| d.min(poll)));

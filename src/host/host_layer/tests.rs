@@ -32,6 +32,9 @@ fn no() -> bool {
 
 use crate::sim::leak_table;
 
+mod slots;
+
+/// A layer whose frees all reach the cache (its threads' slots closed: `slots.rs` tests them).
 fn layer(config: Config) -> Box<HostLayer<SimPages>> {
     layer_with(config, no)
 }
@@ -40,7 +43,12 @@ fn layer(config: Config) -> Box<HostLayer<SimPages>> {
 fn layer_with(config: Config, background: fn() -> bool) -> Box<HostLayer<SimPages>> {
     let l = Box::new(HostLayer::new(SimPages::new(), leak_table, fake_clock, Background { on_cached: nothing_due, running: background, wake: nothing }));
     l.configure(&config, 64 << 30, false);
+    close_slots(&l);
     l
+}
+
+fn close_slots(l: &HostLayer<SimPages>) {
+    l.set_slots(false, 0);
 }
 
 /// The mapped length of a live block.
@@ -477,6 +485,30 @@ fn a_lower_address_limit_empties_the_cache_at_once() {
     assert_eq!(l.bounds(), unlimited);
     assert_eq!(l.memory.mapped_bytes(), 0);
     check(&l);
+}
+
+/// A bound the program set with mallopt(M_TRIM_THRESHOLD) is no leave to keep memory under a
+/// mapping limit: glibc's free unmaps whatever the program set (-1, "never trim", is the
+/// real-time recipe), so the limit empties the cache and the bound comes back without it.
+#[test]
+fn a_bound_the_program_set_with_mallopt_gives_way_to_a_mapping_limit() {
+    for bound in [usize::MAX, 512 * MB] {
+        let l = layer_with(Config::default(), yes);
+        l.set_cache_bytes(bound);
+        let b = l.alloc(256 * MB, PAGE, false, 0).unwrap();
+        l.free(b, 256 * MB);
+        assert_eq!(l.cached().1, 256 * MB);
+        l.limit_mappings(1 << 30);
+        assert_eq!((l.cached().1, l.memory.mapped_bytes()), (0, 0), "bound {bound}: emptied at once");
+        let b = l.alloc(256 * MB, PAGE, false, 0).unwrap();
+        l.free(b, 256 * MB);
+        assert_eq!(l.memory.mapped_bytes(), 0, "bound {bound}: freed as glibc frees");
+        l.set_cache_bytes(bound);
+        assert_eq!(l.bounds().1, 0, "bound {bound}: set again under the limit");
+        l.limit_mappings(u64::MAX);
+        assert_eq!(l.bounds().1, bound.min(usize::MAX - 1), "bound {bound}: back without the limit");
+        check(&l);
+    }
 }
 
 /// Note [Room for others], rule 1: a bound the user set holds under a limit too.
@@ -939,6 +971,9 @@ fn random_programs_match_the_shadow_model() {
         let pages = if seed % 3 == 0 { SimPages::adjacent() } else { SimPages::new() };
         let l = Box::new(HostLayer::new(pages, leak_table, fake_clock, Background { on_cached: nothing_due, running: if seed % 2 == 0 { yes } else { no }, wake: nothing }));
         l.configure(&config, 64 << 30, false);
+        // Threads' slots in every other program, whatever the bounds (Note [A thread's own slot]).
+        let slots = seed % 4 < 2;
+        l.set_slots(slots, config.release_ms * MS);
         let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         let mut next = || {
             rng ^= rng << 13;
@@ -989,6 +1024,22 @@ fn random_programs_match_the_shadow_model() {
                     let Owner::Live { len } = l.owner(k) else { panic!() };
                     l.free(k, len);
                     assert_ne!(l.owner(k), Owner::Live { len });
+                    // The commonest use: the same size asked for again at once.
+                    if next() % 2 == 0 {
+                        let size = len - (next() % 4096) as usize;
+                        let zeroed = next() % 4 == 0;
+                        let a = l.alloc(size, 4096, zeroed, 0).unwrap();
+                        let Owner::Live { len: got } = l.owner(a) else { panic!("not live") };
+                        assert!(got >= size && l.memory.is_plain(a, got));
+                        assert!(!zeroed || l.memory.reads_zero(a, got), "calloc again: not zero");
+                        for (&b, &bs) in &live {
+                            assert!(a + size <= b || b + bs <= a, "overlap");
+                        }
+                        if next() % 2 == 0 {
+                            l.memory.write(a, size);
+                        }
+                        live.insert(a, size);
+                    }
                 }
                 7 if !live.is_empty() => {
                     let k = *live.keys().next().unwrap();
@@ -1003,10 +1054,14 @@ fn random_programs_match_the_shadow_model() {
                 }
                 8 => advance(next() % (150 * MS)),
                 9 => {
-                    if next() % 4 == 0 {
-                        l.trim();
-                    } else {
-                        l.reap();
+                    match next() % 8 {
+                        0 | 1 => {
+                            l.trim();
+                        }
+                        2 => l.settle_slots(),
+                        _ => {
+                            l.reap();
+                        }
                     }
                 }
                 _ => {}
@@ -1075,6 +1130,7 @@ fn gathering_survives_refused_moves() {
     for zeroed in [false, true] {
         let l = Box::new(HostLayer::new(SimPages::adjacent(), leak_table, fake_clock, Background { on_cached: nothing_due, running: no, wake: nothing }));
         l.configure(&Config::default(), 64 << 30, false);
+        close_slots(&l);
         let a = l.alloc(8 * MB, 4096, false, 0).unwrap();
         let b = l.alloc(8 * MB, 4096, false, 0).unwrap();
         assert_eq!(b, a + 8 * MB, "back to back");

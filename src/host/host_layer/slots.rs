@@ -1,0 +1,165 @@
+//! A freed block into its thread's slot, and back out: to the same thread's next request of its
+//! length, or to the cache for whoever must see every idle block (Note [A thread's own slot] in
+//! host/thread_slots.rs).
+
+use super::{holder_tag, HostLayer};
+use crate::backing::PageMemory;
+use crate::host::registry::{Birth, Marks};
+use crate::host::tally::CallTimer;
+use crate::host::thread_slots::{self, SlotBlock};
+use crate::record::{self, Block};
+use super::free::Freed;
+use core::sync::atomic::Ordering::Relaxed;
+
+impl<M: PageMemory> HostLayer<M> {
+    /// free's first step: `block`, freed at `now`, goes to its thread's slot if it can, and
+    /// what the slot held goes to the cache. False: the caller takes it back as before.
+    pub(super) fn free_into_slot(&self, block: Block, now: u64) -> bool {
+        let (addr, len) = (block.addr as usize, block.bytes as usize);
+        if !self.slots_open() || !thread_slots::fits(addr, len) {
+            return false;
+        }
+        let Some(i) = self.slots.own_slot() else { return false };
+        // Its marks decide: a block the program changed is reset or unmapped by the cache's path.
+        if !self.registry.move_to_slot(addr, len) {
+            return false;
+        }
+        record::freed_to_slot(block, now);
+        if let Some(before) = self.slots.put(i, SlotBlock { addr, len, freed_ns: now }) {
+            self.free_from_slot(before);
+        }
+        // The background pass comes when the block is due, as it would for a cached one.
+        (self.background.on_cached)(now.saturating_add(self.slot_due_after_ns.load(Relaxed)));
+        true
+    }
+
+    /// alloc's first step: the calling thread's block, if its slot holds one of `size`'s length
+    /// on `align`, handed out to `holder` (zeroed for calloc when `zeroed`). A block of another
+    /// length goes to the cache first, where the request may find it.
+    pub(super) fn alloc_from_slot(&self, size: usize, align: usize, zeroed: bool, holder: u64) -> Option<usize> {
+        let i = self.slots.slot_given()?;
+        let (addr, len) = self.slots.peek(i)?;
+        let fits = self.block_shape(size).is_some_and(|(need, _)| need == len) && addr & (align - 1) == 0;
+        if !fits || !self.slots_open() {
+            if let Some(b) = self.slots.take(i) {
+                self.free_from_slot(b);
+            }
+            return None;
+        }
+        let (was, was_asked, marks) = self.registry.live_record(addr);
+        // Note [Huge-page advice]: advised pages go back to code of the library that advised them.
+        if marks.huge() && holder_tag(was.holder) != holder_tag(holder) {
+            if let Some(b) = self.slots.take(i) {
+                self.free_from_slot(b);
+            }
+            return None;
+        }
+        if !self.slots.take_exact(i, addr, len) {
+            return None; // the background pass took it meanwhile
+        }
+        let now = (self.clock)();
+        if !self.registry.take_from_slot(addr, len, Birth { ns: now, holder }, size as u64) {
+            // The program changed its pages while it was freed: the cache's path resets them.
+            self.free_from_slot(SlotBlock { addr, len, freed_ns: now });
+            return None;
+        }
+        self.slots.count_reuse(i, len);
+        let (old, new) = (Block::host(addr as u64, len as u64, was_asked, was.holder), Block::host(addr as u64, len as u64, size as u64, holder));
+        if old != new {
+            self.cache().book.changed_hands(old, new);
+        }
+        record::taken_from_slot(new, now);
+        if zeroed {
+            let votes = self.zero_reused(addr, size, len, marks.votes());
+            if votes != marks.votes() {
+                self.registry.keep_marks(addr, Marks::default().with_votes(votes));
+            }
+        }
+        Some(addr)
+    }
+
+    /// Whether freed blocks may go to slots now: the cache is on, nothing asks every free to
+    /// reach it (a reset of every block, a fork under way, mlockall's future locking), and
+    /// its bounds count what it holds loosely enough (Note [A thread's own slot]).
+    fn slots_open(&self) -> bool {
+        self.slots_allowed.load(Relaxed)
+            && self.enabled.load(Relaxed)
+            && !self.reset_always.load(Relaxed)
+            && !self.forking.load(Relaxed)
+            && self.memory.future_locking().is_none()
+    }
+
+    /// A block out of its slot goes on to the cache, freed when the program freed it.
+    fn free_from_slot(&self, b: SlotBlock) {
+        let (birth, asked, marks) = self.registry.out_of_slot(b.addr);
+        let block = Block::host(b.addr as u64, b.len as u64, asked, birth.holder);
+        self.take_back(block, marks, b.freed_ns, Freed::FromSlot, &mut CallTimer::untimed());
+    }
+
+    /// Every slot's block goes to the cache: for whoever must see every idle block.
+    pub fn empty_slots(&self) {
+        if !self.slots.any() {
+            return;
+        }
+        for i in 0..thread_slots::SLOTS {
+            if let Some(b) = self.slots.take(i) {
+                self.free_from_slot(b);
+            }
+        }
+    }
+
+    /// The blocks in slots freed `slot_due_after_ns` ago or more go to the cache, where the
+    /// background pass releases them as cached ones (a block its thread takes back and frees
+    /// again meanwhile stays: a pass taking it from a loop made that loop's next request map
+    /// anew while the block was on its way to the cache). Returns when the next one is due.
+    pub(super) fn empty_idle_slots(&self, now: u64) -> Option<u64> {
+        let after = self.slot_due_after_ns.load(Relaxed);
+        let mut next: Option<u64> = None;
+        for i in 0..thread_slots::SLOTS {
+            let Some(b) = self.slots.peek_freed(i) else { continue };
+            let due = b.freed_ns.saturating_add(after);
+            if due > now {
+                next = Some(next.map_or(due, |n| n.min(due)));
+            } else if self.slots.take_exact(i, b.addr, b.len) {
+                self.free_from_slot(b);
+            }
+        }
+        next
+    }
+
+    /// The blocks in slots that meet [addr, end) go to the cache (a range the program claims).
+    pub(super) fn empty_slots_meeting(&self, addr: usize, end: usize) {
+        if !self.slots.any() {
+            return;
+        }
+        for i in 0..thread_slots::SLOTS {
+            if let Some((at, len)) = self.slots.peek(i) {
+                if at < end && addr < at + len && self.slots.take_exact(i, at, len) {
+                    // Its time: a moment ago at the latest (the slot's may be a later block's).
+                    self.free_from_slot(SlotBlock { addr: at, len, freed_ns: (self.clock)() });
+                }
+            }
+        }
+    }
+
+    /// Brings the figures up to date for a reader (the stats, the reports): every slot's block
+    /// goes to the cache, and the blocks handed out again from slots are counted (each a
+    /// request, a hit and a free).
+    pub fn settle_slots(&self) {
+        self.empty_slots();
+        let mut cache = self.cache();
+        let (reuses, bytes) = self.slots.reuses_to_count();
+        cache.tally.count_reuses(reuses, bytes);
+        cache.tally.publish(&self.stats);
+    }
+
+    /// Sets whether the cache's bounds let freed blocks wait in slots, and when a block in a
+    /// slot is first due (Note [A thread's own slot]); closing them empties them.
+    pub(super) fn set_slots(&self, allowed: bool, due_after_ns: u64) {
+        self.slot_due_after_ns.store(due_after_ns, Relaxed);
+        self.slots_allowed.store(allowed, Relaxed);
+        if !allowed {
+            self.empty_slots();
+        }
+    }
+}

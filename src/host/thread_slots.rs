@@ -1,0 +1,314 @@
+//! Blocks a thread freed and is likely to ask for again at once, each kept in a slot of the
+//! thread's own beside the cache (Note [A thread's own slot]).
+//
+// Note [A thread's own slot]
+// A loop that frees a large block and then asks for one of the same size (numpy's temporaries,
+// a scratch buffer, a training step's activations) went through the cache's whole path twice:
+// its lock, its insert and take, the tally, the timing table, the registry's rewrite: about
+// 1,380 instructions a pair where tcmalloc spends 550 (issue 38). So a block freed with nothing
+// to undo (its pages as we handed them out: no mark but its zeroing votes and huge-page advice)
+// goes to its thread's slot instead: its registry entry says so (a compare-exchange, so that a
+// second free of it is the double free it is), and its free is recorded as every free is (the
+// ledger, the trace, the scopes, the history ring). The thread's next request of the block's
+// length takes it back with one compare-exchange (zeroed for calloc as a cached block is); a
+// request of another length first sends it on to the cache, so the thread's own figures stay
+// what they were without a slot. Whoever must see every idle block empties the slots first,
+// through the cache's own free path, with the time each block was freed: the background pass
+// (a block in a slot is released or expired as a cached one would be), trims (malloc_trim,
+// mlockall, a refused mapping, the cache turned off), a range the program claims, a mapping
+// limit, the stats and the reports. A block in a slot counts as live in its holder's row until
+// it leaves the slot (taken back by the same holder for the same size, nothing there changes;
+// by another, the rows move under the cache lock), and so in the live peaks that other
+// threads' requests set meanwhile.
+// A slot is one thread's (given at its first free there and never taken back: from a process's
+// SLOTS+1th such thread on, frees take the cache's path as before), so its counts of reuses are
+// plain stores that the stats add up; its block is taken with an exchange, since the background
+// pass may take it at the same moment. Slots are not used where the cache's bounds are exact or
+// tight (a byte or block bound the user set, a mapping limit, a memory-limited cgroup): a block
+// in a slot is idle memory those bounds do not count.
+
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::{AcqRel, Acquire, Relaxed, Release}};
+
+/// Slots a process has: threads whose frees use one.
+pub const SLOTS: usize = 32;
+
+/// One thread's freed block and what it handed out again.
+#[repr(align(64))]
+struct Slot {
+    /// The block's start and length (`pack`), 0 for none.
+    block: AtomicU64,
+    /// When the program freed it.
+    freed_ns: AtomicU64,
+    /// Blocks handed out from this slot again, and their bytes (each a free, a request and a
+    /// hit), written by the slot's thread; how many of them the tally has counted, written
+    /// under the cache lock.
+    reuses: AtomicU64,
+    reuse_bytes: AtomicU64,
+    counted: AtomicU64,
+    counted_bytes: AtomicU64,
+}
+
+impl Slot {
+    const fn new() -> Self {
+        Slot { block: AtomicU64::new(0), freed_ns: AtomicU64::new(0), reuses: AtomicU64::new(0), reuse_bytes: AtomicU64::new(0), counted: AtomicU64::new(0), counted_bytes: AtomicU64::new(0) }
+    }
+}
+
+/// A block put in or taken from a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotBlock {
+    pub addr: usize,
+    pub len: usize,
+    pub freed_ns: u64,
+}
+
+/// The slots of one host layer.
+pub struct ThreadSlots {
+    slots: [Slot; SLOTS],
+    /// Slots given to threads so far (past SLOTS: none left).
+    given: AtomicUsize,
+    /// The table's number among every table the process made (0 before its first slot is
+    /// given): what a thread remembers its slot by (a table's address may be a later one's).
+    number: AtomicUsize,
+}
+
+/// Tables numbered so far.
+static TABLES: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// The table the thread's slot is in, and 1 + the slot (SLOTS + 1: none was left).
+    static OWN: core::cell::Cell<(usize, usize)> = const { core::cell::Cell::new((0, 0)) };
+}
+
+/// Page-aligned starts and lengths under 2^48 and 2^40 bytes fit in one word.
+const PAGE_SHIFT: u32 = 12;
+const LEN_BITS: u32 = 28;
+/// The longest block a slot holds.
+pub const MAX_LEN: usize = (1 << (LEN_BITS + PAGE_SHIFT)) - (1 << PAGE_SHIFT);
+
+fn pack(addr: usize, len: usize) -> u64 {
+    ((addr as u64 >> PAGE_SHIFT) << LEN_BITS) | (len as u64 >> PAGE_SHIFT)
+}
+
+fn unpack(word: u64) -> (usize, usize) {
+    (((word >> LEN_BITS) << PAGE_SHIFT) as usize, ((word & ((1 << LEN_BITS) - 1)) << PAGE_SHIFT) as usize)
+}
+
+/// Whether a block can go in a slot at all: page-aligned, within the packed word's range.
+pub fn fits(addr: usize, len: usize) -> bool {
+    (addr | len) & ((1 << PAGE_SHIFT) - 1) == 0 && len > 0 && len <= MAX_LEN && (addr as u64) >> 48 == 0
+}
+
+impl Default for ThreadSlots {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ThreadSlots {
+    pub const fn new() -> Self {
+        ThreadSlots { slots: [const { Slot::new() }; SLOTS], given: AtomicUsize::new(0), number: AtomicUsize::new(0) }
+    }
+
+    /// The calling thread's slot, given at its first call (None: every slot is another
+    /// thread's). A thread remembers one table's slot, by its number (a process has one table;
+    /// tests make many).
+    pub fn own_slot(&self) -> Option<usize> {
+        let table = self.number();
+        OWN.with(|own| {
+            let (of, mut v) = own.get();
+            if of != table {
+                v = self.given.fetch_add(1, Relaxed).min(SLOTS) + 1;
+                own.set((table, v));
+            }
+            (v <= SLOTS).then(|| v - 1)
+        })
+    }
+
+    fn number(&self) -> usize {
+        let n = self.number.load(Relaxed);
+        if n != 0 {
+            return n;
+        }
+        let fresh = TABLES.fetch_add(1, Relaxed) + 1;
+        match self.number.compare_exchange(0, fresh, Relaxed, Relaxed) {
+            Ok(_) => fresh,
+            Err(theirs) => theirs,
+        }
+    }
+
+    /// The calling thread's slot if it has one (a thread that never freed here has none).
+    pub fn slot_given(&self) -> Option<usize> {
+        let table = self.number.load(Relaxed);
+        OWN.with(|own| {
+            let (of, v) = own.get();
+            (of == table && table != 0 && v <= SLOTS).then(|| v - 1)
+        })
+    }
+
+    /// Puts a block in slot `i` (the caller's: no other thread puts one there); returns what the
+    /// slot held, for the caller to send to the cache.
+    pub fn put(&self, i: usize, b: SlotBlock) -> Option<SlotBlock> {
+        let Some(slot) = self.slots.get(i) else { return Some(b) };
+        // The pass may take the block between the two stores: it then reads this block's time
+        // or the one before, never a later one.
+        slot.freed_ns.store(b.freed_ns, Relaxed);
+        // Only its thread fills a slot: an empty one stays empty until this store, with no
+        // locked instruction.
+        let old = if slot.block.load(Relaxed) == 0 {
+            slot.block.store(pack(b.addr, b.len), Release);
+            0
+        } else {
+            slot.block.swap(pack(b.addr, b.len), AcqRel)
+        };
+        (old != 0).then(|| {
+            let (addr, len) = unpack(old);
+            SlotBlock { addr, len, freed_ns: b.freed_ns }
+        })
+    }
+
+    /// What slot `i` holds, without taking it.
+    pub fn peek(&self, i: usize) -> Option<(usize, usize)> {
+        let word = self.slots.get(i)?.block.load(Relaxed);
+        (word != 0).then(|| unpack(word))
+    }
+
+    /// What slot `i` holds and when it was freed (a moment's look: the time may be a later
+    /// block's).
+    pub fn peek_freed(&self, i: usize) -> Option<SlotBlock> {
+        let slot = self.slots.get(i)?;
+        let word = slot.block.load(Acquire);
+        (word != 0).then(|| {
+            let (addr, len) = unpack(word);
+            SlotBlock { addr, len, freed_ns: slot.freed_ns.load(Relaxed) }
+        })
+    }
+
+    /// Takes the block at `addr` of `len` bytes from slot `i` if it is still there.
+    pub fn take_exact(&self, i: usize, addr: usize, len: usize) -> bool {
+        self.slots.get(i).is_some_and(|s| s.block.compare_exchange(pack(addr, len), 0, Acquire, Relaxed).is_ok())
+    }
+
+    /// Takes whatever slot `i` holds.
+    pub fn take(&self, i: usize) -> Option<SlotBlock> {
+        let slot = self.slots.get(i)?;
+        if slot.block.load(Relaxed) == 0 {
+            return None;
+        }
+        let word = slot.block.swap(0, AcqRel);
+        (word != 0).then(|| {
+            let (addr, len) = unpack(word);
+            SlotBlock { addr, len, freed_ns: slot.freed_ns.load(Relaxed) }
+        })
+    }
+
+    /// Counts a block of `len` bytes handed out again from slot `i` (its owner's call).
+    pub fn count_reuse(&self, i: usize, len: usize) {
+        let Some(slot) = self.slots.get(i) else { return };
+        slot.reuses.store(slot.reuses.load(Relaxed) + 1, Relaxed);
+        slot.reuse_bytes.store(slot.reuse_bytes.load(Relaxed) + len as u64, Relaxed);
+    }
+
+    /// Blocks handed out again from every slot since the last call, and their bytes. Under the
+    /// cache lock (its caller's the only writer of what was counted).
+    pub fn reuses_to_count(&self) -> (u64, u64) {
+        self.slots.iter().fold((0, 0), |(n, b), s| {
+            let (reuses, bytes) = (s.reuses.load(Relaxed), s.reuse_bytes.load(Relaxed));
+            let (counted, counted_bytes) = (s.counted.swap(reuses, Relaxed), s.counted_bytes.swap(bytes, Relaxed));
+            (n + (reuses - counted), b + (bytes - counted_bytes))
+        })
+    }
+
+    /// Bytes in slots now (a moment's sum: slots change meanwhile).
+    pub fn bytes(&self) -> usize {
+        self.slots.iter().map(|s| unpack(s.block.load(Relaxed)).1).sum()
+    }
+
+    /// Whether any slot holds a block now.
+    pub fn any(&self) -> bool {
+        self.slots.iter().any(|s| s.block.load(Relaxed) != 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_word_holds_a_block() {
+        for (addr, len) in [(0x7f00_0000_0000, 4 << 20), (1 << 12, 1 << 12), (0xffff_ffff_f000, MAX_LEN)] {
+            assert!(fits(addr, len));
+            assert_eq!(unpack(pack(addr, len)), (addr, len));
+        }
+        assert!(!fits(0x1000, MAX_LEN + 4096), "longer than a word holds");
+        assert!(!fits(0x1_0000_0000_0000, 4096), "past 48 bits");
+        assert!(!fits(0x1800, 4096) && !fits(0x1000, 0));
+    }
+
+    #[test]
+    fn a_slot_gives_its_block_once() {
+        let p = ThreadSlots::new();
+        let b = SlotBlock { addr: 0x10_0000, len: 8 << 20, freed_ns: 5 };
+        assert_eq!(p.put(3, b), None);
+        assert_eq!(p.peek(3), Some((b.addr, b.len)));
+        assert_eq!(p.bytes(), 8 << 20);
+        assert!(!p.take_exact(3, b.addr, 4 << 20), "another length is not this block");
+        assert!(p.take_exact(3, b.addr, b.len));
+        assert!(!p.take_exact(3, b.addr, b.len), "taken once");
+        assert_eq!(p.take(3), None);
+        assert!(!p.any());
+    }
+
+    #[test]
+    fn a_block_put_over_another_hands_the_other_back() {
+        let p = ThreadSlots::new();
+        let a = SlotBlock { addr: 0x10_0000, len: 4 << 20, freed_ns: 5 };
+        let b = SlotBlock { addr: 0x90_0000, len: 2 << 20, freed_ns: 9 };
+        p.put(0, a);
+        assert_eq!(p.put(0, b).map(|o| (o.addr, o.len)), Some((a.addr, a.len)));
+        assert_eq!(p.take(0), Some(b));
+    }
+
+    #[test]
+    fn a_block_is_taken_by_one_of_two_racing_takers() {
+        let p = std::sync::Arc::new(ThreadSlots::new());
+        for round in 0..2000 {
+            let b = SlotBlock { addr: 0x10_0000 + round * 4096, len: 4 << 20, freed_ns: 1 };
+            p.put(1, b);
+            let q = p.clone();
+            let other = std::thread::spawn(move || q.take(1).is_some());
+            let mine = p.take_exact(1, b.addr, b.len);
+            let theirs = other.join().unwrap();
+            assert!(mine ^ theirs, "round {round}: mine {mine}, theirs {theirs}");
+        }
+    }
+
+    #[test]
+    fn reuses_add_up_over_slots() {
+        let p = ThreadSlots::new();
+        p.count_reuse(0, 4096);
+        p.count_reuse(0, 4096);
+        p.count_reuse(SLOTS - 1, 1 << 20);
+        assert_eq!(p.reuses_to_count(), (3, 8192 + (1 << 20)));
+        assert_eq!(p.reuses_to_count(), (0, 0), "counted once");
+        p.count_reuse(0, 4096);
+        assert_eq!(p.reuses_to_count(), (1, 4096));
+    }
+
+    #[test]
+    fn each_thread_has_a_slot_of_its_own_until_none_is_left() {
+        let p = std::sync::Arc::new(ThreadSlots::new());
+        assert_eq!(p.slot_given(), None, "none before its first free");
+        let first = p.own_slot();
+        assert_eq!(first, Some(0));
+        assert_eq!(p.slot_given(), first);
+        assert_eq!(p.own_slot(), first, "kept");
+        let others: Vec<_> = (0..SLOTS).map(|_| {
+            let q = p.clone();
+            std::thread::spawn(move || q.own_slot()).join().unwrap()
+        }).collect();
+        assert_eq!(others[..SLOTS - 1], (1..SLOTS).map(Some).collect::<Vec<_>>()[..]);
+        assert_eq!(others[SLOTS - 1], None, "the table's slots are all given");
+        assert_eq!(ThreadSlots::new().own_slot(), Some(0), "another table gives its own");
+    }
+}
