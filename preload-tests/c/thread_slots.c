@@ -25,6 +25,22 @@ static long rss_kb(void) {
     return resident * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
+static void wait_a_while(void) { usleep(600000); }
+static void trim(void) { malloc_trim(0); }
+
+/* 64 MiB written whole and freed: after `give_back`, RSS has fallen by it. */
+static void rss_falls_after(void (*give_back)(void), const char *when) {
+    char *p = malloc(64 * MB);
+    CHECK(p);
+    memset(p, 1, 64 * MB);
+    long full = rss_kb();
+    free(p);
+    give_back();
+    long after = rss_kb();
+    fprintf(stderr, "rss %ld kB written, %ld kB %s\n", full, after, when);
+    CHECK(full - after > 60 * 1024);
+}
+
 static void *churn(void *arg) {
     long id = (long)arg;
     size_t n = (4 + id) * MB + 4096 * id;
@@ -89,14 +105,7 @@ int main(int argc, char **argv) {
         int status;
         CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
     } else if (!strcmp(mode, "idle")) {
-        char *p = malloc(64 * MB);
-        memset(p, 1, 64 * MB);
-        long full = rss_kb();
-        free(p);
-        usleep(600000);
-        long after = rss_kb();
-        fprintf(stderr, "rss %ld kB written, %ld kB 600 ms after the free\n", full, after);
-        CHECK(full - after > 60 * 1024);
+        rss_falls_after(wait_a_while, "600 ms after the free");
     } else if (!strcmp(mode, "mapped")) {
         char *p = malloc(8 * MB);
         CHECK(p);
@@ -116,14 +125,7 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < 8 * MB; i += 4096) CHECK(mine[i] == 7);
         CHECK(munmap(mine, 8 * MB) == 0);
     } else if (!strcmp(mode, "trim")) {
-        char *p = malloc(64 * MB);
-        memset(p, 1, 64 * MB);
-        long full = rss_kb();
-        free(p);
-        malloc_trim(0);
-        long after = rss_kb();
-        fprintf(stderr, "rss %ld kB written, %ld kB after malloc_trim\n", full, after);
-        CHECK(full - after > 60 * 1024);
+        rss_falls_after(trim, "after malloc_trim");
     } else {
         CHECK(!"mode");
     }
