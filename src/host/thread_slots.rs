@@ -25,7 +25,11 @@
 // plain stores that the stats add up; its block is taken with an exchange, since the background
 // pass may take it at the same moment. Slots are not used where the cache's bounds are exact or
 // tight (a byte or block bound the user set, a mapping limit, a memory-limited cgroup): a block
-// in a slot is idle memory those bounds do not count.
+// in a slot is idle memory those bounds do not count. Elsewhere a block goes to a slot only if
+// it is at most a SLOTS-th of the cache's ceiling (a quarter of memory), so the slots together
+// hold at most as much again as the cache may, each block a second at most: a 7 GiB block
+// freed, or eight threads' 1 GiB blocks, kept resident past the cache's bound until due (the
+// rerun helper's finding) go the cache's way, which refuses or evicts.
 
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::{AcqRel, Acquire, Relaxed, Release}};
 

@@ -29,6 +29,9 @@ pub unsafe fn dlclose(handle: *mut c_void) -> c_int {
     if let Some((start, inside)) = object {
         // Still loaded (other handles hold it) when its address still lies in it.
         if answer == 0 && caller::object_start(inside) != Some(start) {
+            // A block the object freed into a thread's slot is no longer its (Note [A thread's
+            // own slot]): a row holding nothing else is freed, not kept as "unloaded".
+            crate::state::HOST.settle_slots();
             if let Some(h) = holders::table() {
                 h.retire(start as u64, name.get(..len).unwrap_or(&[]));
             }

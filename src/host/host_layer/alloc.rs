@@ -182,10 +182,21 @@ impl<M: PageMemory> HostLayer<M> {
         };
         let align = align.max(BLOCK_ALIGN);
         let tag = holder_tag(birth.holder);
-        let taken = {
+        let mut slots_emptied = false;
+        let taken = loop {
             let mut cache = self.cache();
-            cache.tally.requests += 1;
+            if !slots_emptied {
+                cache.tally.requests += 1;
+            }
             let taken = cache.take(need, align, tag);
+            // Before a miss, the blocks other threads freed into their slots (Note [A thread's
+            // own slot]) are the cache's too: one may serve.
+            if taken.is_none() && !slots_emptied && self.slots.any() {
+                drop(cache);
+                self.empty_slots();
+                slots_emptied = true;
+                continue;
+            }
             let mut counted = false;
             if let Some(t) = &taken {
                 // The leaf exists: the block was recorded as cached. One still kept from
@@ -206,7 +217,7 @@ impl<M: PageMemory> HostLayer<M> {
                 }
             }
             cache.tally.publish(&self.stats);
-            taken.map(|t| (t, counted))
+            break taken.map(|t| (t, counted));
         };
         let taken = taken.and_then(|(t, counted)| {
             if !counted {

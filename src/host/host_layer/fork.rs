@@ -52,6 +52,8 @@ impl<M: PageMemory> HostLayer<M> {
         self.advising.clear();
         self.stats.cached.set(0);
         cache.tally.restart();
+        // The child counts from the fork: reuses from slots before it were the parent's.
+        let _ = self.slots.reuses_to_count();
         self.forget_blocks_kept_from_children(cache);
         cache.tally.publish(&self.stats);
         self.stats.deferred.set(0);

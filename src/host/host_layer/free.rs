@@ -22,6 +22,9 @@ impl<M: PageMemory> HostLayer<M> {
         let now = (self.clock)();
         let (birth, asked, marks) = self.registry.live_record(addr);
         let block = Block::host(addr as u64, len as u64, asked, birth.holder);
+        if marks.huge() {
+            self.note_adviser(holder_tag(birth.holder));
+        }
         if self.free_into_slot(block, now) {
             return;
         }

@@ -145,6 +145,9 @@ pub struct HostLayer<M: PageMemory> {
     slots: ThreadSlots,
     slots_allowed: AtomicBool,
     slot_due_after_ns: AtomicU64,
+    /// The holder tags (modulo 64) of code that has advised huge pages on blocks it freed
+    /// (Note [Huge-page advice]).
+    advisers: AtomicU64,
     /// Timestamps: when a block was born, freed, due (the coarse clock: Note [Timing one call
     /// in 64] in host/tally.rs).
     clock: fn() -> u64,
@@ -254,6 +257,7 @@ impl<M: PageMemory> HostLayer<M> {
             slots: ThreadSlots::new(),
             slots_allowed: AtomicBool::new(true),
             slot_due_after_ns: AtomicU64::new(DEFAULTS.release_after_ns),
+            advisers: AtomicU64::new(0),
             clock,
             precise: crate::sys::clock::now_ns,
             background,

@@ -16,7 +16,10 @@ impl<M: PageMemory> HostLayer<M> {
     /// what the slot held goes to the cache. False: the caller takes it back as before.
     pub(super) fn free_into_slot(&self, block: Block, now: u64) -> bool {
         let (addr, len) = (block.addr as usize, block.bytes as usize);
-        if !self.slots_open() || !thread_slots::fits(addr, len) {
+        // Each at most a SLOTS-th of the cache's ceiling (a quarter of memory): all of them
+        // together hold no more than the cache may, for a second at most.
+        let most = self.memory_ceiling_bytes.load(Relaxed) / thread_slots::SLOTS as u64;
+        if !self.slots_open() || !thread_slots::fits(addr, len) || len as u64 > most {
             return false;
         }
         let Some(i) = self.slots.own_slot() else { return false };
@@ -47,8 +50,12 @@ impl<M: PageMemory> HostLayer<M> {
             return None;
         }
         let (was, was_asked, marks) = self.registry.live_record(addr);
-        // Note [Huge-page advice]: advised pages go back to code of the library that advised them.
-        if marks.huge() && holder_tag(was.holder) != holder_tag(holder) {
+        // Note [Huge-page advice]: advised pages go back only to code of the library that advised
+        // them, and code that advises its own is served first from those, which the cache may
+        // hold (as the cache's block freed last: Note [The block freed last]).
+        let asker = holder_tag(holder);
+        let theirs = if marks.huge() { holder_tag(was.holder) != asker } else { self.may_advise(asker) && self.stats.cached.current() > 0 };
+        if theirs {
             if let Some(b) = self.slots.take(i) {
                 self.free_from_slot(b);
             }
@@ -76,6 +83,20 @@ impl<M: PageMemory> HostLayer<M> {
             }
         }
         Some(addr)
+    }
+
+    /// Notes that code of the library tagged `tag` advises huge pages on its blocks.
+    pub(super) fn note_adviser(&self, tag: u32) {
+        let bit = 1u64 << (tag % 64);
+        if self.advisers.load(Relaxed) & bit == 0 {
+            self.advisers.fetch_or(bit, Relaxed);
+        }
+    }
+
+    /// Whether code of the library tagged `tag` may have advised blocks of its own (tags 64
+    /// apart share a bit: a "maybe" sends a block to the cache, which knows).
+    fn may_advise(&self, tag: u32) -> bool {
+        self.advisers.load(Relaxed) & 1u64 << (tag % 64) != 0
     }
 
     /// Whether freed blocks may go to slots now: the cache is on, nothing asks every free to
@@ -146,6 +167,11 @@ impl<M: PageMemory> HostLayer<M> {
     /// goes to the cache, and the blocks handed out again from slots are counted (each a
     /// request, a hit and a free).
     pub fn settle_slots(&self) {
+        // Asked from inside our own work (a library's fork handler while the fork holds the
+        // cache lock): the figures as they are.
+        if crate::sys::lock::held_here() {
+            return;
+        }
         self.empty_slots();
         let mut cache = self.cache();
         let (reuses, bytes) = self.slots.reuses_to_count();
