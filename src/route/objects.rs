@@ -30,8 +30,12 @@ pub unsafe fn dlclose(handle: *mut c_void) -> c_int {
         // Still loaded (other handles hold it) when its address still lies in it.
         if answer == 0 && caller::object_start(inside) != Some(start) {
             // A block the object freed into a thread's slot is no longer its (Note [A thread's
-            // own slot]): a row holding nothing else is freed, not kept as "unloaded".
-            crate::state::HOST.settle_slots();
+            // own slot]): a row holding nothing else is freed, not kept as "unloaded". Not from
+            // inside our own work (a library's fork handler unloading one while the fork holds
+            // the cache lock): the row is then kept, as for a block the object still holds.
+            if !crate::sys::lock::held_here() {
+                crate::state::HOST.settle_slots();
+            }
             if let Some(h) = holders::table() {
                 h.retire(start as u64, name.get(..len).unwrap_or(&[]));
             }

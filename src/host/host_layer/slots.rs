@@ -167,11 +167,6 @@ impl<M: PageMemory> HostLayer<M> {
     /// goes to the cache, and the blocks handed out again from slots are counted (each a
     /// request, a hit and a free).
     pub fn settle_slots(&self) {
-        // Asked from inside our own work (a library's fork handler while the fork holds the
-        // cache lock): the figures as they are.
-        if crate::sys::lock::held_here() {
-            return;
-        }
         self.empty_slots();
         let mut cache = self.cache();
         let (reuses, bytes) = self.slots.reuses_to_count();
