@@ -12,18 +12,24 @@
 // ledger, the trace, the scopes, the history ring). The thread's next request of the block's
 // length takes it back with one compare-exchange (zeroed for calloc as a cached block is); a
 // request of another length first sends it on to the cache, so the thread's own figures stay
-// what they were without a slot. Whoever must see every idle block empties the slots first,
-// through the cache's own free path, with the time each block was freed: the background pass
-// (a block in a slot is released or expired as a cached one would be), trims (malloc_trim,
-// mlockall, a refused mapping, the cache turned off), a range the program claims, a mapping
-// limit, the stats and the reports. A block in a slot counts as live in its holder's row until
-// it leaves the slot (taken back by the same holder for the same size, nothing there changes;
-// by another, the rows move under the cache lock), and so in the live peaks that other
-// threads' requests set meanwhile.
+// what they were without a slot; so does a plain block asked for by code that advises huge pages
+// while the cache may hold that code's own (the cache's rule for its block freed last, Note [The
+// block freed last]: numpy took Python's block from the slot, and Python's next one mapped 80 MB
+// afresh each step). Whoever must see every idle block empties the slots first, through the
+// cache's own free path, with the time each block was freed: the background pass once a block
+// is due (a block in a slot is released or expired as a cached one would be; a pass taking a hot
+// loop's block made that loop's next request map anew while the block was on its way), trims
+// (malloc_trim, mlockall, a refused mapping, the cache turned off), a range the program claims,
+// a mapping limit, fork's prepare handler, a request that would otherwise miss, dlclose (an
+// unloaded library's row), the stats and the reports. A block in a slot counts as live in its
+// holder's row until it leaves the slot (taken back by the same holder for the same size,
+// nothing there changes; by another, the rows move under the cache lock), and so in the live
+// peaks that other threads' requests set meanwhile.
 // A slot is one thread's (given at its first free there and never taken back: from a process's
 // SLOTS+1th such thread on, frees take the cache's path as before), so its counts of reuses are
-// plain stores that the stats add up; its block is taken with an exchange, since the background
-// pass may take it at the same moment. Slots are not used where the cache's bounds are exact or
+// plain stores, which the readers fold into the tally under the cache lock (`reuses_to_count`;
+// a forked child forgets its parent's); its block is taken with an exchange, since the
+// background pass may take it at the same moment. Slots are not used where the cache's bounds are exact or
 // tight (a byte or block bound the user set, a mapping limit, a memory-limited cgroup): a block
 // in a slot is idle memory those bounds do not count. Elsewhere a block goes to a slot only if
 // it is at most a SLOTS-th of the cache's ceiling (a quarter of memory), so the slots together

@@ -64,8 +64,9 @@ use core::sync::atomic::Ordering::Relaxed;
 impl<M: PageMemory> HostLayer<M> {
     /// The process may map no more than `bytes` (the lowest of RLIMIT_AS, RLIMIT_DATA and a
     /// strict commit limit; u64::MAX for none): the cache keeps nothing under one, unless the
-    /// user set the bound, and nothing leaving the cache waits to be unmapped (Note [Room for
-    /// others]).
+    /// user set the bound (TENSORMALLOC_CACHE_BYTES: the program's mallopt bound gives way), and
+    /// nothing leaving the cache, or waiting in a thread's slot, waits to be unmapped (Note
+    /// [Room for others]).
     /// A lower limit takes effect at once: the cache is cut to its new ceiling and the deferred
     /// unmaps are done before this returns (the program's next mmap or thread must find the room
     /// glibc's free would have left).
