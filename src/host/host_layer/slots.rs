@@ -44,9 +44,7 @@ impl<M: PageMemory> HostLayer<M> {
         let (addr, len) = self.slots.peek(i)?;
         let fits = self.block_shape(size).is_some_and(|(need, _)| need == len) && addr & (align - 1) == 0;
         if !fits || !self.slots_open() {
-            if let Some(b) = self.slots.take(i) {
-                self.free_from_slot(b);
-            }
+            self.own_block_to_cache(i);
             return None;
         }
         let (was, was_asked, marks) = self.registry.live_record(addr);
@@ -56,9 +54,7 @@ impl<M: PageMemory> HostLayer<M> {
         let asker = holder_tag(holder);
         let theirs = if marks.huge() { holder_tag(was.holder) != asker } else { self.may_advise(asker) && self.stats.cached.current() > 0 };
         if theirs {
-            if let Some(b) = self.slots.take(i) {
-                self.free_from_slot(b);
-            }
+            self.own_block_to_cache(i);
             return None;
         }
         if !self.slots.take_exact(i, addr, len) {
@@ -83,6 +79,13 @@ impl<M: PageMemory> HostLayer<M> {
             }
         }
         Some(addr)
+    }
+
+    /// The block in the calling thread's slot `i`, not for this request, goes to the cache.
+    fn own_block_to_cache(&self, i: usize) {
+        if let Some(b) = self.slots.take(i) {
+            self.free_from_slot(b);
+        }
     }
 
     /// Notes that code of the library tagged `tag` advises huge pages on its blocks.
@@ -119,14 +122,7 @@ impl<M: PageMemory> HostLayer<M> {
 
     /// Every slot's block goes to the cache: for whoever must see every idle block.
     pub fn empty_slots(&self) {
-        if !self.slots.any() {
-            return;
-        }
-        for i in 0..thread_slots::SLOTS {
-            if let Some(b) = self.slots.take(i) {
-                self.free_from_slot(b);
-            }
-        }
+        self.empty_slots_where(|_| true);
     }
 
     /// The blocks in slots freed `slot_due_after_ns` ago or more go to the cache, where the
@@ -136,29 +132,32 @@ impl<M: PageMemory> HostLayer<M> {
     pub(super) fn empty_idle_slots(&self, now: u64) -> Option<u64> {
         let after = self.slot_due_after_ns.load(Relaxed);
         let mut next: Option<u64> = None;
-        for i in 0..thread_slots::SLOTS {
-            let Some(b) = self.slots.peek_freed(i) else { continue };
+        self.empty_slots_where(|b| {
             let due = b.freed_ns.saturating_add(after);
             if due > now {
                 next = Some(next.map_or(due, |n| n.min(due)));
-            } else if self.slots.take_exact(i, b.addr, b.len) {
-                self.free_from_slot(b);
             }
-        }
+            due <= now
+        });
         next
     }
 
     /// The blocks in slots that meet [addr, end) go to the cache (a range the program claims).
     pub(super) fn empty_slots_meeting(&self, addr: usize, end: usize) {
+        self.empty_slots_where(|b| b.addr < end && addr < b.addr + b.len);
+    }
+
+    /// Each slot's block that `leaves` picks goes to the cache, with the time the slot says it
+    /// was freed (that of a later free of it, if its thread took it back and freed it again
+    /// meanwhile: never an earlier one).
+    fn empty_slots_where(&self, mut leaves: impl FnMut(&SlotBlock) -> bool) {
         if !self.slots.any() {
             return;
         }
         for i in 0..thread_slots::SLOTS {
-            if let Some((at, len)) = self.slots.peek(i) {
-                if at < end && addr < at + len && self.slots.take_exact(i, at, len) {
-                    // Its time: a moment ago at the latest (the slot's may be a later block's).
-                    self.free_from_slot(SlotBlock { addr: at, len, freed_ns: (self.clock)() });
-                }
+            let Some(b) = self.slots.peek_freed(i) else { continue };
+            if leaves(&b) && self.slots.take_exact(i, b.addr, b.len) {
+                self.free_from_slot(b);
             }
         }
     }
