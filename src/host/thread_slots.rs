@@ -25,6 +25,10 @@
 // holder's row until it leaves the slot (taken back by the same holder for the same size,
 // nothing there changes; by another, the rows move under the cache lock), and so in the live
 // peaks that other threads' requests set meanwhile.
+// A pair reads the clock once, at the free (a coarse read costs 7-10 ns here, a tenth of the
+// pair): the block taken back is stamped with its free's time. The pass sends a block to the
+// cache LONGEST_WAIT_NS after its free (sooner if the cache releases sooner), so that stamp is at
+// most 100 ms early, plus however late the pass runs; in a loop the two are the same coarse tick.
 // A slot is one thread's (given at its first free there and never taken back: from a process's
 // SLOTS+1th such thread on, frees take the cache's path as before), so its counts of reuses are
 // plain stores, which the readers fold into the tally under the cache lock (`reuses_to_count`;
@@ -41,6 +45,11 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::{AcqRel, Acquire, Rel
 
 /// Slots a process has: threads whose frees use one.
 pub const SLOTS: usize = 32;
+
+/// The longest a block waits in a slot before the background pass sends it to the cache (less
+/// when the cache releases sooner): a block taken back is stamped with its free's time, read
+/// once for the pair, so its stamp is at most this early (Note [A thread's own slot]).
+pub const LONGEST_WAIT_NS: u64 = 100_000_000;
 
 /// One thread's freed block and what it handed out again.
 #[repr(align(64))]
@@ -160,6 +169,8 @@ impl ThreadSlots {
     /// slot held, for the caller to send to the cache.
     pub fn put(&self, i: usize, b: SlotBlock) -> Option<SlotBlock> {
         let Some(slot) = self.slots.get(i) else { return Some(b) };
+        // Only its thread writes the time: the one before is the block before's.
+        let before_ns = slot.freed_ns.load(Relaxed);
         // The pass may take the block between the two stores: it then reads this block's time
         // or the one before, never a later one.
         slot.freed_ns.store(b.freed_ns, Relaxed);
@@ -173,14 +184,8 @@ impl ThreadSlots {
         };
         (old != 0).then(|| {
             let (addr, len) = unpack(old);
-            SlotBlock { addr, len, freed_ns: b.freed_ns }
+            SlotBlock { addr, len, freed_ns: before_ns }
         })
-    }
-
-    /// What slot `i` holds, without taking it.
-    pub fn peek(&self, i: usize) -> Option<(usize, usize)> {
-        let word = self.slots.get(i)?.block.load(Relaxed);
-        (word != 0).then(|| unpack(word))
     }
 
     /// What slot `i` holds and when it was freed (a moment's look: the time may be a later
@@ -260,7 +265,7 @@ mod tests {
         let p = ThreadSlots::new();
         let b = SlotBlock { addr: 0x10_0000, len: 8 << 20, freed_ns: 5 };
         assert_eq!(p.put(3, b), None);
-        assert_eq!(p.peek(3), Some((b.addr, b.len)));
+        assert_eq!(p.peek_freed(3), Some(b));
         assert_eq!(p.bytes(), 8 << 20);
         assert!(!p.take_exact(3, b.addr, 4 << 20), "another length is not this block");
         assert!(p.take_exact(3, b.addr, b.len));

@@ -299,7 +299,7 @@ impl<M: PageMemory> HostLayer<M> {
             let l = cache.limits();
             (l.follow_bytes && l.follow_blocks && l.max_hot_bytes == usize::MAX, l.release_after_ns.min(l.expire_after_ns))
         };
-        self.set_slots(loose && self.mapping_limit_bytes.load(Relaxed) == u64::MAX, due_after_ns);
+        self.set_slots(loose && self.mapping_limit_bytes.load(Relaxed) == u64::MAX, due_after_ns.min(crate::host::thread_slots::LONGEST_WAIT_NS));
     }
 
     /// Requests of at least `bytes` come here from now on (mallopt's M_MMAP_THRESHOLD); the

@@ -252,3 +252,73 @@ fn a_block_past_a_slots_share_of_the_ceiling_goes_the_caches_way() {
     assert!(!l.registry.in_slot(b) && l.owner(b) == Owner::Cached, "64 MiB: the cache");
     check(&l);
 }
+
+/// The host timeline's events of blocks held by `holder` (each test its own: the rings are the
+/// process's): (action, address, time).
+fn events_of(holder: u64) -> Vec<(u8, usize, u64)> {
+    let mut seen = vec![];
+    crate::record::history::for_each_before(crate::record::history::cut(), |e| {
+        if e.holder == holder && e.place == crate::record::holders::PLACE_HOST {
+            seen.push((e.action, e.addr as usize, e.time_ns));
+        }
+    });
+    seen
+}
+
+/// A pair reads the clock once, at the free: the block taken back is stamped with its free's
+/// time, on the timeline and as its birth (the leak report's age).
+#[test]
+fn a_block_taken_back_from_its_slot_is_stamped_with_its_frees_time() {
+    use crate::record::history::{ALLOC, FREE};
+    let l = layer_with_slots();
+    let holder = 0x5107u64 << 48 | 0x4242;
+    let t0 = fake_clock();
+    let a = l.alloc(8 * MB, PAGE, false, holder).unwrap();
+    advance(3 * MS);
+    l.free(a, 8 * MB);
+    advance(2 * MS);
+    assert_eq!(l.alloc(8 * MB, PAGE, false, holder), Some(a));
+    let mut births = vec![];
+    l.for_each_live(|addr, _, birth| births.push((addr, birth.ns)));
+    assert_eq!(births, vec![(a, t0 + 3 * MS)]);
+    advance(4 * MS);
+    l.free(a, 8 * MB);
+    assert_eq!(events_of(holder), vec![(ALLOC, a, t0), (FREE, a, t0 + 3 * MS), (ALLOC, a, t0 + 3 * MS), (FREE, a, t0 + 9 * MS)]);
+    check(&l);
+}
+
+/// Two frees in a row: the first block leaves the slot with its own free's time, and the cache
+/// releases it by that time.
+#[test]
+fn a_block_pushed_out_of_its_slot_keeps_its_frees_time() {
+    let l = layer_with_slots();
+    let (a, b) = (l.alloc(8 * MB, PAGE, false, 0).unwrap(), l.alloc(8 * MB, PAGE, false, 0).unwrap());
+    l.memory.write(a, 8 * MB);
+    l.memory.write(b, 8 * MB);
+    l.free(a, 8 * MB);
+    advance(7 * MS);
+    l.free(b, 8 * MB);
+    assert_eq!(l.cached(), (1, 8 * MB), "a left the slot for b");
+    advance(95 * MS);
+    l.reap();
+    assert_eq!(l.memory.calls().releases, 1, "102 ms after its free, a is released; b, 95 ms after its own, is not");
+    check(&l);
+}
+
+/// However long the cache keeps an idle block, a block waits in a slot LONGEST_WAIT_NS at
+/// most: the stamp of a block taken back is at most that early.
+#[test]
+fn a_block_waits_in_its_slot_a_tenth_of_a_second_at_most() {
+    let l = Box::new(HostLayer::new(SimPages::new(), leak_table, fake_clock, Background { on_cached: nothing_due, running: no, wake: nothing }));
+    l.configure(&Config { release_ms: 5000, expire_ms: 60_000, ..Config::default() }, 64 << 30, false);
+    let a = l.alloc(8 * MB, PAGE, false, 0).unwrap();
+    l.free(a, 8 * MB);
+    advance(90 * MS);
+    l.reap();
+    assert_eq!(l.cached(), (0, 0), "90 ms: in its slot");
+    advance(20 * MS);
+    l.reap();
+    assert_eq!(l.cached(), (1, 8 * MB), "110 ms: in the cache");
+    assert_eq!(l.memory.calls().releases, 0, "kept hot as the cache's release delay says");
+    check(&l);
+}
