@@ -175,6 +175,28 @@ def test_pinned_memory_freed_during_a_capture_leaves_the_capture_whole(mode, cap
     assert f"{capture} ok" in out.stdout, out.stdout + out.stderr
 
 
+@pytest.mark.parametrize("capture", ["capture-global-malloc", "capture-other-thread", "capture-thread-local"])
+@pytest.mark.parametrize("mode", ["split", "binned", "sync-reuse", "expandable"])
+def test_a_cudamalloc_in_a_capture_gets_the_runtimes_answer(mode, capture):
+    """c/cuda_correct.c `capture-*`: a 64 MiB block freed (cached by us), then cudaMalloc of
+    64 MiB while a graph is captured, from a thread in the global mode: its own capture, another
+    thread's in the global mode (the runtime refuses the call, and the capture's end says
+    invalidated, 901), or another thread's in the thread-local mode (allowed: 0 and 0). The
+    cache served the refused ones, and both calls succeeded where they fail alone (Note [Graph
+    captures under way])."""
+    def answers(out):
+        line = next(l for l in out.stdout.splitlines() if l.startswith(f"{capture}: "))
+        return line, [int(w.strip(",")) for w in line.split() if w.strip(",").isdigit()]
+
+    alone, (allocated, ended) = answers(ok(scenario(capture, preload=False)))
+    if capture == "capture-thread-local":
+        assert (allocated, ended) == (0, 0), alone
+    else:
+        assert allocated != 0 and ended == 901, alone
+    ours, _ = answers(ok(scenario(capture, MODES[mode])))
+    assert ours == alone
+
+
 @pytest.mark.parametrize("mode", ["split", "binned", "expandable", "sync-reuse"])
 def test_blocks_freed_on_streams_go_back_to_the_driver_once_idle(mode):
     """c/cuda_correct.c `stream-idle`: 600 MiB freed on a stream (tm_cuda_free, as the package's

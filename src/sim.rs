@@ -644,6 +644,9 @@ struct RuntimeState {
     current: i32,
     next_addr: usize,
     fail_next_mallocs: u64,
+    /// The calling thread's capture mode (cuThreadExchangeStreamCaptureMode; one thread's: the
+    /// tests that read it run one), 0 (global) at first.
+    capture_mode: i32,
     /// Address reservations to refuse (an address-space limit).
     fail_next_reserves: u64,
     last_error: i32,
@@ -860,6 +863,9 @@ impl DeviceRuntime for SimRuntime {
     }
     fn clear_last_error(&self) {
         self.state.lock().unwrap().last_error = 0;
+    }
+    fn exchange_capture_mode(&self, mode: i32) -> Option<i32> {
+        Some(core::mem::replace(&mut self.state.lock().unwrap().capture_mode, mode))
     }
     fn current_context(&self) -> u64 {
         let st = self.state.lock().unwrap();

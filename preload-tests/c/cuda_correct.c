@@ -523,6 +523,51 @@ static void capture(const char *scenario) {
     usleep(400 * 1000); /* the idle releases come after the capture */
 }
 
+/* Note [Graph captures under way]: a cudaMalloc in a capture from a thread in the global mode
+ * (`capture-global-malloc`: its own capture, global; `capture-other-thread`: another thread's
+ * global capture) is one the runtime refuses (cudaErrorStreamCaptureUnsupported), ending the
+ * capture (its end: invalidated). The block freed before it, cached by us, served it: the
+ * allocation and the capture succeeded where they fail alone. `capture-thread-local`: another
+ * thread's capture in the thread-local mode refuses nothing here: the allocation succeeds, the
+ * capture ends whole. Prints the answers, for the test to compare with the runtime alone. */
+static CUstream capture_stream;
+static int capture_mode_begun;
+static volatile int capture_begun, capture_may_end;
+static void *capture_elsewhere(void *arg) {
+    (void)arg;
+    CHECK(cuStreamBeginCapture_v2(capture_stream, capture_mode_begun) == 0);
+    capture_begun = 1;
+    while (!capture_may_end) usleep(1000);
+    void *graph = NULL;
+    return (void *)(intptr_t)cuStreamEndCapture(capture_stream, &graph);
+}
+
+static void capture_malloc(const char *scenario) {
+    void *p = NULL, *r = NULL, *graph = NULL;
+    CHECK(cudaMalloc(&p, 64 * MB) == 0);
+    CHECK(cudaFree(p) == 0);
+    CHECK(cudaStreamCreate(&capture_stream) == 0);
+    int allocated, ended;
+    if (!strcmp(scenario, "capture-global-malloc")) {
+        CHECK(cuStreamBeginCapture_v2(capture_stream, 0) == 0);
+        allocated = cudaMalloc(&r, 64 * MB);
+        ended = cuStreamEndCapture(capture_stream, &graph);
+    } else {
+        capture_mode_begun = !strcmp(scenario, "capture-thread-local") ? 1 : 0;
+        pthread_t t;
+        CHECK(pthread_create(&t, NULL, capture_elsewhere, NULL) == 0);
+        while (!capture_begun) usleep(1000);
+        allocated = cudaMalloc(&r, 64 * MB);
+        capture_may_end = 1;
+        void *rc = NULL;
+        CHECK(pthread_join(t, &rc) == 0);
+        ended = (int)(intptr_t)rc;
+    }
+    printf("%s: allocation %d, capture's end %d\n", scenario, allocated, ended);
+    if (allocated == 0) CHECK(cudaFree(r) == 0);
+    CHECK(cudaStreamDestroy(capture_stream) == 0);
+}
+
 /* Note [Whole idle segments] (src/device/pool/blocks.rs): 100 MiB freed, a small block (1 or 3
  * MiB, `kept-small-1`, `kept-small-3`) asked and kept, then 1000 MiB of a 1 GiB device. Alone
  * the free gave the 100 MiB back. The pool carved the small block from the idle segment, which
@@ -800,6 +845,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(s, "capture") || !strcmp(s, "capture-relaxed")) capture(s);
     else if (!strncmp(s, "capture-after-free-", 19)) capture_after_free(s);
     else if (!strncmp(s, "capture-pinned-free-", 20)) capture_pinned_free(s);
+    else if (!strcmp(s, "capture-global-malloc") || !strcmp(s, "capture-other-thread") || !strcmp(s, "capture-thread-local")) capture_malloc(s);
     else if (!strncmp(s, "kept-small-", 11) || !strncmp(s, "kept-left-", 10)) kept_small(s);
     else if (!strcmp(s, "first-calls")) first_calls();
     else if (!strcmp(s, "pinned-range")) pinned_range();

@@ -199,6 +199,15 @@ impl ThreadSlots {
         })
     }
 
+    /// Takes `seen` (a `peek_freed`) from slot `i` if it is still there, with the time of its
+    /// latest free: its thread may have taken it back and freed it again since the look (the
+    /// same word), and the time it wrote before the block is seen once the block is taken.
+    pub fn take_seen(&self, i: usize, seen: SlotBlock) -> Option<SlotBlock> {
+        let slot = self.slots.get(i)?;
+        slot.block.compare_exchange(pack(seen.addr, seen.len), 0, Acquire, Relaxed).ok()?;
+        Some(SlotBlock { freed_ns: slot.freed_ns.load(Relaxed).max(seen.freed_ns), ..seen })
+    }
+
     /// Takes the block at `addr` of `len` bytes from slot `i` if it is still there.
     pub fn take_exact(&self, i: usize, addr: usize, len: usize) -> bool {
         self.slots.get(i).is_some_and(|s| s.block.compare_exchange(pack(addr, len), 0, Acquire, Relaxed).is_ok())
@@ -272,6 +281,20 @@ mod tests {
         assert!(!p.take_exact(3, b.addr, b.len), "taken once");
         assert_eq!(p.take(3), None);
         assert!(!p.any());
+    }
+
+    /// The pass looked, the thread took the block back and freed it again (the same word): the
+    /// pass takes it with the later free's time, never the one it looked at (the slots hunter).
+    #[test]
+    fn a_block_taken_after_a_look_has_its_latest_frees_time() {
+        let p = ThreadSlots::new();
+        let b = SlotBlock { addr: 0x10_0000, len: 8 << 20, freed_ns: 5 };
+        p.put(2, b);
+        let seen = p.peek_freed(2).unwrap();
+        assert!(p.take_exact(2, b.addr, b.len));
+        p.put(2, SlotBlock { freed_ns: 9, ..b });
+        assert_eq!(p.take_seen(2, seen), Some(SlotBlock { freed_ns: 9, ..b }));
+        assert_eq!(p.take_seen(2, seen), None, "taken once");
     }
 
     #[test]

@@ -36,6 +36,15 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 // capture, of 1 GiB). With room to spare nothing is given back, and no synchronization comes
 // at the begin. Only the current device's pool: a capture on a stream of another device keeps
 // that device's cache (docs/limits.md).
+// A cudaMalloc during a capture is one of the "potentially unsafe" calls the runtime refuses
+// (cudaErrorStreamCaptureUnsupported, the capture invalidated) to a thread whose capture mode
+// is not the relaxed one, when the thread has a capture of its own under way or another has one
+// in the global mode. Served from the cache it succeeded where the runtime alone refuses. So
+// while a capture is under way, a cudaMalloc from a thread not in the relaxed mode goes to the
+// driver (`allocation_is_the_drivers`), which refuses it and ends the capture as without us, or
+// serves it with new memory (a capture in another mode; as an allocation there would map new
+// memory rather than synchronize anyway). PyTorch's allocator sets the relaxed mode around its
+// cudaMalloc in a capture: its requests are the pool's as before.
 // A capture's end from the wrong thread (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) or on a stream
 // that was not capturing ends none. A capture is kept with its stream and context (16 at a
 // time; more are counted only), so that the end of its context (destroyed, reset) ends it: a
@@ -181,6 +190,24 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// Whether any capture is under way (Note [Graph captures under way]).
     pub fn capturing(&self) -> bool {
         self.captures.load(SeqCst) != 0
+    }
+
+    /// Whether a cudaMalloc of the calling thread's now is the driver's to answer (Note [Graph
+    /// captures under way]): a capture is under way and the thread's capture mode is not the
+    /// relaxed one, so the runtime alone may refuse it.
+    pub(super) fn allocation_is_the_drivers(&self) -> bool {
+        const RELAXED: i32 = 2;
+        if !self.capturing() {
+            return false;
+        }
+        // The thread's mode, read by setting it and setting it back (no call reads it alone).
+        match self.runtime.exchange_capture_mode(RELAXED) {
+            Some(RELAXED) | None => false,
+            Some(was) => {
+                let _ = self.runtime.exchange_capture_mode(was);
+                true
+            }
+        }
     }
 
     /// Leave to make a driver call the program did not ask for, from its own thread: None while

@@ -23,6 +23,13 @@ fn begin(l: &DeviceLayer<SimRuntime>) {
     l.capture_begin_answered(0, 0x5000);
 }
 
+/// `begin`, the thread then in the relaxed mode, as PyTorch's allocator is around its cudaMalloc
+/// in a capture (else the runtime may refuse the call: the driver answers it).
+fn begin_relaxed(l: &DeviceLayer<SimRuntime>) {
+    begin(l);
+    let _ = l.runtime().exchange_capture_mode(2);
+}
+
 fn calls(l: &DeviceLayer<SimRuntime>) -> (u64, u64, u64) {
     let d = l.runtime().device(0);
     (d.mallocs, d.frees, d.syncs)
@@ -73,7 +80,7 @@ fn the_programs_calls_make_no_synchronization_of_ours_during_a_capture() {
         let l = layer(Config { cuda_sync: sync, ..Config::default() }, 8 * GB);
         let a = l.malloc_on_stream(96 * MB, 0, 0x77, 0).unwrap();
         assert_eq!(l.free_on_stream(a, 0, 0x77), FreeAnswer::Pooled);
-        begin(&l);
+        begin_relaxed(&l);
         let (mallocs, _, syncs) = calls(&l);
         // The freed block would need a synchronization to be reused: new memory instead.
         let b = l.malloc(96 * MB, 0).unwrap();
@@ -96,7 +103,7 @@ fn out_of_memory_during_a_capture_keeps_the_cache() {
     let l = layer(Config::default(), GB);
     let a = l.malloc(600 * MB, 0).unwrap();
     l.free(a).unwrap();
-    begin(&l);
+    begin_relaxed(&l);
     assert_eq!(l.malloc(700 * MB, 0), Err(DeviceError::OutOfMemory), "the driver's answer, as without us");
     assert_eq!(calls(&l).1, 0, "the cache was not given back during the capture");
     l.capture_end_answered(0, 0x5000);
@@ -112,7 +119,7 @@ fn during_a_capture_a_full_device_still_carves_a_whole_idle_segment() {
     let live = l.malloc(820 * MB, 0).unwrap();
     let a = l.malloc(200 * MB, 0).unwrap();
     l.free(a).unwrap();
-    begin(&l);
+    begin_relaxed(&l);
     let small = l.malloc(MB, 0).expect("carved from the idle segment: the driver has no 20 MiB left");
     assert!((a..a + 200 * MB).contains(&small));
     assert_eq!(calls(&l).1, 0, "nothing given back during the capture");
@@ -139,4 +146,31 @@ fn the_end_of_a_captures_context_ends_the_capture() {
     begin(&l);
     l.capture_end_answered(0, 0x5000);
     assert!(!l.capturing(), "a later capture counts and ends as before");
+}
+
+/// Note [Graph captures under way]: during a capture, a cudaMalloc from a thread not in the
+/// relaxed mode is the driver's to answer (the runtime alone may refuse it), not the cache's; in
+/// the relaxed mode (PyTorch's, around its cudaMalloc) the cache serves it as before. The mode
+/// is left as it was.
+#[test]
+fn a_cudamalloc_in_a_capture_is_the_drivers_unless_the_thread_is_relaxed() {
+    let l = layer(Config::default(), 8 * GB);
+    let a = l.malloc(64 * MB, 0).unwrap();
+    l.free(a).unwrap();
+    begin(&l);
+    let before = calls(&l).0;
+    let b = l.malloc(64 * MB, 0).unwrap();
+    assert_ne!(b, a, "not the cached block");
+    assert_eq!(calls(&l).0, before + 1, "the driver's allocation");
+    assert_eq!(l.runtime().exchange_capture_mode(0), Some(0), "the thread's mode as it was");
+    let _ = l.runtime().exchange_capture_mode(2);
+    assert_eq!(l.malloc(64 * MB, 0).unwrap(), a, "relaxed: the cache's block");
+    assert_eq!(calls(&l).0, before + 1);
+    assert_eq!(l.runtime().exchange_capture_mode(0), Some(2));
+    l.capture_end_answered(0, 0x5000);
+    let c = l.malloc(64 * MB, 0).unwrap();
+    assert_eq!(calls(&l).0, before + 2, "no capture: the pool's as before (a new segment: a and b are taken)");
+    for p in [a, b, c] {
+        let _ = l.free(p);
+    }
 }

@@ -158,7 +158,10 @@ impl<M: PageMemory> HostLayer<M> {
         }
         for i in 0..thread_slots::SLOTS {
             let Some(b) = self.slots.peek_freed(i) else { continue };
-            if leaves(&b) && self.slots.take_exact(i, b.addr, b.len) {
+            if !leaves(&b) {
+                continue;
+            }
+            if let Some(b) = self.slots.take_seen(i, b) {
                 self.free_from_slot(b);
             }
         }
