@@ -289,7 +289,9 @@ def test_exit_from_a_handler_that_interrupted_an_allocation_ends_the_process(tmp
            "trace": {"TENSORMALLOC_TRACE": str(tmp_path / "t.bin")}}[output]
     program = compile_c("exit_in_handler")
     said = 0
-    for _ in range(8):
+    # The handler lands inside a lock of ours in about one exit of four (10 of 40 at 4352dee):
+    # 24 exits leave a run that never does at 0.1%.
+    for _ in range(24):
         out = run([program, "1000"], preload=preload, env={**env, "XDG_RUNTIME_DIR": str(tmp_path)}, timeout=20)
         assert out.returncode == 0, out.stderr
         said += "the reports at exit are not written" in out.stderr

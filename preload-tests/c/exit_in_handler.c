@@ -25,7 +25,9 @@ int main(int argc, char **argv) {
     struct itimerval it = {{0, period}, {0, period}};
     setitimer(ITIMER_REAL, &it, NULL);
     for (long i = 0;; i++) {
-        char *volatile p = malloc(((size_t)4 << 20) + (size_t)(i % 64) * 65536);
+        /* Two lengths in turn: a block asked for again at its own length comes back from the
+         * thread's slot with no lock held (Note [A thread's own slot]); this asks the cache. */
+        char *volatile p = malloc(((size_t)(i % 2 ? 6 : 4) << 20) + (size_t)(i % 32) * 65536);
         p[0] = 1;
         free(p);
     }
