@@ -52,6 +52,9 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 // preload every spelling is ours (symbols and cuGetProcAddress); a process that loads us without
 // the preload (the package's hooks alone) has its captures begun by a runtime we do not reach.
 
+/// cuThreadExchangeStreamCaptureMode's relaxed mode (CU_STREAM_CAPTURE_MODE_RELAXED).
+pub(super) const RELAXED: i32 = 2;
+
 /// cuStreamEndCapture's answers that end the capture: success, invalidated, unjoined.
 pub const ENDS_A_CAPTURE: [i32; 3] = [0, 901, 904];
 /// Captures under way whose stream and context are kept, so that a context's end ends them.
@@ -196,7 +199,6 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
     /// captures under way]): a capture is under way and the thread's capture mode is not the
     /// relaxed one, so the runtime alone may refuse it.
     pub(super) fn allocation_is_the_drivers(&self) -> bool {
-        const RELAXED: i32 = 2;
         if !self.capturing() {
             return false;
         }
