@@ -208,11 +208,6 @@ impl ThreadSlots {
         Some(SlotBlock { freed_ns: slot.freed_ns.load(Relaxed).max(seen.freed_ns), ..seen })
     }
 
-    /// Takes the block at `addr` of `len` bytes from slot `i` if it is still there.
-    pub fn take_exact(&self, i: usize, addr: usize, len: usize) -> bool {
-        self.slots.get(i).is_some_and(|s| s.block.compare_exchange(pack(addr, len), 0, Acquire, Relaxed).is_ok())
-    }
-
     /// Takes whatever slot `i` holds.
     pub fn take(&self, i: usize) -> Option<SlotBlock> {
         let slot = self.slots.get(i)?;
@@ -276,9 +271,9 @@ mod tests {
         assert_eq!(p.put(3, b), None);
         assert_eq!(p.peek_freed(3), Some(b));
         assert_eq!(p.bytes(), 8 << 20);
-        assert!(!p.take_exact(3, b.addr, 4 << 20), "another length is not this block");
-        assert!(p.take_exact(3, b.addr, b.len));
-        assert!(!p.take_exact(3, b.addr, b.len), "taken once");
+        assert_eq!(p.take_seen(3, SlotBlock { len: 4 << 20, ..b }), None, "another length is not this block");
+        assert_eq!(p.take_seen(3, b), Some(b));
+        assert_eq!(p.take_seen(3, b), None, "taken once");
         assert_eq!(p.take(3), None);
         assert!(!p.any());
     }
@@ -291,7 +286,7 @@ mod tests {
         let b = SlotBlock { addr: 0x10_0000, len: 8 << 20, freed_ns: 5 };
         p.put(2, b);
         let seen = p.peek_freed(2).unwrap();
-        assert!(p.take_exact(2, b.addr, b.len));
+        assert_eq!(p.take_seen(2, b), Some(b));
         p.put(2, SlotBlock { freed_ns: 9, ..b });
         assert_eq!(p.take_seen(2, seen), Some(SlotBlock { freed_ns: 9, ..b }));
         assert_eq!(p.take_seen(2, seen), None, "taken once");
@@ -315,7 +310,7 @@ mod tests {
             p.put(1, b);
             let q = p.clone();
             let other = std::thread::spawn(move || q.take(1).is_some());
-            let mine = p.take_exact(1, b.addr, b.len);
+            let mine = p.take_seen(1, b).is_some();
             let theirs = other.join().unwrap();
             assert!(mine ^ theirs, "round {round}: mine {mine}, theirs {theirs}");
         }

@@ -41,7 +41,8 @@ impl<M: PageMemory> HostLayer<M> {
     /// length goes to the cache first, where the request may find it.
     pub(super) fn alloc_from_slot(&self, size: usize, align: usize, zeroed: bool, holder: u64) -> Option<usize> {
         let i = self.slots.slot_given()?;
-        let SlotBlock { addr, len, freed_ns } = self.slots.peek_freed(i)?;
+        let seen = self.slots.peek_freed(i)?;
+        let (addr, len) = (seen.addr, seen.len);
         let fits = self.block_shape(size).is_some_and(|(need, _)| need == len) && addr & (align - 1) == 0;
         if !fits || !self.slots_open() {
             self.own_block_to_cache(i);
@@ -57,15 +58,15 @@ impl<M: PageMemory> HostLayer<M> {
             self.own_block_to_cache(i);
             return None;
         }
-        if !self.slots.take_exact(i, addr, len) {
+        let Some(taken) = self.slots.take_seen(i, seen) else {
             return None; // the background pass took it meanwhile
-        }
+        };
         // No clock read: the block is stamped with its free's time, at most a slot's longest
         // wait early (Note [A thread's own slot]).
-        let now = freed_ns;
+        let now = taken.freed_ns;
         if !self.registry.take_from_slot(addr, len, Birth { ns: now, holder }, size as u64) {
             // The program changed its pages while it was freed: the cache's path resets them.
-            self.free_from_slot(SlotBlock { addr, len, freed_ns });
+            self.free_from_slot(taken);
             return None;
         }
         self.slots.count_reuse(i, len);
