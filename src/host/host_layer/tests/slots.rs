@@ -305,20 +305,20 @@ fn a_block_pushed_out_of_its_slot_keeps_its_frees_time() {
     check(&l);
 }
 
-/// However long the cache keeps an idle block, a block waits in a slot LONGEST_WAIT_NS at
-/// most: the stamp of a block taken back is at most that early.
+/// However long the cache keeps an idle block, a block waits in a slot LONGEST_WAIT_NS (a
+/// second) at most: the stamp of a block taken back is at most that early.
 #[test]
-fn a_block_waits_in_its_slot_a_tenth_of_a_second_at_most() {
+fn a_block_waits_in_its_slot_a_second_at_most() {
     let l = Box::new(HostLayer::new(SimPages::new(), leak_table, fake_clock, Background { on_cached: nothing_due, running: no, wake: nothing }));
     l.configure(&Config { release_ms: 5000, expire_ms: 60_000, ..Config::default() }, 64 << 30, false);
     let a = l.alloc(8 * MB, PAGE, false, 0).unwrap();
     l.free(a, 8 * MB);
-    advance(90 * MS);
+    advance(990 * MS);
     l.reap();
-    assert_eq!(l.cached(), (0, 0), "90 ms: in its slot");
+    assert_eq!(l.cached(), (0, 0), "990 ms: in its slot");
     advance(20 * MS);
     l.reap();
-    assert_eq!(l.cached(), (1, 8 * MB), "110 ms: in the cache");
+    assert_eq!(l.cached(), (1, 8 * MB), "1,010 ms: in the cache");
     assert_eq!(l.memory.calls().releases, 0, "kept hot as the cache's release delay says");
     check(&l);
 }
