@@ -57,7 +57,7 @@ mod gather;
 mod release;
 mod store;
 
-pub use facts::{votes_after, votes_after_write, zero_by_discard, PageFacts, DENSE_VOTES, MIXED_ADVICE, MOST_VOTES};
+pub use facts::{drop_unwritten, votes_after, votes_after_write, writers_after, zero_by_discard, PageFacts, DENSE_VOTES, MIXED_ADVICE, MOST_VOTES, WRITERS_ONE};
 pub use release::HOT_GRACE_NS;
 pub use gather::{Part, Parts, MAX_PARTS};
 pub use release::Due;
@@ -259,6 +259,17 @@ impl BlockCache {
     /// hot before released. A rest of more than `waste_percent` of the block is split off and
     /// stays cached (Note [Neighbours merge]); a shorter one goes out with the block.
     pub fn take(&mut self, need: usize, align: usize, asker: u32) -> Option<Taken> {
+        self.take_splitting(need, align, asker, false)
+    }
+
+    /// `take` for a calloc: a rest that may hold data is split off whatever its length, since
+    /// carried out it would be zeroed, its pages dropped and faulted in again by the next
+    /// request that reaches them (Note [calloc costs what is touched]).
+    pub fn take_zeroed(&mut self, need: usize, align: usize, asker: u32) -> Option<Taken> {
+        self.take_splitting(need, align, asker, true)
+    }
+
+    fn take_splitting(&mut self, need: usize, align: usize, asker: u32, split_dirty: bool) -> Option<Taken> {
         let align_mask = align.max(1) - 1;
         let p = self.parked;
         // An exact fit, and hot: nothing in the store serves better, unless it carries no
@@ -298,7 +309,7 @@ impl BlockCache {
         let (id, _, waste, was_released) = best?;
         let block = *self.store.get(id);
         let mut taken = Taken { addr: block.addr, len: block.len, was_released, facts: block.facts, tail_kept: None };
-        if waste > block.len / 100 * self.waste_percent() {
+        if waste > 0 && (split_dirty && !block.facts.zero || waste > block.len / 100 * self.waste_percent()) {
             let tail = Range { addr: block.addr + need, len: waste };
             self.store.cut_front(id, tail.addr, tail.len);
             self.cached_bytes -= need;

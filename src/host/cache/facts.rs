@@ -51,6 +51,26 @@ pub fn votes_after(votes: u8, mostly_resident: Option<bool>) -> u8 {
     }
 }
 
+/// How often, of late, the blocks calloc sampled before writing zeros over them had been
+/// written by their previous owner: a share in WRITERS_ONE parts, moved a quarter of the way
+/// toward each finding (`writers_after`). Note [calloc costs what is touched].
+pub const WRITERS_ONE: u16 = 1024;
+
+/// The writers' share after one more sampled block, `written` or not.
+pub fn writers_after(share: u16, written: bool) -> u16 {
+    let share = i32::from(share.min(WRITERS_ONE));
+    let toward = if written { i32::from(WRITERS_ONE) } else { 0 };
+    (share + (toward - share) / 4) as u16
+}
+
+/// Whether a block sampled as barely written is dropped rather than written over, given the
+/// writers' share: only while most owners write little. Where most write (a quarter or more
+/// of them, the share at which a write's cost over every page matches the faults a drop would
+/// cost the next owner that fills it), the next owner probably writes too.
+pub fn drop_unwritten(share: u16) -> bool {
+    share < WRITERS_ONE / 4
+}
+
 /// The advice tag of a block whose huge-page advice came from more than one holder: it fits no
 /// request (Note [Huge-page advice] in host/host_layer/mod.rs).
 pub const MIXED_ADVICE: u32 = u32::MAX;

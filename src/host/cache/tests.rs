@@ -84,6 +84,22 @@ fn never_a_huge_block_for_a_small_request() {
     c.check_invariants().unwrap();
 }
 
+/// A calloc's block carries out no rest that may hold data: zeroed, it would be dropped and
+/// faulted in again by whoever next reaches its pages. A known-zero rest costs nothing to carry.
+#[test]
+fn a_calloc_splits_off_any_rest_that_may_hold_data() {
+    let mut c = BlockCache::new(limits());
+    c.insert(0x9000_0000, 9 * MB, PageFacts::zeroed(false), 0, Live::default());
+    let t = c.take_zeroed(8 * MB, 4096, 0).unwrap();
+    assert_eq!((t.len, t.tail_kept), (8 * MB, Some(Range { addr: 0x9000_0000 + 8 * MB, len: MB })), "1 MB of 9 would go out with a malloc's block");
+    c.insert(0xa000_0000, 9 * MB, PageFacts::zeroed(true), 0, Live::default());
+    let t = c.take_zeroed(8 * MB, 4096, 0).unwrap();
+    assert_eq!((t.len, t.tail_kept), (9 * MB, None), "known zero: carried out");
+    c.insert(0xb000_0000, 8 * MB, PageFacts::zeroed(false), 0, Live::default());
+    assert_eq!(c.take_zeroed(8 * MB, 4096, 0).unwrap().tail_kept, None, "an exact fit");
+    c.check_invariants().unwrap();
+}
+
 #[test]
 fn a_miss_gathers_the_largest_blocks() {
     let mut c = BlockCache::new(limits());
@@ -196,6 +212,32 @@ fn calloc_discards_only_big_blocks_mostly_not_resident() {
     assert_eq!(votes_after(DENSE_VOTES, Some(true)), DENSE_VOTES);
     assert_eq!(votes_after(1, Some(false)), 0, "a sparse finding starts over");
     assert_eq!(votes_after(DENSE_VOTES, None), DENSE_VOTES, "writing zeros says nothing");
+}
+
+/// The writers' share: a block sampled as barely written is dropped only while fewer than a
+/// quarter of the owners of late wrote theirs; each finding moves the share a quarter of the way.
+#[test]
+fn a_barely_written_block_is_dropped_only_while_few_owners_write() {
+    assert!(drop_unwritten(0), "nothing known yet: as before, the sample decides");
+    assert_eq!(writers_after(0, true), WRITERS_ONE / 4);
+    assert!(!drop_unwritten(WRITERS_ONE / 4), "a quarter wrote: a write costs less than the faults a drop would bring");
+    assert_eq!(writers_after(WRITERS_ONE, false), WRITERS_ONE * 3 / 4);
+    assert_eq!(writers_after(u16::MAX, true), WRITERS_ONE, "never past one");
+    // A program that filled its blocks turns sparse: four findings, then drops.
+    let mut share = WRITERS_ONE;
+    let writes = (0..8).take_while(|_| {
+        share = writers_after(share, false);
+        !drop_unwritten(share)
+    });
+    assert_eq!(writes.count(), 4);
+    // Owners of whom a quarter only read (a mixed program): the share stays high.
+    let mut share = 0;
+    for k in 0..64 {
+        share = writers_after(share, k % 4 != 0);
+        if k >= 8 {
+            assert!(!drop_unwritten(share), "finding {k}: share {share}");
+        }
+    }
 }
 
 #[test]

@@ -21,13 +21,16 @@
 // fresh mapping's cost, what glibc pays every time) before it is written over instead.
 // Blocks change hands, though (a training loop frees its buffers in another order each step,
 // and the next calloc gets one whose votes were never counted): the process keeps votes of its
-// own beside each block's, counted the same way, and calloc writes zeros when either side has
-// two. A write is weighed too (PageMemory::zero_weighed: pages not resident fault as they are
-// written, 0.6-2 us each against 0.1-0.3; timed in pieces, the median piece deciding, since
-// a stall of the machine's lands in a few): one that found the block mostly not resident takes
-// a vote away, and writes that found it resident give one vote of slack (MOST_VOTES), so a
-// program whose callocs turned sparse is back to drops after two such, and one misjudged write
-// on a loaded machine changes nothing.
+// own beside each block's, counted from the drops the same way, and calloc writes zeros when
+// either side has two. A write is weighed too (PageMemory::zero_weighed: pages not resident
+// fault as they are written, 0.6-2 us each against 0.1-0.3; timed in pieces, the median piece
+// deciding, since a stall of the machine's lands in a few): one that found the block mostly not
+// resident takes a vote away from the block, and writes that found it resident give one vote of
+// slack (MOST_VOTES), so one misjudged write on a loaded machine changes nothing. It takes none
+// from the process: a write finds pages missing mostly where we dropped them ourselves, and in
+// threads passing blocks around (some reading theirs only, the calloc-churn hunter) each drop
+// made writes find more missing, the process's votes fell, blocks were dropped that the next
+// owner filled, and the program faulted 1.7-3.5x as often as glibc.
 // Our write, though, leaves the block resident whatever the program then touches, and a drop of
 // pages the program only read (the kernel's zero page) costs enough to look resident: a block
 // written dense once, then used sparsely, was written whole at every calloc, and one only read
@@ -37,6 +40,14 @@
 // least half hold a byte that is not zero, the program wrote little there since our zeroing,
 // and the block is dropped instead, its votes left as they are (the drop's cost measures our own
 // write). A dense program pays a few dozen reads of a page's first words before each write.
+// The sample describes the block's last owner, though, not its next: where a quarter of the
+// owners only read, dropping each block one of them left made the next owner, who filled it,
+// fault it in whole. So the process keeps the share of sampled blocks their owners had written
+// (`writers_after`, a quarter of the way toward each finding), and a block sampled as barely
+// written is dropped only while that share is under a quarter (`drop_unwritten`: about where a
+// write over every page costs what the faults of the owners who fill it would). A program
+// that turns from filling its blocks to barely writing them has four more written before the
+// share says so; one that only reads them, from the start, never has one written.
 
 use super::{holder_tag, hugepages_code, mapping_span, HostLayer, PAGE};
 use crate::backing::{PageMemory, BLOCK_ALIGN};
@@ -58,28 +69,17 @@ impl<M: PageMemory> HostLayer<M> {
     pub(super) fn zero_reused(&self, addr: usize, asked: usize, len: usize, votes: u8) -> u8 {
         let head = asked.checked_add(PAGE - 1).map_or(len, |a| a & !(PAGE - 1)).min(len);
         self.timed(&self.stats.phases.alloc_zero, || {
-            use crate::host::cache::{votes_after, votes_after_write, zero_by_discard};
+            use crate::host::cache::{votes_after, zero_by_discard};
             let mut votes = votes;
             let process = self.calloc_votes.load(Relaxed);
             if head >= DISCARD_MIN {
                 let dropped = if zero_by_discard(head, votes.max(process), DISCARD_MIN) { self.memory.discard_weighed(addr, head) } else { None };
-                match dropped {
-                    Some(found) => {
-                        self.stats.zeroed_by_discard.add(1);
-                        votes = votes_after(votes, Some(found));
-                        self.calloc_votes.store(votes_after(process, Some(found)), Relaxed);
-                    }
-                    // Our last write made the block resident, whatever the program touched since:
-                    // pages sampled that mostly still read zero say it wrote little there (or only
-                    // read, mapping the zero page, whose drop costs enough to look resident).
-                    None if !self.memory.sampled_written(addr, head) && self.memory.discard(addr, head) => {
-                        self.stats.zeroed_by_discard.add(1);
-                    }
-                    None => {
-                        let resident = self.memory.zero_weighed(addr, head);
-                        votes = votes_after_write(votes, resident);
-                        self.calloc_votes.store(votes_after_write(process, resident), Relaxed);
-                    }
+                if let Some(found) = dropped {
+                    self.stats.zeroed_by_discard.add(1);
+                    votes = votes_after(votes, Some(found));
+                    self.calloc_votes.store(votes_after(process, Some(found)), Relaxed);
+                } else {
+                    votes = self.write_or_drop_sampled(addr, head, votes);
                 }
             } else if head > 0 {
                 self.memory.zero(addr, head);
@@ -92,6 +92,23 @@ impl<M: PageMemory> HostLayer<M> {
             }
             votes
         })
+    }
+
+    /// Zeroes a block its votes say to write over; returns its votes after. Our last write made
+    /// it resident, whatever the program touched since: pages sampled that mostly still read zero
+    /// say its owner wrote little there (or only read, mapping the zero page, whose drop costs
+    /// enough to look resident). Whether the next owner will is the process's habit: the block is
+    /// dropped only while most owners of late wrote little.
+    fn write_or_drop_sampled(&self, addr: usize, len: usize, votes: u8) -> u8 {
+        use crate::host::cache::{drop_unwritten, votes_after_write, writers_after};
+        let written = self.memory.sampled_written(addr, len);
+        let writers = writers_after(self.calloc_writers.load(Relaxed), written);
+        self.calloc_writers.store(writers, Relaxed);
+        if !written && drop_unwritten(writers) && self.memory.discard(addr, len) {
+            self.stats.zeroed_by_discard.add(1);
+            return votes;
+        }
+        votes_after_write(votes, self.memory.zero_weighed(addr, len))
     }
 
     /// Makes a block taken from the cache ready for the program (its record says live, or
@@ -188,7 +205,7 @@ impl<M: PageMemory> HostLayer<M> {
             if !slots_emptied {
                 cache.tally.requests += 1;
             }
-            let taken = cache.take(need, align, tag);
+            let taken = if zeroed { cache.take_zeroed(need, align, tag) } else { cache.take(need, align, tag) };
             // Before a miss, the blocks other threads freed into their slots (Note [A thread's
             // own slot]) are the cache's too: one may serve.
             if taken.is_none() && !slots_emptied && self.slots.any() {

@@ -69,7 +69,7 @@ use crate::ranges::{Range, RangeList};
 use crate::record::stats::{HostStats, PhaseTimer};
 use crate::sys::lock::{Gate, Guard, Lock};
 use transit::Transit;
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 
 mod alloc;
 mod claim;
@@ -119,6 +119,8 @@ pub struct HostLayer<M: PageMemory> {
     reset_always: AtomicBool,
     /// The process's own votes, beside each block's (Note [calloc costs what is touched]).
     calloc_votes: AtomicU8,
+    /// The share of sampled blocks their owners had written (Note [calloc costs what is touched]).
+    calloc_writers: AtomicU16,
     threshold_bytes: AtomicUsize,
     /// Large requests come here (TENSORMALLOC_DISABLE turns it off, tm_set_enabled at run time).
     enabled: AtomicBool,
@@ -244,6 +246,7 @@ impl<M: PageMemory> HostLayer<M> {
             forking: AtomicBool::new(false),
             reset_always: AtomicBool::new(false),
             calloc_votes: AtomicU8::new(0),
+            calloc_writers: AtomicU16::new(0),
             near_limit_kept: AtomicU64::new(0),
             threshold_bytes: AtomicUsize::new(Config::DEFAULT.threshold_bytes as usize),
             enabled: AtomicBool::new(false),
