@@ -312,19 +312,27 @@ impl Registry {
 
     /// The block at `addr` of `len` bytes, taken from a slot, goes back to the program, handed
     /// out by `birth` for `asked` bytes; false (and in a slot still) when the program changed
-    /// its pages meanwhile. Its taker is the one thread that took it from the slot: stores, as
-    /// `write`.
+    /// its pages meanwhile. Its taker is the one thread that took it from the slot.
     pub fn take_from_slot(&self, addr: usize, len: usize, birth: Birth, asked: u64) -> bool {
         let Some((entry, born, holder)) = self.slots(addr, false) else { return false };
         let value = entry.load(Ordering::Acquire);
         if value & !(VOTES_MASK | HUGE_ADVICE) != len as u64 | LIVE | IN_SLOT {
             return false;
         }
-        born.store(birth.ns, Ordering::Relaxed);
-        holder.store(birth.holder, Ordering::Relaxed);
-        self.set_asked(addr, asked);
-        entry.store(value & !IN_SLOT, Ordering::Release);
-        true
+        // The new owner's record first, so that whoever sees the block live sees it; a mark the
+        // program adds from another thread meanwhile (note_change) fails the exchange, and the
+        // block, its old record back, goes the cache's way, which resets it.
+        let was = (born.swap(birth.ns, Ordering::Relaxed), holder.swap(birth.holder, Ordering::Relaxed));
+        let was_asked = self.asked_slot(addr).map(|a| a.swap(asked, Ordering::Relaxed));
+        if entry.compare_exchange(value, value & !IN_SLOT, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            return true;
+        }
+        born.store(was.0, Ordering::Relaxed);
+        holder.store(was.1, Ordering::Relaxed);
+        if let Some(a) = was_asked {
+            self.set_asked(addr, a);
+        }
+        false
     }
 
     /// The block at `addr`, taken from a slot, is live again on its way to the cache (its taker
@@ -743,6 +751,25 @@ mod tests {
         for g in granules(a, 8 * mib).chain(granules(b, 12 * mib)) {
             assert_eq!(reg.granule(g, false).map(|c| c.load(Ordering::Relaxed)), Some(0));
         }
+    }
+
+    /// Note [A thread's own slot]: a block freed into a slot goes back to its thread with the
+    /// new owner's record; one whose pages the program changed while it was there stays, its
+    /// old record whole, for the cache's path to reset.
+    #[test]
+    fn a_block_leaves_its_slot_only_unchanged() {
+        let reg = Box::new(Registry::new(leak_zeroed));
+        let mib = 1usize << 20;
+        let a = 0x6c00_0000_0000usize; // a range no other test uses
+        assert!(reg.set_live(a, 8 * mib, born(1)));
+        reg.set_asked(a, 5);
+        assert!(reg.move_to_slot(a, 8 * mib) && reg.in_slot(a));
+        assert!(reg.take_from_slot(a, 8 * mib, born(2), 7));
+        assert_eq!((reg.live_record(a).0, reg.live_record(a).1, reg.in_slot(a)), (born(2), 7, false));
+        assert!(reg.move_to_slot(a, 8 * mib));
+        reg.note_change(a + mib, PAGE, PageChange::Changed);
+        assert!(!reg.take_from_slot(a, 8 * mib, born(3), 9));
+        assert_eq!((reg.live_record(a).0, reg.live_record(a).1, reg.in_slot(a)), (born(2), 7, true));
     }
 
     #[test]
