@@ -40,6 +40,9 @@ C_WORKLOADS = {
     # calloc, used sparsely (two pages) or densely (every element), without huge pages; the
     # numpy zeros-* workloads are the same with them (numpy advises MADV_HUGEPAGE).
     **{f"c-calloc-{kind}-{mib}M": ["calloc_churn", str(mib), kind] for kind in ("sparse", "dense") for mib in (8, 64, 256)},
+    # Threads passing 1-8 MiB blocks around, calloc'd (read only, or written half or whole) or
+    # malloc'd (written whole): a calloc's block was last used by someone else.
+    **{f"c-calloc-threads-{n}t": ["calloc_threads", str(n)] for n in (4, 16)},
     # malloc of a large block, one page touched, freed: the cost of a sparse scratch buffer.
     **{f"c-reset-{mib}M": ["reset_cost", str(mib)] for mib in (4, 16, 64, 256)},
     # fork() with that many 8 MiB blocks freed (cached, under tensormalloc): us per fork.
@@ -54,7 +57,7 @@ C_WORKLOADS = {
 def build_c():
     out = ROOT / "target" / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("large_churn", "small_churn", "calloc_churn", "reset_cost", "fork_cost"):
+    for name in ("large_churn", "small_churn", "calloc_churn", "calloc_threads", "reset_cost", "fork_cost"):
         subprocess.run(["gcc", "-O2", "-pthread", "-fno-builtin", "-o", str(out / name), str(HERE / "c" / f"{name}.c")], check=True)
     return out
 
