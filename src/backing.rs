@@ -199,6 +199,9 @@ impl DeviceError {
     }
 }
 
+/// cuThreadExchangeStreamCaptureMode's relaxed mode (CU_STREAM_CAPTURE_MODE_RELAXED).
+pub const RELAXED_CAPTURE: i32 = 2;
+
 /// The CUDA calls the device layer makes, all on the calling thread's current context unless a
 /// device is entered. `sys::cuda_backing::CudaDriver` makes them through the program's own driver
 /// (libcuda.so.1), whatever runtime (shared, static, none) the program uses; `sim::SimRuntime`
@@ -220,8 +223,8 @@ pub trait DeviceRuntime {
     fn free(&self, addr: usize) -> Result<(), DeviceError>;
     /// cuCtxSynchronize of the current context.
     fn synchronize(&self) -> Result<(), DeviceError>;
-    /// cuThreadExchangeStreamCaptureMode: sets the calling thread's capture mode; its old one
-    /// (None: no such call, nothing changed).
+    /// cuThreadExchangeStreamCaptureMode: sets the calling thread's capture mode (RELAXED_CAPTURE
+    /// and the others); its old one (None: no such call, nothing changed).
     fn exchange_capture_mode(&self, _mode: i32) -> Option<i32> {
         None
     }

@@ -4,7 +4,7 @@
 
 use super::give_back::BACKGROUND_CLOSED;
 use super::DeviceLayer;
-use crate::backing::DeviceRuntime;
+use crate::backing::{DeviceRuntime, RELAXED_CAPTURE};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 
 // Note [Graph captures under way]
@@ -52,8 +52,6 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 // preload every spelling is ours (symbols and cuGetProcAddress); a process that loads us without
 // the preload (the package's hooks alone) has its captures begun by a runtime we do not reach.
 
-/// cuThreadExchangeStreamCaptureMode's relaxed mode (CU_STREAM_CAPTURE_MODE_RELAXED).
-pub(super) const RELAXED: i32 = 2;
 
 /// cuStreamEndCapture's answers that end the capture: success, invalidated, unjoined.
 pub const ENDS_A_CAPTURE: [i32; 3] = [0, 901, 904];
@@ -203,8 +201,8 @@ impl<R: DeviceRuntime> DeviceLayer<R> {
             return false;
         }
         // The thread's mode, read by setting it and setting it back (no call reads it alone).
-        match self.runtime.exchange_capture_mode(RELAXED) {
-            Some(RELAXED) | None => false,
+        match self.runtime.exchange_capture_mode(RELAXED_CAPTURE) {
+            Some(RELAXED_CAPTURE) | None => false,
             Some(was) => {
                 let _ = self.runtime.exchange_capture_mode(was);
                 true

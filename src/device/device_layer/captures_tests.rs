@@ -27,7 +27,7 @@ fn begin(l: &DeviceLayer<SimRuntime>) {
 /// in a capture (else the runtime may refuse the call: the driver answers it).
 fn begin_relaxed(l: &DeviceLayer<SimRuntime>) {
     begin(l);
-    let _ = l.runtime().exchange_capture_mode(super::captures::RELAXED);
+    let _ = l.runtime().exchange_capture_mode(crate::backing::RELAXED_CAPTURE);
 }
 
 fn calls(l: &DeviceLayer<SimRuntime>) -> (u64, u64, u64) {
@@ -163,10 +163,10 @@ fn a_cudamalloc_in_a_capture_is_the_drivers_unless_the_thread_is_relaxed() {
     assert_ne!(b, a, "not the cached block");
     assert_eq!(calls(&l).0, before + 1, "the driver's allocation");
     assert_eq!(l.runtime().exchange_capture_mode(0), Some(0), "the thread's mode as it was");
-    let _ = l.runtime().exchange_capture_mode(super::captures::RELAXED);
+    let _ = l.runtime().exchange_capture_mode(crate::backing::RELAXED_CAPTURE);
     assert_eq!(l.malloc(64 * MB, 0).unwrap(), a, "relaxed: the cache's block");
     assert_eq!(calls(&l).0, before + 1);
-    assert_eq!(l.runtime().exchange_capture_mode(0), Some(super::captures::RELAXED));
+    assert_eq!(l.runtime().exchange_capture_mode(0), Some(crate::backing::RELAXED_CAPTURE));
     l.capture_end_answered(0, 0x5000);
     let c = l.malloc(64 * MB, 0).unwrap();
     assert_eq!(calls(&l).0, before + 2, "no capture: the pool's as before (a new segment: a and b are taken)");
