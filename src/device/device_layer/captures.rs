@@ -52,7 +52,6 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 // preload every spelling is ours (symbols and cuGetProcAddress); a process that loads us without
 // the preload (the package's hooks alone) has its captures begun by a runtime we do not reach.
 
-
 /// cuStreamEndCapture's answers that end the capture: success, invalidated, unjoined.
 pub const ENDS_A_CAPTURE: [i32; 3] = [0, 901, 904];
 /// Captures under way whose stream and context are kept, so that a context's end ends them.

@@ -74,10 +74,10 @@ impl Drop for BackgroundBatch<'_> {
 impl<R: DeviceRuntime> DeviceLayer<R> {
     /// `f`'s driver calls in the relaxed capture mode (Note [Releases beside a graph capture]).
     fn beside_captures<T>(&self, f: impl FnOnce() -> T) -> T {
-        use crate::backing::RELAXED_CAPTURE as RELAXED;
-        let was = self.runtime.exchange_capture_mode(RELAXED);
+        use crate::backing::RELAXED_CAPTURE;
+        let was = self.runtime.exchange_capture_mode(RELAXED_CAPTURE);
         let out = f();
-        if let Some(was) = was.filter(|&m| m != RELAXED) {
+        if let Some(was) = was.filter(|&m| m != RELAXED_CAPTURE) {
             let _ = self.runtime.exchange_capture_mode(was);
         }
         out
