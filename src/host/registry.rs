@@ -321,16 +321,22 @@ impl Registry {
         }
         // The new owner's record first, so that whoever sees the block live sees it; a mark the
         // program adds from another thread meanwhile (note_change) fails the exchange, and the
-        // block, its old record back, goes the cache's way, which resets it.
-        let was = (born.swap(birth.ns, Ordering::Relaxed), holder.swap(birth.holder, Ordering::Relaxed));
-        let was_asked = self.asked_slot(addr).map(|a| a.swap(asked, Ordering::Relaxed));
+        // block, its old record back, goes the cache's way, which resets it. The record is the
+        // taker's alone to write (plain loads and stores, no locked swap on the reuse pair).
+        let asked_slot = self.asked_slot(addr);
+        let was = (born.load(Ordering::Relaxed), holder.load(Ordering::Relaxed), asked_slot.map(|a| a.load(Ordering::Relaxed)));
+        born.store(birth.ns, Ordering::Relaxed);
+        holder.store(birth.holder, Ordering::Relaxed);
+        if let Some(a) = asked_slot {
+            a.store(asked, Ordering::Relaxed);
+        }
         if entry.compare_exchange(value, value & !IN_SLOT, Ordering::AcqRel, Ordering::Acquire).is_ok() {
             return true;
         }
         born.store(was.0, Ordering::Relaxed);
         holder.store(was.1, Ordering::Relaxed);
-        if let Some(a) = was_asked {
-            self.set_asked(addr, a);
+        if let (Some(a), Some(v)) = (asked_slot, was.2) {
+            a.store(v, Ordering::Relaxed);
         }
         false
     }
