@@ -299,46 +299,14 @@ impl Registry {
         }
     }
 
-    /// The live block at `addr` of `len` bytes, freed by the program, goes to its thread's slot
-    /// (Note [A thread's own slot]): true when its entry said live, with no mark but its votes
-    /// and huge-page advice. A compare-exchange: of two threads freeing one block at once, one
-    /// moves it, and the other finds it in a slot (a double free).
-    pub fn move_to_slot(&self, addr: usize, len: usize) -> bool {
-        let Some(slot) = self.slot(addr, false) else { return false };
-        let entry = slot.load(Ordering::Acquire);
-        entry & !(VOTES_MASK | HUGE_ADVICE) == len as u64 | LIVE
-            && slot.compare_exchange(entry, entry | IN_SLOT, Ordering::AcqRel, Ordering::Relaxed).is_ok()
-    }
-
-    /// The block at `addr` of `len` bytes, taken from a slot, goes back to the program, handed
-    /// out by `birth` for `asked` bytes; false (and in a slot still) when the program changed
-    /// its pages meanwhile. Its taker is the one thread that took it from the slot.
-    pub fn take_from_slot(&self, addr: usize, len: usize, birth: Birth, asked: u64) -> bool {
-        let Some((entry, born, holder)) = self.slots(addr, false) else { return false };
-        let value = entry.load(Ordering::Acquire);
-        if value & !(VOTES_MASK | HUGE_ADVICE) != len as u64 | LIVE | IN_SLOT {
-            return false;
-        }
-        // The new owner's record first, so that whoever sees the block live sees it; a mark the
-        // program adds from another thread meanwhile (note_change) fails the exchange, and the
-        // block, its old record back, goes the cache's way, which resets it. The record is the
-        // taker's alone to write (plain loads and stores, no locked swap on the reuse pair).
-        let asked_slot = self.asked_slot(addr);
-        let was = (born.load(Ordering::Relaxed), holder.load(Ordering::Relaxed), asked_slot.map(|a| a.load(Ordering::Relaxed)));
-        born.store(birth.ns, Ordering::Relaxed);
-        holder.store(birth.holder, Ordering::Relaxed);
-        if let Some(a) = asked_slot {
-            a.store(asked, Ordering::Relaxed);
-        }
-        if entry.compare_exchange(value, value & !IN_SLOT, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            return true;
-        }
-        born.store(was.0, Ordering::Relaxed);
-        holder.store(was.1, Ordering::Relaxed);
-        if let (Some(a), Some(v)) = (asked_slot, was.2) {
-            a.store(v, Ordering::Relaxed);
-        }
-        false
+    /// The record of the block that starts at `addr`, as one walk of the tables finds it; None
+    /// where no table covers `addr` (no block of ours starts there).
+    #[inline]
+    pub fn record(&self, addr: usize) -> Option<Record<'_>> {
+        let (leaf, index) = self.leaf_index(addr, false)?;
+        // SAFETY: as in slots(); the four arrays of LEAF_ENTRIES.
+        let (entry, born, holder, asked) = unsafe { (&*leaf.add(index), &*leaf.add(LEAF_ENTRIES + index), &*leaf.add(2 * LEAF_ENTRIES + index), &*leaf.add(ASKED_AT + index)) };
+        Some(Record { entry, born, holder, asked, value: entry.load(Ordering::Acquire) })
     }
 
     /// The block at `addr`, taken from a slot, is live again on its way to the cache (its taker
@@ -370,17 +338,7 @@ impl Registry {
     /// handed out and to whom, what was asked of it (zeros if unknown), and what is known of its
     /// pages (nothing for any other address).
     pub fn live_record(&self, addr: usize) -> (Birth, u64, Marks) {
-        let Some((leaf, index)) = self.leaf_index(addr, false) else { return (Birth::default(), 0, Marks::default()) };
-        // SAFETY: as in slots() and asked_slot().
-        let (entry, ns, holder, asked) = unsafe {
-            (
-                (*leaf.add(index)).load(Ordering::Acquire),
-                (*leaf.add(LEAF_ENTRIES + index)).load(Ordering::Relaxed),
-                (*leaf.add(2 * LEAF_ENTRIES + index)).load(Ordering::Relaxed),
-                (*leaf.add(ASKED_AT + index)).load(Ordering::Relaxed),
-            )
-        };
-        (Birth { ns, holder }, asked, Marks::of(entry))
+        self.record(addr).map_or((Birth::default(), 0, Marks::default()), |r| r.live())
     }
 
     /// Calls `f(addr, len, birth)` for every live block: a walk of every table, for the
@@ -662,6 +620,64 @@ fn granules(addr: usize, len: usize) -> impl Iterator<Item = usize> {
     (first..=last).map(|g| g << GRANULE_SHIFT)
 }
 
+/// The record of one block as a walk of the tables found it (`Registry::record`): read, then
+/// changed against what was read without walking again (the reuse pair's path, Note [A
+/// thread's own slot] in host/thread_slots.rs).
+pub struct Record<'a> {
+    entry: &'a AtomicU64,
+    born: &'a AtomicU64,
+    holder: &'a AtomicU64,
+    asked: &'a AtomicU64,
+    /// The entry when read: a change since fails the exchanges below.
+    value: u64,
+}
+
+impl Record<'_> {
+    /// When the block was handed out and to whom, what was asked of it (zeros if unknown), and
+    /// what is known of its pages (nothing unless it is live).
+    #[inline]
+    pub fn live(&self) -> (Birth, u64, Marks) {
+        let birth = Birth { ns: self.born.load(Ordering::Relaxed), holder: self.holder.load(Ordering::Relaxed) };
+        (birth, self.asked.load(Ordering::Relaxed), Marks::of(self.value))
+    }
+
+    /// The live block of `len` bytes, freed by the program, goes to its thread's slot: true
+    /// when its entry said live, with no mark but its votes and huge-page advice, and still
+    /// says so. A compare-exchange: of two threads freeing one block at once, one moves it, and
+    /// the other finds it in a slot (a double free).
+    #[inline]
+    pub fn move_to_slot(&self, len: usize) -> bool {
+        self.value & !(VOTES_MASK | HUGE_ADVICE) == len as u64 | LIVE
+            && self.entry.compare_exchange(self.value, self.value | IN_SLOT, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+    }
+
+    /// The block of `len` bytes, taken from a slot, goes back to the program, handed out by
+    /// `birth` for `asked` bytes; false (and in a slot still, its record as it was) when the
+    /// program changed its pages since the record was read. Its taker is the one thread that
+    /// took it from the slot.
+    #[inline]
+    pub fn take_from_slot(&self, len: usize, birth: Birth, asked: u64) -> bool {
+        if self.value & !(VOTES_MASK | HUGE_ADVICE) != len as u64 | LIVE | IN_SLOT {
+            return false;
+        }
+        // The new owner's record first, so that whoever sees the block live sees it; a mark the
+        // program adds from another thread meanwhile (note_change) fails the exchange, and the
+        // block, its old record back, goes the cache's way, which resets it. The record is the
+        // taker's alone to write (plain loads and stores, no locked swap on the reuse pair).
+        let was = (self.born.load(Ordering::Relaxed), self.holder.load(Ordering::Relaxed), self.asked.load(Ordering::Relaxed));
+        self.born.store(birth.ns, Ordering::Relaxed);
+        self.holder.store(birth.holder, Ordering::Relaxed);
+        self.asked.store(asked, Ordering::Relaxed);
+        if self.entry.compare_exchange(self.value, self.value & !IN_SLOT, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            return true;
+        }
+        self.born.store(was.0, Ordering::Relaxed);
+        self.holder.store(was.1, Ordering::Relaxed);
+        self.asked.store(was.2, Ordering::Relaxed);
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -769,12 +785,16 @@ mod tests {
         let a = 0x6c00_0000_0000usize; // a range no other test uses
         assert!(reg.set_live(a, 8 * mib, born(1)));
         reg.set_asked(a, 5);
-        assert!(reg.move_to_slot(a, 8 * mib) && reg.in_slot(a));
-        assert!(reg.take_from_slot(a, 8 * mib, born(2), 7));
+        assert!(!reg.record(a).unwrap().move_to_slot(4 * mib), "another length");
+        assert!(reg.record(a).unwrap().move_to_slot(8 * mib) && reg.in_slot(a));
+        assert!(!reg.record(a).unwrap().move_to_slot(8 * mib), "in a slot already: a double free");
+        assert!(reg.record(a).unwrap().take_from_slot(8 * mib, born(2), 7));
         assert_eq!((reg.live_record(a).0, reg.live_record(a).1, reg.in_slot(a)), (born(2), 7, false));
-        assert!(reg.move_to_slot(a, 8 * mib));
+        assert!(reg.record(a).unwrap().move_to_slot(8 * mib));
+        let read_before = reg.record(a).unwrap();
         reg.note_change(a + mib, PAGE, PageChange::Changed);
-        assert!(!reg.take_from_slot(a, 8 * mib, born(3), 9));
+        assert!(!read_before.take_from_slot(8 * mib, born(3), 9), "changed since it was read");
+        assert!(!reg.record(a).unwrap().take_from_slot(8 * mib, born(3), 9), "changed");
         assert_eq!((reg.live_record(a).0, reg.live_record(a).1, reg.in_slot(a)), (born(2), 7, true));
     }
 

@@ -32,11 +32,16 @@
 // tick. Not less: with 100 ms, a thread of 16 on 2 cores waiting that long for the CPU found its
 // block on its way to the cache and mapped a fresh one (the 16-thread seed: 19 misses in 6 runs
 // of 30, where it makes 18).
-// A slot is one thread's (given at its first free there and never taken back: from a process's
-// SLOTS+1th such thread on, frees take the cache's path as before), so its counts of reuses are
-// plain stores, which the readers fold into the tally under the cache lock (`reuses_to_count`;
-// a forked child forgets its parent's); its block is taken with an exchange, since the
-// background pass may take it at the same moment. Slots are not used where the cache's bounds are exact or
+// A slot is one thread's (given at its first free there, to the thread's pointer: from a
+// process's SLOTS+1th such live thread on, frees take the cache's path as before), so its counts
+// of reuses are plain stores, which the readers fold into the tally under the cache lock
+// (`reuses_to_count`; a forked child forgets its parent's); its block is taken with an exchange,
+// since the background pass may take it at the same moment. A thread finds its slot by its
+// thread pointer, one register read, in one of two homes its pointer hashes to (a thread-local
+// lookup is a call to __tls_get_addr from a shared library: two of them were 36 instructions
+// of the pair's 670); a thread whose homes were both given finds it through a thread-local
+// word. A thread that starts where an ended one was (glibc reuses a stack, and the pointer with
+// it) takes over the ended thread's slot, block and all: it is the slot's one writer now. Slots are not used where the cache's bounds are exact or
 // tight (a byte or block bound the user set, a mapping limit, a memory-limited cgroup): a block
 // in a slot is idle memory those bounds do not count. Elsewhere a block goes to a slot only if
 // it is at most a SLOTS-th of the cache's ceiling (a quarter of memory), so the slots together
@@ -48,6 +53,7 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::{AcqRel, Acquire, Rel
 
 /// Slots a process has: threads whose frees use one.
 pub const SLOTS: usize = 32;
+const _: () = assert!(SLOTS.is_power_of_two(), "homes() takes bits of a hash");
 
 /// The longest a block waits in a slot before the background pass sends it to the cache (less
 /// when the cache releases sooner): a block taken back is stamped with its free's time, read
@@ -57,6 +63,9 @@ pub const LONGEST_WAIT_NS: u64 = 1_000_000_000;
 /// One thread's freed block and what it handed out again.
 #[repr(align(64))]
 struct Slot {
+    /// The thread pointer of the thread it was given to (`sys::thread::pointer`, 1 where there
+    /// is none), 0 while no thread has it.
+    owner: AtomicUsize,
     /// The block's start and length (`pack`), 0 for none.
     block: AtomicU64,
     /// When the program freed it.
@@ -72,7 +81,7 @@ struct Slot {
 
 impl Slot {
     const fn new() -> Self {
-        Slot { block: AtomicU64::new(0), freed_ns: AtomicU64::new(0), reuses: AtomicU64::new(0), reuse_bytes: AtomicU64::new(0), counted: AtomicU64::new(0), counted_bytes: AtomicU64::new(0) }
+        Slot { owner: AtomicUsize::new(0), block: AtomicU64::new(0), freed_ns: AtomicU64::new(0), reuses: AtomicU64::new(0), reuse_bytes: AtomicU64::new(0), counted: AtomicU64::new(0), counted_bytes: AtomicU64::new(0) }
     }
 }
 
@@ -87,8 +96,6 @@ pub struct SlotBlock {
 /// The slots of one host layer.
 pub struct ThreadSlots {
     slots: [Slot; SLOTS],
-    /// Slots given to threads so far (past SLOTS: none left).
-    given: AtomicUsize,
     /// The table's number among every table the process made (0 before its first slot is
     /// given): what a thread remembers its slot by (a table's address may be a later one's).
     number: AtomicUsize,
@@ -121,6 +128,15 @@ pub fn fits(addr: usize, len: usize) -> bool {
     (addr | len) & ((1 << PAGE_SHIFT) - 1) == 0 && len > 0 && len <= MAX_LEN && (addr as u64) >> 48 == 0
 }
 
+/// The two slots a thread whose pointer is `tp` looks in first: Fibonacci hashing's top bits,
+/// two groups of them (threads' pointers lie a stack apart, a multiple of a page).
+#[inline(always)]
+fn homes(tp: usize) -> [usize; 2] {
+    const BITS: u32 = SLOTS.trailing_zeros();
+    let h = (tp as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    [(h >> (64 - BITS)) as usize, (h >> (64 - 2 * BITS)) as usize & (SLOTS - 1)]
+}
+
 impl Default for ThreadSlots {
     fn default() -> Self {
         Self::new()
@@ -129,22 +145,51 @@ impl Default for ThreadSlots {
 
 impl ThreadSlots {
     pub const fn new() -> Self {
-        ThreadSlots { slots: [const { Slot::new() }; SLOTS], given: AtomicUsize::new(0), number: AtomicUsize::new(0) }
+        ThreadSlots { slots: [const { Slot::new() }; SLOTS], number: AtomicUsize::new(0) }
     }
 
-    /// The calling thread's slot, given at its first call (None: every slot is another
-    /// thread's). A thread remembers one table's slot, by its number (a process has one table;
-    /// tests make many).
+    /// The calling thread's slot, given at its first call (None: every slot is another live
+    /// thread's).
+    #[inline]
     pub fn own_slot(&self) -> Option<usize> {
+        let tp = crate::sys::thread::pointer();
+        self.at_home(tp).or_else(|| self.own_slot_elsewhere(tp))
+    }
+
+    /// The slot of the thread whose pointer is `tp` if it is one of the two its pointer hashes to.
+    #[inline(always)]
+    fn at_home(&self, tp: usize) -> Option<usize> {
+        if tp == 0 {
+            return None;
+        }
+        homes(tp).into_iter().find(|&i| self.slots.get(i).is_some_and(|s| s.owner.load(Relaxed) == tp))
+    }
+
+    /// `own_slot` for a thread not at home: the slot it was given, remembered by the table's
+    /// number (a process has one table; tests make many), or one given now.
+    #[cold]
+    fn own_slot_elsewhere(&self, tp: usize) -> Option<usize> {
         let table = self.number();
         OWN.with(|own| {
             let (of, mut v) = own.get();
             if of != table {
-                v = self.given.fetch_add(1, Relaxed).min(SLOTS) + 1;
+                v = self.give(tp).map_or(SLOTS + 1, |i| i + 1);
                 own.set((table, v));
             }
             (v <= SLOTS).then(|| v - 1)
         })
+    }
+
+    /// A slot for the thread whose pointer is `tp`: one an ended thread with that pointer had,
+    /// else a free one, its homes first; None when every slot is another thread's.
+    fn give(&self, tp: usize) -> Option<usize> {
+        let owner = tp.max(1);
+        if tp != 0 {
+            if let Some(i) = self.slots.iter().position(|s| s.owner.load(Relaxed) == tp) {
+                return Some(i);
+            }
+        }
+        homes(tp).into_iter().chain(0..SLOTS).find(|&i| self.slots.get(i).is_some_and(|s| s.owner.compare_exchange(0, owner, Relaxed, Relaxed).is_ok()))
     }
 
     fn number(&self) -> usize {
@@ -159,8 +204,16 @@ impl ThreadSlots {
         }
     }
 
-    /// The calling thread's slot if it has one (a thread that never freed here has none).
+    /// The calling thread's slot if it has one (a thread that never freed here has none, unless
+    /// it took over an ended thread's).
+    #[inline]
     pub fn slot_given(&self) -> Option<usize> {
+        let tp = crate::sys::thread::pointer();
+        self.at_home(tp).or_else(|| self.slot_given_elsewhere())
+    }
+
+    #[cold]
+    fn slot_given_elsewhere(&self) -> Option<usize> {
         let table = self.number.load(Relaxed);
         OWN.with(|own| {
             let (of, v) = own.get();
@@ -332,19 +385,59 @@ mod tests {
     }
 
     #[test]
-    fn each_thread_has_a_slot_of_its_own_until_none_is_left() {
-        let p = std::sync::Arc::new(ThreadSlots::new());
+    fn each_live_thread_has_a_slot_of_its_own_until_none_is_left() {
+        use std::sync::{Arc, Barrier};
+        let p = Arc::new(ThreadSlots::new());
         assert_eq!(p.slot_given(), None, "none before its first free");
-        let first = p.own_slot();
-        assert_eq!(first, Some(0));
-        assert_eq!(p.slot_given(), first);
-        assert_eq!(p.own_slot(), first, "kept");
+        let first = p.own_slot().expect("a slot for the first thread");
+        assert_eq!(p.slot_given(), Some(first));
+        assert_eq!(p.own_slot(), Some(first), "kept");
+        // SLOTS more threads, all alive until each has asked: SLOTS - 1 slots are left for them.
+        let all_asked = Arc::new(Barrier::new(SLOTS + 1));
         let others: Vec<_> = (0..SLOTS).map(|_| {
-            let q = p.clone();
-            std::thread::spawn(move || q.own_slot()).join().unwrap()
+            let (q, b) = (p.clone(), all_asked.clone());
+            std::thread::spawn(move || {
+                let mine = q.own_slot();
+                let again = (q.own_slot(), q.slot_given());
+                b.wait();
+                (mine, again)
+            })
         }).collect();
-        assert_eq!(others[..SLOTS - 1], (1..SLOTS).map(Some).collect::<Vec<_>>()[..]);
-        assert_eq!(others[SLOTS - 1], None, "the table's slots are all given");
-        assert_eq!(ThreadSlots::new().own_slot(), Some(0), "another table gives its own");
+        all_asked.wait();
+        let mut given: Vec<usize> = vec![first];
+        for t in others {
+            let (mine, again) = t.join().unwrap();
+            assert_eq!(again, (mine, mine), "a thread keeps its slot");
+            given.extend(mine);
+        }
+        given.sort();
+        given.dedup();
+        assert_eq!(given, (0..SLOTS).collect::<Vec<_>>(), "each slot given once, one thread left without");
+        let q = ThreadSlots::new();
+        assert!(q.own_slot().is_some(), "another table gives its own");
+    }
+
+    /// A thread that starts with an ended thread's pointer (glibc reused its stack) takes over
+    /// its slot; any other, once every slot is given, has none.
+    #[test]
+    fn a_thread_in_an_ended_ones_place_takes_over_its_slot() {
+        let p = std::sync::Arc::new(ThreadSlots::new());
+        let ask = |p: &std::sync::Arc<ThreadSlots>| {
+            let q = p.clone();
+            std::thread::spawn(move || (crate::sys::thread::pointer(), q.own_slot())).join().unwrap()
+        };
+        // Each thread ends before the next starts: most start where the one before ended.
+        let mut ended: Vec<(usize, Option<usize>)> = vec![];
+        for _ in 0..SLOTS + 4 {
+            let (tp, slot) = ask(&p);
+            let mut given: Vec<usize> = ended.iter().filter_map(|e| e.1).collect();
+            given.sort();
+            given.dedup();
+            match ended.iter().find(|(t, _)| *t == tp) {
+                Some((_, theirs)) => assert_eq!(slot, *theirs, "the ended thread's slot"),
+                None => assert_eq!(slot.is_some_and(|i| !given.contains(&i)), given.len() < SLOTS, "a free slot while one is left"),
+            }
+            ended.push((tp, slot));
+        }
     }
 }

@@ -157,8 +157,32 @@ impl HostBook {
     }
 }
 
+/// Whether a host block's event goes anywhere beyond its book and the history: the ledger
+/// (TENSORMALLOC_STATS's file), a scope ever opened, the trace. Three loads, so that a host
+/// malloc/free pair with none of them on makes no call here (Note [Host records under the
+/// cache lock]).
+#[inline(always)]
+fn host_extras_on() -> bool {
+    ledger::on() || scopes::ever_opened() || trace::enabled()
+}
+
 /// A block handed out; `found` says how. A host block's row and history are its book's.
+#[inline(always)]
 pub fn alloc(b: Block, found: Found) {
+    if b.place != PLACE_HOST || host_extras_on() {
+        alloc_recorded(b, found);
+    }
+}
+
+/// A block given back by the program.
+#[inline(always)]
+pub fn free(b: Block) {
+    if b.place != PLACE_HOST || host_extras_on() {
+        free_recorded(b);
+    }
+}
+
+fn alloc_recorded(b: Block, found: Found) {
     ledger::on_alloc(b.place, b.bytes, found);
     if b.place != PLACE_HOST {
         retry_served(b.place, b.bytes);
@@ -173,8 +197,7 @@ pub fn alloc(b: Block, found: Found) {
     }
 }
 
-/// A block given back by the program.
-pub fn free(b: Block) {
+fn free_recorded(b: Block) {
     ledger::on_free(b.place, b.bytes);
     if b.place != PLACE_HOST {
         if let Some(h) = holders::table() {
@@ -194,12 +217,14 @@ pub fn free(b: Block) {
 /// A host block freed into its thread's slot at `now_ns` (Note [A thread's own slot] in
 /// host/thread_slots.rs): a free, but for its holder's row, which follows when it leaves the
 /// slot (`HostBook::left_slot`, `HostBook::changed_hands`).
+#[inline(always)]
 pub fn freed_to_slot(b: Block, now_ns: u64) {
     free(b);
     HostBook::event(history::FREE, &b, now_ns);
 }
 
 /// A host block taken back from its thread's slot at `now_ns`, a hit.
+#[inline(always)]
 pub fn taken_from_slot(b: Block, now_ns: u64) {
     HostBook::event(history::ALLOC, &b, now_ns);
     alloc(b, Found::Hit);

@@ -168,6 +168,12 @@ pub fn current() -> Option<ScopeStats> {
     with_stack(|s| s.frames.get(s.depth.checked_sub(1)?).copied()).flatten()
 }
 
+/// Whether any thread ever opened a scope (until then no event goes to one).
+#[inline(always)]
+pub fn ever_opened() -> bool {
+    EVER_OPENED.load(Relaxed)
+}
+
 #[inline]
 pub fn on_alloc(bytes: u64) {
     if !EVER_OPENED.load(Relaxed) {

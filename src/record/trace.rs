@@ -102,6 +102,7 @@ impl Named {
     }
 }
 
+#[inline(always)]
 pub fn enabled() -> bool {
     ON.load(Ordering::Relaxed)
 }

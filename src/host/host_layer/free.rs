@@ -9,7 +9,7 @@ use crate::host::cache::{BlockCache, Inserted, Live, PageFacts};
 use crate::host::tally::CallTimer;
 use crate::ranges::{Range, RangeList};
 use crate::record::stats::PhaseTimer;
-use crate::host::registry::Marks;
+use crate::host::registry::{Marks, Record};
 use crate::record::{self, Block, HostBook};
 use super::transit::InTransit;
 use crate::sys::lock::Guard;
@@ -20,12 +20,14 @@ impl<M: PageMemory> HostLayer<M> {
     /// can go there (Note [A thread's own slot]), else towards the cache.
     pub fn free(&self, addr: usize, len: usize) {
         let now = (self.clock)();
-        let (birth, asked, marks) = self.registry.live_record(addr);
+        // One walk of the tables: the record read here is the one the slot's move checks.
+        let registered = self.registry.record(addr);
+        let (birth, asked, marks) = registered.as_ref().map_or(Default::default(), Record::live);
         let block = Block::host(addr as u64, len as u64, asked, birth.holder);
         if marks.huge() {
             self.note_adviser(holder_tag(birth.holder));
         }
-        if self.free_into_slot(block, now) {
+        if registered.is_some_and(|r| self.free_into_slot(block, &r, now)) {
             return;
         }
         let mut timer = CallTimer::begin(self.stats.frees.get(), self.precise);

@@ -4,7 +4,7 @@
 
 use super::{holder_tag, HostLayer};
 use crate::backing::PageMemory;
-use crate::host::registry::{Birth, Marks};
+use crate::host::registry::{Birth, Marks, Record};
 use crate::host::tally::CallTimer;
 use crate::host::thread_slots::{self, SlotBlock};
 use crate::record::{self, Block};
@@ -12,9 +12,10 @@ use super::free::Freed;
 use core::sync::atomic::Ordering::Relaxed;
 
 impl<M: PageMemory> HostLayer<M> {
-    /// free's first step: `block`, freed at `now`, goes to its thread's slot if it can, and
-    /// what the slot held goes to the cache. False: the caller takes it back as before.
-    pub(super) fn free_into_slot(&self, block: Block, now: u64) -> bool {
+    /// free's first step: `block`, freed at `now` (`registered`: its registry record as free
+    /// read it), goes to its thread's slot if it can, and what the slot held goes to the cache.
+    /// False: the caller takes it back as before.
+    pub(super) fn free_into_slot(&self, block: Block, registered: &Record, now: u64) -> bool {
         let (addr, len) = (block.addr as usize, block.bytes as usize);
         // Each at most a SLOTS-th of the cache's ceiling (a quarter of memory): all of them
         // together hold no more than the cache may, for a second at most.
@@ -24,7 +25,7 @@ impl<M: PageMemory> HostLayer<M> {
         }
         let Some(i) = self.slots.own_slot() else { return false };
         // Its marks decide: a block the program changed is reset or unmapped by the cache's path.
-        if !self.registry.move_to_slot(addr, len) {
+        if !registered.move_to_slot(len) {
             return false;
         }
         record::freed_to_slot(block, now);
@@ -48,7 +49,11 @@ impl<M: PageMemory> HostLayer<M> {
             self.own_block_to_cache(i);
             return None;
         }
-        let (was, was_asked, marks) = self.registry.live_record(addr);
+        let Some(registered) = self.registry.record(addr) else {
+            self.own_block_to_cache(i);
+            return None;
+        };
+        let (was, was_asked, marks) = registered.live();
         // Note [Huge-page advice]: advised pages go back only to code of the library that advised
         // them, and code that advises its own is served first from those, which the cache may
         // hold (as the cache's block freed last: Note [The block freed last]).
@@ -64,7 +69,7 @@ impl<M: PageMemory> HostLayer<M> {
         // No clock read: the block is stamped with its free's time, at most a slot's longest
         // wait early (Note [A thread's own slot]).
         let now = taken.freed_ns;
-        if !self.registry.take_from_slot(addr, len, Birth { ns: now, holder }, size as u64) {
+        if !registered.take_from_slot(len, Birth { ns: now, holder }, size as u64) {
             // The program changed its pages while it was freed: the cache's path resets them.
             self.free_from_slot(taken);
             return None;

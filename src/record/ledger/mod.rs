@@ -106,6 +106,12 @@ fn place_to_use() -> Where {
     Where::Path(unsafe { core::slice::from_raw_parts(p, PATH_LEN.load(Acquire)) })
 }
 
+/// Whether the counters are on (TENSORMALLOC_STATS): once on, never off again.
+#[inline(always)]
+pub fn on() -> bool {
+    STATE.load(Relaxed) != OFF
+}
+
 /// Runs `f` on the counters of `place` wherever they live now; nothing when off.
 #[inline]
 fn with(place: u8, f: impl Fn(&Place)) {
