@@ -7,7 +7,7 @@ import pytest
 from conftest import compile_c, ok, run
 
 
-@pytest.mark.parametrize("mode", ["counts", "threads", "fork", "idle", "mapped", "trim"])
+@pytest.mark.parametrize("mode", ["counts", "threads", "crowd", "generations", "fork", "idle", "mapped", "trim"])
 @pytest.mark.parametrize("preload", [True, False], ids=["tensormalloc", "glibc"])
 def test_a_block_in_its_threads_slot(mode, preload):
     env = {"TENSORMALLOC_HOST_RELEASE_MS": "100", "TENSORMALLOC_HOST_RELEASE": "now"}

@@ -3,6 +3,11 @@
  *            and a free, the block ends cached, mallinfo2 says nothing is in use;
  *   threads  8 threads, each with its own size, 3000 pairs, each block stamped with its thread
  *            and checked before its free: no block is ever two threads' at once;
+ *   crowd    the same with 40 threads alive at once, more than there are slots (32): the
+ *            later ones use the cache, no two share a slot;
+ *   generations  40 threads one after another, each ending before the next starts (most
+ *            start on the stack, and with the thread pointer, of the one before, whose slot
+ *            they take over), 500 pairs each: the figures add up, nothing stays live;
  *   fork     a block freed, then a fork: parent and child each take the size again and write it;
  *   idle     64 MiB written whole and freed; 600 ms later (TENSORMALLOC_HOST_RELEASE_MS=100 and
  *            _RELEASE=now) RSS has fallen by it;
@@ -41,10 +46,12 @@ static void rss_falls_after(void (*give_back)(void), const char *when) {
     CHECK(full - after > 60 * 1024);
 }
 
+static int pairs = 3000;
+
 static void *churn(void *arg) {
     long id = (long)arg;
-    size_t n = (4 + id) * MB + 4096 * id;
-    for (int i = 0; i < 3000; i++) {
+    size_t n = (4 + id % 8) * MB + 4096 * id;
+    for (int i = 0; i < pairs; i++) {
         volatile long *p = malloc(n);
         CHECK(p);
         p[0] = id;
@@ -89,6 +96,27 @@ int main(int argc, char **argv) {
         for (long i = 0; i < 8; i++) CHECK(pthread_create(&t[i], NULL, churn, (void *)i) == 0);
         for (int i = 0; i < 8; i++) CHECK(pthread_join(t[i], NULL) == 0);
         if (tm_stats(&s) == 0) CHECK(s.host_requests == 8 * 3000 && s.host_frees == 8 * 3000 && s.host_live_bytes == 0);
+    } else if (!strcmp(mode, "crowd") || !strcmp(mode, "generations")) {
+        enum { THREADS = 40 };
+        pthread_t t[THREADS];
+        tm_stats_t before;
+        int ours = tm_stats(&before) == 0;
+        int at_once = !strcmp(mode, "crowd");
+        pairs = 500;
+        for (long i = 0; i < THREADS; i++) {
+            CHECK(pthread_create(&t[i], NULL, churn, (void *)(i + 1)) == 0);
+            if (!at_once) CHECK(pthread_join(t[i], NULL) == 0);
+        }
+        if (at_once)
+            for (int i = 0; i < THREADS; i++) CHECK(pthread_join(t[i], NULL) == 0);
+        if (ours) {
+            CHECK(tm_stats(&s) == 0);
+            fprintf(stderr, "requests %llu frees %llu live %llu\n", (unsigned long long)(s.host_requests - before.host_requests),
+                    (unsigned long long)(s.host_frees - before.host_frees), (unsigned long long)s.host_live_bytes);
+            CHECK(s.host_requests - before.host_requests == THREADS * 500);
+            CHECK(s.host_frees - before.host_frees == THREADS * 500);
+            CHECK(s.host_live_bytes == 0);
+        }
     } else if (!strcmp(mode, "fork")) {
         char *p = malloc(16 * MB);
         memset(p, 1, 16 * MB);
