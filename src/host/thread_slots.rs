@@ -41,13 +41,14 @@
 // lookup is a call to __tls_get_addr from a shared library: two of them were 36 instructions
 // of the pair's 670); a thread whose homes were both given finds it through a thread-local
 // word. A thread that starts where an ended one was (glibc reuses a stack, and the pointer with
-// it) takes over the ended thread's slot, block and all: it is the slot's one writer now. Slots are not used where the cache's bounds are exact or
-// tight (a byte or block bound the user set, a mapping limit, a memory-limited cgroup): a block
-// in a slot is idle memory those bounds do not count. Elsewhere a block goes to a slot only if
-// it is at most a SLOTS-th of the cache's ceiling (a quarter of memory), so the slots together
-// hold at most as much again as the cache may, each block a second at most: a 7 GiB block
-// freed, or eight threads' 1 GiB blocks, kept resident past the cache's bound until due (the
-// rerun helper's finding) go the cache's way, which refuses or evicts.
+// it) takes over the ended thread's slot, block and all: it is the slot's one writer now.
+// Slots are not used where the cache's bounds are exact or tight (a byte or block bound the
+// user set, a mapping limit, a memory-limited cgroup): a block in a slot is idle memory those
+// bounds do not count. Elsewhere a block goes to a slot only if it is at most a SLOTS-th of the
+// cache's ceiling (a quarter of memory), so the slots together hold at most as much again as
+// the cache may, each block a second at most: a 7 GiB block freed, or eight threads' 1 GiB
+// blocks, kept resident past the cache's bound until due (the rerun helper's finding) go the
+// cache's way, which refuses or evicts.
 
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::{AcqRel, Acquire, Relaxed, Release}};
 
