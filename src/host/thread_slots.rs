@@ -411,9 +411,10 @@ mod tests {
             assert_eq!(again, (mine, mine), "a thread keeps its slot");
             given.extend(mine);
         }
+        assert_eq!(given.len(), SLOTS, "one thread left without");
         given.sort();
         given.dedup();
-        assert_eq!(given, (0..SLOTS).collect::<Vec<_>>(), "each slot given once, one thread left without");
+        assert_eq!(given, (0..SLOTS).collect::<Vec<_>>(), "each slot given once");
         let q = ThreadSlots::new();
         assert!(q.own_slot().is_some(), "another table gives its own");
     }

@@ -176,7 +176,7 @@ pub fn ever_opened() -> bool {
 
 #[inline]
 pub fn on_alloc(bytes: u64) {
-    if !EVER_OPENED.load(Relaxed) {
+    if !ever_opened() {
         return;
     }
     let _ = with_stack(|s| {
@@ -191,7 +191,7 @@ pub fn on_alloc(bytes: u64) {
 
 #[inline]
 pub fn on_free(bytes: u64) {
-    if !EVER_OPENED.load(Relaxed) {
+    if !ever_opened() {
         return;
     }
     let _ = with_stack(|s| {

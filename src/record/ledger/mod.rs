@@ -124,7 +124,7 @@ fn with(place: u8, f: impl Fn(&Place)) {
         }
         return;
     }
-    if STATE.load(Relaxed) != OFF {
+    if on() {
         with_slow(place, f);
     }
 }
