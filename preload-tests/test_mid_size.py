@@ -114,3 +114,43 @@ def test_a_ring_of_drifting_sizes_gathers_nothing(tmp_path):
     assert out.stdout == "ring ok\n", out
     host = json.loads(stats.read_text())["host"]
     assert host["requests"] >= 20000 and host["grows"] == 0, host
+
+
+def heap_top(preload, big_mib, mode="plain", env=None):
+    """heap_top.c's faults a round: forty 100 KiB requests, glibc's, freed together."""
+    out = ok(run([compile_c("heap_top"), str(big_mib), mode], preload=preload, env={**NO_IDLE_RELEASE, **(env or {})}))
+    return int(re.search(r"faults a round (\d+)", out.stdout).group(1))
+
+
+def test_glibcs_heap_behind_us_keeps_its_top_as_glibc_alone_would():
+    """Requests just under our threshold are glibc's. glibc alone, once the program has freed one
+    large (mmapped) chunk, keeps up to twice its size free at its heap's top: a round of forty
+    100 KiB requests then faults no page. Behind us it never saw one, and gave its top back every
+    round: 968 faults a round (Note [glibc's sliding threshold])."""
+    assert heap_top(False, 8) <= 4
+    assert heap_top(True, 8) <= 4
+
+
+@pytest.mark.parametrize("big_mib, mode, env", [
+    (0, "plain", {}),  # no large block freed: glibc alone gives its top back, and so do we
+    (8, "plain", {"MALLOC_TRIM_THRESHOLD_": "131072"}),
+    (8, "plain", {"GLIBC_TUNABLES": "glibc.malloc.top_pad=0"}),
+    (8, "fix-before", {}),
+    (8, "fix-after", {}),  # the program's mallopt after our slide: its value stands
+])
+def test_glibcs_heap_gives_its_top_back_where_glibc_alone_would(big_mib, mode, env):
+    """Where glibc alone gives its heap's top back every round (no large chunk freed yet, or
+    thresholds the environment or the program fixed), so does glibc behind us: we keep nothing
+    it would not."""
+    glibc = heap_top(False, big_mib, mode, env)
+    ours = heap_top(True, big_mib, mode, env)
+    assert glibc > 500, glibc  # 968 here: every page of the round
+    assert ours > glibc // 2, (ours, glibc)
+
+
+def test_a_heap_top_over_tcmalloc_costs_no_fault_either():
+    """tcmalloc behind us keeps the memory it frees, as alone: no fault a round, with or without
+    a large block of ours freed first."""
+    tcmalloc = find_peer("libtcmalloc_minimal.so.4")
+    assert heap_top(f"{LIB} {tcmalloc}", 8) <= 4
+    assert heap_top(f"{LIB} {tcmalloc}", 0) <= 4

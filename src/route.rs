@@ -24,6 +24,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering:
 
 pub(crate) mod cxx;
 pub(crate) mod control;
+pub(crate) mod glibc_slide;
 pub(crate) mod libc_names;
 pub(crate) mod objects;
 pub(crate) mod page_calls;
@@ -101,6 +102,12 @@ fn set_targets(g: &'static Globals) -> Option<&'static Globals> {
     room::follow_mapping_limits();
     crate::state::watch_limits(room::follow_limits_in_pass);
     set_large_from(HOST.is_enabled(), true);
+    // Note [glibc's sliding threshold]: only where glibc alone would slide it.
+    if let (true, false, Some(mallopt)) = (next.heap_is_glibcs, g.glibc_thresholds_fixed, next.control.mallopt) {
+        if !g.config.disabled && HOST.threshold_bytes() <= glibc_slide::GLIBC_FIRST_MMAP_THRESHOLD {
+            glibc_slide::arm(mallopt);
+        }
+    }
     TARGETS.store(SET, Release);
     Some(g)
 }
@@ -272,6 +279,7 @@ fn report_out_of_memory(size: usize, align: usize) {
 fn free_large(p: *mut c_void, len: usize) {
     let saved = SavedErrno::save();
     HOST.free(p as usize, len);
+    glibc_slide::after_free(len);
     saved.restore();
 }
 

@@ -21,6 +21,8 @@ use crate::sys::{clock, reaper};
 pub struct Globals {
     pub config: Config,
     pub next: NextAllocator,
+    /// The environment fixes glibc's mmap or trim thresholds (config/glibc.rs).
+    pub glibc_thresholds_fixed: bool,
 }
 
 struct InitCell(UnsafeCell<MaybeUninit<Globals>>);
@@ -115,8 +117,9 @@ fn init_slow() -> Option<&'static Globals> {
     DEVICE.set_background(reaper::on_block_cached);
     neighbours::configure(|device, idle_since_ns| DEVICE.release_for_neighbour(device, idle_since_ns), config.cuda_neighbour_wait_ms);
     DEVICE.set_neighbours(segment_mapped, neighbours::ask);
+    let glibc_thresholds_fixed = glibc_thresholds_fixed();
     // SAFETY: only this thread writes, and only before publishing DONE.
-    unsafe { (*GLOBALS.0.get()).write(Globals { config, next }) };
+    unsafe { (*GLOBALS.0.get()).write(Globals { config, next, glibc_thresholds_fixed }) };
     INIT_STATE.store(DONE, Ordering::Release);
     globals()
 }
@@ -234,6 +237,19 @@ fn glibc_perturbs() -> bool {
         setting
     };
     perturbs(first(b"GLIBC_TUNABLES"), first(b"MALLOC_PERTURB_"))
+}
+
+/// Whether the environment fixes glibc's mmap or trim thresholds, which stops glibc sliding
+/// them (config/glibc.rs); setuid programs' is not read, as glibc ignores it there.
+fn glibc_thresholds_fixed() -> bool {
+    if crate::sys::env::is_secure_execution() {
+        return false;
+    }
+    let mut fixed = false;
+    for prefix in [&b"MALLOC_"[..], b"GLIBC_TUNABLES"] {
+        crate::sys::env::for_each_with_prefix(prefix, |name, value| fixed |= crate::config::glibc::fixes_thresholds(name, value));
+    }
+    fixed
 }
 
 fn read_config() -> Config {

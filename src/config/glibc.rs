@@ -1,5 +1,6 @@
 //! glibc's own malloc settings that decide whether we serve at all: MALLOC_PERTURB_ and the
-//! glibc.malloc.perturb tunable (Note [Memory debuggers] in state.rs).
+//! glibc.malloc.perturb tunable (Note [Memory debuggers] in state.rs); and those that fix glibc's
+//! thresholds, which we then leave alone (Note [glibc's sliding threshold] in route/glibc_slide.rs).
 
 /// What the environment entry `name=value` says of glibc's perturbation (fill each block at
 /// malloc and at free with a byte, to expose reads of uninitialized or freed memory): Some(on)
@@ -26,6 +27,18 @@ pub fn perturbs(tunables: Option<bool>, malloc_perturb: Option<bool>) -> bool {
     tunables.or(malloc_perturb).unwrap_or(false)
 }
 
+/// Whether the environment entry `name=value` fixes glibc's mmap or trim threshold, its top pad
+/// or its mmap count, each of which stops glibc sliding its thresholds (malloc.c: every
+/// `do_set_*` of them sets `no_dyn_threshold`).
+pub fn fixes_thresholds(name: &[u8], value: &[u8]) -> bool {
+    const TUNABLES: [&[u8]; 4] = [b"glibc.malloc.trim_threshold=", b"glibc.malloc.top_pad=", b"glibc.malloc.mmap_threshold=", b"glibc.malloc.mmap_max="];
+    match name {
+        b"MALLOC_TRIM_THRESHOLD_" | b"MALLOC_TOP_PAD_" | b"MALLOC_MMAP_THRESHOLD_" | b"MALLOC_MMAP_MAX_" => true,
+        b"GLIBC_TUNABLES" => value.split(|&b| b == b':').any(|t| TUNABLES.iter().any(|p| t.starts_with(p))),
+        _ => false,
+    }
+}
+
 /// strtoul(value, NULL, 0), saturating: 0 where no digit is read.
 fn number(value: &[u8]) -> u64 {
     let v = value.trim_ascii_start();
@@ -40,7 +53,19 @@ fn number(value: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{perturb_setting, perturbs};
+    use super::{fixes_thresholds, perturb_setting, perturbs};
+
+    #[test]
+    fn the_settings_that_stop_glibc_sliding_its_thresholds_are_told() {
+        for name in [&b"MALLOC_TRIM_THRESHOLD_"[..], b"MALLOC_TOP_PAD_", b"MALLOC_MMAP_THRESHOLD_", b"MALLOC_MMAP_MAX_"] {
+            assert!(fixes_thresholds(name, b"4294967296"), "{}", String::from_utf8_lossy(name));
+        }
+        assert!(fixes_thresholds(b"GLIBC_TUNABLES", b"glibc.malloc.check=3:glibc.malloc.trim_threshold=1"));
+        assert!(fixes_thresholds(b"GLIBC_TUNABLES", b"glibc.malloc.mmap_max=0"));
+        assert!(!fixes_thresholds(b"GLIBC_TUNABLES", b"glibc.malloc.tcache_count=0:glibc.malloc.arena_max=1"));
+        assert!(!fixes_thresholds(b"MALLOC_ARENA_MAX", b"1"));
+        assert!(!fixes_thresholds(b"MALLOC_TRIM_THRESHOLD", b"1"), "glibc's name ends with an underscore");
+    }
 
     fn asks_perturb(name: &[u8], value: &[u8]) -> bool {
         perturb_setting(name, value) == Some(true)

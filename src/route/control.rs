@@ -17,6 +17,7 @@ use core::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 /// glibc's mallopt parameters (malloc.h).
 pub const M_TRIM_THRESHOLD: c_int = -1;
+pub const M_TOP_PAD: c_int = -2;
 pub const M_MMAP_THRESHOLD: c_int = -3;
 pub const M_MMAP_MAX: c_int = -4;
 pub const M_PERTURB: c_int = -6;
@@ -63,6 +64,7 @@ pub fn malloc_trim(pad: usize) -> c_int {
 /// next allocator's answer (1 success, 0 refused); 1 for ours when it has no mallopt.
 pub fn mallopt(param: c_int, value: c_int) -> c_int {
     let Some(g) = ready() else { return 0 };
+    super::glibc_slide::before_program_mallopt(param, value);
     // SAFETY: plain forwarding.
     let answer = g.next.control.mallopt.map_or(1, |f| unsafe { f(param, value) });
     // Note [Memory debuggers] (state.rs): glibc perturbs every block (any nonzero value, negative

@@ -37,6 +37,9 @@ pub struct NextAllocator {
     pub libc: LibcNames,
     /// glibc's control and inspection calls, as the next object defining them has them.
     pub control: ControlNames,
+    /// The next malloc and mallopt are the C library's: glibc's heap serves the small requests
+    /// (Note [glibc's sliding threshold] in route/glibc_slide.rs).
+    pub heap_is_glibcs: bool,
 }
 
 /// glibc's `struct mallinfo` (`c_int` fields) and `struct mallinfo2` (`usize` fields).
@@ -103,6 +106,8 @@ impl NextAllocator {
         let usable_size = optional(lookup(c"malloc_usable_size")).map(|p| core::mem::transmute::<*mut c_void, UsableSizeFn>(p));
         let object = |p: *mut c_void| super::dlsym::object_of(p as usize).map(|(base, _)| base);
         let same_object = usable_size.and_then(|u| object(u as *mut c_void)).is_some_and(|b| Some(b) == object(malloc));
+        let mallopt = optional(lookup(c"mallopt"));
+        let heap_is_glibcs = super::dlsym::in_c_library(malloc as usize) && mallopt.is_some_and(|m| super::dlsym::in_c_library(m as usize));
         // SAFETY: dlsym returned the addresses of C functions with these standard signatures.
         Some(NextAllocator {
             malloc: core::mem::transmute::<*mut c_void, MallocFn>(malloc),
@@ -123,12 +128,13 @@ impl NextAllocator {
             },
             control: ControlNames {
                 malloc_trim: optional(lookup(c"malloc_trim")).map(|p| core::mem::transmute::<*mut c_void, unsafe extern "C" fn(usize) -> c_int>(p)),
-                mallopt: optional(lookup(c"mallopt")).map(|p| core::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int, c_int) -> c_int>(p)),
+                mallopt: mallopt.map(|p| core::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int, c_int) -> c_int>(p)),
                 mallinfo: optional(lookup(c"mallinfo")).map(|p| core::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> MallInfo<c_int>>(p)),
                 mallinfo2: optional(lookup(c"mallinfo2")).map(|p| core::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> MallInfo<usize>>(p)),
                 malloc_stats: optional(lookup(c"malloc_stats")).map(|p| core::mem::transmute::<*mut c_void, unsafe extern "C" fn()>(p)),
                 malloc_info: optional(lookup(c"malloc_info")).map(|p| core::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int, *mut libc::FILE) -> c_int>(p)),
             },
+            heap_is_glibcs,
         })
     }
 
