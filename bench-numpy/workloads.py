@@ -60,8 +60,13 @@ def seed():
 LAYOUTS = 8
 
 
-def sweep(nbytes):
+def sweep(nbytes, after_a_large_one=False):
+    """`a*b + 1` on arrays of `nbytes`; `after_a_large_one`: once an 8 MB array has come and gone,
+    as in any numpy program (glibc alone then keeps the top of its heap for arrays under its
+    mmap threshold: Note [glibc's sliding threshold] in src/route/glibc_slide.rs)."""
     def run():
+        if after_a_large_one:
+            np.ones(1 << 20).sum()
         n = nbytes // 8
         iterations = max(5, min(400, (2 << 30) // max(nbytes, 1) // 4))
         layouts = LAYOUTS if nbytes < (4 << 20) else 1
@@ -226,6 +231,7 @@ def idle():
 
 WORKLOADS = {
     "seed": seed,
+    "sweep-96K": sweep(96 << 10, after_a_large_one=True),
     **{f"sweep-{label}": sweep(n) for label, n in [
         ("256K", 256 << 10), ("1M", 1 << 20), ("4M", 4 << 20), ("16M", 16 << 20),
         ("64M", 64 << 20), ("256M", 256 << 20), ("512M", 512 << 20)]},
