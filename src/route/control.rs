@@ -11,16 +11,11 @@
 //! - M_PERTURB nonzero: likewise, so that glibc perturbs every block; 0 turns it back on.
 
 use super::{ready, set_enabled};
+use crate::sys::next::{M_MMAP_MAX, M_MMAP_THRESHOLD, M_PERTURB, M_TRIM_THRESHOLD};
 use crate::state::HOST;
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
-/// glibc's mallopt parameters (malloc.h).
-pub const M_TRIM_THRESHOLD: c_int = -1;
-pub const M_TOP_PAD: c_int = -2;
-pub const M_MMAP_THRESHOLD: c_int = -3;
-pub const M_MMAP_MAX: c_int = -4;
-pub const M_PERTURB: c_int = -6;
 
 /// Our smallest threshold (TENSORMALLOC_THRESHOLD's floor).
 const THRESHOLD_MIN: usize = 4 << 10;

@@ -25,7 +25,7 @@
 // threshold that our call may have overtaken is set again after it. glibc's mmap threshold is
 // left as it is: every request glibc sees is under it.
 
-use super::control::M_TRIM_THRESHOLD;
+use crate::sys::next::{M_MMAP_MAX, M_MMAP_THRESHOLD, M_TOP_PAD, M_TRIM_THRESHOLD};
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::{AcqRel, Acquire, Relaxed, Release}};
 
@@ -128,7 +128,6 @@ fn call_mallopt(trim: usize) {
 /// The program calls mallopt(`param`, `value`) before it is passed on: a threshold of glibc's
 /// that it fixes stops our sliding for good.
 pub fn before_program_mallopt(param: c_int, value: c_int) {
-    use super::control::{M_MMAP_MAX, M_MMAP_THRESHOLD, M_TOP_PAD};
     if !matches!(param, M_TRIM_THRESHOLD | M_TOP_PAD | M_MMAP_THRESHOLD | M_MMAP_MAX) {
         return;
     }

@@ -58,6 +58,13 @@ pub struct MallInfo<T> {
     pub keepcost: T,
 }
 
+/// glibc's mallopt parameters (malloc.h), as the next allocator's mallopt takes them.
+pub const M_TRIM_THRESHOLD: c_int = -1;
+pub const M_TOP_PAD: c_int = -2;
+pub const M_MMAP_THRESHOLD: c_int = -3;
+pub const M_MMAP_MAX: c_int = -4;
+pub const M_PERTURB: c_int = -6;
+
 /// The next allocator's malloc_trim, mallopt, mallinfo, mallinfo2, malloc_stats and
 /// malloc_info, where it has them.
 #[derive(Clone, Copy)]
