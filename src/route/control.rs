@@ -16,7 +16,6 @@ use crate::state::HOST;
 use core::ffi::c_int;
 use core::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
-
 /// Our smallest threshold (TENSORMALLOC_THRESHOLD's floor).
 const THRESHOLD_MIN: usize = 4 << 10;
 

@@ -27,7 +27,7 @@
 
 use crate::sys::next::{M_MMAP_MAX, M_MMAP_THRESHOLD, M_TOP_PAD, M_TRIM_THRESHOLD};
 use core::ffi::c_int;
-use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering::{AcqRel, Acquire, Relaxed, Release}};
+use core::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst}};
 
 /// glibc's first mmap threshold (DEFAULT_MMAP_THRESHOLD_MIN): a freed chunk of at least this
 /// many bytes was mmapped, and slides the thresholds.
@@ -43,8 +43,10 @@ static SLIDES_FROM: AtomicUsize = AtomicUsize::new(NEVER);
 static MALLOPT: AtomicUsize = AtomicUsize::new(0);
 /// The program fixed glibc's thresholds (mallopt): we set nothing again.
 static STOPPED: AtomicBool = AtomicBool::new(false);
-/// The program's own trim threshold, set again after a call of ours that may have overtaken it.
-static PROGRAM_TRIM: AtomicUsize = AtomicUsize::new(NEVER);
+/// The program's own trim threshold (mallopt's argument), set again after a call of ours that
+/// may have overtaken it; NO_PROGRAM_TRIM while it has set none.
+static PROGRAM_TRIM: AtomicI64 = AtomicI64::new(NO_PROGRAM_TRIM);
+const NO_PROGRAM_TRIM: i64 = i64::MIN;
 /// The largest trim threshold wanted, the one set, and whether a thread is setting it.
 static WANTED: AtomicUsize = AtomicUsize::new(0);
 static APPLIED: AtomicUsize = AtomicUsize::new(0);
@@ -93,36 +95,38 @@ fn slide(len: usize) {
 }
 
 /// Sets the largest wanted trim threshold; a thread that finds another setting leaves its value
-/// to it (which looks again before it lets go).
+/// to it, which looks again after it lets go (SeqCst: the wanted value and the flag are each
+/// written by one side and read by the other).
 fn apply(trim: usize) {
-    WANTED.fetch_max(trim, AcqRel);
-    while !APPLYING.swap(true, Acquire) {
-        let wanted = WANTED.load(Acquire);
+    WANTED.fetch_max(trim, SeqCst);
+    while !APPLYING.swap(true, SeqCst) {
+        let wanted = WANTED.load(SeqCst);
         if wanted > APPLIED.load(Relaxed) && !STOPPED.load(Acquire) {
-            call_mallopt(wanted);
+            call_mallopt(wanted as c_int);
             APPLIED.store(wanted, Relaxed);
             // The program's mallopt may have landed before ours: its value stands.
             if STOPPED.load(Acquire) {
                 let program = PROGRAM_TRIM.load(Acquire);
-                if program != NEVER {
-                    call_mallopt(program);
+                if program != NO_PROGRAM_TRIM {
+                    call_mallopt(program as c_int);
                 }
             }
         }
-        APPLYING.store(false, Release);
-        if WANTED.load(Acquire) <= APPLIED.load(Relaxed) || STOPPED.load(Acquire) {
+        APPLYING.store(false, SeqCst);
+        if WANTED.load(SeqCst) <= APPLIED.load(Relaxed) || STOPPED.load(Acquire) {
             return;
         }
     }
 }
 
-fn call_mallopt(trim: usize) {
+/// glibc's mallopt(M_TRIM_THRESHOLD, `value`) (slid values are at most 64 MiB).
+fn call_mallopt(value: c_int) {
     let f = MALLOPT.load(Relaxed);
     if f == 0 {
         return;
     }
-    // SAFETY: MALLOPT holds glibc's mallopt (`arm`); the value fits glibc's size_t reading of it.
-    unsafe { core::mem::transmute::<usize, unsafe extern "C" fn(c_int, c_int) -> c_int>(f)(M_TRIM_THRESHOLD, trim as c_int) };
+    // SAFETY: MALLOPT holds glibc's mallopt (`arm`).
+    unsafe { core::mem::transmute::<usize, unsafe extern "C" fn(c_int, c_int) -> c_int>(f)(M_TRIM_THRESHOLD, value) };
 }
 
 /// The program calls mallopt(`param`, `value`) before it is passed on: a threshold of glibc's
@@ -132,8 +136,7 @@ pub fn before_program_mallopt(param: c_int, value: c_int) {
         return;
     }
     if param == M_TRIM_THRESHOLD {
-        // glibc reads the value as a size_t (-1: never trim).
-        PROGRAM_TRIM.store(value as isize as usize, Release);
+        PROGRAM_TRIM.store(i64::from(value), Release);
     }
     STOPPED.store(true, Release);
     SLIDES_FROM.store(NEVER, Relaxed);
