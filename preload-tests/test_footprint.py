@@ -400,6 +400,24 @@ def test_the_library_has_a_versioned_soname():
     assert "linked ok" in ok(run([exe], preload=False)).stdout
 
 
+def test_every_function_of_ours_starts_on_a_64_byte_boundary():
+    """.cargo/config.toml aligns them (docs/performance.md): without it the large-block pair's time
+    followed where unrelated edits placed its code. Naked functions are assembly, placed as written."""
+    naked = set()
+    for f in (ROOT / "src").rglob("*.rs"):
+        naked.update(re.findall(r"#\[unsafe\(naked\)\][^{;]*?\bfn\s+(\w+)", f.read_text()))
+    assert {"call_on", "malloc_slow"} <= naked, naked
+    nm = subprocess.run(["nm", "--defined-only", str(LIB)], capture_output=True, text=True, check=True).stdout
+    ours = []
+    for line in nm.splitlines():
+        address, kind, name = line.split(maxsplit=2)
+        if kind in "tT" and name.startswith("_ZN12tensormalloc") and not any(f"{len(n)}{n}17h" in name for n in naked):
+            ours.append((int(address, 16), name))
+    assert len(ours) > 300, len(ours)
+    off = [name for address, name in ours if address % 64]
+    assert off == [], f"{len(off)} of {len(ours)} functions off a 64-byte boundary: {off[:5]}"
+
+
 def test_a_dlclose_leaves_the_library_and_its_thread_in_place():
     """The library dlopened by a program (not preloaded), a block cached through the numpy
     handler's entry points so that our background thread runs, then dlclosed: it stays loaded
