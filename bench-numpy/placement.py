@@ -6,13 +6,18 @@ their low 21 address bits ("same 2 MiB"); glibc's heap puts them at offsets with
 (its chunk headers), jemalloc at random cache lines in the first page (its cache-oblivious
 placement). Each round runs every placement in turn (order rotating), 8 evaluations each, and
 the round's figure is their median; prints each placement's median and its per-round ratio to
-"same 2 MiB" (median, quartiles). Usage: placement.py [ROUNDS]   (default 31, about a minute)"""
+"same 2 MiB" (median [95% interval], verdict against 1: verdict.py). Usage: placement.py [ROUNDS]
+(default 31, about a minute)"""
 import mmap
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from verdict import describe, load_average  # noqa: E402
 
 N = 10_000_000
 KIB = 1024
@@ -27,13 +32,11 @@ PLACEMENTS = {
     "pages apart": (0, 37 * 4 * KIB, 101 * 4 * KIB),
     "1M apart": (0, 1024 * KIB, 1536 * KIB),
 }
-kept = []
 
 
 def array_at(offset):
     m = mmap.mmap(-1, N * 8 + (4 << 20))
     m.madvise(mmap.MADV_HUGEPAGE)
-    kept.append(m)
     raw = np.frombuffer(m, dtype=np.uint8)
     start = (-raw.ctypes.data) % (2 << 20) + offset
     a = raw[start:start + N * 8].view(np.float64)
@@ -43,6 +46,7 @@ def array_at(offset):
 
 def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 31
+    load_before = load_average()
     arrays = {name: tuple(array_at(o) for o in offsets) for name, offsets in PLACEMENTS.items()}
     names = list(PLACEMENTS)
     per_round = {name: [] for name in names}
@@ -58,12 +62,11 @@ def main():
                 np.add(t, 3, out=t)
                 times.append(time.perf_counter() - start)
             per_round[name].append(statistics.median(times))
-    print(f"(a*b)**2 + 3 on {N:,} float64, {rounds} rounds; ms (median), ratio to 'same 2 MiB' per round: median (quartiles)")
+    print(f"(a*b)**2 + 3 on {N:,} float64, {rounds} rounds; load average {load_before} before, {load_average()} after;"
+          " ms (median), ratio to 'same 2 MiB' per round: median [95% interval], verdict against 1")
     for name in names:
-        ratios = sorted(x / y for x, y in zip(per_round[name], per_round["same 2 MiB"]))
-        q = len(ratios) // 4
-        print(f"{name:13s} {statistics.median(per_round[name]) * 1e3:6.2f} ms  {statistics.median(ratios):.3f} ({ratios[q]:.3f}-{ratios[-1 - q]:.3f})")
-
+        ratios = [x / y for x, y in zip(per_round[name], per_round["same 2 MiB"])]
+        print(f"{name:13s} {statistics.median(per_round[name]) * 1e3:6.2f} ms  {describe(ratios, 1.0)}")
 
 if __name__ == "__main__":
     main()
